@@ -1,0 +1,282 @@
+"""ModelConfig: every spelling of a Flash Next (qwen4_exp) config.json, read once at the edge.
+
+The rest of flashlane reads only this record. Layer types are normalised to two kinds:
+`"linear"` (Gated DeltaNet) and `"sparse"` (QSA attention with the block indexer).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SPARSE_SPELLINGS = frozenset(
+    {"full_attention", "qwen_sparse_attention", "deepseek_sparse_attention", "hybrid_indexed"}
+)
+LINEAR_SPELLINGS = frozenset({"linear_attention"})
+TEXT_MODEL_TYPES = frozenset({"qwen4_exp_text", "qwen3_8_flash_next"})
+ROOT_MODEL_TYPES = frozenset({"qwen4_exp"})
+# Siblings that share most parts; their layer files are not written yet.
+KNOWN_SIBLINGS = frozenset({"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"})
+
+
+class ConfigError(ValueError):
+    """A config.json that flashlane cannot serve; the message names the field and the file."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    layer_types: tuple[str, ...]  # "linear" | "sparse", one per decoder layer
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary_dim: int  # leading dims of each attention/indexer head that get RoPE
+    rope_theta: float
+    linear_num_k_heads: int
+    linear_num_v_heads: int
+    linear_k_head_dim: int
+    linear_v_head_dim: int
+    linear_conv_kernel: int
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    shared_expert_intermediate_size: int
+    norm_topk_prob: bool
+    hc_count: int
+    hc_lowrank: int
+    ple_layer_ids: tuple[int, ...]  # zero-indexed here (config.json is one-indexed)
+    ple_embed_dim: int
+    ple_conv_kernel: int
+    ngram_size: int
+    heads_per_ngram: int
+    ngram_vocab_size_base: int
+    ngram_vocab_divisor: int
+    ngram_seed: int
+    split_ngram_parts: int
+    indexer_n_heads: int
+    indexer_head_dim: int
+    indexer_budget: int  # tokens from complete blocks a query may select
+    indexer_block: int  # tokens pooled into one block key (compress ratio)
+    output_gate: str  # activation of the GDN gated norm: "sigmoid" | "silu"
+    rms_eps: float
+    max_position_embeddings: int
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    tie_word_embeddings: bool
+    num_mtp_layers: int
+    model_type: str = "qwen4_exp_text"
+    # Parameters of parts flashlane does not load (the vision tower), for `flashlane info`.
+    vision: dict[str, Any] | None = field(default=None, compare=False)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def ple_eos(self) -> int:
+        return self.eos_token_ids[0]
+
+    @property
+    def num_ngram_heads(self) -> int:
+        return (self.ngram_size - 1) * self.heads_per_ngram
+
+    @property
+    def indexer_top_blocks(self) -> int:
+        return self.indexer_budget // self.indexer_block
+
+    @property
+    def linear_key_dim(self) -> int:
+        return self.linear_num_k_heads * self.linear_k_head_dim
+
+    @property
+    def linear_value_dim(self) -> int:
+        return self.linear_num_v_heads * self.linear_v_head_dim
+
+    @property
+    def linear_conv_dim(self) -> int:
+        return 2 * self.linear_key_dim + self.linear_value_dim
+
+    @property
+    def ple_conv_dilation(self) -> int:
+        return self.ngram_size
+
+    @property
+    def ple_tail(self) -> int:
+        """Rows of the PLE dilated conv kept as state: (kernel - 1) * dilation."""
+        return (self.ple_conv_kernel - 1) * self.ple_conv_dilation
+
+    @classmethod
+    def from_hf(cls, source: str | Path | dict[str, Any]) -> ModelConfig:
+        """Read a config.json (a path to the file or its folder, or the parsed dict)."""
+        if isinstance(source, dict):
+            return _parse(source, "<dict>")
+        path = Path(source)
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no config.json there") from None
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{path}: not valid JSON ({err})") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: the top level must be a JSON object")
+        return _parse(raw, str(path))
+
+
+def _parse(raw: dict[str, Any], where: str) -> ModelConfig:
+    model_type = raw.get("model_type")
+    vision = None
+    if model_type in ROOT_MODEL_TYPES:
+        text = raw.get("text_config")
+        if not isinstance(text, dict):
+            raise ConfigError(f"{where}: field 'text_config' must be an object for {model_type}")
+        vision = raw.get("vision_config") if isinstance(raw.get("vision_config"), dict) else None
+        for key in ("eos_token_id", "tie_word_embeddings"):
+            text.setdefault(key, raw.get(key))
+        model_type = text.get("model_type", "qwen4_exp_text")
+        raw = text
+    if model_type in KNOWN_SIBLINGS:
+        raise ConfigError(f"{where}: field 'model_type' is {model_type!r}, a sibling not supported yet")
+    if model_type not in TEXT_MODEL_TYPES:
+        raise ConfigError(
+            f"{where}: field 'model_type' is {model_type!r}; flashlane serves "
+            f"{sorted(ROOT_MODEL_TYPES | TEXT_MODEL_TYPES)}"
+        )
+    r = _Reader(raw, where)
+    hidden = r.int("hidden_size")
+    num_layers = r.int("num_hidden_layers")
+    layer_types = _layer_types(raw, num_layers, where)
+    num_heads = r.int("num_attention_heads")
+    head_dim = r.int("head_dim", hidden // num_heads)
+    rope = raw.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise ConfigError(f"{where}: field 'rope_parameters' must be an object")
+    rope_theta = float(rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    partial = float(rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
+    rope_type = rope.get("rope_type", "default")
+    if rope_type != "default":
+        raise ConfigError(f"{where}: field 'rope_parameters.rope_type' {rope_type!r} is not supported")
+    rotary_dim = int(head_dim * partial)
+    eos = raw.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
+    ple_one = raw.get("ple_layer_ids") or []
+    if not isinstance(ple_one, list) or not all(isinstance(i, int) for i in ple_one):
+        raise ConfigError(f"{where}: field 'ple_layer_ids' must be a list of ints")
+    for i in ple_one:
+        if not 1 <= i <= num_layers:
+            raise ConfigError(f"{where}: field 'ple_layer_ids' holds {i}, outside 1..{num_layers}")
+        if layer_types[i - 1] != "linear":
+            raise ConfigError(f"{where}: field 'ple_layer_ids' puts PLE on layer {i}, not linear")
+    if ple_one and not eos_ids:
+        raise ConfigError(f"{where}: field 'eos_token_id' must be set when PLE layers are enabled")
+    gate = raw.get("output_gate_type") or raw.get("hidden_act", "silu")
+    if gate not in ("sigmoid", "silu"):
+        raise ConfigError(f"{where}: field 'output_gate_type' {gate!r} is not sigmoid or silu")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"{where}: field 'hidden_act' must be 'silu'")
+    cfg = ModelConfig(
+        vocab_size=r.int("vocab_size"),
+        hidden_size=hidden,
+        layer_types=layer_types,
+        num_attention_heads=num_heads,
+        num_kv_heads=r.int("num_key_value_heads"),
+        head_dim=head_dim,
+        rotary_dim=rotary_dim,
+        rope_theta=rope_theta,
+        linear_num_k_heads=r.int("linear_num_key_heads"),
+        linear_num_v_heads=r.int("linear_num_value_heads"),
+        linear_k_head_dim=r.int("linear_key_head_dim"),
+        linear_v_head_dim=r.int("linear_value_head_dim"),
+        linear_conv_kernel=r.int("linear_conv_kernel_dim", 4),
+        num_experts=r.int("num_experts"),
+        num_experts_per_tok=r.int("num_experts_per_tok"),
+        moe_intermediate_size=r.int("moe_intermediate_size"),
+        shared_expert_intermediate_size=r.int("shared_expert_intermediate_size"),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+        hc_count=r.int("hc_count", 4),
+        hc_lowrank=r.int("hc_lowrank", 320),
+        ple_layer_ids=tuple(sorted({i - 1 for i in ple_one})),
+        ple_embed_dim=r.int("ple_embed_dim", hidden) if raw.get("ple_embed_dim") else hidden,
+        ple_conv_kernel=r.int("ple_conv_kernel_size", 4),
+        ngram_size=r.int("ngram_size", 3),
+        heads_per_ngram=r.int("heads_per_ngram", 8),
+        ngram_vocab_size_base=r.int("ngram_vocab_size_base", 20_000_000),
+        ngram_vocab_divisor=r.int("make_ngram_vocab_size_divisible_by", 128),
+        ngram_seed=r.int("seed", 1234, allow_zero=True),
+        split_ngram_parts=r.int("split_ngram_parts", 512),
+        indexer_n_heads=r.int("indexer_n_heads"),
+        indexer_head_dim=r.int("indexer_head_dim"),
+        indexer_budget=r.int("indexer_budget"),
+        indexer_block=r.int("indexer_compress_ratio"),
+        output_gate=gate,
+        rms_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=r.int("max_position_embeddings"),
+        eos_token_ids=eos_ids,
+        bos_token_id=raw.get("bos_token_id"),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        num_mtp_layers=r.int("mtp_num_hidden_layers", 1, allow_zero=True),
+        model_type=model_type,
+        vision=vision,
+    )
+    _check(cfg, raw, where)
+    return cfg
+
+
+def _layer_types(raw: dict[str, Any], num_layers: int, where: str) -> tuple[str, ...]:
+    types = raw.get("layer_types")
+    if types is None:
+        interval = raw.get("full_attention_interval", 4)
+        return tuple("sparse" if (i + 1) % interval == 0 else "linear" for i in range(num_layers))
+    if not isinstance(types, list) or len(types) != num_layers:
+        raise ConfigError(f"{where}: field 'layer_types' must list {num_layers} layer types")
+    out = []
+    for i, t in enumerate(types):
+        if t in SPARSE_SPELLINGS:
+            out.append("sparse")
+        elif t in LINEAR_SPELLINGS:
+            out.append("linear")
+        else:
+            raise ConfigError(f"{where}: field 'layer_types[{i}]' is {t!r}, an unknown layer type")
+    return tuple(out)
+
+
+def _check(cfg: ModelConfig, raw: dict[str, Any], where: str) -> None:
+    def need(ok: bool, name: str, why: str) -> None:
+        if not ok:
+            raise ConfigError(f"{where}: field '{name}' {why}")
+
+    need(cfg.num_attention_heads % cfg.num_kv_heads == 0, "num_key_value_heads",
+         "must divide num_attention_heads")
+    need(cfg.linear_num_v_heads % cfg.linear_num_k_heads == 0, "linear_num_value_heads",
+         "must be a multiple of linear_num_key_heads")
+    need(cfg.num_experts_per_tok <= cfg.num_experts, "num_experts_per_tok",
+         "must not exceed num_experts")
+    need(cfg.hc_count > 1, "hc_count", "must be greater than 1")
+    need(raw.get("indexer_kv_heads", 1) == 1, "indexer_kv_heads", "must be 1")
+    need(cfg.indexer_budget % cfg.indexer_block == 0, "indexer_budget",
+         "must be a multiple of indexer_compress_ratio")
+    need(cfg.rotary_dim <= cfg.indexer_head_dim and cfg.rotary_dim % 2 == 0,
+         "rope_parameters.partial_rotary_factor",
+         "must give an even rotary width that fits the indexer head")
+    if cfg.ple_layer_ids:
+        need(cfg.ple_embed_dim % cfg.num_ngram_heads == 0, "ple_embed_dim",
+             f"must be divisible by the {cfg.num_ngram_heads} n-gram heads")
+
+
+class _Reader:
+    def __init__(self, raw: dict[str, Any], where: str):
+        self.raw, self.where = raw, where
+
+    def int(self, name: str, default: int | None = None, allow_zero: bool = False) -> int:
+        value = self.raw.get(name, default)
+        if value is None:
+            raise ConfigError(f"{self.where}: field '{name}' is missing")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{self.where}: field '{name}' must be an int, got {value!r}")
+        if value < 0 or (value == 0 and not allow_zero):
+            raise ConfigError(f"{self.where}: field '{name}' must be positive, got {value}")
+        return value
