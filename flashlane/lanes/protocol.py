@@ -1,0 +1,66 @@
+"""The Backend protocol: what the lane core asks of a model runner each round (DESIGN.md 3).
+
+A round calls, in order: `verify` once (every live window and prompt piece in ONE target
+forward), `keep` once (the rows each stream keeps), then `draft` once (MTP drafts for the
+drafting streams), with `move` and `release` between rounds. Records and position conventions
+are in `flashlane.lanes.records`.
+
+Errors. `verify` checks the whole batch before it changes any state and raises
+`InvalidBatch` for an empty window, a stream twice, too many rows, a window past its session's
+context or an unknown session. A failure that belongs to one stream (a NaN logit, a row with no
+candidate) comes back in that stream's Verdict (or Drafts) and ends only it. Any other exception
+from `verify`, `keep` or `draft` is an error of the whole call: the host ends the streams in it
+(`fail_all`) and releases their sessions, and the engine goes on, so `release` must work on a
+stream whose last call failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from flashlane.lanes.records import CostTable, Drafts, Verdict, Window
+
+
+class Backend(Protocol):
+    def verify(self, windows: Sequence[Window]) -> list[Verdict]:
+        """One target forward over all windows; the keyed draw at every drawing row.
+
+        Returns one Verdict per window, in the windows' order. Each window's rows are fed
+        tentatively: nothing is committed until `keep`.
+        """
+        ...
+
+    def keep(self, kept: Mapping[int, int]) -> None:
+        """Commit rows of the last verify: stream_id -> rows kept (rows 0..n-1 of its window);
+        roll back the rest exactly (every state kind, DESIGN.md 3).
+
+        A decode window keeps at least row 0; a prompt piece keeps all its rows. Every window of
+        the last verify whose verdict carried no error has an entry; a stream left out (its
+        verdict failed) keeps nothing and is released next.
+        """
+        ...
+
+    def draft(self, depths: Mapping[int, int]) -> list[Drafts]:
+        """MTP drafts for streams after `keep`: stream_id -> depth (at least 1).
+
+        The head absorbs each stream's kept rows, then chains up to `depth` drafts, each keyed at
+        its own position with the stream's params and seed (the Draws of its last window); the
+        first draft is always kept, a later one below the confidence threshold ends the chain.
+        The drafts are for positions start' + 1.., where start' is the stream's new committed
+        length (its pending token's position). Returns one Drafts per requested stream.
+        """
+        ...
+
+    def move(self, stream_id: int, session_id: int) -> None:
+        """Copy the stream's whole state into a free session and bind it there."""
+        ...
+
+    def release(self, stream_id: int, keep_prompt_state: bool) -> None:
+        """Unbind the stream and free its session. `keep_prompt_state`: the runner may keep the
+        prompt's state for its prompt cache before freeing."""
+        ...
+
+    def costs(self) -> CostTable:
+        """The cost table timed at load (fixed for the engine's life)."""
+        ...
