@@ -1,0 +1,71 @@
+"""QSA sparse attention: the block indexer (top blocks, lower-id ties) and masked attention.
+
+A query at position p sees complete blocks of `block` keys (blocks aligned to position 0,
+complete when their last position is <= p) and the incomplete tail (0..block-1 tokens). While
+it has at most `top_blocks` complete blocks it sees them all (dense causal attention);
+past that, the indexer keeps the top `top_blocks` by score, ties toward the lower block id.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def pool_blocks(raw_keys: torch.Tensor, block: int) -> torch.Tensor:
+    """Mean of each complete block of raw indexer keys, in at least fp32, in the keys' dtype.
+
+    raw_keys: [B, L, Di] -> [B, L // block, Di] (norm and RoPE are the caller's).
+    """
+    b, n, d = raw_keys.shape
+    nb = n // block
+    dt = torch.promote_types(raw_keys.dtype, torch.float32)
+    pooled = raw_keys[:, :nb * block].to(dt).reshape(b, nb, block, d).mean(2)
+    return pooled.to(raw_keys.dtype)
+
+
+def select_mask(index_q: torch.Tensor, block_keys: torch.Tensor, positions: torch.Tensor,
+                num_keys: int, block: int, top_blocks: int) -> torch.Tensor:
+    """Which keys each query may attend to.
+
+    index_q: [B, T, Hi, Di] (normed, roped); block_keys: [B, NB, Di] (pooled, normed, roped);
+    positions: [B, T] absolute query positions; keys are positions 0..num_keys-1.
+    Returns a bool mask [B, T, num_keys].
+    """
+    nb = block_keys.shape[1]
+    dt = torch.promote_types(index_q.dtype, torch.float32)
+    complete = torch.div(positions + 1, block, rounding_mode="floor")  # [B, T]
+    key_pos = torch.arange(num_keys, device=positions.device)
+    causal = key_pos.view(1, 1, -1) <= positions.unsqueeze(-1)
+    if nb == 0 or int(complete.max()) <= top_blocks:
+        return causal
+    scores = torch.einsum("bthd,bnd->bthn", index_q.to(dt), block_keys.to(dt))
+    scores = scores.relu().sum(2) / index_q.shape[-1] ** 0.5  # [B, T, NB]
+    block_ids = torch.arange(nb, device=positions.device).view(1, 1, -1)
+    valid = block_ids < complete.unsqueeze(-1)
+    scores = torch.where(valid, scores, torch.full_like(scores, float("-inf")))
+    # A stable descending sort ranks equal scores by block id: ties go to the lower id.
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
+    rank = torch.empty_like(order).scatter_(-1, order, block_ids.expand_as(order).contiguous())
+    keep_block = valid & (rank < top_blocks)
+    key_block = torch.div(key_pos, block, rounding_mode="floor").clamp(max=nb - 1)
+    in_complete = key_pos.view(1, 1, -1) < (complete * block).unsqueeze(-1)
+    chosen = torch.gather(keep_block, 2, key_block.view(1, 1, -1).expand(*keep_block.shape[:2], -1))
+    return causal & torch.where(in_complete, chosen, torch.ones_like(chosen))
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+              scale: float) -> torch.Tensor:
+    """Masked softmax attention with grouped KV heads.
+
+    q: [B, T, Hq, D]; k, v: [B, L, Hkv, D]; mask: [B, T, L] bool -> [B, T, Hq, D].
+    Scores and softmax in at least fp32.
+    """
+    hq, hkv = q.shape[2], k.shape[2]
+    dt = torch.promote_types(q.dtype, torch.float32)
+    rep = hq // hkv
+    kx = k.to(dt).repeat_interleave(rep, dim=2)
+    vx = v.to(dt).repeat_interleave(rep, dim=2)
+    scores = torch.einsum("bthd,blhd->bhtl", q.to(dt), kx) * scale
+    scores = scores.masked_fill(~mask.unsqueeze(1), float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("bhtl,blhd->bthd", probs, vx).to(q.dtype)

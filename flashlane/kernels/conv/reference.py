@@ -1,0 +1,23 @@
+"""Depthwise causal convolution with an explicit window of previous inputs (for rollback)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, dilation: int = 1,
+                silu: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """y_t = act(sum_j w[:, j] * xfull[t + j * dilation]), xfull = cat(window, x).
+
+    x: [B, T, C] new inputs; window: [B, (k-1)*dilation, C] the inputs before them (zeros at
+    the start of a sequence); weight: [C, k]. Returns (y [B, T, C], xfull [B, W+T, C]): the
+    caller keeps the last W rows of xfull up to the kept length, which is the rollback.
+    """
+    k = weight.shape[-1]
+    t = x.shape[1]
+    xfull = torch.cat([window.to(x.dtype), x], dim=1)
+    y = xfull[:, 0:t] * weight[:, 0]
+    for j in range(1, k):
+        y = y + xfull[:, j * dilation:j * dilation + t] * weight[:, j]
+    return (F.silu(y) if silu else y), xfull

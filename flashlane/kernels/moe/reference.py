@@ -1,0 +1,48 @@
+"""Mixture of experts: fp32 router with lower-id ties, SwiGLU experts, shared expert."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def route(x: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k experts per row. x: [N, H]; router: [E, H].
+
+    Softmax in at least fp32; a stable descending sort breaks ties toward the lower expert id.
+    Returns (weights [N, k] in x's dtype, ids [N, k] int64), ids in rank order.
+    """
+    dt = torch.promote_types(x.dtype, torch.float32)
+    probs = torch.softmax(F.linear(x.to(dt), router.to(dt)), dim=-1)
+    top, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
+    top, ids = top[:, :top_k], ids[:, :top_k]
+    if normalize:
+        top = top / top.sum(dim=-1, keepdim=True)
+    return top.to(x.dtype), ids
+
+
+def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """down(silu(gate x) * up x). x: [N, H]; gate, up: [I, H]; down: [H, I]."""
+    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+
+
+def moe(x: torch.Tensor, router: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
+        down: torch.Tensor, top_k: int, normalize: bool) -> torch.Tensor:
+    """Routed experts only. x: [N, H]; gate, up: [E, I, H]; down: [E, H, I] -> [N, H].
+
+    Each (row, slot) output is computed once and the slots are added in rank order, so a
+    row's result does not depend on which other rows share the call.
+    """
+    weights, ids = route(x, router, top_k, normalize)
+    out_slots = x.new_zeros(x.shape[0], top_k, x.shape[1])
+    flat = ids.flatten()
+    for e in torch.unique(flat).tolist():
+        where = (flat == e).nonzero().squeeze(1)
+        rows = where // top_k
+        y = swiglu(x[rows], gate[e], up[e], down[e])
+        out_slots = out_slots.index_put((rows, where % top_k), y)
+    out = out_slots[:, 0] * weights[:, 0:1]
+    for k in range(1, top_k):
+        out = out + out_slots[:, k] * weights[:, k:k + 1]
+    return out

@@ -1,0 +1,38 @@
+"""Norms: zero-centred RMSNorm (optionally per group) and the GDN gated norm."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = None) -> torch.Tensor:
+    """Zero-centred RMSNorm `x * rsqrt(mean(x^2) + eps) * (1 + w)` over the last dim.
+
+    x: [..., D]; weight: [D]. With `group`, each run of `group` values is normalised alone
+    (the hyper-connection norms normalise each of the hc streams of a [.., hc*H] residual).
+    Computes in at least fp32 and returns x's dtype.
+    """
+    dtype = x.dtype
+    h = x.to(torch.promote_types(dtype, torch.float32))
+    if group is not None:
+        h = h.unflatten(-1, (-1, group))
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if group is not None:
+        h = h.flatten(-2)
+    return (h * (1.0 + weight.to(h.dtype))).to(dtype)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
+                   activation: str) -> torch.Tensor:
+    """The GDN output norm: plain RMSNorm (weight `w`, not `1 + w`) times act(gate).
+
+    x, gate: [..., Dv]; weight: [Dv]; activation "sigmoid" | "silu".
+    """
+    dtype = x.dtype
+    h = x.to(torch.promote_types(dtype, torch.float32))
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    h = weight * h.to(dtype)
+    g = gate.to(h.dtype if h.dtype == torch.float64 else torch.float32)
+    act = torch.sigmoid(g) if activation == "sigmoid" else F.silu(g)
+    return (h * act).to(dtype)

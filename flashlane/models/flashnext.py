@@ -1,0 +1,100 @@
+"""Flash Next (qwen4_exp): embeddings -> hc streams -> decoder blocks -> mixer -> lm_head.
+
+The forward takes a flat batch of rows from many pieces (prompt pieces and verify windows of
+different streams, each with its own session) and returns the pre-mixer residual; logits are
+computed only for the rows that draw. `commit` keeps a piece's first rows and drops the rest.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from flashlane.kernels import REFERENCE, Kernels
+from flashlane.models.config import ModelConfig
+from flashlane.models.layers.decoder import DecoderLayer
+from flashlane.models.layers.hyper_connection import HyperConnection
+from flashlane.models.layers.mtp import MtpHead
+from flashlane.models.layers.norms import linear
+from flashlane.models.layers.rotary import Rotary
+from flashlane.models.rows import Piece, Rows
+from flashlane.models.state import SessionState
+
+
+class FlashNext(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden_size
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, h)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, kind) for i, kind in enumerate(cfg.layer_types))
+        self.hyper_connection_mixer = HyperConnection(h, cfg.hc_count, cfg.hc_lowrank, cfg.rms_eps,
+                                                      inject=False)
+        self.lm_head = linear(h, cfg.vocab_size)
+        self.mtp = MtpHead(cfg) if cfg.num_mtp_layers else None
+        self.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta)
+        self.kernels: Kernels = REFERENCE
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    def residual(self, rows: Rows) -> torch.Tensor:
+        """All rows through every block -> the pre-mixer residual [N, hc*H]."""
+        x = self.embed_tokens(rows.token_ids)
+        r = x.repeat(1, self.cfg.hc_count)
+        for layer in self.layers:
+            r = layer(r, rows, self.rotary, self.kernels)
+        return r
+
+    def logits(self, r: torch.Tensor) -> torch.Tensor:
+        """Pre-mixer residual rows [M, hc*H] -> fp32 logits [M, V]."""
+        return self.lm_head(self.hyper_connection_mixer.read(r)[0]).float()
+
+    def mtp_cells(self, residual: torch.Tensor, next_ids: torch.Tensor, rows: Rows
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """MTP cells for rows at cell positions: (logits [N, V] fp32, output residual [N, hc*H])."""
+        assert self.mtp is not None, "this checkpoint has no MTP head"
+        hidden, out = self.mtp(residual, self.embed_tokens(next_ids), rows, self.rotary, self.kernels)
+        return self.lm_head(hidden).float(), out
+
+    def forward_train(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids [B, T] from position 0 -> (logits [B, T, V], residual [B, T, hc*H])."""
+        b, t = input_ids.shape
+        r = self.residual(Rows.training(input_ids))
+        return self.logits(r).reshape(b, t, -1), r.reshape(b, t, -1)
+
+    def mtp_forward_train(self, residual: torch.Tensor, next_ids: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        """residual [B, T, hc*H], next_ids [B, T] (cell i: x_{i+1}) -> (logits, residual out)."""
+        b, t = next_ids.shape
+        logits, out = self.mtp_cells(residual.reshape(b * t, -1), next_ids.reshape(-1),
+                                     Rows.training(next_ids))
+        return logits.reshape(b, t, -1), out.reshape(b, t, -1)
+
+
+def commit(model: FlashNext, piece: Piece, kept: int) -> None:
+    """Keep the first `kept` rows of a piece in its session; roll back the rest.
+
+    Attention caches only move their length; the GDN recurrent state takes the state after
+    row kept-1 (a chunked piece must keep all its rows); conv windows and the PLE tail and
+    ids slice their input history at the kept length.
+    """
+    s, cfg = piece.session, model.cfg
+    if not 0 <= kept <= piece.length:
+        raise ValueError(f"cannot keep {kept} of {piece.length} rows")
+    if kept == 0:
+        return
+    for (kind, idx), (xfull, states) in piece.pending.items():
+        if kind == "gdn":
+            if states.shape[0] != piece.length and kept != piece.length:
+                raise ValueError("a chunked prompt piece keeps all of its rows")
+            g = s.gdn[idx]
+            g.recurrent.copy_(states[kept - 1] if states.shape[0] == piece.length else states[-1])
+            g.conv.copy_(xfull[kept:kept + g.conv.shape[0]])
+        else:
+            p = s.ple[idx]
+            p.conv.copy_(xfull[kept:kept + p.conv.shape[0]])
+            p.ids.copy_(states[kept:kept + p.ids.shape[0]])
+    s.length = piece.start + kept
+    piece.pending.clear()

@@ -1,0 +1,79 @@
+"""Gated DeltaNet layer (linear attention) with explicit per-stream state."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flashlane.kernels import Kernels
+from flashlane.models.config import ModelConfig
+from flashlane.models.layers.norms import GatedRMSNorm, linear
+from flashlane.models.rows import Rows
+
+
+class ConvWeight(nn.Module):
+    def __init__(self, channels: int, kernel: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(channels, 1, kernel))
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.cfg, self.layer_idx = cfg, layer_idx
+        h, hv = cfg.hidden_size, cfg.linear_num_v_heads
+        self.in_proj_qkv = linear(h, cfg.linear_conv_dim)
+        self.in_proj_z = linear(h, cfg.linear_value_dim)
+        self.in_proj_b = linear(h, hv)
+        self.in_proj_a = linear(h, hv)
+        self.A_log = nn.Parameter(torch.zeros(hv))
+        self.dt_bias = nn.Parameter(torch.ones(hv))
+        self.conv1d = ConvWeight(cfg.linear_conv_dim, cfg.linear_conv_kernel)
+        self.norm = GatedRMSNorm(cfg.linear_v_head_dim, cfg.rms_eps, cfg.output_gate)
+        self.out_proj = linear(cfg.linear_value_dim, h)
+
+    def forward(self, x: torch.Tensor, rows: Rows, kernels: Kernels) -> torch.Tensor:
+        """x: [N, H] -> [N, H]; records per piece ("gdn", idx): (conv inputs, states)."""
+        cfg = self.cfg
+        n = x.shape[0]
+        beta = torch.sigmoid(self.in_proj_b(x))
+        dt = torch.promote_types(x.dtype, torch.float32)
+        g = -self.A_log.to(dt).exp() * F.softplus(self.in_proj_a(x).to(dt) + self.dt_bias.to(dt))
+        parts = zip(rows.split(self.in_proj_qkv(x)), rows.split(g), rows.split(beta),
+                    rows.groups())
+        outs = [self._mix(qkv, g_p, b_p, group, kernels) for qkv, g_p, b_p, group in parts]
+        o = rows.join(outs).reshape(n, cfg.linear_num_v_heads, cfg.linear_v_head_dim)
+        z = self.in_proj_z(x).reshape(o.shape)
+        return self.out_proj(self.norm(o, z).reshape(n, -1))
+
+    def _mix(self, qkv, g, beta, group, kernels: Kernels) -> torch.Tensor:
+        cfg, key = self.cfg, ("gdn", self.layer_idx)
+        b, t, _ = qkv.shape
+        sessions = [p.session for p in group]
+        if sessions[0] is None:
+            window = qkv.new_zeros(b, cfg.linear_conv_kernel - 1, qkv.shape[-1])
+            state = None
+        else:
+            window = torch.stack([s.gdn[self.layer_idx].conv for s in sessions])
+            state = torch.stack([s.gdn[self.layer_idx].recurrent for s in sessions])
+        y, xfull = kernels.causal_conv(qkv, window, self.conv1d.weight[:, 0, :])
+        kd, vd = cfg.linear_key_dim, cfg.linear_value_dim
+        q = y[..., :kd].reshape(b, t, cfg.linear_num_k_heads, -1)
+        k = y[..., kd:2 * kd].reshape(b, t, cfg.linear_num_k_heads, -1)
+        v = y[..., 2 * kd:2 * kd + vd].reshape(b, t, cfg.linear_num_v_heads, -1)
+        rep = cfg.linear_num_v_heads // cfg.linear_num_k_heads
+        q = (l2norm(q) * cfg.linear_k_head_dim ** -0.5).repeat_interleave(rep, dim=2)
+        k = l2norm(k).repeat_interleave(rep, dim=2)
+        if group[0].recurrent:
+            o, states = kernels.recurrent_gdn(q, k, v, g, beta, state)
+        else:
+            o, final = kernels.chunk_gdn(q, k, v, g, beta, state)
+            states = final.unsqueeze(1)
+        if sessions[0] is not None:
+            group[0].pending[key] = (xfull[0], states[0])
+        return o

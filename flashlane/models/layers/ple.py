@@ -1,0 +1,140 @@
+"""PLE: hashed n-gram embeddings gated into every hyper-connection stream.
+
+Each token gets `num_ngram_heads` row ids (heads_per_ngram per n-gram order 2..ngram_size)
+into one table; n-gram context never reaches back across an EOS (earlier tokens read as EOS)
+and the sequence starts after a virtual [EOS] * (ngram_size - 1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from flashlane.kernels import Kernels
+from flashlane.models.config import ModelConfig
+from flashlane.models.layers.gated_deltanet import ConvWeight
+from flashlane.models.layers.norms import RMSNorm, linear
+from flashlane.models.rows import Rows
+
+MASK64 = (1 << 64) - 1
+GAMMA = 0x9E3779B97F4A7C15
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + GAMMA) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def layer_multipliers(vocab: int, ngram_size: int, ple_index: int, seed: int) -> list[int]:
+    """Odd hash multipliers per n-gram slot, small enough that id * m never overflows int64."""
+    half = max(1, ((1 << 63) - 1) // max(vocab, 1) // 2)
+    base = seed + 10007 * ple_index
+    return [2 * (_splitmix64((base + GAMMA * (i + 1)) & MASK64) % half) + 1
+            for i in range(ngram_size)]
+
+
+def _is_prime(n: int) -> bool:
+    if n < 2 or n % 2 == 0:
+        return n == 2
+    return all(n % d for d in range(3, math.isqrt(n) + 1, 2))
+
+
+def head_vocab_sizes(cfg: ModelConfig, ple_index: int) -> list[int]:
+    """Head h of PLE layer i hashes into the (i * heads + h + 1)-th prime >= base."""
+    sizes, p = [], cfg.ngram_vocab_size_base - 1
+    for _ in range((ple_index + 1) * cfg.num_ngram_heads):
+        p += 1
+        while not _is_prime(p):
+            p += 1
+        sizes.append(p)
+    return sizes[ple_index * cfg.num_ngram_heads:]
+
+
+class NGramEmbedding(nn.Module):
+    def __init__(self, cfg: ModelConfig, ple_index: int):
+        super().__init__()
+        self.cfg = cfg
+        sizes = head_vocab_sizes(cfg, ple_index)
+        offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+        rows = math.ceil(sum(sizes) / cfg.ngram_vocab_divisor) * cfg.ngram_vocab_divisor
+        mult = layer_multipliers(cfg.vocab_size, cfg.ngram_size, ple_index, cfg.ngram_seed)
+        self.register_buffer("layer_multipliers", torch.tensor(mult, dtype=torch.long))
+        self.register_buffer("ngram_heads_vocab_sizes", torch.tensor(sizes, dtype=torch.long))
+        self.register_buffer("ngram_heads_offsets", torch.tensor(offsets, dtype=torch.long))
+        self.ngram_embedding = nn.Embedding(rows, cfg.ple_embed_dim // cfg.num_ngram_heads)
+
+    def row_ids(self, history: torch.Tensor) -> torch.Tensor:
+        """history: [B, n-1+T] ids (the n-1 before the rows first) -> [B, T, heads] table rows."""
+        cfg, ctx = self.cfg, self.cfg.ngram_size - 1
+        t = history.shape[1] - ctx
+        eos = cfg.ple_eos
+        shifted, broken = [history[:, ctx:]], torch.zeros_like(history[:, ctx:], dtype=torch.bool)
+        for s in range(1, cfg.ngram_size):
+            prev = history[:, ctx - s:ctx - s + t]
+            shifted.append(torch.where(broken, torch.full_like(prev, eos), prev))
+            broken = broken | (prev == eos)
+        m = self.layer_multipliers
+        ids, mixed = [], shifted[0] * m[0]
+        for order in range(2, cfg.ngram_size + 1):
+            mixed = torch.bitwise_xor(mixed, shifted[order - 1] * m[order - 1])
+            lo = (order - 2) * cfg.heads_per_ngram
+            sizes = self.ngram_heads_vocab_sizes[lo:lo + cfg.heads_per_ngram]
+            offs = self.ngram_heads_offsets[lo:lo + cfg.heads_per_ngram]
+            ids.append(torch.remainder(mixed.unsqueeze(-1), sizes) + offs)
+        return torch.cat(ids, dim=-1)
+
+
+class PLELayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, ple_index: int):
+        super().__init__()
+        self.cfg, self.layer_idx = cfg, layer_idx
+        hc_h, e = cfg.hc_count * cfg.hidden_size, cfg.ple_embed_dim
+        self.ple_embedding = NGramEmbedding(cfg, ple_index)
+        self.key_proj = linear(e, hc_h)
+        self.value_proj = linear(e, cfg.hidden_size)
+        self.norm_key = RMSNorm(hc_h, cfg.rms_eps, group=cfg.hidden_size)
+        self.norm_query = RMSNorm(hc_h, cfg.rms_eps, group=cfg.hidden_size)
+        self.norm_conv = RMSNorm(hc_h, cfg.rms_eps, group=cfg.hidden_size)
+        self.conv1d = ConvWeight(hc_h, cfg.ple_conv_kernel)
+
+    def forward(self, r: torch.Tensor, rows: Rows, kernels: Kernels) -> torch.Tensor:
+        """r: [N, hc*H] -> the PLE's addition to r; records ("ple", idx): (conv inputs, ids)."""
+        cfg, n = self.cfg, r.shape[0]
+        hc, h = cfg.hc_count, cfg.hidden_size
+        histories = [self._history(group, ids) for group, ids in
+                     zip(rows.groups(), rows.split(rows.token_ids))]
+        table_rows = rows.join([self.ple_embedding.row_ids(hist) for hist in histories])
+        emb = self.ple_embedding.ngram_embedding(table_rows).flatten(-2).to(r.dtype)
+        key = self.norm_key(self.key_proj(emb)).reshape(n, hc, h)
+        query = self.norm_query(r).reshape(n, hc, h)
+        gate = (key * query).sum(-1, keepdim=True) / math.sqrt(h)
+        gate = gate.abs().clamp_min(1e-6).sqrt() * gate.sign()
+        gated = (torch.sigmoid(gate) * self.value_proj(emb).unsqueeze(-2)).flatten(-2)
+        normed = self.norm_conv(gated)
+        convs = [self._conv(x, group, hist, kernels) for x, group, hist in
+                 zip(rows.split(normed), rows.groups(), histories)]
+        return gated + rows.join(convs)
+
+    def _history(self, group, ids: torch.Tensor) -> torch.Tensor:
+        ctx = self.cfg.ngram_size - 1
+        if group[0].session is None:
+            head = ids.new_full((ids.shape[0], ctx), self.cfg.ple_eos)
+        else:
+            head = group[0].session.ple[self.layer_idx].ids.unsqueeze(0)
+        return torch.cat([head, ids], dim=1)
+
+    def _conv(self, x: torch.Tensor, group, history: torch.Tensor, kernels: Kernels):
+        cfg = self.cfg
+        if group[0].session is None:
+            window = x.new_zeros(x.shape[0], cfg.ple_tail, x.shape[-1])
+        else:
+            window = group[0].session.ple[self.layer_idx].conv.unsqueeze(0)
+        y, xfull = kernels.causal_conv(x, window, self.conv1d.weight[:, 0, :],
+                                       dilation=cfg.ple_conv_dilation)
+        if group[0].session is not None:
+            group[0].pending[("ple", self.layer_idx)] = (xfull[0], history[0])
+        return y

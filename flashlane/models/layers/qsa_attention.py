@@ -1,0 +1,92 @@
+"""QSA sparse attention: gated multi-head attention whose keys a block indexer selects."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from flashlane.kernels import Kernels
+from flashlane.kernels.attention.reference import pool_blocks
+from flashlane.models.config import ModelConfig
+from flashlane.models.layers.norms import RMSNorm, linear
+from flashlane.models.layers.rotary import Rotary, apply_rope
+from flashlane.models.rows import Piece, Rows
+from flashlane.models.state import AttnCache, SessionState
+
+
+class Indexer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.index_qk_proj = linear(cfg.hidden_size, (cfg.indexer_n_heads + 1) * cfg.indexer_head_dim)
+        self.q_layernorm = RMSNorm(cfg.indexer_head_dim, cfg.rms_eps)
+        self.k_layernorm = RMSNorm(cfg.indexer_head_dim, cfg.rms_eps)
+
+    def project(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: [N, H] -> (queries [N, Hi, Di] normed and roped, raw keys [N, Di])."""
+        di = self.cfg.indexer_head_dim
+        qk = self.index_qk_proj(x)
+        q = self.q_layernorm(qk[:, :-di].reshape(x.shape[0], -1, di))
+        return apply_rope(q, cos, sin), qk[:, -di:]
+
+    def block_keys(self, raw: torch.Tensor, first_block: int, rotary: Rotary) -> torch.Tensor:
+        """raw keys of whole blocks [B, nb*block, Di] -> pooled, normed, roped [B, nb, Di]."""
+        blk = self.cfg.indexer_block
+        pooled = self.k_layernorm(pool_blocks(raw, blk))
+        nb = pooled.shape[1]
+        pos = (torch.arange(nb, device=raw.device) + first_block) * blk
+        cos, sin = rotary.cos_sin(pos, pooled.dtype)
+        # apply_rope wants [positions, heads, D]: the batch plays the heads here
+        return apply_rope(pooled.transpose(0, 1), cos, sin).transpose(0, 1)
+
+
+class QSAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, cache_of: Callable[[SessionState], AttnCache]):
+        super().__init__()
+        self.cfg, self.cache_of = cfg, cache_of
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.q_proj = linear(h, cfg.num_attention_heads * d * 2)
+        self.k_proj = linear(h, cfg.num_kv_heads * d)
+        self.v_proj = linear(h, cfg.num_kv_heads * d)
+        self.o_proj = linear(cfg.num_attention_heads * d, h)
+        self.q_norm = RMSNorm(d, cfg.rms_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_eps)
+        self.indexer = Indexer(cfg)
+
+    def forward(self, x: torch.Tensor, rows: Rows, rotary: Rotary, kernels: Kernels) -> torch.Tensor:
+        cfg, n, d = self.cfg, x.shape[0], self.cfg.head_dim
+        cos, sin = rotary.cos_sin(rows.positions, x.dtype)
+        qg = self.q_proj(x).reshape(n, cfg.num_attention_heads, 2 * d)
+        q, gate = qg[..., :d], qg[..., d:]
+        q = apply_rope(self.q_norm(q), cos, sin)
+        k = apply_rope(self.k_norm(self.k_proj(x).reshape(n, cfg.num_kv_heads, d)), cos, sin)
+        v = self.v_proj(x).reshape(n, cfg.num_kv_heads, d)
+        iq, raw = self.indexer.project(x, cos, sin)
+        parts = zip(rows.split(q), rows.split(k), rows.split(v), rows.split(iq), rows.split(raw),
+                    rows.split(rows.positions), rows.groups())
+        outs = [self._attend(*part, rotary, kernels) for part in parts]
+        o = rows.join(outs).reshape(n, -1)
+        return self.o_proj(o * torch.sigmoid(gate.reshape(n, -1)))
+
+    def _attend(self, q, k, v, iq, raw, pos, group: list[Piece], rotary, kernels: Kernels):
+        cfg, blk = self.cfg, self.cfg.indexer_block
+        if group[0].session is None:
+            keys, values, nk = k, v, k.shape[1]
+            block_keys = self.indexer.block_keys(raw[:, :nk // blk * blk], 0, rotary)
+        else:
+            keys, values, block_keys, nk = self._write(group[0], k[0], v[0], raw[0], rotary)
+        mask = kernels.select_mask(iq, block_keys, pos, nk, blk, cfg.indexer_top_blocks)
+        return kernels.attention(q, keys, values, mask, cfg.head_dim ** -0.5)
+
+    def _write(self, piece: Piece, k, v, raw, rotary: Rotary):
+        """Write the piece's keys at their positions; recompute blocks it completes."""
+        cache, blk = self.cache_of(piece.session), self.cfg.indexer_block
+        s, e = piece.start, piece.start + piece.length
+        cache.k[s:e], cache.v[s:e], cache.index_keys[s:e] = k, v, raw
+        b0, b1 = s // blk, e // blk
+        if b1 > b0:
+            fresh = self.indexer.block_keys(cache.index_keys[None, b0 * blk:b1 * blk], b0, rotary)
+            cache.block_keys[b0:b1] = fresh[0]
+        return cache.k[None, :e], cache.v[None, :e], cache.block_keys[None, :b1], e

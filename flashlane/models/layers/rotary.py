@@ -1,0 +1,33 @@
+"""Partial rotary embedding (rotate-half) on the leading `rotary_dim` dims of each head.
+
+Text positions only: with equal temporal/height/width positions, the interleaved mRoPE of the
+checkpoint equals plain RoPE. Angles are computed in fp32 as the reference does (the fp32
+rounding of position * inv_freq is part of the model's numerics), then cast.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Rotary:
+    def __init__(self, rotary_dim: int, theta: float):
+        self.rotary_dim = rotary_dim
+        exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim
+        self.inv_freq = 1.0 / (theta ** exponents)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: [N] -> cos, sin [N, rotary_dim]."""
+        freqs = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq.to(positions.device)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [N, heads, D]; cos, sin: [N, R] with R <= D even -> x with its first R dims rotated."""
+    r = cos.shape[-1]
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    xr, rest = x[..., :r], x[..., r:]
+    half = r // 2
+    rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+    return torch.cat([xr * cos + rotated * sin, rest], dim=-1)

@@ -1,0 +1,204 @@
+"""Checkpoints: safetensors (one file or sharded with an index) <-> FlashNext parameters.
+
+One name table turns checkpoint names into ours: the `model.` / `model.language_model.`
+prefix goes, per-expert weights are stacked, the PLE table's shards are concatenated.
+The vision tower is not loaded. Errors name the tensor, the file and both shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from flashlane.models.config import ModelConfig
+from flashlane.models.flashnext import FlashNext
+
+PREFIXES = ("model.language_model.", "model.")
+IGNORED = (re.compile(r"^(model\.)?visual\."), re.compile(r"^model\.visual\."))
+EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+SHARD = re.compile(r"^(.*\.ngram_embedding)\.shard_(\d+)\.weight$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not fit the config: names the tensor, the file and the shapes."""
+
+
+def _our_name(name: str) -> str | None:
+    if any(p.match(name) for p in IGNORED):
+        return None
+    for prefix in PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def checkpoint_files(folder: Path) -> dict[str, Path]:
+    """Tensor name -> the file that holds it."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: folder / file for name, file in weight_map.items()}
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{folder}: no model.safetensors and no model.safetensors.index.json")
+    out: dict[str, Path] = {}
+    for f in files:
+        for name in _open(f).keys():
+            out[name] = f
+    return out
+
+
+def _open(path: Path):
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as err:  # safetensors raises its own error types for truncated files
+        raise CheckpointError(f"{path}: cannot read safetensors ({err})") from None
+
+
+def read_tensors(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Path]]:
+    """Our name -> tensor, and our name -> source file (for error messages)."""
+    files = checkpoint_files(folder)
+    by_file: dict[Path, list[str]] = defaultdict(list)
+    for name, f in files.items():
+        by_file[f].append(name)
+    total = sum(f.stat().st_size for f in by_file if f.exists())
+    loud = total > 2**30
+    tensors, origin = {}, {}
+    for i, (f, names) in enumerate(sorted(by_file.items())):
+        if not f.exists():
+            raise CheckpointError(f"{f}: listed in the index but missing")
+        if loud:
+            print(f"loading {f.name} ({i + 1}/{len(by_file)}, {total / 2**30:.1f} GiB in all)",
+                  file=sys.stderr, flush=True)
+        handle = _open(f)
+        for name in names:
+            ours = _our_name(name)
+            if ours is None:
+                continue
+            try:
+                tensors[ours] = handle.get_tensor(name)
+            except Exception as err:
+                raise CheckpointError(f"{f}: tensor {name!r} cannot be read ({err})") from None
+            origin[ours] = f
+    return _stack_experts(_join_shards(tensors, origin), origin), origin
+
+
+def _join_shards(tensors: dict, origin: dict) -> dict:
+    shards: dict[str, dict[int, torch.Tensor]] = defaultdict(dict)
+    for name in [n for n in tensors if SHARD.match(n)]:
+        m = SHARD.match(name)
+        shards[m.group(1)][int(m.group(2))] = tensors.pop(name)
+        origin[m.group(1) + ".weight"] = origin[name]
+    for base, parts in shards.items():
+        if sorted(parts) != list(range(len(parts))):
+            raise CheckpointError(f"{origin[base + '.weight']}: {base} shards are not 0..{len(parts) - 1}")
+        tensors[base + ".weight"] = torch.cat([parts[i] for i in range(len(parts))], dim=0)
+    return tensors
+
+
+def _stack_experts(tensors: dict, origin: dict) -> dict:
+    groups: dict[tuple[str, str], dict[int, torch.Tensor]] = defaultdict(dict)
+    for name in [n for n in tensors if EXPERT.match(n)]:
+        m = EXPERT.match(name)
+        groups[(m.group(1), m.group(3))][int(m.group(2))] = tensors.pop(name)
+        origin[f"{m.group(1)}.{m.group(3)}"] = origin[name]
+    for (base, proj), experts in groups.items():
+        if sorted(experts) != list(range(len(experts))):
+            raise CheckpointError(f"{origin[base + '.' + proj]}: {base}.*.{proj} are not 0..{len(experts) - 1}")
+        tensors[f"{base}.{proj}"] = torch.stack([experts[i] for i in range(len(experts))])
+    for name in [n for n in tensors if n.endswith(".experts.gate_up_proj")]:
+        gate, up = tensors.pop(name).chunk(2, dim=1)
+        base = name[: -len(".gate_up_proj")]
+        tensors[base + ".gate_proj"], tensors[base + ".up_proj"] = gate, up
+        origin[base + ".gate_proj"] = origin[base + ".up_proj"] = origin[name]
+    return tensors
+
+
+def load_checkpoint(folder: str | Path, dtype: torch.dtype = torch.float32,
+                    device: str | torch.device = "cpu") -> tuple[ModelConfig, FlashNext]:
+    """Build the model of folder/config.json and fill it from the folder's safetensors."""
+    folder = Path(folder)
+    cfg = ModelConfig.from_hf(folder)
+    tensors, origin = read_tensors(folder)
+    if cfg.num_mtp_layers and not any(n.startswith("mtp.") for n in tensors):
+        cfg = replace(cfg, num_mtp_layers=0)  # no MTP head shipped: copy drafts only
+    with torch.device("meta"):
+        model = FlashNext(cfg)
+    expected = dict(model.state_dict())
+    if cfg.tie_word_embeddings and "lm_head.weight" not in tensors:
+        tensors["lm_head.weight"] = tensors.get("embed_tokens.weight")
+        origin["lm_head.weight"] = origin.get("embed_tokens.weight", folder)
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise CheckpointError(f"{folder}: missing tensor {missing[0]!r} (expected shape "
+                              f"{tuple(expected[missing[0]].shape)}); {len(missing)} missing in all")
+    unexpected = sorted(set(tensors) - set(expected))
+    if unexpected:
+        n = unexpected[0]
+        raise CheckpointError(f"{origin[n]}: unexpected tensor {n!r} with shape {tuple(tensors[n].shape)}")
+    for name, meta in expected.items():
+        if tuple(tensors[name].shape) != tuple(meta.shape):
+            raise CheckpointError(f"{origin[name]}: tensor {name!r} has shape {tuple(tensors[name].shape)}, "
+                                  f"the config needs {tuple(meta.shape)}")
+    state = {n: t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+             for n, t in tensors.items()}
+    model.load_state_dict(state, assign=True, strict=True)
+    model.rotary = type(model.rotary)(cfg.rotary_dim, cfg.rope_theta)
+    return cfg, model.eval().requires_grad_(False)
+
+
+def hf_tensors(model: FlashNext) -> dict[str, torch.Tensor]:
+    """Our parameters under the checkpoint's names (per-expert weights, sharded PLE table)."""
+    out = {}
+    parts = model.cfg.split_ngram_parts
+    for name, t in model.state_dict().items():
+        t = t.detach().contiguous().cpu()
+        hf = name if name.startswith(("lm_head.", "mtp.")) else "model." + name
+        if re.search(r"\.experts\.(gate_proj|up_proj|down_proj)$", name):
+            base, proj = hf.rsplit(".", 1)
+            for e in range(t.shape[0]):
+                out[f"{base}.{e}.{proj}.weight"] = t[e].clone()
+        elif name.endswith("ngram_embedding.weight"):
+            for k, shard in enumerate(t.chunk(parts, dim=0)):
+                out[hf.replace("ngram_embedding.weight", f"ngram_embedding.shard_{k}.weight")] = shard.clone()
+        else:
+            out[hf] = t
+    return out
+
+
+def save_checkpoint(model: FlashNext, config: dict, out_dir: str | Path,
+                    dtype: torch.dtype | None = None) -> None:
+    """config.json + model.safetensors with HF names (mtp.* included)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = hf_tensors(model)
+    if dtype is not None:
+        tensors = {n: t.to(dtype) if t.is_floating_point() else t for n, t in tensors.items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def init_weights(model: FlashNext, seed: int, std: float = 0.02) -> None:
+    """Deterministic training init: normal linears and embeddings, identity norms, the GDN
+    decay range of the reference (A in [1, 16], dt_bias 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.empty(p.shape).uniform_(1, 16, generator=gen).log())
+            elif name.endswith("dt_bias") or name.endswith("linear_attn.norm.weight"):
+                p.fill_(1.0)
+            elif p.ndim == 1:
+                p.zero_()
+            elif name.endswith("conv1d.weight"):
+                p.copy_(torch.randn(p.shape, generator=gen) * (1 / p.shape[-1]) ** 0.5)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
