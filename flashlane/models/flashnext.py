@@ -98,3 +98,14 @@ def commit(model: FlashNext, piece: Piece, kept: int) -> None:
             p.ids.copy_(states[kept:kept + p.ids.shape[0]])
     s.length = piece.start + kept
     piece.pending.clear()
+
+
+@torch.no_grad()
+def run_piece(model: FlashNext, session: SessionState, tokens: torch.Tensor, start: int,
+              recurrent: bool) -> torch.Tensor:
+    """One piece through the model, committed whole: logits [T, V] fp32 for its rows."""
+    rows = Rows.of([(session, tokens, start, recurrent)], model.embed_tokens.weight.device)
+    r = model.residual(rows)
+    commit(model, rows.pieces[0], rows.pieces[0].length)
+    session.last_residual = r[-1]
+    return model.logits(r)

@@ -1,0 +1,82 @@
+"""Tiny oracle checkpoints: transformers' qwen4_exp with every parameter randomised.
+
+Default init leaves norms at identity and the PLE conv at zero, which hides bugs, so every
+parameter is drawn at random. `with_mtp` adds random `mtp.*` weights (transformers drops
+them on load, so the oracle never sees them).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+ROPE = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+        "mrope_section": [2, 1, 1], "mrope_interleaved": True}
+
+TINY = dict(
+    vocab_size=512, hidden_size=64, num_hidden_layers=4,
+    layer_types=["linear_attention"] * 3 + ["full_attention"], num_attention_heads=4,
+    num_key_value_heads=2, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+    linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=8,
+    num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+    hc_count=4, hc_lowrank=8, ple_layer_ids=[2], ple_embed_dim=64, ple_conv_kernel_size=4,
+    ngram_size=3, heads_per_ngram=2, ngram_vocab_size_base=1000,
+    make_ngram_vocab_size_divisible_by=128, split_ngram_parts=4, indexer_n_heads=2,
+    indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=4,
+    output_gate_type="sigmoid", hidden_act="silu", max_position_embeddings=512,
+    tie_word_embeddings=False, eos_token_id=1, bos_token_id=1, rope_parameters=ROPE,
+)
+
+# Changes layer count and order, stream count, PLE placement (two PLE layers), the GDN
+# head ratio, the rotary share and the indexer budget.
+OTHER = dict(
+    TINY, num_hidden_layers=6,
+    layer_types=["linear_attention", "qwen_sparse_attention", "linear_attention",
+                 "linear_attention", "full_attention", "linear_attention"],
+    hc_count=3, hc_lowrank=6, ple_layer_ids=[1, 4], ple_embed_dim=48, heads_per_ngram=3,
+    ngram_size=3, linear_num_key_heads=1, linear_num_value_heads=3, indexer_budget=12,
+    indexer_n_heads=3, num_experts=6, num_experts_per_tok=3, eos_token_id=2, bos_token_id=2,
+    rope_parameters=dict(ROPE, partial_rotary_factor=0.5, mrope_section=[4, 2, 2]),
+    split_ngram_parts=2,
+)
+
+
+def build_oracle(folder: Path, spec: dict, seed: int = 0, with_mtp: bool = True) -> Path:
+    """Save a randomised transformers qwen4_exp checkpoint (plus random mtp.*) to folder."""
+    from transformers import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
+
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = Qwen4ExpForCausalLM(Qwen4ExpTextConfig(**spec))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("A_log"):
+                p.uniform_(-1.0, 1.5)
+            else:
+                p.normal_(0.0, 0.2 if p.ndim > 1 else 0.3)
+    model.save_pretrained(folder)
+    if with_mtp:
+        _add_mtp(folder, seed)
+    return folder
+
+
+def _add_mtp(folder: Path, seed: int) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from flashlane.models.config import ModelConfig
+    from flashlane.models.flashnext import FlashNext
+    from flashlane.models.loader import hf_tensors
+
+    raw = json.loads((folder / "config.json").read_text())
+    raw["mtp_num_hidden_layers"] = 1
+    (folder / "config.json").write_text(json.dumps(raw, indent=2))
+    torch.manual_seed(seed + 1)
+    model = FlashNext(ModelConfig.from_hf(raw))
+    with torch.no_grad():
+        for p in model.mtp.parameters():
+            p.normal_(0.0, 0.2 if p.ndim > 1 else 0.3)
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors.update({n: t for n, t in hf_tensors(model).items() if n.startswith("mtp.")})
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
