@@ -31,6 +31,12 @@ VISION_DEFAULTS: dict[str, Any] = {
 }
 
 
+TEXT_PARTS = (
+    "embeddings", "lm_head", "gdn", "attention", "experts", "shared_expert", "router",
+    "hyper_connections", "ple", "final_mixer",
+)  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class ParamCounts:
     """Parameters by part; the text parts sum over every decoder layer."""
@@ -52,11 +58,7 @@ class ParamCounts:
 
     @property
     def text(self) -> int:
-        return (
-            self.embeddings + self.lm_head + self.gdn + self.attention + self.experts
-            + self.shared_expert + self.router + self.hyper_connections + self.ple
-            + self.final_mixer
-        )
+        return sum(getattr(self, name) for name in TEXT_PARTS)
 
     @property
     def total(self) -> int:
@@ -70,13 +72,16 @@ class ParamCounts:
 
 
 def gdn_layer_params(cfg: ModelConfig) -> int:
-    h, hv = cfg.hidden_size, cfg.linear_num_v_heads
-    conv = cfg.linear_conv_dim
-    projections = h * conv + h * cfg.linear_value_dim + 2 * h * hv  # qkv, z, b, a
-    # depthwise conv, dt_bias and A_log, the gated norm, out_proj
-    return projections + conv * cfg.linear_conv_kernel + 2 * hv + cfg.linear_v_head_dim + (
-        cfg.linear_value_dim * h
+    h, hv, conv, value = (
+        cfg.hidden_size,
+        cfg.linear_num_v_heads,
+        cfg.linear_conv_dim,
+        cfg.linear_value_dim,
     )
+    # in_proj_qkv, in_proj_z, in_proj_b and in_proj_a, out_proj
+    projections = h * conv + h * value + 2 * h * hv + value * h
+    # the depthwise conv, dt_bias and A_log, the gated norm
+    return projections + conv * cfg.linear_conv_kernel + 2 * hv + cfg.linear_v_head_dim
 
 
 def attention_layer_params(cfg: ModelConfig) -> int:
@@ -154,7 +159,7 @@ def mtp_params(cfg: ModelConfig) -> int:
         return 0
     h = cfg.hidden_size
     head = h + cfg.hc_count * h + 2 * h * h + hyper_connection_params(cfg, inject=False)
-    return head + cfg.num_mtp_layers * _decoder_params(cfg, "sparse")
+    return head + cfg.num_mtp_layers * _sparse_decoder_params(cfg)
 
 
 def count_params(cfg: ModelConfig) -> ParamCounts:
@@ -179,11 +184,9 @@ def count_params(cfg: ModelConfig) -> ParamCounts:
         mtp=mtp_params(cfg),
         active=0,
     )
-    unread_experts = cfg.num_layers * (cfg.num_experts - cfg.num_experts_per_tok) * expert_params(cfg)
-    active = (
-        counts.text - counts.embeddings + cfg.hidden_size - unread_experts
-        + num_ple * cfg.num_ngram_heads * table_width
-    )
+    unread = cfg.num_layers * (cfg.num_experts - cfg.num_experts_per_tok) * expert_params(cfg)
+    table_read = num_ple * cfg.num_ngram_heads * table_width
+    active = counts.text - counts.embeddings + cfg.hidden_size - unread + table_read
     return replace(counts, active=active)
 
 
@@ -277,13 +280,10 @@ def _kib(n: int) -> str:
     return f"{n / 1024:g} KiB"
 
 
-def _decoder_params(cfg: ModelConfig, kind: str) -> int:
-    mixer = attention_layer_params(cfg) if kind == "sparse" else gdn_layer_params(cfg)
-    moe = (
-        cfg.num_experts * expert_params(cfg) + shared_expert_params(cfg)
-        + cfg.num_experts * cfg.hidden_size
-    )
-    return mixer + moe + 2 * hyper_connection_params(cfg)
+def _sparse_decoder_params(cfg: ModelConfig) -> int:
+    routed = cfg.num_experts * (expert_params(cfg) + cfg.hidden_size)  # experts and router
+    mlp = routed + shared_expert_params(cfg)
+    return attention_layer_params(cfg) + mlp + 2 * hyper_connection_params(cfg)
 
 
 def _next_prime(n: int) -> int:

@@ -1,0 +1,182 @@
+"""memory: session and workspace bytes, the ceiling, --parallel auto, and the options predicate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flashlane.models.census import state_bytes_per_stream
+from flashlane.models.config import ModelConfig
+from flashlane.sessions.memory import (
+    GIB,
+    LIMIT_ENV,
+    OptionConflict,
+    OverMemoryLimit,
+    activation_bytes,
+    check_options,
+    parse_limit_gb,
+    plan,
+    read_ram_bytes,
+    resolve_limit_bytes,
+    scratch_buffers,
+    session_buffers,
+    session_bytes,
+)
+
+REAL = Path(__file__).resolve().parents[3] / "shared" / "vectors" / "flashnext_real_config.json"
+TINY = ModelConfig.from_hf({
+    "model_type": "qwen4_exp_text", "vocab_size": 512, "hidden_size": 64,
+    "num_hidden_layers": 4, "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "hc_lowrank": 8,
+    "ple_layer_ids": [2], "ple_embed_dim": 64, "heads_per_ngram": 2,
+    "ngram_vocab_size_base": 1000, "indexer_n_heads": 2, "indexer_head_dim": 16,
+    "indexer_budget": 8, "indexer_compress_ratio": 4, "max_position_embeddings": 512,
+    "eos_token_id": 1, "rope_parameters": {"rope_theta": 1e7, "partial_rotary_factor": 0.25},
+})  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def real() -> ModelConfig:
+    if not REAL.exists():
+        pytest.skip(f"{REAL} is not beside this checkout")
+    return ModelConfig.from_hf(json.loads(REAL.read_text()))
+
+
+def test_real_session_bytes_by_hand(real: ModelConfig) -> None:
+    cap = 262_144
+    attention = 2 * cap * 2 * 256 * 2 + cap * 128 * 2 + cap // 4 * 128 * 2  # K, V, keys, blocks
+    gdn = 3 * 10240 * 2 + 48 * 128 * 128 * 4  # conv window, fp32 state
+    ple = 9 * 4 * 2560 * 2 + 2 * 8
+    assert session_bytes(real, cap, 2, 4) == 13 * attention + 36 * gdn + ple
+    assert session_bytes(real, cap, 2, 4, mtp=False) == 12 * attention + 36 * gdn + ple
+    assert session_bytes(real, 0, 2, 4) == state_bytes_per_stream(real, 2, 4)
+
+
+def test_session_bytes_grow_with_capacity_per_block() -> None:
+    per_block = session_bytes(TINY, 8, 8, 8) - session_bytes(TINY, 4, 8, 8)
+    assert session_bytes(TINY, 4003, 8, 8) - session_bytes(TINY, 4000, 8, 8) < per_block
+    assert session_bytes(TINY, 4004, 8, 8) - session_bytes(TINY, 4000, 8, 8) == per_block
+    names = [b.name for b in session_buffers(TINY, 64, 2, 4, mtp=False)]
+    assert not any(n.startswith("mtp.") for n in names)
+
+
+def test_session_bytes_equal_the_allocated_state() -> None:
+    torch = pytest.importorskip("torch")
+    state_mod = pytest.importorskip("flashlane.models.state")
+    dtypes = ((torch.float64, torch.float64), (torch.bfloat16, torch.float32))
+    for cap, (cache, st) in zip((100, 64), dtypes):
+        s = state_mod.SessionState.empty(TINY, cap, cache, st, device="meta")
+        cb, sb = cache.itemsize, st.itemsize
+        assert s.nbytes() == session_bytes(TINY, cap, cb, sb)
+        shapes = sorted(tuple(t.shape) for t in s.tensors())
+        ours = sorted(b.shape for b in session_buffers(TINY, cap, cb, sb) for _ in range(b.count))
+        assert shapes == ours
+
+
+def _limit(cfg: ModelConfig, weights: int, sessions: float, rows: int = 16) -> int:
+    """A limit that leaves room for `sessions` full-window CPU sessions after the rest."""
+    scratch = sum(b.nbytes for b in scratch_buffers(cfg, rows, 8, 8))
+    one = session_bytes(cfg, cfg.max_position_embeddings, 8, 8)
+    return weights + scratch + activation_bytes(cfg, rows, "cpu") + int(sessions * one)
+
+
+def test_plan_arithmetic() -> None:
+    p = plan(TINY, device="cpu", limit_bytes=_limit(TINY, 10**6, 3.5), weight_bytes=10**6,
+             max_rows=16)  # fmt: skip
+    assert p.auto and p.capacities == (512,) * 3 and not p.serial
+    assert p.scratch_bytes == 16 * 3 * (4 * 16 * 16 * 8 + 128 * 8)
+    assert p.activation_bytes == 16 * 512 * 4 + 64 * 2**20
+    assert p.budget_bytes == p.limit_bytes - p.weight_bytes - p.scratch_bytes - p.activation_bytes
+    assert p.sessions_bytes == 3 * session_bytes(TINY, 512, 8, 8)
+    assert 0 <= p.free_bytes < session_bytes(TINY, 512, 8, 8)
+
+
+def test_auto_caps_at_16_and_serves_one_reply_when_fewer_than_two_fit() -> None:
+    roomy = plan(TINY, device="cpu", limit_bytes=_limit(TINY, 0, 40), weight_bytes=0, max_rows=16)
+    assert roomy.num_sessions == 16
+    tight = plan(TINY, device="cpu", limit_bytes=_limit(TINY, 0, 1.9), weight_bytes=0, max_rows=16)
+    assert tight.capacities == (512,) and tight.serial
+    with pytest.raises(OverMemoryLimit) as err:
+        plan(TINY, device="cpu", limit_bytes=_limit(TINY, 0, 0.5), weight_bytes=0, max_rows=16)
+    for remedy in ("--context", "--parallel", "--slot-contexts", "--memory-limit-gb"):
+        assert remedy in str(err.value)
+
+
+def test_given_sizes_meet_the_same_ceiling() -> None:
+    limit = _limit(TINY, 0, 2.5)
+    assert plan(TINY, device="cpu", limit_bytes=limit, weight_bytes=0, max_rows=16,
+                parallel=2).num_sessions == 2  # fmt: skip
+    with pytest.raises(OverMemoryLimit, match="3 session"):
+        plan(TINY, device="cpu", limit_bytes=limit, weight_bytes=0, max_rows=16, parallel=3)
+    sized = plan(TINY, device="cpu", limit_bytes=limit, weight_bytes=0, max_rows=16,
+                 slot_contexts=(512, 256, 128, 128))  # fmt: skip
+    assert not sized.auto and sized.session_bytes[1] == session_bytes(TINY, 256, 8, 8)
+    with pytest.raises(OverMemoryLimit, match="512x2,256"):
+        plan(TINY, device="cpu", limit_bytes=limit, weight_bytes=0, max_rows=16,
+             slot_contexts=(512, 512, 256))  # fmt: skip
+    with pytest.raises(OverMemoryLimit, match="weights"):
+        plan(TINY, device="cpu", limit_bytes=limit, weight_bytes=limit, max_rows=16)
+    with pytest.raises(OverMemoryLimit, match="host"):
+        plan(TINY, device="cuda", limit_bytes=GIB * 4, weight_bytes=0, max_rows=16,
+             host_bytes=GIB, host_limit_bytes=GIB - 1)  # fmt: skip
+
+
+def test_limit_resolution(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemFree:  10 kB\nMemTotal:       1048576 kB\n")
+    assert read_ram_bytes(meminfo) == GIB
+    assert resolve_limit_bytes(None, {}, "cpu", ram_total_bytes=100 * GIB) == 70 * GIB
+    assert resolve_limit_bytes(None, {}, "cuda", gpu_total_bytes=100 * GIB) == 90 * GIB
+    assert resolve_limit_bytes(None, {LIMIT_ENV: "12.5"}, "cuda", 100 * GIB) == int(12.5 * GIB)
+    assert resolve_limit_bytes("8", {LIMIT_ENV: "12.5"}, "cpu", None, GIB) == 8 * GIB
+    assert resolve_limit_bytes(None, {LIMIT_ENV: ""}, "cpu", None, 10 * GIB) == 7 * GIB
+    for bad in ("0", "-1", "abc", "nan", "inf", ""):
+        with pytest.raises(ValueError, match="memory-limit-gb"):
+            parse_limit_gb(bad)
+    with pytest.raises(ValueError, match="total memory"):
+        resolve_limit_bytes(None, {}, "cuda")
+
+
+@pytest.mark.parametrize(
+    ("options", "names"),
+    [
+        ({"parallel": 4, "slot_contexts": (64, 32)}, ("--parallel 4", "--slot-contexts")),
+        ({"parallel": 0}, ("--parallel",)),
+        ({"context": 1024}, ("--context 1024", "max_position_embeddings")),
+        ({"slot_contexts": (1024, 64)}, ("--slot-contexts lists 1024", "window")),
+        ({"slot_contexts": (256,), "context": 128}, ("--slot-contexts", "--context 128")),
+        ({"max_rows": 3}, ("--max-rows 3", "--mtp-drafts 3")),
+        ({"context": 2}, ("--context 2", "--mtp-drafts 3")),
+        ({"slot_contexts": (64, 3)}, ("--slot-contexts 3", "--mtp-drafts")),
+        ({"slot_grow": 600}, ("--slot-grow 600", "--context")),
+        ({"slot_grow": 100, "slot_contexts": (64,)}, ("--slot-grow 100", "--slot-contexts")),
+    ],
+)
+def test_check_options_refuses_conflicts(options: dict, names: tuple[str, ...]) -> None:
+    base = {"model_window": 512, "max_rows": 16, "mtp_drafts": 3}
+    with pytest.raises(OptionConflict) as err:
+        check_options(**{**base, **options})
+    for name in names:
+        assert name in str(err.value)
+
+
+def test_check_options_accepts_what_holds() -> None:
+    check_options(model_window=512, max_rows=16, mtp_drafts=3, slot_grow=64)
+    check_options(model_window=512, max_rows=4, mtp_drafts=3, context=256, slot_grow=8)
+    check_options(model_window=512, max_rows=1, mtp_drafts=3, drafts=False, slot_grow=8,
+                  parallel=3, slot_contexts=(512, 64, 8))  # fmt: skip
+
+
+def test_sessions_and_census_import_no_torch() -> None:
+    code = (
+        "import sys, flashlane.sessions.memory, flashlane.sessions.slots, flashlane.models.census;"
+        "sys.exit('torch' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
