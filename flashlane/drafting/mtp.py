@@ -1,0 +1,120 @@
+"""MTP drafting: absorb the kept rows into the head's cache, then chain drafts.
+
+Cell i pairs the target's residual R_i with x_{i+1} at position i. A stream's cells wait here
+until their next token is known (a prompt piece's last row waits for the next piece); the
+draft call absorbs every waiting cell (rewinding the head's cache past last round's chained
+cells first: they were provisional), then chains: cell i+1 pairs the head's own output
+residual with the draft. Each draft is keyed at its own position with the stream's params and
+seed; the first is always kept, a later one below `confidence` ends the chain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from flashlane.lanes.records import Draws, Drafts
+from flashlane.models.flashnext import FlashNext
+from flashlane.models.rows import Rows
+from flashlane.models.state import SessionState
+from flashlane.sampling.choose import DrawSpec, SampleError, draw_rows
+
+
+@dataclass(slots=True)
+class Waiting:
+    residuals: list[torch.Tensor] = field(default_factory=list)  # [hc*H] rows, cell order
+    next_ids: list[int] = field(default_factory=list)
+    dangling: torch.Tensor | None = None  # a row whose next token is not known yet
+    draws: Draws | None = None
+
+
+class MtpDrafter:
+    def __init__(self, model: FlashNext, confidence: float):
+        self.model, self.confidence = model, confidence
+        self.waiting: dict[int, Waiting] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.model.mtp is not None
+
+    def forget(self, stream_id: int) -> None:
+        self.waiting.pop(stream_id, None)
+
+    def absorb_later(self, stream_id: int, residual: torch.Tensor, tokens: list[int],
+                     next_token: int | None, draws: Draws) -> None:
+        """Queue cells for kept rows: residual [n, hc*H] of tokens; next_token follows them."""
+        w = self.waiting.setdefault(stream_id, Waiting())
+        w.draws = draws
+        if w.dangling is not None:
+            w.residuals.append(w.dangling)
+            w.next_ids.append(tokens[0])
+        followers = [*tokens[1:], next_token]
+        for row, nxt in zip(residual, followers):
+            if nxt is None:
+                w.dangling = row
+            else:
+                w.residuals.append(row)
+                w.next_ids.append(nxt)
+        if next_token is not None:
+            w.dangling = None
+
+    @torch.no_grad()
+    def draft(self, depths: Mapping[int, int], sessions: Mapping[int, SessionState]) -> list[Drafts]:
+        ready = [sid for sid in depths if self.enabled and self.waiting.get(sid)
+                 and self.waiting[sid].next_ids]
+        out = {sid: Drafts(sid, [], []) for sid in depths}
+        if not ready:
+            return list(out.values())
+        # absorb: every waiting cell of every stream in one head forward
+        cells = [(sessions[s], torch.tensor(self.waiting[s].next_ids), sessions[s].mtp_length, False)
+                 for s in ready]
+        res = torch.cat([torch.stack(self.waiting[s].residuals) for s in ready])
+        rows = Rows.of(cells, res.device)
+        logits, outs = self.model.mtp_cells(res, rows.token_ids, rows)
+        last = [p.offset + p.length - 1 for p in rows.pieces]
+        for s, p in zip(ready, rows.pieces):
+            sessions[s].mtp_length += p.length
+            self.waiting[s].residuals.clear()
+            self.waiting[s].next_ids.clear()
+        drafts = {s: [] for s in ready}
+        probs = {s: [] for s in ready}
+        live, r, lg = list(ready), outs[last], logits[last]
+        for d in range(1, max(depths[s] for s in ready) + 1):
+            live, r, lg = self._extend(live, r, lg, d, depths, sessions, drafts, probs)
+            if not live:
+                break
+        for s in ready:
+            out[s] = Drafts(s, drafts[s], probs[s])
+        return list(out.values())
+
+    def _extend(self, live, r, lg, d, depths, sessions, drafts, probs):
+        """Draw draft d for each live stream from lg, then run the next chained cell."""
+        specs = []
+        for s in live:
+            w = self.waiting[s]
+            pos = sessions[s].length + d  # the pending token sits at sessions[s].length
+            reply = [*w.draws.reply_ids, *drafts[s]]
+            specs.append(DrawSpec(w.draws.params, w.draws.seed, pos, w.draws.prompt_ids, reply))
+        got = draw_rows(lg, specs)
+        p = torch.softmax(lg.double(), dim=-1)
+        keep_idx = []
+        for i, (s, tok) in enumerate(zip(live, got)):
+            if isinstance(tok, SampleError):
+                continue
+            prob = float(p[i, tok])
+            if d > 1 and prob < self.confidence:
+                continue
+            drafts[s].append(int(tok))
+            probs[s].append(prob)
+            if d < depths[s] and sessions[s].mtp_length + d <= sessions[s].capacity:
+                keep_idx.append(i)
+        live = [live[i] for i in keep_idx]
+        if not live:
+            return [], None, None
+        cells = [(sessions[s], torch.tensor([drafts[s][-1]]), sessions[s].mtp_length + d - 1, False)
+                 for s in live]
+        rows = Rows.of(cells, r.device)
+        lg, r = self.model.mtp_cells(r[keep_idx], rows.token_ids, rows)
+        return live, r, lg

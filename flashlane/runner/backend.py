@@ -1,0 +1,198 @@
+"""The lane core's Backend on tensors: one target forward per round over every window.
+
+verify packs all windows (decode windows and prompt pieces of many streams) into one flat
+batch, runs the model once, draws every drawing row with the keyed sampler and keeps what
+each piece wrote as pending; keep commits the kept rows and rolls back the rest (attention:
+cache length; GDN: the state after the last kept row, an index into the per-row states;
+conv windows, PLE tail and ids: a slice of their input history); draft lets the MTP head
+absorb the kept rows and chains drafts for all drafting streams together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from flashlane.lanes.records import CHUNK, CostTable, Drafts, InvalidBatch, Verdict, Window
+from flashlane.models.flashnext import FlashNext, commit
+from flashlane.models.rows import Piece, Rows
+from flashlane.models.state import SessionState
+from flashlane.drafting.mtp import MtpDrafter
+from flashlane.sampling.choose import DrawSpec, SampleError, draw_rows
+
+
+@dataclass(slots=True)
+class Fed:
+    """A window fed by the last verify, waiting for keep."""
+
+    window: Window
+    piece: Piece
+    residual: torch.Tensor  # [rows, hc*H] pre-mixer residual of its rows
+    sampled: list[int] = field(default_factory=list)
+
+
+class ModelBackend:
+    def __init__(self, model: FlashNext, sessions: Sequence[SessionState], max_rows: int,
+                 costs: CostTable | None = None, mtp_confidence: float = 0.7,
+                 max_prompt_rows: int = 4096):
+        self.model, self.sessions = model, list(sessions)
+        self.max_rows, self.max_prompt_rows = max_rows, max_prompt_rows
+        self.bound: dict[int, int] = {}  # stream_id -> session_id
+        self.fed: dict[int, Fed] = {}
+        self.drafter = MtpDrafter(model, mtp_confidence)
+        self._costs = costs or CostTable(verify_ms={1: 1.0}, draft_step_ms=0.0, overhead_ms=0.0)
+        self.device = model.embed_tokens.weight.device
+
+    def costs(self) -> CostTable:
+        return self._costs
+
+    def set_costs(self, costs: CostTable) -> None:
+        self._costs = costs
+
+    # -- verify -------------------------------------------------------------------------
+    def _check(self, windows: Sequence[Window]) -> None:
+        if not windows:
+            raise InvalidBatch("no windows")
+        ids = [w.stream_id for w in windows]
+        if len(set(ids)) != len(ids):
+            raise InvalidBatch("a stream appears twice in one verify")
+        taken = {self.bound[s]: s for s in self.bound}
+        claimed = [w.session_id for w in windows if w.stream_id not in self.bound]
+        if len(set(claimed)) != len(claimed):
+            raise InvalidBatch("two new streams claim one session")
+        decode_rows = sum(w.num_rows for w in windows if w.kind == "decode")
+        prompt_rows = sum(w.num_rows for w in windows if w.kind == "prompt")
+        if decode_rows > self.max_rows or prompt_rows > self.max_prompt_rows:
+            raise InvalidBatch(f"{decode_rows} decode / {prompt_rows} prompt rows exceed "
+                               f"{self.max_rows} / {self.max_prompt_rows}")
+        for w in windows:
+            if not w.tokens:
+                raise InvalidBatch(f"stream {w.stream_id}: empty window")
+            if not 0 <= w.session_id < len(self.sessions):
+                raise InvalidBatch(f"stream {w.stream_id}: unknown session {w.session_id}")
+            owner = taken.get(w.session_id)
+            if owner is not None and owner != w.stream_id:
+                raise InvalidBatch(f"session {w.session_id} belongs to stream {owner}")
+            if self.bound.get(w.stream_id, w.session_id) != w.session_id:
+                raise InvalidBatch(f"stream {w.stream_id} is bound to another session")
+            s = self.sessions[w.session_id]
+            length = s.length if w.stream_id in self.bound else 0
+            if w.start != length:
+                raise InvalidBatch(f"stream {w.stream_id}: window starts at {w.start}, "
+                                   f"the session holds {length}")
+            if w.start + w.num_rows > s.capacity:
+                raise InvalidBatch(f"stream {w.stream_id}: context full ({s.capacity} positions)")
+            if w.kind == "prompt" and w.start % CHUNK and w.stream_id not in self.bound:
+                raise InvalidBatch(f"stream {w.stream_id}: prompt piece off the {CHUNK} grid")
+
+    def verify(self, windows: Sequence[Window]) -> list[Verdict]:
+        self._check(windows)
+        for w in windows:
+            if w.stream_id not in self.bound:
+                self.bound[w.stream_id] = w.session_id
+                self.sessions[w.session_id].reset(self.model.cfg)
+                self.drafter.forget(w.stream_id)
+        self.fed.clear()
+        specs = [(self.sessions[w.session_id], torch.tensor(w.tokens), w.start, w.kind == "decode")
+                 for w in windows]
+        with torch.no_grad():
+            rows = Rows.of(specs, self.device)
+            r = self.model.residual(rows)
+            draw_at = [i for w, p in zip(windows, rows.pieces) for i in _drawing_rows(w, p)]
+            logits = self.model.logits(r[draw_at]) if draw_at else None
+        verdicts, row = [], 0
+        for w, p in zip(windows, rows.pieces):
+            n = w.num_draws
+            fed = Fed(w, p, r[p.rows])
+            verdicts.append(self._draw(w, logits[row:row + n] if n else None, fed))
+            self.fed[w.stream_id] = fed
+            row += n
+        return verdicts
+
+    def _draw(self, w: Window, logits: torch.Tensor | None, fed: Fed) -> Verdict:
+        if logits is None:
+            return Verdict(w.stream_id, [])
+        specs = [_spec(w, r) for r in range(logits.shape[0])]
+        got = draw_rows(logits, specs)
+        errors = [g for g in got if isinstance(g, SampleError)]
+        if errors:
+            return Verdict(w.stream_id, [], error=f"sampling failed: {errors[0]}")
+        fed.sampled = [int(g) for g in got]
+        top = w.draws.params.logprobs
+        lp = _logprobs(logits, fed.sampled, top) if top is not None else None
+        return Verdict(w.stream_id, list(fed.sampled), logprobs=lp)
+
+    # -- keep, draft, move, release --------------------------------------------------------
+    def keep(self, kept: Mapping[int, int]) -> None:
+        for stream_id, n in kept.items():
+            fed = self.fed.pop(stream_id)
+            w = fed.window
+            if w.kind == "prompt" and n != w.num_rows:
+                raise ValueError(f"stream {stream_id}: a prompt piece keeps all {w.num_rows} rows")
+            if w.kind == "decode" and not 1 <= n <= w.num_rows:
+                raise ValueError(f"stream {stream_id}: keeps {n} of {w.num_rows} rows")
+            commit(self.model, fed.piece, n)
+            if w.draws.params.draft and self.drafter.enabled:
+                nxt = fed.sampled[n - 1] if fed.sampled else None
+                self.drafter.absorb_later(stream_id, fed.residual[:n], list(w.tokens[:n]), nxt,
+                                          w.draws)
+        self.fed.clear()
+
+    def draft(self, depths: Mapping[int, int]) -> list[Drafts]:
+        sessions = {sid: self.sessions[self.bound[sid]] for sid in depths}
+        return self.drafter.draft(depths, sessions)
+
+    def move(self, stream_id: int, session_id: int) -> None:
+        src = self.sessions[self.bound[stream_id]]
+        dst = self.sessions[session_id]
+        if session_id in self.bound.values():
+            raise InvalidBatch(f"session {session_id} is not free")
+        copy_session(src, dst, self.model.cfg.indexer_block)
+        self.bound[stream_id] = session_id
+
+    def release(self, stream_id: int, keep_prompt_state: bool = False) -> None:
+        self.bound.pop(stream_id, None)
+        self.fed.pop(stream_id, None)
+        self.drafter.forget(stream_id)
+
+
+def _drawing_rows(w: Window, p: Piece) -> range:
+    if w.kind == "decode":
+        return range(p.offset, p.offset + p.length)
+    return range(p.offset + p.length - 1, p.offset + p.length) if w.last_piece else range(0)
+
+
+def _spec(w: Window, r: int) -> DrawSpec:
+    d = w.draws
+    if w.kind == "prompt":
+        return DrawSpec(d.params, d.seed, w.start + w.num_rows, d.prompt_ids, ())
+    return DrawSpec(d.params, d.seed, w.start + r + 1, d.prompt_ids,
+                    [*d.reply_ids, *w.tokens[1:r + 1]])
+
+
+def _logprobs(logits: torch.Tensor, sampled: list[int], top: int) -> list[dict[int, float]]:
+    lp = torch.log_softmax(logits.double(), dim=-1)
+    out = []
+    for row, tok in zip(lp, sampled):
+        best = torch.topk(row, top).indices.tolist() if top else []
+        out.append({i: float(row[i]) for i in [*best, tok]})
+    return out
+
+
+def copy_session(src: SessionState, dst: SessionState, block: int) -> None:
+    """Copy a stream's whole state into another session (of any capacity that holds it)."""
+    n, nb = src.length, src.length // block
+    if n > dst.capacity:
+        raise ValueError(f"a session of {dst.capacity} positions cannot hold {n}")
+    for a, b in [*zip(src.attn.values(), dst.attn.values()), *zip(src.mtp, dst.mtp)]:
+        b.k[:n], b.v[:n], b.index_keys[:n] = a.k[:n], a.v[:n], a.index_keys[:n]
+        b.block_keys[:nb] = a.block_keys[:nb]
+    for a, b in zip(src.gdn.values(), dst.gdn.values()):
+        b.conv.copy_(a.conv)
+        b.recurrent.copy_(a.recurrent)
+    for a, b in zip(src.ple.values(), dst.ple.values()):
+        b.conv.copy_(a.conv)
+        b.ids.copy_(a.ids)
+    dst.length, dst.mtp_length, dst.last_residual = src.length, src.mtp_length, src.last_residual

@@ -1,0 +1,47 @@
+"""The QSA indexer's selection: top blocks, ties to the lower id, the dense region."""
+
+import torch
+
+from flashlane.kernels.attention.reference import attention, pool_blocks, select_mask
+
+
+def test_dense_below_budget():
+    iq = torch.randn(1, 5, 2, 8)
+    keys = torch.randn(1, 2, 8)
+    pos = torch.arange(5).view(1, 5)
+    m = select_mask(iq, keys, pos, 5, block=4, top_blocks=2)
+    assert torch.equal(m[0], torch.ones(5, 5, dtype=torch.bool).tril())
+
+
+def test_ties_go_to_lower_block_and_tail_is_kept():
+    # every block key is zero -> every score is 0: a tie across all complete blocks
+    iq = torch.randn(1, 1, 2, 8)
+    keys = torch.zeros(1, 5, 8)
+    pos = torch.tensor([[21]])  # 5 complete blocks (0..19), tail 20, 21
+    m = select_mask(iq, keys, pos, 22, block=4, top_blocks=2)[0, 0]
+    want = torch.zeros(22, dtype=torch.bool)
+    want[0:8] = True  # blocks 0 and 1 win the tie
+    want[20:22] = True
+    assert torch.equal(m, want)
+
+
+def test_top_blocks_by_relu_score():
+    iq = torch.ones(1, 1, 1, 4)
+    keys = torch.tensor([[[1.0] * 4, [-5.0] * 4, [3.0] * 4, [2.0] * 4]])
+    m = select_mask(iq, keys, torch.tensor([[17]]), 18, block=4, top_blocks=2)[0, 0]
+    assert m[8:16].all() and not m[0:8].any() and m[16:18].all()
+
+
+def test_pool_blocks_mean():
+    raw = torch.arange(24.0).view(1, 6, 4)
+    pooled = pool_blocks(raw, 4)
+    assert pooled.shape == (1, 1, 4)
+    assert torch.equal(pooled[0, 0], raw[0, :4].mean(0))
+
+
+def test_attention_mask_respected():
+    q, k, v = torch.randn(1, 3, 4, 8), torch.randn(1, 5, 2, 8), torch.randn(1, 5, 2, 8)
+    mask = torch.zeros(1, 3, 5, dtype=torch.bool)
+    mask[..., 2] = True
+    out = attention(q, k, v, mask, 0.3)
+    assert torch.allclose(out, v[:, 2:3].repeat_interleave(2, dim=2).expand(1, 3, 4, 8))
