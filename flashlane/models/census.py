@@ -18,17 +18,10 @@ if TYPE_CHECKING:
 GIB = 2**30
 # Qwen4ExpVisionConfig's defaults, for keys a vision_config leaves out.
 VISION_DEFAULTS: dict[str, Any] = {
-    "depth": 27,
-    "hidden_size": 1152,
-    "intermediate_size": 4304,
-    "num_heads": 16,
-    "in_channels": 3,
-    "patch_size": 16,
-    "spatial_merge_size": 2,
-    "temporal_patch_size": 2,
-    "out_hidden_size": 3584,
-    "num_position_embeddings": 2304,
-}
+    "depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
+    "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+    "out_hidden_size": 3584, "num_position_embeddings": 2304,
+}  # fmt: skip
 
 
 TEXT_PARTS = (
@@ -125,8 +118,9 @@ def ngram_head_sizes(cfg: ModelConfig, ple_index: int) -> tuple[int, ...]:
     primes: list[int] = []
     candidate = cfg.ngram_vocab_size_base - 1
     while len(primes) < first + cfg.num_ngram_heads:
-        candidate = _next_prime(candidate)
-        primes.append(candidate)
+        candidate += 1
+        if _is_prime(candidate):
+            primes.append(candidate)
     return tuple(primes[first:])
 
 
@@ -232,9 +226,7 @@ def describe(cfg: ModelConfig, plan: MemoryPlan | None = None) -> str:
         *_cache_lines(cfg),
     ]
     if plan is not None:
-        from flashlane.sessions.memory import describe_plan
-
-        lines += ["", *describe_plan(plan)]
+        lines += ["", *_plan_lines(plan)]
     return "\n".join(lines)
 
 
@@ -264,7 +256,7 @@ def _cache_lines(cfg: ModelConfig) -> list[str]:
     block = indexer_bytes_per_block(cfg, with_mtp=True)
     state = state_bytes_per_stream(cfg)
     return [
-        f"KV bytes per token (bf16): {kv:,} ({_kib(kv)}); with the MTP layer {kv_mtp:,}",
+        f"KV bytes per token (bf16): {kv:,} ({kv / 1024:g} KiB); with the MTP layer {kv_mtp:,}",
         f"indexer keys (raw + pooled, bf16, with MTP): {block:,} bytes per block of "
         f"{cfg.indexer_block} tokens",
         f"state bytes per stream (fp32 GDN states, bf16 conv and PLE tail): {state:,} "
@@ -272,26 +264,39 @@ def _cache_lines(cfg: ModelConfig) -> list[str]:
     ]
 
 
+def _plan_lines(p: MemoryPlan) -> list[str]:
+    from flashlane.sessions.slots import format_slot_contexts
+
+    def gib(n: int) -> str:
+        return f"{n / GIB:9.2f} GiB ({n:,} bytes)"
+
+    lines = [
+        f"memory plan ({p.device}, {p.cache_bytes}-byte cache, {p.state_bytes}-byte states):",
+        f"  limit              {gib(p.limit_bytes)}",
+        f"  weights            {gib(p.weight_bytes)}",
+        f"  verify scratch     {gib(p.scratch_bytes)}  ({p.max_rows} rows)",
+        f"  activations        {gib(p.activation_bytes)}  (logits + fixed allowance)",
+        f"  session budget     {gib(p.budget_bytes)}",
+        f"  sessions           {p.num_sessions} ({'auto' if p.auto else 'given'}): "
+        f"{format_slot_contexts(p.capacities)} tokens",
+        f"  sessions take      {gib(p.sessions_bytes)}",
+        f"  left               {gib(p.free_bytes)}",
+    ]
+    if p.serial:
+        lines.append("  fewer than two sessions fit: one reply at a time")
+    if p.host_limit_bytes is not None:
+        lines.append(f"  host (n-gram table) {gib(p.host_bytes)} of {gib(p.host_limit_bytes)}")
+    return lines
+
+
 def _param_line(name: str, value: int) -> str:
     return f"  {name.replace('_', ' '):<18}{value / 1e9:>9.3f}B  {value:>17,}"
-
-
-def _kib(n: int) -> str:
-    return f"{n / 1024:g} KiB"
 
 
 def _sparse_decoder_params(cfg: ModelConfig) -> int:
     routed = cfg.num_experts * (expert_params(cfg) + cfg.hidden_size)  # experts and router
     mlp = routed + shared_expert_params(cfg)
     return attention_layer_params(cfg) + mlp + 2 * hyper_connection_params(cfg)
-
-
-def _next_prime(n: int) -> int:
-    """The smallest prime above n."""
-    candidate = n + 1
-    while not _is_prime(candidate):
-        candidate += 1
-    return candidate
 
 
 def _is_prime(n: int) -> bool:

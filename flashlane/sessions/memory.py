@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import groupby
 from pathlib import Path
 
 from flashlane.models.census import count_params
 from flashlane.models.config import ModelConfig
+from flashlane.sessions.slots import format_slot_contexts
 
 GIB = 2**30
 MIB = 2**20
@@ -234,20 +234,12 @@ def plan(
         raise OverMemoryLimit("the n-gram table in host memory", host_bytes, host_limit_bytes)
     budget = limit_bytes - fixed
     context = cfg.max_position_embeddings if context is None else context
-    auto = slot_contexts is None and parallel is None
-    if slot_contexts is not None:
-        if not slot_contexts:
-            raise ValueError("slot_contexts lists no session")
-        capacities = tuple(slot_contexts)
-    elif parallel is not None:
-        capacities = (context,) * parallel
-    else:
-        one = session_bytes(cfg, context, cache_b, state_b, mtp)
-        capacities = (context,) * max(1, min(MAX_AUTO_SESSIONS, budget // one))
+    one = session_bytes(cfg, context, cache_b, state_b, mtp)
+    capacities = _capacities(context, slot_contexts, parallel, budget // one)
     sizes = {c: session_bytes(cfg, c, cache_b, state_b, mtp) for c in set(capacities)}
     per_session = tuple(sizes[c] for c in capacities)
     if sum(per_session) > budget:
-        what = f"{len(capacities)} session(s) of {_tokens(capacities)} tokens"
+        what = f"{len(capacities)} session(s) of {format_slot_contexts(capacities)} tokens"
         raise OverMemoryLimit(what, sum(per_session), budget)
     return MemoryPlan(
         device=device,
@@ -260,11 +252,25 @@ def plan(
         max_rows=max_rows,
         cache_bytes=cache_b,
         state_bytes=state_b,
-        auto=auto,
+        auto=slot_contexts is None and parallel is None,
         serial=len(capacities) < 2,
         host_bytes=host_bytes,
         host_limit_bytes=host_limit_bytes,
     )
+
+
+def _capacities(
+    context: int, slot_contexts: Sequence[int] | None, parallel: int | None, num_fit: int
+) -> tuple[int, ...]:
+    """The sessions: as listed, else `parallel` of `context`, else auto: up to 16 that fit
+    (`num_fit`), one when fewer than two do."""
+    if slot_contexts is not None:
+        if not slot_contexts:
+            raise ValueError("slot_contexts lists no session")
+        return tuple(slot_contexts)
+    if parallel is not None:
+        return (context,) * parallel
+    return (context,) * max(1, min(MAX_AUTO_SESSIONS, num_fit))
 
 
 def check_options(
@@ -318,35 +324,3 @@ def check_options(
         raise OptionConflict(
             f"--slot-grow {slot_grow} exceeds the largest session, {max(sizes)} tokens ({source})"
         )
-
-
-def describe_plan(p: MemoryPlan) -> list[str]:
-    """Lines of `flashlane info` for a plan."""
-    mode = "auto" if p.auto else "given"
-    lines = [
-        f"memory plan ({p.device}, {p.cache_bytes}-byte cache, {p.state_bytes}-byte states):",
-        f"  limit              {_gib(p.limit_bytes)}",
-        f"  weights            {_gib(p.weight_bytes)}",
-        f"  verify scratch     {_gib(p.scratch_bytes)}  ({p.max_rows} rows)",
-        f"  activations        {_gib(p.activation_bytes)}  (logits + "
-        f"{ACTIVATION_FIXED[p.device] / MIB:g} MiB)",
-        f"  session budget     {_gib(p.budget_bytes)}",
-        f"  sessions           {p.num_sessions} ({mode}): {_tokens(p.capacities)} tokens",
-        f"  sessions take      {_gib(p.sessions_bytes)}",
-        f"  left               {_gib(p.free_bytes)}",
-    ]
-    if p.serial:
-        lines.append("  fewer than two sessions fit: one reply at a time")
-    if p.host_limit_bytes is not None:
-        lines.append(f"  host (n-gram table) {_gib(p.host_bytes)} of {_gib(p.host_limit_bytes)}")
-    return lines
-
-
-def _gib(n: int) -> str:
-    return f"{n / GIB:9.2f} GiB ({n:,} bytes)"
-
-
-def _tokens(capacities: Sequence[int]) -> str:
-    """65536,32768x3 style, the way --slot-contexts is written."""
-    runs = [(c, len(list(group))) for c, group in groupby(capacities)]
-    return ",".join(f"{c}x{n}" if n > 1 else str(c) for c, n in runs)

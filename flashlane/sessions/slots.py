@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Literal
 
 SLOT_CONTEXTS_ENV = "FLASHNEXT_SLOT_CONTEXTS"
@@ -91,6 +92,12 @@ def parse_slot_contexts(text: str, max_sessions: int = DEFAULT_MAX_SESSIONS) -> 
             )
         out.extend([context] * repeat)
     return tuple(out)
+
+
+def format_slot_contexts(capacities: Sequence[int]) -> str:
+    """The inverse of parse_slot_contexts: (65536, 32768, 32768) -> "65536,32768x2"."""
+    runs = [(c, len(list(group))) for c, group in groupby(capacities)]
+    return ",".join(f"{c}x{n}" if n > 1 else str(c) for c, n in runs)
 
 
 def parse_slot_grow(text: str | int | None) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flashlane.models.census import state_bytes_per_stream
+from flashlane.models.census import describe, state_bytes_per_stream
 from flashlane.models.config import ModelConfig
 from flashlane.sessions.memory import (
     GIB,
@@ -96,6 +96,9 @@ def test_plan_arithmetic() -> None:
     assert p.budget_bytes == p.limit_bytes - p.weight_bytes - p.scratch_bytes - p.activation_bytes
     assert p.sessions_bytes == 3 * session_bytes(TINY, 512, 8, 8)
     assert 0 <= p.free_bytes < session_bytes(TINY, 512, 8, 8)
+    text = describe(TINY, p)
+    assert "sessions           3 (auto): 512x3 tokens" in text
+    assert f"{p.budget_bytes:,} bytes" in text
 
 
 def test_auto_caps_at_16_and_serves_one_reply_when_fewer_than_two_fit() -> None:

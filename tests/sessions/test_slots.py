@@ -12,6 +12,7 @@ from flashlane.sessions.slots import (
     Demand,
     NoSessionFits,
     choose_session,
+    format_slot_contexts,
     parse_slot_contexts,
     parse_slot_grow,
     reply_end,
@@ -26,6 +27,7 @@ def test_parse_the_seed_list() -> None:
     sessions = parse_slot_contexts(SEED_LIST)
     assert sessions == (65536,) + (32768,) * 3 + (16384,) * 11
     assert len(sessions) == 15
+    assert format_slot_contexts(sessions) == SEED_LIST
 
 
 @pytest.mark.parametrize("text", [" 65536 , 32768 x 3,16384X11 ", "65536,\t32768x 3, 16384 x11"])
