@@ -44,11 +44,13 @@ class Backend(Protocol):
     def draft(self, depths: Mapping[int, int]) -> list[Drafts]:
         """MTP drafts for streams after `keep`: stream_id -> depth (at least 1).
 
-        The head absorbs each stream's kept rows, then chains up to `depth` drafts, each keyed at
+        The head absorbs the rows each stream kept since its last draft call (rewinding past the
+        drafts it made then), then chains up to `depth` drafts, each keyed at
         its own position with the stream's params and seed (the Draws of its last window); the
         first draft is always kept, a later one below the confidence threshold ends the chain.
         The drafts are for positions start' + 1.., where start' is the stream's new committed
-        length (its pending token's position). Returns one Drafts per requested stream.
+        length; its pending token (at start', drawn or forced, not fed yet) is the last of the
+        `reply_ids` of its window's Draws. Returns one Drafts per requested stream.
         """
         ...
 
@@ -58,7 +60,8 @@ class Backend(Protocol):
 
     def release(self, stream_id: int, keep_prompt_state: bool) -> None:
         """Unbind the stream and free its session. `keep_prompt_state`: the runner may keep the
-        prompt's state for its prompt cache before freeing."""
+        prompt's state for its prompt cache before freeing. A stream that never ran a window (or
+        is unknown) releases as a no-op; a release after a failed call must still free."""
         ...
 
     def costs(self) -> CostTable:

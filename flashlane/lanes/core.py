@@ -1,0 +1,151 @@
+"""The lane core: one round of shared verification over the Backend protocol (DESIGN.md 3).
+
+Plain Python over integers. `LaneCore.step` takes the live streams and this round's prompt
+pieces, runs ONE verify over all of them, concludes every window, keeps the accepted rows and
+asks for the next drafts. An error that belongs to one stream ends that stream here; an error of
+a whole backend call raises `RoundFailed` naming the streams in it, for the host's `fail_all`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from flashlane.lanes.allocate import allocate
+from flashlane.lanes.depth import choose_depth
+from flashlane.lanes.protocol import Backend
+from flashlane.lanes.records import CostTable, Verdict, Window
+from flashlane.lanes.stops import StopRules, conclude
+from flashlane.lanes.stream import Held, Stream
+from flashlane.lanes.windows import Plan, accept, decode_window, first_token, plan, take_turns
+
+# A copy draft's prior chance to land, before the stream's own copy acceptance is measured.
+COPY_PRIOR = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class LaneConfig:
+    max_rows: int = 16  # decode rows per round: the verify batch (prompt rows are separate)
+    max_streams: int = 16  # streams per round; the session count
+    mtp_drafts: int = 3  # the deepest MTP chain; 0: no MTP drafts
+    copy_drafts: int = 8  # the longest copy draft; 0: no copy drafts
+    unpriced: bool = False  # draft rows by landing chance alone, up to max_rows
+
+
+class RoundFailed(Exception):
+    """A backend call failed as a whole; every stream in it ends with this error."""
+
+    def __init__(self, stream_ids: list[int], error: str) -> None:
+        super().__init__(error)
+        self.stream_ids = stream_ids
+        self.error = error
+
+
+class LaneCore:
+    def __init__(self, backend: Backend, config: LaneConfig, rules: StopRules) -> None:
+        self.backend = backend
+        self.config = config
+        self.rules = rules
+        self.costs: CostTable | None = None if config.unpriced else backend.costs()
+        self.num_rounds = 0
+
+    def step(self, live: Sequence[Stream], pieces: Sequence[Window]) -> None:
+        cfg = self.config
+        streams = take_turns(live, cfg.max_rows, cfg.max_streams)
+        plans = [plan(s) for s in streams]
+        num_prompt_rows = sum(w.num_rows for w in pieces)
+        counts = allocate(plans, self.costs, cfg.max_rows, num_prompt_rows)
+        windows = [decode_window(p, n) for p, n in zip(plans, counts)]
+        if not windows and not pieces:
+            return
+        by_id = {s.stream_id: s for s in live}
+        in_round = [w.stream_id for w in (*windows, *pieces)]
+        verdicts = _call(in_round, self.backend.verify, [*windows, *pieces])
+        if len(verdicts) != len(in_round):
+            raise RoundFailed(in_round, f"verify returned {len(verdicts)} verdicts")
+        kept: dict[int, int] = {}
+        for p, n, w, v in zip(plans, counts, windows, verdicts):
+            _put(kept, w, self._conclude_window(p, n, w, v))
+        for w, v in zip(pieces, verdicts[len(windows) :]):
+            _put(kept, w, self._conclude_piece(by_id[w.stream_id], w, v))
+        _call(list(kept), self.backend.keep, kept)
+        ready = [by_id[i] for i in kept if by_id[i].start >= len(by_id[i].prompt_ids)]
+        self._draft(ready)
+        self.num_rounds += 1
+
+    def _conclude_window(self, p: Plan, num_drafts: int, w: Window, v: Verdict) -> int | None:
+        """Rows kept: one per token the reply took (row 0 included); None on the stream's error."""
+        s = p.stream
+        s.last_served = self.num_rounds
+        s.num_rounds += 1
+        s.held = None
+        if not _is_sound(s, w, v):
+            return None
+        path, landed = accept(p, w, v)
+        if num_drafts:
+            stats = s.copy if p.kind == "copy" else s.mtp
+            stats.record(list(p.priors[:num_drafts]), landed)
+            s.num_drafted += num_drafts
+            s.num_accepted += landed
+        return conclude(s, path, self.rules, v.logprobs)
+
+    def _conclude_piece(self, s: Stream, w: Window, v: Verdict) -> int | None:
+        """A prompt piece keeps all its rows; the last one's draw starts the reply."""
+        if not _is_sound(s, w, v):
+            return None
+        s.filled = w.start + w.num_rows
+        if w.last_piece:
+            s.last_served = self.num_rounds
+            conclude(s, first_token(s, v), self.rules, v.logprobs)
+        return w.num_rows
+
+    def _draft(self, streams: Sequence[Stream]) -> None:
+        """Next drafts for the streams just served: a copy draft where the context repeats,
+        else an MTP chain as deep as the depth rule says."""
+        cfg = self.config
+        depths: dict[int, int] = {}
+        by_id = {s.stream_id: s for s in streams}
+        for s in streams:
+            room = s.room - 1
+            if s.is_finished or s.forced or not s.params.draft or room <= 0:
+                continue
+            copied = s.copy_index.propose(min(cfg.copy_drafts, room)) if s.copy_index else []
+            if copied:
+                s.held = Held("copy", s.start, tuple(copied), (COPY_PRIOR,) * len(copied))
+                continue
+            depth = min(room, choose_depth(s.mtp, self.costs, cfg.mtp_drafts, s.num_rounds))
+            if depth > 0:
+                depths[s.stream_id] = depth
+        if not depths:
+            return
+        for d in _call(list(depths), self.backend.draft, depths):
+            s = by_id.get(d.stream_id)
+            if s is None or d.stream_id not in depths:
+                continue
+            if d.error is not None:
+                s.end("error", d.error)
+            elif d.tokens:
+                n = min(len(d.tokens), len(d.probs), depths[d.stream_id])
+                s.held = Held("mtp", s.start, tuple(d.tokens[:n]), tuple(d.probs[:n]))
+
+
+def _is_sound(s: Stream, w: Window, v: Verdict) -> bool:
+    """Ends the stream on its own error, or on a verdict that does not fit its window."""
+    if v.error is not None:
+        s.end("error", v.error)
+    elif v.stream_id != w.stream_id or len(v.sampled) != w.num_draws:
+        s.end("error", f"backend returned {len(v.sampled)} draws for {w.num_draws}")
+    return not s.is_finished
+
+
+def _put(kept: dict[int, int], w: Window, rows: int | None) -> None:
+    if rows is not None:
+        kept[w.stream_id] = rows
+
+
+def _call(stream_ids: list[int], fn: Callable[[Any], Any], arg: Any) -> Any:
+    try:
+        return fn(arg)
+    except Exception as exc:  # a whole-call failure ends the streams in it, not the engine
+        raise RoundFailed(stream_ids, f"{type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,263 @@
+"""The lane host: requests in, rounds run, tokens out (DESIGN.md section 3, `host.run_once`).
+
+A caller (LLM, the engine thread) drives it: `submit` requests, then `run_once` per round while
+`has_work`; each round returns the Updates to hand to the callers. `cancel` and `drop` take
+effect at the start of the next round. Every stream ends with its session released; an error
+that belongs to one stream ends only it, an error of a whole backend call ends the streams in
+it (`fail_all`), and the host goes on serving.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from flashlane.detok import IncrementalDetokenizer, StopMatcher
+from flashlane.drafting.copy import CopyIndex
+from flashlane.lanes.core import LaneConfig, LaneCore, RoundFailed
+from flashlane.lanes.protocol import Backend
+from flashlane.lanes.records import CHUNK, Window
+from flashlane.lanes.seats import Seats
+from flashlane.lanes.stops import StopRules, begin, finish_text
+from flashlane.lanes.stream import Stream
+from flashlane.lanes.windows import prompt_piece
+from flashlane.request import (
+    FinishReason,
+    RequestOutput,
+    RequestStats,
+    SamplingParams,
+    effective_seed,
+)
+
+
+class QueueFull(RuntimeError):
+    """More requests waiting than `max_queue`; nothing was queued."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostConfig:
+    lanes: LaneConfig = field(default_factory=LaneConfig)
+    max_queue: int = 256  # requests waiting for a session
+    prefill_rows: int = 1024  # prompt rows per round, all filling streams together
+    # While replies decode, prompt rows per round are capped at (1 - decode_share) of
+    # prefill_rows (at least one chunk), so a long prompt cannot starve live replies.
+    decode_share: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """What a round produced for one request: its new tokens, and its end."""
+
+    stream: Stream  # the stream itself, for outputs and stats (read it, don't change it)
+    token_ids: list[int]  # reply tokens new since the last update
+    text: str  # final text new since the last update ("" without a detokenize)
+    finish: str | None  # "stop" | "length" | "abort" | "error"; None while running
+    error: str | None
+
+
+class LaneHost:
+    def __init__(
+        self,
+        backend: Backend,
+        config: HostConfig,
+        rules: StopRules,
+        capacities: Sequence[int],
+        grow: int | None = None,
+    ) -> None:
+        self.backend = backend
+        self.config = config
+        self.rules = rules
+        self.core = LaneCore(backend, config.lanes, rules)
+        self.seats = Seats(capacities, grow, _window_rows(config.lanes))
+        self.waiting: deque[Stream] = deque()
+        self.live: list[Stream] = []
+        self._cancels: dict[str, bool] = {}  # request_id -> deliver an "abort" update
+        self._next_id = 0
+        self._updates: list[Update] = []
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.live or self._cancels)
+
+    def submit(
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        seed: int | None = None,
+    ) -> int:
+        """Queue a request; returns the seed it runs with. Raises (queueing nothing) on bad
+        input, a prompt no session holds (NoSessionFits) or a full queue (QueueFull)."""
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt or min(prompt) < 0:
+            raise ValueError("the prompt must hold at least one token id, none negative")
+        if params.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {params.max_tokens}")
+        if any(s.request_id == request_id for s in (*self.waiting, *self.live)):
+            raise ValueError(f"request {request_id!r} is already running")
+        self.seats.check(len(prompt), params.max_tokens)
+        if len(self.waiting) >= self.config.max_queue:
+            raise QueueFull(f"{len(self.waiting)} requests are waiting (--max-queue)")
+        chosen = effective_seed(params.seed if seed is None else seed)
+        stream = Stream(self._next_id, request_id, prompt, params, chosen, -1, 0, 0)
+        self._next_id += 1
+        self.waiting.append(stream)
+        return stream.seed
+
+    def cancel(self, request_id: str) -> None:
+        """End the request at the next round with finish "abort" (its tokens so far kept)."""
+        self._cancels[request_id] = True
+
+    def drop(self, request_id: str) -> None:
+        """End the request at the next round and deliver nothing more (its caller is gone)."""
+        self._cancels.setdefault(request_id, False)
+
+    def run_once(self) -> list[Update]:
+        """One round: cancels, admission, room, prompt pieces, the lane core's step, delivery."""
+        self._take_cancels()
+        self._release_finished()
+        self._admit()
+        for stream, reason in self.seats.make_room(self.backend, self.live):
+            self._end(stream, reason)
+        running = [s for s in self.live if not s.is_paused]
+        try:
+            self.core.step(running, self._pieces(running))
+        except RoundFailed as failed:
+            self.fail_all(failed.stream_ids, failed.error)
+        self._deliver()
+        updates, self._updates = self._updates, []
+        return updates
+
+    def fail_all(self, stream_ids: Sequence[int], error: str) -> None:
+        """End these streams with `error` and release their sessions; the host goes on. Their
+        updates come with the next `run_once`."""
+        ids = set(stream_ids)
+        for s in [s for s in self.live if s.stream_id in ids]:
+            self._end(s, "error", error)
+
+    def _take_cancels(self) -> None:
+        for request_id, deliver in self._cancels.items():
+            for s in (*self.waiting, *self.live):
+                if s.request_id == request_id and not s.is_finished:
+                    s.end("abort")
+                    if not deliver:
+                        s.num_delivered = -1
+        self._cancels.clear()
+        for s in [s for s in self.waiting if s.is_finished]:
+            self.waiting.remove(s)
+            self._report(s)
+
+    def _admit(self) -> None:
+        while self.waiting:
+            s = self.waiting[0]
+            session_id = self.seats.take(len(s.prompt_ids), s.params.max_tokens)
+            if session_id is None:
+                return
+            self.waiting.popleft()
+            s.session_id, s.capacity = session_id, self.seats.capacities[session_id]
+            s.arrival, s.admitted_at = s.stream_id, time.monotonic()
+            self._dress(s)
+            self.live.append(s)
+
+    def _dress(self, s: Stream) -> None:
+        """The per-stream helpers its params ask for: copy index, text, stop strings."""
+        lanes = self.config.lanes
+        if s.params.draft and lanes.copy_drafts > 0:
+            s.copy_index = CopyIndex(s.prompt_ids)
+        if s.params.logprobs is not None:
+            s.logprobs = []
+        if self.rules.detokenize is not None:
+            s.detok = IncrementalDetokenizer(_Decoder(self.rules.detokenize))
+            if s.params.stop:
+                s.matcher = StopMatcher(s.params.stop)
+        begin(s, self.rules)
+
+    def _pieces(self, running: Sequence[Stream]) -> list[Window]:
+        """One prompt piece per filling stream, oldest first, within the round's prompt rows."""
+        cfg = self.config
+        budget = cfg.prefill_rows
+        if any(not s.is_filling for s in running):
+            budget = max(CHUNK, int(budget * (1.0 - cfg.decode_share)) // CHUNK * CHUNK)
+        pieces = []
+        for s in sorted((s for s in running if s.is_filling), key=lambda s: s.arrival):
+            piece = prompt_piece(s, budget)
+            if piece is not None:
+                pieces.append(piece)
+                budget -= piece.num_rows
+        return pieces
+
+    def _deliver(self) -> None:
+        now = time.monotonic()
+        for s in self.live:
+            if s.reply_ids and not s.first_token_at:
+                s.first_token_at = now
+        self._release_finished()
+        for s in self.live:
+            if len(s.reply_ids) > s.num_delivered:
+                self._report(s)
+
+    def _release_finished(self) -> None:
+        for s in [s for s in self.live if s.is_finished]:
+            self._end(s, s.finish or "error")
+
+    def _end(self, s: Stream, reason: str, error: str | None = None) -> None:
+        """Finish the stream (if not yet), release its session, report its last update."""
+        s.end(reason, error)
+        s.ended_at = time.monotonic()
+        if s in self.live:
+            self.live.remove(s)
+            self.seats.release(self.backend, s)
+        finish_text(s)
+        self._report(s)
+
+    def _report(self, s: Stream) -> None:
+        if s.num_delivered < 0:
+            return
+        tokens = s.reply_ids[s.num_delivered :]
+        text = s.detok.text[s.num_sent_chars : s.num_final_chars] if s.detok else ""
+        s.num_delivered = len(s.reply_ids)
+        s.num_sent_chars = max(s.num_sent_chars, s.num_final_chars)
+        self._updates.append(Update(s, tokens, text, s.finish, s.error))
+
+
+class _Decoder:
+    """A `detokenize` callable seen as the tokenizer that IncrementalDetokenizer reads."""
+
+    def __init__(self, detokenize: Callable[[list[int]], str]) -> None:
+        self._detokenize = detokenize
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._detokenize(ids)
+
+
+def _window_rows(lanes: LaneConfig) -> int:
+    """The most rows a decode window takes: the pending token and the deepest draft."""
+    return min(lanes.max_rows, 1 + max(lanes.mtp_drafts, lanes.copy_drafts))
+
+
+def output(s: Stream) -> RequestOutput:
+    """The stream's reply so far as a RequestOutput (the whole reply once it has ended)."""
+    now = s.ended_at or time.monotonic()
+    first = s.first_token_at or now
+    stats = RequestStats(
+        rounds=s.num_rounds,
+        drafted=s.num_drafted,
+        accepted=s.num_accepted,
+        moves=s.num_moves,
+        pauses=s.num_pauses,
+        prefill_seconds=max(0.0, first - s.admitted_at) if s.admitted_at else 0.0,
+        decode_seconds=max(0.0, now - first) if s.first_token_at else 0.0,
+    )
+    return RequestOutput(
+        request_id=s.request_id,
+        prompt_token_ids=list(s.prompt_ids),
+        token_ids=list(s.reply_ids),
+        text=s.detok.text[: s.num_final_chars] if s.detok else "",
+        finish_reason=FinishReason(s.finish) if s.finish else None,
+        seed=s.seed,
+        stats=stats,
+        error=s.error,
+        logprobs=list(s.logprobs) if s.logprobs is not None else None,
+    )

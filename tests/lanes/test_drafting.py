@@ -1,0 +1,122 @@
+"""Copy drafts, priced allocation and the depth rule."""
+
+from flashlane.drafting.copy import CopyIndex
+from flashlane.lanes.allocate import allocate
+from flashlane.lanes.depth import PROBE_EVERY, best_depth, choose_depth
+from flashlane.lanes.records import CostTable
+from flashlane.lanes.stream import DraftStats, Held, Stream
+from flashlane.lanes.windows import plan, take_turns
+from flashlane.request import SamplingParams
+from tests.lanes.fake import FakeBackend, alone, copy_model, make_host, run_to_end, serial
+
+GREEDY = SamplingParams(max_tokens=60, temperature=0.0)
+# A row costs 3 ms on a 10 ms forward: a draft pays only when it lands often enough.
+STEEP = CostTable({n: 10.0 + 3.0 * (n - 1) for n in range(1, 65)}, 0.5, 1.0)
+
+
+def test_copy_index_proposes_the_longest_recent_match():
+    index = CopyIndex([1, 2, 3, 4, 9, 2, 3, 4, 5, 7, 1, 2, 3, 4])
+    # "2 3 4" occurs twice before; "1 2 3 4" only at the start, so its continuation wins
+    assert index.propose(3) == [9, 2, 3]
+    index.extend([8])
+    assert index.propose(2) == []
+
+
+def test_copy_index_runs_past_the_end_of_a_periodic_context():
+    index = CopyIndex([5, 6, 7, 5, 6, 7, 5])
+    assert index.propose(5) == [6, 7, 5, 6, 7]
+    assert CopyIndex([1, 2]).propose(4) == []
+
+
+def test_copy_drafts_land_on_a_repetitive_prompt():
+    prompt = [20, 21, 22, 23, 24, 25, 26, 27] * 6
+    out = alone({"model": copy_model}, prompt, GREEDY, mtp_drafts=0, copy_drafts=8)
+    assert out.token_ids == serial(copy_model, prompt, None, 60)
+    assert out.stats.accepted >= 40
+    assert out.stats.rounds < 20
+
+
+def test_mtp_drafts_are_proposed_and_verified():
+    out = alone({}, [11, 12, 13], GREEDY, mtp_drafts=3, copy_drafts=0)
+    assert out.stats.drafted > 0 and out.stats.accepted > 0
+
+
+def _stream(stream_id: int, drafts: int, prior: float, misses: int = 0) -> Stream:
+    s = Stream(stream_id, f"r{stream_id}", [10, 11], GREEDY, 0, stream_id, 4096, stream_id)
+    s.filled = 2
+    s.reply_ids.append(12)
+    s.held = Held("mtp", s.start, tuple(range(20, 20 + drafts)), (prior,) * drafts)
+    for _ in range(misses):
+        s.mtp.record([prior], 0)
+    return s
+
+
+def test_first_draft_is_taken_while_unmeasured_however_dear():
+    dear = CostTable({1: 10.0, 2: 500.0, 3: 1000.0}, 100.0, 1.0)
+    plans = [plan(_stream(0, 3, 0.05))]
+    assert allocate(plans, dear, max_rows=16) == [1]
+
+
+def test_drafts_that_never_land_are_not_taken_once_measured():
+    fresh, failing = _stream(0, 3, 0.9), _stream(1, 3, 0.9, misses=6)
+    counts = allocate([plan(fresh), plan(failing)], STEEP, max_rows=16)
+    assert counts[0] >= 1 and counts[1] == 0
+    # unpriced, every draft goes in while rows remain
+    assert allocate([plan(fresh), plan(failing)], None, max_rows=16) == [3, 3]
+    assert allocate([plan(fresh), plan(failing)], None, max_rows=4) in ([2, 0], [1, 1])
+
+
+def test_priced_drafts_stop_where_tokens_per_ms_stops_rising():
+    likely, unlikely = _stream(0, 4, 0.95), _stream(1, 4, 0.2)
+    for s in (likely, unlikely):
+        s.mtp.record([s.held.priors[0]] * 2, 1)
+    counts = allocate([plan(likely), plan(unlikely)], STEEP, max_rows=16)
+    assert counts[0] > counts[1] == 0
+    # a prompt piece in the same forward makes rows no dearer per row here, but shares it
+    assert allocate([plan(likely)], STEEP, max_rows=16, num_prompt_rows=64)[0] >= 1
+    assert sum(allocate([plan(likely), plan(unlikely)], STEEP, max_rows=3)) <= 1
+
+
+def test_a_stream_whose_drafts_never_land_stops_drafting():
+    backend = FakeBackend(wrong=lambda stream_id, call: 0, cost_table=STEEP)
+    host = make_host(backend, mtp_drafts=3, copy_drafts=0)
+    host.submit("r", [11, 12, 13], SamplingParams(max_tokens=120, temperature=0.0))
+    out = run_to_end(host)["r"]
+    assert out.stats.accepted == 0
+    assert 1 <= out.stats.drafted <= 12
+    assert sum(1 for w in backend.widths if w and w[0] > 1) == out.stats.drafted
+
+
+def test_depth_rule_picks_best_tokens_per_ms_and_probes_deeper():
+    costs = CostTable({n: 10.0 + 0.5 * n for n in range(1, 17)}, 0.2, 1.0)
+    good, bad = DraftStats(), DraftStats()
+    for _ in range(30):
+        good.record([0.9, 0.9, 0.9], 3)
+        bad.record([0.9], 0)
+    assert best_depth(good, costs, 3) == 3
+    assert best_depth(bad, costs, 3) == 0
+    assert choose_depth(bad, costs, 3, num_rounds=0) == 0
+    assert choose_depth(bad, costs, 3, num_rounds=PROBE_EVERY - 1) == 1
+    assert choose_depth(good, costs, 3, num_rounds=PROBE_EVERY - 1) == 3
+    assert choose_depth(bad, None, 3, num_rounds=0) == 3  # unpriced: always the deepest
+    assert best_depth(DraftStats(), costs, 3) >= 1  # unmeasured: reach for depth
+
+
+def test_turns_go_to_the_least_recently_served_within_the_caps():
+    streams = [_stream(i, 0, 0.5) for i in range(5)]
+    for s, served in zip(streams, [3, 1, 2, 0, 1]):
+        s.last_served = served
+    assert [s.stream_id for s in take_turns(streams, 3, 16)] == [3, 1, 4]
+    assert [s.stream_id for s in take_turns(streams, 16, 2)] == [3, 1]
+
+
+def test_row_cap_shares_rounds_fairly():
+    backend = FakeBackend()
+    host = make_host(backend, num_sessions=5, max_rows=2, mtp_drafts=3)
+    for i in range(5):
+        host.submit(f"r{i}", [11 + i, 12], SamplingParams(max_tokens=10, temperature=0.0))
+    outs = run_to_end(host)
+    assert all(sum(w) <= 2 for w in backend.widths)
+    assert all(len(o.token_ids) == 10 for o in outs.values())
+    rounds = [o.stats.rounds for o in outs.values()]
+    assert max(rounds) - min(rounds) <= 9
