@@ -18,7 +18,15 @@ from flashlane.lanes.protocol import Backend
 from flashlane.lanes.records import CostTable, Verdict, Window
 from flashlane.lanes.stops import StopRules, conclude
 from flashlane.lanes.stream import Held, Stream
-from flashlane.lanes.windows import Plan, accept, decode_window, first_token, plan, take_turns
+from flashlane.lanes.windows import (
+    Plan,
+    accept,
+    decode_window,
+    first_token,
+    fit_forced,
+    plan,
+    take_turns,
+)
 
 # A copy draft's prior chance to land, before the stream's own copy acceptance is measured.
 COPY_PRIOR = 0.5
@@ -53,7 +61,7 @@ class LaneCore:
     def step(self, live: Sequence[Stream], pieces: Sequence[Window]) -> None:
         cfg = self.config
         streams = take_turns(live, cfg.max_rows, cfg.max_streams)
-        plans = [plan(s) for s in streams]
+        plans = fit_forced([plan(s) for s in streams], cfg.max_rows)
         num_prompt_rows = sum(w.num_rows for w in pieces)
         counts = allocate(plans, self.costs, cfg.max_rows, num_prompt_rows)
         windows = [decode_window(p, n) for p, n in zip(plans, counts)]

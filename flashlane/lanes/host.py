@@ -11,25 +11,20 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from flashlane.detok import IncrementalDetokenizer, StopMatcher
 from flashlane.drafting.copy import CopyIndex
 from flashlane.lanes.core import LaneConfig, LaneCore, RoundFailed
+from flashlane.lanes.outputs import TextDecoder
 from flashlane.lanes.protocol import Backend
 from flashlane.lanes.records import CHUNK, Window
 from flashlane.lanes.seats import Seats
-from flashlane.lanes.stops import StopRules, begin, finish_text
+from flashlane.lanes.stops import StopRules, begin, conclude, finish_text
 from flashlane.lanes.stream import Stream
 from flashlane.lanes.windows import prompt_piece
-from flashlane.request import (
-    FinishReason,
-    RequestOutput,
-    RequestStats,
-    SamplingParams,
-    effective_seed,
-)
+from flashlane.request import SamplingParams, effective_seed
 
 
 class QueueFull(RuntimeError):
@@ -106,6 +101,40 @@ class LaneHost:
         self.waiting.append(stream)
         return stream.seed
 
+    def hand_off(
+        self,
+        request_id: str,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        seed: int,
+        session_id: int,
+        reply_ids: Sequence[int],
+    ) -> Stream:
+        """Adopt a reply decoded elsewhere (the lone driver) whose state is already in the free
+        session `session_id`: the session holds the prompt and every reply token but the last,
+        which is pending. The reply is replayed through the stop rules, so thinking count, loop
+        guard and text stand as if the lanes had made it; nothing is held, so the next window
+        starts at the cache's end. Its tokens count as delivered; bind it in the backend under
+        the returned stream's id."""
+        if not reply_ids:
+            raise ValueError("a handed-off reply holds at least its pending token")
+        self.seats.claim(session_id)
+        s = Stream(self._next_id, request_id, list(prompt_ids), params, seed, session_id, 0, 0)
+        self._next_id += 1
+        s.capacity, s.arrival, s.admitted_at = (
+            self.seats.capacities[session_id],
+            s.stream_id,
+            time.monotonic(),
+        )
+        s.filled = len(s.prompt_ids)
+        self._dress(s)
+        conclude(s, list(reply_ids), self.rules)
+        s.num_delivered = len(s.reply_ids)
+        s.num_sent_chars = s.num_final_chars
+        s.first_token_at = s.admitted_at
+        self.live.append(s)
+        return s
+
     def cancel(self, request_id: str) -> None:
         """End the request at the next round with finish "abort" (its tokens so far kept)."""
         self._cancels[request_id] = True
@@ -169,7 +198,7 @@ class LaneHost:
         if s.params.logprobs is not None:
             s.logprobs = []
         if self.rules.detokenize is not None:
-            s.detok = IncrementalDetokenizer(_Decoder(self.rules.detokenize))
+            s.detok = IncrementalDetokenizer(TextDecoder(self.rules.detokenize))
             if s.params.stop:
                 s.matcher = StopMatcher(s.params.stop)
         begin(s, self.rules)
@@ -222,42 +251,6 @@ class LaneHost:
         self._updates.append(Update(s, tokens, text, s.finish, s.error))
 
 
-class _Decoder:
-    """A `detokenize` callable seen as the tokenizer that IncrementalDetokenizer reads."""
-
-    def __init__(self, detokenize: Callable[[list[int]], str]) -> None:
-        self._detokenize = detokenize
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self._detokenize(ids)
-
-
 def _window_rows(lanes: LaneConfig) -> int:
     """The most rows a decode window takes: the pending token and the deepest draft."""
     return min(lanes.max_rows, 1 + max(lanes.mtp_drafts, lanes.copy_drafts))
-
-
-def output(s: Stream) -> RequestOutput:
-    """The stream's reply so far as a RequestOutput (the whole reply once it has ended)."""
-    now = s.ended_at or time.monotonic()
-    first = s.first_token_at or now
-    stats = RequestStats(
-        rounds=s.num_rounds,
-        drafted=s.num_drafted,
-        accepted=s.num_accepted,
-        moves=s.num_moves,
-        pauses=s.num_pauses,
-        prefill_seconds=max(0.0, first - s.admitted_at) if s.admitted_at else 0.0,
-        decode_seconds=max(0.0, now - first) if s.first_token_at else 0.0,
-    )
-    return RequestOutput(
-        request_id=s.request_id,
-        prompt_token_ids=list(s.prompt_ids),
-        token_ids=list(s.reply_ids),
-        text=s.detok.text[: s.num_final_chars] if s.detok else "",
-        finish_reason=FinishReason(s.finish) if s.finish else None,
-        seed=s.seed,
-        stats=stats,
-        error=s.error,
-        logprobs=list(s.logprobs) if s.logprobs is not None else None,
-    )

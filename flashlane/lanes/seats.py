@@ -46,6 +46,12 @@ class Seats:
             self.free.discard(session_id)
         return session_id
 
+    def claim(self, session_id: int) -> None:
+        """Take a given session (a stream handed over with its state already there)."""
+        if session_id not in self.free:
+            raise ValueError(f"session {session_id} is not free")
+        self.free.discard(session_id)
+
     def release(self, backend: Backend, stream: Stream) -> None:
         """Free the stream's session. It frees even when the backend fails to release it: the
         backend starts a session afresh when its next stream binds it."""

@@ -9,7 +9,7 @@ many of a plan's drafts go into the window; zero makes it a plain one-row window
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from flashlane.lanes.records import CHUNK, Verdict, Window
 from flashlane.lanes.stream import DraftKind, Stream
@@ -53,6 +53,18 @@ def plan(stream: Stream) -> Plan:
     priors = held.priors[:room]
     chances = tuple(stats.chance(d, p) for d, p in enumerate(priors, 1))
     return Plan(stream, (), held.tokens[:room], held.kind, chances, priors)
+
+
+def fit_forced(plans: Sequence[Plan], max_rows: int) -> list[Plan]:
+    """Trim forced rows so every window fits the row cap (one row each at least); the forced
+    tokens left out stand as later bonus tokens or windows."""
+    spare = max_rows - len(plans)
+    fitted = []
+    for p in plans:
+        n = max(0, min(len(p.forced), spare))
+        spare -= n
+        fitted.append(p if n == len(p.forced) else replace(p, forced=p.forced[:n]))
+    return fitted
 
 
 def decode_window(p: Plan, num_drafts: int) -> Window:

@@ -13,7 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from flashlane.lanes.core import LaneConfig
-from flashlane.lanes.host import HostConfig, LaneHost, output
+from flashlane.lanes.host import HostConfig, LaneHost
+from flashlane.lanes.outputs import output
 from flashlane.lanes.records import CostTable, Drafts, Verdict, Window
 from flashlane.lanes.stops import StopRules
 from flashlane.request import RequestOutput

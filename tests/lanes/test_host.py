@@ -162,3 +162,19 @@ def test_a_stream_short_of_room_moves_to_a_larger_session():
 
 def _window_ids(windows: list[Window]) -> list[int]:
     return [w.stream_id for w in windows]
+
+
+def test_a_handed_off_reply_continues_as_if_the_lanes_had_made_it():
+    prompt = [11, 12, 13]
+    full = serial(hash_model, prompt, None, 30)
+    backend = FakeBackend()
+    host = make_host(backend, **LANES)
+    s = host.hand_off("lone", prompt, GREEDY, 0, session_id=2, reply_ids=full[:9])
+    backend.fed[s.stream_id] = prompt + full[:8]
+    backend.session_of[s.stream_id] = 2
+    host.submit("other", [14, 15], GREEDY)
+    streamed = []
+    while host.has_work:
+        streamed += [t for u in host.run_once() if u.stream is s for t in u.token_ids]
+    assert streamed == full[9:]
+    assert host.seats.num_free == 4

@@ -119,3 +119,15 @@ def test_a_prompt_no_session_holds_is_refused_at_once():
     with pytest.raises(NoSessionFits):
         host.submit("big", list(range(10, 50)), SamplingParams(max_tokens=8))
     assert not host.has_work
+
+
+def test_forced_rows_stay_within_the_row_cap():
+    backend = FakeBackend(max_rows=2)
+    host = make_host(backend, THINK, max_rows=2, mtp_drafts=3)
+    for i in range(2):
+        host.submit(
+            f"r{i}", [11 + i], SamplingParams(max_tokens=20, temperature=0.0, thinking_budget=2)
+        )
+    outs = run_to_end(host)
+    assert all(o.token_ids[2:5] == list(CLOSE) for o in outs.values())
+    assert max(sum(w) for w in backend.widths) == 2
