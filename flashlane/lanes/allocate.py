@@ -73,4 +73,5 @@ def _round_ms(
     costs: CostTable, num_rows: int, plans: Sequence[Plan], counts: list[int], step_ms: float
 ) -> float:
     chain_steps = sum(max(0, n - 1) for p, n in zip(plans, counts) if p.kind == "mtp")
-    return costs.forward_ms(num_rows) + costs.overhead_ms + step_ms * chain_steps
+    ms = costs.forward_ms(num_rows) + costs.overhead_ms + step_ms * chain_steps
+    return max(ms, 1e-9)

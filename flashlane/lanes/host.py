@@ -20,7 +20,7 @@ from flashlane.lanes.core import LaneConfig, LaneCore, RoundFailed
 from flashlane.lanes.outputs import TextDecoder
 from flashlane.lanes.protocol import Backend
 from flashlane.lanes.records import CHUNK, Window
-from flashlane.lanes.seats import Seats
+from flashlane.lanes.session_pool import SessionPool
 from flashlane.lanes.stops import StopRules, begin, conclude, finish_text
 from flashlane.lanes.stream import Stream
 from flashlane.lanes.windows import prompt_piece
@@ -65,7 +65,7 @@ class LaneHost:
         self.config = config
         self.rules = rules
         self.core = LaneCore(backend, config.lanes, rules)
-        self.seats = Seats(capacities, grow, _window_rows(config.lanes))
+        self.sessions = SessionPool(capacities, grow, _window_rows(config.lanes))
         self.waiting: deque[Stream] = deque()
         self.live: list[Stream] = []
         self._cancels: dict[str, bool] = {}  # request_id -> deliver an "abort" update
@@ -92,7 +92,7 @@ class LaneHost:
             raise ValueError(f"max_tokens must be at least 1, got {params.max_tokens}")
         if any(s.request_id == request_id for s in (*self.waiting, *self.live)):
             raise ValueError(f"request {request_id!r} is already running")
-        self.seats.check(len(prompt), params.max_tokens)
+        self.sessions.check(len(prompt), params.max_tokens)
         if len(self.waiting) >= self.config.max_queue:
             raise QueueFull(f"{len(self.waiting)} requests are waiting (--max-queue)")
         chosen = effective_seed(params.seed if seed is None else seed)
@@ -118,11 +118,11 @@ class LaneHost:
         the returned stream's id."""
         if not reply_ids:
             raise ValueError("a handed-off reply holds at least its pending token")
-        self.seats.claim(session_id)
+        self.sessions.claim(session_id)
         s = Stream(self._next_id, request_id, list(prompt_ids), params, seed, session_id, 0, 0)
         self._next_id += 1
         s.capacity, s.arrival, s.admitted_at = (
-            self.seats.capacities[session_id],
+            self.sessions.capacities[session_id],
             s.stream_id,
             time.monotonic(),
         )
@@ -148,7 +148,7 @@ class LaneHost:
         self._take_cancels()
         self._release_finished()
         self._admit()
-        for stream, reason in self.seats.make_room(self.backend, self.live):
+        for stream, reason in self.sessions.make_room(self.backend, self.live):
             self._end(stream, reason)
         running = [s for s in self.live if not s.is_paused]
         try:
@@ -181,11 +181,11 @@ class LaneHost:
     def _admit(self) -> None:
         while self.waiting:
             s = self.waiting[0]
-            session_id = self.seats.take(len(s.prompt_ids), s.params.max_tokens)
+            session_id = self.sessions.allocate(len(s.prompt_ids), s.params.max_tokens)
             if session_id is None:
                 return
             self.waiting.popleft()
-            s.session_id, s.capacity = session_id, self.seats.capacities[session_id]
+            s.session_id, s.capacity = session_id, self.sessions.capacities[session_id]
             s.arrival, s.admitted_at = s.stream_id, time.monotonic()
             self._dress(s)
             self.live.append(s)
@@ -237,7 +237,7 @@ class LaneHost:
         s.ended_at = time.monotonic()
         if s in self.live:
             self.live.remove(s)
-            self.seats.release(self.backend, s)
+            self.sessions.release(self.backend, s)
         finish_text(s)
         self._report(s)
 

@@ -53,7 +53,7 @@ def test_shared_rounds_equal_each_request_alone(num_streams, temperature):
         assert outs[rid].token_ids == plain.token_ids, rid
     assert sum(o.stats.drafted for o in outs.values()) > 0
     assert max(sum(w) for w in backend.widths) <= 8
-    assert host.seats.num_free == num_streams
+    assert host.sessions.num_free == num_streams
 
 
 def test_reply_through_the_host_equals_the_model_loop():

@@ -46,7 +46,7 @@ def test_requests_wait_for_a_session_and_the_queue_is_bounded():
         host.submit("d", [], GREEDY)
     outs = run_to_end(host)
     assert outs["b"].token_ids == serial(hash_model, [12], None, 30)
-    assert host.seats.num_free == 1
+    assert host.sessions.num_free == 1
 
 
 def test_cancel_frees_the_session_at_the_next_round():
@@ -64,7 +64,7 @@ def test_cancel_frees_the_session_at_the_next_round():
     assert outs["a"].token_ids == serial(hash_model, [11, 12], None, len(outs["a"].token_ids))
     assert outs["b"].token_ids == serial(hash_model, [13, 14], None, 30)
     assert [r[0] for r in backend.released] == [0, 1]
-    assert host.seats.num_free == 1 and not backend.session_of
+    assert host.sessions.num_free == 1 and not backend.session_of
 
 
 def test_drop_delivers_nothing_more_and_frees_the_session():
@@ -75,7 +75,7 @@ def test_drop_delivers_nothing_more_and_frees_the_session():
     host.drop("a")
     host.drop("q")  # still waiting: leaves the queue
     assert run_to_end(host) == {}
-    assert host.seats.num_free == 1 and not host.waiting
+    assert host.sessions.num_free == 1 and not host.waiting
 
 
 def test_a_stream_error_ends_only_that_stream():
@@ -89,7 +89,7 @@ def test_a_stream_error_ends_only_that_stream():
     outs = run_to_end(host)
     assert outs["bad"].finish_reason == "error" and "injected" in outs["bad"].error
     assert outs["good"].token_ids == alone({}, [13, 14], GREEDY, **LANES).token_ids
-    assert host.seats.num_free == 4 and not backend.session_of
+    assert host.sessions.num_free == 4 and not backend.session_of
 
 
 def test_a_failed_draft_ends_only_its_stream():
@@ -102,7 +102,7 @@ def test_a_failed_draft_ends_only_its_stream():
     outs = run_to_end(host)
     assert outs["bad"].finish_reason == "error"
     assert outs["good"].finish_reason == "length"
-    assert host.seats.num_free == 4
+    assert host.sessions.num_free == 4
 
 
 @pytest.mark.parametrize("call", ["verify", "keep", "draft"])
@@ -117,7 +117,7 @@ def test_a_whole_call_failure_ends_its_streams_and_the_engine_goes_on(call):
     outs = run_to_end(host)
     assert {o.finish_reason for o in outs.values()} == {"error"}
     assert all(call in o.error for o in outs.values())
-    assert host.seats.num_free == 4 and not backend.session_of
+    assert host.sessions.num_free == 4 and not backend.session_of
     assert all(keep is False for _, keep in backend.released)
     host.submit("next", [11, 12], GREEDY)
     assert run_to_end(host)["next"].token_ids == serial(hash_model, [11, 12], None, 30)
@@ -132,7 +132,7 @@ def test_fail_all_ends_the_named_streams():
     outs = run_to_end(host)
     assert outs["a"].error == "the device fell over"
     assert outs["b"].finish_reason == "length"
-    assert host.seats.num_free == 4
+    assert host.sessions.num_free == 4
 
 
 def test_streaming_updates_add_up_to_the_reply_and_carry_logprobs():
@@ -157,7 +157,7 @@ def test_a_stream_short_of_room_moves_to_a_larger_session():
     host.submit("a", [11, 12], params)
     out = run_to_end(host)["a"]
     assert out.token_ids == serial(hash_model, [11, 12], None, 100)
-    assert out.stats.moves == 1 and host.seats.num_free == 2
+    assert out.stats.moves == 1 and host.sessions.num_free == 2
 
 
 def _window_ids(windows: list[Window]) -> list[int]:
@@ -177,4 +177,4 @@ def test_a_handed_off_reply_continues_as_if_the_lanes_had_made_it():
     while host.has_work:
         streamed += [t for u in host.run_once() if u.stream is s for t in u.token_ids]
     assert streamed == full[9:]
-    assert host.seats.num_free == 4
+    assert host.sessions.num_free == 4

@@ -109,7 +109,7 @@ def test_a_full_session_ends_the_reply_with_length():
         host = make_host(backend, num_sessions=1, grow=8, **lanes)
         host.submit("r", prompt, params)
         outs.append(run_to_end(host)["r"])
-        assert host.seats.num_free == 1
+        assert host.sessions.num_free == 1
     assert outs[0].token_ids == outs[1].token_ids == serial(hash_model, prompt, None, 55)
     assert outs[0].finish_reason == "length"
 

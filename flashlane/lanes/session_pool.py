@@ -20,7 +20,7 @@ from flashlane.sessions.slots import (
 log = logging.getLogger(__name__)
 
 
-class Seats:
+class SessionPool:
     def __init__(self, capacities: Sequence[int], grow: int | None, window_rows: int) -> None:
         if not capacities:
             raise ValueError("the host needs at least one session")
@@ -37,7 +37,7 @@ class Seats:
         """Raises NoSessionFits for a request that no session could ever hold."""
         check_admissible(self.capacities, prompt_len, max_tokens, self.window_rows, self.grow)
 
-    def take(self, prompt_len: int, max_tokens: int) -> int | None:
+    def allocate(self, prompt_len: int, max_tokens: int) -> int | None:
         """A free session for a new stream, taken; None while none that fits is free."""
         session_id = choose_session(
             self.capacities, self.free, prompt_len, max_tokens, self.window_rows, self.grow
