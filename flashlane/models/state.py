@@ -93,6 +93,12 @@ class SessionState:
             p.conv.zero_()
             p.ids.fill_(cfg.ple_eos)
 
+    def attn_dtype(self) -> torch.dtype:
+        return next(iter(self.attn.values())).k.dtype if self.attn else torch.float32
+
+    def state_dtype(self) -> torch.dtype:
+        return next(iter(self.gdn.values())).recurrent.dtype if self.gdn else torch.float32
+
     def tensors(self) -> list[torch.Tensor]:
         out: list[torch.Tensor] = []
         for c in [*self.attn.values(), *self.mtp]:

@@ -1,0 +1,104 @@
+"""EngineConfig: the engine options of DESIGN.md section 8, from flags, LLM kwargs and the
+environment (flag or kwarg first, then the environment, then the default). Frozen."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MODEL = Path(__file__).parent / "default_model"
+
+# kwarg -> environment variables that may set it
+ENVIRONMENT = {
+    "slot_contexts": ("FLASHNEXT_SLOT_CONTEXTS",),
+    "slot_grow": ("FLASHNEXT_SLOT_GROW",),
+    "memory_limit_gb": ("FLASHNEXT_LOAD_LIMIT_GB",),
+    "unpriced": ("FLASHLANE_UNPRICED",),
+    "lone": ("FLASHLANE_NO_LONE", "FLASHNEXT_NO_LONE"),
+}
+TRUE = {"1", "true", "yes", "on"}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str | None = None  # None: the embedded default model
+    device: str = "auto"  # auto: cuda when present
+    dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
+    parallel: int | str = "auto"  # sessions; auto: as many as fit, up to 16
+    context: int | None = None  # positions per session; None: the model's window
+    slot_contexts: str | None = None  # "65536,32768x3,16384x11"
+    slot_grow: int = 8192
+    memory_limit_gb: float | None = None
+    max_rows: int | None = None  # decode rows per round; None: 64 cuda, 16 cpu
+    max_queue: int = 256
+    drafts: bool = True
+    mtp_drafts: int = 3
+    mtp_confidence: float = 0.7
+    prompt_cache_gb: float | None = None
+    unpriced: bool = False
+    lone: bool = True
+
+    @classmethod
+    def resolve(cls, **options: Any) -> EngineConfig:
+        """Options (kwargs) over the environment over defaults; unknown -> TypeError."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise TypeError(f"unknown engine option(s): {', '.join(unknown)}")
+        values = {k: v for k, v in options.items() if v is not None}
+        for name, variables in ENVIRONMENT.items():
+            if name in values:
+                continue
+            for var in variables:
+                raw = os.environ.get(var)
+                if raw is None or raw == "":
+                    continue
+                values[name] = _from_env(name, var, raw)
+                break
+        return cls(**values)
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, why: str) -> None:
+            if not ok:
+                raise ValueError(f"engine option {name}: {why}")
+
+        need(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
+             "device", f"must be auto, cpu or cuda[:N], got {self.device!r}")
+        need(self.dtype in ("auto", "float32", "bfloat16", "float64"), "dtype",
+             f"must be auto, float32, bfloat16 or float64, got {self.dtype!r}")
+        need(self.parallel == "auto" or (isinstance(self.parallel, int) and self.parallel >= 1),
+             "parallel", f"must be auto or an int >= 1, got {self.parallel!r}")
+        need(self.context is None or self.context >= 1, "context", "must be >= 1")
+        need(self.max_rows is None or self.max_rows >= 1, "max_rows", "must be >= 1")
+        need(self.max_queue >= 0, "max_queue", "must be >= 0")
+        need(0 <= self.mtp_drafts <= 16, "mtp_drafts", "must be in 0..16")
+        need(0.0 <= self.mtp_confidence <= 1.0, "mtp_confidence", "must be in [0, 1]")
+        need(self.slot_grow >= 1, "slot_grow", "must be >= 1")
+
+    @property
+    def model_path(self) -> Path:
+        return Path(self.model) if self.model else DEFAULT_MODEL
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _from_env(name: str, var: str, raw: str) -> Any:
+    if name == "lone":  # the variables say NO_LONE
+        return raw.strip().lower() not in TRUE
+    if name == "unpriced":
+        return raw.strip().lower() in TRUE
+    try:
+        if name == "slot_grow":
+            return int(raw)
+        if name == "memory_limit_gb":
+            return float(raw)
+    except ValueError:
+        raise ValueError(f"{var}={raw!r} is not a number") from None
+    return raw
