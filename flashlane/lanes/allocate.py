@@ -29,29 +29,25 @@ def allocate(
     the row cap). `num_prompt_rows` share the forward and its time but not the row cap."""
     counts = [0] * len(plans)
     rows = sum(1 + len(p.forced) for p in plans)
-    value = float(rows)
+    value = float(rows)  # expected new tokens
     # (-landing probability, plan index) of each plan's next draft
     heap: list[tuple[float, int]] = []
     for i, p in enumerate(plans):
         if p.drafts and rows < max_rows and costs is not None and not p.is_measured:
             counts[i], rows, value = 1, rows + 1, value + p.chances[0]
         _push(heap, plans, counts, i)
-    step_ms = costs.draft_step_ms if costs is not None else 0.0
+    steps = 0  # MTP chain steps past each stream's first draft
     while heap and rows < max_rows:
         neg_prob, i = heapq.heappop(heap)
+        step = int(plans[i].kind == "mtp" and counts[i] > 0)
         if costs is not None:
-            now = value / _round_ms(costs, rows + num_prompt_rows, plans, counts, step_ms)
-            counts[i] += 1
-            after = (value - neg_prob) / _round_ms(
-                costs, rows + 1 + num_prompt_rows, plans, counts, step_ms
-            )
+            now = value / _round_ms(costs, rows + num_prompt_rows, steps)
+            after = (value - neg_prob) / _round_ms(costs, rows + 1 + num_prompt_rows, steps + step)
             if after <= now:
                 # Its deeper drafts are no likelier and no cheaper: drop this plan's tail.
-                counts[i] -= 1
                 continue
-        else:
-            counts[i] += 1
-        rows, value = rows + 1, value - neg_prob
+        counts[i] += 1
+        rows, value, steps = rows + 1, value - neg_prob, steps + step
         _push(heap, plans, counts, i)
     return counts
 
@@ -69,9 +65,6 @@ def _landing(chances: Sequence[float], depth: int) -> float:
     return prob
 
 
-def _round_ms(
-    costs: CostTable, num_rows: int, plans: Sequence[Plan], counts: list[int], step_ms: float
-) -> float:
-    chain_steps = sum(max(0, n - 1) for p, n in zip(plans, counts) if p.kind == "mtp")
-    ms = costs.forward_ms(num_rows) + costs.overhead_ms + step_ms * chain_steps
+def _round_ms(costs: CostTable, num_rows: int, chain_steps: int) -> float:
+    ms = costs.forward_ms(num_rows) + costs.overhead_ms + costs.draft_step_ms * chain_steps
     return max(ms, 1e-9)

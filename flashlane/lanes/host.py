@@ -121,11 +121,8 @@ class LaneHost:
         self.sessions.claim(session_id)
         s = Stream(self._next_id, request_id, list(prompt_ids), params, seed, session_id, 0, 0)
         self._next_id += 1
-        s.capacity, s.arrival, s.admitted_at = (
-            self.sessions.capacities[session_id],
-            s.stream_id,
-            time.monotonic(),
-        )
+        s.capacity = self.sessions.capacities[session_id]
+        s.arrival, s.admitted_at = s.stream_id, time.monotonic()
         s.filled = len(s.prompt_ids)
         self._dress(s)
         conclude(s, list(reply_ids), self.rules)
