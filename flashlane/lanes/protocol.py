@@ -38,10 +38,10 @@ class Backend(Protocol):
         A decode window keeps at least row 0; a prompt piece keeps all its rows. Every window of
         the last verify whose verdict carried no error has an entry (a stream that just finished
         too, released after); a stream left out (its verdict failed) keeps nothing and is
-        released next. When keep is called, each stream's `Draws.reply_ids` already ends with
-        its new pending token: the draw after its last kept row, or the forced token that
-        replaced that draw (a thinking close), so read the pending token there, not from
-        `sampled`.
+        released next. When keep is called, the `Draws.reply_ids` of each decode window and last
+        prompt piece already ends with the stream's new pending token: the draw after its last
+        kept row, or the forced token that replaced that draw (a thinking close), so read the
+        pending token there, not from `sampled`.
         """
         ...
 
