@@ -135,7 +135,9 @@ class ModelBackend:
                 raise ValueError(f"stream {stream_id}: keeps {n} of {w.num_rows} rows")
             commit(self.model, fed.piece, n)
             if w.draws.params.draft and self.drafter.enabled:
-                nxt = fed.sampled[n - 1] if fed.sampled else None
+                # the core has appended the new pending token (a forced one included)
+                has_next = w.kind == "decode" or w.last_piece
+                nxt = w.draws.reply_ids[-1] if has_next and w.draws.reply_ids else None
                 self.drafter.absorb_later(stream_id, fed.residual[:n], list(w.tokens[:n]), nxt,
                                           w.draws)
         self.fed.clear()
