@@ -1,0 +1,159 @@
+"""Chat prompts: the checkpoint's jinja template rendered in a sandbox, and the reply's parser.
+
+Templates come from the checkpoint and are run as untrusted code: jinja2's immutable sandbox,
+with the helpers transformers gives templates (`tojson` without HTML escaping,
+`raise_exception`, `strftime_now`, the `{% generation %}` tag) and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from flashlane.server.protocol import ApiError, ChatMessage, ChatRequest, NamedToolChoice
+from flashlane.server.reply import THINK_END, THINK_START, TOOL_START, ReplyParser
+
+# Keys a request's chat_template_kwargs may not replace.
+_RESERVED = frozenset({"messages", "tools", "add_generation_prompt"})
+
+
+class ChatTemplate:
+    """A compiled chat template: render(messages, tools, kwargs) -> the prompt text."""
+
+    def __init__(self, source: str, special_tokens: dict[str, str] | None = None) -> None:
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True,
+            lstrip_blocks=True,
+            extensions=[_GenerationTag, "jinja2.ext.loopcontrols"],
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateError as e:
+            raise ValueError(f"the chat template does not compile: {e}") from e
+        self._special = dict(special_tokens or {})
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        extra = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED}
+        try:
+            return self._template.render(
+                **self._special,
+                **extra,
+                messages=messages,
+                tools=tools or None,
+                add_generation_prompt=add_generation_prompt,
+            )
+        except jinja2.TemplateError as e:
+            raise ApiError(400, f"the chat template failed: {e}", param="messages") from None
+
+
+class _GenerationTag(Extension):
+    """transformers' {% generation %}...{% endgeneration %} marks assistant text; render as is."""
+
+    tags = frozenset({"generation"})
+
+    def parse(self, parser: Any) -> list[nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, **kw: Any) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, **kw)
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """OpenAI messages as templates expect them: text content, tool arguments as mappings."""
+    out = []
+    for i, message in enumerate(messages):
+        item = message.model_dump(exclude_none=True)
+        if isinstance(message.content, list):
+            parts = []
+            for j, part in enumerate(message.content):
+                if part.type != "text" or part.text is None:
+                    msg = f"content part type {part.type!r} is not supported"
+                    raise ApiError(400, msg, param=f"messages[{i}].content[{j}]")
+                parts.append(part.text)
+            item["content"] = "".join(parts)
+        for call in item.get("tool_calls", ()):
+            arguments = call["function"].get("arguments")
+            if isinstance(arguments, str):
+                try:
+                    parsed = json.loads(arguments)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(parsed, dict):
+                    call["function"]["arguments"] = parsed
+        out.append(item)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    """A rendered chat request: the prompt text and how to read the reply."""
+
+    text: str  # the prompt, ending with `reply_prefix`
+    reply_prefix: str  # forced start of the reply (tool_choice required or named)
+    in_reasoning: bool  # the reply starts inside <think> (opened by the template)
+    parse_tools: bool
+    parallel_tool_calls: bool
+    schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def parser(self) -> ReplyParser:
+        """A fresh reply parser that has already read the forced prefix."""
+        parser = ReplyParser(
+            in_reasoning=self.in_reasoning,
+            parse_tools=self.parse_tools,
+            schemas=self.schemas,
+            parallel_tool_calls=self.parallel_tool_calls,
+        )
+        parser.feed(self.reply_prefix)
+        return parser
+
+
+def build_chat_prompt(template: ChatTemplate, req: ChatRequest) -> ChatPrompt:
+    """Renders the request; tool_choice none hides the tools, required/named forces a call."""
+    choice = req.tool_choice or "auto"
+    use_tools = bool(req.tools) and choice != "none"
+    tools = [t.model_dump(exclude_none=True) for t in req.tools or ()] if use_tools else None
+    text = template.render(
+        template_messages(req.messages),
+        tools=tools,
+        template_kwargs=req.chat_template_kwargs,
+    )
+    in_reasoning = text.rfind(THINK_START) > text.rfind(THINK_END)
+    prefix = ""
+    if use_tools and choice != "auto":
+        # no constrained decoding: the reply is started for the model instead
+        prefix = "\n" + THINK_END + "\n\n" if in_reasoning else ""
+        prefix += TOOL_START + "\n<function="
+        if isinstance(choice, NamedToolChoice):
+            prefix += choice.function.name + ">\n"
+    schemas = {t.function.name: t.function.parameters or {} for t in req.tools or ()}
+    return ChatPrompt(
+        text=text + prefix,
+        reply_prefix=prefix,
+        in_reasoning=in_reasoning,
+        parse_tools=use_tools,
+        parallel_tool_calls=req.parallel_tool_calls,
+        schemas=schemas,
+    )

@@ -1,0 +1,178 @@
+"""POST /v1/chat/completions: render, run, and answer as JSON or as SSE chunks."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from flashlane.request import FinishReason, RequestOutput
+from flashlane.server.chat import ChatPrompt, build_chat_prompt
+from flashlane.server.generate import ReplyRun, reply_budget, sampling_params
+from flashlane.server.logprobs import chat_logprobs
+from flashlane.server.protocol import ApiError, ChatRequest, parse_request
+from flashlane.server.reply import ReplyDelta, ReplyParser
+from flashlane.server.state import ServerState, finish_reason, usage
+from flashlane.server.transport import (
+    SSE_DONE,
+    EventStream,
+    read_json,
+    sse,
+    until_disconnect,
+)
+
+logger = logging.getLogger("flashlane.server")
+
+
+async def chat_completions(request: Request) -> Response:
+    state: ServerState = request.app.state.flashlane
+    engine = state.engine()
+    req = parse_request(ChatRequest, await read_json(request, state.max_body_bytes))
+    state.check_model(req.model)
+    prompt = build_chat_prompt(state.chat_template(), req)
+    ids = engine.tokenizer.encode(prompt.text, add_special_tokens=False).ids
+    max_tokens = reply_budget(len(ids), req.reply_limit, engine.context_len, "messages")
+    top = (req.top_logprobs or 0) if req.logprobs else None
+    params = sampling_params(
+        req,
+        engine.generation_defaults,
+        max_tokens=max_tokens,
+        logprobs=top,
+        vocab_size=state.vocab_size,
+    )
+    reply = _ChatReply(state, req, prompt, f"chatcmpl-{secrets.token_hex(12)}", params.seed)
+    run = state.new_run(ids, params, reply.id + "-0")
+    request.state.reply_id, request.state.runs = reply.id, [run]
+    try:
+        await until_disconnect(request, run.start())
+        if req.stream:
+            return EventStream(reply.events(run), on_close=run.close)
+        out = await until_disconnect(request, run.run())
+    except BaseException:
+        run.close()
+        raise
+    return JSONResponse(reply.whole(out))
+
+
+class _ChatReply:
+    """Builds the response for one chat request from its run."""
+
+    def __init__(
+        self, state: ServerState, req: ChatRequest, prompt: ChatPrompt, rid: str, seed: int
+    ) -> None:
+        self.state, self.req, self.prompt = state, req, prompt
+        self.id, self.seed, self.created = rid, seed, int(time.time())
+        self.top = (req.top_logprobs or 0) if req.logprobs else None
+        self.num_tool_calls = 0
+
+    def _head(self, kind: str) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.state.model_name,
+            "seed": self.seed,
+        }
+
+    def _logprobs(self, ids: list[int], entries: list[dict[int, float]] | None) -> Any:
+        if self.top is None or entries is None:
+            return None
+        return {"content": chat_logprobs(self.state.token_text, ids, entries, self.top)}
+
+    def _tool_calls(self, delta: ReplyDelta, streaming: bool) -> list[dict[str, Any]]:
+        calls = []
+        for call in delta.tool_calls:
+            item = {
+                "id": f"call_{secrets.token_hex(12)}",
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            if streaming:
+                item["index"] = self.num_tool_calls
+            self.num_tool_calls += 1
+            calls.append(item)
+        return calls
+
+    def _finish(self, out: RequestOutput) -> str:
+        if out.finish_reason == FinishReason.STOP and self.num_tool_calls:
+            return "tool_calls"
+        return finish_reason(out)
+
+    def _usage(self, out: RequestOutput, parser: ReplyParser) -> dict[str, Any]:
+        return usage(out, reasoning_tokens=self.state.reasoning_tokens(out.token_ids, parser))
+
+    def whole(self, out: RequestOutput) -> dict[str, Any]:
+        if out.finish_reason == FinishReason.ERROR:
+            raise ApiError(500, out.error or "the engine failed", type="server_error")
+        parser = self.prompt.parser()
+        delta = parser.feed(out.text)
+        delta.extend(parser.finish())
+        message: dict[str, Any] = {"role": "assistant", "content": delta.content or None}
+        if parser.had_reasoning:
+            message["reasoning_content"] = delta.reasoning
+        if delta.tool_calls:
+            message["tool_calls"] = self._tool_calls(delta, streaming=False)
+        choice = {
+            "index": 0,
+            "message": message,
+            "finish_reason": self._finish(out),
+            "logprobs": self._logprobs(out.token_ids, out.logprobs),
+        }
+        return {
+            **self._head("chat.completion"),
+            "choices": [choice],
+            "usage": self._usage(out, parser),
+        }
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        chunk = {**self._head("chat.completion.chunk"), "choices": [choice]}
+        if self.req.include_usage:
+            chunk["usage"] = None
+        return sse(chunk)
+
+    async def events(self, run: ReplyRun) -> AsyncIterator[str]:
+        parser = self.prompt.parser()
+        yield self._chunk({"role": "assistant", "content": ""})
+        try:
+            async for piece in run.pieces():
+                out = piece.output
+                if out.finish_reason == FinishReason.ERROR:
+                    raise ApiError(500, out.error or "the engine failed", type="server_error")
+                delta = parser.feed(piece.text)
+                if piece.finished:
+                    delta.extend(parser.finish())
+                logprobs = self._logprobs(piece.token_ids, piece.logprobs)
+                if delta or (logprobs and logprobs["content"]):
+                    yield self._chunk(self._delta(delta), logprobs=logprobs)
+                if piece.finished:
+                    yield self._chunk({}, finish=self._finish(out))
+                    if self.req.include_usage:
+                        yield sse(
+                            {
+                                **self._head("chat.completion.chunk"),
+                                "choices": [],
+                                "usage": self._usage(out, parser),
+                            }
+                        )
+        except ApiError as e:
+            yield sse(e.body())
+        except Exception as e:
+            logger.exception("stream %s failed", self.id)
+            yield sse(ApiError(500, f"internal error: {e!r}", type="server_error").body())
+        yield SSE_DONE
+
+    def _delta(self, delta: ReplyDelta) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if delta.reasoning:
+            out["reasoning_content"] = delta.reasoning
+        if delta.content:
+            out["content"] = delta.content
+        if delta.tool_calls:
+            out["tool_calls"] = self._tool_calls(delta, streaming=True)
+        return out

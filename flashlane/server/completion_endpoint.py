@@ -1,0 +1,242 @@
+"""POST /v1/completions: text or token-id prompts (one or a batch), echo, prompt logprobs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from flashlane.request import FinishReason, RequestOutput
+from flashlane.server.generate import (
+    Piece,
+    ReplyRun,
+    check_token_ids,
+    reply_budget,
+    sampling_params,
+)
+from flashlane.server.logprobs import completion_logprobs, merge_columns
+from flashlane.server.protocol import ApiError, CompletionRequest, parse_request
+from flashlane.server.state import ServerState, finish_reason, usage
+from flashlane.server.transport import SSE_DONE, EventStream, read_json, sse, until_disconnect
+
+
+@dataclass(slots=True)
+class _Choice:
+    """One prompt of the batch and its reply."""
+
+    index: int
+    prompt_ids: list[int]
+    prompt_text: str
+    run: ReplyRun | None  # None: max_tokens 0 with echo, nothing to generate
+    echo_logprobs: dict[str, list[Any]] | None = None  # the prompt's columns, for echo
+    offset: int = 0  # characters of the choice's text sent so far
+
+
+logger = logging.getLogger("flashlane.server")
+
+
+async def completions(request: Request) -> Response:
+    state: ServerState = request.app.state.flashlane
+    state.engine()  # 503 before anything else while loading or draining
+    req = parse_request(CompletionRequest, await read_json(request, state.max_body_bytes))
+    state.check_model(req.model)
+    rid = f"cmpl-{secrets.token_hex(12)}"
+    choices = [_prepare(state, req, prompt, rid, i) for i, prompt in enumerate(req.prompts)]
+    runs = [c.run for c in choices if c.run is not None]
+    request.state.reply_id, request.state.runs = rid, runs
+    try:
+        for choice in choices:
+            await until_disconnect(request, _start(state, req, choice))
+        reply = _CompletionReply(state, req, rid, choices)
+        if req.stream:
+            return EventStream(reply.events(), on_close=lambda: _close(runs))
+        outs = await until_disconnect(request, asyncio.gather(*(r.run() for r in runs)))
+    except BaseException:
+        _close(runs)
+        raise
+    return JSONResponse(reply.whole(list(outs)))
+
+
+def _close(runs: list[ReplyRun]) -> None:
+    for run in runs:
+        run.close()
+
+
+def _prepare(
+    state: ServerState, req: CompletionRequest, prompt: str | list[int], rid: str, index: int
+) -> _Choice:
+    """Tokenises and validates one prompt; nothing reaches the engine yet."""
+    engine = state.engine()
+    if isinstance(prompt, str):
+        ids = engine.tokenizer.encode(prompt, add_special_tokens=True).ids
+        text = prompt
+    else:
+        check_token_ids(prompt, state.vocab_size, "prompt")
+        ids, text = prompt, engine.tokenizer.decode(prompt, skip_special_tokens=False)
+    asked = req.max_tokens if req.max_tokens else None
+    max_tokens = reply_budget(len(ids), asked, engine.context_len, "prompt")
+    if req.max_tokens == 0:
+        return _Choice(index, ids, text, None)
+    params = sampling_params(
+        req,
+        engine.generation_defaults,
+        max_tokens=max_tokens,
+        logprobs=req.logprobs,
+        vocab_size=state.vocab_size,
+    )
+    return _Choice(index, ids, text, state.new_run(ids, params, f"{rid}-{index}"))
+
+
+async def _start(state: ServerState, req: CompletionRequest, choice: _Choice) -> None:
+    if req.echo and req.logprobs is not None:
+        entries = await state.prompt_logprobs(choice.prompt_ids, req.logprobs)
+        choice.echo_logprobs = completion_logprobs(
+            state.token_text, choice.prompt_ids, entries, req.logprobs
+        )
+    if choice.run is not None:
+        await choice.run.start()
+
+
+class _CompletionReply:
+    def __init__(
+        self, state: ServerState, req: CompletionRequest, rid: str, choices: list[_Choice]
+    ) -> None:
+        self.state, self.req, self.id, self.choices = state, req, rid, choices
+        self.created = int(time.time())
+        runs = [c.run for c in choices if c.run is not None]
+        self.seed = runs[0].params.seed if runs else None
+
+    def _head(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.state.model_name,
+            "seed": self.seed,
+        }
+
+    def _columns(self, choice: _Choice, ids: list[int], entries: Any) -> dict[str, list[Any]]:
+        if self.req.logprobs is None or entries is None:
+            return {}
+        cols = completion_logprobs(
+            self.state.token_text, ids, entries, self.req.logprobs, offset=choice.offset
+        )
+        return cols
+
+    def _usage(self, outs: list[RequestOutput | None]) -> dict[str, Any]:
+        total: dict[str, Any] = usage(None)
+        for choice, out in zip(self.choices, outs):
+            one = usage(out, prompt=len(choice.prompt_ids))
+            for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+                total[key] += one[key]
+            total["prompt_tokens_details"]["cached_tokens"] += one["prompt_tokens_details"][
+                "cached_tokens"
+            ]
+        return total
+
+    def whole(self, outs: list[RequestOutput]) -> dict[str, Any]:
+        by_choice: list[RequestOutput | None] = []
+        answers = []
+        it = iter(outs)
+        for choice in self.choices:
+            out = next(it) if choice.run is not None else None
+            by_choice.append(out)
+            if out is not None and out.finish_reason == FinishReason.ERROR:
+                raise ApiError(500, out.error or "the engine failed", type="server_error")
+            text = choice.prompt_text if self.req.echo else ""
+            choice.offset = len(text)
+            cols = choice.echo_logprobs or {}
+            if out is not None:
+                reply_cols = self._columns(choice, out.token_ids, out.logprobs)
+                cols = (
+                    merge_columns(cols, reply_cols) if cols and reply_cols else cols or reply_cols
+                )
+                text += out.text
+            answers.append(
+                {
+                    "index": choice.index,
+                    "text": text,
+                    "logprobs": cols or None,
+                    "finish_reason": finish_reason(out) if out else "length",
+                }
+            )
+        return {**self._head(), "choices": answers, "usage": self._usage(by_choice)}
+
+    def _chunk(self, index: int, text: str, cols: Any, finish: str | None) -> str:
+        choice = {"index": index, "text": text, "logprobs": cols or None, "finish_reason": finish}
+        chunk = {**self._head(), "choices": [choice]}
+        if self.req.include_usage:
+            chunk["usage"] = None
+        return sse(chunk)
+
+    async def events(self) -> AsyncIterator[str]:
+        outs: list[RequestOutput | None] = [None] * len(self.choices)
+        try:
+            for choice in self.choices:
+                if self.req.echo:
+                    choice.offset = len(choice.prompt_text)
+                    finish = "length" if choice.run is None else None
+                    yield self._chunk(
+                        choice.index, choice.prompt_text, choice.echo_logprobs, finish
+                    )
+            async for index, piece in _merged(self.choices):
+                choice = self.choices[index]
+                out = piece.output
+                if out.finish_reason == FinishReason.ERROR:
+                    raise ApiError(500, out.error or "the engine failed", type="server_error")
+                cols = self._columns(choice, piece.token_ids, piece.logprobs)
+                choice.offset += len(piece.text)
+                finish = finish_reason(out) if piece.finished else None
+                if piece.text or cols or finish:
+                    yield self._chunk(index, piece.text, cols, finish)
+                if piece.finished:
+                    outs[index] = out
+            if self.req.include_usage:
+                yield sse({**self._head(), "choices": [], "usage": self._usage(outs)})
+        except ApiError as e:
+            yield sse(e.body())
+        except Exception as e:
+            logger.exception("stream %s failed", self.id)
+            yield sse(ApiError(500, f"internal error: {e!r}", type="server_error").body())
+        yield SSE_DONE
+
+
+async def _merged(choices: list[_Choice]) -> AsyncIterator[tuple[int, Piece]]:
+    """The pieces of all runs as they come, tagged with their choice index."""
+    runs = [(c.index, c.run) for c in choices if c.run is not None]
+    if len(runs) == 1:
+        index, run = runs[0]
+        async for piece in run.pieces():
+            yield index, piece
+        return
+    queue: asyncio.Queue[tuple[int, Piece | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, run: ReplyRun) -> None:
+        try:
+            async for piece in run.pieces():
+                await queue.put((index, piece))
+            await queue.put((index, None))
+        except Exception as e:
+            await queue.put((index, e))
+
+    tasks = [asyncio.ensure_future(pump(i, r)) for i, r in runs]
+    try:
+        left = len(tasks)
+        while left:
+            index, item = await queue.get()
+            if item is None:
+                left -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()

@@ -1,0 +1,242 @@
+"""One reply from the engine, as the HTTP layer needs it: sampling params from a request, the
+context check, and `ReplyRun`, which turns cumulative snapshots into pieces to send.
+
+Everything that can refuse a request (params, context, token ids) runs before the engine is
+called, so a 4xx never touches engine state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from flashlane.detok import StopMatcher
+from flashlane.request import FinishReason, RequestOutput, SamplingParams, effective_seed
+from flashlane.server.engine_api import EngineLike, QueueFull, TokenLogprobs
+from flashlane.server.metrics import ServerMetrics
+from flashlane.server.protocol import ApiError, SamplingFields
+
+# Request fields filled from generation_config.json when a request leaves them out.
+_DEFAULTED = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+
+
+def sampling_params(
+    req: SamplingFields,
+    defaults: dict[str, Any],
+    *,
+    max_tokens: int,
+    logprobs: int | None,
+    vocab_size: int,
+) -> SamplingParams:
+    """The engine's params for a request; omitted sampling fields come from `defaults`."""
+    kwargs: dict[str, Any] = {}
+    for name in _DEFAULTED:
+        value = getattr(req, name)
+        if value is None:
+            value = defaults.get(name)
+        if value is not None:
+            kwargs[name] = value
+    # transformers' do_sample=False means greedy unless the request asks otherwise
+    if req.temperature is None and defaults.get("do_sample") is False:
+        kwargs["temperature"] = 0.0
+    if kwargs.get("top_k") == -1:
+        kwargs["top_k"] = 0
+    bias = {int(k): v for k, v in (req.logit_bias or {}).items()}
+    check_token_ids(list(bias), vocab_size, "logit_bias")
+    check_token_ids(req.stop_token_ids or [], vocab_size, "stop_token_ids")
+    try:
+        return SamplingParams(
+            **kwargs,
+            max_tokens=max_tokens,
+            seed=effective_seed(req.seed),
+            logit_bias=bias or None,
+            stop=req.stop_list or None,
+            stop_token_ids=req.stop_token_ids,
+            ignore_eos=req.ignore_eos,
+            logprobs=logprobs,
+            draft=req.draft,
+            thinking_budget=req.thinking_budget,
+        )
+    except (ValueError, TypeError) as e:
+        raise ApiError(400, str(e)) from None
+
+
+def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise ApiError(
+            400, f"token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})", param=param
+        )
+
+
+def reply_budget(num_prompt: int, asked: int | None, context_len: int, param: str) -> int:
+    """max_tokens for a prompt: the request's, or what the context leaves; a prompt that does
+    not fit is `context_length_exceeded`."""
+    if num_prompt == 0:
+        raise ApiError(400, "the prompt is empty", param=param)
+    room = context_len - num_prompt
+    if room < 1 or (asked is not None and asked > room):
+        wanted = f"{num_prompt} in the prompt" + (f" and {asked} to generate" if asked else "")
+        msg = (
+            f"This model's maximum context length is {context_len} tokens; the request needs "
+            f"{num_prompt + (asked or 1)} ({wanted}). Shorten the prompt or lower max_tokens."
+        )
+        raise ApiError(400, msg, param=param, code="context_length_exceeded")
+    return room if asked is None else asked
+
+
+@dataclass(slots=True)
+class Piece:
+    """What one snapshot adds to a reply."""
+
+    text: str  # newly final text (stop-string prefixes held back until decided)
+    token_ids: list[int]  # new tokens
+    logprobs: list[TokenLogprobs] | None  # one per new token, when asked for
+    output: RequestOutput  # the snapshot itself
+
+    @property
+    def finished(self) -> bool:
+        return self.output.finish_reason is not None
+
+
+class ReplyRun:
+    """One engine stream. `start` waits for the first snapshot (a full queue is a 429 before any
+    response is sent); `pieces` yields the rest; `close` aborts it if the client left early."""
+
+    def __init__(
+        self,
+        engine: EngineLike,
+        metrics: ServerMetrics,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        self.engine, self.metrics = engine, metrics
+        self.prompt_ids, self.params, self.request_id = prompt_ids, params, request_id
+        self._stops = StopMatcher(params.stop)
+        self._sent_text = 0
+        self._sent_tokens = 0
+        self._arrival = time.perf_counter()
+        self._deadline = None if timeout is None else self._arrival + timeout
+        self._first_token: float | None = None
+        self._iter: AsyncIterator[RequestOutput] | None = None
+        self._next: RequestOutput | None = None
+        self.last: RequestOutput | None = None
+        self.done = False  # nothing left to abort or record
+        self._in_flight = False  # started and not yet recorded
+
+    async def start(self) -> None:
+        self.metrics.in_flight.inc()
+        self._in_flight = True
+        try:
+            self._iter = aiter(self.engine.stream(self.prompt_ids, self.params, self.request_id))
+            self._next = await self._advance()
+        except QueueFull:
+            self._leave()
+            msg = "the engine's queue is full; retry later"
+            raise ApiError(429, msg, type="rate_limit_error", code="queue_full") from None
+        except ValueError as e:
+            self._leave()
+            raise ApiError(400, str(e)) from None
+
+    def _leave(self) -> None:
+        self.done = True
+        if self._in_flight:
+            self._in_flight = False
+            self.metrics.in_flight.dec()
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        assert self._iter is not None, "start() first"
+        while self._next is not None:
+            out, self._next = self._next, None
+            piece = self._piece(out)
+            if piece.finished:
+                self._record(out, str(FinishReason(out.finish_reason).value))
+            yield piece
+            if not piece.finished:
+                self._next = await self._advance()
+        if not self.done:
+            # the engine's stream ended without a finish reason: count it as an error
+            self._record(self.last, FinishReason.ERROR.value)
+            raise ApiError(500, "the engine ended the reply early", type="server_error")
+
+    async def _advance(self) -> RequestOutput | None:
+        """The next snapshot; past the deadline, the request is aborted and answered 408."""
+        assert self._iter is not None
+        if self._deadline is None:
+            return await anext(self._iter, None)
+        try:
+            left = self._deadline - time.perf_counter()
+            return await asyncio.wait_for(anext(self._iter, None), max(left, 0.0))
+        except asyncio.TimeoutError:
+            self.close()
+            raise ApiError(
+                408,
+                "the request took longer than the server's --request-timeout",
+                type="timeout_error",
+                code="request_timeout",
+            ) from None
+
+    def _piece(self, out: RequestOutput) -> Piece:
+        self.last = out
+        if out.token_ids and self._first_token is None:
+            self._first_token = time.perf_counter()
+        if out.finish_reason is not None:
+            visible = len(out.text)
+        else:
+            visible = max(self._sent_text, self._stops.check(out.text).visible)
+        text = out.text[self._sent_text : visible]
+        new_ids = out.token_ids[self._sent_tokens :]
+        logprobs = None
+        if out.logprobs is not None:
+            logprobs = out.logprobs[self._sent_tokens : len(out.token_ids)]
+        self._sent_text, self._sent_tokens = visible, len(out.token_ids)
+        return Piece(text, new_ids, logprobs, out)
+
+    def _record(self, out: RequestOutput | None, reason: str) -> None:
+        self._leave()
+        now = time.perf_counter()
+        ttft = None if self._first_token is None else self._first_token - self._arrival
+        self.metrics.finished(
+            reason=reason,
+            prompt_tokens=len(self.prompt_ids),
+            cached_tokens=out.stats.cached_tokens if out is not None else 0,
+            generation_tokens=len(out.token_ids) if out is not None else 0,
+            ttft=ttft,
+            e2e=now - self._arrival,
+        )
+
+    def close(self) -> None:
+        """Aborts the engine request unless it finished (client gone, timeout, server error)."""
+        if self._in_flight:
+            self.engine.abort(self.request_id)
+            self._record(self.last, FinishReason.ABORT.value)
+        self.done = True
+
+    def summary(self) -> str:
+        """For the request log: tokens in and out, why it ended, time to first token."""
+        out = self.last
+        reason = "-" if out is None or out.finish_reason is None else out.finish_reason.value
+        ttft = "-" if self._first_token is None else f"{self._first_token - self._arrival:.3f}s"
+        num_reply = len(out.token_ids) if out is not None else 0
+        return f"prompt={len(self.prompt_ids)} reply={num_reply} finish={reason} ttft={ttft}"
+
+    async def run(self) -> RequestOutput:
+        """The whole reply (non-streaming)."""
+        async for _ in self.pieces():
+            pass
+        assert self.last is not None
+        return self.last

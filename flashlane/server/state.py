@@ -1,0 +1,131 @@
+"""The app's state: the engine (once loaded), its compiled chat template, metrics, settings."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from dataclasses import dataclass, field
+from typing import Any
+
+from flashlane.request import FinishReason, RequestOutput, SamplingParams
+from flashlane.server.chat import ChatTemplate
+from flashlane.server.engine_api import EngineLike, EngineSlot, TokenLogprobs
+from flashlane.server.generate import ReplyRun
+from flashlane.server.logprobs import TokenText
+from flashlane.server.metrics import ServerMetrics
+from flashlane.server.protocol import ApiError
+from flashlane.server.reply import THINK_END, ReplyParser
+
+
+@dataclass
+class ServerState:
+    slot: EngineSlot
+    api_keys: tuple[str, ...] = ()
+    served_model_name: str | None = None
+    max_body_bytes: int = 32 * 2**20
+    request_timeout: float | None = None  # seconds from arrival to the last token
+    metrics: ServerMetrics | None = None
+    # set by attach(), before the engine becomes visible in `slot`
+    _template: ChatTemplate | None = None
+    _template_error: str | None = None
+    token_text: TokenText = field(init=False)
+    vocab_size: int = 0
+    think_end_id: int | None = None
+
+    def attach(self, engine: EngineLike) -> None:
+        """Prepares everything that depends on the engine, then publishes it."""
+        self.metrics = ServerMetrics(self.served_model_name or engine.model_name)
+        self.metrics.watch_engine(engine.stats)
+        tokenizer = engine.tokenizer
+        self.token_text = TokenText(tokenizer)
+        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        self.think_end_id = tokenizer.token_to_id(THINK_END)
+        if engine.chat_template:
+            eos = [tokenizer.id_to_token(i) for i in engine.eos_token_ids[:1]]
+            special = {"eos_token": (eos[0] or "") if eos else "", "bos_token": ""}
+            try:
+                self._template = ChatTemplate(engine.chat_template, special)
+            except ValueError as e:
+                self._template_error = str(e)
+        self.slot.set(engine)
+
+    @property
+    def model_name(self) -> str:
+        engine = self.slot.engine
+        return self.served_model_name or (engine.model_name if engine else "")
+
+    def engine(self) -> EngineLike:
+        """The engine for a new request, or 503 while loading, after a failed load, or draining."""
+        if self.slot.draining:
+            raise ApiError(
+                503, "the server is shutting down", type="service_unavailable", code="shutting_down"
+            )
+        engine = self.slot.engine
+        if engine is None:
+            msg = f"the model failed to load: {self.slot.failed}" if self.slot.failed else None
+            raise ApiError(
+                503,
+                msg or "the model is still loading",
+                type="service_unavailable",
+                code="model_not_ready",
+            )
+        return engine
+
+    def check_model(self, model: str | None) -> None:
+        engine = self.slot.engine
+        names = {self.model_name, engine.model_name if engine else ""}
+        if model and model not in names:
+            raise ApiError(
+                404,
+                f"The model `{model}` does not exist; this server serves `{self.model_name}`.",
+                param="model",
+                code="model_not_found",
+            )
+
+    def chat_template(self) -> ChatTemplate:
+        if self._template is None:
+            msg = self._template_error or "the model has no chat template; use /v1/completions"
+            raise ApiError(400, msg, param="messages")
+        return self._template
+
+    def new_run(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> ReplyRun:
+        assert self.metrics is not None
+        engine = self.engine()
+        return ReplyRun(
+            engine, self.metrics, prompt_ids, params, request_id, timeout=self.request_timeout
+        )
+
+    def reasoning_tokens(self, token_ids: list[int], parser: ReplyParser) -> int:
+        """Reply tokens up to and including "</think>", all of them while still thinking."""
+        if not parser.had_reasoning:
+            return 0
+        if self.think_end_id is not None and self.think_end_id in token_ids:
+            return token_ids.index(self.think_end_id) + 1
+        return len(token_ids) if parser.in_reasoning else 0
+
+    async def prompt_logprobs(self, ids: list[int], top: int) -> list[TokenLogprobs | None]:
+        """The engine's prompt logprobs, off the event loop when its method is synchronous."""
+        engine = self.engine()
+        result: Any = await asyncio.to_thread(engine.prompt_logprobs, ids, top)
+        if inspect.isawaitable(result):
+            result = await result
+        return list(result)
+
+
+def finish_reason(out: RequestOutput) -> str:
+    reason = out.finish_reason
+    return FinishReason(reason).value if reason is not None else "abort"
+
+
+def usage(out: RequestOutput | None, *, reasoning_tokens: int = 0, prompt: int = 0) -> dict:
+    """OpenAI usage for one reply (or only a prompt, when `out` is None)."""
+    num_prompt = len(out.prompt_token_ids) if out is not None else prompt
+    completion = len(out.token_ids) if out is not None else 0
+    cached = out.stats.cached_tokens if out is not None else 0
+    return {
+        "prompt_tokens": num_prompt,
+        "completion_tokens": completion,
+        "total_tokens": num_prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
+    }

@@ -1,0 +1,102 @@
+"""HTTP plumbing shared by the endpoints: bounded JSON bodies, SSE, and client disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from flashlane.server.protocol import ApiError
+
+T = TypeVar("T")
+
+# nginx's spelling for "the client closed the connection before the response"
+CLIENT_GONE = 499
+
+
+class ClientGone(Exception):
+    """The client disconnected while its request was being served."""
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The body as JSON: 413 past `limit` bytes (checked while reading), 400 if malformed."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise _too_large(limit)
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(
+            400, f"the request body is not valid JSON: {e}", code="invalid_json"
+        ) from None
+
+
+def _too_large(limit: int) -> ApiError:
+    msg = f"the request body is larger than {limit} bytes"
+    return ApiError(413, msg, code="request_too_large")
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+def sse(data: dict[str, Any] | str) -> str:
+    """One server-sent event."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    return f"data: {payload}\n\n"
+
+
+SSE_DONE = sse("[DONE]")
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Awaits `work` unless the client disconnects first (then cancels it, raises ClientGone).
+    Call it after the body has been read: later messages are only the disconnect."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        raise ClientGone
+    finally:
+        watcher.cancel()
+        task.cancel()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class EventStream(StreamingResponse):
+    """An SSE response that always runs `on_close` when it ends: finished, or cancelled because
+    the client went away (Starlette cancels the body while it waits to send)."""
+
+    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._events = events
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
+            aclose = getattr(self._events, "aclose", None)
+            if aclose is not None:
+                await aclose()
