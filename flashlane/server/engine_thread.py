@@ -1,0 +1,160 @@
+"""AsyncEngine: the Engine on its own thread, streamed to asyncio callers.
+
+The engine thread owns the lane host: it takes submissions and aborts from an inbox, runs
+rounds while there is work, and hands each request's cumulative RequestOutput to that
+request's asyncio queue with call_soon_threadsafe. The event loop never waits on the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from flashlane.config import EngineConfig
+from flashlane.engine import Engine
+from flashlane.lanes.host import QueueFull as HostQueueFull
+from flashlane.lanes.outputs import output
+from flashlane.lanes.records import CHUNK, CostTable
+from flashlane.models.flashnext import run_piece
+from flashlane.models.state import SessionState
+from flashlane.request import RequestOutput, SamplingParams
+from flashlane.server.engine_api import QueueFull
+
+_DONE = object()
+
+
+class AsyncEngine:
+    def __init__(self, model: str | None = None, *, costs: CostTable | None = None,
+                 served_model_name: str | None = None, **options: Any):
+        self.config = EngineConfig.resolve(model=model, **options)
+        self.engine = Engine(self.config, costs=costs)
+        e = self.engine
+        self.tokenizer = e.tokenizer
+        self.model_name = served_model_name or self.config.model_path.name
+        self.context_len = max(e.plan.capacities)
+        self.generation_defaults = e.generation_defaults
+        self.chat_template = e.chat_template
+        self.eos_token_ids = sorted(e.host.rules.eos_ids)
+        self._inbox: queue.Queue = queue.Queue()
+        self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._counters = {"drafted": 0, "accepted": 0, "rounds": 0}
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="flashlane-engine", daemon=True)
+        self._thread.start()
+
+    # -- the caller's side ----------------------------------------------------------------
+    async def stream(self, prompt_ids: list[int], params: SamplingParams, request_id: str
+                     ) -> AsyncIterator[RequestOutput]:
+        loop = asyncio.get_running_loop()
+        sink: asyncio.Queue = asyncio.Queue()
+        accepted: Future = Future()
+        self._inbox.put(("submit", request_id, list(prompt_ids), params, (loop, sink), accepted))
+        await asyncio.wrap_future(accepted)  # raises QueueFull / ValueError as submitted
+        try:
+            while True:
+                item = await sink.get()
+                if item is _DONE:
+                    return
+                yield item
+        finally:
+            self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id))
+
+    def stats(self) -> dict[str, float]:
+        host = self.engine.host
+        return {"sessions_busy": len(host.live), "sessions_total": len(self.engine.sessions),
+                "queue": len(host.waiting), **self._counters}
+
+    def prompt_logprobs(self, ids: list[int], top: int) -> list[dict[int, float] | None]:
+        """Teacher-forced logprobs of each prompt token (None for the first), on a scratch
+        session of the caller's thread: the model's weights are only read."""
+        e = self.engine
+        t = torch.tensor(ids, dtype=torch.long)
+        s = SessionState.empty(e.model_config, len(ids), e.sessions[0].attn_dtype(),
+                               e.sessions[0].state_dtype(), e.device)
+        logits = torch.cat([run_piece(e.model, s, t[a:a + CHUNK], a, False)
+                            for a in range(0, len(ids), CHUNK)])
+        lp = torch.log_softmax(logits.double(), dim=-1)
+        out: list[dict[int, float] | None] = [None]
+        for i in range(1, len(ids)):
+            best = torch.topk(lp[i - 1], top).indices.tolist() if top else []
+            out.append({j: float(lp[i - 1, j]) for j in [*best, ids[i]]})
+        return out
+
+    def close(self) -> None:
+        self._closed.set()
+        self._inbox.put(("wake",))
+        self._thread.join(timeout=10)
+
+    # -- the engine thread --------------------------------------------------------------------
+    def _run(self) -> None:
+        host = self.engine.host
+        while not self._closed.is_set():
+            self._take_inbox(block=not host.has_work)
+            if not host.has_work:
+                continue
+            for u in host.run_once():
+                self._send(u.stream.request_id, output(u.stream), u.finish is not None)
+            self._counters["rounds"] += 1
+
+    def _take_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, item: tuple) -> None:
+        host = self.engine.host
+        if item[0] == "submit":
+            _, rid, ids, params, sink, accepted = item
+            try:
+                host.submit(rid, ids, params)
+            except HostQueueFull as err:
+                accepted.set_exception(QueueFull(str(err)))
+                return
+            except Exception as err:
+                accepted.set_exception(err)
+                return
+            self._sinks[rid] = sink
+            accepted.set_result(None)
+        elif item[0] == "abort" and item[1] in self._sinks:
+            host.cancel(item[1])
+
+    def _send(self, rid: str, out: RequestOutput, done: bool) -> None:
+        sink = self._sinks.get(rid)
+        if sink is None:
+            return
+        loop, q = sink
+        if done:
+            del self._sinks[rid]
+            self._counters["drafted"] += out.stats.drafted
+            self._counters["accepted"] += out.stats.accepted
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, out)
+            if done:
+                loop.call_soon_threadsafe(q.put_nowait, _DONE)
+        except RuntimeError:  # the caller's loop is closed: nobody is listening
+            self._sinks.pop(rid, None)
+
+
+def start_engine(args) -> AsyncEngine:
+    """The engine `flashlane serve` runs, from its parsed flags."""
+    from flashlane.cli import engine_options
+
+    opts = engine_options(args)
+    return AsyncEngine(model=args.model, served_model_name=getattr(args, "served_model_name", None),
+                       **opts)
