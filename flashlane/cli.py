@@ -36,12 +36,21 @@ def engine_options(args: argparse.Namespace) -> dict:
             parallel = int(parallel)
         except ValueError:
             raise SystemExit(f"--parallel must be auto or an int, got {parallel!r}") from None
-    opts = dict(device=args.device, dtype=args.dtype, parallel=parallel, context=args.context,
-                slot_contexts=args.slot_contexts, slot_grow=args.slot_grow,
-                memory_limit_gb=args.memory_limit_gb, max_rows=args.max_rows,
-                max_queue=args.max_queue, mtp_drafts=args.mtp_drafts,
-                mtp_confidence=args.mtp_confidence, prompt_cache_gb=args.prompt_cache_gb,
-                unpriced=args.unpriced)
+    opts = dict(
+        device=args.device,
+        dtype=args.dtype,
+        parallel=parallel,
+        context=args.context,
+        slot_contexts=args.slot_contexts,
+        slot_grow=args.slot_grow,
+        memory_limit_gb=args.memory_limit_gb,
+        max_rows=args.max_rows,
+        max_queue=args.max_queue,
+        mtp_drafts=args.mtp_drafts,
+        mtp_confidence=args.mtp_confidence,
+        prompt_cache_gb=args.prompt_cache_gb,
+        unpriced=args.unpriced,
+    )
     if args.no_drafts:
         opts["drafts"] = False
     if args.no_lone:
@@ -60,17 +69,35 @@ def cmd_generate(args: argparse.Namespace) -> int:
         try:
             prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
         except ValueError:
-            raise SystemExit(f"--prompt-ids must be comma-separated ints: {args.prompt_ids!r}") from None
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                            top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
-                            draft=not args.no_drafts)
+            raise SystemExit(
+                f"--prompt-ids must be comma-separated ints: {args.prompt_ids!r}"
+            ) from None
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        seed=args.seed,
+        draft=not args.no_drafts,
+    )
     llm = LLM(model=args.model, **{k: v for k, v in engine_options(args).items() if k != "model"})
     out = llm.generate(prompt, params)[0]
     if args.json:
-        print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason":
-                          str(out.finish_reason.value if out.finish_reason else None),
-                          "seed": out.seed, "error": out.error, "stats": vars(out.stats)
-                          if hasattr(out.stats, "__dict__") else _stats(out.stats)}))
+        print(
+            json.dumps(
+                {
+                    "text": out.text,
+                    "token_ids": out.token_ids,
+                    "finish_reason": str(out.finish_reason.value if out.finish_reason else None),
+                    "seed": out.seed,
+                    "error": out.error,
+                    "stats": vars(out.stats)
+                    if hasattr(out.stats, "__dict__")
+                    else _stats(out.stats),
+                }
+            )
+        )
     else:
         print((prompt if isinstance(prompt, str) else "") + out.text)
         if out.error:
@@ -104,11 +131,16 @@ def _info_plan(cfg, args):
     device = args.device or "cuda"
     limit = memory.resolve_limit_bytes(args.memory_limit_gb, {}, device, 141 * 2**30)
     weights = memory.weight_bytes(cfg, 2 if device == "cuda" else 8, table=device != "cuda")
-    return memory.plan(cfg, device=device, limit_bytes=limit, weight_bytes=weights,
-                       max_rows=args.max_rows or (64 if device == "cuda" else 16),
-                       context=args.context,
-                       slot_contexts=parse_slot_contexts(args.slot_contexts) if args.slot_contexts else None,
-                       parallel=None if args.parallel in (None, "auto") else int(args.parallel))
+    return memory.plan(
+        cfg,
+        device=device,
+        limit_bytes=limit,
+        weight_bytes=weights,
+        max_rows=args.max_rows or (64 if device == "cuda" else 16),
+        context=args.context,
+        slot_contexts=parse_slot_contexts(args.slot_contexts) if args.slot_contexts else None,
+        parallel=None if args.parallel in (None, "auto") else int(args.parallel),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

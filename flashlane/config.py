@@ -64,12 +64,21 @@ class EngineConfig:
             if not ok:
                 raise ValueError(f"engine option {name}: {why}")
 
-        need(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
-             "device", f"must be auto, cpu or cuda[:N], got {self.device!r}")
-        need(self.dtype in ("auto", "float32", "bfloat16", "float64"), "dtype",
-             f"must be auto, float32, bfloat16 or float64, got {self.dtype!r}")
-        need(self.parallel == "auto" or (isinstance(self.parallel, int) and self.parallel >= 1),
-             "parallel", f"must be auto or an int >= 1, got {self.parallel!r}")
+        need(
+            self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
+            "device",
+            f"must be auto, cpu or cuda[:N], got {self.device!r}",
+        )
+        need(
+            self.dtype in ("auto", "float32", "bfloat16", "float64"),
+            "dtype",
+            f"must be auto, float32, bfloat16 or float64, got {self.dtype!r}",
+        )
+        need(
+            self.parallel == "auto" or (isinstance(self.parallel, int) and self.parallel >= 1),
+            "parallel",
+            f"must be auto or an int >= 1, got {self.parallel!r}",
+        )
         need(self.context is None or self.context >= 1, "context", "must be >= 1")
         need(self.max_rows is None or self.max_rows >= 1, "max_rows", "must be >= 1")
         need(self.max_queue >= 0, "max_queue", "must be >= 0")

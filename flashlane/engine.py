@@ -33,8 +33,12 @@ def compute_dtypes(device: str, dtype: str) -> tuple[torch.dtype, torch.dtype, t
     """
     if device == "cpu":
         return torch.float64, torch.float64, torch.float64
-    weights = {"auto": torch.bfloat16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-               "float64": torch.float64}[dtype]
+    weights = {
+        "auto": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "float32": torch.float32,
+        "float64": torch.float64,
+    }[dtype]
     return weights, weights, torch.float32
 
 
@@ -52,26 +56,38 @@ class Engine:
         self.chat_template = _chat_template(path)
         self.max_rows = config.max_rows or (64 if self.device.startswith("cuda") else 16)
         self.plan = self._plan(cfg, weights)
-        self.sessions = [SessionState.empty(cfg, c, cache, state, self.device)
-                         for c in self.plan.capacities]
-        self.backend = ModelBackend(self.model, self.sessions, self.max_rows,
-                                    mtp_confidence=config.mtp_confidence)
+        self.sessions = [
+            SessionState.empty(cfg, c, cache, state, self.device) for c in self.plan.capacities
+        ]
+        self.backend = ModelBackend(
+            self.model, self.sessions, self.max_rows, mtp_confidence=config.mtp_confidence
+        )
         if costs is None and not config.unpriced:
             scratch = SessionState.empty(cfg, 64 + self.max_rows, cache, state, self.device)
             costs = time_costs(self.model, scratch, self.max_rows)
         if costs is not None:
             self.backend.set_costs(costs)
         drafts = config.drafts
-        lanes = LaneConfig(max_rows=self.max_rows, max_streams=len(self.sessions),
-                           mtp_drafts=config.mtp_drafts if drafts and self.model.mtp else 0,
-                           copy_drafts=8 if drafts else 0, unpriced=config.unpriced)
-        self.host = LaneHost(self.backend, HostConfig(lanes=lanes, max_queue=config.max_queue),
-                             self._stop_rules(), self.plan.capacities,
-                             grow=config.slot_grow if config.slot_contexts else None)
-        self.log(f"flashlane: {path.name} on {self.device} ({weights}), "
-                 f"{len(self.sessions)} session(s) of {sorted(set(self.plan.capacities))} positions, "
-                 f"max rows {self.max_rows}, drafts {'on' if drafts else 'off'}; "
-                 + (describe(costs) if costs else "unpriced"))
+        lanes = LaneConfig(
+            max_rows=self.max_rows,
+            max_streams=len(self.sessions),
+            mtp_drafts=config.mtp_drafts if drafts and self.model.mtp else 0,
+            copy_drafts=8 if drafts else 0,
+            unpriced=config.unpriced,
+        )
+        self.host = LaneHost(
+            self.backend,
+            HostConfig(lanes=lanes, max_queue=config.max_queue),
+            self._stop_rules(),
+            self.plan.capacities,
+            grow=config.slot_grow if config.slot_contexts else None,
+        )
+        self.log(
+            f"flashlane: {path.name} on {self.device} ({weights}), "
+            f"{len(self.sessions)} session(s) of {sorted(set(self.plan.capacities))} positions, "
+            f"max rows {self.max_rows}, drafts {'on' if drafts else 'off'}; "
+            + (describe(costs) if costs else "unpriced")
+        )
 
     def _plan(self, cfg, weights: torch.dtype) -> memory.MemoryPlan:
         c = self.config
@@ -79,26 +95,38 @@ class Engine:
         slots = parse_slot_contexts(c.slot_contexts) if c.slot_contexts else None
         parallel = None if c.parallel == "auto" else int(c.parallel)
         kind = "cuda" if self.device.startswith("cuda") else "cpu"
-        gpu_total = torch.cuda.get_device_properties(self.device).total_memory if kind == "cuda" else None
+        gpu_total = (
+            torch.cuda.get_device_properties(self.device).total_memory if kind == "cuda" else None
+        )
         limit = memory.resolve_limit_bytes(c.memory_limit_gb, {}, kind, gpu_total)
         wbytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        return memory.plan(cfg, device=kind,
-                           limit_bytes=limit, weight_bytes=wbytes, max_rows=self.max_rows,
-                           context=context, slot_contexts=slots, parallel=parallel,
-                           mtp=self.model.mtp is not None)
+        return memory.plan(
+            cfg,
+            device=kind,
+            limit_bytes=limit,
+            weight_bytes=wbytes,
+            max_rows=self.max_rows,
+            context=context,
+            slot_contexts=slots,
+            parallel=parallel,
+            mtp=self.model.mtp is not None,
+        )
 
     def _stop_rules(self) -> StopRules:
         tok, cfg = self.tokenizer, self.model_config
         eos = set(cfg.eos_token_ids)
         gen_eos = self.generation_defaults.get("eos_token_id")
-        eos |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else [])
+        eos |= set(
+            gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else []
+        )
         close, end = (), None
         if tok is not None and tok.token_to_id("</think>") is not None:
             end = tok.token_to_id("</think>")
             close = tuple(tok.encode("\n</think>\n\n", add_special_tokens=False).ids)
         detok = (lambda ids: tok.decode(ids, skip_special_tokens=True)) if tok else None
-        return StopRules(eos_ids=frozenset(eos), think_close_ids=close, think_end_id=end,
-                         detokenize=detok)
+        return StopRules(
+            eos_ids=frozenset(eos), think_close_ids=close, think_end_id=end, detokenize=detok
+        )
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:

@@ -32,9 +32,11 @@ class LLM:
     def tokenizer(self):
         return self.engine.tokenizer
 
-    def generate(self, prompts: Prompt | Sequence[Prompt],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None
-                 ) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
         """All prompts concurrently through shared rounds; outputs in the prompts' order."""
         batch = [prompts] if _is_single(prompts) else list(prompts)
         if params is None or isinstance(params, SamplingParams):
@@ -67,10 +69,17 @@ class LLM:
         if ids.numel() == 0:
             raise ValueError("token_ids is empty")
         e = self.engine
-        s = SessionState.empty(e.model_config, int(ids.numel()), e.sessions[0].attn_dtype(),
-                               e.sessions[0].state_dtype(), e.device)
-        out = [run_piece(e.model, s, ids[a:a + CHUNK], a, recurrent=False)
-               for a in range(0, ids.numel(), CHUNK)]
+        s = SessionState.empty(
+            e.model_config,
+            int(ids.numel()),
+            e.sessions[0].attn_dtype(),
+            e.sessions[0].state_dtype(),
+            e.device,
+        )
+        out = [
+            run_piece(e.model, s, ids[a : a + CHUNK], a, recurrent=False)
+            for a in range(0, ids.numel(), CHUNK)
+        ]
         return torch.cat(out).float().cpu()
 
     def _ids(self, prompt: Prompt) -> list[int]:
@@ -79,4 +88,5 @@ class LLM:
 
 def _is_single(prompts) -> bool:
     return isinstance(prompts, str) or (
-        isinstance(prompts, Sequence) and len(prompts) > 0 and isinstance(prompts[0], int))
+        isinstance(prompts, Sequence) and len(prompts) > 0 and isinstance(prompts[0], int)
+    )

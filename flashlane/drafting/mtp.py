@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flashlane.lanes.records import Draws, Drafts
+from flashlane.lanes.records import Drafts, Draws
 from flashlane.models.flashnext import FlashNext
 from flashlane.models.rows import Rows
 from flashlane.models.state import SessionState
@@ -42,8 +42,14 @@ class MtpDrafter:
     def forget(self, stream_id: int) -> None:
         self.waiting.pop(stream_id, None)
 
-    def absorb_later(self, stream_id: int, residual: torch.Tensor, tokens: list[int],
-                     next_token: int | None, draws: Draws) -> None:
+    def absorb_later(
+        self,
+        stream_id: int,
+        residual: torch.Tensor,
+        tokens: list[int],
+        next_token: int | None,
+        draws: Draws,
+    ) -> None:
         """Queue cells for kept rows: residual [n, hc*H] of tokens; next_token follows them."""
         w = self.waiting.setdefault(stream_id, Waiting())
         w.draws = draws
@@ -61,15 +67,22 @@ class MtpDrafter:
             w.dangling = None
 
     @torch.no_grad()
-    def draft(self, depths: Mapping[int, int], sessions: Mapping[int, SessionState]) -> list[Drafts]:
-        ready = [sid for sid in depths if self.enabled and self.waiting.get(sid)
-                 and self.waiting[sid].next_ids]
+    def draft(
+        self, depths: Mapping[int, int], sessions: Mapping[int, SessionState]
+    ) -> list[Drafts]:
+        ready = [
+            sid
+            for sid in depths
+            if self.enabled and self.waiting.get(sid) and self.waiting[sid].next_ids
+        ]
         out = {sid: Drafts(sid, [], []) for sid in depths}
         if not ready:
             return list(out.values())
         # absorb: every waiting cell of every stream in one head forward
-        cells = [(sessions[s], torch.tensor(self.waiting[s].next_ids), sessions[s].mtp_length, False)
-                 for s in ready]
+        cells = [
+            (sessions[s], torch.tensor(self.waiting[s].next_ids), sessions[s].mtp_length, False)
+            for s in ready
+        ]
         res = torch.cat([torch.stack(self.waiting[s].residuals) for s in ready])
         rows = Rows.of(cells, res.device)
         logits, outs = self.model.mtp_cells(res, rows.token_ids, rows)
@@ -113,8 +126,10 @@ class MtpDrafter:
         live = [live[i] for i in keep_idx]
         if not live:
             return [], None, None
-        cells = [(sessions[s], torch.tensor([drafts[s][-1]]), sessions[s].mtp_length + d - 1, False)
-                 for s in live]
+        cells = [
+            (sessions[s], torch.tensor([drafts[s][-1]]), sessions[s].mtp_length + d - 1, False)
+            for s in live
+        ]
         rows = Rows.of(cells, r.device)
         lg, r = self.model.mtp_cells(r[keep_idx], rows.token_ids, rows)
         return live, r, lg

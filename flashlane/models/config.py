@@ -18,7 +18,9 @@ LINEAR_SPELLINGS = frozenset({"linear_attention"})
 TEXT_MODEL_TYPES = frozenset({"qwen4_exp_text", "qwen3_8_flash_next"})
 ROOT_MODEL_TYPES = frozenset({"qwen4_exp"})
 # Siblings that share most parts; their layer files are not written yet.
-KNOWN_SIBLINGS = frozenset({"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"})
+KNOWN_SIBLINGS = frozenset(
+    {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"}
+)
 
 
 class ConfigError(ValueError):
@@ -140,7 +142,9 @@ def _parse(raw: dict[str, Any], where: str) -> ModelConfig:
         model_type = text.get("model_type", "qwen4_exp_text")
         raw = text
     if model_type in KNOWN_SIBLINGS:
-        raise ConfigError(f"{where}: field 'model_type' is {model_type!r}, a sibling not supported yet")
+        raise ConfigError(
+            f"{where}: field 'model_type' is {model_type!r}, a sibling not supported yet"
+        )
     if model_type not in TEXT_MODEL_TYPES:
         raise ConfigError(
             f"{where}: field 'model_type' is {model_type!r}; flashlane serves "
@@ -159,7 +163,9 @@ def _parse(raw: dict[str, Any], where: str) -> ModelConfig:
     partial = float(rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
     rope_type = rope.get("rope_type", "default")
     if rope_type != "default":
-        raise ConfigError(f"{where}: field 'rope_parameters.rope_type' {rope_type!r} is not supported")
+        raise ConfigError(
+            f"{where}: field 'rope_parameters.rope_type' {rope_type!r} is not supported"
+        )
     rotary_dim = int(head_dim * partial)
     eos = raw.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if isinstance(eos, int) else ())
@@ -249,22 +255,39 @@ def _check(cfg: ModelConfig, raw: dict[str, Any], where: str) -> None:
         if not ok:
             raise ConfigError(f"{where}: field '{name}' {why}")
 
-    need(cfg.num_attention_heads % cfg.num_kv_heads == 0, "num_key_value_heads",
-         "must divide num_attention_heads")
-    need(cfg.linear_num_v_heads % cfg.linear_num_k_heads == 0, "linear_num_value_heads",
-         "must be a multiple of linear_num_key_heads")
-    need(cfg.num_experts_per_tok <= cfg.num_experts, "num_experts_per_tok",
-         "must not exceed num_experts")
+    need(
+        cfg.num_attention_heads % cfg.num_kv_heads == 0,
+        "num_key_value_heads",
+        "must divide num_attention_heads",
+    )
+    need(
+        cfg.linear_num_v_heads % cfg.linear_num_k_heads == 0,
+        "linear_num_value_heads",
+        "must be a multiple of linear_num_key_heads",
+    )
+    need(
+        cfg.num_experts_per_tok <= cfg.num_experts,
+        "num_experts_per_tok",
+        "must not exceed num_experts",
+    )
     need(cfg.hc_count > 1, "hc_count", "must be greater than 1")
     need(raw.get("indexer_kv_heads", 1) == 1, "indexer_kv_heads", "must be 1")
-    need(cfg.indexer_budget % cfg.indexer_block == 0, "indexer_budget",
-         "must be a multiple of indexer_compress_ratio")
-    need(cfg.rotary_dim <= cfg.indexer_head_dim and cfg.rotary_dim % 2 == 0,
-         "rope_parameters.partial_rotary_factor",
-         "must give an even rotary width that fits the indexer head")
+    need(
+        cfg.indexer_budget % cfg.indexer_block == 0,
+        "indexer_budget",
+        "must be a multiple of indexer_compress_ratio",
+    )
+    need(
+        cfg.rotary_dim <= cfg.indexer_head_dim and cfg.rotary_dim % 2 == 0,
+        "rope_parameters.partial_rotary_factor",
+        "must give an even rotary width that fits the indexer head",
+    )
     if cfg.ple_layer_ids:
-        need(cfg.ple_embed_dim % cfg.num_ngram_heads == 0, "ple_embed_dim",
-             f"must be divisible by the {cfg.num_ngram_heads} n-gram heads")
+        need(
+            cfg.ple_embed_dim % cfg.num_ngram_heads == 0,
+            "ple_embed_dim",
+            f"must be divisible by the {cfg.num_ngram_heads} n-gram heads",
+        )
 
 
 class _Reader:

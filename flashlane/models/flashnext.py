@@ -27,9 +27,12 @@ class FlashNext(nn.Module):
         self.cfg = cfg
         h = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, h)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, kind) for i, kind in enumerate(cfg.layer_types))
-        self.hyper_connection_mixer = HyperConnection(h, cfg.hc_count, cfg.hc_lowrank, cfg.rms_eps,
-                                                      inject=False)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, i, kind) for i, kind in enumerate(cfg.layer_types)
+        )
+        self.hyper_connection_mixer = HyperConnection(
+            h, cfg.hc_count, cfg.hc_lowrank, cfg.rms_eps, inject=False
+        )
         self.lm_head = linear(h, cfg.vocab_size)
         self.mtp = MtpHead(cfg) if cfg.num_mtp_layers else None
         self.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta)
@@ -51,11 +54,14 @@ class FlashNext(nn.Module):
         """Pre-mixer residual rows [M, hc*H] -> fp32 logits [M, V]."""
         return self.lm_head(self.hyper_connection_mixer.read(r)[0]).float()
 
-    def mtp_cells(self, residual: torch.Tensor, next_ids: torch.Tensor, rows: Rows
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    def mtp_cells(
+        self, residual: torch.Tensor, next_ids: torch.Tensor, rows: Rows
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """MTP cells for rows at cell positions: (logits [N, V] fp32, output residual [N, hc*H])."""
         assert self.mtp is not None, "this checkpoint has no MTP head"
-        hidden, out = self.mtp(residual, self.embed_tokens(next_ids), rows, self.rotary, self.kernels)
+        hidden, out = self.mtp(
+            residual, self.embed_tokens(next_ids), rows, self.rotary, self.kernels
+        )
         return self.lm_head(hidden).float(), out
 
     def forward_train(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,12 +70,14 @@ class FlashNext(nn.Module):
         r = self.residual(Rows.training(input_ids))
         return self.logits(r).reshape(b, t, -1), r.reshape(b, t, -1)
 
-    def mtp_forward_train(self, residual: torch.Tensor, next_ids: torch.Tensor
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    def mtp_forward_train(
+        self, residual: torch.Tensor, next_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """residual [B, T, hc*H], next_ids [B, T] (cell i: x_{i+1}) -> (logits, residual out)."""
         b, t = next_ids.shape
-        logits, out = self.mtp_cells(residual.reshape(b * t, -1), next_ids.reshape(-1),
-                                     Rows.training(next_ids))
+        logits, out = self.mtp_cells(
+            residual.reshape(b * t, -1), next_ids.reshape(-1), Rows.training(next_ids)
+        )
         return logits.reshape(b, t, -1), out.reshape(b, t, -1)
 
 
@@ -80,7 +88,7 @@ def commit(model: FlashNext, piece: Piece, kept: int) -> None:
     row kept-1 (a chunked piece must keep all its rows); conv windows and the PLE tail and
     ids slice their input history at the kept length.
     """
-    s, cfg = piece.session, model.cfg
+    s = piece.session
     if not 0 <= kept <= piece.length:
         raise ValueError(f"cannot keep {kept} of {piece.length} rows")
     if kept == 0:
@@ -91,18 +99,19 @@ def commit(model: FlashNext, piece: Piece, kept: int) -> None:
                 raise ValueError("a chunked prompt piece keeps all of its rows")
             g = s.gdn[idx]
             g.recurrent.copy_(states[kept - 1] if states.shape[0] == piece.length else states[-1])
-            g.conv.copy_(xfull[kept:kept + g.conv.shape[0]])
+            g.conv.copy_(xfull[kept : kept + g.conv.shape[0]])
         else:
             p = s.ple[idx]
-            p.conv.copy_(xfull[kept:kept + p.conv.shape[0]])
-            p.ids.copy_(states[kept:kept + p.ids.shape[0]])
+            p.conv.copy_(xfull[kept : kept + p.conv.shape[0]])
+            p.ids.copy_(states[kept : kept + p.ids.shape[0]])
     s.length = piece.start + kept
     piece.pending.clear()
 
 
 @torch.no_grad()
-def run_piece(model: FlashNext, session: SessionState, tokens: torch.Tensor, start: int,
-              recurrent: bool) -> torch.Tensor:
+def run_piece(
+    model: FlashNext, session: SessionState, tokens: torch.Tensor, start: int, recurrent: bool
+) -> torch.Tensor:
     """One piece through the model, committed whole: logits [T, V] fp32 for its rows."""
     rows = Rows.of([(session, tokens, start, recurrent)], model.embed_tokens.weight.device)
     r = model.residual(rows)

@@ -36,7 +36,7 @@ def _our_name(name: str) -> str | None:
         return None
     for prefix in PREFIXES:
         if name.startswith(prefix):
-            return name[len(prefix):]
+            return name[len(prefix) :]
     return name
 
 
@@ -51,7 +51,7 @@ def checkpoint_files(folder: Path) -> dict[str, Path]:
         raise CheckpointError(f"{folder}: no model.safetensors and no model.safetensors.index.json")
     out: dict[str, Path] = {}
     for f in files:
-        for name in _open(f).keys():
+        for name in _open(f).keys():  # noqa: SIM118 (a safe_open handle, not a dict)
             out[name] = f
     return out
 
@@ -76,8 +76,11 @@ def read_tensors(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Path]
         if not f.exists():
             raise CheckpointError(f"{f}: listed in the index but missing")
         if loud:
-            print(f"loading {f.name} ({i + 1}/{len(by_file)}, {total / 2**30:.1f} GiB in all)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"loading {f.name} ({i + 1}/{len(by_file)}, {total / 2**30:.1f} GiB in all)",
+                file=sys.stderr,
+                flush=True,
+            )
         handle = _open(f)
         for name in names:
             ours = _our_name(name)
@@ -99,7 +102,9 @@ def _join_shards(tensors: dict, origin: dict) -> dict:
         origin[m.group(1) + ".weight"] = origin[name]
     for base, parts in shards.items():
         if sorted(parts) != list(range(len(parts))):
-            raise CheckpointError(f"{origin[base + '.weight']}: {base} shards are not 0..{len(parts) - 1}")
+            raise CheckpointError(
+                f"{origin[base + '.weight']}: {base} shards are not 0..{len(parts) - 1}"
+            )
         tensors[base + ".weight"] = torch.cat([parts[i] for i in range(len(parts))], dim=0)
     return tensors
 
@@ -112,7 +117,9 @@ def _stack_experts(tensors: dict, origin: dict) -> dict:
         origin[f"{m.group(1)}.{m.group(3)}"] = origin[name]
     for (base, proj), experts in groups.items():
         if sorted(experts) != list(range(len(experts))):
-            raise CheckpointError(f"{origin[base + '.' + proj]}: {base}.*.{proj} are not 0..{len(experts) - 1}")
+            raise CheckpointError(
+                f"{origin[base + '.' + proj]}: {base}.*.{proj} are not 0..{len(experts) - 1}"
+            )
         tensors[f"{base}.{proj}"] = torch.stack([experts[i] for i in range(len(experts))])
     for name in [n for n in tensors if n.endswith(".experts.gate_up_proj")]:
         gate, up = tensors.pop(name).chunk(2, dim=1)
@@ -122,8 +129,9 @@ def _stack_experts(tensors: dict, origin: dict) -> dict:
     return tensors
 
 
-def load_checkpoint(folder: str | Path, dtype: torch.dtype = torch.float32,
-                    device: str | torch.device = "cpu") -> tuple[ModelConfig, FlashNext]:
+def load_checkpoint(
+    folder: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> tuple[ModelConfig, FlashNext]:
     """Build the model of folder/config.json and fill it from the folder's safetensors."""
     folder = Path(folder)
     cfg = ModelConfig.from_hf(folder)
@@ -138,18 +146,26 @@ def load_checkpoint(folder: str | Path, dtype: torch.dtype = torch.float32,
         origin["lm_head.weight"] = origin.get("embed_tokens.weight", folder)
     missing = sorted(set(expected) - set(tensors))
     if missing:
-        raise CheckpointError(f"{folder}: missing tensor {missing[0]!r} (expected shape "
-                              f"{tuple(expected[missing[0]].shape)}); {len(missing)} missing in all")
+        raise CheckpointError(
+            f"{folder}: missing tensor {missing[0]!r} (expected shape "
+            f"{tuple(expected[missing[0]].shape)}); {len(missing)} missing in all"
+        )
     unexpected = sorted(set(tensors) - set(expected))
     if unexpected:
         n = unexpected[0]
-        raise CheckpointError(f"{origin[n]}: unexpected tensor {n!r} with shape {tuple(tensors[n].shape)}")
+        raise CheckpointError(
+            f"{origin[n]}: unexpected tensor {n!r} with shape {tuple(tensors[n].shape)}"
+        )
     for name, meta in expected.items():
         if tuple(tensors[name].shape) != tuple(meta.shape):
-            raise CheckpointError(f"{origin[name]}: tensor {name!r} has shape {tuple(tensors[name].shape)}, "
-                                  f"the config needs {tuple(meta.shape)}")
-    state = {n: t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
-             for n, t in tensors.items()}
+            raise CheckpointError(
+                f"{origin[name]}: tensor {name!r} has shape {tuple(tensors[name].shape)}, "
+                f"the config needs {tuple(meta.shape)}"
+            )
+    state = {
+        n: t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+        for n, t in tensors.items()
+    }
     model.load_state_dict(state, assign=True, strict=True)
     model.rotary = type(model.rotary)(cfg.rotary_dim, cfg.rope_theta)
     return cfg, model.eval().requires_grad_(False)
@@ -168,14 +184,17 @@ def hf_tensors(model: FlashNext) -> dict[str, torch.Tensor]:
                 out[f"{base}.{e}.{proj}.weight"] = t[e].clone()
         elif name.endswith("ngram_embedding.weight"):
             for k, shard in enumerate(t.chunk(parts, dim=0)):
-                out[hf.replace("ngram_embedding.weight", f"ngram_embedding.shard_{k}.weight")] = shard.clone()
+                out[hf.replace("ngram_embedding.weight", f"ngram_embedding.shard_{k}.weight")] = (
+                    shard.clone()
+                )
         else:
             out[hf] = t
     return out
 
 
-def save_checkpoint(model: FlashNext, config: dict, out_dir: str | Path,
-                    dtype: torch.dtype | None = None) -> None:
+def save_checkpoint(
+    model: FlashNext, config: dict, out_dir: str | Path, dtype: torch.dtype | None = None
+) -> None:
     """config.json + model.safetensors with HF names (mtp.* included)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -29,8 +29,9 @@ class AttnCache:
             k=torch.zeros(kv, dtype=dtype, device=device),
             v=torch.zeros(kv, dtype=dtype, device=device),
             index_keys=torch.zeros(capacity, cfg.indexer_head_dim, dtype=dtype, device=device),
-            block_keys=torch.zeros(capacity // cfg.indexer_block, cfg.indexer_head_dim,
-                                   dtype=dtype, device=device),
+            block_keys=torch.zeros(
+                capacity // cfg.indexer_block, cfg.indexer_head_dim, dtype=dtype, device=device
+            ),
         )
 
 
@@ -59,27 +60,44 @@ class SessionState:
     last_residual: torch.Tensor | None = field(default=None)
 
     @classmethod
-    def empty(cls, cfg: ModelConfig, capacity: int, cache_dtype: torch.dtype,
-              state_dtype: torch.dtype, device="cpu") -> SessionState:
+    def empty(
+        cls,
+        cfg: ModelConfig,
+        capacity: int,
+        cache_dtype: torch.dtype,
+        state_dtype: torch.dtype,
+        device="cpu",
+    ) -> SessionState:
         s = cls(capacity=capacity, attn={}, gdn={}, ple={}, mtp=[])
         for i, kind in enumerate(cfg.layer_types):
             if kind == "sparse":
                 s.attn[i] = AttnCache.empty(cfg, capacity, cache_dtype, device)
             else:
                 s.gdn[i] = GdnState(
-                    conv=torch.zeros(cfg.linear_conv_kernel - 1, cfg.linear_conv_dim,
-                                     dtype=cache_dtype, device=device),
-                    recurrent=torch.zeros(cfg.linear_num_v_heads, cfg.linear_k_head_dim,
-                                          cfg.linear_v_head_dim, dtype=state_dtype, device=device),
+                    conv=torch.zeros(
+                        cfg.linear_conv_kernel - 1,
+                        cfg.linear_conv_dim,
+                        dtype=cache_dtype,
+                        device=device,
+                    ),
+                    recurrent=torch.zeros(
+                        cfg.linear_num_v_heads,
+                        cfg.linear_k_head_dim,
+                        cfg.linear_v_head_dim,
+                        dtype=state_dtype,
+                        device=device,
+                    ),
                 )
         for i in cfg.ple_layer_ids:
             s.ple[i] = PleState(
-                conv=torch.zeros(cfg.ple_tail, cfg.hc_count * cfg.hidden_size, dtype=cache_dtype,
-                                 device=device),
+                conv=torch.zeros(
+                    cfg.ple_tail, cfg.hc_count * cfg.hidden_size, dtype=cache_dtype, device=device
+                ),
                 ids=torch.full((cfg.ngram_size - 1,), cfg.ple_eos, dtype=torch.long, device=device),
             )
-        s.mtp = [AttnCache.empty(cfg, capacity, cache_dtype, device)
-                 for _ in range(cfg.num_mtp_layers)]
+        s.mtp = [
+            AttnCache.empty(cfg, capacity, cache_dtype, device) for _ in range(cfg.num_mtp_layers)
+        ]
         return s
 
     def reset(self, cfg: ModelConfig) -> None:

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from flashlane.drafting.mtp import MtpDrafter
 from flashlane.lanes.records import CHUNK, CostTable, Drafts, InvalidBatch, Verdict, Window
 from flashlane.models.flashnext import FlashNext, commit
 from flashlane.models.rows import Piece, Rows
 from flashlane.models.state import SessionState
-from flashlane.drafting.mtp import MtpDrafter
 from flashlane.sampling.choose import DrawSpec, SampleError, draw_rows
 
 
@@ -34,9 +34,15 @@ class Fed:
 
 
 class ModelBackend:
-    def __init__(self, model: FlashNext, sessions: Sequence[SessionState], max_rows: int,
-                 costs: CostTable | None = None, mtp_confidence: float = 0.7,
-                 max_prompt_rows: int = 4096):
+    def __init__(
+        self,
+        model: FlashNext,
+        sessions: Sequence[SessionState],
+        max_rows: int,
+        costs: CostTable | None = None,
+        mtp_confidence: float = 0.7,
+        max_prompt_rows: int = 4096,
+    ):
         self.model, self.sessions = model, list(sessions)
         self.max_rows, self.max_prompt_rows = max_rows, max_prompt_rows
         self.bound: dict[int, int] = {}  # stream_id -> session_id
@@ -65,8 +71,10 @@ class ModelBackend:
         decode_rows = sum(w.num_rows for w in windows if w.kind == "decode")
         prompt_rows = sum(w.num_rows for w in windows if w.kind == "prompt")
         if decode_rows > self.max_rows or prompt_rows > self.max_prompt_rows:
-            raise InvalidBatch(f"{decode_rows} decode / {prompt_rows} prompt rows exceed "
-                               f"{self.max_rows} / {self.max_prompt_rows}")
+            raise InvalidBatch(
+                f"{decode_rows} decode / {prompt_rows} prompt rows exceed "
+                f"{self.max_rows} / {self.max_prompt_rows}"
+            )
         for w in windows:
             if not w.tokens:
                 raise InvalidBatch(f"stream {w.stream_id}: empty window")
@@ -80,8 +88,9 @@ class ModelBackend:
             s = self.sessions[w.session_id]
             length = s.length if w.stream_id in self.bound else 0
             if w.start != length:
-                raise InvalidBatch(f"stream {w.stream_id}: window starts at {w.start}, "
-                                   f"the session holds {length}")
+                raise InvalidBatch(
+                    f"stream {w.stream_id}: window starts at {w.start}, the session holds {length}"
+                )
             if w.start + w.num_rows > s.capacity:
                 raise InvalidBatch(f"stream {w.stream_id}: context full ({s.capacity} positions)")
             if w.kind == "prompt" and w.start % CHUNK and w.stream_id not in self.bound:
@@ -95,8 +104,10 @@ class ModelBackend:
                 self.sessions[w.session_id].reset(self.model.cfg)
                 self.drafter.forget(w.stream_id)
         self.fed.clear()
-        specs = [(self.sessions[w.session_id], torch.tensor(w.tokens), w.start, w.kind == "decode")
-                 for w in windows]
+        specs = [
+            (self.sessions[w.session_id], torch.tensor(w.tokens), w.start, w.kind == "decode")
+            for w in windows
+        ]
         with torch.no_grad():
             rows = Rows.of(specs, self.device)
             r = self.model.residual(rows)
@@ -106,7 +117,7 @@ class ModelBackend:
         for w, p in zip(windows, rows.pieces):
             n = w.num_draws
             fed = Fed(w, p, r[p.rows])
-            verdicts.append(self._draw(w, logits[row:row + n] if n else None, fed))
+            verdicts.append(self._draw(w, logits[row : row + n] if n else None, fed))
             self.fed[w.stream_id] = fed
             row += n
         return verdicts
@@ -138,8 +149,9 @@ class ModelBackend:
                 # the core has appended the new pending token (a forced one included)
                 has_next = w.kind == "decode" or w.last_piece
                 nxt = w.draws.reply_ids[-1] if has_next and w.draws.reply_ids else None
-                self.drafter.absorb_later(stream_id, fed.residual[:n], list(w.tokens[:n]), nxt,
-                                          w.draws)
+                self.drafter.absorb_later(
+                    stream_id, fed.residual[:n], list(w.tokens[:n]), nxt, w.draws
+                )
         self.fed.clear()
 
     def draft(self, depths: Mapping[int, int]) -> list[Drafts]:
@@ -170,8 +182,9 @@ def _spec(w: Window, r: int) -> DrawSpec:
     d = w.draws
     if w.kind == "prompt":
         return DrawSpec(d.params, d.seed, w.start + w.num_rows, d.prompt_ids, ())
-    return DrawSpec(d.params, d.seed, w.start + r + 1, d.prompt_ids,
-                    [*d.reply_ids, *w.tokens[1:r + 1]])
+    return DrawSpec(
+        d.params, d.seed, w.start + r + 1, d.prompt_ids, [*d.reply_ids, *w.tokens[1 : r + 1]]
+    )
 
 
 def _logprobs(logits: torch.Tensor, sampled: list[int], top: int) -> list[dict[int, float]]:

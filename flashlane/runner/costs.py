@@ -28,8 +28,9 @@ def _best_ms(fn, repeats: int) -> float:
 
 
 @torch.no_grad()
-def time_costs(model: FlashNext, session: SessionState, max_rows: int, repeats: int = 3
-               ) -> CostTable:
+def time_costs(
+    model: FlashNext, session: SessionState, max_rows: int, repeats: int = 3
+) -> CostTable:
     """Time decode forwards of 1, 2, 4, ... max_rows rows (the table interpolates between) on a
     scratch session that holds a short prompt; the session is left empty."""
     device = model.embed_tokens.weight.device
@@ -52,8 +53,9 @@ def time_costs(model: FlashNext, session: SessionState, max_rows: int, repeats: 
         verify_ms[n] = _best_ms(forward, repeats)
     step_ms = 0.0
     if model.mtp is not None:
-        res = torch.zeros(1, model.cfg.hc_count * model.cfg.hidden_size, dtype=model.dtype,
-                          device=device)
+        res = torch.zeros(
+            1, model.cfg.hc_count * model.cfg.hidden_size, dtype=model.dtype, device=device
+        )
 
         def step():
             cells = Rows.of([(session, torch.tensor([1]), 64, False)], device)
@@ -68,4 +70,7 @@ def time_costs(model: FlashNext, session: SessionState, max_rows: int, repeats: 
 
 def describe(costs: CostTable) -> str:
     rows = ", ".join(f"{n}:{ms:.2f}" for n, ms in sorted(costs.verify_ms.items()))
-    return f"costs ms: verify rows {{{rows}}}, mtp step {costs.draft_step_ms:.2f}, overhead {costs.overhead_ms:.2f}"
+    return (
+        f"costs ms: verify rows {{{rows}}}, mtp step {costs.draft_step_ms:.2f}, "
+        f"overhead {costs.overhead_ms:.2f}"
+    )

@@ -30,8 +30,14 @@ _DONE = object()
 
 
 class AsyncEngine:
-    def __init__(self, model: str | None = None, *, costs: CostTable | None = None,
-                 served_model_name: str | None = None, **options: Any):
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        costs: CostTable | None = None,
+        served_model_name: str | None = None,
+        **options: Any,
+    ):
         self.config = EngineConfig.resolve(model=model, **options)
         self.engine = Engine(self.config, costs=costs)
         e = self.engine
@@ -49,8 +55,9 @@ class AsyncEngine:
         self._thread.start()
 
     # -- the caller's side ----------------------------------------------------------------
-    async def stream(self, prompt_ids: list[int], params: SamplingParams, request_id: str
-                     ) -> AsyncIterator[RequestOutput]:
+    async def stream(
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
         loop = asyncio.get_running_loop()
         sink: asyncio.Queue = asyncio.Queue()
         accepted: Future = Future()
@@ -70,18 +77,28 @@ class AsyncEngine:
 
     def stats(self) -> dict[str, float]:
         host = self.engine.host
-        return {"sessions_busy": len(host.live), "sessions_total": len(self.engine.sessions),
-                "queue": len(host.waiting), **self._counters}
+        return {
+            "sessions_busy": len(host.live),
+            "sessions_total": len(self.engine.sessions),
+            "queue": len(host.waiting),
+            **self._counters,
+        }
 
     def prompt_logprobs(self, ids: list[int], top: int) -> list[dict[int, float] | None]:
         """Teacher-forced logprobs of each prompt token (None for the first), on a scratch
         session of the caller's thread: the model's weights are only read."""
         e = self.engine
         t = torch.tensor(ids, dtype=torch.long)
-        s = SessionState.empty(e.model_config, len(ids), e.sessions[0].attn_dtype(),
-                               e.sessions[0].state_dtype(), e.device)
-        logits = torch.cat([run_piece(e.model, s, t[a:a + CHUNK], a, False)
-                            for a in range(0, len(ids), CHUNK)])
+        s = SessionState.empty(
+            e.model_config,
+            len(ids),
+            e.sessions[0].attn_dtype(),
+            e.sessions[0].state_dtype(),
+            e.device,
+        )
+        logits = torch.cat(
+            [run_piece(e.model, s, t[a : a + CHUNK], a, False) for a in range(0, len(ids), CHUNK)]
+        )
         lp = torch.log_softmax(logits.double(), dim=-1)
         out: list[dict[int, float] | None] = [None]
         for i in range(1, len(ids)):
@@ -156,5 +173,6 @@ def start_engine(args) -> AsyncEngine:
     from flashlane.cli import engine_options
 
     opts = engine_options(args)
-    return AsyncEngine(model=args.model, served_model_name=getattr(args, "served_model_name", None),
-                       **opts)
+    return AsyncEngine(
+        model=args.model, served_model_name=getattr(args, "served_model_name", None), **opts
+    )

@@ -29,10 +29,12 @@ def test_chunk_equals_recurrent_and_oracle(t):
     qn, kn = ours_inputs(q, k)
     o_c, s_c = chunk_gdn(qn, kn, v, g, beta, s0)
     o_r, states = recurrent_gdn(qn, kn, v, g, beta, s0)
-    o_hf, s_hf = hf.torch_chunk_gated_delta_rule(q, k, v, g, beta, initial_state=s0,
-                                                 output_final_state=True, use_qk_l2norm_in_kernel=True)
-    o_hr, s_hr = hf.torch_recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=s0,
-                                                     output_final_state=True, use_qk_l2norm_in_kernel=True)
+    o_hf, s_hf = hf.torch_chunk_gated_delta_rule(
+        q, k, v, g, beta, initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True
+    )
+    o_hr, s_hr = hf.torch_recurrent_gated_delta_rule(
+        q, k, v, g, beta, initial_state=s0, output_final_state=True, use_qk_l2norm_in_kernel=True
+    )
     torch.testing.assert_close(o_c, o_r, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(s_c, states[:, -1], rtol=1e-9, atol=1e-9)
     # transformers computes in fp32
@@ -59,12 +61,19 @@ def test_recurrent_states_per_row_are_prefix_states():
     qn, kn = ours_inputs(q, k)
     _, states = recurrent_gdn(qn, kn, v, g, beta, s0)
     for r in range(7):
-        _, last = recurrent_gdn(qn[:, :r + 1], kn[:, :r + 1], v[:, :r + 1], g[:, :r + 1],
-                                beta[:, :r + 1], s0, keep_states=False)
+        _, last = recurrent_gdn(
+            qn[:, : r + 1],
+            kn[:, : r + 1],
+            v[:, : r + 1],
+            g[:, : r + 1],
+            beta[:, : r + 1],
+            s0,
+            keep_states=False,
+        )
         assert torch.equal(states[:, r], last[:, 0])
 
 
 def test_no_unwritten_outputs():
-    q, k, v, g, beta, s0 = inputs(2, 65, seed=3)
+    q, k, v, g, beta, _ = inputs(2, 65, seed=3)
     o, s = chunk_gdn(*ours_inputs(q, k), v, g, beta, None)
     assert torch.isfinite(o).all() and torch.isfinite(s).all()

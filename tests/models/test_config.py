@@ -22,8 +22,10 @@ def text_config(**changes):
     return raw
 
 
-@pytest.mark.parametrize("spelling", ["full_attention", "qwen_sparse_attention",
-                                      "deepseek_sparse_attention", "hybrid_indexed"])
+@pytest.mark.parametrize(
+    "spelling",
+    ["full_attention", "qwen_sparse_attention", "deepseek_sparse_attention", "hybrid_indexed"],
+)
 def test_sparse_spellings(spelling):
     cfg = ModelConfig.from_hf(text_config(layer_types=["linear_attention"] * 3 + [spelling]))
     assert cfg.layer_types == ("linear",) * 3 + ("sparse",)
@@ -48,21 +50,25 @@ def test_real_config_both_spellings(tmp_path):
     assert cfg.layer_types.count("sparse") == 12 and cfg.rotary_dim == 64
     raw["text_config"]["layer_types"] = [
         "full_attention" if t == "qwen_sparse_attention" else t
-        for t in raw["text_config"]["layer_types"]]
+        for t in raw["text_config"]["layer_types"]
+    ]
     assert ModelConfig.from_hf(write(tmp_path, raw)) == cfg
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"model_type": "llama"}, "model_type"),
-    ({"model_type": "qwen3_next"}, "model_type"),
-    ({"hidden_size": "64"}, "hidden_size"),
-    ({"num_attention_heads": -4}, "num_attention_heads"),
-    ({"layer_types": ["linear_attention"] * 3 + ["mamba"]}, "layer_types[3]"),
-    ({"layer_types": ["linear_attention"]}, "layer_types"),
-    ({"ple_layer_ids": [4]}, "ple_layer_ids"),
-    ({"indexer_kv_heads": 2}, "indexer_kv_heads"),
-    ({"output_gate_type": "relu"}, "output_gate_type"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"model_type": "llama"}, "model_type"),
+        ({"model_type": "qwen3_next"}, "model_type"),
+        ({"hidden_size": "64"}, "hidden_size"),
+        ({"num_attention_heads": -4}, "num_attention_heads"),
+        ({"layer_types": ["linear_attention"] * 3 + ["mamba"]}, "layer_types[3]"),
+        ({"layer_types": ["linear_attention"]}, "layer_types"),
+        ({"ple_layer_ids": [4]}, "ple_layer_ids"),
+        ({"indexer_kv_heads": 2}, "indexer_kv_heads"),
+        ({"output_gate_type": "relu"}, "output_gate_type"),
+    ],
+)
 def test_bad_config_names_field_and_file(tmp_path, change, field):
     folder = write(tmp_path, text_config(**change))
     with pytest.raises(ConfigError) as err:

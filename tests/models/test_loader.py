@@ -28,14 +28,18 @@ def save(folder, t):
 def test_sharded_with_index_and_language_model_prefix(ckpt):
     _, ref = load_checkpoint(ckpt)
     t = tensors(ckpt)
-    renamed = {k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k: v
-               for k, v in t.items()}
+    renamed = {
+        k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k: v
+        for k, v in t.items()
+    }
     names = sorted(renamed)
     half = len(names) // 2
     (ckpt / "model.safetensors").unlink()
     save_file({n: renamed[n] for n in names[:half]}, str(ckpt / "a.safetensors"))
     save_file({n: renamed[n] for n in names[half:]}, str(ckpt / "b.safetensors"))
-    index = {"weight_map": {n: ("a" if i < half else "b") + ".safetensors" for i, n in enumerate(names)}}
+    index = {
+        "weight_map": {n: ("a" if i < half else "b") + ".safetensors" for i, n in enumerate(names)}
+    }
     (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
     _, got = load_checkpoint(ckpt)
     for (n, a), (_, b) in zip(ref.state_dict().items(), got.state_dict().items()):
@@ -52,7 +56,10 @@ def test_missing_tensor(ckpt):
     t = tensors(ckpt)
     del t["model.layers.0.linear_attn.A_log"]
     save(ckpt, t)
-    with pytest.raises(CheckpointError, match=r"missing tensor 'layers.0.linear_attn.A_log' \(expected shape \(4,\)\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"missing tensor 'layers.0.linear_attn.A_log' \(expected shape \(4,\)\)",
+    ):
         load_checkpoint(ckpt)
 
 
@@ -71,14 +78,14 @@ def test_unexpected_tensor(ckpt):
     t = tensors(ckpt)
     t["model.layers.0.bogus.weight"] = torch.zeros(2)
     save(ckpt, t)
-    with pytest.raises(CheckpointError, match="unexpected tensor 'layers.0.bogus.weight'"):
+    with pytest.raises(CheckpointError, match=r"unexpected tensor 'layers\.0\.bogus\.weight'"):
         load_checkpoint(ckpt)
 
 
 def test_truncated_file(ckpt):
     data = (ckpt / "model.safetensors").read_bytes()
     (ckpt / "model.safetensors").write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match="model.safetensors"):
+    with pytest.raises(CheckpointError, match=r"model\.safetensors"):
         load_checkpoint(ckpt)
 
 

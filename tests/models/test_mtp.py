@@ -14,8 +14,10 @@ from tests.models.mtp_reference import mtp_logits
 
 def test_mtp_head_matches_reference(tiny_ckpt):
     cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
-    t = {k: v.double() if v.is_floating_point() else v
-         for k, v in load_file(str(tiny_ckpt / "model.safetensors")).items()}
+    t = {
+        k: v.double() if v.is_floating_point() else v
+        for k, v in load_file(str(tiny_ckpt / "model.safetensors")).items()
+    }
     raw = json.loads((tiny_ckpt / "config.json").read_text())
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, cfg.vocab_size, (1, 25), generator=g)
@@ -37,8 +39,8 @@ def test_mtp_cells_in_pieces_equal_full(tiny_ckpt):
     s = SessionState.empty(cfg, 64, torch.float64, torch.float64)
     outs, a = [], 0
     for n in (7, 1, 13, 9):
-        rows = Rows.of([(s, nxt[0, a:a + n], a, False)], "cpu")
-        logits, _ = model.mtp_cells(residual[0, a:a + n], rows.token_ids, rows)
+        rows = Rows.of([(s, nxt[0, a : a + n], a, False)], "cpu")
+        logits, _ = model.mtp_cells(residual[0, a : a + n], rows.token_ids, rows)
         outs.append(logits)
         a += n
     torch.testing.assert_close(torch.cat(outs), full[0], rtol=1e-9, atol=1e-9)

@@ -71,8 +71,11 @@ def test_prefill_pieces_then_one_token_steps(pair):
     hf, cfg, ours = pair
     ids = prompt(cfg, 170, seed=1)
     s = session(cfg)
-    out = [run_piece(ours, s, ids[a:b], a, recurrent=False) for a, b in ((0, 64), (64, 128), (128, 150))]
-    out += [run_piece(ours, s, ids[p:p + 1], p, recurrent=True) for p in range(150, 170)]
+    out = [
+        run_piece(ours, s, ids[a:b], a, recurrent=False)
+        for a, b in ((0, 64), (64, 128), (128, 150))
+    ]
+    out += [run_piece(ours, s, ids[p : p + 1], p, recurrent=True) for p in range(150, 170)]
     assert_close(torch.cat(out), oracle_logits(hf, ids))
 
 
@@ -81,7 +84,7 @@ def test_uneven_pieces_and_windows(pair):
     ids = prompt(cfg, 130, seed=2)
     s, out, a = session(cfg), [], 0
     for n, rec in ((37, False), (50, False), (1, True), (5, True), (23, False), (14, True)):
-        out.append(run_piece(ours, s, ids[a:a + n], a, recurrent=rec))
+        out.append(run_piece(ours, s, ids[a : a + n], a, recurrent=rec))
         a += n
     assert_close(torch.cat(out), oracle_logits(hf, ids[:a]))
 
@@ -90,8 +93,9 @@ def test_greedy_continuation_equals_oracle(pair):
     hf, cfg, ours = pair
     ids = prompt(cfg, 40, seed=3)
     with torch.no_grad(), lower_id_ties():
-        ref = hf.generate(ids.unsqueeze(0), max_new_tokens=32, do_sample=False,
-                          eos_token_id=None, pad_token_id=0)[0, 40:].tolist()
+        ref = hf.generate(
+            ids.unsqueeze(0), max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0
+        )[0, 40:].tolist()
     s = session(cfg)
     logits = run_piece(ours, s, ids, 0, recurrent=False)
     got = []

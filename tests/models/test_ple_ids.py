@@ -24,7 +24,8 @@ def check(spec, ple_index):
     for row in ids:  # transformers' ids via its cumulative-EOS shift, without a cache
         captured = {}
         hook = theirs.ngram_embedding.register_forward_hook(
-            lambda mod, args, out, c=captured: c.setdefault("ids", args[0]))
+            lambda mod, args, out, c=captured: c.setdefault("ids", args[0])
+        )
         theirs.forward(row.unsqueeze(0), None)
         hook.remove()
         want.append(captured["ids"][0])

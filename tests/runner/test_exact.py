@@ -38,8 +38,17 @@ def serial(model, cfg, prompt, n):
     b.keep({0: len(prompt)})
     out = [v[0].sampled[0]]
     while len(out) < n:
-        v = b.verify([Window(0, 0, len(prompt) + len(out) - 1, (out[-1],),
-                             Draws(GREEDY, 0, prompt, list(out)))])
+        v = b.verify(
+            [
+                Window(
+                    0,
+                    0,
+                    len(prompt) + len(out) - 1,
+                    (out[-1],),
+                    Draws(GREEDY, 0, prompt, list(out)),
+                )
+            ]
+        )
         b.keep({0: 1})
         out.append(v[0].sampled[0])
     return out, s
@@ -57,7 +66,7 @@ def test_verify_width_with_rejected_drafts_equals_serial(tiny_ckpt, width):
     got, calls = [v[0].sampled[0]], 0
     while len(got) < 40:
         start = len(prompt) + len(got) - 1
-        drafts = list(want[len(got):len(got) + width - 1])
+        drafts = list(want[len(got) : len(got) + width - 1])
         calls += 1
         if calls % 3 == 0 and drafts:  # a wrong draft every third window
             drafts[len(drafts) // 2] = (drafts[len(drafts) // 2] + 1) % cfg.vocab_size
@@ -80,7 +89,9 @@ def test_verify_width_with_rejected_drafts_equals_serial(tiny_ckpt, width):
         n = s.length
         for a, r in zip(s.attn.values(), ref_session.attn.values()):
             torch.testing.assert_close(a.k[:n], r.k[:n], rtol=1e-12, atol=1e-12)
-            torch.testing.assert_close(a.block_keys[:n // 4], r.block_keys[:n // 4], rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(
+                a.block_keys[: n // 4], r.block_keys[: n // 4], rtol=1e-12, atol=1e-12
+            )
 
 
 @pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
@@ -95,7 +106,7 @@ def test_shared_rounds_equal_alone(llm, params):
 
 
 def test_copy_and_mtp_drafts_are_used(llm):
-    rep = ([7, 8, 9, 10, 11, 12] * 12)
+    rep = [7, 8, 9, 10, 11, 12] * 12
     out = llm.generate(rep, SamplingParams(max_tokens=40, temperature=0.0))[0]
     alone = llm.generate(rep, SamplingParams(max_tokens=40, temperature=0.0, draft=False))[0]
     assert out.token_ids == alone.token_ids

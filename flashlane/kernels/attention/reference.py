@@ -19,12 +19,18 @@ def pool_blocks(raw_keys: torch.Tensor, block: int) -> torch.Tensor:
     b, n, d = raw_keys.shape
     nb = n // block
     dt = torch.promote_types(raw_keys.dtype, torch.float32)
-    pooled = raw_keys[:, :nb * block].to(dt).reshape(b, nb, block, d).mean(2)
+    pooled = raw_keys[:, : nb * block].to(dt).reshape(b, nb, block, d).mean(2)
     return pooled.to(raw_keys.dtype)
 
 
-def select_mask(index_q: torch.Tensor, block_keys: torch.Tensor, positions: torch.Tensor,
-                num_keys: int, block: int, top_blocks: int) -> torch.Tensor:
+def select_mask(
+    index_q: torch.Tensor,
+    block_keys: torch.Tensor,
+    positions: torch.Tensor,
+    num_keys: int,
+    block: int,
+    top_blocks: int,
+) -> torch.Tensor:
     """Which keys each query may attend to.
 
     index_q: [B, T, Hi, Di] (normed, roped); block_keys: [B, NB, Di] (pooled, normed, roped);
@@ -53,8 +59,9 @@ def select_mask(index_q: torch.Tensor, block_keys: torch.Tensor, positions: torc
     return causal & torch.where(in_complete, chosen, torch.ones_like(chosen))
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-              scale: float) -> torch.Tensor:
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
     """Masked softmax attention with grouped KV heads.
 
     q: [B, T, Hq, D]; k, v: [B, L, Hkv, D]; mask: [B, T, L] bool -> [B, T, Hq, D].

@@ -6,8 +6,13 @@ import torch
 import torch.nn.functional as F
 
 
-def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, dilation: int = 1,
-                silu: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def causal_conv(
+    x: torch.Tensor,
+    window: torch.Tensor,
+    weight: torch.Tensor,
+    dilation: int = 1,
+    silu: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """y_t = act(sum_j w[:, j] * xfull[t + j * dilation]), xfull = cat(window, x).
 
     x: [B, T, C] new inputs; window: [B, (k-1)*dilation, C] the inputs before them (zeros at
@@ -19,5 +24,5 @@ def causal_conv(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor, dil
     xfull = torch.cat([window.to(x.dtype), x], dim=1)
     y = xfull[:, 0:t] * weight[:, 0]
     for j in range(1, k):
-        y = y + xfull[:, j * dilation:j * dilation + t] * weight[:, j]
+        y = y + xfull[:, j * dilation : j * dilation + t] * weight[:, j]
     return (F.silu(y) if silu else y), xfull

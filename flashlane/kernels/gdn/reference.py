@@ -13,9 +13,15 @@ import torch
 CHUNK = 64
 
 
-def chunk_gdn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-              beta: torch.Tensor, state: torch.Tensor | None, chunk: int = CHUNK
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+def chunk_gdn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor | None,
+    chunk: int = CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked gated delta rule, differentiable.
 
     q, k: [B, T, H, Dk]; v: [B, T, H, Dv]; g (log decay, <= 0), beta: [B, T, H];
@@ -60,9 +66,15 @@ def chunk_gdn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor
     return o.transpose(1, 2).to(out_dtype), s
 
 
-def recurrent_gdn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
-                  beta: torch.Tensor, state: torch.Tensor | None, keep_states: bool = True
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+def recurrent_gdn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor | None,
+    keep_states: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-by-token gated delta rule that returns the state after every row.
 
     Shapes as chunk_gdn. Returns (o [B, T, H, Dv], states [B, T, H, Dk, Dv]) where states[:, r]

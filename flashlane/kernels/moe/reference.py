@@ -6,8 +6,9 @@ import torch
 import torch.nn.functional as F
 
 
-def route(x: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    x: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k experts per row. x: [N, H]; router: [E, H].
 
     Softmax in at least fp32; a stable descending sort breaks ties toward the lower expert id.
@@ -22,13 +23,22 @@ def route(x: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool
     return top.to(x.dtype), ids
 
 
-def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+def swiglu(
+    x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor
+) -> torch.Tensor:
     """down(silu(gate x) * up x). x: [N, H]; gate, up: [I, H]; down: [H, I]."""
     return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
 
 
-def moe(x: torch.Tensor, router: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
-        down: torch.Tensor, top_k: int, normalize: bool) -> torch.Tensor:
+def moe(
+    x: torch.Tensor,
+    router: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    down: torch.Tensor,
+    top_k: int,
+    normalize: bool,
+) -> torch.Tensor:
     """Routed experts only. x: [N, H]; gate, up: [E, I, H]; down: [E, H, I] -> [N, H].
 
     Each (row, slot) output is computed once and the slots are added in rank order, so a
@@ -44,5 +54,5 @@ def moe(x: torch.Tensor, router: torch.Tensor, gate: torch.Tensor, up: torch.Ten
         out_slots = out_slots.index_put((rows, where % top_k), y)
     out = out_slots[:, 0] * weights[:, 0:1]
     for k in range(1, top_k):
-        out = out + out_slots[:, k] * weights[:, k:k + 1]
+        out = out + out_slots[:, k] * weights[:, k : k + 1]
     return out

@@ -6,7 +6,9 @@ import torch
 import torch.nn.functional as F
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = None) -> torch.Tensor:
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = None
+) -> torch.Tensor:
     """Zero-centred RMSNorm `x * rsqrt(mean(x^2) + eps) * (1 + w)` over the last dim.
 
     x: [..., D]; weight: [D]. With `group`, each run of `group` values is normalised alone
@@ -23,8 +25,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | Non
     return (h * (1.0 + weight.to(h.dtype))).to(dtype)
 
 
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float,
-                   activation: str) -> torch.Tensor:
+def gated_rms_norm(
+    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, activation: str
+) -> torch.Tensor:
     """The GDN output norm: plain RMSNorm (weight `w`, not `1 + w`) times act(gate).
 
     x, gate: [..., Dv]; weight: [Dv]; activation "sigmoid" | "silu".

@@ -21,8 +21,13 @@ from flashlane.models.state import AttnCache, SessionState
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, kind: str,
-                 cache_of: Callable[[SessionState], AttnCache] | None = None):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        layer_idx: int,
+        kind: str,
+        cache_of: Callable[[SessionState], AttnCache] | None = None,
+    ):
         super().__init__()
         self.kind = kind
         if layer_idx in cfg.ple_layer_ids and cache_of is None:
@@ -38,7 +43,9 @@ class DecoderLayer(nn.Module):
         self.mlp_hyper_connection = HyperConnection(*hc)
         self.mlp = SparseMoe(cfg)
 
-    def forward(self, r: torch.Tensor, rows: Rows, rotary: Rotary, kernels: Kernels) -> torch.Tensor:
+    def forward(
+        self, r: torch.Tensor, rows: Rows, rotary: Rotary, kernels: Kernels
+    ) -> torch.Tensor:
         """r: the residual [N, hc*H] -> the residual after this block."""
         if self.ple is not None:
             r = r + self.ple(r, rows, kernels)

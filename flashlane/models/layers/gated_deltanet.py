@@ -44,8 +44,7 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(self.in_proj_b(x))
         dt = torch.promote_types(x.dtype, torch.float32)
         g = -self.A_log.to(dt).exp() * F.softplus(self.in_proj_a(x).to(dt) + self.dt_bias.to(dt))
-        parts = zip(rows.split(self.in_proj_qkv(x)), rows.split(g), rows.split(beta),
-                    rows.groups())
+        parts = zip(rows.split(self.in_proj_qkv(x)), rows.split(g), rows.split(beta), rows.groups())
         outs = [self._mix(qkv, g_p, b_p, group, kernels) for qkv, g_p, b_p, group in parts]
         o = rows.join(outs).reshape(n, cfg.linear_num_v_heads, cfg.linear_v_head_dim)
         z = self.in_proj_z(x).reshape(o.shape)
@@ -64,10 +63,10 @@ class GatedDeltaNet(nn.Module):
         y, xfull = kernels.causal_conv(qkv, window, self.conv1d.weight[:, 0, :])
         kd, vd = cfg.linear_key_dim, cfg.linear_value_dim
         q = y[..., :kd].reshape(b, t, cfg.linear_num_k_heads, -1)
-        k = y[..., kd:2 * kd].reshape(b, t, cfg.linear_num_k_heads, -1)
-        v = y[..., 2 * kd:2 * kd + vd].reshape(b, t, cfg.linear_num_v_heads, -1)
+        k = y[..., kd : 2 * kd].reshape(b, t, cfg.linear_num_k_heads, -1)
+        v = y[..., 2 * kd : 2 * kd + vd].reshape(b, t, cfg.linear_num_v_heads, -1)
         rep = cfg.linear_num_v_heads // cfg.linear_num_k_heads
-        q = (l2norm(q) * cfg.linear_k_head_dim ** -0.5).repeat_interleave(rep, dim=2)
+        q = (l2norm(q) * cfg.linear_k_head_dim**-0.5).repeat_interleave(rep, dim=2)
         k = l2norm(k).repeat_interleave(rep, dim=2)
         if group[0].recurrent:
             o, states = kernels.recurrent_gdn(q, k, v, g, beta, state)

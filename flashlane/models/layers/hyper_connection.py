@@ -26,8 +26,9 @@ class HyperConnection(nn.Module):
     def read(self, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """R [N, hc*H] -> (block input a [N, H], write weights w [N, hc] or None for the mixer)."""
         xn = self.hc_norm(r)
-        mix = torch.sigmoid(self.input_mix_weight_up(
-            F.silu(self.input_mix_weight_down(xn) / self.hc)))
+        mix = torch.sigmoid(
+            self.input_mix_weight_up(F.silu(self.input_mix_weight_down(xn) / self.hc))
+        )
         a = (mix * xn).unflatten(-1, (self.hc, self.hidden)).mean(-2)
         if self.block_inject_weight is None:
             return a, None

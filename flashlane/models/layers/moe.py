@@ -45,6 +45,13 @@ class SparseMoe(nn.Module):
     def forward(self, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
         """x: [N, H] -> [N, H]."""
         e = self.experts
-        routed = kernels.moe(x, self.gate.weight, e.gate_proj, e.up_proj, e.down_proj,
-                             self.cfg.num_experts_per_tok, self.cfg.norm_topk_prob)
+        routed = kernels.moe(
+            x,
+            self.gate.weight,
+            e.gate_proj,
+            e.up_proj,
+            e.down_proj,
+            self.cfg.num_experts_per_tok,
+            self.cfg.norm_topk_prob,
+        )
         return routed + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)

@@ -34,12 +34,20 @@ class MtpHead(nn.Module):
         self.fc_hidden = linear(h, h)
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, -1 - j, "sparse", cache_of=lambda s, j=j: s.mtp[j])
-            for j in range(cfg.num_mtp_layers))
+            for j in range(cfg.num_mtp_layers)
+        )
         self.hyper_connection_mixer = HyperConnection(
-            h, cfg.hc_count, cfg.hc_lowrank, cfg.rms_eps, inject=False)
+            h, cfg.hc_count, cfg.hc_lowrank, cfg.rms_eps, inject=False
+        )
 
-    def forward(self, residual: torch.Tensor, next_embed: torch.Tensor, rows: Rows,
-                rotary: Rotary, kernels: Kernels) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        residual: torch.Tensor,
+        next_embed: torch.Tensor,
+        rows: Rows,
+        rotary: Rotary,
+        kernels: Kernels,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """residual: R_i [N, hc*H]; next_embed: embed(x_{i+1}) [N, H]; rows at cell positions.
 
         Returns (hidden for the lm_head [N, H], the cell's output residual [N, hc*H]).

@@ -33,8 +33,9 @@ def layer_multipliers(vocab: int, ngram_size: int, ple_index: int, seed: int) ->
     """Odd hash multipliers per n-gram slot, small enough that id * m never overflows int64."""
     half = max(1, ((1 << 63) - 1) // max(vocab, 1) // 2)
     base = seed + 10007 * ple_index
-    return [2 * (_splitmix64((base + GAMMA * (i + 1)) & MASK64) % half) + 1
-            for i in range(ngram_size)]
+    return [
+        2 * (_splitmix64((base + GAMMA * (i + 1)) & MASK64) % half) + 1 for i in range(ngram_size)
+    ]
 
 
 def _is_prime(n: int) -> bool:
@@ -51,7 +52,7 @@ def head_vocab_sizes(cfg: ModelConfig, ple_index: int) -> list[int]:
         while not _is_prime(p):
             p += 1
         sizes.append(p)
-    return sizes[ple_index * cfg.num_ngram_heads:]
+    return sizes[ple_index * cfg.num_ngram_heads :]
 
 
 class NGramEmbedding(nn.Module):
@@ -74,7 +75,7 @@ class NGramEmbedding(nn.Module):
         eos = cfg.ple_eos
         shifted, broken = [history[:, ctx:]], torch.zeros_like(history[:, ctx:], dtype=torch.bool)
         for s in range(1, cfg.ngram_size):
-            prev = history[:, ctx - s:ctx - s + t]
+            prev = history[:, ctx - s : ctx - s + t]
             shifted.append(torch.where(broken, torch.full_like(prev, eos), prev))
             broken = broken | (prev == eos)
         m = self.layer_multipliers
@@ -82,8 +83,8 @@ class NGramEmbedding(nn.Module):
         for order in range(2, cfg.ngram_size + 1):
             mixed = torch.bitwise_xor(mixed, shifted[order - 1] * m[order - 1])
             lo = (order - 2) * cfg.heads_per_ngram
-            sizes = self.ngram_heads_vocab_sizes[lo:lo + cfg.heads_per_ngram]
-            offs = self.ngram_heads_offsets[lo:lo + cfg.heads_per_ngram]
+            sizes = self.ngram_heads_vocab_sizes[lo : lo + cfg.heads_per_ngram]
+            offs = self.ngram_heads_offsets[lo : lo + cfg.heads_per_ngram]
             ids.append(torch.remainder(mixed.unsqueeze(-1), sizes) + offs)
         return torch.cat(ids, dim=-1)
 
@@ -105,8 +106,10 @@ class PLELayer(nn.Module):
         """r: [N, hc*H] -> the PLE's addition to r; records ("ple", idx): (conv inputs, ids)."""
         cfg, n = self.cfg, r.shape[0]
         hc, h = cfg.hc_count, cfg.hidden_size
-        histories = [self._history(group, ids) for group, ids in
-                     zip(rows.groups(), rows.split(rows.token_ids))]
+        histories = [
+            self._history(group, ids)
+            for group, ids in zip(rows.groups(), rows.split(rows.token_ids))
+        ]
         table_rows = rows.join([self.ple_embedding.row_ids(hist) for hist in histories])
         emb = self.ple_embedding.ngram_embedding(table_rows).flatten(-2).to(r.dtype)
         key = self.norm_key(self.key_proj(emb)).reshape(n, hc, h)
@@ -115,8 +118,10 @@ class PLELayer(nn.Module):
         gate = gate.abs().clamp_min(1e-6).sqrt() * gate.sign()
         gated = (torch.sigmoid(gate) * self.value_proj(emb).unsqueeze(-2)).flatten(-2)
         normed = self.norm_conv(gated)
-        convs = [self._conv(x, group, hist, kernels) for x, group, hist in
-                 zip(rows.split(normed), rows.groups(), histories)]
+        convs = [
+            self._conv(x, group, hist, kernels)
+            for x, group, hist in zip(rows.split(normed), rows.groups(), histories)
+        ]
         return gated + rows.join(convs)
 
     def _history(self, group, ids: torch.Tensor) -> torch.Tensor:
@@ -133,8 +138,9 @@ class PLELayer(nn.Module):
             window = x.new_zeros(x.shape[0], cfg.ple_tail, x.shape[-1])
         else:
             window = group[0].session.ple[self.layer_idx].conv.unsqueeze(0)
-        y, xfull = kernels.causal_conv(x, window, self.conv1d.weight[:, 0, :],
-                                       dilation=cfg.ple_conv_dilation)
+        y, xfull = kernels.causal_conv(
+            x, window, self.conv1d.weight[:, 0, :], dilation=cfg.ple_conv_dilation
+        )
         if group[0].session is not None:
             group[0].pending[("ple", self.layer_idx)] = (xfull[0], history[0])
         return y

@@ -20,7 +20,9 @@ class Indexer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.index_qk_proj = linear(cfg.hidden_size, (cfg.indexer_n_heads + 1) * cfg.indexer_head_dim)
+        self.index_qk_proj = linear(
+            cfg.hidden_size, (cfg.indexer_n_heads + 1) * cfg.indexer_head_dim
+        )
         self.q_layernorm = RMSNorm(cfg.indexer_head_dim, cfg.rms_eps)
         self.k_layernorm = RMSNorm(cfg.indexer_head_dim, cfg.rms_eps)
 
@@ -55,7 +57,9 @@ class QSAttention(nn.Module):
         self.k_norm = RMSNorm(d, cfg.rms_eps)
         self.indexer = Indexer(cfg)
 
-    def forward(self, x: torch.Tensor, rows: Rows, rotary: Rotary, kernels: Kernels) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rows: Rows, rotary: Rotary, kernels: Kernels
+    ) -> torch.Tensor:
         cfg, n, d = self.cfg, x.shape[0], self.cfg.head_dim
         cos, sin = rotary.cos_sin(rows.positions, x.dtype)
         qg = self.q_proj(x).reshape(n, cfg.num_attention_heads, 2 * d)
@@ -64,8 +68,15 @@ class QSAttention(nn.Module):
         k = apply_rope(self.k_norm(self.k_proj(x).reshape(n, cfg.num_kv_heads, d)), cos, sin)
         v = self.v_proj(x).reshape(n, cfg.num_kv_heads, d)
         iq, raw = self.indexer.project(x, cos, sin)
-        parts = zip(rows.split(q), rows.split(k), rows.split(v), rows.split(iq), rows.split(raw),
-                    rows.split(rows.positions), rows.groups())
+        parts = zip(
+            rows.split(q),
+            rows.split(k),
+            rows.split(v),
+            rows.split(iq),
+            rows.split(raw),
+            rows.split(rows.positions),
+            rows.groups(),
+        )
         outs = [self._attend(*part, rotary, kernels) for part in parts]
         o = rows.join(outs).reshape(n, -1)
         return self.o_proj(o * torch.sigmoid(gate.reshape(n, -1)))
@@ -74,11 +85,11 @@ class QSAttention(nn.Module):
         cfg, blk = self.cfg, self.cfg.indexer_block
         if group[0].session is None:
             keys, values, nk = k, v, k.shape[1]
-            block_keys = self.indexer.block_keys(raw[:, :nk // blk * blk], 0, rotary)
+            block_keys = self.indexer.block_keys(raw[:, : nk // blk * blk], 0, rotary)
         else:
             keys, values, block_keys, nk = self._write(group[0], k[0], v[0], raw[0], rotary)
         mask = kernels.select_mask(iq, block_keys, pos, nk, blk, cfg.indexer_top_blocks)
-        return kernels.attention(q, keys, values, mask, cfg.head_dim ** -0.5)
+        return kernels.attention(q, keys, values, mask, cfg.head_dim**-0.5)
 
     def _write(self, piece: Piece, k, v, raw, rotary: Rotary):
         """Write the piece's keys at their positions; recompute blocks it completes."""
@@ -87,6 +98,6 @@ class QSAttention(nn.Module):
         cache.k[s:e], cache.v[s:e], cache.index_keys[s:e] = k, v, raw
         b0, b1 = s // blk, e // blk
         if b1 > b0:
-            fresh = self.indexer.block_keys(cache.index_keys[None, b0 * blk:b1 * blk], b0, rotary)
+            fresh = self.indexer.block_keys(cache.index_keys[None, b0 * blk : b1 * blk], b0, rotary)
             cache.block_keys[b0:b1] = fresh[0]
         return cache.k[None, :e], cache.v[None, :e], cache.block_keys[None, :b1], e

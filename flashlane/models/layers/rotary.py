@@ -14,9 +14,11 @@ class Rotary:
     def __init__(self, rotary_dim: int, theta: float):
         self.rotary_dim = rotary_dim
         exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim
-        self.inv_freq = 1.0 / (theta ** exponents)
+        self.inv_freq = 1.0 / (theta**exponents)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [N] -> cos, sin [N, rotary_dim]."""
         freqs = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq.to(positions.device)
         emb = torch.cat([freqs, freqs], dim=-1)
