@@ -1,0 +1,332 @@
+"""choose.py and prune.py: the reference vectors, the filters at their edges, fast == full, and
+the draws' distribution."""
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from flashlane.request import SamplingParams
+from flashlane.sampling import prune
+from flashlane.sampling.choose import (
+    DrawSpec,
+    SampleError,
+    adjusted,
+    draw,
+    draw_full,
+    draw_rows,
+)
+from flashlane.sampling.keyed import gumbel_np, row_key, uniforms_np
+from flashlane.sampling.prune import blocked_sum
+from tests.sampling import vectors
+from tests.sampling.rows import random_row, random_spec
+
+try:
+    from scipy.stats import chi2 as scipy_chi2
+except ImportError:
+    scipy_chi2 = None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # The draws are single-row numpy work; torch threads only add contention.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def outcome(fn, logits, spec):
+    try:
+        return fn(logits, spec)
+    except SampleError as err:
+        return err
+
+
+def test_every_draw_vector():
+    failures = []
+    for i, entry in enumerate(vectors.load()["draws"]):
+        logits, spec = vectors.logits_of(entry), vectors.spec_of(entry)
+        for fn in (draw, draw_full):
+            got = outcome(fn, logits, spec)
+            ok = isinstance(got, SampleError) if entry.get("error") else got == entry["token"]
+            if not ok:
+                failures.append((i, fn.__name__, got, entry.get("token"), entry["discriminates"]))
+    assert not failures
+
+
+def test_draw_rows_matches_vectors_with_errors_in_their_slots():
+    entries = [e for e in vectors.load()["draws"] if len(e.get("logits", ())) == 16]
+    assert any(e.get("error") for e in entries)
+    got = draw_rows(
+        torch.stack([vectors.logits_of(e) for e in entries]),
+        [vectors.spec_of(e) for e in entries],
+    )
+    for entry, token in zip(entries, got):
+        assert isinstance(token, SampleError) if entry.get("error") else token == entry["token"]
+
+
+def spec_for(seed=7, position=3, **params):
+    return DrawSpec(SamplingParams(**params), seed, position)
+
+
+def drawn_set(logits, num_seeds=300, **params):
+    """The set of tokens over many seeds, checking fast == full on each."""
+    row = torch.tensor(logits, dtype=torch.float32)
+    tokens = set()
+    for seed in range(num_seeds):
+        spec = spec_for(seed=seed, **params)
+        token = draw(row, spec)
+        assert token == draw_full(row, spec)
+        tokens.add(token)
+    return tokens
+
+
+@pytest.mark.parametrize("top_k", [0, 5, 6])
+def test_top_k_zero_or_at_least_v_keeps_all(top_k):
+    assert drawn_set([0.1, 0.0, 0.2, 0.1, -0.1], top_k=top_k) == {0, 1, 2, 3, 4}
+
+
+def test_top_k_one_keeps_the_first_candidate():
+    assert drawn_set([1.0, 3.0, 3.0, 2.0], top_k=1) == {1}
+
+
+def test_top_k_ties_at_the_cut_go_to_the_lower_ids():
+    assert drawn_set([1.0, 5.0, 3.0, 3.0, 3.0], top_k=2, temperature=5.0) == {1, 2}
+    assert drawn_set([1.0, 5.0, 3.0, 3.0, 3.0], top_k=3, temperature=5.0) == {1, 2, 3}
+
+
+def test_top_p_reaching_the_target_exactly_keeps_that_candidate():
+    # Equal logits: e = 1 each, S = 4; running sums 1, 2, 3, 4 hit 0.5 * S at the second id.
+    assert drawn_set([2.0] * 4, top_p=0.5) == {0, 1}
+    assert drawn_set([2.0] * 4, top_p=0.25) == {0}
+    assert drawn_set([2.0] * 4, top_p=0.5000001) == {0, 1, 2}
+    assert drawn_set([2.0] * 4 + [-math.inf], top_p=0.5) == {0, 1}
+
+
+def test_top_p_counts_only_top_k_candidates_in_s():
+    # top_k 2 leaves e = (1, 1): S = 2, so top_p 0.5 keeps one id (S over all ids would be 4).
+    assert drawn_set([2.0] * 4, top_k=2, top_p=0.5) == {0}
+    assert drawn_set([2.0] * 4, top_k=2, top_p=0.51) == {0, 1}
+
+
+def test_min_p_edges():
+    assert drawn_set([2.0, 2.0, 1.0], min_p=1.0) == {0, 1}
+    assert drawn_set([2.0, 2.0, 1.0], min_p=0.0) == {0, 1, 2}
+    # min_p equal to a candidate's e keeps it; the next float up drops it.
+    e = float(np.exp(np.float64(np.float32(0.5)) - 2.0))
+    assert drawn_set([2.0, 0.5], min_p=e) == {0, 1}
+    assert drawn_set([2.0, 0.5], min_p=float(np.nextafter(e, 1.0))) == {0}
+
+
+def test_greedy_ties_go_to_the_lower_id_after_adjustments():
+    row = torch.tensor([1.0, 3.0, 3.0, 2.0])
+    for temperature in (0.0, 9.99e-6):
+        assert draw(row, spec_for(temperature=temperature)) == 1
+        assert draw(row, spec_for(temperature=temperature, logit_bias={1: -1.0})) == 2
+        assert draw(row, spec_for(temperature=temperature, logit_bias={3: 1.0})) == 1
+
+
+def test_sampled_score_ties_go_to_the_lower_id():
+    # fp32 logits rarely tie exactly, so build float64 z where ids i < j score the same:
+    # z_j = s - g_j with fl(z_j + g_j) == s, z_j > z_i so that j comes first in the order.
+    key = row_key(11, 5)
+    g = gumbel_np(uniforms_np(key, np.arange(64)))
+    pairs = [(i, j) for i in range(64) for j in range(i + 1, 64) if g[j] < g[i]]
+    ties = [(i, j) for i, j in pairs if (1.0 + g[i] - g[j]) + g[j] == 1.0 + g[i]]
+    assert ties
+    for i, j in ties[:20]:
+        z = np.full(64, -100.0)
+        z[i], z[j] = 1.0, 1.0 + g[i] - g[j]
+        for params in (SamplingParams(), SamplingParams(top_k=2), SamplingParams(top_p=0.99)):
+            assert prune.pruned_choice(z, params, key) == i
+
+
+def test_adjustments_follow_design_order_and_arithmetic():
+    row = np.array([2.0, -2.0, 1.0, 0.0, 3.0], dtype=np.float32)
+    spec = DrawSpec(
+        SamplingParams(
+            logit_bias={0: -3.0, 4: 0.5},
+            repetition_penalty=2.0,
+            presence_penalty=0.5,
+            frequency_penalty=0.25,
+        ),
+        seed=0,
+        position=0,
+        prompt_ids=[1, 1, 3],
+        reply_ids=[2, 2, 0],
+    )
+    # bias first (2 - 3 = -1), then repetition (negative: * 2), then presence + frequency.
+    expected = [-1.0 * 2 - (0.5 + 0.25), -4.0, 1.0 / 2 - (0.5 + 0.5), 0.0, 3.5]
+    assert adjusted(row, spec).tolist() == expected
+
+
+def test_presence_and_frequency_count_only_the_reply():
+    row = np.zeros(4, dtype=np.float32)
+    spec = DrawSpec(SamplingParams(frequency_penalty=1.0), 0, 0, [1, 1, 1], [2])
+    assert adjusted(row, spec).tolist() == [0.0, 0.0, -1.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("logits", "params", "message"),
+    [
+        ([0.0, math.nan, 1.0], {}, "NaN logit at id 1"),
+        ([0.0, 1.0, math.inf], {}, r"\+inf logit at id 2"),
+        ([0.0, 1.0, math.inf], {"temperature": 0.0}, r"\+inf logit at id 2"),
+        ([-math.inf] * 3, {}, "no finite candidate"),
+        ([-math.inf] * 3, {"temperature": 0.0}, "no finite candidate"),
+        ([0.0, 1.0], {"logit_bias": {2: 1.0}}, "logit_bias id 2 is outside"),
+    ],
+)
+def test_bad_rows_raise_sample_error(logits, params, message):
+    row = torch.tensor(logits, dtype=torch.float32)
+    for fn in (draw, draw_full):
+        with pytest.raises(SampleError, match=message):
+            fn(row, spec_for(**params))
+
+
+def test_minus_inf_ids_are_never_drawn():
+    assert drawn_set([0.0, -math.inf, 0.0, -math.inf], temperature=100.0) == {0, 2}
+
+
+def test_draw_rows_fails_only_the_bad_row():
+    rows = torch.tensor([[0.0, 1.0, 2.0], [0.0, math.nan, 1.0], [3.0, 2.0, 1.0]])
+    specs = [spec_for(seed=s) for s in range(3)]
+    got = draw_rows(rows, specs)
+    assert isinstance(got[1], SampleError)
+    assert [got[0], got[2]] == [draw(rows[0], specs[0]), draw(rows[2], specs[2])]
+
+
+def sequential_blocked_sum(values):
+    total = 0.0
+    for start in range(0, len(values), 1024):
+        block = 0.0
+        for v in values[start : start + 1024]:
+            block += v
+        total += block
+    return total
+
+
+def test_blocked_sum_adds_left_to_right_in_blocks():
+    rng = np.random.default_rng(0)
+    for size in (1, 1023, 1024, 1025, 5000):
+        # Mixed magnitudes make every order of addition round differently.
+        values = rng.random(size) * 10.0 ** rng.integers(-17, 1, size)
+        assert blocked_sum(values) == sequential_blocked_sum(values.tolist())
+        ids = np.sort(rng.choice(size, max(1, size // 3), replace=False))
+        dense = np.zeros(size)
+        dense[ids] = values[ids]
+        assert prune._sparse_blocked_sum(ids, values[ids]) == blocked_sum(dense)
+    assert blocked_sum(np.array([1.0] + [2.0**-53] * 8)) == 1.0  # not pairwise
+
+
+def assert_fast_equals_full(rng, num_rows, vocab_of):
+    for _ in range(num_rows):
+        vocab = vocab_of(rng)
+        logits, spec = random_row(rng, vocab), random_spec(rng, vocab)
+        fast, full = outcome(draw, logits, spec), outcome(draw_full, logits, spec)
+        assert type(fast) is type(full) and str(fast) == str(full), spec.params
+
+
+def test_fast_equals_full_on_10000_narrow_rows():
+    assert_fast_equals_full(np.random.default_rng(0), 10_000, lambda r: int(r.integers(1, 301)))
+
+
+def test_fast_equals_full_on_medium_rows_through_every_shortcut(monkeypatch):
+    used = {"band": 0}
+    band = prune._top_p_band
+
+    def spy(*args):
+        found = band(*args)
+        used["band"] += found is not None
+        return found
+
+    monkeypatch.setattr(prune, "_top_p_band", spy)
+    assert_fast_equals_full(np.random.default_rng(1), 120, lambda r: 40_000)
+    assert used["band"] > 0
+
+
+def test_wide_top_p_cut_exactly_on_the_target():
+    # 20,000 equal logits, top_p 0.5: the running sum hits the target exactly at id 9999, so
+    # the bucketed shortcut must defer to the exact order.
+    row = torch.full((20_000,), 1.5)
+    for seed in range(20):
+        spec = spec_for(seed=seed, top_p=0.5)
+        token = draw(row, spec)
+        assert token < 10_000 and token == draw_full(row, spec)
+
+
+@pytest.mark.slow
+def test_fast_equals_full_on_full_width_rows():
+    assert_fast_equals_full(np.random.default_rng(2), 300, lambda r: 248_320)
+
+
+def chi2_survival(x: float, df: int) -> float:
+    """P(chi-square with df degrees of freedom > x): the regularised upper gamma Q(df/2, x/2)."""
+    a, x = df / 2.0, x / 2.0
+    log_front = -x + a * math.log(x) - math.lgamma(a) if x > 0 else -math.inf
+    if x < a + 1.0:  # the series for P converges here
+        term = total = 1.0 / a
+        for n in range(1, 1000):
+            term *= x / (a + n)
+            total += term
+        return 1.0 - total * math.exp(log_front)
+    # Lentz's continued fraction for Q.
+    b, c, d = x + 1.0 - a, 1e300, 1.0 / (x + 1.0 - a)
+    h = d
+    for n in range(1, 1000):
+        an, b = -n * (n - a), b + 2.0
+        d = 1.0 / (an * d + b)
+        c = b + an / c
+        h *= d * c
+    return h * math.exp(log_front)
+
+
+def test_chi2_survival_known_values():
+    for x, df, p in [(3.841458820694124, 1, 0.05), (18.307038053275146, 10, 0.05), (0.0, 3, 1.0)]:
+        assert chi2_survival(x, df) == pytest.approx(p, rel=1e-9)
+    if scipy_chi2 is not None:
+        assert chi2_survival(7.3, 5) == pytest.approx(scipy_chi2.sf(7.3, 5), rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(temperature=0.8, top_k=6, top_p=0.9, min_p=0.05),
+        dict(temperature=1.3),
+    ],
+)
+def test_draws_follow_the_filtered_softmax(params):
+    logits = [1.2, -0.3, 2.0, 0.4, 1.9, -1.0, 0.0, 0.9, 1.5, -2.0]
+    row = torch.tensor(logits, dtype=torch.float32)
+    probs = filtered_softmax(np.array(logits, dtype=np.float32).astype(np.float64), params)
+    counts = np.zeros(len(logits))
+    spec = spec_for(**params)
+    for seed in range(20_000):
+        counts[draw(row, replace(spec, seed=seed * 7919 + 1))] += 1
+    assert counts[probs == 0].sum() == 0
+    expected = probs[probs > 0] * counts.sum()
+    assert expected.min() >= 5
+    stat = float(((counts[probs > 0] - expected) ** 2 / expected).sum())
+    assert chi2_survival(stat, int((probs > 0).sum()) - 1) > 0.001
+
+
+def filtered_softmax(l, params):
+    """DESIGN.md section 5's distribution, written independently for a short row."""
+    z = l / params["temperature"]
+    order = sorted(range(len(z)), key=lambda i: (-z[i], i))
+    order = order[: params.get("top_k") or len(z)]
+    e = np.exp(z - z.max())
+    if params.get("top_p", 1.0) < 1.0:
+        target, running = params["top_p"] * sum(e[i] for i in sorted(order)), 0.0
+        for n, i in enumerate(order):
+            running += e[i]
+            if running >= target:
+                order = order[: n + 1]
+                break
+    order = [i for i in order if e[i] >= params.get("min_p", 0.0)]
+    probs = np.zeros(len(z))
+    probs[order] = e[order] / e[order].sum()
+    return probs
