@@ -80,6 +80,11 @@ def start_draining(app: FastAPI) -> None:
     app.state.flashlane.slot.draining = True
 
 
+def cancel_replies(app: FastAPI) -> None:
+    """Aborts every reply in flight (the end of a drain); call it on the app's event loop."""
+    app.state.flashlane.cancel_live()
+
+
 def _keyed(endpoint: Any) -> Any:
     """Wraps a /v1 endpoint with the --api-key check (Bearer token)."""
 
@@ -163,19 +168,19 @@ async def _tokenize(request: Request) -> Response:
             add_generation_prompt=req.add_generation_prompt,
             template_kwargs=req.chat_template_kwargs,
         )
-        ids = engine.tokenizer.encode(text, add_special_tokens=False).ids
+        ids = state.encode(text, special=False, param="messages")
     else:
         assert req.prompt is not None
-        ids = engine.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens).ids
+        ids = state.encode(req.prompt, special=req.add_special_tokens, param="prompt")
     return JSONResponse({"count": len(ids), "max_model_len": engine.context_len, "tokens": ids})
 
 
 async def _detokenize(request: Request) -> Response:
     state: ServerState = request.app.state.flashlane
-    engine = state.engine()
+    state.engine()  # 503 while loading
     req = parse_request(DetokenizeRequest, await read_json(request, state.max_body_bytes))
     check_token_ids(req.tokens, state.vocab_size, "tokens")
-    return JSONResponse({"prompt": engine.tokenizer.decode(req.tokens, skip_special_tokens=False)})
+    return JSONResponse({"prompt": state.decode(req.tokens)})
 
 
 class _RequestLog:

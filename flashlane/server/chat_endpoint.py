@@ -35,7 +35,7 @@ async def chat_completions(request: Request) -> Response:
     req = parse_request(ChatRequest, await read_json(request, state.max_body_bytes))
     state.check_model(req.model)
     prompt = build_chat_prompt(state.chat_template(), req)
-    ids = engine.tokenizer.encode(prompt.text, add_special_tokens=False).ids
+    ids = state.encode(prompt.text, special=False, param="messages")
     max_tokens = reply_budget(len(ids), req.reply_limit, engine.context_len, "messages")
     top = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(

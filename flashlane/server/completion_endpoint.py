@@ -75,11 +75,11 @@ def _prepare(
     """Tokenises and validates one prompt; nothing reaches the engine yet."""
     engine = state.engine()
     if isinstance(prompt, str):
-        ids = engine.tokenizer.encode(prompt, add_special_tokens=True).ids
+        ids = state.encode(prompt, special=True, param="prompt")
         text = prompt
     else:
         check_token_ids(prompt, state.vocab_size, "prompt")
-        ids, text = prompt, engine.tokenizer.decode(prompt, skip_special_tokens=False)
+        ids, text = prompt, state.decode(prompt)
     asked = req.max_tokens if req.max_tokens else None
     max_tokens = reply_budget(len(ids), asked, engine.context_len, "prompt")
     if req.max_tokens == 0:

@@ -123,8 +123,10 @@ class ReplyRun:
         request_id: str,
         *,
         timeout: float | None = None,
+        live: set[ReplyRun] | None = None,
     ) -> None:
         self.engine, self.metrics = engine, metrics
+        self._live = live if live is not None else set()  # the app's runs in flight
         self.prompt_ids, self.params, self.request_id = prompt_ids, params, request_id
         self._stops = StopMatcher(params.stop)
         self._sent_text = 0
@@ -136,11 +138,13 @@ class ReplyRun:
         self._next: RequestOutput | None = None
         self.last: RequestOutput | None = None
         self.done = False  # nothing left to abort or record
+        self.ended: str | None = None  # the finish reason recorded in the metrics
         self._in_flight = False  # started and not yet recorded
 
     async def start(self) -> None:
         self.metrics.in_flight.inc()
         self._in_flight = True
+        self._live.add(self)
         try:
             self._iter = aiter(self.engine.stream(self.prompt_ids, self.params, self.request_id))
             self._next = await self._advance()
@@ -157,6 +161,7 @@ class ReplyRun:
         if self._in_flight:
             self._in_flight = False
             self.metrics.in_flight.dec()
+            self._live.discard(self)
 
     async def pieces(self) -> AsyncIterator[Piece]:
         assert self._iter is not None, "start() first"
@@ -208,6 +213,7 @@ class ReplyRun:
 
     def _record(self, out: RequestOutput | None, reason: str) -> None:
         self._leave()
+        self.ended = reason
         now = time.perf_counter()
         ttft = None if self._first_token is None else self._first_token - self._arrival
         self.metrics.finished(
@@ -229,7 +235,7 @@ class ReplyRun:
     def summary(self) -> str:
         """For the request log: tokens in and out, why it ended, time to first token."""
         out = self.last
-        reason = "-" if out is None or out.finish_reason is None else out.finish_reason.value
+        reason = self.ended or "-"
         ttft = "-" if self._first_token is None else f"{self._first_token - self._arrival:.3f}s"
         num_reply = len(out.token_ids) if out is not None else 0
         return f"prompt={len(self.prompt_ids)} reply={num_reply} finish={reason} ttft={ttft}"

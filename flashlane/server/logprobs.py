@@ -28,12 +28,14 @@ def _byte_decoder() -> dict[str, int]:
 class TokenText:
     """Strings and bytes of single tokens, for logprobs."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer | None) -> None:
         self._tokenizer = tokenizer
         self._cache: dict[int, tuple[str, list[int]]] = {}
 
     def get(self, token_id: int) -> tuple[str, list[int]]:
         found = self._cache.get(token_id)
+        if found is None and self._tokenizer is None:
+            return f"token_id:{token_id}", []
         if found is None:
             text = self._tokenizer.decode([token_id], skip_special_tokens=False)
             piece = self._tokenizer.id_to_token(token_id) or ""

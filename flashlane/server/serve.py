@@ -9,15 +9,24 @@ process exits 0.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
+from fastapi import FastAPI
 
-from flashlane.server.api import attach_engine, build_app, engine_failed, start_draining
+from flashlane.server.api import (
+    attach_engine,
+    build_app,
+    cancel_replies,
+    engine_failed,
+    start_draining,
+)
 from flashlane.server.engine_api import EngineLike
 
 logger = logging.getLogger("flashlane.server")
@@ -25,7 +34,7 @@ logger = logging.getLogger("flashlane.server")
 EngineFactory = Callable[[], EngineLike]
 
 
-def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     """The HTTP flags of `flashlane serve` (the engine flags are cli.py's)."""
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
@@ -80,9 +89,10 @@ def serve_main(args: argparse.Namespace, make_engine: EngineFactory | None = Non
         log_level=args.log_level,
         log_config=None,
         access_log=False,  # the app logs one line per request itself
-        timeout_graceful_shutdown=args.drain_timeout,
+        # a backstop: the drain itself aborts replies after --drain-timeout
+        timeout_graceful_shutdown=args.drain_timeout + 5.0,
     )
-    server = _DrainingServer(config, on_exit=lambda: start_draining(app))
+    server = _DrainingServer(config, app, args.drain_timeout)
     loaded: list[EngineLike] = []
     loader = threading.Thread(
         target=_load, args=(make_engine, app, server, loaded), name="engine-load", daemon=True
@@ -129,12 +139,23 @@ def _ignore(sig: int, frame: FrameType | None) -> None:
 
 
 class _DrainingServer(uvicorn.Server):
-    """Stops admitting requests the moment a shutdown signal arrives."""
+    """On a shutdown signal: stop admitting at once, abort what still runs after the drain
+    timeout (so streams end with finish_reason "abort" and [DONE]), then let uvicorn close."""
 
-    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+    def __init__(self, config: uvicorn.Config, app: FastAPI, drain_timeout: float) -> None:
         super().__init__(config)
-        self._on_exit = on_exit
+        self._app = app
+        self._drain_timeout = drain_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self._on_exit()
+        if not self.should_exit:
+            start_draining(self._app)
+            if self._loop is not None:
+                cancel = lambda: cancel_replies(self._app)  # noqa: E731
+                self._loop.call_soon_threadsafe(self._loop.call_later, self._drain_timeout, cancel)
         super().handle_exit(sig, frame)

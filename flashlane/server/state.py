@@ -31,6 +31,7 @@ class ServerState:
     token_text: TokenText = field(init=False)
     vocab_size: int = 0
     think_end_id: int | None = None
+    live_runs: set[ReplyRun] = field(default_factory=set)
 
     def attach(self, engine: EngineLike) -> None:
         """Prepares everything that depends on the engine, then publishes it."""
@@ -38,9 +39,12 @@ class ServerState:
         self.metrics.watch_engine(engine.stats)
         tokenizer = engine.tokenizer
         self.token_text = TokenText(tokenizer)
-        self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-        self.think_end_id = tokenizer.token_to_id(THINK_END)
-        if engine.chat_template:
+        if tokenizer is not None:
+            self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+            self.think_end_id = tokenizer.token_to_id(THINK_END)
+        else:
+            self.vocab_size = 2**31  # the model checks ids it cannot embed
+        if engine.chat_template and tokenizer is not None:
             eos = [tokenizer.id_to_token(i) for i in engine.eos_token_ids[:1]]
             special = {"eos_token": (eos[0] or "") if eos else "", "bos_token": ""}
             try:
@@ -88,12 +92,35 @@ class ServerState:
             raise ApiError(400, msg, param="messages")
         return self._template
 
+    def encode(self, text: str, *, special: bool, param: str) -> list[int]:
+        """Token ids of a text prompt; 400 when the checkpoint has no tokenizer.json."""
+        tokenizer = self.engine().tokenizer
+        if tokenizer is None:
+            raise ApiError(400, "this model has no tokenizer: send token ids", param=param)
+        return tokenizer.encode(text, add_special_tokens=special).ids
+
+    def decode(self, ids: list[int]) -> str:
+        tokenizer = self.engine().tokenizer
+        return "" if tokenizer is None else tokenizer.decode(ids, skip_special_tokens=False)
+
     def new_run(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> ReplyRun:
         assert self.metrics is not None
         engine = self.engine()
         return ReplyRun(
-            engine, self.metrics, prompt_ids, params, request_id, timeout=self.request_timeout
+            engine,
+            self.metrics,
+            prompt_ids,
+            params,
+            request_id,
+            timeout=self.request_timeout,
+            live=self.live_runs,
         )
+
+    def cancel_live(self) -> None:
+        """Asks the engine to end every reply in flight; each stream then ends with
+        finish_reason "abort" (the end of a drain)."""
+        for run in list(self.live_runs):
+            run.engine.abort(run.request_id)
 
     def reasoning_tokens(self, token_ids: list[int], parser: ReplyParser) -> int:
         """Reply tokens up to and including "</think>", all of them while still thinking."""

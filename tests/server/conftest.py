@@ -20,7 +20,8 @@ class LiveServer:
 
     def __init__(self, app) -> None:
         self.app = app
-        self._sock = socket.socket()
+        # IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say so (no Nagle stalls)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
         config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)

@@ -1,0 +1,291 @@
+"""`flashlane bench serve`: served throughput and latency against a running server.
+
+Conventions are vLLM's `bench serve`: TTFT = time to the first streamed chunk that carries
+text; TPOT = (E2E - TTFT) / (output tokens - 1); ITL = the gaps between streamed chunks (a chunk
+may carry several tokens when drafts land); output tok/s = output tokens / the level's
+duration. Prompts are random words cut to exactly --input-len tokens by the server's /tokenize
+and sent as token ids; replies run to --output-len tokens (ignore_eos). Greedy unless --seed
+is given, then seeded sampling (temperature 1, seed S + prompt index): either way each reply
+is reproducible, which --check-alone verifies against the same request sent alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+WORDS = ["time", "year", "river", "stone", "light", "music", "garden", "window", "answer"]
+WORDS += ["story", "letter", "market", "energy", "system", "paper", "world", "number"]
+
+
+@dataclass
+class Result:
+    """One request as the client saw it."""
+
+    ok: bool = False
+    text: str = ""
+    output_tokens: int = 0
+    ttft: float = 0.0
+    e2e: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+async def send(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Result:
+    """Streams one completion and times it."""
+    result = Result()
+    start = last = time.perf_counter()
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                data = json.loads(line[6:])
+                if "error" in data:
+                    result.error = str(data["error"].get("message"))
+                    return result
+                if data.get("usage"):
+                    result.output_tokens = data["usage"]["completion_tokens"]
+                text = "".join(c.get("text") or "" for c in data.get("choices", ()))
+                if not text:
+                    continue
+                now = time.perf_counter()
+                if not result.text:
+                    result.ttft = now - start
+                else:
+                    result.itl.append(now - last)
+                last = now
+                result.text += text
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        result.error = f"{type(e).__name__}: {e}"
+        return result
+    result.e2e = time.perf_counter() - start
+    result.ok = True
+    return result
+
+
+async def make_prompts(client: httpx.AsyncClient, args: argparse.Namespace) -> list[list[int]]:
+    """num_prompts distinct prompts of exactly input_len tokens."""
+    rng = random.Random(args.seed if args.seed is not None else 0)
+    prompts = []
+    for _ in range(args.num_prompts):
+        ids: list[int] = []
+        while len(ids) < args.input_len:
+            text = " ".join(rng.choice(WORDS) for _ in range(args.input_len + 8))
+            r = await client.post(
+                f"{args.url}/tokenize", json={"prompt": text, "add_special_tokens": False}
+            )
+            r.raise_for_status()
+            ids += r.json()["tokens"]
+        prompts.append(ids[: args.input_len])
+    return prompts
+
+
+def request_body(args: argparse.Namespace, model: str, prompt: list[int], i: int) -> dict:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": args.output_len,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
+    if args.seed is None:
+        body["temperature"] = 0.0
+    else:
+        body.update(temperature=1.0, seed=args.seed + i)
+    return body
+
+
+async def run_level(
+    client: httpx.AsyncClient,
+    args: argparse.Namespace,
+    model: str,
+    prompts: list[list[int]],
+    concurrency: int,
+) -> tuple[list[Result], float]:
+    """Sends every prompt with at most `concurrency` in flight; returns results and duration."""
+    gate = asyncio.Semaphore(concurrency)
+    done = 0
+
+    async def one(i: int) -> Result:
+        nonlocal done
+        async with gate:
+            result = await send(client, args.url, request_body(args, model, prompts[i], i))
+        done += 1
+        _progress(f"concurrency {concurrency}", done, len(prompts))
+        return result
+
+    start = time.perf_counter()
+    results = await asyncio.gather(*(one(i) for i in range(len(prompts))))
+    return list(results), time.perf_counter() - start
+
+
+def _progress(label: str, done: int, total: int) -> None:
+    width = 30
+    filled = width * done // total
+    bar = "#" * filled + "." * (width - filled)
+    end = "\n" if done == total else ""
+    print(f"\r{label:>16} [{bar}] {done}/{total}", end=end, file=sys.stderr, flush=True)
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": 0.0, "median": 0.0, "p99": 0.0}
+    ordered = sorted(values)
+    # numpy's default (linear) percentile, as vLLM reports it
+    pos = 0.99 * (len(ordered) - 1)
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    p99 = ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+    ms = 1000.0
+    return {
+        "mean": statistics.fmean(values) * ms,
+        "median": statistics.median(values) * ms,
+        "p99": p99 * ms,
+    }
+
+
+def summarize(concurrency: int, results: list[Result], duration: float) -> dict[str, Any]:
+    ok = [r for r in results if r.ok]
+    output = sum(r.output_tokens for r in ok)
+    tpot = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    return {
+        "concurrency": concurrency,
+        "completed": len(ok),
+        "errors": len(results) - len(ok),
+        "duration_s": duration,
+        "output_tokens": output,
+        "output_tok_s": output / duration if duration > 0 else 0.0,
+        "requests_s": len(ok) / duration if duration > 0 else 0.0,
+        "ttft_ms": _stats([r.ttft for r in ok]),
+        "tpot_ms": _stats(tpot),
+        "itl_ms": _stats([gap for r in ok for gap in r.itl]),
+        "e2e_ms": _stats([r.e2e for r in ok]),
+    }
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    head = (
+        f"{'conc':>5} {'ok':>5} {'err':>4} {'out tok/s':>10} {'req/s':>7} {'TTFT ms':>9} "
+        f"{'p99':>8} {'TPOT ms':>8} {'ITL ms':>8} {'p99':>8} {'E2E ms':>9} {'alone':>6}"
+    )
+    print(head)
+    for r in rows:
+        alone = r.get("alone_mismatches")
+        print(
+            f"{r['concurrency']:>5} {r['completed']:>5} {r['errors']:>4} "
+            f"{r['output_tok_s']:>10.1f} {r['requests_s']:>7.2f} {r['ttft_ms']['median']:>9.1f} "
+            f"{r['ttft_ms']['p99']:>8.1f} {r['tpot_ms']['median']:>8.2f} "
+            f"{r['itl_ms']['median']:>8.2f} {r['itl_ms']['p99']:>8.2f} "
+            f"{r['e2e_ms']['median']:>9.1f} "
+            f"{'-' if alone is None else ('ok' if alone == 0 else alone):>6}"
+        )
+    print("(medians unless marked p99; TPOT = (E2E - TTFT)/(tokens - 1), ITL per chunk)")
+
+
+def plot(rows: list[dict[str, Any]], path: str) -> bool:
+    """tok/s against concurrency as a PNG; False when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r["concurrency"] for r in rows], [r["output_tok_s"] for r in rows], marker="o")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel("output tokens / s")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    levels = [int(c) for c in args.concurrency.split(",")]
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    limits = httpx.Limits(max_connections=max(levels) + 4, max_keepalive_connections=max(levels))
+    async with httpx.AsyncClient(timeout=args.timeout, headers=headers, limits=limits) as client:
+        model = args.model or (await client.get(f"{args.url}/v1/models")).json()["data"][0]["id"]
+        prompts = await make_prompts(client, args)
+        if args.warmup:
+            await run_level(client, args, model, prompts[:1], 1)
+        alone = None
+        if args.check_alone:
+            alone_results, _ = await run_level(client, args, model, prompts, 1)
+            alone = [r.text if r.ok else None for r in alone_results]
+        rows = []
+        for level in levels:
+            results, duration = await run_level(client, args, model, prompts, level)
+            row = summarize(level, results, duration)
+            if alone is not None:
+                row["alone_mismatches"] = sum(
+                    1 for r, a in zip(results, alone) if not r.ok or a is None or r.text != a
+                )
+            rows.append(row)
+    return {
+        "url": args.url,
+        "model": model,
+        "num_prompts": args.num_prompts,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "seed": args.seed,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "levels": rows,
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="flashlane bench serve", description=__doc__.split("\n")[0])
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated levels")
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--seed", type=int, default=None, help="seeded sampling instead of greedy")
+    p.add_argument(
+        "--check-alone",
+        action="store_true",
+        help="every concurrent reply must equal the same request sent alone",
+    )
+    p.add_argument("--model", default=None, help="default: the first of /v1/models")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--timeout", type=float, default=600.0, help="per request, seconds")
+    p.add_argument("--warmup", type=int, default=1, help="send one request first (0: no)")
+    p.add_argument("--output-json", default=None, help="write the results here too")
+    p.add_argument("--plot", default=None, help="PNG of tok/s against concurrency")
+    return p
+
+
+def bench_serve_main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    result = asyncio.run(bench(args))
+    print_table(result["levels"])
+    if args.plot and not plot(result["levels"], args.plot):
+        print("matplotlib is not installed: no plot", file=sys.stderr)
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(result, f, indent=2)
+    print(json.dumps(result))
+    failed = any(r["errors"] or r.get("alone_mismatches") for r in result["levels"])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(bench_serve_main(sys.argv[1:]))
