@@ -122,6 +122,7 @@ class LaneHost:
         s = Stream(self._next_id, request_id, list(prompt_ids), params, seed, session_id, 0, 0)
         self._next_id += 1
         s.capacity = self.sessions.capacities[session_id]
+        s.max_capacity = max(self.sessions.capacities)
         s.arrival, s.admitted_at = s.stream_id, time.monotonic()
         s.filled = len(s.prompt_ids)
         self._dress(s)
@@ -183,6 +184,7 @@ class LaneHost:
                 return
             self.waiting.popleft()
             s.session_id, s.capacity = session_id, self.sessions.capacities[session_id]
+            s.max_capacity = max(self.sessions.capacities)
             s.arrival, s.admitted_at = s.stream_id, time.monotonic()
             self._dress(s)
             self.live.append(s)

@@ -110,7 +110,9 @@ def _finish_reason(stream: Stream, token: int, rules: StopRules) -> str | None:
         return "stop"
     if _hit_stop_string(stream, token):
         return "stop"
-    if len(stream.reply_ids) >= params.max_tokens or stream.start >= stream.capacity:
+    if len(stream.reply_ids) >= params.max_tokens or stream.start >= max(
+        stream.capacity, stream.max_capacity
+    ):
         return "length"
     return None
 

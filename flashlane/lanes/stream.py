@@ -105,6 +105,9 @@ class Stream:
     num_accepted: int = 0
     num_moves: int = 0
     num_pauses: int = 0  # rounds skipped while paused
+    # The largest session's capacity: a stream whose session is smaller moves or pauses when
+    # full instead of ending (0: its own session is the limit).
+    max_capacity: int = 0
     is_paused: bool = False  # skips rounds until a larger session frees (sessions.slots.room)
     # One dict per reply token (id -> logprob), where the params ask for logprobs.
     logprobs: list[dict[int, float]] | None = None

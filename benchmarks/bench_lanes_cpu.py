@@ -1,0 +1,111 @@
+"""Aggregate decode tokens/s of shared rounds on the CPU: 1..16 concurrent streams against the
+same requests served one at a time, drafts on and off.
+
+    python benchmarks/bench_lanes_cpu.py [--model DIR] [--concurrency 1,2,4,8,16] [--tokens 64]
+
+Without --model it uses the embedded default model. Prompts are held-out-like snippets (real
+text for a trained model) or random ids; every reply is greedy, so the drafted and shared runs
+must equal the serial ones (checked). Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import time
+from datetime import date
+
+import torch
+
+from flashlane.lanes.records import CostTable
+from flashlane.llm import LLM
+from flashlane.request import SamplingParams
+
+PROMPTS = [
+    "def fibonacci(n):\n",
+    "class LRUCache:\n    def __init__(self, capacity):\n",
+    "import os\n\n\ndef walk(path):\n",
+    '"""Parse a configuration file."""\n\n',
+    "    for key, value in sorted(items):\n",
+    "def read_lines(path, encoding='utf-8'):\n",
+    "# Copyright 2001 Python Software Foundation\n",
+    "    raise ValueError(f'bad value: {value!r}')\n",
+]
+
+
+def prompts(llm: LLM, n: int) -> list[list[int]]:
+    if llm.tokenizer is not None:
+        base = [llm.engine.encode(p) for p in PROMPTS]
+    else:
+        g = torch.Generator().manual_seed(0)
+        vocab = llm.engine.model_config.vocab_size
+        base = [torch.randint(3, vocab, (12 + 5 * i,), generator=g).tolist() for i in range(8)]
+    return [base[i % len(base)] + base[(i + 1) % len(base)][:i] for i in range(n)]
+
+
+def run(llm: LLM, batch: list[list[int]], params: SamplingParams) -> tuple[float, list]:
+    t0 = time.perf_counter()
+    outs = llm.generate(batch, params)
+    return time.perf_counter() - t0, outs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--concurrency", default="1,2,4,8,16")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    llm = LLM(args.model, parallel=max(levels))
+    costs: CostTable = llm.engine.backend.costs()
+    on = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
+    off = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True, draft=False)
+    rows, exact = [], True
+    for n in levels:
+        batch = prompts(llm, n)
+        serial_s, serial_outs = 0.0, []
+        for p in batch:
+            dt, o = run(llm, [p], off)
+            serial_s += dt
+            serial_outs += o
+        best = {}
+        for name, params in (("off", off), ("on", on)):
+            times = []
+            for _ in range(args.repeats):
+                dt, outs = run(llm, batch, params)
+                times.append(dt)
+                exact &= all(a.token_ids == b.token_ids for a, b in zip(outs, serial_outs))
+            best[name] = (min(times), outs)
+        toks = sum(len(o.token_ids) for o in serial_outs)
+        drafted = sum(o.stats.drafted for o in best["on"][1])
+        accepted = sum(o.stats.accepted for o in best["on"][1])
+        rows.append({"streams": n, "serial_tok_s": toks / serial_s,
+                     "shared_off_tok_s": toks / best["off"][0], "shared_on_tok_s": toks / best["on"][0],
+                     "drafted": drafted, "accepted": accepted})
+    one = rows[0]["shared_off_tok_s"]
+    print(f"{'streams':>7} {'serial':>8} {'off':>8} {'on':>8} {'on/off':>7} {'x one':>6} {'accept':>7}")
+    for r in rows:
+        r["on_over_off"] = r["shared_on_tok_s"] / r["shared_off_tok_s"]
+        r["off_over_one_stream"] = r["shared_off_tok_s"] / one
+        acc = r["accepted"] / r["drafted"] if r["drafted"] else 0.0
+        print(f"{r['streams']:>7} {r['serial_tok_s']:>8.1f} {r['shared_off_tok_s']:>8.1f} "
+              f"{r['shared_on_tok_s']:>8.1f} {r['on_over_off']:>7.2f} {r['off_over_one_stream']:>6.2f} "
+              f"{acc:>7.2f}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    print(json.dumps({"bench": "lanes_cpu", "date": str(date.today()), "commit": commit,
+                      "device": f"cpu ({platform.processor() or platform.machine()}, "
+                                f"{torch.get_num_threads()} threads)",
+                      "model": str(llm.config.model_path), "tokens": args.tokens,
+                      "costs_ms": costs.verify_ms, "exact": exact, "rows": rows,
+                      "command": "python benchmarks/bench_lanes_cpu.py " + " ".join(
+                          f"--{k} {v}" for k, v in vars(args).items() if v is not None)}))
+
+
+if __name__ == "__main__":
+    main()

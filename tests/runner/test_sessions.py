@@ -1,0 +1,66 @@
+"""Sized sessions on the real backend: moves keep replies exact, a failed move ends one
+stream, and the memory plan's byte counts equal the allocated tensors."""
+
+import pytest
+import torch
+
+from flashlane.lanes.records import CostTable
+from flashlane.llm import LLM
+from flashlane.models.state import SessionState
+from flashlane.request import SamplingParams
+from flashlane.sessions.memory import session_bytes
+
+COSTS = CostTable({1: 1.0, 16: 1.4}, draft_step_ms=0.3, overhead_ms=0.2)
+
+
+def ids(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 500, (n,), generator=g).tolist()
+
+
+@pytest.fixture(scope="module")
+def sized(tiny_ckpt):
+    # a small session, two larger ones; the grow margin makes a long reply move up
+    return LLM(str(tiny_ckpt), costs=COSTS, slot_contexts="40,128x2", slot_grow=8, max_rows=8)
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_ckpt):
+    return LLM(str(tiny_ckpt), costs=COSTS, parallel=1, max_rows=8)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True),
+    SamplingParams(max_tokens=60, temperature=0.8, seed=3, ignore_eos=True),
+], ids=["greedy", "seeded"])
+def test_outgrowing_stream_moves_and_stays_exact(sized, plain, params):
+    prompts = [ids(10, 1), ids(20, 2), ids(8, 3)]
+    outs = sized.generate(prompts, params)
+    assert outs[0].stats.moves == 1 and outs[0].stats.pauses >= 1  # waited, then moved
+    for p, o in zip(prompts, outs):
+        assert o.error is None
+        assert o.token_ids == plain.generate(p, params)[0].token_ids
+
+
+def test_failed_move_ends_only_that_stream(sized, monkeypatch):
+    backend = sized.engine.backend
+
+    def broken(stream_id, session_id):
+        raise RuntimeError("copy failed")
+
+    monkeypatch.setattr(backend, "move", broken)
+    params = SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True)
+    short = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    outs = sized.generate([ids(10, 1), ids(8, 4)], [params, short])
+    assert outs[0].error is not None and "copy failed" in outs[0].error
+    assert outs[1].error is None and len(outs[1].token_ids) == 20
+    assert not backend.bound
+
+
+def test_memory_plan_bytes_equal_allocated_tensors(tiny_ckpt, plain):
+    cfg = plain.engine.model_config
+    for capacity in (64, 96, 512):
+        s = SessionState.empty(cfg, capacity, torch.float64, torch.float64)
+        assert s.nbytes() == session_bytes(cfg, capacity, 8, 8, mtp=True)
+    for s, want in zip(plain.engine.sessions, plain.engine.plan.session_bytes):
+        assert s.nbytes() == want
