@@ -33,7 +33,7 @@ class EngineLike(Protocol):
     named flashlane_engine_<key>.
     """
 
-    tokenizer: tokenizers.Tokenizer
+    tokenizer: tokenizers.Tokenizer | None  # None: the checkpoint has none (token ids only)
     model_name: str
     context_len: int  # the most prompt + reply tokens one request may hold
     generation_defaults: dict[str, Any]  # the checkpoint's generation_config.json
@@ -44,13 +44,15 @@ class EngineLike(Protocol):
         self, prompt_ids: list[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[RequestOutput]:
         """Cumulative snapshots of one reply: token_ids and text so far (the text cut where a
-        stop string starts), the last one with finish_reason set. Raises QueueFull, when it is
-        called or at the first step, if the request cannot wait. An error of the request ends
-        it with finish_reason "error" and RequestOutput.error set."""
+        stop string starts), the last one with finish_reason set. Raises QueueFull (429) or
+        ValueError (400), when called or at the first step, if the request cannot be taken.
+        An error of the request ends it with finish_reason "error" and RequestOutput.error.
+        Closing the iterator early (client gone, timeout) must abort the request."""
         ...
 
     def abort(self, request_id: str) -> None:
-        """Ends the request at the next round (or before it starts); unknown ids are ignored."""
+        """Ends the request at the next round (or before it starts): its stream then ends with a
+        snapshot whose finish_reason is "abort". Unknown or finished ids are ignored."""
         ...
 
     def stats(self) -> dict[str, float]:

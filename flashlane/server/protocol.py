@@ -2,7 +2,7 @@
 
 Unknown fields are ignored (clients send extras); known fields are strict: a wrong type or a
 value out of range is a 400 naming the field. Sampling fields left out stay None here and are
-filled from the checkpoint's generation_config.json by `sampling_fields`.
+filled from the checkpoint's generation_config.json by `generate.sampling_params`.
 """
 
 from __future__ import annotations
