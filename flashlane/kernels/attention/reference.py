@@ -44,8 +44,9 @@ def select_mask(
     causal = key_pos.view(1, 1, -1) <= positions.unsqueeze(-1)
     if nb == 0 or int(complete.max()) <= top_blocks:
         return causal
-    scores = torch.einsum("bthd,bnd->bthn", index_q.to(dt), block_keys.to(dt))
-    scores = scores.relu().sum(2) / index_q.shape[-1] ** 0.5  # [B, T, NB]
+    b, t, hi, di = index_q.shape
+    scores = index_q.to(dt).reshape(b, t * hi, di) @ block_keys.to(dt).transpose(1, 2)
+    scores = scores.reshape(b, t, hi, nb).relu().sum(2) / di**0.5  # [B, T, NB]
     block_ids = torch.arange(nb, device=positions.device).view(1, 1, -1)
     valid = block_ids < complete.unsqueeze(-1)
     scores = torch.where(valid, scores, torch.full_like(scores, float("-inf")))
@@ -67,12 +68,15 @@ def attention(
     q: [B, T, Hq, D]; k, v: [B, L, Hkv, D]; mask: [B, T, L] bool -> [B, T, Hq, D].
     Scores and softmax in at least fp32.
     """
-    hq, hkv = q.shape[2], k.shape[2]
+    b, t, hq, d = q.shape
+    hkv = k.shape[2]
     dt = torch.promote_types(q.dtype, torch.float32)
     rep = hq // hkv
-    kx = k.to(dt).repeat_interleave(rep, dim=2)
-    vx = v.to(dt).repeat_interleave(rep, dim=2)
-    scores = torch.einsum("bthd,blhd->bhtl", q.to(dt), kx) * scale
-    scores = scores.masked_fill(~mask.unsqueeze(1), float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.einsum("bhtl,blhd->bthd", probs, vx).to(q.dtype)
+    # query heads grouped under their kv head: [B, Hkv, rep*T, D], no copy of the cache
+    qg = q.to(dt).reshape(b, t, hkv, rep, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, rep * t, d)
+    kt = k.to(dt).permute(0, 2, 3, 1)  # [B, Hkv, D, L]
+    scores = (qg @ kt) * scale
+    allowed = mask.unsqueeze(1).unsqueeze(2).expand(b, 1, rep, t, -1).reshape(b, 1, rep * t, -1)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ v.to(dt).transpose(1, 2)  # [B, Hkv, rep*T, D]
+    return out.reshape(b, hkv, rep, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, hq, d).to(q.dtype)
