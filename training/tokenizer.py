@@ -7,8 +7,8 @@ tool tags are "added, not special" as in Qwen3.5, so decoding with skip_special_
 them for the server's reasoning and tool-call parsers.
 
     python -m training.tokenizer --out flashlane/default_model
-writes tokenizer.json, tokenizer_config.json (with the chat template), chat_template.jinja
-and generation_config.json.
+writes tokenizer.json, tokenizer_config.json (with the chat template), chat_template.jinja,
+generation_config.json and tokenizer_corpus.json (the corpus summary it was trained on).
 """
 
 from __future__ import annotations
@@ -168,6 +168,10 @@ def main() -> None:
     docs = list(corpus.read_documents([f for f in files if f.split == "train"]))
     tok = train_tokenizer(docs, args.vocab_size)
     save(tok, args.out, args.max_length)
+    # Which corpus the tokenizer saw (a training run may later read another Python's stdlib).
+    manifest = corpus.write_manifest(files, args.out / "tokenizer_corpus.json")
+    manifest.pop("files")
+    (args.out / "tokenizer_corpus.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(
         json.dumps(
             {
