@@ -19,6 +19,7 @@ class Preset:
     weight_decay: float = 0.1  # on matrices only
     mtp_weight: float = 0.5  # lambda on the MTP head's CE
     balance_weight: float = 0.01  # Switch-style router balance loss, per MoE layer
+    indexer_weight: float = 1.0  # the indexer's KL to dense attention (trains the indexer only)
     grad_clip: float = 1.0
     threads: int = 0  # torch CPU threads (0: leave torch's default)
     max_minutes: float = 12.0  # safety stop; a run that hits it says so in its log
@@ -28,15 +29,17 @@ class Preset:
 
 
 PRESETS = {
-    # Two CPU cores, fp32, about 10 minutes; ships at once.
+    # fp32, about 10 minutes at ~550 tokens/s. One thread: on a 2-core machine that another
+    # process keeps busy, two threads ran tiny ops up to 100x slower (a parallel region waits
+    # for its descheduled thread); pass --threads 2 on an idle machine.
     "cpu": Preset(
         device="cpu",
-        steps=200,
+        steps=160,
         batch_size=4,
         seq_len=512,
         lr=3e-3,
         warmup=20,
-        threads=2,
+        threads=1,
         max_minutes=14.0,
     ),
     # One H200, fp32 with TF32 matmuls, about 6 minutes. The corpus is small (~2.2-2.6M

@@ -37,11 +37,34 @@ def _log_rows(log: list[dict], max_rows: int = 16) -> list[tuple]:
              e["seconds"]) for e in picked]  # fmt: skip
 
 
+def _heldout_rows(log: list[dict]) -> list[str]:
+    """The held-out evaluations during training (fp32 weights, all held-out windows)."""
+    evals = [(e["step"], e["heldout_main"], e["heldout_mtp"], e["accept1"])
+             for e in log if "heldout_main" in e]  # fmt: skip
+    if not evals:
+        return []
+    header = ("step", "held-out main", "held-out MTP", "depth-1 acceptance")
+    return ["Held-out evaluations during the run:", "", *_table(header, evals), ""]
+
+
 def render(config: dict, run: dict, num_params: int, checkpoint_bytes: int) -> str:
     cfg = ModelConfig.from_hf(config)
     counts = count_params(cfg)
     summary, heldout, manifest = run["summary"], run["heldout"], run["manifest"]
     p = run["config"]
+    if "indexer_weight" in p:
+        indexer_term = (f" + {p['indexer_weight']} * (the QSA indexer's KL to dense attention +"
+                        " a hinge keeping its per-head scores above a margin; both reach only the"
+                        " indexer, `training/aux_losses.py`)")  # fmt: skip
+        indexer_note = ("The indexer is trained by distillation from dense attention; its"
+                        " scores are kept positive, so block selection has no exact ties and"
+                        " transformers picks the same blocks.")  # fmt: skip
+    else:
+        indexer_term = ""
+        indexer_note = ("This run predates the indexer loss: the QSA indexer kept its random"
+                        " init (no gradient reaches a top-k), selection is arbitrary, and relu"
+                        " scores tie at 0, where transformers' topk picks other blocks than"
+                        " ours, so its logits differ past 67 tokens.")  # fmt: skip
     early = (" (the time limit stopped it before the schedule's end, so a rerun gives the"
              " same weights only where it reaches the same step)" if summary["stopped_early"]
              else "")  # fmt: skip
@@ -104,7 +127,8 @@ def render(config: dict, run: dict, num_params: int, checkpoint_bytes: int) -> s
         textwrap.fill(
             f"Seed {run['seed']}, preset `{run['preset']}` on {run['device']}, torch "
             f"{run['torch']}, Python {run['python']}. Loss = CE(main, x_t+1) + "
-            f"{p['mtp_weight']} * CE(MTP, x_t+2) + {p['balance_weight']} * router balance. "
+            f"{p['mtp_weight']} * CE(MTP, x_t+2) + {p['balance_weight']} * router balance"
+            f"{indexer_term}. "
             f"AdamW (0.9, 0.95), peak lr {p['lr']}, {p['warmup']} warmup steps then cosine to "
             f"{p['min_lr_ratio']} x peak, weight decay {p['weight_decay']} on matrices, clip "
             f"{p['grad_clip']}; batches of {p['batch_size']} x {p['seq_len']} tokens. "
@@ -114,6 +138,7 @@ def render(config: dict, run: dict, num_params: int, checkpoint_bytes: int) -> s
         *_table(("step", "main", "mtp", "lr", "tokens", "tokens/s", "seconds"),
                 _log_rows(run["log"])),
         "",
+        *_heldout_rows(run["log"]),
         "## Results (teacher forced, the bf16 weights as shipped)",
         "",
         *_table(("", "main head", "MTP head"), [
@@ -124,6 +149,9 @@ def render(config: dict, run: dict, num_params: int, checkpoint_bytes: int) -> s
         "",
         "MTP acceptance at depth 1 (MTP argmax at cell t == main argmax at t+1, over",
         f"{heldout['num_tokens']:,} held-out positions): **{heldout['mtp_accept_depth1']}**.",
+        "",
+        textwrap.fill(indexer_note, width=92),
+        "",
         "Depths 2..4 need the engine's chained drafts (`training/evaluate.py`,",
         "`chained_acceptance`); they are not measured yet.",
         "",

@@ -1,8 +1,9 @@
 """Train the embedded default model: a tiny qwen4_exp (Flash Next) with its MTP head.
 
-loss = CE(main head, x_{t+1}) + mtp_weight * CE(MTP head, x_{t+2}) + balance * router balance,
-AdamW with linear warmup and cosine decay, on the stdlib corpus (training/corpus.py) tokenized
-with the shipped tokenizer and packed into windows of seq_len + 2 tokens. Seeded: the init, the
+loss = CE(main head, x_{t+1}) + mtp_weight * CE(MTP head, x_{t+2}) + router balance + the QSA
+indexer's KL to dense attention (training/aux_losses.py), AdamW with linear warmup and cosine
+decay, on the stdlib corpus (training/corpus.py) tokenized with the shipped tokenizer and
+packed into windows of seq_len + 2 tokens. Seeded: the init, the
 window order and the steps are fixed by --seed and the preset, so a rerun on the same
 interpreter, torch and device gives the same losses.
 
@@ -29,9 +30,9 @@ import torch.nn.functional as F
 
 from flashlane.models.config import ModelConfig
 from flashlane.models.flashnext import FlashNext
-from flashlane.models.layers.moe import SparseMoe
 from flashlane.models.loader import init_weights, save_checkpoint
 from training import corpus, evaluate, model_card
+from training.aux_losses import AuxLosses
 from training.config import PRESETS, Preset, tiny_config
 from training.data import batch_order, encode, windows
 
@@ -52,26 +53,14 @@ def lr_at(step: int, p: Preset) -> float:
     return p.lr * (p.min_lr_ratio + (1 - p.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def balance_loss(model: FlashNext, inputs: list[tuple[SparseMoe, torch.Tensor]]) -> torch.Tensor:
-    """Switch balance: E * sum_e (share of top-k slots routed to e) * (mean router prob of e)."""
-    total = torch.zeros((), device=model.embed_tokens.weight.device)
-    for moe, x in inputs:
-        probs = torch.softmax(F.linear(x.float(), moe.gate.weight.float()), dim=-1)
-        top = probs.topk(moe.cfg.num_experts_per_tok, dim=-1).indices
-        share = F.one_hot(top, moe.cfg.num_experts).float().mean(dim=(0, 1))
-        total = total + moe.cfg.num_experts * (share.detach() * probs.mean(0)).sum()
-    return total / max(1, len(inputs))
-
-
-def losses(model: FlashNext, batch: torch.Tensor, moe_inputs: list) -> dict[str, torch.Tensor]:
-    """batch [B, T+2] -> main CE (x_{t+1}), MTP CE (x_{t+2}) and the router balance term."""
+def losses(model: FlashNext, batch: torch.Tensor, aux: AuxLosses) -> dict[str, torch.Tensor]:
+    """batch [B, T+2] -> main CE (x_{t+1}), MTP CE (x_{t+2}), router balance, indexer KL."""
     t = batch.shape[1] - 2
-    moe_inputs.clear()
     logits, residual = model.forward_train(batch[:, :t])
     main = F.cross_entropy(logits.flatten(0, 1), batch[:, 1 : t + 1].flatten())
     mtp_logits, _ = model.mtp_forward_train(residual, batch[:, 1 : t + 1])
     mtp = F.cross_entropy(mtp_logits.flatten(0, 1), batch[:, 2:].flatten())
-    return {"main": main, "mtp": mtp, "balance": balance_loss(model, moe_inputs)}
+    return {"main": main, "mtp": mtp, **aux.take()}
 
 
 def make_optimizer(model: FlashNext, p: Preset) -> torch.optim.AdamW:
@@ -101,10 +90,7 @@ def train(
     model = FlashNext(ModelConfig.from_hf(config))
     init_weights(model, seed)
     model.to(device).train()
-    moe_inputs: list[tuple[SparseMoe, torch.Tensor]] = []
-    for m in model.modules():
-        if isinstance(m, SparseMoe):
-            m.register_forward_hook(lambda mod, args, out: moe_inputs.append((mod, args[0])))
+    aux = AuxLosses(model)
     opt = make_optimizer(model, p)
     data = windows(train_ids, p.seq_len)
     order = batch_order(data.shape[0], p.batch_size, seed)
@@ -113,8 +99,9 @@ def train(
         for group in opt.param_groups:
             group["lr"] = lr_at(step, p)
         batch = data[next(order)].to(device)
-        parts = losses(model, batch, moe_inputs)
-        loss = parts["main"] + p.mtp_weight * parts["mtp"] + p.balance_weight * parts["balance"]
+        parts = losses(model, batch, aux)
+        loss = (parts["main"] + p.mtp_weight * parts["mtp"] + p.balance_weight * parts["balance"]
+                + p.indexer_weight * parts["indexer"])  # fmt: skip
         opt.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), p.grad_clip).item()

@@ -4,11 +4,15 @@ import math
 import time
 from dataclasses import replace
 
+import pytest
 import torch
 
 from flashlane.models.config import ModelConfig
-from flashlane.models.loader import load_checkpoint, save_checkpoint
-from training import data, evaluate, train_tiny
+from flashlane.models.flashnext import FlashNext
+from flashlane.models.layers.qsa_attention import QSAttention
+from flashlane.models.loader import init_weights, load_checkpoint, save_checkpoint
+from flashlane.models.rows import Rows
+from training import aux_losses, data, evaluate, train_tiny
 
 
 def micro_config() -> dict:
@@ -52,7 +56,17 @@ def test_tiny_config_is_valid_and_small():
     assert cfg.max_position_embeddings >= 8192
 
 
-def test_three_steps_are_finite_reproducible_and_fast(tmp_path):
+@pytest.fixture
+def one_thread():
+    # Tiny ops on two threads of a 2-core machine another process keeps busy can run 100x
+    # slower (each parallel region waits for a descheduled thread): train on one.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_three_steps_are_finite_reproducible_and_fast(tmp_path, one_thread):
     t0 = time.perf_counter()
     logs: list[dict] = []
     model, summary = train_tiny.train(micro_config(), _stream(), PRESET, seed=3, log=logs.append)
@@ -94,3 +108,39 @@ def test_chained_acceptance_hook():
     drafter = lambda prefix, depth: [len(prefix) + 1, len(prefix) + 2, -1, -1][:depth]  # noqa: E731
     rates = evaluate.chained_acceptance(drafter, greedy, docs, max_depth=4, stride=8)
     assert rates == {1: 1.0, 2: 1.0, 3: 0.0, 4: 0.0}
+
+
+def _qsa_layer_and_input(t: int):
+    cfg = micro_config()
+    model = FlashNext(ModelConfig.from_hf(cfg))
+    init_weights(model, 5)
+    attn = next(m for m in model.modules() if isinstance(m, QSAttention))
+    ids = torch.randint(0, 512, (2, t), generator=torch.Generator().manual_seed(2))
+    x = torch.randn(2 * t, cfg["hidden_size"], generator=torch.Generator().manual_seed(3))
+    return model, attn, Rows.training(ids), x
+
+
+def test_dense_probs_match_the_layer_while_attention_is_dense():
+    # With at most top_blocks complete blocks the layer attends densely: the hook's q/k
+    # recomputation must give the layer's own output.
+    model, attn, rows, x = _qsa_layer_and_input(t=8)
+    cfg = attn.cfg
+    probs = aux_losses.dense_probs(attn, x, rows, model.rotary)  # [B, Hq, T, T]
+    v = attn.v_proj(x).reshape(2, 8, cfg.num_kv_heads, cfg.head_dim)
+    v = v.repeat_interleave(cfg.num_attention_heads // cfg.num_kv_heads, dim=2)
+    o = torch.einsum("bhqk,bkhd->bqhd", probs, v).reshape(16, -1)
+    gate = attn.q_proj(x).reshape(16, cfg.num_attention_heads, 2, cfg.head_dim)[:, :, 1]
+    want = attn.o_proj(o * torch.sigmoid(gate.reshape(16, -1)))
+    got = attn(x, rows, model.rotary, model.kernels)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_indexer_kl_trains_only_the_indexer():
+    model, attn, rows, x = _qsa_layer_and_input(t=40)
+    x.requires_grad_(True)
+    kl = aux_losses.indexer_kl(attn, x, rows, model.rotary)
+    assert kl.item() > 0
+    kl.backward()
+    assert x.grad is None
+    for name, p in attn.named_parameters():
+        assert (p.grad is not None and p.grad.abs().sum() > 0) == name.startswith("indexer."), name
