@@ -47,6 +47,10 @@ class Engine:
         self.config = config
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.device = config.resolved_device()
+        if self.device == "cpu":
+            # Small CPU forwards are bound by Python, not arithmetic, and a second OpenMP
+            # thread that waits for a busy core stalls every op (seen: 60 ms -> 2 s a round).
+            torch.set_num_threads(1)
         path = config.model_path
         weights, cache, state = compute_dtypes(self.device, config.dtype)
         self.model_config, self.model = load_checkpoint(path, weights, self.device)

@@ -24,12 +24,14 @@ class AttnCache:
 
     @classmethod
     def empty(cls, cfg: ModelConfig, capacity: int, dtype: torch.dtype, device) -> AttnCache:
+        # Rows past the valid length are never read, so the buffers need no zeroing (and
+        # untouched pages cost nothing until a stream reaches them).
         kv = (capacity, cfg.num_kv_heads, cfg.head_dim)
         return cls(
-            k=torch.zeros(kv, dtype=dtype, device=device),
-            v=torch.zeros(kv, dtype=dtype, device=device),
-            index_keys=torch.zeros(capacity, cfg.indexer_head_dim, dtype=dtype, device=device),
-            block_keys=torch.zeros(
+            k=torch.empty(kv, dtype=dtype, device=device),
+            v=torch.empty(kv, dtype=dtype, device=device),
+            index_keys=torch.empty(capacity, cfg.indexer_head_dim, dtype=dtype, device=device),
+            block_keys=torch.empty(
                 capacity // cfg.indexer_block, cfg.indexer_head_dim, dtype=dtype, device=device
             ),
         )
