@@ -3,19 +3,21 @@
 Returns the CPU path's tokens (choose.draw_rows). Plain torch, so it runs on the CPU too and a
 CI test holds it to the CPU path; on CUDA it is the verify round's sampler.
 
-Per row: greedy rows take the first maximum. Sampled rows keep a pool {z >= floor}, which is
-a prefix of the candidate order: the floor is the k-th largest z for top_k, a mass bound for
-top_p, and otherwise the lowest z that could still beat the first candidate's score (or pass
-min_p). Pools are packed into a [rows, width] tensor, sorted only where order matters, and
-scored there. Sums run in the device's order, not DESIGN's left-to-right order, so a top_p cut
-is taken only when an error bound proves the exact sums cut at the same id; a row too close to
-call (about one in 10**5 wide flat rows) is drawn on the CPU instead.
+Greedy rows take the first maximum. A sampled row keeps a pool {z >= floor}, which is a prefix
+of the candidate order (prune.py): the floor is the k-th largest z for top_k, the edge of a
+mass histogram for top_p, and otherwise the lowest z that could still beat the first
+candidate's score (or pass min_p). Pools are packed into a [rows, width] tensor, sorted only
+where order matters, and scored there. Sums run in the device's order, not DESIGN's left to
+right, so a top_p cut is taken only when an error bound proves the exact sums cut at the same
+id; a row too close to call (rare, except on degenerate rows such as equal logits, where a
+running sum can hit top_p * S exactly) is drawn by the CPU path instead.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -28,7 +30,7 @@ from flashlane.sampling.choose import (
     draw_rows,
 )
 from flashlane.sampling.keyed import gumbel_torch, row_key, row_keys_torch, uniforms_torch
-from flashlane.sampling.prune import NOISE_BOUND
+from flashlane.sampling.prune import NOISE_BOUND, SLICES, SLICES_PER_NAT
 
 F64 = torch.float64
 NEG_INF = -math.inf
@@ -38,52 +40,78 @@ def draw_rows_gpu(logits: torch.Tensor, specs: Sequence[DrawSpec]) -> list[int |
     """One draw per row of fp32 logits [N, V] on any device; a row's error in its slot."""
     n = logits.shape[0]
     out: list[int | SampleError | None] = [None] * n
-    l = logits.to(F64)
     _mark_bad_logits(logits, out)
+    l = logits.to(F64)
     _adjust(l, specs, out)
-    greedy = [i for i in range(n) if out[i] is None and _is_greedy(specs[i])]
-    sampled = [i for i in range(n) if out[i] is None and not _is_greedy(specs[i])]
+    live = [i for i in range(n) if out[i] is None]
+    greedy = [i for i in live if specs[i].params.temperature < GREEDY_TEMPERATURE]
     if greedy:
-        top, ids = l[greedy].max(1)  # the first maximum: ties go to the lower id
-        for i, t, v in zip(greedy, ids.tolist(), top.tolist()):
-            out[i] = t if v > NEG_INF else SampleError("no finite candidate logit")
+        top, ids = _rows(l, greedy).max(1)  # the first maximum: ties go to the lower id
+        for i, t in zip(greedy, torch.where(top > NEG_INF, ids, -1).tolist()):
+            out[i] = t if t >= 0 else SampleError("no finite candidate logit")
+    sampled = [i for i in live if out[i] is None]
     for ordered in (False, True):
-        rows = [i for i in sampled if _is_ordered(specs[i]) == ordered]
+        rows = [i for i in sampled if _is_ordered(specs[i], l.shape[1]) == ordered]
         if rows:
-            z = l[rows].div_(_col([specs[i].params.temperature for i in rows], l.device))
-            for i, r in zip(rows, _draw_pooled(z, [specs[i] for i in rows], ordered)):
+            table = _Table.of([specs[i] for i in rows], l.shape[1], l.device)
+            z = _rows(l, rows).div_(table.temperature[:, None])
+            for i, r in zip(rows, _draw_pooled(z, table, ordered)):
                 out[i] = r
     # Rows the device could not settle (a top_p cut within rounding) go to the CPU path.
-    unsettled = [i for i in range(n) if out[i] is None]
+    unsettled = [i for i in live if out[i] is None]
     if unsettled:
-        cpu = draw_rows(logits[unsettled], [specs[i] for i in unsettled])
-        for i, r in zip(unsettled, cpu):
+        for i, r in zip(unsettled, draw_rows(logits[unsettled], [specs[i] for i in unsettled])):
             out[i] = r
     return out  # type: ignore[return-value]
 
 
-def _is_greedy(spec: DrawSpec) -> bool:
-    return spec.params.temperature < GREEDY_TEMPERATURE
+@dataclass(frozen=True, slots=True)
+class _Table:
+    """Per-row draw parameters as device columns [m], copied in one transfer."""
+
+    keys: torch.Tensor  # int64 row_key(seed, position)
+    temperature: torch.Tensor
+    top_k: torch.Tensor  # top_k, or V when 0 (float64: exact for any vocabulary)
+    top_p: torch.Tensor
+    min_p: torch.Tensor
+    has_k: torch.Tensor  # bool: 0 < top_k < V (a larger top_k keeps every candidate)
+    max_k: int  # the largest such top_k; 0 if none
+    all_k: bool  # every row has such a top_k
+    any_top_p: bool  # host-side flags: skip the work no row needs
+    any_min_p: bool
+
+    @staticmethod
+    def of(specs: Sequence[DrawSpec], vocab: int, device: torch.device) -> _Table:
+        ps = [s.params for s in specs]
+        cols = [[p.temperature, min(p.top_k or vocab, vocab), p.top_p, p.min_p] for p in ps]
+        t, k, top_p, min_p = torch.tensor(cols, dtype=F64).to(device).unbind(1)
+        keys = row_keys_torch([row_key(s.seed, s.position) for s in specs], device)
+        ks = [p.top_k for p in ps if 0 < p.top_k < vocab]
+        any_top_p, any_min_p = any(p.top_p < 1 for p in ps), any(p.min_p > 0 for p in ps)
+        max_k, all_k = max(ks, default=0), len(ks) == len(ps)
+        return _Table(keys, t, k, top_p, min_p, k < vocab, max_k, all_k, any_top_p, any_min_p)
 
 
-def _is_ordered(spec: DrawSpec) -> bool:
-    """Whether the row needs the candidate order (top_k or top_p)."""
-    return spec.params.top_k > 0 or spec.params.top_p < 1.0
+def _rows(l: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """l[rows], without the copy when that is every row (then l is overwritten)."""
+    return l if rows == list(range(l.shape[0])) else l[rows]
 
 
-def _col(values: Sequence[float], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=F64, device=device)[:, None]
+def _is_ordered(spec: DrawSpec, vocab: int) -> bool:
+    """Whether the row needs the candidate order (top_k below V, or top_p)."""
+    return 0 < spec.params.top_k < vocab or spec.params.top_p < 1.0
 
 
 def _mark_bad_logits(logits: torch.Tensor, out: list) -> None:
-    nan = torch.isnan(logits)
-    inf = torch.isposinf(logits)
-    flags = torch.stack([nan.any(1), inf.any(1)], 1).tolist()
-    for i, (has_nan, has_inf) in enumerate(flags):
-        if has_nan or has_inf:
-            bad = nan[i] if has_nan else inf[i]
-            first = int(bad.nonzero()[0, 0])
-            out[i] = SampleError(f"{'NaN' if has_nan else '+inf'} logit at id {first}")
+    top = logits.amax(1)  # NaN propagates through amax, so one pass finds both problems
+    for i, v in enumerate(top.tolist()):
+        if math.isnan(v):
+            word, bad = "NaN", torch.isnan(logits[i])
+        elif v == math.inf:
+            word, bad = "+inf", torch.isposinf(logits[i])
+        else:
+            continue
+        out[i] = SampleError(f"{word} logit at id {int(bad.nonzero()[0, 0])}")
 
 
 def _adjust(l: torch.Tensor, specs: Sequence[DrawSpec], out: list) -> None:
@@ -129,70 +157,73 @@ def _row_adjustments(
 
 
 def _columns(rows: list[tuple], device: torch.device) -> list[torch.Tensor]:
-    """(row, id, value...) tuples -> an int64 row column, an int64 id column, float64 columns."""
+    """(row, id, value...) tuples -> int64 row and id columns, then float64 columns."""
     cols = list(zip(*rows))
     ints = [torch.tensor(c, dtype=torch.int64, device=device) for c in cols[:2]]
     return ints + [torch.tensor(c, dtype=F64, device=device) for c in cols[2:]]
 
 
-def _draw_pooled(
-    z: torch.Tensor, specs: Sequence[DrawSpec], ordered: bool
-) -> list[int | SampleError | None]:
+def _draw_pooled(z: torch.Tensor, table: _Table, ordered: bool) -> list[int | SampleError | None]:
     """Steps 2-6 for z = adjusted logits / T [m, V]; None where the device cannot settle."""
-    dev, (m, vocab) = z.device, z.shape
-    params = [s.params for s in specs]
+    vocab = z.shape[1]
     zmax, i0 = z.max(1)
-    no_candidate = (zmax == NEG_INF).tolist()
-    zmax = torch.where(zmax == NEG_INF, 0.0, zmax)  # keeps such rows free of NaN
-    keys = row_keys_torch([row_key(s.seed, s.position) for s in specs], dev)
-    min_p = _col([p.min_p for p in params], dev)
+    empty = zmax == NEG_INF  # no finite candidate
+    zmax = torch.where(empty, 0.0, zmax)  # keeps such rows free of NaN
     e_total = None
     if ordered:
-        floor, e_total = _order_floors(z, zmax, params)
+        floor, e_total = _order_floors(z, zmax, table)
     else:
         # i0 survives every filter, so its score bounds the winner's from below.
-        b0 = zmax + gumbel_torch(uniforms_torch(keys, i0))
+        b0 = zmax + gumbel_torch(uniforms_torch(table.keys, i0))
         floor = b0 - NOISE_BOUND - 1.0
-        floor = torch.maximum(floor, zmax + torch.log(min_p[:, 0]) - 1e-9 * (1 + zmax.abs()))
-    whole = floor == NEG_INF  # the pool holds every candidate
+        if table.any_min_p:
+            min_p_floor = zmax + torch.log(table.min_p) - 1e-9 * (1 + zmax.abs())
+            floor = torch.maximum(floor, min_p_floor)
     pz, pid, count = _pack(z, floor, sort=ordered)
-    rank = torch.arange(pz.shape[1], device=dev)[None, :]
+    rank = torch.arange(pz.shape[1], device=z.device)[None, :]
     keep = rank < count[:, None]
     e = torch.exp(pz - zmax[:, None])  # packing slots hold -inf: e = 0 there
-    settled = torch.ones(m, dtype=torch.bool, device=dev)
+    settled = torch.ones_like(empty)
     if ordered:
-        top_k = torch.tensor([p.top_k or vocab for p in params], device=dev)
-        keep &= rank < top_k[:, None]
-        keep, settled = _top_p_keep(e, keep, rank, params, e_total, whole, vocab)
-    keep &= e >= min_p
-    scores = torch.where(keep, pz + gumbel_torch(uniforms_torch(keys[:, None], pid)), NEG_INF)
+        keep &= rank < table.top_k[:, None]
+    if ordered and table.any_top_p:
+        keep, settled = _top_p_keep(e, keep, rank, table, e_total, floor == NEG_INF, vocab)
+    if table.any_min_p:
+        keep &= e >= table.min_p[:, None]
+    noise = gumbel_torch(uniforms_torch(table.keys[:, None], pid))
+    scores = torch.where(keep, pz + noise, NEG_INF)
     best = scores.max(1, keepdim=True).values
     tokens = torch.where(scores == best, pid, vocab).min(1).values
-    out: list[int | SampleError | None] = []
-    for token, ok, empty in zip(tokens.tolist(), settled.tolist(), no_candidate):
-        out.append(SampleError("no finite candidate logit") if empty else token if ok else None)
-    return out
+    rows = torch.stack([tokens, settled.long(), empty.long()], 1).tolist()  # one transfer
+    return [
+        SampleError("no finite candidate logit") if none else token if ok else None
+        for token, ok, none in rows
+    ]
 
 
 def _order_floors(
-    z: torch.Tensor, zmax: torch.Tensor, params: Sequence
+    z: torch.Tensor, zmax: torch.Tensor, table: _Table
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pool floors for rows that need the order, and each row's sum of exp(z - zmax) (used by
-    top_p rows without top_k)."""
-    vocab = z.shape[1]
-    ks = [min(p.top_k, vocab) for p in params]
+    """Pool floors for rows that need the order, and each row's sum of exp(z - zmax) (used
+    by top_p rows without top_k; zeros when there are none)."""
+    m = z.shape[0]
     e_total = torch.zeros_like(zmax)
-    if min(ks) == 0:  # some row cuts top_p over the whole row
-        e_total = torch.exp(z - zmax[:, None]).sum(1)
-    top_p = torch.tensor([p.top_p for p in params], dtype=F64, device=z.device)
-    # Ids below tau hold at most (total - target) / 2 together, so the cut lies above them.
-    tau = (e_total - top_p * e_total) / (2 * vocab)
-    floor = torch.where(tau > 0, zmax + torch.log(tau) - 1.0, NEG_INF)
-    if max(ks) > 0:
-        kth = torch.topk(z, max(ks), dim=1).values  # [m, max k], descending
-        at_k = kth.gather(1, torch.tensor([max(k - 1, 0) for k in ks], device=z.device)[:, None])
-        with_k = torch.tensor([k > 0 for k in ks], device=z.device)
-        floor = torch.where(with_k, at_k[:, 0], floor)
+    floor = torch.full_like(zmax, NEG_INF)
+    if not table.all_k:
+        # prune.py's mass by slices of zmax - z: the narrowest prefix that reaches top_p * S,
+        # with a slice to spare. Atomic float adds: only a guess, checked by _top_p_keep.
+        x = z - zmax[:, None]
+        e = torch.exp(x)
+        e_total = e.sum(1)
+        slices = (x * -SLICES_PER_NAT).clamp(max=SLICES - 1).long()
+        mass = torch.zeros(m, SLICES, dtype=F64, device=z.device).scatter_add_(1, slices, e)
+        short = mass.cumsum(1) < (table.top_p * e_total * (1 + 1e-6))[:, None]
+        edge = short.sum(1)  # the first slice whose running mass reaches it
+        floor = torch.where(edge < SLICES - 2, zmax - (edge + 2) / SLICES_PER_NAT, NEG_INF)
+    if table.max_k > 0:
+        kth = torch.topk(z, table.max_k, dim=1).values  # [m, max k], descending
+        at = (table.top_k.long().clamp(max=table.max_k) - 1)[:, None]
+        floor = torch.where(table.has_k, kth.gather(1, at)[:, 0], floor)
     return floor, e_total
 
 
@@ -222,35 +253,31 @@ def _top_p_keep(
     e: torch.Tensor,
     keep: torch.Tensor,
     rank: torch.Tensor,
-    params: Sequence,
+    table: _Table,
     e_total: torch.Tensor,
     whole: torch.Tensor,
     vocab: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step 4 on packed rows in candidate order: keep [m, width] narrowed to the shortest
-    prefix reaching top_p * S, and whether each row's cut is proven (see the module doc)."""
-    dev = e.device
-    top_p = torch.tensor([p.top_p for p in params], dtype=F64, device=dev)
-    has_k = torch.tensor([p.top_k > 0 for p in params], device=dev)
+    """Step 4 on packed rows in candidate order: `keep` [m, width] narrowed to the shortest
+    prefix reaching top_p * S, and whether each row's cut is proven. `whole` [m]: the pool
+    holds every candidate, so "no prefix reaches the target" can keep them all."""
     running = torch.cumsum(torch.where(keep, e, 0.0), 1)
-    total = torch.where(has_k, running[:, -1], e_total)
-    target = top_p * total
-    avail = keep.sum(1)
-    cut = ((running < target[:, None]) & keep).sum(1)  # first position reaching the target
-    reached = cut < avail
+    total = torch.where(table.has_k, running[:, -1], e_total)
+    target = table.top_p * total
+    cut = ((running < target[:, None]) & keep).sum(1)  # the first position reaching it
+    reached = cut < keep.sum(1)
     at = running.gather(1, cut.clamp(max=running.shape[1] - 1)[:, None])[:, 0]
     before = running.gather(1, (cut - 1).clamp(min=0)[:, None])[:, 0]
     before = torch.where(cut > 0, before, NEG_INF)
-    # Any two orders of summing n nonnegative terms differ by at most 2 n 2**-53 of the total;
+    # Two orders of summing n nonnegative terms differ by at most 2 n 2**-53 of the total;
     # twice that, as S, the running sums and exp may each differ from the CPU's.
     slack = (4 * vocab + 16) * 2.0**-53 * total
-    whole = has_k | whole
     proven = torch.where(
         reached,
         (at - target > slack) & (target - before > slack),
-        (target - before > slack) & whole,
+        (target - before > slack) & (table.has_k | whole),
     )
-    applies = top_p < 1.0
+    applies = table.top_p < 1.0
     narrowed = keep & torch.where(reached[:, None], rank <= cut[:, None], True)
     keep = torch.where(applies[:, None], narrowed, keep)
     return keep, proven | ~applies

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from flashlane.request import SamplingParams
 from flashlane.sampling.keyed import GUMBEL_MAX, gumbel_np, uniforms_np
@@ -25,8 +26,9 @@ NOISE_BOUND = GUMBEL_MAX + 1e-6
 # is u >= U_TAIL: comparing u first leaves logs for about 3e-4 of such ids.
 TAIL = 8.0
 U_TAIL = math.exp(-math.exp(-(TAIL - 1e-3)))
-CHUNK = 32768  # ids per pass over wide rows: temporaries stay small
-BUCKETS = 2048  # z buckets for top_p's cut on wide prefixes
+CHUNK = 8 * BLOCK  # ids per pass over wide rows: small temporaries, no page faults
+# top_p alone sums exp(z - zmax) by slices of zmax - z, 1/64 nat wide over 64 nats.
+SLICES, SLICES_PER_NAT = 4096, 64
 
 
 def sorted_by_z(z: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -63,8 +65,9 @@ def pruned_choice(z: np.ndarray, p: SamplingParams, key: int) -> int:
     i0 = int(np.argmax(z))  # the first candidate in order
     zmax = float(z[i0])
     bound = float(z[i0] + gumbel_np(uniforms_np(key, np.array([i0])))[0])
-    if p.top_k > 0 or p.top_p < 1.0:
-        kept = _top_filtered(z, zmax, p)
+    top_k = p.top_k if p.top_k < z.size else 0  # top_k >= V keeps every candidate
+    if top_k > 0 or p.top_p < 1.0:
+        kept = _top_filtered(z, zmax, top_k, p.top_p)
     else:
         # No order needed: keep the ids that could reach i0's score (and pass min_p).
         floor = bound - NOISE_BOUND - 1.0
@@ -76,58 +79,45 @@ def pruned_choice(z: np.ndarray, p: SamplingParams, key: int) -> int:
     return _best(z, kept, key, bound)
 
 
-def _top_filtered(z: np.ndarray, zmax: float, p: SamplingParams) -> np.ndarray:
+def _top_filtered(z: np.ndarray, zmax: float, top_k: int, top_p: float) -> np.ndarray:
     """The ids steps 3-4 keep, in no particular order, without sorting the whole row."""
-    if p.top_k > 0:
-        order = sorted_by_z(z, np.sort(_first_k(z, zmax, p.top_k)))
-        if p.top_p < 1.0:
+    if top_k > 0:
+        order = sorted_by_z(z, np.sort(_first_k(z, top_k)))
+        if top_p < 1.0:
             e = np.exp(z[order] - zmax)
-            order = order[: top_p_count(e, _sparse_blocked_sum(order, e), p.top_p)]
+            order = order[: top_p_count(e, _sparse_blocked_sum(order, e), top_p)]
         return order
-    total = _exp_blocked_sum(z, zmax)
-    target = p.top_p * total
-    # Widen a small prefix until it holds the target mass; the 1e-9 covers summing in another
-    # order, so a pool that fails the test cannot reach the target.
-    for width in (2.0, 4.0, 8.0, 16.0, 32.0, 64.0, math.inf):
-        inside = z >= zmax - width if width < math.inf else np.isfinite(z)
-        pool = np.flatnonzero(inside)
-        e = np.exp(z[pool] - zmax)
-        if e.sum() >= target * (1 - 1e-9):
-            break
-    kept = _top_p_band(z, zmax, pool, e, target)
+    total, mass = _exp_sum_and_mass(z, zmax)
+    kept = _cut_in_slice(z, zmax, mass, top_p * total)
     if kept is None:  # too close to call without the exact order
-        order = np.argsort(-z[pool], kind="stable")
-        kept = pool[order[: top_p_count(e[order], total, p.top_p)]]
+        order = sorted_by_z(z, np.flatnonzero(np.isfinite(z)))
+        kept = order[: top_p_count(np.exp(z[order] - zmax), total, top_p)]
     return kept
 
 
-def _first_k(z: np.ndarray, zmax: float, k: int) -> np.ndarray:
+def _first_k(z: np.ndarray, k: int) -> np.ndarray:
     """The first k candidates (unordered), ties at the k-th value to the lower ids."""
-    # A set {z >= floor} with >= k ids holds them; widen a small guess until it does.
-    for width in (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0):
-        pool = np.flatnonzero(z >= zmax - width)
-        if pool.size >= k:
-            break
-    else:
-        pool = np.flatnonzero(np.isfinite(z))
-        if pool.size <= k:
-            return pool
+    z_k = float(torch.topk(torch.from_numpy(z), k, sorted=False).values.min())  # k-th largest
+    if z_k == -math.inf:  # fewer than k candidates: all of them
+        return np.flatnonzero(np.isfinite(z))
+    pool = np.flatnonzero(z >= z_k)
     zp = z[pool]
-    z_k = np.partition(zp, zp.size - k)[zp.size - k]  # the k-th largest value
     above, at = pool[zp > z_k], pool[zp == z_k]
     return np.concatenate([above, at[: k - above.size]])
 
 
-def _exp_blocked_sum(z: np.ndarray, zmax: float) -> float:
-    """blocked_sum(exp(z - zmax)) a chunk at a time in one reused buffer (chunks start on block
-    edges); -inf ids give 0, as step 4 counts non-candidates."""
+def _exp_sum_and_mass(z: np.ndarray, zmax: float) -> tuple[float, np.ndarray]:
+    """blocked_sum(exp(z - zmax)), a chunk at a time in one reused buffer (chunks start on
+    block edges; -inf ids give 0, as step 4 counts non-candidates), and that mass by slices
+    of zmax - z (float sums, only to pick a pool)."""
     buf = np.empty(min(CHUNK, z.size))
-    sums = []
+    sums, mass = [], np.zeros(SLICES)
     for start in range(0, z.size, CHUNK):
-        x = buf[: min(CHUNK, z.size - start)]
-        np.exp(np.subtract(z[start : start + x.size], zmax, out=x), out=x)
+        x = np.subtract(z[start : start + CHUNK], zmax, out=buf[: min(CHUNK, z.size - start)])
+        slices = _slice_of(x)
+        mass += np.bincount(slices, weights=np.exp(x, out=x), minlength=SLICES)
         sums.append(block_sums(x, overwrite=True))
-    return float(np.cumsum(np.concatenate(sums))[-1])
+    return float(np.cumsum(np.concatenate(sums))[-1]), mass
 
 
 def _sparse_blocked_sum(ids: np.ndarray, values: np.ndarray) -> float:
@@ -146,34 +136,36 @@ def _sparse_blocked_sum(ids: np.ndarray, values: np.ndarray) -> float:
     return total + acc
 
 
-def _top_p_band(
-    z: np.ndarray, zmax: float, pool: np.ndarray, e: np.ndarray, target: float
-) -> np.ndarray | None:
-    """Step 4's kept ids from a prefix `pool` (ascending ids; e = exp(z - zmax) there) without
-    sorting it: bucket by z, sort only the bucket where the running sum crosses `target`, and
-    prove with an error bound that the exact left-to-right sums cross at the same id. None when
-    the pool is small or the crossing is too close to call."""
-    if pool.size <= 4 * BUCKETS:
-        return None
-    zp = z[pool]
-    scale = BUCKETS / max(zmax - float(zp.min()), 1e-300)
-    # Monotone in z: a higher z never lands in a later bucket, so buckets follow the order.
-    bucket = np.minimum((zmax - zp) * scale, BUCKETS - 1).astype(np.int64)
-    above = np.cumsum(np.bincount(bucket, weights=e, minlength=BUCKETS))
+def _slice_of(x: np.ndarray) -> np.ndarray:
+    """The slice of x = z - zmax: floor(-x * SLICES_PER_NAT), the last one past the edge.
+    Monotone in z, so slices follow the candidate order (the power-of-two scale is exact)."""
+    return np.minimum(x * -SLICES_PER_NAT, SLICES - 1).astype(np.intp)
+
+
+def _cut_in_slice(z: np.ndarray, zmax: float, mass: np.ndarray, target: float) -> np.ndarray | None:
+    """Step 4's kept ids for top_p alone, sorting only the slice where the running sum crosses
+    `target`: the earlier slices are kept whole. `mass` sums in another order than the spec's
+    left to right, so the cut is taken only when an error bound proves the exact sums cross
+    at the same id; None when too close to call (or past the last slice)."""
+    above = np.cumsum(mass)
     j = int(np.searchsorted(above, target, side="left"))
-    if j >= BUCKETS:
+    if j >= SLICES - 1 or abs(zmax) > 1e12:  # past the slices, or z too coarse for them
         return None
-    inside = np.flatnonzero(bucket == j)
-    inside = inside[np.argsort(-zp[inside], kind="stable")]
+    near = np.flatnonzero(
+        (z <= zmax - (j - 1) / SLICES_PER_NAT) & (z >= zmax - (j + 2) / SLICES_PER_NAT)
+    )
+    members = near[_slice_of(z[near] - zmax) == j]
+    members = sorted_by_z(z, members)
     start = above[j - 1] if j else 0.0
-    running = start + np.cumsum(e[inside])
+    running = start + np.cumsum(np.exp(z[members] - zmax))
     m = int(np.searchsorted(running, target, side="left"))
     # Two orders of summing n nonnegative terms differ by at most 2 n 2**-53 of their total.
-    slack = 4.0 * pool.size * 2.0**-53 * above[-1]
+    slack = 4.0 * z.size * 2.0**-53 * above[-1]
     before = running[m - 1] if m else (start if j else -math.inf)
     if m >= running.size or running[m] - target <= slack or target - before <= slack:
         return None
-    return np.concatenate([pool[bucket < j], pool[inside[: m + 1]]])
+    # Slices before j are exactly the ids above slice j's first member.
+    return np.concatenate([np.flatnonzero(z > z[members[0]]), members[: m + 1]])
 
 
 def _best(z: np.ndarray, ids: np.ndarray, key: int, bound: float) -> int:
