@@ -109,6 +109,7 @@ def test_mixed_batch_with_greedy_errors_and_out_of_vocabulary_ids():
 
 
 @pytest.mark.cuda
+@pytest.mark.timeout(1800)  # the CPU path's side: a few minutes
 def test_cuda_draws_equal_the_cpu_path_on_10000_full_width_rows():
     rng = np.random.default_rng(2)
     gen = torch.Generator(device="cuda").manual_seed(2)
