@@ -9,6 +9,7 @@ bit; tests hold them to it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -62,9 +63,9 @@ def draw_full(logits: torch.Tensor, spec: DrawSpec) -> int:
     if p.temperature < GREEDY_TEMPERATURE:  # step 1
         return _greedy(l)
     z = l / p.temperature  # step 2
+    if not np.isfinite(z.max()):
+        raise no_candidate(z.max())
     finite = np.flatnonzero(np.isfinite(z))
-    if finite.size == 0:
-        raise SampleError("no finite candidate logit")
     e = np.exp(z - z[finite].max())
     order = sorted_by_z(z, finite)
     if p.top_k > 0:  # step 3
@@ -90,16 +91,23 @@ def adjusted(row: np.ndarray, spec: DrawSpec) -> np.ndarray:
         ids = checked_ids(list(p.logit_bias), l.size, "logit_bias")
         l[ids] += np.array(list(p.logit_bias.values()), dtype=np.float64)
     if p.repetition_penalty != 1.0:
-        seen = np.unique(checked_ids([*spec.prompt_ids, *spec.reply_ids], l.size, "a seen token"))
+        seen = np.unique(checked_ids(seen_ids(spec), l.size, "a seen token"))
         v = l[seen]
         r = p.repetition_penalty
-        l[seen] = np.where(v > 0, v / r, v * r)
+        with np.errstate(over="ignore"):  # a logit overflowing to +inf fails the row later
+            l[seen] = np.where(v > 0, v / r, v * r)
     if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
         reply = checked_ids(spec.reply_ids, l.size, "a reply token")
         ids, counts = np.unique(reply, return_counts=True)
         c = counts.astype(np.float64)
         l[ids] -= p.presence_penalty * (c > 0) + p.frequency_penalty * c
     return l
+
+
+def seen_ids(spec: DrawSpec) -> np.ndarray:
+    """The prompt and reply ids as one int64 array, for repetition_penalty."""
+    parts = (np.asarray(spec.prompt_ids, dtype=np.int64), np.asarray(spec.reply_ids, np.int64))
+    return np.concatenate([a.reshape(-1) for a in parts])
 
 
 def _draw_row(row: np.ndarray, spec: DrawSpec) -> int:
@@ -109,7 +117,7 @@ def _draw_row(row: np.ndarray, spec: DrawSpec) -> int:
         return _greedy(l)
     z = np.divide(l, p.temperature, out=l)  # in place: each [V] temporary costs page faults
     if not np.isfinite(z.max()):
-        raise SampleError("no finite candidate logit")
+        raise no_candidate(z.max())
     return pruned_choice(z, p, row_key(spec.seed, spec.position))
 
 
@@ -128,7 +136,7 @@ def _check_logits(row: np.ndarray) -> None:
         raise SampleError(f"+inf logit at id {int(np.flatnonzero(row == np.inf)[0])}")
 
 
-def checked_ids(ids: Sequence[int], vocab: int, what: str) -> np.ndarray:
+def checked_ids(ids: Sequence[int] | np.ndarray, vocab: int, what: str) -> np.ndarray:
     """`ids` as int64 [n]; SampleError naming `what` if one is outside the vocabulary."""
     arr = np.asarray(ids, dtype=np.int64).reshape(-1)
     if arr.size and (arr.min() < 0 or arr.max() >= vocab):
@@ -137,8 +145,16 @@ def checked_ids(ids: Sequence[int], vocab: int, what: str) -> np.ndarray:
     return arr
 
 
+def no_candidate(top: float) -> SampleError:
+    """The error for a row whose largest adjusted logit `top` is not finite."""
+    if top == -math.inf:
+        return SampleError("no finite candidate logit")
+    # Only an extreme logit_bias or repetition_penalty can overflow a float64 logit.
+    return SampleError("a logit is +inf after logit_bias and penalties")
+
+
 def _greedy(l: np.ndarray) -> int:
     i = int(np.argmax(l))  # the first maximum: ties go to the lower id
-    if l[i] == -np.inf:
-        raise SampleError("no finite candidate logit")
+    if not np.isfinite(l[i]):
+        raise no_candidate(l[i])
     return i

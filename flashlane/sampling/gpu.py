@@ -28,6 +28,8 @@ from flashlane.sampling.choose import (
     SampleError,
     checked_ids,
     draw_rows,
+    no_candidate,
+    seen_ids,
 )
 from flashlane.sampling.keyed import gumbel_torch, row_key, row_keys_torch, uniforms_torch
 from flashlane.sampling.prune import NOISE_BOUND, SLICES, SLICES_PER_NAT
@@ -47,8 +49,8 @@ def draw_rows_gpu(logits: torch.Tensor, specs: Sequence[DrawSpec]) -> list[int |
     greedy = [i for i in live if specs[i].params.temperature < GREEDY_TEMPERATURE]
     if greedy:
         top, ids = _rows(l, greedy).max(1)  # the first maximum: ties go to the lower id
-        for i, t in zip(greedy, torch.where(top > NEG_INF, ids, -1).tolist()):
-            out[i] = t if t >= 0 else SampleError("no finite candidate logit")
+        for i, (t, v) in zip(greedy, torch.stack([ids.to(F64), top], 1).tolist()):
+            out[i] = int(t) if math.isfinite(v) else no_candidate(v)
     sampled = [i for i in live if out[i] is None]
     for ordered in (False, True):
         rows = [i for i in sampled if _is_ordered(specs[i], l.shape[1]) == ordered]
@@ -147,7 +149,7 @@ def _row_adjustments(
         checked_ids(list(p.logit_bias), vocab, "logit_bias")
         bias += [(i, t, v) for t, v in p.logit_bias.items()]
     if p.repetition_penalty != 1.0:
-        ids = checked_ids([*spec.prompt_ids, *spec.reply_ids], vocab, "a seen token")
+        ids = checked_ids(seen_ids(spec), vocab, "a seen token")
         seen += [(i, t, p.repetition_penalty) for t in np.unique(ids).tolist()]
     if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
         ids = checked_ids(spec.reply_ids, vocab, "a reply token")
@@ -166,9 +168,8 @@ def _columns(rows: list[tuple], device: torch.device) -> list[torch.Tensor]:
 def _draw_pooled(z: torch.Tensor, table: _Table, ordered: bool) -> list[int | SampleError | None]:
     """Steps 2-6 for z = adjusted logits / T [m, V]; None where the device cannot settle."""
     vocab = z.shape[1]
-    zmax, i0 = z.max(1)
-    empty = zmax == NEG_INF  # no finite candidate
-    zmax = torch.where(empty, 0.0, zmax)  # keeps such rows free of NaN
+    top, i0 = z.max(1)
+    zmax = torch.where(torch.isfinite(top), top, 0.0)  # such rows fail; 0 keeps them tame
     e_total = None
     if ordered:
         floor, e_total = _order_floors(z, zmax, table)
@@ -183,7 +184,7 @@ def _draw_pooled(z: torch.Tensor, table: _Table, ordered: bool) -> list[int | Sa
     rank = torch.arange(pz.shape[1], device=z.device)[None, :]
     keep = rank < count[:, None]
     e = torch.exp(pz - zmax[:, None])  # packing slots hold -inf: e = 0 there
-    settled = torch.ones_like(empty)
+    settled = torch.ones_like(zmax, dtype=torch.bool)
     if ordered:
         keep &= rank < table.top_k[:, None]
     if ordered and table.any_top_p:
@@ -194,10 +195,9 @@ def _draw_pooled(z: torch.Tensor, table: _Table, ordered: bool) -> list[int | Sa
     scores = torch.where(keep, pz + noise, NEG_INF)
     best = scores.max(1, keepdim=True).values
     tokens = torch.where(scores == best, pid, vocab).min(1).values
-    rows = torch.stack([tokens, settled.long(), empty.long()], 1).tolist()  # one transfer
+    rows = torch.stack([tokens.to(F64), settled.to(F64), top], 1).tolist()  # one transfer
     return [
-        SampleError("no finite candidate logit") if none else token if ok else None
-        for token, ok, none in rows
+        no_candidate(v) if not math.isfinite(v) else int(t) if ok else None for t, ok, v in rows
     ]
 
 

@@ -181,6 +181,16 @@ def test_bad_rows_raise_sample_error(logits, params, message):
             fn(row, spec_for(**params))
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_penalty_that_overflows_a_logit_fails_the_row(temperature):
+    row = torch.tensor([1.0, 3e38])
+    params = SamplingParams(temperature=temperature, repetition_penalty=1e-300)
+    spec = DrawSpec(params, 0, 0, [1], [])
+    for fn in (draw, draw_full):
+        with pytest.raises(SampleError, match=r"\+inf after logit_bias and penalties"):
+            fn(row, spec)
+
+
 def test_minus_inf_ids_are_never_drawn():
     assert drawn_set([0.0, -math.inf, 0.0, -math.inf], temperature=100.0) == {0, 2}
 

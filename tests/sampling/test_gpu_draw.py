@@ -89,6 +89,8 @@ def test_mixed_batch_with_greedy_errors_and_out_of_vocabulary_ids():
             [0.5, 0.1, 0.2, 0.3],
             [0.5, 0.1, 0.2, 0.3],
             [0.5, 0.1, 0.2, 0.3],
+            [0.5, 3e38, 0.2, 0.3],
+            [0.5, 3e38, 0.2, 0.3],
         ]
     )
     params = [
@@ -99,12 +101,15 @@ def test_mixed_batch_with_greedy_errors_and_out_of_vocabulary_ids():
         SamplingParams(logit_bias={4: 1.0}),
         SamplingParams(repetition_penalty=1.5),
         SamplingParams(top_p=0.5, min_p=0.9),
+        SamplingParams(temperature=0.0, repetition_penalty=1e-300),
+        SamplingParams(repetition_penalty=1e-300),
     ]
-    specs = [DrawSpec(p, 3, 4, [0, 9], [1]) for p in params]
+    specs = [DrawSpec(p, 3, 4, [0, 9 if i in (4, 5) else 1], [1]) for i, p in enumerate(params)]
     got = draw_rows_gpu(logits, specs)
     assert got[0] == 1
     assert [type(t) for t in got[1:6]] == [SampleError] * 5
     assert "outside the vocabulary" in str(got[4]) and "id 9" in str(got[5])
+    assert all("+inf after" in str(t) for t in got[7:])
     assert_same(got, draw_rows(logits, specs), specs)
 
 
