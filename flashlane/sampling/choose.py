@@ -63,11 +63,11 @@ def draw_full(logits: torch.Tensor, spec: DrawSpec) -> int:
     if p.temperature < GREEDY_TEMPERATURE:  # step 1
         return _greedy(l)
     z = l / p.temperature  # step 2
-    if not np.isfinite(z.max()):
-        raise no_candidate(z.max())
-    finite = np.flatnonzero(np.isfinite(z))
-    e = np.exp(z - z[finite].max())
-    order = sorted_by_z(z, finite)
+    zmax = z.max()
+    if not np.isfinite(zmax):
+        raise no_candidate(zmax)
+    e = np.exp(z - zmax)  # -inf ids give 0
+    order = sorted_by_z(z, np.flatnonzero(np.isfinite(z)))
     if p.top_k > 0:  # step 3
         order = order[: p.top_k]
     if p.top_p < 1.0:  # step 4
