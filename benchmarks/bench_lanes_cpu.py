@@ -84,27 +84,50 @@ def main() -> None:
         toks = sum(len(o.token_ids) for o in serial_outs)
         drafted = sum(o.stats.drafted for o in best["on"][1])
         accepted = sum(o.stats.accepted for o in best["on"][1])
-        rows.append({"streams": n, "serial_tok_s": toks / serial_s,
-                     "shared_off_tok_s": toks / best["off"][0], "shared_on_tok_s": toks / best["on"][0],
-                     "drafted": drafted, "accepted": accepted})
+        rows.append(
+            {
+                "streams": n,
+                "serial_tok_s": toks / serial_s,
+                "shared_off_tok_s": toks / best["off"][0],
+                "shared_on_tok_s": toks / best["on"][0],
+                "drafted": drafted,
+                "accepted": accepted,
+            }
+        )
     one = rows[0]["shared_off_tok_s"]
-    print(f"{'streams':>7} {'serial':>8} {'off':>8} {'on':>8} {'on/off':>7} {'x one':>6} {'accept':>7}")
+    print(
+        f"{'streams':>7} {'serial':>8} {'off':>8} {'on':>8} {'on/off':>7} {'x one':>6} {'accept':>7}"
+    )
     for r in rows:
         r["on_over_off"] = r["shared_on_tok_s"] / r["shared_off_tok_s"]
         r["off_over_one_stream"] = r["shared_off_tok_s"] / one
         acc = r["accepted"] / r["drafted"] if r["drafted"] else 0.0
-        print(f"{r['streams']:>7} {r['serial_tok_s']:>8.1f} {r['shared_off_tok_s']:>8.1f} "
-              f"{r['shared_on_tok_s']:>8.1f} {r['on_over_off']:>7.2f} {r['off_over_one_stream']:>6.2f} "
-              f"{acc:>7.2f}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    print(json.dumps({"bench": "lanes_cpu", "date": str(date.today()), "commit": commit,
-                      "device": f"cpu ({platform.processor() or platform.machine()}, "
-                                f"{torch.get_num_threads()} threads)",
-                      "model": str(llm.config.model_path), "tokens": args.tokens,
-                      "costs_ms": costs.verify_ms, "exact": exact, "rows": rows,
-                      "command": "python benchmarks/bench_lanes_cpu.py " + " ".join(
-                          f"--{k} {v}" for k, v in vars(args).items() if v is not None)}))
+        print(
+            f"{r['streams']:>7} {r['serial_tok_s']:>8.1f} {r['shared_off_tok_s']:>8.1f} "
+            f"{r['shared_on_tok_s']:>8.1f} {r['on_over_off']:>7.2f} {r['off_over_one_stream']:>6.2f} "
+            f"{acc:>7.2f}"
+        )
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    print(
+        json.dumps(
+            {
+                "bench": "lanes_cpu",
+                "date": str(date.today()),
+                "commit": commit,
+                "device": f"cpu ({platform.processor() or platform.machine()}, "
+                f"{torch.get_num_threads()} threads)",
+                "model": str(llm.config.model_path),
+                "tokens": args.tokens,
+                "costs_ms": costs.verify_ms,
+                "exact": exact,
+                "rows": rows,
+                "command": "python benchmarks/bench_lanes_cpu.py "
+                + " ".join(f"--{k} {v}" for k, v in vars(args).items() if v is not None),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -73,16 +73,29 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, spec, seed in (("tiny", TINY, 0), ("other", OTHER, 3)):
             rows.append(measure(build_oracle(Path(tmp) / name, spec, seed), name))
-    print(f"{'config':>6} {'full err':>10} {'pieces err':>10} {'prefill tok/s':>14} {'decode tok/s':>13}")
+    print(
+        f"{'config':>6} {'full err':>10} {'pieces err':>10} {'prefill tok/s':>14} {'decode tok/s':>13}"
+    )
     for r in rows:
-        print(f"{r['config']:>6} {r['full_prompt_rel_err']:>10.2e} {r['pieces_and_steps_rel_err']:>10.2e} "
-              f"{r['prefill_tok_s']:>14.0f} {r['decode_tok_s']:>13.1f}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    print(json.dumps({"bench": "cpu_forward", "date": str(date.today()), "commit": commit,
-                      "device": f"cpu, {args.threads} threads, float64 compute",
-                      "command": f"PYTHONPATH=. python benchmarks/cpu_forward.py --threads {args.threads}",
-                      "rows": rows}))
+        print(
+            f"{r['config']:>6} {r['full_prompt_rel_err']:>10.2e} {r['pieces_and_steps_rel_err']:>10.2e} "
+            f"{r['prefill_tok_s']:>14.0f} {r['decode_tok_s']:>13.1f}"
+        )
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    print(
+        json.dumps(
+            {
+                "bench": "cpu_forward",
+                "date": str(date.today()),
+                "commit": commit,
+                "device": f"cpu, {args.threads} threads, float64 compute",
+                "command": f"PYTHONPATH=. python benchmarks/cpu_forward.py --threads {args.threads}",
+                "rows": rows,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -85,7 +85,8 @@ def render(config: dict, run: dict, num_params: int, checkpoint_bytes: int) -> s
         "  it drops the `mtp.*` tensors, flashlane keeps them).",
         f"- `model.safetensors`: {num_params:,} parameters stored in **bf16** "
         f"({checkpoint_bytes / 1e6:.1f} MB); trained in fp32.",
-        f"- `tokenizer.json`: byte-level BPE, {cfg.vocab_size} ids (Qwen3.5's pre-tokenizer),",
+        f"- `tokenizer.json`: byte-level BPE, {cfg.vocab_size} ids (Qwen3.5's pre-tokenizer,"
+        " newlines split from punctuation),",
         "  trained by `training/tokenizer.py` on",
         f"  {run['tokenizer_corpus']};",
         "  ids 0-8: `<|endoftext|>` (EOS), `<|im_start|>`, `<|im_end|>`, `<think>`, `</think>`,",

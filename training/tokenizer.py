@@ -46,10 +46,13 @@ SPECIAL_TOKENS: tuple[tuple[str, bool], ...] = (
     ("</tool_response>", False),
 )
 EOS, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
-# Qwen3.5's pre-tokenizer split (transformers models/qwen3_5/tokenization_qwen3_5.py).
+# Qwen3.5's pre-tokenizer split (transformers models/qwen3_5/tokenization_qwen3_5.py), except
+# that a punctuation run never takes the newlines after it: with Qwen's rule "):\n" is one
+# pre-token, so a prompt that ends in "):" ends on a token the model has almost never seen
+# (greedy "def fibonacci(n):" derailed); here "):" and "\n" are always separate.
 SPLIT_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
-    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 TEMPLATE_PATH = Path(__file__).with_name("chat_template.jinja")
 GENERATION_DEFAULTS = {"do_sample": True, "temperature": 0.7, "top_p": 0.95, "top_k": 20}

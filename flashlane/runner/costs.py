@@ -3,6 +3,7 @@ one MTP chain step, and the round overhead. Printed at start-up; tests inject th
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import torch
@@ -53,7 +54,7 @@ def time_costs(
         forward()
         verify_ms[n] = _best_ms(forward, repeats)
     # A forward of more rows never costs less: noise must not make a draft row look free.
-    for a, b in zip(counts, counts[1:]):
+    for a, b in itertools.pairwise(counts):
         verify_ms[b] = max(verify_ms[b], verify_ms[a])
     step_ms = 0.0
     if model.mtp is not None:
