@@ -7,6 +7,7 @@ import json
 import sys
 
 from flashlane import __version__
+from flashlane.sessions.memory import OverMemoryLimit
 
 
 def engine_flags(p: argparse.ArgumentParser) -> None:
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "bench":
             return _bench(args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, OverMemoryLimit) as err:
         print(f"flashlane: {err}", file=sys.stderr)
         return 2
     return 2

@@ -98,6 +98,9 @@ class Engine:
         context = c.context or cfg.max_position_embeddings
         slots = parse_slot_contexts(c.slot_contexts) if c.slot_contexts else None
         parallel = None if c.parallel == "auto" else int(c.parallel)
+        memory.check_options(model_window=cfg.max_position_embeddings, max_rows=self.max_rows,
+                             mtp_drafts=c.mtp_drafts, drafts=c.drafts, context=c.context,
+                             slot_contexts=slots, parallel=parallel, slot_grow=c.slot_grow)
         kind = "cuda" if self.device.startswith("cuda") else "cpu"
         gpu_total = (
             torch.cuda.get_device_properties(self.device).total_memory if kind == "cuda" else None

@@ -64,3 +64,30 @@ def test_memory_plan_bytes_equal_allocated_tensors(tiny_ckpt, plain):
         assert s.nbytes() == session_bytes(cfg, capacity, 8, 8, mtp=True)
     for s, want in zip(plain.engine.sessions, plain.engine.plan.session_bytes):
         assert s.nbytes() == want
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"parallel": 3, "slot_contexts": "64,128"}, ("--parallel 3", "--slot-contexts")),
+    ({"context": 100000}, ("--context 100000", "window")),
+    ({"max_rows": 2, "mtp_drafts": 3}, ("--max-rows 2", "--mtp-drafts 3")),
+])
+def test_options_that_cannot_hold_are_refused(tiny_ckpt, options, words):
+    from flashlane.sessions.memory import OptionConflict
+
+    with pytest.raises(OptionConflict) as err:
+        LLM(str(tiny_ckpt), costs=COSTS, **options)
+    assert all(w in str(err.value) for w in words)
+
+
+def test_info_prints_the_memory_plan(capsys):
+    from pathlib import Path
+
+    from flashlane.cli import main
+
+    real = Path(__file__).resolve().parents[3] / "shared" / "vectors" / "flashnext_real_config.json"
+    if not real.exists():
+        pytest.skip("shared/vectors not beside the repo")
+    assert main(["info", str(real), "--slot-contexts", "65536,32768x3,16384x11",
+                 "--memory-limit-gb", "400"]) == 0
+    out = capsys.readouterr().out
+    assert "177,392,830,576" in out and "65536" in out
