@@ -34,6 +34,18 @@ class MtpDrafter:
     def __init__(self, model: FlashNext, confidence: float):
         self.model, self.confidence = model, confidence
         self.waiting: dict[int, Waiting] = {}
+        # Drafts only steer speed (verification is exact), so their lm_head may run in fp32
+        # where the target computes in fp64: on the CPU that halves the head's largest GEMM.
+        w = model.lm_head.weight
+        self._head = w.float() if w.dtype == torch.float64 else w
+
+    def _cells(self, residual, next_ids, rows, draw_at=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """MTP cells -> (fp32 logits of the rows `draw_at` (default all), output residual)."""
+        m = self.model
+        hidden, out = m.mtp(residual, m.embed_tokens(next_ids), rows, m.rotary, m.kernels)
+        if draw_at is not None:
+            hidden = hidden[draw_at]
+        return torch.nn.functional.linear(hidden.to(self._head.dtype), self._head).float(), out
 
     @property
     def enabled(self) -> bool:
@@ -85,15 +97,16 @@ class MtpDrafter:
         ]
         res = torch.cat([torch.stack(self.waiting[s].residuals) for s in ready])
         rows = Rows.of(cells, res.device)
-        logits, outs = self.model.mtp_cells(res, rows.token_ids, rows)
+        # the absorb needs every cell in the head's cache, but logits only at each stream's last
         last = [p.offset + p.length - 1 for p in rows.pieces]
+        logits, outs = self._cells(res, rows.token_ids, rows, draw_at=last)
         for s, p in zip(ready, rows.pieces):
             sessions[s].mtp_length += p.length
             self.waiting[s].residuals.clear()
             self.waiting[s].next_ids.clear()
         drafts = {s: [] for s in ready}
         probs = {s: [] for s in ready}
-        live, r, lg = list(ready), outs[last], logits[last]
+        live, r, lg = list(ready), outs[last], logits
         for d in range(1, max(depths[s] for s in ready) + 1):
             live, r, lg = self._extend(live, r, lg, d, depths, sessions, drafts, probs)
             if not live:
@@ -131,5 +144,5 @@ class MtpDrafter:
             for s in live
         ]
         rows = Rows.of(cells, r.device)
-        lg, r = self.model.mtp_cells(r[keep_idx], rows.token_ids, rows)
+        lg, r = self._cells(r[keep_idx], rows.token_ids, rows)
         return live, r, lg

@@ -79,7 +79,10 @@ class LaneCore:
             _put(kept, w, self._conclude_piece(by_id[w.stream_id], w, v))
         _call(list(kept), self.backend.keep, kept)
         ready = [by_id[i] for i in kept if by_id[i].start >= len(by_id[i].prompt_ids)]
-        self._draft(ready)
+        decoding = sum(1 for s in live if not s.is_finished and s.start >= len(s.prompt_ids))
+        # With a row per decoding stream the cap leaves no draft rows: drafts would be wasted.
+        if decoding < cfg.max_rows:
+            self._draft(ready, decoding)
         self.num_rounds += 1
 
     def _conclude_window(self, p: Plan, num_drafts: int, w: Window, v: Verdict) -> int | None:
@@ -108,7 +111,7 @@ class LaneCore:
             conclude(s, first_token(s, v), self.rules, v.logprobs)
         return w.num_rows
 
-    def _draft(self, streams: Sequence[Stream]) -> None:
+    def _draft(self, streams: Sequence[Stream], round_rows: int = 1) -> None:
         """Next drafts for the streams just served: a copy draft where the context repeats,
         else an MTP chain as deep as the depth rule says."""
         cfg = self.config
@@ -122,7 +125,8 @@ class LaneCore:
             if copied:
                 s.held = Held("copy", s.start, tuple(copied), (COPY_PRIOR,) * len(copied))
                 continue
-            depth = min(room, choose_depth(s.mtp, self.costs, cfg.mtp_drafts, s.num_rounds))
+            depth = choose_depth(s.mtp, self.costs, cfg.mtp_drafts, s.num_rounds, round_rows)
+            depth = min(room, depth)
             if depth > 0:
                 depths[s.stream_id] = depth
         if not depths:

@@ -54,16 +54,46 @@ class Rows:
             offset += t
         return cls(torch.cat(ids), torch.cat(pos), out)
 
-    def split(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """[N, ...] -> per piece [1, T, ...] (or one [B, T, ...] for a training batch)."""
+    def split(self, x: torch.Tensor, stack: bool = False) -> list[torch.Tensor]:
+        """[N, ...] -> per group of groups(stack) [B, T, ...] (per piece: B = 1)."""
         if self.batch is not None:
             return [x.reshape(*self.batch, *x.shape[1:])]
-        return [x[p.rows].unsqueeze(0) for p in self.pieces]
+        out = []
+        for g in self.groups(stack):
+            if len(g) == 1:
+                out.append(x[g[0].rows].unsqueeze(0))
+            else:
+                out.append(torch.stack([x[p.rows] for p in g]))
+        return out
 
-    def join(self, parts: list[torch.Tensor]) -> torch.Tensor:
-        """Inverse of split: per piece [1, T, ...] (or [B, T, ...]) -> [N, ...]."""
-        return torch.cat([p.reshape(-1, *p.shape[2:]) for p in parts], dim=0)
+    def join(self, parts: list[torch.Tensor], stack: bool = False) -> torch.Tensor:
+        """Inverse of split(stack): per group [B, T, ...] -> [N, ...] in row order."""
+        if self.batch is not None:
+            return torch.cat([p.reshape(-1, *p.shape[2:]) for p in parts], dim=0)
+        groups = self.groups(stack)
+        if all(len(g) == 1 for g in groups):
+            return torch.cat([part[0] for part in parts], dim=0)
+        out = parts[0].new_empty(len(self.token_ids), *parts[0].shape[2:])
+        for part, g in zip(parts, groups):
+            for i, p in enumerate(g):
+                out[p.rows] = part[i]
+        return out
 
-    def groups(self) -> list[list[Piece]]:
-        """Pieces in the groups that split() returns."""
-        return [self.pieces] if self.batch is not None else [[p] for p in self.pieces]
+    def groups(self, stack: bool = False) -> list[list[Piece]]:
+        """Pieces in the groups that split() returns: one piece each, or with `stack`, the
+        verify windows of each width together (a layer stacks their per-stream states)."""
+        if self.batch is not None:
+            return [self.pieces]
+        if not stack:
+            return [[p] for p in self.pieces]
+        out: list[list[Piece]] = []
+        by_width: dict[int, list[Piece]] = {}
+        for p in self.pieces:
+            if p.recurrent and p.session is not None:
+                if p.length not in by_width:
+                    by_width[p.length] = []
+                    out.append(by_width[p.length])
+                by_width[p.length].append(p)
+            else:
+                out.append([p])
+        return out

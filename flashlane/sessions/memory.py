@@ -320,7 +320,8 @@ def check_options(
         raise OptionConflict(
             f"{source} {min(sizes)} cannot hold one window of {window} rows ({drafts_note})"
         )
-    if slot_grow > max(sizes):
+    # the grow margin only steers sized sessions (equal sessions never move)
+    if slot_contexts and slot_grow > max(sizes):
         raise OptionConflict(
             f"--slot-grow {slot_grow} exceeds the largest session, {max(sizes)} tokens ({source})"
         )

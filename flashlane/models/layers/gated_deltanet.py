@@ -44,9 +44,13 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(self.in_proj_b(x))
         dt = torch.promote_types(x.dtype, torch.float32)
         g = -self.A_log.to(dt).exp() * F.softplus(self.in_proj_a(x).to(dt) + self.dt_bias.to(dt))
-        parts = zip(rows.split(self.in_proj_qkv(x)), rows.split(g), rows.split(beta), rows.groups())
+        # verify windows of equal width run stacked: one recurrent call for all of them
+        qkv = self.in_proj_qkv(x)
+        parts = zip(
+            rows.split(qkv, True), rows.split(g, True), rows.split(beta, True), rows.groups(True)
+        )
         outs = [self._mix(qkv, g_p, b_p, group, kernels) for qkv, g_p, b_p, group in parts]
-        o = rows.join(outs).reshape(n, cfg.linear_num_v_heads, cfg.linear_v_head_dim)
+        o = rows.join(outs, True).reshape(n, cfg.linear_num_v_heads, cfg.linear_v_head_dim)
         z = self.in_proj_z(x).reshape(o.shape)
         return self.out_proj(self.norm(o, z).reshape(n, -1))
 
@@ -74,5 +78,9 @@ class GatedDeltaNet(nn.Module):
             o, final = kernels.chunk_gdn(q, k, v, g, beta, state)
             states = final.unsqueeze(1)
         if sessions[0] is not None:
-            group[0].pending[key] = (xfull[0], states[0])
+            # padding rows (zero beta, zero decay) leave the state as is; they are cut here
+            for i, piece in enumerate(group):
+                n = piece.length
+                rows_of = states[i, :n] if piece.recurrent else states[i]
+                piece.pending[key] = (xfull[i, : xfull.shape[1] - t + n], rows_of)
         return o

@@ -108,9 +108,9 @@ class PLELayer(nn.Module):
         hc, h = cfg.hc_count, cfg.hidden_size
         histories = [
             self._history(group, ids)
-            for group, ids in zip(rows.groups(), rows.split(rows.token_ids))
+            for group, ids in zip(rows.groups(True), rows.split(rows.token_ids, True))
         ]
-        table_rows = rows.join([self.ple_embedding.row_ids(hist) for hist in histories])
+        table_rows = rows.join([self.ple_embedding.row_ids(hist) for hist in histories], True)
         emb = self.ple_embedding.ngram_embedding(table_rows).flatten(-2).to(r.dtype)
         key = self.norm_key(self.key_proj(emb)).reshape(n, hc, h)
         query = self.norm_query(r).reshape(n, hc, h)
@@ -120,16 +120,16 @@ class PLELayer(nn.Module):
         normed = self.norm_conv(gated)
         convs = [
             self._conv(x, group, hist, kernels)
-            for x, group, hist in zip(rows.split(normed), rows.groups(), histories)
+            for x, group, hist in zip(rows.split(normed, True), rows.groups(True), histories)
         ]
-        return gated + rows.join(convs)
+        return gated + rows.join(convs, True)
 
     def _history(self, group, ids: torch.Tensor) -> torch.Tensor:
         ctx = self.cfg.ngram_size - 1
         if group[0].session is None:
             head = ids.new_full((ids.shape[0], ctx), self.cfg.ple_eos)
         else:
-            head = group[0].session.ple[self.layer_idx].ids.unsqueeze(0)
+            head = torch.stack([p.session.ple[self.layer_idx].ids for p in group])
         return torch.cat([head, ids], dim=1)
 
     def _conv(self, x: torch.Tensor, group, history: torch.Tensor, kernels: Kernels):
@@ -137,10 +137,16 @@ class PLELayer(nn.Module):
         if group[0].session is None:
             window = x.new_zeros(x.shape[0], cfg.ple_tail, x.shape[-1])
         else:
-            window = group[0].session.ple[self.layer_idx].conv.unsqueeze(0)
+            window = torch.stack([p.session.ple[self.layer_idx].conv for p in group])
         y, xfull = kernels.causal_conv(
             x, window, self.conv1d.weight[:, 0, :], dilation=cfg.ple_conv_dilation
         )
         if group[0].session is not None:
-            group[0].pending[("ple", self.layer_idx)] = (xfull[0], history[0])
+            pad = x.shape[1]
+            for i, piece in enumerate(group):
+                n = piece.length
+                piece.pending[("ple", self.layer_idx)] = (
+                    xfull[i, : xfull.shape[1] - pad + n],
+                    history[i, : history.shape[1] - pad + n],
+                )
         return y
