@@ -109,7 +109,16 @@ def test_metrics_match_what_clients_received(serve, tokenizer, caplog):
         )
     )
     usages = [r.usage for r in replies] + [chunks[-1].usage]
-    text = httpx.get(f"{live.url}/metrics").text
+    # a streamed reply's bookkeeping may finish just after its last chunk reached the client
+    deadline = time.monotonic() + 5
+    while True:
+        text = httpx.get(f"{live.url}/metrics").text
+        done = metric(text, 'flashlane_request_success_total{finished_reason="length"}') == 4
+        if (
+            done and metric(text, "flashlane_replies_in_flight") == 0
+        ) or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
     generated = sum(u.completion_tokens for u in usages)
     prompt = sum(u.prompt_tokens for u in usages)
     assert metric(text, "flashlane_generation_tokens_total") == generated
