@@ -114,9 +114,9 @@ def test_metrics_match_what_clients_received(serve, tokenizer, caplog):
     while True:
         text = httpx.get(f"{live.url}/metrics").text
         done = metric(text, 'flashlane_request_success_total{finished_reason="length"}') == 4
-        if (
-            done and metric(text, "flashlane_replies_in_flight") == 0
-        ) or time.monotonic() > deadline:
+        idle = metric(text, "flashlane_replies_in_flight") == 0
+        idle = idle and metric(text, "vllm:num_requests_running") == 0
+        if (done and idle) or time.monotonic() > deadline:
             break
         time.sleep(0.02)
     generated = sum(u.completion_tokens for u in usages)
