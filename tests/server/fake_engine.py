@@ -177,6 +177,10 @@ class FakeEngine:
         self.started.append((request_id, prompt_ids, params))
         try:
             async for out in self._run(prompt_ids, params, request_id):
+                if out.finish_reason is not None:
+                    # like the real engine: a reply that has ended no longer holds a session,
+                    # whenever the server gets round to closing this generator
+                    self.live.discard(request_id)
                 yield out
         finally:
             self.live.discard(request_id)
