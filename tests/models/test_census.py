@@ -19,58 +19,15 @@ from flashlane.models.census import (
     state_bytes_per_stream,
 )
 from flashlane.models.config import ModelConfig
+from tests.oracle import TINY as ORACLE_TINY
 
 transformers = pytest.importorskip("transformers")
 
 REAL = Path(__file__).resolve().parents[3] / "shared" / "vectors" / "flashnext_real_config.json"
 REAL_TOTAL = 177_392_830_576
 
-TINY = dict(
-    vocab_size=512,
-    hidden_size=64,
-    num_hidden_layers=4,
-    layer_types=["linear_attention"] * 3 + ["full_attention"],
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
-    linear_conv_kernel_dim=4,
-    num_experts=8,
-    num_experts_per_tok=2,
-    moe_intermediate_size=32,
-    shared_expert_intermediate_size=32,
-    hc_count=4,
-    hc_lowrank=8,
-    ple_layer_ids=[2],
-    ple_embed_dim=64,
-    ple_conv_kernel_size=4,
-    ngram_size=3,
-    heads_per_ngram=2,
-    ngram_vocab_size_base=1000,
-    make_ngram_vocab_size_divisible_by=128,
-    split_ngram_parts=4,
-    indexer_n_heads=2,
-    indexer_kv_heads=1,
-    indexer_head_dim=16,
-    indexer_budget=8,
-    indexer_compress_ratio=4,
-    output_gate_type="sigmoid",
-    hidden_act="silu",
-    max_position_embeddings=512,
-    tie_word_embeddings=False,
-    eos_token_id=1,
-    bos_token_id=1,
-    rope_parameters={
-        "rope_type": "default",
-        "rope_theta": 1e7,
-        "partial_rotary_factor": 0.25,
-        "mrope_section": [2, 1, 1],
-        "mrope_interleaved": True,
-    },
-)
+# the REFERENCE.md tiny config, shared with the oracle checkpoints
+TINY = ORACLE_TINY
 # Another shape: PLE on two layers (global head ids go on), 3 streams, 4-grams, tied embeddings.
 TINY_B = {
     **TINY,
