@@ -58,10 +58,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (the reference kernels there)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     levels = [int(c) for c in args.concurrency.split(",")]
-    llm = LLM(args.model, parallel=max(levels))
+    llm = LLM(args.model, parallel=max(levels), device=args.device)
     costs: CostTable = llm.engine.backend.costs()
     on = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
     off = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True, draft=False)
@@ -116,7 +117,9 @@ def main() -> None:
                 "bench": "lanes_cpu",
                 "date": str(date.today()),
                 "commit": commit,
-                "device": f"cpu ({platform.processor() or platform.machine()}, "
+                "device": torch.cuda.get_device_name()
+                if args.device.startswith("cuda")
+                else f"cpu ({platform.processor() or platform.machine()}, "
                 f"{torch.get_num_threads()} threads)",
                 "model": str(llm.config.model_path),
                 "tokens": args.tokens,
