@@ -67,7 +67,8 @@ class Engine:
             self.model, self.sessions, self.max_rows, mtp_confidence=config.mtp_confidence
         )
         if costs is None and not config.unpriced:
-            scratch = SessionState.empty(cfg, 64 + self.max_rows, cache, state, self.device)
+            scratch = [SessionState.empty(cfg, 64 + self.max_rows, cache, state, self.device)
+                       for _ in range(min(self.max_rows, len(self.sessions)))]
             costs = time_costs(self.model, scratch, self.max_rows)
         if costs is not None:
             self.backend.set_costs(costs)

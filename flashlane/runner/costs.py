@@ -30,23 +30,29 @@ def _best_ms(fn, repeats: int) -> float:
 
 @torch.no_grad()
 def time_costs(
-    model: FlashNext, session: SessionState, max_rows: int, repeats: int = 5
+    model: FlashNext, sessions: list[SessionState], max_rows: int, repeats: int = 5
 ) -> CostTable:
-    """Time decode forwards of 1, 2, 4, ... max_rows rows (the table interpolates between) on a
-    scratch session that holds a short prompt; the session is left empty."""
+    """Time decode rounds of 1, 2, 4, ... max_rows rows (the table interpolates between), the
+    rows spread over as many scratch sessions as there are (one row per stream while they
+    last: a shared round's rows cost what its streams cost); the sessions are left empty."""
     device = model.embed_tokens.weight.device
-    session.reset(model.cfg)
     prompt = torch.arange(64, device=device) % model.cfg.vocab_size
-    rows = Rows.of([(session, prompt, 0, False)], device)
-    model.residual(rows)
-    commit(model, rows.pieces[0], 64)
+    for session in sessions:
+        session.reset(model.cfg)
+        rows = Rows.of([(session, prompt, 0, False)], device)
+        model.residual(rows)
+        commit(model, rows.pieces[0], 64)
+    session = sessions[0]
     counts = sorted({1, max_rows, *[2**i for i in range(1, 12) if 2**i < max_rows]})
     verify_ms = {}
     for n in counts:
-        tokens = torch.arange(n, device=device) % model.cfg.vocab_size
+        streams = min(n, len(sessions))
+        widths = [n // streams + (i < n % streams) for i in range(streams)]
+        pieces = [(sessions[i], torch.arange(w, device=device) % model.cfg.vocab_size, 64, True)
+                  for i, w in enumerate(widths)]
 
-        def forward(tokens=tokens):
-            r = model.residual(Rows.of([(session, tokens, 64, True)], device))
+        def forward(pieces=pieces):
+            r = model.residual(Rows.of(pieces, device))
             model.logits(r)
             _sync(device)
 
@@ -69,7 +75,8 @@ def time_costs(
 
         step()
         step_ms = _best_ms(step, repeats)
-    session.reset(model.cfg)
+    for session in sessions:
+        session.reset(model.cfg)
     return CostTable(verify_ms=verify_ms, draft_step_ms=step_ms, overhead_ms=0.1 * verify_ms[1])
 
 
