@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -19,14 +18,12 @@ from flashlane.server.protocol import ApiError, ChatRequest, parse_request
 from flashlane.server.reply import ReplyDelta, ReplyParser
 from flashlane.server.state import ServerState, finish_reason, usage
 from flashlane.server.transport import (
-    SSE_DONE,
     EventStream,
+    guarded_events,
     read_json,
     sse,
     until_disconnect,
 )
-
-logger = logging.getLogger("flashlane.server")
 
 
 async def chat_completions(request: Request) -> Response:
@@ -51,7 +48,7 @@ async def chat_completions(request: Request) -> Response:
     try:
         await until_disconnect(request, run.start())
         if req.stream:
-            return EventStream(reply.events(run), on_close=run.close)
+            return EventStream(guarded_events(reply.events(run), reply.id), on_close=run.close)
         out = await until_disconnect(request, run.run())
     except BaseException:
         run.close()
@@ -139,33 +136,26 @@ class _ChatReply:
     async def events(self, run: ReplyRun) -> AsyncIterator[str]:
         parser = self.prompt.parser()
         yield self._chunk({"role": "assistant", "content": ""})
-        try:
-            async for piece in run.pieces():
-                out = piece.output
-                if out.finish_reason == FinishReason.ERROR:
-                    raise ApiError(500, out.error or "the engine failed", type="server_error")
-                delta = parser.feed(piece.text)
-                if piece.finished:
-                    delta.extend(parser.finish())
-                logprobs = self._logprobs(piece.token_ids, piece.logprobs)
-                if delta or (logprobs and logprobs["content"]):
-                    yield self._chunk(self._delta(delta), logprobs=logprobs)
-                if piece.finished:
-                    yield self._chunk({}, finish=self._finish(out))
-                    if self.req.include_usage:
-                        yield sse(
-                            {
-                                **self._head("chat.completion.chunk"),
-                                "choices": [],
-                                "usage": self._usage(out, parser),
-                            }
-                        )
-        except ApiError as e:
-            yield sse(e.body())
-        except Exception as e:
-            logger.exception("stream %s failed", self.id)
-            yield sse(ApiError(500, f"internal error: {e!r}", type="server_error").body())
-        yield SSE_DONE
+        async for piece in run.pieces():
+            out = piece.output
+            if out.finish_reason == FinishReason.ERROR:
+                raise ApiError(500, out.error or "the engine failed", type="server_error")
+            delta = parser.feed(piece.text)
+            if piece.finished:
+                delta.extend(parser.finish())
+            logprobs = self._logprobs(piece.token_ids, piece.logprobs)
+            if delta or (logprobs and logprobs["content"]):
+                yield self._chunk(self._delta(delta), logprobs=logprobs)
+            if piece.finished:
+                yield self._chunk({}, finish=self._finish(out))
+                if self.req.include_usage:
+                    yield sse(
+                        {
+                            **self._head("chat.completion.chunk"),
+                            "choices": [],
+                            "usage": self._usage(out, parser),
+                        }
+                    )
 
     def _delta(self, delta: ReplyDelta) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -24,7 +23,13 @@ from flashlane.server.generate import (
 from flashlane.server.logprobs import completion_logprobs, merge_columns
 from flashlane.server.protocol import ApiError, CompletionRequest, parse_request
 from flashlane.server.state import ServerState, finish_reason, usage
-from flashlane.server.transport import SSE_DONE, EventStream, read_json, sse, until_disconnect
+from flashlane.server.transport import (
+    EventStream,
+    guarded_events,
+    read_json,
+    sse,
+    until_disconnect,
+)
 
 
 @dataclass(slots=True)
@@ -37,9 +42,6 @@ class _Choice:
     run: ReplyRun | None  # None: max_tokens 0 with echo, nothing to generate
     echo_logprobs: dict[str, list[Any]] | None = None  # the prompt's columns, for echo
     offset: int = 0  # characters of the choice's text sent so far
-
-
-logger = logging.getLogger("flashlane.server")
 
 
 async def completions(request: Request) -> Response:
@@ -56,7 +58,9 @@ async def completions(request: Request) -> Response:
             await until_disconnect(request, _start(state, req, choice))
         reply = _CompletionReply(state, req, rid, choices)
         if req.stream:
-            return EventStream(reply.events(), on_close=lambda: _close(runs))
+            return EventStream(
+                guarded_events(reply.events(), reply.id), on_close=lambda: _close(runs)
+            )
         outs = await until_disconnect(request, asyncio.gather(*(r.run() for r in runs)))
     except BaseException:
         _close(runs)
@@ -178,34 +182,25 @@ class _CompletionReply:
 
     async def events(self) -> AsyncIterator[str]:
         outs: list[RequestOutput | None] = [None] * len(self.choices)
-        try:
-            for choice in self.choices:
-                if self.req.echo:
-                    choice.offset = len(choice.prompt_text)
-                    finish = "length" if choice.run is None else None
-                    yield self._chunk(
-                        choice.index, choice.prompt_text, choice.echo_logprobs, finish
-                    )
-            async for index, piece in _merged(self.choices):
-                choice = self.choices[index]
-                out = piece.output
-                if out.finish_reason == FinishReason.ERROR:
-                    raise ApiError(500, out.error or "the engine failed", type="server_error")
-                cols = self._columns(choice, piece.token_ids, piece.logprobs)
-                choice.offset += len(piece.text)
-                finish = finish_reason(out) if piece.finished else None
-                if piece.text or cols or finish:
-                    yield self._chunk(index, piece.text, cols, finish)
-                if piece.finished:
-                    outs[index] = out
-            if self.req.include_usage:
-                yield sse({**self._head(), "choices": [], "usage": self._usage(outs)})
-        except ApiError as e:
-            yield sse(e.body())
-        except Exception as e:
-            logger.exception("stream %s failed", self.id)
-            yield sse(ApiError(500, f"internal error: {e!r}", type="server_error").body())
-        yield SSE_DONE
+        for choice in self.choices:
+            if self.req.echo:
+                choice.offset = len(choice.prompt_text)
+                finish = "length" if choice.run is None else None
+                yield self._chunk(choice.index, choice.prompt_text, choice.echo_logprobs, finish)
+        async for index, piece in _merged(self.choices):
+            choice = self.choices[index]
+            out = piece.output
+            if out.finish_reason == FinishReason.ERROR:
+                raise ApiError(500, out.error or "the engine failed", type="server_error")
+            cols = self._columns(choice, piece.token_ids, piece.logprobs)
+            choice.offset += len(piece.text)
+            finish = finish_reason(out) if piece.finished else None
+            if piece.text or cols or finish:
+                yield self._chunk(index, piece.text, cols, finish)
+            if piece.finished:
+                outs[index] = out
+        if self.req.include_usage:
+            yield sse({**self._head(), "choices": [], "usage": self._usage(outs)})
 
 
 async def _merged(choices: list[_Choice]) -> AsyncIterator[tuple[int, Piece]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -57,6 +58,22 @@ def sse(data: dict[str, Any] | str) -> str:
 
 
 SSE_DONE = sse("[DONE]")
+
+_log = logging.getLogger("flashlane.server")
+
+
+async def guarded_events(events: AsyncIterator[str], stream_id: str) -> AsyncIterator[str]:
+    """A reply's SSE events, then [DONE]; an error mid-stream becomes an OpenAI error event
+    (the status line has gone out already)."""
+    try:
+        async for event in events:
+            yield event
+    except ApiError as e:
+        yield sse(e.body())
+    except Exception as e:
+        _log.exception("stream %s failed", stream_id)
+        yield sse(ApiError(500, f"internal error: {e!r}", type="server_error").body())
+    yield SSE_DONE
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:

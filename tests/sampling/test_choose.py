@@ -23,15 +23,6 @@ from tests.sampling import vectors
 from tests.sampling.rows import random_row, random_spec
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # The draws are single-row numpy work; torch threads only add contention.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def outcome(fn, logits, spec):
     try:
         return fn(logits, spec)

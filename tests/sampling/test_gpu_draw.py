@@ -17,14 +17,6 @@ from tests.sampling.rows import random_row, random_rows, random_spec
 WIDE = 248_320
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def assert_same(got, want, specs):
     assert len(got) == len(want)
     for g, w, spec in zip(got, want, specs):
