@@ -12,10 +12,13 @@ from pathlib import Path
 import torch
 
 from flashlane.config import EngineConfig
+from flashlane.kernels import select_kernels
 from flashlane.lanes.core import LaneConfig
 from flashlane.lanes.host import HostConfig, LaneHost
 from flashlane.lanes.records import CostTable
 from flashlane.lanes.stops import StopRules
+from flashlane.models.config import ModelConfig
+from flashlane.models.flashnext import FlashNext
 from flashlane.models.loader import load_checkpoint
 from flashlane.models.state import SessionState
 from flashlane.runner.backend import ModelBackend
@@ -43,7 +46,15 @@ def compute_dtypes(device: str, dtype: str) -> tuple[torch.dtype, torch.dtype, t
 
 
 class Engine:
-    def __init__(self, config: EngineConfig, costs: CostTable | None = None, log=None):
+    def __init__(
+        self,
+        config: EngineConfig,
+        costs: CostTable | None = None,
+        log=None,
+        built: tuple[ModelConfig, FlashNext] | None = None,
+    ):
+        """`built` serves a model made elsewhere (a random checkpoint on the GPU) instead of
+        loading config.model_path; it has no tokenizer, so requests pass token ids."""
         self.config = config
         self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.device = config.resolved_device()
@@ -53,11 +64,19 @@ class Engine:
             torch.set_num_threads(1)
         path = config.model_path
         weights, cache, state = compute_dtypes(self.device, config.dtype)
-        self.model_config, self.model = load_checkpoint(path, weights, self.device)
+        if built is None:
+            self.model_config, self.model = load_checkpoint(path, weights, self.device)
+            self.tokenizer = _tokenizer(path)
+            self.generation_defaults = _json(path / "generation_config.json")
+            self.chat_template = _chat_template(path)
+            self.name = path.name
+        else:
+            self.model_config, self.model = built
+            self.tokenizer, self.generation_defaults, self.chat_template = None, {}, None
+            self.name = "a model built in memory"
         cfg = self.model_config
-        self.tokenizer = _tokenizer(path)
-        self.generation_defaults = _json(path / "generation_config.json")
-        self.chat_template = _chat_template(path)
+        self.kernels = select_kernels(self.device, log=self.log)
+        self.model.use_kernels(self.kernels)
         self.max_rows = config.max_rows or (64 if self.device.startswith("cuda") else 16)
         self.plan = self._plan(cfg, weights)
         self.sessions = [
@@ -88,7 +107,7 @@ class Engine:
             grow=config.slot_grow if config.slot_contexts else None,
         )
         self.log(
-            f"flashlane: {path.name} on {self.device} ({weights}), "
+            f"flashlane: {self.name} on {self.device} ({weights}, {self.kernels.name} kernels), "
             f"{len(self.sessions)} session(s) of {sorted(set(self.plan.capacities))} positions, "
             f"max rows {self.max_rows}, drafts {'on' if drafts else 'off'}; "
             + (describe(costs) if costs else "unpriced")

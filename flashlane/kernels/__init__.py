@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -11,6 +12,7 @@ from flashlane.kernels.attention import reference as attention_ref
 from flashlane.kernels.conv import reference as conv_ref
 from flashlane.kernels.gdn import reference as gdn_ref
 from flashlane.kernels.moe import reference as moe_ref
+from flashlane.kernels.norms import reference as norms_ref
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +24,11 @@ class Kernels:
     select_mask: Callable
     attention: Callable
     moe: Callable
+    linear: Callable
+    rms_norm: Callable
+    gated_rms_norm: Callable
+    l2norm: Callable
+    row_sum: Callable
 
 
 REFERENCE = Kernels(
@@ -32,10 +39,24 @@ REFERENCE = Kernels(
     select_mask=attention_ref.select_mask,
     attention=attention_ref.attention,
     moe=moe_ref.moe,
+    linear=torch.nn.functional.linear,
+    rms_norm=norms_ref.rms_norm,
+    gated_rms_norm=norms_ref.gated_rms_norm,
+    l2norm=norms_ref.l2norm,
+    row_sum=norms_ref.row_sum,
 )
 
 
-def select_kernels(device: torch.device | str) -> Kernels:
-    """The kernels for a device: the pure-torch references on the CPU (and until the
-    Triton kernels land, on CUDA too)."""
-    return REFERENCE
+def select_kernels(device: torch.device | str, log=None) -> Kernels:
+    """The kernels for a device, chosen once at engine start: the pure-torch references on
+    the CPU; on CUDA the Triton kernels (row-invariant), or the references where Triton is
+    missing (then a row's bits may depend on the batch, and the log says so)."""
+    if torch.device(device).type != "cuda" or os.environ.get("FLASHLANE_KERNELS") == "reference":
+        return REFERENCE
+    try:
+        from flashlane.kernels.gpu import TRITON
+    except ImportError as err:
+        if log is not None:
+            log(f"flashlane: Triton kernels unavailable ({err}); using the torch references")
+        return REFERENCE
+    return TRITON

@@ -15,7 +15,7 @@ from flashlane.models.config import ModelConfig
 from flashlane.models.layers.decoder import DecoderLayer
 from flashlane.models.layers.hyper_connection import HyperConnection
 from flashlane.models.layers.mtp import MtpHead
-from flashlane.models.layers.norms import linear
+from flashlane.models.layers.norms import GatedRMSNorm, Linear, RMSNorm, linear
 from flashlane.models.layers.rotary import Rotary
 from flashlane.models.rows import Piece, Rows
 from flashlane.models.state import SessionState
@@ -37,6 +37,18 @@ class FlashNext(nn.Module):
         self.mtp = MtpHead(cfg) if cfg.num_mtp_layers else None
         self.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta)
         self.kernels: Kernels = REFERENCE
+
+    def use_kernels(self, kernels: Kernels) -> FlashNext:
+        """Point every op of the model (linears, norms, mixers, experts) at `kernels`."""
+        self.kernels = kernels
+        for m in self.modules():
+            if isinstance(m, Linear):
+                m.op = kernels.linear
+            elif isinstance(m, RMSNorm):
+                m.op = kernels.rms_norm
+            elif isinstance(m, GatedRMSNorm):
+                m.op = kernels.gated_rms_norm
+        return self
 
     @property
     def dtype(self) -> torch.dtype:

@@ -5,7 +5,7 @@ import torch
 from transformers.models.qwen4_exp import modeling_qwen4_exp as hf
 
 from flashlane.kernels.gdn.reference import chunk_gdn, recurrent_gdn
-from flashlane.models.layers.gated_deltanet import l2norm
+from flashlane.kernels.norms.reference import l2norm
 
 
 def inputs(b, t, h=3, dk=16, dv=8, seed=0):

@@ -39,3 +39,13 @@ def gated_rms_norm(
     g = gate.to(h.dtype if h.dtype == torch.float64 else torch.float32)
     act = torch.sigmoid(g) if activation == "sigmoid" else F.silu(g)
     return (h * act).to(dtype)
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x * rsqrt(sum(x^2) + eps) over the last dim (fla's convention for GDN q and k)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def row_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum over the last dim: [..., D] -> [...]."""
+    return x.sum(-1)

@@ -18,10 +18,6 @@ class ConvWeight(nn.Module):
         self.weight = nn.Parameter(torch.zeros(channels, 1, kernel))
 
 
-def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
-
-
 class GatedDeltaNet(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
@@ -70,8 +66,8 @@ class GatedDeltaNet(nn.Module):
         k = y[..., kd : 2 * kd].reshape(b, t, cfg.linear_num_k_heads, -1)
         v = y[..., 2 * kd : 2 * kd + vd].reshape(b, t, cfg.linear_num_v_heads, -1)
         rep = cfg.linear_num_v_heads // cfg.linear_num_k_heads
-        q = (l2norm(q) * cfg.linear_k_head_dim**-0.5).repeat_interleave(rep, dim=2)
-        k = l2norm(k).repeat_interleave(rep, dim=2)
+        q = (kernels.l2norm(q) * cfg.linear_k_head_dim**-0.5).repeat_interleave(rep, dim=2)
+        k = kernels.l2norm(k).repeat_interleave(rep, dim=2)
         if group[0].recurrent:
             o, states = kernels.recurrent_gdn(q, k, v, g, beta, state)
         else:

@@ -29,7 +29,7 @@ class HyperConnection(nn.Module):
         mix = torch.sigmoid(
             self.input_mix_weight_up(F.silu(self.input_mix_weight_down(xn) / self.hc))
         )
-        a = (mix * xn).unflatten(-1, (self.hc, self.hidden)).mean(-2)
+        a = mean_of_streams((mix * xn).unflatten(-1, (self.hc, self.hidden)))
         if self.block_inject_weight is None:
             return a, None
         return a, 2 * torch.sigmoid(self.block_inject_weight(xn) / self.hc)
@@ -38,3 +38,12 @@ class HyperConnection(nn.Module):
     def write(r: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """R + y (x) w: y [N, H] added to each stream c with weight w[:, c]."""
         return r + (y.unsqueeze(-2) * w.unsqueeze(-1)).flatten(-2)
+
+
+def mean_of_streams(x: torch.Tensor) -> torch.Tensor:
+    """[N, hc, H] -> [N, H]: the streams added in order, then divided. Elementwise adds, so a
+    row's result does not depend on the row count (a reduction kernel may change its order)."""
+    total = x[:, 0]
+    for c in range(1, x.shape[1]):
+        total = total + x[:, c]
+    return total / x.shape[1]

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from flashlane.kernels import Kernels
-from flashlane.kernels.moe.reference import swiglu
 from flashlane.models.config import ModelConfig
 from flashlane.models.layers.norms import linear
 
@@ -29,7 +29,7 @@ class MLP(nn.Module):
         self.down_proj = linear(inner, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return swiglu(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class SparseMoe(nn.Module):

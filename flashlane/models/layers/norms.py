@@ -1,8 +1,13 @@
-"""Norm modules over the reference kernels (weights named as in the checkpoint)."""
+"""Linear and norm modules (weights named as in the checkpoint) over swappable kernels.
+
+Each module calls its op through an attribute that `FlashNext.use_kernels` points at the
+device's kernels (the references on the CPU, Triton on CUDA): the model code stays the same.
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from flashlane.kernels.norms.reference import gated_rms_norm, rms_norm
@@ -16,8 +21,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
         self.eps, self.group = eps, group
 
+    op = staticmethod(rms_norm)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps, self.group)
+        return self.op(x, self.weight, self.eps, self.group)
 
 
 class GatedRMSNorm(nn.Module):
@@ -28,9 +35,21 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps, self.activation = eps, activation
 
+    op = staticmethod(gated_rms_norm)
+
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        return gated_rms_norm(x, gate, self.weight, self.eps, self.activation)
+        return self.op(x, gate, self.weight, self.eps, self.activation)
 
 
-def linear(dim_in: int, dim_out: int) -> nn.Linear:
-    return nn.Linear(dim_in, dim_out, bias=False)
+class Linear(nn.Linear):
+    """A bias-free linear layer whose product is the kernels' `linear` (row-invariant on
+    CUDA, where cuBLAS picks its algorithm by the row count)."""
+
+    op = staticmethod(F.linear)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.op(x, self.weight)
+
+
+def linear(dim_in: int, dim_out: int) -> Linear:
+    return Linear(dim_in, dim_out, bias=False)

@@ -63,9 +63,11 @@ class NGramEmbedding(nn.Module):
         offsets = [sum(sizes[:i]) for i in range(len(sizes))]
         rows = math.ceil(sum(sizes) / cfg.ngram_vocab_divisor) * cfg.ngram_vocab_divisor
         mult = layer_multipliers(cfg.vocab_size, cfg.ngram_size, ple_index, cfg.ngram_seed)
-        self.register_buffer("layer_multipliers", torch.tensor(mult, dtype=torch.long))
-        self.register_buffer("ngram_heads_vocab_sizes", torch.tensor(sizes, dtype=torch.long))
-        self.register_buffer("ngram_heads_offsets", torch.tensor(offsets, dtype=torch.long))
+        # computed here, so made on the CPU even while the model is built on the meta device
+        ids = dict(dtype=torch.long, device="cpu")
+        self.register_buffer("layer_multipliers", torch.tensor(mult, **ids))
+        self.register_buffer("ngram_heads_vocab_sizes", torch.tensor(sizes, **ids))
+        self.register_buffer("ngram_heads_offsets", torch.tensor(offsets, **ids))
         self.ngram_embedding = nn.Embedding(rows, cfg.ple_embed_dim // cfg.num_ngram_heads)
 
     def row_ids(self, history: torch.Tensor) -> torch.Tensor:
@@ -114,7 +116,7 @@ class PLELayer(nn.Module):
         emb = self.ple_embedding.ngram_embedding(table_rows).flatten(-2).to(r.dtype)
         key = self.norm_key(self.key_proj(emb)).reshape(n, hc, h)
         query = self.norm_query(r).reshape(n, hc, h)
-        gate = (key * query).sum(-1, keepdim=True) / math.sqrt(h)
+        gate = kernels.row_sum(key * query).unsqueeze(-1) / math.sqrt(h)
         gate = gate.abs().clamp_min(1e-6).sqrt() * gate.sign()
         gated = (torch.sigmoid(gate) * self.value_proj(emb).unsqueeze(-2)).flatten(-2)
         normed = self.norm_conv(gated)

@@ -1,0 +1,45 @@
+"""The CUDA kernel set: Triton kernels whose per-row results do not depend on the batch.
+
+Imported only on CUDA (it needs triton); `select_kernels` falls back to the references when
+this import fails. fla-core's chunked GDN serves prompt pieces where it is installed.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+
+from flashlane.kernels import Kernels
+from flashlane.kernels.attention import triton as attention_tr
+from flashlane.kernels.conv import reference as conv_ref
+from flashlane.kernels.gdn import triton as gdn_tr
+from flashlane.kernels.linear.triton import linear
+from flashlane.kernels.moe import triton as moe_tr
+from flashlane.kernels.norms import triton as norms_tr
+
+
+@cache
+def _ones(d: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.ones(1, d, dtype=dtype, device=device)
+
+
+def row_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum over the last dim through the row-invariant GEMM (a product with ones)."""
+    return linear(x, _ones(x.shape[-1], x.dtype, x.device)).squeeze(-1)
+
+
+TRITON = Kernels(
+    name="triton",
+    chunk_gdn=gdn_tr.chunk_gdn,
+    recurrent_gdn=gdn_tr.recurrent_gdn,
+    causal_conv=conv_ref.causal_conv,  # elementwise taps: row-invariant as written
+    select_mask=attention_tr.select_mask,
+    attention=attention_tr.attention,
+    moe=moe_tr.moe,
+    linear=linear,
+    rms_norm=norms_tr.rms_norm,
+    gated_rms_norm=norms_tr.gated_rms_norm,
+    l2norm=norms_tr.l2norm,
+    row_sum=row_sum,
+)

@@ -1,0 +1,93 @@
+"""Named model configs (config.json dicts, `qwen4_exp_text`), kept in this one file.
+
+`flashnext-48l` has Flash Next's real text dimensions. The shorter presets keep every per-layer
+dimension and cut the depth (12 layers = 3 blocks of three GDN layers and one sparse-attention
+layer) and the PLE n-gram table, so that size-faithful random checkpoints fit one GPU and
+benchmarks need no download.
+"""
+
+from __future__ import annotations
+
+ROPE = {
+    "rope_type": "default",
+    "rope_theta": 10_000_000.0,
+    "partial_rotary_factor": 0.25,
+    "mrope_section": [11, 11, 10],
+    "mrope_interleaved": True,
+}
+
+FLASH_NEXT = dict(
+    model_type="qwen4_exp_text",
+    vocab_size=248_320,
+    hidden_size=2560,
+    num_hidden_layers=48,
+    num_attention_heads=24,
+    num_key_value_heads=2,
+    head_dim=256,
+    linear_num_key_heads=16,
+    linear_num_value_heads=48,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    num_experts=512,
+    num_experts_per_tok=10,
+    moe_intermediate_size=640,
+    shared_expert_intermediate_size=640,
+    norm_topk_prob=True,
+    hc_count=4,
+    hc_lowrank=320,
+    ple_layer_ids=[2],
+    ple_embed_dim=2560,
+    ple_conv_kernel_size=4,
+    ngram_size=3,
+    heads_per_ngram=8,
+    ngram_vocab_size_base=20_000_000,
+    make_ngram_vocab_size_divisible_by=128,
+    split_ngram_parts=128,
+    indexer_n_heads=4,
+    indexer_kv_heads=1,
+    indexer_head_dim=128,
+    indexer_budget=2048,
+    indexer_compress_ratio=4,
+    output_gate_type="sigmoid",
+    hidden_act="silu",
+    rms_norm_eps=1e-6,
+    max_position_embeddings=262_144,
+    tie_word_embeddings=False,
+    eos_token_id=248_044,
+    bos_token_id=248_044,
+    full_attention_interval=4,
+    mtp_num_hidden_layers=1,
+    rope_parameters=ROPE,
+)
+
+
+def _layer_types(n: int, interval: int = 4) -> list[str]:
+    return [
+        "qwen_sparse_attention" if (i + 1) % interval == 0 else "linear_attention"
+        for i in range(n)
+    ]
+
+
+def _shorter(layers: int, ngram_base: int) -> dict:
+    return dict(
+        FLASH_NEXT,
+        num_hidden_layers=layers,
+        layer_types=_layer_types(layers),
+        ngram_vocab_size_base=ngram_base,
+        split_ngram_parts=8,
+    )
+
+
+PRESETS: dict[str, dict] = {
+    "flashnext-48l": dict(FLASH_NEXT, layer_types=_layer_types(48)),
+    "flashnext-12l": _shorter(12, 200_000),
+    "flashnext-4l": _shorter(4, 50_000),
+}
+
+
+def preset(name: str) -> dict:
+    """A copy of the named config dict; ValueError lists the names."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model config {name!r}; known: {', '.join(sorted(PRESETS))}")
+    return dict(PRESETS[name])

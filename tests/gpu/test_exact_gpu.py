@@ -1,0 +1,127 @@
+"""Exactness on the GPU with the Triton kernels, logits compared bit for bit (DESIGN.md
+section 1): a row's logits do not depend on the verify width, on the other streams in the
+round, or on whether its tokens came as drafts. Tiny oracle checkpoint and a random
+flashnext-4l (real per-layer dimensions), bf16 weights, fp32 GDN state."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from flashlane.kernels import select_kernels
+from flashlane.lanes.records import CostTable
+from flashlane.llm import LLM
+from flashlane.models.flashnext import commit, run_piece
+from flashlane.models.loader import load_checkpoint
+from flashlane.models.presets import preset
+from flashlane.models.random_weights import build_random
+from flashlane.models.rows import Rows
+from flashlane.models.state import SessionState
+from flashlane.request import SamplingParams
+from flashlane.runner.backend import copy_session
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU"),
+]
+CAP = 512
+
+
+@pytest.fixture(scope="module", params=["tiny", "flashnext-4l"])
+def gpu_model(request, tiny_ckpt):
+    if request.param == "tiny":
+        cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.bfloat16, device="cuda")
+    else:
+        cfg, model = build_random(preset("flashnext-4l"), torch.bfloat16, "cuda", seed=1)
+    kernels = select_kernels("cuda")
+    assert kernels.name == "triton"
+    yield cfg, model.use_kernels(kernels)
+    del model
+    torch.cuda.empty_cache()
+
+
+def new_session(cfg):
+    return SessionState.empty(cfg, CAP, torch.bfloat16, torch.float32, "cuda")
+
+
+def prefilled(cfg, model, prompt):
+    s = new_session(cfg)
+    ids = torch.tensor(prompt, device="cuda")
+    for a in range(0, len(prompt), 64):
+        run_piece(model, s, ids[a : a + 64], a, recurrent=False)
+    return s
+
+
+def run_windows(model, windows, keep=None):
+    """One forward over [(session, tokens)] verify windows: logits per window. With `keep`,
+    each window's rows are committed (kept whole); without, nothing is."""
+    rows = Rows.of([(s, torch.tensor(t, device="cuda"), s.length, True) for s, t in windows],
+                   "cuda")
+    logits = model.logits(model.residual(rows))
+    if keep:
+        for p in rows.pieces:
+            commit(model, p, p.length)
+    return [logits[p.rows] for p in rows.pieces]
+
+
+def prompts(vocab, n):
+    g = torch.Generator().manual_seed(7)
+    lens = [5, 70, 17, 130, 9, 64, 33, 3, 200, 41, 66, 12, 90, 1, 127, 150]
+    return [torch.randint(3, vocab, (lens[i],), generator=g).tolist() for i in range(n)]
+
+
+def greedy_serial(cfg, model, session, n):
+    """Greedy one-row decoding from a prefilled session: (tokens fed, logits per step)."""
+    s = new_session(cfg)
+    copy_session(session, s, cfg.indexer_block)
+    tok, logs = [3], []
+    for _ in range(n):
+        lg = run_windows(model, [(s, tok[-1:])], keep=True)[0][0]
+        logs.append(lg)
+        tok.append(int(lg.argmax()))
+    return tok[:n], torch.stack(logs)
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 5, 8, 13, 16])
+def test_window_rows_equal_serial_rows_bitwise(gpu_model, width):
+    cfg, model = gpu_model
+    base = prefilled(cfg, model, prompts(cfg.vocab_size, 3)[2])
+    tokens, want = greedy_serial(cfg, model, base, 16)
+    s = new_session(cfg)
+    copy_session(base, s, cfg.indexer_block)
+    got = []
+    while len(got) < 16:
+        w = min(width, 16 - len(got))
+        got.extend(run_windows(model, [(s, tokens[len(got) : len(got) + w])], keep=True)[0])
+    assert torch.equal(torch.stack(got), want)
+
+
+@pytest.mark.parametrize("streams", [2, 4, 8, 16])
+def test_shared_round_rows_equal_alone_bitwise(gpu_model, streams):
+    cfg, model = gpu_model
+    sessions = [prefilled(cfg, model, p) for p in prompts(cfg.vocab_size, streams)]
+    g = torch.Generator().manual_seed(streams)
+    windows = [
+        (s, torch.randint(3, cfg.vocab_size, (1 + i % 4,), generator=g).tolist())
+        for i, s in enumerate(sessions)
+    ]
+    together = run_windows(model, windows)
+    for (s, t), lg in zip(windows, together):
+        alone = run_windows(model, [(s, t)])[0]
+        assert torch.equal(lg, alone)
+
+
+def test_llm_replies_drafted_shared_and_alone_agree(tiny_ckpt):
+    costs = CostTable({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3,
+                      overhead_ms=0.2)
+    llm = LLM(str(tiny_ckpt), costs=costs, parallel=8, max_rows=16, device="cuda")
+    assert llm.engine.kernels.name == "triton"
+    ps = prompts(500, 8)
+    for params in (SamplingParams(max_tokens=24, temperature=0.0),
+                   SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, seed=11)):
+        plist = [dataclasses.replace(params, draft=(i % 3 != 1)) for i in range(len(ps))]
+        together = llm.generate(ps, plist)
+        for prompt, p, got in zip(ps, plist, together):
+            alone = llm.generate(prompt, dataclasses.replace(p, draft=False))[0]
+            assert got.error is None
+            assert got.token_ids == alone.token_ids
