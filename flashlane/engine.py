@@ -101,7 +101,12 @@ class Engine:
         )
         self.host = LaneHost(
             self.backend,
-            HostConfig(lanes=lanes, max_queue=config.max_queue),
+            HostConfig(
+                lanes=lanes,
+                max_queue=config.max_queue,
+                # GPU GEMMs want long prompt pieces; CPU rounds stay short for live replies
+                prefill_rows=2048 if self.device.startswith("cuda") else 1024,
+            ),
             self._stop_rules(),
             self.plan.capacities,
             grow=config.slot_grow if config.slot_contexts else None,

@@ -28,6 +28,13 @@ class LLM:
         self.engine = Engine(self.config, costs=costs)
         self._next = 0
 
+    @classmethod
+    def from_engine(cls, engine: Engine) -> LLM:
+        """An LLM over an engine built elsewhere (a random checkpoint made on the GPU)."""
+        llm = cls.__new__(cls)
+        llm.config, llm.engine, llm._next = engine.config, engine, 0
+        return llm
+
     @property
     def tokenizer(self):
         return self.engine.tokenizer

@@ -2,37 +2,59 @@
 # The one entry point for GPU tests and benchmarks (DESIGN.md section 9). Run it on the GPU
 # machine from the repository root:
 #
-#     bash scripts/gpu_check.sh
+#     bash scripts/gpu_check.sh                      # everything
+#     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, benches, model
 #
-# 1. the tests marked `cuda`;
-# 2. every benchmarks/bench_*.py that takes `--device`, run with `--device cuda`.
-# Logs and each benchmark's final JSON line go to ${OUT:-benchmarks/results}/. Exits non-zero
-# if any step failed, after running them all.
+# tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
+#          exactness of the engine on the GPU, the GPU sampler);
+# benches: every benchmarks/bench_*.py that takes `--device`, run with `--device cuda`;
+# model:   `flashlane bench model` on a random flashnext-12l against transformers
+#          (MODEL_ARGS overrides its arguments).
+# Wheels in .whl/ (fla-core: the device tool's README says how to fetch them) are installed
+# to /tmp/site first. Logs and each benchmark's JSON go to ${OUT:-benchmarks/results}/.
+# Exits non-zero if any step failed, after running them all.
 set -uo pipefail
 
 out="${OUT:-benchmarks/results}"
+steps="${GPU_STEPS:-tests benches model}"
+if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 # the GPU machine has no install of flashlane: run it from this tree
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-# only the folders that hold cuda tests (others import server packages the GPU image lacks)
-cuda_tests="${CUDA_TESTS:-tests/sampling}"
+export PYTHONUNBUFFERED=1
+cuda_tests="${CUDA_TESTS:-tests/kernels tests/gpu tests/sampling}"
 stamp="$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$out"
 failed=()
 
-echo "== python -m pytest -m cuda -q $cuda_tests"
-python -m pytest -m cuda -q -p no:cacheprovider $cuda_tests 2>&1 | tee "$out/gpu_tests_$stamp.log" || failed+=("pytest -m cuda")
+if [[ " $steps " == *" tests "* ]]; then
+    echo "== python -m pytest -m 'cuda or triton' $cuda_tests"
+    python -m pytest -m "cuda or triton" -q -p no:cacheprovider $cuda_tests 2>&1 \
+        | tee "$out/gpu_tests_$stamp.log" || failed+=("pytest")
+fi
 
-for bench in benchmarks/bench_*.py; do
-    grep -q -- "--device" "$bench" || continue  # a CPU-only benchmark
-    name="$(basename "$bench" .py)"
-    log="$out/${name}_cuda_$stamp.log"
-    echo "== python $bench --device cuda"
-    if python "$bench" --device cuda 2>&1 | tee "$log"; then
-        tail -n 1 "$log" >> "$out/${name}_cuda.jsonl"  # the benchmark's one JSON line
-    else
-        failed+=("$bench")
-    fi
-done
+if [[ " $steps " == *" benches "* ]]; then
+    for bench in benchmarks/bench_*.py; do
+        grep -q -- "--device" "$bench" || continue  # a CPU-only benchmark
+        name="$(basename "$bench" .py)"
+        log="$out/${name}_cuda_$stamp.log"
+        echo "== python $bench --device cuda"
+        if python "$bench" --device cuda 2>&1 | tee "$log"; then
+            tail -n 1 "$log" >> "$out/${name}_cuda.jsonl"  # the benchmark's one JSON line
+        else
+            failed+=("$bench")
+        fi
+    done
+fi
+
+if [[ " $steps " == *" model "* ]]; then
+    args="${MODEL_ARGS:---config flashnext-12l --random-weights --peer transformers}"
+    echo "== flashlane bench model $args"
+    python -m flashlane.cli bench model $args --json "$out/bench_model_$stamp.json" 2>&1 \
+        | tee "$out/bench_model_$stamp.log" || failed+=("bench model")
+fi
 
 if ((${#failed[@]})); then
     echo "gpu_check: FAILED: ${failed[*]}"

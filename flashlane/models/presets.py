@@ -79,7 +79,21 @@ def _shorter(layers: int, ngram_base: int) -> dict:
     )
 
 
+# The structure of Flash Next at toy size: CPU smoke runs of the benchmarks.
+TINY = dict(
+    FLASH_NEXT,
+    vocab_size=512, hidden_size=64, num_hidden_layers=4, layer_types=_layer_types(4),
+    num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
+    linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16, num_experts=8,
+    num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+    hc_lowrank=8, ple_embed_dim=64, heads_per_ngram=2, ngram_vocab_size_base=1000,
+    split_ngram_parts=4, indexer_n_heads=2, indexer_head_dim=16, indexer_budget=8,
+    max_position_embeddings=4096, eos_token_id=1, bos_token_id=1,
+    rope_parameters=dict(ROPE, mrope_section=[2, 1, 1]),
+)  # fmt: skip
+
 PRESETS: dict[str, dict] = {
+    "flashnext-tiny": TINY,
     "flashnext-48l": dict(FLASH_NEXT, layer_types=_layer_types(48)),
     "flashnext-12l": _shorter(12, 200_000),
     "flashnext-4l": _shorter(4, 50_000),

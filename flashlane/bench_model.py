@@ -1,0 +1,164 @@
+"""`flashlane bench model`: decode and prefill speed of one model on the GPU, against the
+roofline measured in the same run and (optionally) transformers on the same weights.
+
+    flashlane bench model --config flashnext-12l --random-weights --peer transformers
+
+Decode: N streams (N in --streams), each a --prompt-len prompt of random ids, greedy, drafts
+off, --decode-tokens tokens past the first (ignore_eos); aggregate tok/s = N x tokens / the
+longest stream's decode time. Prefill: one prompt of each --prefill length, one token out;
+tok/s = length / time to first token. The table ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+
+import torch
+
+from flashlane.config import EngineConfig
+from flashlane.engine import Engine
+from flashlane.lanes.records import CostTable
+from flashlane.llm import LLM
+from flashlane.models.presets import PRESETS, preset
+from flashlane.models.random_weights import build_random
+from flashlane.request import SamplingParams
+from flashlane.roofline import decode_round_bytes, measure_ceilings, prefill_flops
+
+# drafts are off, so the allocator never prices a draft row: any monotone table will do
+FLAT_COSTS = CostTable({1: 1.0, 64: 1.0}, draft_step_ms=1.0, overhead_ms=0.0)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="flashlane bench model", description=__doc__.split("\n")[0])
+    p.add_argument("--config", default="flashnext-12l", choices=sorted(PRESETS))
+    p.add_argument("--random-weights", action="store_true", required=True,
+                   help="build the config's checkpoint with random weights on the device")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--streams", type=_ints, default=[1, 4, 16])
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--decode-tokens", type=int, default=64)
+    p.add_argument("--prefill", type=_ints, default=[2048, 16384])
+    p.add_argument("--peer", choices=["none", "transformers"], default="none")
+    p.add_argument("--peer-prefill", type=_ints, default=[2048])
+    p.add_argument("--json", default=None, help="also write the result here")
+    return p.parse_args(argv)
+
+
+def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (length,), generator=g).tolist() for _ in range(n)]
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def run_ours(args, raw: dict, ceilings: dict) -> dict:
+    t0 = time.perf_counter()
+    cuda = args.device.startswith("cuda")
+    cfg, model = build_random(raw, torch.bfloat16 if cuda else torch.float64, args.device,
+                              args.seed)
+    _sync(args.device)
+    built_s = time.perf_counter() - t0
+    context = max([*args.prefill, 0]) + args.prompt_len + args.decode_tokens + 64
+    config = EngineConfig.resolve(device=args.device, parallel=max(args.streams),
+                                  context=context, drafts=False)
+    llm = LLM.from_engine(Engine(config, costs=FLAT_COSTS, built=(cfg, model)))
+    greedy = SamplingParams(max_tokens=args.decode_tokens + 1, temperature=0.0,
+                            ignore_eos=True, draft=False)
+    llm.generate(random_prompts(1, args.prompt_len, cfg.vocab_size, 99),
+                 SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, draft=False))
+    out = {"build_s": built_s, "kernels": llm.engine.kernels.name, "decode": {}, "prefill": {}}
+    for n in args.streams:
+        outs = llm.generate(random_prompts(n, args.prompt_len, cfg.vocab_size, n), greedy)
+        secs = max(o.stats.decode_seconds for o in outs)
+        round_s = secs / args.decode_tokens
+        need = decode_round_bytes(cfg, n, args.prompt_len + args.decode_tokens)["total"]
+        bw = ceilings.get("bandwidth_Bps")
+        out["decode"][n] = {
+            "tok_s": n * args.decode_tokens / secs,
+            "round_ms": 1e3 * round_s,
+            "round_bytes": need,
+            "roofline_ms": 1e3 * need / bw if bw else None,
+            "of_roofline": need / bw / round_s if bw else None,
+        }
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, draft=False)
+    for length in args.prefill:
+        o = llm.generate(random_prompts(1, length, cfg.vocab_size, length), one)[0]
+        ttft = o.stats.prefill_seconds
+        rate = ceilings.get("bf16_flops")
+        out["prefill"][length] = {
+            "tok_s": length / ttft,
+            "ttft_s": ttft,
+            "flops": prefill_flops(cfg, length),
+            "of_matrix_rate": prefill_flops(cfg, length) / rate / ttft if rate else None,
+        }
+    del llm, model
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return out
+
+
+def table(result: dict) -> str:
+    lines = [f"{'':24}{'ours':>12}{'transformers':>14}{'ratio':>8}{'roofline':>10}"]
+    peer = result.get("peer") or {}
+    for kind, key in (("decode", "tok_s"), ("prefill", "tok_s")):
+        for n, r in result["ours"][kind].items():
+            theirs = (peer.get(kind) or {}).get(n, {}).get(key)
+            eff = r.get("of_roofline") or r.get("of_matrix_rate")
+            eff_s = f"{eff:10.0%}" if eff else f"{'-':>10}"
+            label = f"{kind} {n} {'streams' if kind == 'decode' else 'tokens'} tok/s"
+            ratio = f"{r[key] / theirs:8.1f}" if theirs else f"{'-':>8}"
+            peer_s = f"{theirs:14.1f}" if theirs else f"{'-':>14}"
+            lines.append(f"{label:24}{r[key]:12.1f}{peer_s}{ratio}{eff_s}")
+    return "\n".join(lines)
+
+
+def bench_model_main(argv: list[str]) -> int:
+    args = parse(argv)
+    cuda = args.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        print("flashlane bench model: no CUDA device here (--device cpu runs a smoke test)",
+              file=sys.stderr)
+        return 2
+    raw = preset(args.config)
+    ceilings = measure_ceilings(args.device) if cuda else {}
+    if cuda:
+        torch.cuda.empty_cache()
+    result = {
+        "bench": "model",
+        "config": args.config,
+        "device": torch.cuda.get_device_name(args.device) if cuda else "cpu",
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+        "command": "flashlane bench model " + " ".join(argv),
+        "ceilings": ceilings,
+        "note": "random weights route tokens evenly over experts",
+        "ours": run_ours(args, raw, ceilings),
+    }
+    if args.peer == "transformers":
+        from flashlane.bench_peer import run_transformers
+
+        result["peer"] = run_transformers(raw, args)
+    print(table(result))
+    line = json.dumps(result)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(line + "\n")
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(bench_model_main(sys.argv[1:]))

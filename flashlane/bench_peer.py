@@ -1,0 +1,78 @@
+"""The transformers peer of `flashlane bench model`: the same random weights (regenerated
+after ours is freed, since two copies do not fit), `generate` greedy, fla-core used by
+transformers where it is installed.
+
+Decode tok/s = N x (T - 1) / (time of T new tokens - time of 1 new token), batch N;
+prefill tok/s = length / time of one new token.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import time
+
+import torch
+
+from flashlane.models.random_weights import fill_transformers
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed_generate(model, ids: torch.Tensor, new: int) -> float:
+    _sync(ids.device)
+    t = time.perf_counter()
+    model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+    _sync(ids.device)
+    return time.perf_counter() - t
+
+
+def run_transformers(raw: dict, args) -> dict:
+    import transformers
+    from transformers import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
+
+    spec = {k: v for k, v in raw.items() if k != "model_type"}
+    spec["mtp_num_hidden_layers"] = 0  # transformers has no MTP head
+    default = torch.get_default_dtype()
+    cuda = torch.device(args.device).type == "cuda"
+    torch.set_default_dtype(torch.bfloat16 if cuda else torch.float32)
+    try:
+        with torch.device(args.device):
+            model = Qwen4ExpForCausalLM(Qwen4ExpTextConfig(**spec)).eval()
+    finally:
+        torch.set_default_dtype(default)
+    fill_transformers(model, args.seed)
+    out = {
+        "transformers": transformers.__version__,
+        "fla": importlib.util.find_spec("fla") is not None,
+        "experts_implementation": getattr(model.config, "_experts_implementation", None),
+        "decode": {},
+        "prefill": {},
+    }
+    vocab, t = raw["vocab_size"], args.decode_tokens
+    g = torch.Generator().manual_seed(args.seed)
+    with torch.no_grad():
+        warm = torch.randint(3, vocab, (1, args.prompt_len), generator=g).to(args.device)
+        _timed_generate(model, warm, 4)
+        for n in args.streams:
+            ids = torch.randint(3, vocab, (n, args.prompt_len), generator=g).to(args.device)
+            first = _timed_generate(model, ids, 1)
+            full = _timed_generate(model, ids, t + 1)
+            secs = full - first
+            out["decode"][n] = {"tok_s": n * t / secs, "round_ms": 1e3 * secs / t}
+        for length in args.peer_prefill:
+            ids = torch.randint(3, vocab, (1, length), generator=g).to(args.device)
+            try:
+                secs = _timed_generate(model, ids, 1)
+                out["prefill"][length] = {"tok_s": length / secs, "ttft_s": secs}
+            except torch.OutOfMemoryError as err:
+                out["prefill"][length] = {"error": str(err).splitlines()[0]}
+                torch.cuda.empty_cache()
+    del model
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return out

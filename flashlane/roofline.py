@@ -1,0 +1,76 @@
+"""Roofline accounting (DESIGN.md section 9): what a decode round must read and what a prefill
+must compute, and the machine's measured ceilings to divide them by.
+
+Random weights route tokens evenly over experts, so the distinct experts a round reads are
+counted as the expectation under uniform routing: E * (1 - (1 - k/E)^rows) per layer.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from flashlane.models import census
+from flashlane.models.config import ModelConfig
+
+
+def expected_experts(cfg: ModelConfig, rows: int) -> float:
+    e, k = cfg.num_experts, cfg.num_experts_per_tok
+    return e * (1.0 - (1.0 - k / e) ** rows)
+
+
+def decode_round_bytes(cfg: ModelConfig, rows: int, context: int, weight_bytes: int = 2) -> dict:
+    """Bytes one decode round of `rows` streams (one row each) moves, by part."""
+    p = census.count_params(cfg)
+    layers = cfg.num_layers
+    expert = census.expert_params(cfg)
+    # every weight but the experts' and the tables' is read once per round
+    dense = p.text - p.experts - p.embeddings
+    experts = layers * expected_experts(cfg, rows) * expert
+    embed_rows = rows * cfg.hidden_size
+    ple_rows = rows * len(cfg.ple_layer_ids) * cfg.ple_embed_dim
+    state = rows * census.state_bytes_per_stream(cfg) * 2  # read and written
+    kv = rows * context * (
+        census.kv_bytes_per_token(cfg) + census.indexer_bytes_per_block(cfg) / cfg.indexer_block
+    )
+    parts = {
+        "weights": (dense + experts + embed_rows + ple_rows) * weight_bytes,
+        "state": state,
+        "kv": kv,
+    }
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def prefill_flops(cfg: ModelConfig, tokens: int) -> float:
+    """2 x active parameters x tokens + causal attention over the sparse layers' selected keys."""
+    p = census.count_params(cfg)
+    active = p.active - cfg.hidden_size  # the embedding row is a gather, not a product
+    sparse = cfg.layer_types.count("sparse")
+    budget = cfg.indexer_top_blocks * cfg.indexer_block
+    # query t attends min(t + 1, budget) keys: QK^T and PV, 2 FLOPs per multiply-add
+    keys = sum(min(t + 1, budget) for t in range(0, tokens, 64)) * 64
+    attn = sparse * 4 * cfg.num_attention_heads * cfg.head_dim * keys
+    return 2.0 * active * tokens + attn
+
+
+def measure_ceilings(device: str = "cuda") -> dict:
+    """Copy bandwidth (bytes read + written per second) and the bf16 matrix rate, measured."""
+    n = 1 << 30  # 1 GiB per buffer: far past the L2
+    a = torch.empty(n, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    m = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+
+    def timed(fn, reps):
+        fn()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) / reps
+
+    copy_s = timed(lambda: b.copy_(a), 20)
+    mm_s = timed(lambda: m @ m, 10)
+    return {"bandwidth_Bps": 2 * n / copy_s, "bf16_flops": 2 * 8192**3 / mm_s}
