@@ -8,12 +8,11 @@ shapes in fp32; on a GPU the shapes are the model's (48 value heads of 128 x 128
 Tolerances against the references: fp32 1e-5 (the reductions run in another order); bf16
 inputs on the GPU against the fp32 reference on the same (rounded) inputs: the GDN states,
 fp32 in both, 1e-4; outputs rounded to bf16 (and attention's probabilities rounded to bf16
-for the tensor cores) 2e-2.
+for the tensor cores) 2e-2. fla's chunked GDN (GPU only): RMS error ratio 5e-3 (fp32, tf32
+dots) and 1e-2 (bf16).
 """
 
 from __future__ import annotations
-
-import importlib.util
 
 import pytest
 import torch
@@ -122,8 +121,6 @@ def test_recurrent_gdn_row_invariance(dtype):
 
 def test_chunk_gdn_falls_back_without_fla_on_cpu():
     q, k, v, g, beta, s0 = (x.cpu() for x in gdn_inputs(1, 70, 2, 16, 8, torch.float32))
-    if importlib.util.find_spec("fla") is not None and HAS_CUDA:
-        pytest.skip("fla is importable: the GPU test covers chunk_gdn")
     o, s = gdn_tri.chunk_gdn(q, k, v, g, beta, s0)
     o_ref, s_ref = gdn_ref.chunk_gdn(q, k, v, g, beta, s0)
     assert torch.equal(o, o_ref) and torch.equal(s, s_ref)
@@ -141,10 +138,14 @@ def test_chunk_gdn_fla_matches_reference(t, dtype, with_state):
     o, s = gdn_tri.chunk_gdn(q, k, v, g, beta, s0)
     o_ref, s_ref = gdn_ref.chunk_gdn(*as_fp32(q, k, v, g, beta), s0)
     assert o.dtype == dtype and s.dtype == torch.float32 and s.shape == s_ref.shape
-    # fla's fp32 dots may run in tf32 on the tensor cores: 5e-3 in fp32, 2e-2 in bf16
-    tol = {"rtol": 5e-3, "atol": 5e-3} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
-    torch.testing.assert_close(o.float(), o_ref, **tol)
-    torch.testing.assert_close(s, s_ref, **tol)
+    # fla's fp32 dots may run in tf32, and in bf16 it keeps its chunk intermediates in bf16:
+    # compare by the error's RMS relative to the reference's (as fla's own tests do), 5e-3 in
+    # fp32 and 1e-2 in bf16, and bound the largest error loosely
+    ratio = 5e-3 if dtype == torch.float32 else 1e-2
+    for got, want in ((o.float(), o_ref), (s, s_ref)):
+        err = (got - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt().clamp_min(1e-12)
+        assert err < ratio, float(err)
+        torch.testing.assert_close(got, want, rtol=0.1, atol=0.1)
 
 
 # ---------------------------------------------------------------------------- attention

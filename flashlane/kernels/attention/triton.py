@@ -26,11 +26,17 @@ import torch
 import triton
 import triton.language as tl
 
-# attention tiles: BLOCK_M (token, head) rows x BLOCK_L keys, D up to 256
+# attention tiles: BLOCK_M (token, head) rows x BLOCK_L keys, D up to 256. The config depends
+# on the dtype only (never on T, B or L): 16-bit inputs use the tensor cores with 64 x 64
+# tiles (q 32 KiB + 2 stages of k and v 128 KiB of shared memory at D = 256); fp32 (tests)
+# uses exact fp32 dots ("ieee", no tf32) on narrower key blocks to fit shared memory.
 BLOCK_M = 64
-BLOCK_L = 64
-ATTN_WARPS = 8
-ATTN_STAGES = 2
+CONFIGS = {
+    # dtype: (BLOCK_L, num_warps, num_stages, dot input precision)
+    torch.bfloat16: (64, 8, 2, "tf32"),  # the precision only applies to fp32 operands
+    torch.float16: (64, 8, 2, "tf32"),
+    torch.float32: (32, 8, 1, "ieee"),
+}
 # indexer: BLOCK_N block keys per step
 BLOCK_N = 64
 INDEX_WARPS = 4
@@ -53,6 +59,7 @@ def _attention_kernel(
     BD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_L: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     i_m = tl.program_id(0)
     i_bh = tl.program_id(1)
@@ -89,7 +96,7 @@ def _attention_kernel(
             kv_row = ((i_b.to(tl.int64) * L + keys) * HKV + i_kv) * D  # [BLOCK_L]
             m_kd = m_keys[:, None] & m_d[None, :]
             k = tl.load(k_ptr + kv_row[:, None] + d[None, :], mask=m_kd, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
             s = tl.where(allowed, s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             # a row that has seen no allowed key keeps m = -inf: subtract 0 instead, so that
@@ -100,7 +107,7 @@ def _attention_kernel(
             l_i = l_i * alpha + tl.sum(p, axis=1)
             v = tl.load(v_ptr + kv_row[:, None] + d[None, :], mask=m_kd, other=0.0)
             acc = acc * alpha[:, None]
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
             m_i = m_new
 
     seen = l_i > 0
@@ -124,6 +131,9 @@ def attention(
     l, hkv = k.shape[1], k.shape[2]
     rep = hq // hkv
     out_dtype = q.dtype
+    if k.dtype not in CONFIGS:
+        k = k.float()
+    block_l, warps, stages, precision = CONFIGS[k.dtype]
     q = q.to(k.dtype).contiguous()
     k, v = k.contiguous(), v.to(k.dtype).contiguous()
     mask = mask.contiguous().view(torch.uint8)
@@ -146,9 +156,10 @@ def attention(
         D=d,
         BD=triton.next_power_of_2(d),
         BLOCK_M=BLOCK_M,
-        BLOCK_L=BLOCK_L,
-        num_warps=ATTN_WARPS,
-        num_stages=ATTN_STAGES,
+        BLOCK_L=block_l,
+        PRECISION=precision,
+        num_warps=warps,
+        num_stages=stages,
     )
     return o
 
