@@ -27,14 +27,15 @@ import triton
 import triton.language as tl
 
 # attention tiles: BLOCK_M (token, head) rows x BLOCK_L keys, D up to 256. The config depends
-# on the dtype only (never on T, B or L): 16-bit inputs use the tensor cores with 64 x 64
-# tiles (q 32 KiB + 2 stages of k and v 128 KiB of shared memory at D = 256); fp32 (tests)
-# uses exact fp32 dots ("ieee", no tf32) on narrower key blocks to fit shared memory.
+# on the dtype only (never on T, B or L): 16-bit inputs use the tensor cores (wgmma) with
+# 64 x 32 tiles; fp32 (tests) uses exact fp32 dots ("ieee", no tf32). Compiled offline for
+# sm_90 at D = 256: 64 KiB / 104 KiB of shared memory; bf16 uses all 255 registers with ~300
+# bytes of spills (BLOCK_L = 64 spills ~750 bytes), to tune on the hardware.
 BLOCK_M = 64
 CONFIGS = {
     # dtype: (BLOCK_L, num_warps, num_stages, dot input precision)
-    torch.bfloat16: (64, 8, 2, "tf32"),  # the precision only applies to fp32 operands
-    torch.float16: (64, 8, 2, "tf32"),
+    torch.bfloat16: (32, 8, 2, "tf32"),  # the precision only applies to fp32 operands
+    torch.float16: (32, 8, 2, "tf32"),
     torch.float32: (32, 8, 1, "ieee"),
 }
 # indexer: BLOCK_N block keys per step
@@ -73,9 +74,15 @@ def _attention_kernel(
     d = tl.arange(0, BD)
     m_d = d < D
 
-    q_row = ((i_b.to(tl.int64) * T + tok) * HQ + head) * D  # [BLOCK_M]
+    # 64-bit scalar bases per (b, kv head), 32-bit offsets inside them (fewer live registers)
+    q_ptr += i_b.to(tl.int64) * T * HQ * D
+    o_ptr += i_b.to(tl.int64) * T * HQ * D
+    mask_ptr += i_b.to(tl.int64) * T * L
+    k_ptr += (i_b.to(tl.int64) * L * HKV + i_kv) * D
+    v_ptr += (i_b.to(tl.int64) * L * HKV + i_kv) * D
+    q_row = (tok * HQ + head) * D  # [BLOCK_M]
     q = tl.load(q_ptr + q_row[:, None] + d[None, :], mask=m_rows[:, None] & m_d[None, :], other=0.0)
-    mask_row = (i_b.to(tl.int64) * T + tok) * L  # [BLOCK_M]
+    mask_row = tok * L  # [BLOCK_M]
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -93,7 +100,7 @@ def _attention_kernel(
             != 0
         )
         if tl.max(allowed.to(tl.int32)) > 0:
-            kv_row = ((i_b.to(tl.int64) * L + keys) * HKV + i_kv) * D  # [BLOCK_L]
+            kv_row = keys * (HKV * D)  # [BLOCK_L]
             m_kd = m_keys[:, None] & m_d[None, :]
             k = tl.load(k_ptr + kv_row[:, None] + d[None, :], mask=m_kd, other=0.0)
             s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
