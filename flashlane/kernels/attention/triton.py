@@ -1,0 +1,260 @@
+"""QSA sparse attention in Triton: masked attention with grouped KV heads, and the indexer scores.
+
+Same signatures and results as flashlane.kernels.attention.reference. Importing this module
+needs triton.
+
+attention: one program per (query tile, b, kv head). A query tile is BLOCK_M rows of the
+(token, grouped q head) pairs of one kv head, token-major as in the reference, so the q heads
+that share a kv head share its key loads. The program walks the keys in blocks of BLOCK_L
+from key 0 upward (online softmax in fp32, a fixed order) and skips a key block that no row
+of the tile may see. Row invariance: the tile shapes are fixed (never chosen by T, B or L),
+scores and the softmax state are per row, and a key block that a row may not see leaves that
+row's state bitwise unchanged (its scores are -inf, so p = 0 and the rescale factor is
+exactly 1; a row that has seen nothing yet keeps m = -inf, l = 0, acc = 0 without NaN), so
+skipping or not skipping a block, and whatever shares the tile, changes nothing for a row.
+A row with no allowed key gets NaN, like the reference's softmax over nothing (it cannot
+happen for a causal mask, whose diagonal is always allowed).
+
+select_mask: the indexer scores come from a kernel with one program per (b, t) query row that
+walks the block keys in blocks of BLOCK_N and sums relu(q_h . key) over the indexer heads in
+order; the ranking and the mask are the reference's torch code.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# attention tiles: BLOCK_M (token, head) rows x BLOCK_L keys, D up to 256. The config depends
+# on the dtype only (never on T, B or L): 16-bit inputs use the tensor cores (wgmma) with
+# 64 x 32 tiles; fp32 (tests) uses exact fp32 dots ("ieee", no tf32). Compiled offline for
+# sm_90 at D = 256: 64 KiB / 104 KiB of shared memory; bf16 uses all 255 registers with ~300
+# bytes of spills (BLOCK_L = 64 spills ~750 bytes), to tune on the hardware.
+BLOCK_M = 64
+CONFIGS = {
+    # dtype: (BLOCK_L, num_warps, num_stages, dot input precision)
+    torch.bfloat16: (32, 8, 2, "tf32"),  # the precision only applies to fp32 operands
+    torch.float16: (32, 8, 2, "tf32"),
+    torch.float32: (32, 8, 1, "ieee"),
+}
+# indexer: BLOCK_N block keys per step
+BLOCK_N = 64
+INDEX_WARPS = 4
+
+
+@triton.jit(do_not_specialize=["T", "L", "HQ", "HKV", "REP"])
+def _attention_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    mask_ptr,
+    o_ptr,
+    T,
+    L,
+    HQ,
+    HKV,
+    REP,
+    scale,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    i_m = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // HKV
+    i_kv = i_bh % HKV
+
+    rows = i_m * BLOCK_M + tl.arange(0, BLOCK_M)  # flat (token, head-in-group) index
+    m_rows = rows < REP * T
+    tok = rows // REP
+    head = i_kv * REP + rows % REP
+    d = tl.arange(0, BD)
+    m_d = d < D
+
+    # 64-bit scalar bases per (b, kv head), 32-bit offsets inside them (fewer live registers)
+    q_ptr += i_b.to(tl.int64) * T * HQ * D
+    o_ptr += i_b.to(tl.int64) * T * HQ * D
+    mask_ptr += i_b.to(tl.int64) * T * L
+    k_ptr += (i_b.to(tl.int64) * L * HKV + i_kv) * D
+    v_ptr += (i_b.to(tl.int64) * L * HKV + i_kv) * D
+    q_row = (tok * HQ + head) * D  # [BLOCK_M]
+    q = tl.load(q_ptr + q_row[:, None] + d[None, :], mask=m_rows[:, None] & m_d[None, :], other=0.0)
+    mask_row = tok * L  # [BLOCK_M]
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BD], dtype=tl.float32)
+
+    for l0 in range(0, L, BLOCK_L):
+        keys = l0 + tl.arange(0, BLOCK_L)
+        m_keys = keys < L
+        allowed = (
+            tl.load(
+                mask_ptr + mask_row[:, None] + keys[None, :],
+                mask=m_rows[:, None] & m_keys[None, :],
+                other=0,
+            )
+            != 0
+        )
+        if tl.max(allowed.to(tl.int32)) > 0:
+            kv_row = keys * (HKV * D)  # [BLOCK_L]
+            m_kd = m_keys[:, None] & m_d[None, :]
+            k = tl.load(k_ptr + kv_row[:, None] + d[None, :], mask=m_kd, other=0.0)
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            s = tl.where(allowed, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            # a row that has seen no allowed key keeps m = -inf: subtract 0 instead, so that
+            # exp(-inf - -inf) never makes NaN (p = 0 and alpha = 0 on its zero state)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp(s - m_safe[:, None])
+            alpha = tl.exp(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_ptr + kv_row[:, None] + d[None, :], mask=m_kd, other=0.0)
+            acc = acc * alpha[:, None]
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+            m_i = m_new
+
+    seen = l_i > 0
+    out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], float("nan"))
+    tl.store(
+        o_ptr + q_row[:, None] + d[None, :],
+        out.to(o_ptr.dtype.element_ty),
+        mask=m_rows[:, None] & m_d[None, :],
+    )
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Masked softmax attention with grouped KV heads (fp32 scores and softmax).
+
+    q: [B, T, Hq, D]; k, v: [B, L, Hkv, D]; mask: [B, T, L] bool -> [B, T, Hq, D] in q's dtype.
+    q, k and v should share a dtype (k and v are read in theirs; q is cast to k's).
+    """
+    b, t, hq, d = q.shape
+    l, hkv = k.shape[1], k.shape[2]
+    rep = hq // hkv
+    out_dtype = q.dtype
+    if k.dtype not in CONFIGS:
+        k = k.float()
+    block_l, warps, stages, precision = CONFIGS[k.dtype]
+    q = q.to(k.dtype).contiguous()
+    k, v = k.contiguous(), v.to(k.dtype).contiguous()
+    mask = mask.contiguous().view(torch.uint8)
+    o = torch.empty(b, t, hq, d, dtype=out_dtype, device=q.device)
+    if t == 0 or b == 0:
+        return o
+    grid = (triton.cdiv(rep * t, BLOCK_M), b * hkv)
+    _attention_kernel[grid](
+        q,
+        k,
+        v,
+        mask,
+        o,
+        t,
+        l,
+        hq,
+        hkv,
+        rep,
+        float(scale),
+        D=d,
+        BD=triton.next_power_of_2(d),
+        BLOCK_M=BLOCK_M,
+        BLOCK_L=block_l,
+        PRECISION=precision,
+        num_warps=warps,
+        num_stages=stages,
+    )
+    return o
+
+
+@triton.jit(do_not_specialize=["T", "NB", "HI"])
+def _index_scores_kernel(
+    iq_ptr,
+    keys_ptr,
+    scores_ptr,
+    T,
+    NB,
+    HI,
+    sqrt_di,
+    DI: tl.constexpr,
+    BDI: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    i_bt = tl.program_id(0)  # the (b, t) query row
+    i_b = i_bt // T
+    d = tl.arange(0, BDI)
+    m_d = d < DI
+    q_base = i_bt.to(tl.int64) * HI * DI
+    for n0 in range(0, NB, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        m_n = n < NB
+        key = tl.load(
+            keys_ptr + (i_b.to(tl.int64) * NB + n)[:, None] * DI + d[None, :],
+            mask=m_n[:, None] & m_d[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for h in range(0, HI):
+            qh = tl.load(iq_ptr + q_base + h * DI + d, mask=m_d, other=0.0).to(tl.float32)
+            acc += tl.maximum(tl.sum(key * qh[None, :], axis=1), 0.0)
+        tl.store(scores_ptr + i_bt.to(tl.int64) * NB + n, acc / sqrt_di, mask=m_n)
+
+
+def index_scores(index_q: torch.Tensor, block_keys: torch.Tensor) -> torch.Tensor:
+    """sum_h relu(index_q[b, t, h] . block_keys[b, n]) / sqrt(Di) in fp32: [B, T, NB]."""
+    b, t, hi, di = index_q.shape
+    nb = block_keys.shape[1]
+    scores = torch.empty(b, t, nb, dtype=torch.float32, device=index_q.device)
+    if b * t == 0 or nb == 0:
+        return scores
+    _index_scores_kernel[(b * t,)](
+        index_q.contiguous(),
+        block_keys.contiguous(),
+        scores,
+        t,
+        nb,
+        hi,
+        float(di**0.5),
+        DI=di,
+        BDI=triton.next_power_of_2(di),
+        BLOCK_N=BLOCK_N,
+        num_warps=INDEX_WARPS,
+    )
+    return scores
+
+
+def select_mask(
+    index_q: torch.Tensor,
+    block_keys: torch.Tensor,
+    positions: torch.Tensor,
+    num_keys: int,
+    block: int,
+    top_blocks: int,
+) -> torch.Tensor:
+    """Which keys each query may attend to; as reference.select_mask, scores from Triton.
+
+    index_q: [B, T, Hi, Di]; block_keys: [B, NB, Di]; positions: [B, T]; keys are positions
+    0..num_keys-1. Returns a bool mask [B, T, num_keys].
+    """
+    nb = block_keys.shape[1]
+    complete = torch.div(positions + 1, block, rounding_mode="floor")  # [B, T]
+    key_pos = torch.arange(num_keys, device=positions.device)
+    causal = key_pos.view(1, 1, -1) <= positions.unsqueeze(-1)
+    if nb == 0 or int(complete.max()) <= top_blocks:
+        return causal
+    scores = index_scores(index_q, block_keys)  # [B, T, NB] fp32
+    block_ids = torch.arange(nb, device=positions.device).view(1, 1, -1)
+    valid = block_ids < complete.unsqueeze(-1)
+    scores = torch.where(valid, scores, torch.full_like(scores, float("-inf")))
+    # A stable descending sort ranks equal scores by block id: ties go to the lower id.
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
+    rank = torch.empty_like(order).scatter_(-1, order, block_ids.expand_as(order).contiguous())
+    keep_block = valid & (rank < top_blocks)
+    key_block = torch.div(key_pos, block, rounding_mode="floor").clamp(max=nb - 1)
+    in_complete = key_pos.view(1, 1, -1) < (complete * block).unsqueeze(-1)
+    chosen = torch.gather(keep_block, 2, key_block.view(1, 1, -1).expand(*keep_block.shape[:2], -1))
+    return causal & torch.where(in_complete, chosen, torch.ones_like(chosen))

@@ -1,0 +1,178 @@
+"""Gated DeltaNet in Triton: the recurrent form (verify rows) and a wrapper over fla's chunked form.
+
+Same signatures and conventions as flashlane.kernels.gdn.reference (q, k L2-normalised, q
+scaled, value heads matched). Importing this module needs triton; fla-core is optional.
+
+recurrent_gdn: one program per (Dv block, b, h). The state tile [Dk, BV] (fp32) stays in
+registers across the T rows, which are processed in order; the state after every row is
+stored. Each (b, h, Dv block) is independent and row r reads nothing past row r, so the
+result of a row is bitwise the same whatever T, B or the other sequences hold. BV is fixed
+(never chosen by T or B) and T is not specialised on, so one compiled kernel serves all T.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flashlane.kernels.gdn import reference
+
+# Dv block of the recurrent kernel: a [128, 32] fp32 state tile is 32 registers per thread
+# with 4 warps, and Dv = 128 gives 4 programs per (b, h) (48 heads -> 192 programs at B = 1).
+BV = 32
+NUM_WARPS = 4
+
+
+@triton.jit(do_not_specialize=["T"])
+def _recurrent_gdn_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    s0_ptr,
+    o_ptr,
+    states_ptr,
+    T,
+    H,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_STATE: tl.constexpr,
+    KEEP_STATES: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_bh = tl.program_id(1)
+    i_b = i_bh // H
+    i_h = i_bh % H
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < DK
+    m_v = o_v < DV
+    m_kv = m_k[:, None] & m_v[None, :]
+    tile = o_k[:, None] * DV + o_v[None, :]  # offsets inside one [DK, DV] state
+
+    if HAS_STATE:
+        base_s0 = i_bh.to(tl.int64) * DK * DV
+        s = tl.load(s0_ptr + base_s0 + tile, mask=m_kv, other=0.0).to(tl.float32)
+    else:
+        s = tl.zeros([BK, BV], dtype=tl.float32)
+
+    for r in range(0, T):
+        row = (i_b.to(tl.int64) * T + r) * H + i_h  # index of (b, r, h) in [B, T, H]
+        b_q = tl.load(q_ptr + row * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
+        b_k = tl.load(k_ptr + row * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
+        b_v = tl.load(v_ptr + row * DV + o_v, mask=m_v, other=0.0).to(tl.float32)
+        b_g = tl.load(g_ptr + row).to(tl.float32)
+        b_beta = tl.load(beta_ptr + row).to(tl.float32)
+
+        s = s * tl.exp(b_g)
+        mem = tl.sum(s * b_k[:, None], axis=0)  # S^T k: [BV]
+        u = (b_v - mem) * b_beta
+        s = s + b_k[:, None] * u[None, :]
+        out = tl.sum(s * b_q[:, None], axis=0)  # S^T q: [BV]
+        tl.store(o_ptr + row * DV + o_v, out.to(o_ptr.dtype.element_ty), mask=m_v)
+        if KEEP_STATES:
+            tl.store(states_ptr + row * DK * DV + tile, s, mask=m_kv)
+
+    if not KEEP_STATES:
+        tl.store(states_ptr + i_bh.to(tl.int64) * DK * DV + tile, s, mask=m_kv)
+
+
+def recurrent_gdn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor | None,
+    keep_states: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-by-token gated delta rule that returns the state after every row (fp32 math).
+
+    q, k: [B, T, H, Dk]; v: [B, T, H, Dv]; g (log decay), beta: [B, T, H];
+    state: [B, H, Dk, Dv] or None (zeros). Returns (o [B, T, H, Dv] in v's dtype,
+    states [B, T, H, Dk, Dv] fp32, the state after each row; [B, 1, H, Dk, Dv] with
+    keep_states=False).
+    """
+    b, t, h, dk = k.shape
+    dv = v.shape[-1]
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    o = torch.empty(b, t, h, dv, dtype=v.dtype, device=v.device)
+    states = torch.empty(
+        b, t if keep_states else 1, h, dk, dv, dtype=torch.float32, device=v.device
+    )
+    if t == 0:  # nothing to run: the last state is the initial one
+        if not keep_states:
+            states.copy_(state.unsqueeze(1) if state is not None else states.zero_())
+        return o, states
+    s0 = state.to(torch.float32).contiguous() if state is not None else o  # dummy when absent
+    grid = (triton.cdiv(dv, BV), b * h)
+    _recurrent_gdn_kernel[grid](
+        q,
+        k,
+        v,
+        g,
+        beta,
+        s0,
+        o,
+        states,
+        t,
+        h,
+        DK=dk,
+        DV=dv,
+        BK=triton.next_power_of_2(dk),
+        BV=BV,
+        HAS_STATE=state is not None,
+        KEEP_STATES=keep_states,
+        num_warps=NUM_WARPS,
+    )
+    return o, states
+
+
+def _fla_chunk():
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception:  # fla-core is an optional, GPU-only dependency
+        return None
+    return chunk_gated_delta_rule
+
+
+def chunk_gdn(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor | None,
+    chunk: int = reference.CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked gated delta rule through fla-core's Triton kernels (forward only).
+
+    Shapes as reference.chunk_gdn ([B, T, H, D], fla's layout; g is the log decay, fla's
+    default). q is already scaled, so scale=1.0; q and k are already normalised. Chunks start
+    at index 0 of the call as in the reference. Falls back to the reference when fla cannot
+    be imported, the tensors are not on a GPU, or `chunk` is not one fla supports.
+    Returns (o [B, T, H, Dv] in v's dtype, final state [B, H, Dk, Dv] fp32).
+    """
+    fla_chunk = _fla_chunk()
+    if fla_chunk is None or not v.is_cuda or chunk not in (16, 32, 64) or v.shape[1] == 0:
+        return reference.chunk_gdn(q, k, v, g, beta, state, chunk)
+    # fla's kernels want one dtype for q, k, v (bf16/fp16 or fp32); g is cumsummed in fp32
+    dt = v.dtype if v.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
+    o, final = fla_chunk(
+        q.to(dt).contiguous(),
+        k.to(dt).contiguous(),
+        v.to(dt).contiguous(),
+        g.to(torch.float32).contiguous(),
+        beta.to(dt).contiguous(),
+        scale=1.0,
+        initial_state=state.to(torch.float32).contiguous() if state is not None else None,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=False,
+        chunk_size=chunk,
+    )
+    return o.to(v.dtype), final.to(torch.float32)
