@@ -45,23 +45,37 @@ def tile_config(n: int, k: int, dtype: torch.dtype) -> dict:
     k_blocks = triton.cdiv(k, bk)
     parts = 1
     while (
-        n_tiles * parts * 2 <= _TARGET_PROGRAMS
-        and k_blocks // (parts * 2) >= _MIN_BLOCKS_PER_PART
+        n_tiles * parts * 2 <= _TARGET_PROGRAMS and k_blocks // (parts * 2) >= _MIN_BLOCKS_PER_PART
     ):
         parts *= 2
     per_part = triton.cdiv(k_blocks, parts)
     parts = triton.cdiv(k_blocks, per_part)  # no empty partition
     return dict(
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PARTS=parts, BLOCKS_PER_PART=per_part,
-        num_warps=warps, num_stages=stages,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        PARTS=parts,
+        BLOCKS_PER_PART=per_part,
+        num_warps=warps,
+        num_stages=stages,
     )
 
 
 @triton.jit
 def _partition(
-    x_ptr, w_ptr, rm, rn, m_mask, n_mask, part, K,
-    BLOCKS_PER_PART: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    rm,
+    rn,
+    m_mask,
+    n_mask,
+    part,
+    K,
+    BLOCKS_PER_PART: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """Sum over partition `part`'s K blocks, in ascending order, from zero, in fp32."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -73,11 +87,13 @@ def _partition(
         k_mask = rk < K
         a = tl.load(
             x_ptr + rm[:, None].to(tl.int64) * K + rk[None, :],
-            mask=m_mask[:, None] & k_mask[None, :], other=0.0,
+            mask=m_mask[:, None] & k_mask[None, :],
+            other=0.0,
         )
         b = tl.load(
             w_ptr + rn[None, :].to(tl.int64) * K + rk[:, None],
-            mask=n_mask[None, :] & k_mask[:, None], other=0.0,
+            mask=n_mask[None, :] & k_mask[:, None],
+            other=0.0,
         )
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
     return acc
@@ -85,9 +101,19 @@ def _partition(
 
 @triton.jit(do_not_specialize=["M"])
 def _linear_kernel(
-    x_ptr, w_ptr, y_ptr, ws_ptr, M, N, K,
-    PARTS: tl.constexpr, BLOCKS_PER_PART: tl.constexpr, SPLIT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    ws_ptr,
+    M,
+    N,
+    K,
+    PARTS: tl.constexpr,
+    BLOCKS_PER_PART: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -101,19 +127,52 @@ def _linear_kernel(
     if SPLIT:
         part = tl.program_id(2)
         acc = _partition(
-            x_ptr, w_ptr, rm, rn, m_mask, n_mask, part, K,
-            BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION,
+            x_ptr,
+            w_ptr,
+            rm,
+            rn,
+            m_mask,
+            n_mask,
+            part,
+            K,
+            BLOCKS_PER_PART,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            PRECISION,
         )
         tl.store(ws_ptr + part.to(tl.int64) * M * N + offs, acc, mask=out_mask)
     else:
         total = _partition(
-            x_ptr, w_ptr, rm, rn, m_mask, n_mask, 0, K,
-            BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION,
+            x_ptr,
+            w_ptr,
+            rm,
+            rn,
+            m_mask,
+            n_mask,
+            0,
+            K,
+            BLOCKS_PER_PART,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            PRECISION,
         )
         for p in tl.static_range(1, PARTS):
             acc = _partition(
-                x_ptr, w_ptr, rm, rn, m_mask, n_mask, p, K,
-                BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION,
+                x_ptr,
+                w_ptr,
+                rm,
+                rn,
+                m_mask,
+                n_mask,
+                p,
+                K,
+                BLOCKS_PER_PART,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+                PRECISION,
             )
             total = total + acc
         tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
@@ -155,9 +214,15 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     split = parts > 1 and m_tiles * n_tiles < _IN_PROGRAM_TILES
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     meta = dict(
-        PARTS=parts, BLOCKS_PER_PART=cfg["BLOCKS_PER_PART"], SPLIT=split,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=cfg["BLOCK_K"], PRECISION=precision,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        PARTS=parts,
+        BLOCKS_PER_PART=cfg["BLOCKS_PER_PART"],
+        SPLIT=split,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=cfg["BLOCK_K"],
+        PRECISION=precision,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )
     if split:
         ws = torch.empty((parts, m, n), dtype=torch.float32, device=x.device)

@@ -17,8 +17,9 @@ def _warps(block: int) -> int:
 
 
 @triton.jit(do_not_specialize=["rows"])
-def _rms_norm_kernel(x_ptr, w_ptr, y_ptr, rows, eps, D: tl.constexpr, G: tl.constexpr,
-                     BLOCK: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr, w_ptr, y_ptr, rows, eps, D: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr
+):
     # program = one (row, group) of G values; the weight is indexed across the whole row D
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -47,16 +48,32 @@ def rms_norm(
     if programs:
         block = triton.next_power_of_2(g)
         _rms_norm_kernel[(programs,)](
-            xc, weight.contiguous(), y, programs, eps, D=d, G=g, BLOCK=block,
+            xc,
+            weight.contiguous(),
+            y,
+            programs,
+            eps,
+            D=d,
+            G=g,
+            BLOCK=block,
             num_warps=_warps(block),
         )
     return y
 
 
 @triton.jit(do_not_specialize=["rows"])
-def _gated_rms_norm_kernel(x_ptr, gate_ptr, w_ptr, y_ptr, rows, eps, D: tl.constexpr,
-                           SIGMOID: tl.constexpr, ROUND_PROD: tl.constexpr,
-                           BLOCK: tl.constexpr):
+def _gated_rms_norm_kernel(
+    x_ptr,
+    gate_ptr,
+    w_ptr,
+    y_ptr,
+    rows,
+    eps,
+    D: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    ROUND_PROD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < D
@@ -94,8 +111,16 @@ def gated_rms_norm(
         block = triton.next_power_of_2(d)
         round_prod = torch.promote_types(weight.dtype, x.dtype) == x.dtype
         _gated_rms_norm_kernel[(rows,)](
-            xc, gc, weight.contiguous(), y, rows, eps, D=d,
-            SIGMOID=activation == "sigmoid", ROUND_PROD=round_prod, BLOCK=block,
+            xc,
+            gc,
+            weight.contiguous(),
+            y,
+            rows,
+            eps,
+            D=d,
+            SIGMOID=activation == "sigmoid",
+            ROUND_PROD=round_prod,
+            BLOCK=block,
             num_warps=_warps(block),
         )
     return y
