@@ -1,0 +1,280 @@
+"""Row-invariant Triton MoE, same signature and semantics as `reference.moe`.
+
+Router: fp32 logits through the row-invariant `linear` kernel (exact fp32 products), a
+one-program-per-row softmax, a stable descending sort (ties to the lower expert id), the
+top k, optional renormalisation with the k weights added in rank order.
+
+Experts as a grouped GEMM over (row, slot) pairs sorted by expert (stable) and padded to
+BLOCK_M per expert, without a host sync: the buffers are sized by the worst case
+(cdiv(pairs, BLOCK_M) + min(E, pairs) blocks) and unused blocks exit at once.
+
+* gate/up kernel, grid (pair blocks, I / BLOCK_N): silu(x gate^T) * (x up^T) -> act [slots, I]
+* down kernel, grid (pair blocks, H / BLOCK_N): act down^T -> y [pairs, H] (scattered by pair)
+* combine, grid (rows, H / BLOCK): out = y0*w0; out = out + y1*w1; ... in rank order.
+
+Each pair's row of a tile is computed from its own x row and its expert's weights only, with
+one fixed tile and one ascending K loop, so it does not depend on which other pairs share
+the tile (nor where in the tile it sits). Intermediate roundings follow the reference:
+gate x, up x, silu, the product, down and every weighted slot are rounded to x's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flashlane.kernels.linear.triton import linear
+
+# one tile for every call (never chosen by the number of rows)
+BLOCK_M = 16
+GATE_UP_TILE = dict(BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
+DOWN_TILE = dict(BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
+COMBINE_BLOCK = 1024
+
+
+@triton.jit(do_not_specialize=["rows"])
+def _softmax_kernel(l_ptr, p_ptr, rows, E: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < E
+    logit = tl.load(l_ptr + pid * E + cols, mask=mask, other=-float("inf"))
+    z = tl.exp(logit - tl.max(logit, axis=0))
+    z = tl.where(mask, z, 0.0)
+    tl.store(p_ptr + pid * E + cols, z / tl.sum(z, axis=0), mask=mask)
+
+
+def route(
+    x: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k experts per row. x: [N, H]; router: [E, H].
+
+    Returns (weights [N, k] in x's dtype, ids [N, k] int64), ids in rank order.
+    """
+    n, e = x.shape[0], router.shape[0]
+    logits = linear(x.float(), router.float())
+    probs = torch.empty_like(logits)
+    if n:
+        _softmax_kernel[(n,)](logits, probs, n, E=e, BLOCK=triton.next_power_of_2(e), num_warps=4)
+    top, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
+    top, ids = top[:, :top_k], ids[:, :top_k]
+    if normalize:
+        total = top[:, 0]
+        for j in range(1, top_k):
+            total = total + top[:, j]
+        top = top / total[:, None]
+    return top.to(x.dtype), ids
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr,
+    gate_ptr,
+    up_ptr,
+    act_ptr,
+    slot_pair_ptr,
+    block_expert_ptr,
+    H,
+    I,
+    TOP_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    blk = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(block_expert_ptr + blk)
+    if e < 0:
+        return
+    slots = blk * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(slot_pair_ptr + slots)
+    valid = pair >= 0
+    row = tl.where(valid, pair // TOP_K, 0).to(tl.int64)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < I
+    w_base = e.to(tl.int64) * I * H
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(H, BLOCK_K)):
+        rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_mask = rk < H
+        a = tl.load(
+            x_ptr + row[:, None] * H + rk[None, :],
+            mask=valid[:, None] & k_mask[None, :],
+            other=0.0,
+        )
+        w_offs = w_base + rn[None, :].to(tl.int64) * H + rk[:, None]
+        w_mask = n_mask[None, :] & k_mask[:, None]
+        g = tl.load(gate_ptr + w_offs, mask=w_mask, other=0.0)
+        u = tl.load(up_ptr + w_offs, mask=w_mask, other=0.0)
+        acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
+        acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
+    dt = act_ptr.dtype.element_ty
+    g = acc_g.to(dt).to(tl.float32)
+    u = acc_u.to(dt).to(tl.float32)
+    s = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+    h = (s * u).to(dt)
+    tl.store(
+        act_ptr + slots[:, None].to(tl.int64) * I + rn[None, :],
+        h,
+        mask=valid[:, None] & n_mask[None, :],
+    )
+
+
+@triton.jit
+def _down_kernel(
+    act_ptr,
+    down_ptr,
+    y_ptr,
+    slot_pair_ptr,
+    block_expert_ptr,
+    H,
+    I,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    blk = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    e = tl.load(block_expert_ptr + blk)
+    if e < 0:
+        return
+    slots = blk * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(slot_pair_ptr + slots)
+    valid = pair >= 0
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < H
+    w_base = e.to(tl.int64) * H * I
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(I, BLOCK_K)):
+        rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_mask = rk < I
+        a = tl.load(
+            act_ptr + slots[:, None].to(tl.int64) * I + rk[None, :],
+            mask=valid[:, None] & k_mask[None, :],
+            other=0.0,
+        )
+        w = tl.load(
+            down_ptr + w_base + rn[None, :].to(tl.int64) * I + rk[:, None],
+            mask=n_mask[None, :] & k_mask[:, None],
+            other=0.0,
+        )
+        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+    tl.store(
+        y_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * H + rn[None, :],
+        acc.to(y_ptr.dtype.element_ty),
+        mask=valid[:, None] & n_mask[None, :],
+    )
+
+
+@triton.jit
+def _combine_kernel(y_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < H
+    dt = out_ptr.dtype.element_ty
+    base = row * TOP_K
+    w0 = tl.load(w_ptr + base).to(tl.float32)
+    out = (tl.load(y_ptr + base * H + cols, mask=mask, other=0.0).to(tl.float32) * w0).to(dt)
+    for j in tl.static_range(1, TOP_K):
+        wj = tl.load(w_ptr + base + j).to(tl.float32)
+        yj = tl.load(y_ptr + (base + j) * H + cols, mask=mask, other=0.0).to(tl.float32)
+        out = (out.to(tl.float32) + (yj * wj).to(dt).to(tl.float32)).to(dt)
+    tl.store(out_ptr + row * H + cols, out, mask=mask)
+
+
+def dispatch(ids: torch.Tensor, n_experts: int, block_m: int = BLOCK_M):
+    """(slot_pair [blocks*block_m] int32: the pair in each slot or -1, block_expert [blocks]
+    int32: the expert of each block or -1). Pairs p = row*k + slot sorted by expert (stable),
+    each expert's segment padded to block_m; the size is the worst case, so no host sync."""
+    flat = ids.flatten()
+    pairs = flat.numel()
+    dev = flat.device
+    max_blocks = triton.cdiv(pairs, block_m) + min(n_experts, pairs)
+    counts = torch.bincount(flat, minlength=n_experts)
+    blocks = (counts + block_m - 1) // block_m
+    blk_end = torch.cumsum(blocks, 0)
+    blk_start = blk_end - blocks
+    block_expert = torch.searchsorted(
+        blk_end, torch.arange(max_blocks, device=dev, dtype=blk_end.dtype), right=True
+    )
+    block_expert = torch.where(block_expert < n_experts, block_expert, -1).to(torch.int32)
+    sorted_e, order = torch.sort(flat, stable=True)
+    seg_start = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(pairs, device=dev) - seg_start[sorted_e]
+    dest = blk_start[sorted_e] * block_m + rank
+    slot_pair = torch.full((max_blocks * block_m,), -1, dtype=torch.int32, device=dev)
+    slot_pair[dest] = order.to(torch.int32)
+    return slot_pair, block_expert
+
+
+def experts(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    down: torch.Tensor,
+) -> torch.Tensor:
+    """sum_j weights[:, j] * swiglu_{ids[:, j]}(x), added in rank order. x: [N, H]."""
+    n, h = x.shape
+    e, i, _ = gate.shape
+    top_k = ids.shape[1]
+    out = torch.empty_like(x)
+    if n == 0:
+        return out
+    x = x.contiguous()
+    gate, up, down = gate.contiguous(), up.contiguous(), down.contiguous()
+    slot_pair, block_expert = dispatch(ids, e)
+    blocks = block_expert.numel()
+    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    act = torch.empty((blocks * BLOCK_M, i), dtype=x.dtype, device=x.device)
+    gu = GATE_UP_TILE
+    _gate_up_kernel[(blocks, triton.cdiv(i, gu["BLOCK_N"]))](
+        x,
+        gate,
+        up,
+        act,
+        slot_pair,
+        block_expert,
+        h,
+        i,
+        TOP_K=top_k,
+        BLOCK_M=BLOCK_M,
+        PRECISION=precision,
+        **gu,
+    )
+    y = torch.empty((n * top_k, h), dtype=x.dtype, device=x.device)
+    dn = DOWN_TILE
+    _down_kernel[(blocks, triton.cdiv(h, dn["BLOCK_N"]))](
+        act,
+        down,
+        y,
+        slot_pair,
+        block_expert,
+        h,
+        i,
+        BLOCK_M=BLOCK_M,
+        PRECISION=precision,
+        **dn,
+    )
+    _combine_kernel[(n, triton.cdiv(h, COMBINE_BLOCK))](
+        y, weights.contiguous(), out, h, TOP_K=top_k, BLOCK=COMBINE_BLOCK, num_warps=4
+    )
+    return out
+
+
+def moe(
+    x: torch.Tensor,
+    router: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    down: torch.Tensor,
+    top_k: int,
+    normalize: bool,
+) -> torch.Tensor:
+    """Routed experts only. x: [N, H]; gate, up: [E, I, H]; down: [E, H, I] -> [N, H]."""
+    weights, ids = route(x, router, top_k, normalize)
+    return experts(x, weights, ids, gate, up, down)

@@ -1,0 +1,148 @@
+"""Row-invariant Triton norms, same signatures as `reference.py` (and `l2norm` of the GDN layer).
+
+One program per row (per group for a grouped RMSNorm); the whole row is one fixed block
+(the next power of two of its width), so a row's sum of squares is reduced in the same
+order whatever the number of rows. Computes in fp32 and returns x's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _warps(block: int) -> int:
+    return max(1, min(16, block // 256))
+
+
+@triton.jit(do_not_specialize=["rows"])
+def _rms_norm_kernel(
+    x_ptr, w_ptr, y_ptr, rows, eps, D: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr
+):
+    # program = one (row, group) of G values; the weight is indexed across the whole row D
+    pid = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < G
+    groups: tl.constexpr = D // G
+    wcols = (pid % groups) * G + cols
+    x = tl.load(x_ptr + pid * G + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.rsqrt(tl.sum(x * x, axis=0) / G + eps)
+    w = tl.load(w_ptr + wcols, mask=mask, other=0.0).to(tl.float32)
+    y = (x * r) * (1.0 + w)
+    tl.store(y_ptr + pid * G + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = None
+) -> torch.Tensor:
+    """Zero-centred RMSNorm `x * rsqrt(mean(x^2) + eps) * (1 + w)` over the last dim,
+    per run of `group` values when given. x: [..., D]; weight: [D]."""
+    d = x.shape[-1]
+    g = d if group is None else group
+    if d % g:
+        raise ValueError(f"rms_norm: width {d} is not a multiple of group {g}")
+    xc = x.contiguous()
+    y = torch.empty_like(xc)
+    programs = xc.numel() // g
+    if programs:
+        block = triton.next_power_of_2(g)
+        _rms_norm_kernel[(programs,)](
+            xc,
+            weight.contiguous(),
+            y,
+            programs,
+            eps,
+            D=d,
+            G=g,
+            BLOCK=block,
+            num_warps=_warps(block),
+        )
+    return y
+
+
+@triton.jit(do_not_specialize=["rows"])
+def _gated_rms_norm_kernel(
+    x_ptr,
+    gate_ptr,
+    w_ptr,
+    y_ptr,
+    rows,
+    eps,
+    D: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    ROUND_PROD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < D
+    dt = y_ptr.dtype.element_ty
+    x = tl.load(x_ptr + pid * D + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    # as the reference: the normalised row back in x's dtype, times w in the promoted dtype
+    # (x's dtype when w has it: the product is rounded to it; else fp32)
+    h = (x * r).to(dt).to(tl.float32) * w.to(tl.float32)
+    if ROUND_PROD:
+        h = h.to(dt).to(tl.float32)
+    g = tl.load(gate_ptr + pid * D + cols, mask=mask, other=0.0).to(tl.float32)
+    if SIGMOID:
+        act = 1.0 / (1.0 + tl.exp(-g))
+    else:
+        act = g / (1.0 + tl.exp(-g))
+    tl.store(y_ptr + pid * D + cols, (h * act).to(dt), mask=mask)
+
+
+def gated_rms_norm(
+    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, activation: str
+) -> torch.Tensor:
+    """The GDN output norm: plain RMSNorm (weight `w`, not `1 + w`) times act(gate).
+
+    x, gate: [..., Dv]; weight: [Dv]; activation "sigmoid" | "silu".
+    """
+    if activation not in ("sigmoid", "silu"):
+        raise ValueError(f"gated_rms_norm: unknown activation {activation!r}")
+    d = x.shape[-1]
+    xc, gc = x.contiguous(), gate.contiguous()
+    y = torch.empty_like(xc)
+    rows = xc.numel() // d if d else 0
+    if rows:
+        block = triton.next_power_of_2(d)
+        round_prod = torch.promote_types(weight.dtype, x.dtype) == x.dtype
+        _gated_rms_norm_kernel[(rows,)](
+            xc,
+            gc,
+            weight.contiguous(),
+            y,
+            rows,
+            eps,
+            D=d,
+            SIGMOID=activation == "sigmoid",
+            ROUND_PROD=round_prod,
+            BLOCK=block,
+            num_warps=_warps(block),
+        )
+    return y
+
+
+@triton.jit(do_not_specialize=["rows"])
+def _l2norm_kernel(x_ptr, y_ptr, rows, eps, D: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < D
+    x = tl.load(x_ptr + pid * D + cols, mask=mask, other=0.0).to(tl.float32)
+    r = tl.rsqrt(tl.sum(x * x, axis=0) + eps)
+    tl.store(y_ptr + pid * D + cols, (x * r).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x * rsqrt(sum(x * x, -1) + eps), computed in fp32, returned in x's dtype."""
+    d = x.shape[-1]
+    xc = x.contiguous()
+    y = torch.empty_like(xc)
+    rows = xc.numel() // d if d else 0
+    if rows:
+        block = triton.next_power_of_2(d)
+        _l2norm_kernel[(rows,)](xc, y, rows, eps, D=d, BLOCK=block, num_warps=_warps(block))
+    return y

@@ -1,0 +1,298 @@
+"""Triton linear, norms and MoE: against the pure-torch references, and row invariance
+(a row's output is bitwise the same whatever the rows around it in the call).
+
+CPU: `TRITON_INTERPRET=1 python -m pytest -m triton tests/kernels/test_triton_dense.py`
+(fp32, small shapes). GPU: `python -m pytest -m triton tests/kernels/test_triton_dense.py`
+(fp32 and bf16, every M in 1..64, and the real Flash Next sizes).
+
+Tolerances, as max |ours - ref| / max |ref| over a tensor:
+* fp32 (interpreter and GPU): 1e-5; both sides compute in fp32 in different orders.
+* bf16 linear: 8e-3 against an fp32 product of the same bf16 inputs (one bf16 rounding of
+  the output, 2^-9 relative, plus fp32 accumulation noise).
+* bf16 norms and MoE: against the bf16 reference, whose intermediate values are rounded to
+  bf16 like ours, but possibly to the neighbouring bf16 value: 2e-2 for norms (one or two
+  bf16 steps), 3e-2 for the MoE (such flips pass through gate/up, silu, down and k slots).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.kernels.triton_env import DEVICE, DTYPES, HAS_CUDA, needs_triton
+
+pytestmark = needs_triton
+# without Triton installed the module skips before importing the kernels
+pytest.importorskip("triton")
+
+if HAS_CUDA:
+    M_SWEEP = list(range(1, 65))
+    OFFSETS = [0, 1, 7, 33]
+else:
+    M_SWEEP = [1, 2, 3, 5, 16, 17, 31, 64]
+    OFFSETS = [0, 3]
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
+
+
+def _rand(*shape, dtype=torch.float32, scale=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(device=DEVICE, dtype=dtype)
+
+
+def _rel_err(out, ref):
+    out, ref = out.double(), ref.double()
+    return ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+def _check_rows(fn, full, m_sweep=M_SWEEP, offsets=OFFSETS):
+    """fn(full[o:o+m]) == fn(full)[o:o+m] bitwise, for every m and offset that fits."""
+    ref = fn(full)
+    bad = []
+    for m in m_sweep:
+        for o in offsets:
+            if o + m > full.shape[0]:
+                continue
+            if not torch.equal(fn(full[o : o + m]), ref[o : o + m]):
+                bad.append((m, o))
+    assert not bad, f"rows differ from the full batch at (M, offset) {bad[:10]}"
+
+
+def _check_other_rows(fn, full, seed=99):
+    """Rows 0..m-1 stay bitwise the same when every other row of the batch changes."""
+    keep = max(1, full.shape[0] // 3)
+    other = full.clone()
+    other[keep:] = _rand(*other[keep:].shape, dtype=full.dtype, seed=seed)
+    assert torch.equal(fn(full)[:keep], fn(other)[:keep])
+
+
+# ----------------------------------------------------------------------------------- linear
+
+from flashlane.kernels.linear import triton as tlin  # noqa: E402 (after the skip marker)
+
+if HAS_CUDA:
+    LINEAR_NK = [(70, 130), (33, 300), (130, 1100), (2560, 2560), (640, 2560), (2560, 640)]
+else:
+    LINEAR_NK = [(70, 130), (33, 300), (130, 1100)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("nk", LINEAR_NK)
+@pytest.mark.parametrize("m", [1, 3, 17, 64, 65])
+def test_linear_matches_reference(m, nk, dtype):
+    n, k = nk
+    x, w = _rand(m, k, dtype=dtype, seed=1), _rand(n, k, dtype=dtype, seed=2)
+    y = tlin.linear(x, w)
+    assert y.dtype == dtype and y.shape == (m, n)
+    ref = x.double() @ w.double().T
+    assert _rel_err(y, ref) < TOL[dtype]
+
+
+def test_linear_leading_dims_and_router_size():
+    n, k = (512, 2560) if HAS_CUDA else (24, 200)
+    x, w = _rand(2, 3, k, seed=3), _rand(n, k, seed=4)
+    y = tlin.linear(x, w)
+    assert y.shape == (2, 3, n)
+    assert _rel_err(y, x.double() @ w.double().T) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("nk", LINEAR_NK[:3] + ([(2560, 2560), (512, 2560)] if HAS_CUDA else []))
+def test_linear_row_invariant(nk, dtype):
+    n, k = nk
+    full = _rand(200 if HAS_CUDA else 70, k, dtype=dtype, seed=5)
+    w = _rand(n, k, dtype=dtype, seed=6)
+    fn = lambda x: tlin.linear(x, w)  # noqa: E731
+    _check_rows(fn, full)
+    _check_other_rows(fn, full)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_split_and_in_program_partition_sums_agree(dtype, monkeypatch):
+    """The split (decode) and in-program (prefill) paths do the same fp32 sums bitwise,
+    so a row is the same whether its call is small or large."""
+    n, k = (2560, 2560) if HAS_CUDA else (130, 1100)
+    assert tlin.tile_config(n, k, dtype)["PARTS"] > 1
+    x = _rand(600 if HAS_CUDA else 70, k, dtype=dtype, seed=7)
+    w = _rand(n, k, dtype=dtype, seed=8)
+    monkeypatch.setattr(tlin, "_IN_PROGRAM_TILES", 10**9)
+    split = tlin.linear(x, w)
+    monkeypatch.setattr(tlin, "_IN_PROGRAM_TILES", 1)
+    in_program = tlin.linear(x, w)
+    assert torch.equal(split, in_program)
+    monkeypatch.undo()
+    if HAS_CUDA:  # the default threshold: 600 rows run in-program, 1..64 rows split
+        big = tlin.linear(x, w)
+        assert torch.equal(big, split)
+        for m in (1, 5, 16, 64):
+            assert torch.equal(tlin.linear(x[100 : 100 + m], w), big[100 : 100 + m])
+
+
+def test_linear_tile_never_depends_on_m():
+    import inspect
+
+    assert list(inspect.signature(tlin.tile_config).parameters) == ["n", "k", "dtype"]
+
+
+# ------------------------------------------------------------------------------------ norms
+
+from flashlane.kernels.norms import reference as norms_ref  # noqa: E402
+from flashlane.kernels.norms import triton as tnorm  # noqa: E402
+from flashlane.models.layers.gated_deltanet import l2norm as l2norm_ref  # noqa: E402
+
+NORM_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+NORM_WIDTHS = [96, 128, 2560] if HAS_CUDA else [96, 100]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", NORM_WIDTHS)
+@pytest.mark.parametrize("m", [1, 3, 17, 65])
+def test_norms_match_reference(m, d, dtype):
+    x = _rand(m, d, dtype=dtype, seed=10)
+    gate = _rand(m, d, dtype=dtype, seed=11)
+    w = _rand(d, dtype=dtype, scale=0.1, seed=12)
+    eps = 1e-6
+    tol = NORM_TOL[dtype]
+    out = tnorm.rms_norm(x, w, eps)
+    assert out.dtype == dtype
+    assert _rel_err(out, norms_ref.rms_norm(x, w, eps)) < tol
+    grp = d // 4 if d % 4 == 0 else d
+    assert _rel_err(tnorm.rms_norm(x, w, eps, grp), norms_ref.rms_norm(x, w, eps, grp)) < tol
+    for act in ("silu", "sigmoid"):
+        out = tnorm.gated_rms_norm(x, gate, 1.0 + w, eps, act)
+        assert _rel_err(out, norms_ref.gated_rms_norm(x, gate, 1.0 + w, eps, act)) < tol
+    # fp32 weight on a lower-precision x: the reference's product stays fp32
+    w32 = (1.0 + w).float()
+    out = tnorm.gated_rms_norm(x, gate, w32, eps, "silu")
+    assert _rel_err(out, norms_ref.gated_rms_norm(x, gate, w32, eps, "silu")) < tol
+    out = tnorm.l2norm(x.float()).to(dtype)
+    assert _rel_err(tnorm.l2norm(x), l2norm_ref(x.float())) < tol
+    assert _rel_err(out, l2norm_ref(x.float())) < tol
+
+
+def test_norms_leading_dims():
+    x = _rand(2, 3, 4, 64, seed=13)
+    g = _rand(2, 3, 4, 64, seed=14)
+    w = _rand(64, scale=0.1, seed=15)
+    torch.testing.assert_close(tnorm.rms_norm(x, w, 1e-6), norms_ref.rms_norm(x, w, 1e-6))
+    torch.testing.assert_close(
+        tnorm.gated_rms_norm(x, g, w, 1e-6, "sigmoid"),
+        norms_ref.gated_rms_norm(x, g, w, 1e-6, "sigmoid"),
+    )
+    torch.testing.assert_close(tnorm.l2norm(x), l2norm_ref(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_norms_row_invariant(dtype):
+    d = 2560 if HAS_CUDA else 96
+    full = _rand(100, d, dtype=dtype, seed=16)
+    gate = _rand(100, d, dtype=dtype, seed=17)
+    w = _rand(d, dtype=dtype, scale=0.1, seed=18)
+    for fn in (
+        lambda x: tnorm.rms_norm(x, w, 1e-6),
+        lambda x: tnorm.rms_norm(x, w, 1e-6, d // 2),
+        lambda x: tnorm.l2norm(x),
+    ):
+        _check_rows(fn, full)
+        _check_other_rows(fn, full)
+    # the gated norm takes the gate rows alongside
+    both = torch.cat([full, gate], dim=-1)
+    fn = lambda xg: tnorm.gated_rms_norm(xg[:, :d], xg[:, d:], w, 1e-6, "silu")  # noqa: E731
+    _check_rows(fn, both)
+    _check_other_rows(fn, both)
+
+
+# -------------------------------------------------------------------------------------- moe
+
+from flashlane.kernels.moe import reference as moe_ref  # noqa: E402
+from flashlane.kernels.moe import triton as tmoe  # noqa: E402
+
+MOE_TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
+# (H, E, I, top_k)
+SMALL_MOE = (80, 8, 40, 3)
+REAL_MOE = (2560, 512, 640, 10)
+
+
+def _moe_weights(h, e, i, dtype, seed=20):
+    router = _rand(e, h, scale=h**-0.5, seed=seed)
+    gate = _rand(e, i, h, dtype=dtype, scale=h**-0.5, seed=seed + 1)
+    up = _rand(e, i, h, dtype=dtype, scale=h**-0.5, seed=seed + 2)
+    down = _rand(e, h, i, dtype=dtype, scale=i**-0.5, seed=seed + 3)
+    return router.to(dtype), gate, up, down
+
+
+MOE_CASES = [(SMALL_MOE, dt) for dt in DTYPES] + ([(REAL_MOE, torch.bfloat16)] if HAS_CUDA else [])
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("case", MOE_CASES, ids=str)
+@pytest.mark.parametrize("m", [1, 3, 17, 64, 65])
+def test_moe_matches_reference(m, case, normalize):
+    (h, e, i, k), dtype = case
+    router, gate, up, down = _moe_weights(h, e, i, dtype)
+    x = _rand(m, h, dtype=dtype, seed=21)
+    w_t, ids_t = tmoe.route(x, router, k, normalize)
+    w_r, ids_r = moe_ref.route(x, router, k, normalize)
+    assert torch.equal(ids_t, ids_r)
+    assert w_t.dtype == dtype and _rel_err(w_t, w_r) < TOL[dtype]
+    out = tmoe.moe(x, router, gate, up, down, k, normalize)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert _rel_err(out, moe_ref.moe(x, router, gate, up, down, k, normalize)) < MOE_TOL[dtype]
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_moe_ties_go_to_the_lower_expert(normalize):
+    h, e, i, k = SMALL_MOE
+    router, gate, up, down = _moe_weights(h, e, i, torch.float32)
+    router[5] = router[2]  # experts 2 and 5 always tie
+    router[6] = router[1]  # and 1 and 6
+    x = _rand(40, h, seed=22)
+    w, ids = tmoe.route(x, router, k, normalize)
+    _, ref_ids = moe_ref.route(x, router, k, normalize)
+    assert torch.equal(ids, ref_ids)
+    for lo, hi in ((2, 5), (1, 6)):
+        has_lo, has_hi = (ids == lo).any(-1), (ids == hi).any(-1)
+        assert not (has_hi & ~has_lo).any(), "the higher id was taken without the lower"
+        both = has_lo & has_hi
+        pos_lo = (ids == lo).int().argmax(-1)
+        pos_hi = (ids == hi).int().argmax(-1)
+        assert (pos_lo[both] < pos_hi[both]).all()
+        assert torch.equal(w[both, pos_lo[both]], w[both, pos_hi[both]])
+    if normalize:
+        torch.testing.assert_close(w.sum(-1), torch.ones_like(w[:, 0]))
+    out = tmoe.moe(x, router, gate, up, down, k, normalize)
+    assert _rel_err(out, moe_ref.moe(x, router, gate, up, down, k, normalize)) < 1e-5
+
+
+@pytest.mark.parametrize("case", MOE_CASES, ids=str)
+def test_moe_row_invariant(case):
+    (h, e, i, k), dtype = case
+    router, gate, up, down = _moe_weights(h, e, i, dtype)
+    full = _rand(150 if HAS_CUDA else 70, h, dtype=dtype, seed=23)
+    fn = lambda x: tmoe.moe(x, router, gate, up, down, k, True)  # noqa: E731
+    _check_rows(fn, full)
+    _check_other_rows(fn, full)
+
+
+def test_moe_pair_independent_of_tile_mates():
+    """One row against many copies of rows routed to the same experts: the tile mates
+    change, the row's output does not."""
+    h, e, i, k = SMALL_MOE
+    dtype = DTYPES[-1]
+    router, gate, up, down = _moe_weights(h, e, i, dtype)
+    x = _rand(1, h, dtype=dtype, seed=24)
+    alone = tmoe.moe(x, router, gate, up, down, k, False)
+    crowd = torch.cat([x.repeat(20, 1) * (1 + 0.01 * _rand(20, 1, dtype=dtype, seed=25)), x])
+    assert torch.equal(tmoe.moe(crowd, router, gate, up, down, k, False)[-1:], alone)
+    dup = x.repeat(37, 1)
+    assert torch.equal(tmoe.moe(dup, router, gate, up, down, k, False), alone.expand(37, -1))
+
+
+def test_dispatch_layout():
+    ids = torch.tensor([[3, 0], [0, 3], [3, 1]], device=DEVICE)
+    slot_pair, block_expert = tmoe.dispatch(ids, 4, block_m=2)
+    # experts 0: pairs 1, 2; 1: pair 5; 3: pairs 0, 3, 4 -> blocks [0], [1], [3], [3]
+    assert block_expert.tolist()[:4] == [0, 1, 3, 3]
+    assert all(b == -1 for b in block_expert.tolist()[4:])
+    assert slot_pair.tolist()[:8] == [1, 2, 5, -1, 0, 3, 4, -1]
+    assert all(p == -1 for p in slot_pair.tolist()[8:])
