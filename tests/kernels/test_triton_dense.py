@@ -138,7 +138,7 @@ def test_linear_tile_never_depends_on_m():
 
 from flashlane.kernels.norms import reference as norms_ref  # noqa: E402
 from flashlane.kernels.norms import triton as tnorm  # noqa: E402
-from flashlane.models.layers.gated_deltanet import l2norm as l2norm_ref  # noqa: E402
+from flashlane.kernels.norms.reference import l2norm as l2norm_ref  # noqa: E402
 
 NORM_TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 NORM_WIDTHS = [96, 128, 2560] if HAS_CUDA else [96, 100]
