@@ -25,7 +25,9 @@ def engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-drafts", action="store_true")
     p.add_argument("--mtp-drafts", type=int, default=None)
     p.add_argument("--mtp-confidence", type=float, default=None)
-    p.add_argument("--prompt-cache-gb", type=float, default=None)
+    p.add_argument(
+        "--prompt-cache-gb", type=float, default=None, help="GiB of kept prompt states; 0: off"
+    )
     p.add_argument("--unpriced", action="store_true", default=None)
     p.add_argument("--no-lone", action="store_true")
 

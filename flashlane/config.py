@@ -15,6 +15,7 @@ ENVIRONMENT = {
     "slot_contexts": ("FLASHNEXT_SLOT_CONTEXTS",),
     "slot_grow": ("FLASHNEXT_SLOT_GROW",),
     "memory_limit_gb": ("FLASHNEXT_LOAD_LIMIT_GB",),
+    "prompt_cache_gb": ("FLASHLANE_PROMPT_CACHE_GB",),
     "unpriced": ("FLASHLANE_UNPRICED",),
     "lone": ("FLASHLANE_NO_LONE", "FLASHNEXT_NO_LONE"),
 }
@@ -36,7 +37,7 @@ class EngineConfig:
     drafts: bool = True
     mtp_drafts: int = 3
     mtp_confidence: float = 0.7
-    prompt_cache_gb: float | None = None
+    prompt_cache_gb: float | None = None  # GiB of kept prompt states; None: planned; 0: off
     unpriced: bool = False
     lone: bool = True
 
@@ -85,6 +86,11 @@ class EngineConfig:
         need(0 <= self.mtp_drafts <= 16, "mtp_drafts", "must be in 0..16")
         need(0.0 <= self.mtp_confidence <= 1.0, "mtp_confidence", "must be in [0, 1]")
         need(self.slot_grow >= 1, "slot_grow", "must be >= 1")
+        need(
+            self.prompt_cache_gb is None or self.prompt_cache_gb >= 0,
+            "prompt_cache_gb",
+            "must be >= 0 (0 disables the prompt cache)",
+        )
 
     @property
     def model_path(self) -> Path:
@@ -106,7 +112,7 @@ def _from_env(name: str, var: str, raw: str) -> Any:
     try:
         if name == "slot_grow":
             return int(raw)
-        if name == "memory_limit_gb":
+        if name in ("memory_limit_gb", "prompt_cache_gb"):
             return float(raw)
     except ValueError:
         raise ValueError(f"{var}={raw!r} is not a number") from None

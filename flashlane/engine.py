@@ -106,6 +106,7 @@ class Engine:
                 max_queue=config.max_queue,
                 # GPU GEMMs want long prompt pieces; CPU rounds stay short for live replies
                 prefill_rows=2048 if self.device.startswith("cuda") else 1024,
+                prompt_cache_bytes=self.plan.prompt_cache_bytes,
             ),
             self._stop_rules(),
             self.plan.capacities,
@@ -114,7 +115,8 @@ class Engine:
         self.log(
             f"flashlane: {self.name} on {self.device} ({weights}, {self.kernels.name} kernels), "
             f"{len(self.sessions)} session(s) of {sorted(set(self.plan.capacities))} positions, "
-            f"max rows {self.max_rows}, drafts {'on' if drafts else 'off'}; "
+            f"max rows {self.max_rows}, drafts {'on' if drafts else 'off'}, "
+            f"prompt cache {self.plan.prompt_cache_bytes / memory.GIB:.2f} GiB; "
             + (describe(costs) if costs else "unpriced")
         )
 
@@ -131,6 +133,7 @@ class Engine:
             torch.cuda.get_device_properties(self.device).total_memory if kind == "cuda" else None
         )
         limit = memory.resolve_limit_bytes(c.memory_limit_gb, {}, kind, gpu_total)
+        cache_bytes = memory.resolve_prompt_cache_bytes(c.prompt_cache_gb, kind, limit)
         wbytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         return memory.plan(
             cfg,
@@ -142,6 +145,7 @@ class Engine:
             slot_contexts=slots,
             parallel=parallel,
             mtp=self.model.mtp is not None,
+            prompt_cache_bytes=cache_bytes,
         )
 
     def _stop_rules(self) -> StopRules:

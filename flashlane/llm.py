@@ -43,8 +43,12 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        boundaries: Sequence[Sequence[int]] | None = None,
     ) -> list[RequestOutput]:
-        """All prompts concurrently through shared rounds; outputs in the prompts' order."""
+        """All prompts concurrently through shared rounds; outputs in the prompts' order.
+        `boundaries`: per prompt, token offsets where its chat messages end (the prompt cache
+        keeps states there, so a conversation branching there resumes)."""
         batch = [prompts] if _is_single(prompts) else list(prompts)
         if params is None or isinstance(params, SamplingParams):
             plist = [params or SamplingParams()] * len(batch)
@@ -52,14 +56,17 @@ class LLM:
             plist = list(params)
             if len(plist) != len(batch):
                 raise ValueError(f"{len(plist)} SamplingParams for {len(batch)} prompts")
+        marks = list(boundaries) if boundaries is not None else [()] * len(batch)
+        if len(marks) != len(batch):
+            raise ValueError(f"{len(marks)} boundary lists for {len(batch)} prompts")
         host = self.engine.host
         ids = []
-        for prompt, p in zip(batch, plist):
+        for prompt, p, b in zip(batch, plist, marks):
             if p.n != 1:
                 raise ValueError("n > 1 is not supported by LLM.generate yet; send copies")
             rid = f"llm-{self._next}"
             self._next += 1
-            host.submit(rid, self._ids(prompt), p)
+            host.submit(rid, self._ids(prompt), p, boundaries=b)
             ids.append(rid)
         done: dict[str, RequestOutput] = {}
         while len(done) < len(ids):

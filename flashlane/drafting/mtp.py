@@ -79,6 +79,30 @@ class MtpDrafter:
             w.dangling = None
 
     @torch.no_grad()
+    def absorb(self, stream_id: int, session: SessionState) -> torch.Tensor | None:
+        """Absorb the stream's waiting cells into the head's cache now (no drafts); returns the
+        residual of its last row, whose cell waits for the next token (None: nothing waits)."""
+        w = self.waiting.get(stream_id)
+        if not self.enabled or w is None or w.dangling is None:
+            return None
+        if w.next_ids:
+            m = self.model
+            cells = [(session, torch.tensor(w.next_ids), session.mtp_length, False)]
+            res = torch.stack(w.residuals)
+            rows = Rows.of(cells, res.device)
+            m.mtp(res, m.embed_tokens(rows.token_ids), rows, m.rotary, m.kernels)
+            session.mtp_length += len(w.next_ids)
+            w.residuals.clear()
+            w.next_ids.clear()
+        return w.dangling
+
+    def resume(self, stream_id: int, dangling: torch.Tensor | None) -> None:
+        """A stream resumed from a kept state: its cell at the kept length waits for a token."""
+        self.forget(stream_id)
+        if dangling is not None:
+            self.waiting[stream_id] = Waiting(dangling=dangling)
+
+    @torch.no_grad()
     def draft(
         self, depths: Mapping[int, int], sessions: Mapping[int, SessionState]
     ) -> list[Drafts]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from flashlane.detok import IncrementalDetokenizer, StopMatcher
 from flashlane.drafting.copy import CopyIndex
+from flashlane.lanes.cached_prompts import keep_marks, resume
 from flashlane.lanes.core import LaneConfig, LaneCore, RoundFailed
 from flashlane.lanes.outputs import TextDecoder
 from flashlane.lanes.protocol import Backend
@@ -25,6 +26,7 @@ from flashlane.lanes.stops import StopRules, begin, conclude, finish_text
 from flashlane.lanes.stream import Stream
 from flashlane.lanes.windows import prompt_piece
 from flashlane.request import SamplingParams, effective_seed
+from flashlane.sessions.prompt_cache import DEFAULT_EVERY, PromptCache, prompt_marks
 
 
 class QueueFull(RuntimeError):
@@ -39,6 +41,8 @@ class HostConfig:
     # While replies decode, prompt rows per round are capped at (1 - decode_share) of
     # prefill_rows (at least one chunk), so a long prompt cannot starve live replies.
     decode_share: float = 0.5
+    prompt_cache_bytes: int = 0  # the prompt cache's budget; 0 disables it
+    mark_every: int = DEFAULT_EVERY  # a long prompt keeps a state every this many tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +70,7 @@ class LaneHost:
         self.rules = rules
         self.core = LaneCore(backend, config.lanes, rules)
         self.sessions = SessionPool(capacities, grow, _window_rows(config.lanes))
+        self.cache = PromptCache(config.prompt_cache_bytes)
         self.waiting: deque[Stream] = deque()
         self.live: list[Stream] = []
         self._cancels: dict[str, bool] = {}  # request_id -> deliver an "abort" update
@@ -82,9 +87,11 @@ class LaneHost:
         prompt_ids: Sequence[int],
         params: SamplingParams,
         seed: int | None = None,
+        boundaries: Sequence[int] = (),
     ) -> int:
         """Queue a request; returns the seed it runs with. Raises (queueing nothing) on bad
-        input, a prompt no session holds (NoSessionFits) or a full queue (QueueFull)."""
+        input, a prompt no session holds (NoSessionFits) or a full queue (QueueFull).
+        `boundaries`: token offsets where chat messages end (prompt-cache marks)."""
         prompt = [int(t) for t in prompt_ids]
         if not prompt or min(prompt) < 0:
             raise ValueError("the prompt must hold at least one token id, none negative")
@@ -97,6 +104,8 @@ class LaneHost:
             raise QueueFull(f"{len(self.waiting)} requests are waiting (--max-queue)")
         chosen = effective_seed(params.seed if seed is None else seed)
         stream = Stream(self._next_id, request_id, prompt, params, chosen, -1, 0, 0)
+        if self.cache.is_enabled:
+            stream.marks = prompt_marks(len(prompt), boundaries, self.config.mark_every)
         self._next_id += 1
         self.waiting.append(stream)
         return stream.seed
@@ -153,6 +162,7 @@ class LaneHost:
             self.core.step(running, self._pieces(running))
         except RoundFailed as failed:
             self.fail_all(failed.stream_ids, failed.error)
+        keep_marks(self.cache, self.backend, running)
         self._deliver()
         updates, self._updates = self._updates, []
         return updates
@@ -187,6 +197,8 @@ class LaneHost:
             s.max_capacity = max(self.sessions.capacities)
             s.arrival, s.admitted_at = s.stream_id, time.monotonic()
             self._dress(s)
+            need_drafts = s.params.draft and self.config.lanes.mtp_drafts > 0
+            resume(self.cache, self.backend, s, need_drafts)
             self.live.append(s)
 
     def _dress(self, s: Stream) -> None:

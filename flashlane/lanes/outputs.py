@@ -17,6 +17,7 @@ def output(s: Stream) -> RequestOutput:
         rounds=s.num_rounds,
         drafted=s.num_drafted,
         accepted=s.num_accepted,
+        cached_tokens=s.num_cached,
         moves=s.num_moves,
         pauses=s.num_pauses,
         prefill_seconds=max(0.0, first - s.admitted_at) if s.admitted_at else 0.0,

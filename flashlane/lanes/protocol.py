@@ -68,6 +68,24 @@ class Backend(Protocol):
         is unknown) releases as a no-op; a release after a failed call must still free."""
         ...
 
+    def kept_bytes(self, stream_id: int) -> int:
+        """What `keep_state` of the stream would take now (the prompt cache makes room first)."""
+        ...
+
+    def keep_state(self, stream_id: int, entry_id: int) -> tuple[int, bool]:
+        """Copy the stream's committed state (its length is a mark) for the prompt cache under
+        `entry_id`; returns (bytes taken, whether the MTP head's state was kept too)."""
+        ...
+
+    def resume(self, stream_id: int, session_id: int, entry_id: int) -> int:
+        """Bind a stream that has run no window to a free session and put the kept state there;
+        returns the state's length, where the stream's next prompt piece starts."""
+        ...
+
+    def drop_state(self, entry_id: int) -> None:
+        """Free a kept state (evicted); unknown ids are ignored."""
+        ...
+
     def costs(self) -> CostTable:
         """The cost table timed at load (fixed for the engine's life)."""
         ...

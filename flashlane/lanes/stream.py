@@ -81,6 +81,9 @@ class Stream:
     arrival: int  # admission order; prompt pieces are filled oldest first
     reply_ids: list[int] = field(default_factory=list)
     filled: int = 0  # prompt positions already in the session's state
+    # Prompt-cache marks (flashlane.sessions.prompt_cache): pieces end there, states are kept.
+    marks: tuple[int, ...] = ()
+    num_cached: int = 0  # prompt positions resumed from the prompt cache
     # Tokens that replace the draws for the positions after the pending one (thinking close).
     forced: list[int] = field(default_factory=list)
     held: Held | None = None

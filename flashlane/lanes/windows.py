@@ -75,10 +75,13 @@ def decode_window(p: Plan, num_drafts: int) -> Window:
 
 def prompt_piece(stream: Stream, max_rows: int) -> Window | None:
     """The stream's next prompt piece within `max_rows`: it ends on the CHUNK grid unless it
-    ends the prompt; None when the budget does not reach the grid."""
+    ends the prompt, and at the stream's next mark at the latest; None when the budget does not
+    reach the grid."""
     length = len(stream.prompt_ids)
     start = stream.filled
     end = length if length - start <= max_rows else (start + max_rows) // CHUNK * CHUNK
+    # a piece never crosses a mark: fresh and resumed prompts cut at the same positions
+    end = min([end, *(m for m in stream.marks if m > start)])
     if end <= start:
         return None
     tokens = tuple(stream.prompt_ids[start:end])

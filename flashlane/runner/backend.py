@@ -20,6 +20,7 @@ from flashlane.lanes.records import CHUNK, CostTable, Drafts, InvalidBatch, Verd
 from flashlane.models.flashnext import FlashNext, commit
 from flashlane.models.rows import Piece, Rows
 from flashlane.models.state import SessionState
+from flashlane.runner import kept as kept_states
 from flashlane.sampling.choose import DrawSpec, SampleError, draw_rows
 
 
@@ -47,6 +48,7 @@ class ModelBackend:
         self.max_rows, self.max_prompt_rows = max_rows, max_prompt_rows
         self.bound: dict[int, int] = {}  # stream_id -> session_id
         self.fed: dict[int, Fed] = {}
+        self.kept: dict[int, kept_states.KeptState] = {}  # prompt-cache entry id -> state
         self.drafter = MtpDrafter(model, mtp_confidence)
         self._costs = costs or CostTable(verify_ms={1: 1.0}, draft_step_ms=0.0, overhead_ms=0.0)
         self.device = model.embed_tokens.weight.device
@@ -165,6 +167,37 @@ class ModelBackend:
             raise InvalidBatch(f"session {session_id} is not free")
         copy_session(src, dst, self.model.cfg.indexer_block)
         self.bound[stream_id] = session_id
+
+    # -- the prompt cache's states -----------------------------------------------------------
+    def kept_bytes(self, stream_id: int) -> int:
+        s = self.sessions[self.bound[stream_id]]
+        waiting = self.drafter.waiting.get(stream_id)
+        drafts = self.drafter.enabled and waiting is not None and waiting.dangling is not None
+        hidden = self.model.cfg.hc_count * self.model.cfg.hidden_size
+        return kept_states.kept_bytes(s, self.model.cfg.indexer_block, s.length, drafts, hidden)
+
+    def keep_state(self, stream_id: int, entry_id: int) -> tuple[int, bool]:
+        """Copy the stream's committed state under `entry_id`: (bytes taken, has drafts)."""
+        s = self.sessions[self.bound[stream_id]]
+        dangling = self.drafter.absorb(stream_id, s)
+        state = kept_states.keep(s, self.model.cfg.indexer_block, dangling)
+        self.kept[entry_id] = state
+        return state.nbytes(), state.has_drafts
+
+    def resume(self, stream_id: int, session_id: int, entry_id: int) -> int:
+        """Bind a new stream to a free session holding the kept state; returns its length."""
+        if stream_id in self.bound or session_id in self.bound.values():
+            raise InvalidBatch(f"stream {stream_id} or session {session_id} is taken")
+        state = self.kept[entry_id]
+        s = self.sessions[session_id]
+        s.reset(self.model.cfg)
+        kept_states.put(state, s)
+        self.bound[stream_id] = session_id
+        self.drafter.resume(stream_id, state.dangling)
+        return state.length
+
+    def drop_state(self, entry_id: int) -> None:
+        self.kept.pop(entry_id, None)
 
     def release(self, stream_id: int, keep_prompt_state: bool = False) -> None:
         self.bound.pop(stream_id, None)

@@ -81,6 +81,11 @@ class AsyncEngine:
             "sessions_busy": len(host.live),
             "sessions_total": len(self.engine.sessions),
             "queue": len(host.waiting),
+            "prompt_cache_queries": host.cache.num_queries,
+            "prompt_cache_hits": host.cache.num_hits,
+            "prompt_cache_hit_tokens": host.cache.num_hit_tokens,
+            "prompt_cache_bytes": host.cache.num_bytes,
+            "prompt_cache_capacity_bytes": host.cache.capacity_bytes,
             **self._counters,
         }
 

@@ -27,6 +27,9 @@ RAM_FRACTION = 0.7  # of RAM, for a CPU model and for host memory holding a GPU 
 ELEMENT_BYTES = {"cuda": (2, 4), "cpu": (8, 8)}  # bf16 / fp32 on the GPU, fp64 on the CPU
 # Activations beside the fp32 logits of a round (hidden states, MoE buffers, graph pools).
 ACTIVATION_FIXED = {"cuda": GIB, "cpu": 64 * MIB}
+# The prompt cache's default budget per device, at most PROMPT_CACHE_SHARE of the limit.
+PROMPT_CACHE_GB = {"cuda": 4.0, "cpu": 1.0}
+PROMPT_CACHE_SHARE = 0.125
 REMEDIES = (
     "a smaller --context, fewer sessions (--parallel), smaller --slot-contexts, "
     f"or a higher --memory-limit-gb ({LIMIT_ENV})"
@@ -76,6 +79,7 @@ class MemoryPlan:
     serial: bool  # fewer than two sessions fit: one reply at a time
     host_bytes: int = 0  # host memory for a GPU model's n-gram table
     host_limit_bytes: int | None = None  # its ceiling (70% of RAM)
+    prompt_cache_bytes: int = 0  # the prompt cache's budget (kept states), under the limit
 
     @property
     def workspace_bytes(self) -> int:
@@ -83,8 +87,8 @@ class MemoryPlan:
 
     @property
     def budget_bytes(self) -> int:
-        """What the sessions may take: limit - weights - workspace."""
-        return self.limit_bytes - self.weight_bytes - self.workspace_bytes
+        """What the sessions may take: limit - weights - workspace - prompt cache."""
+        return self.limit_bytes - self.weight_bytes - self.workspace_bytes - self.prompt_cache_bytes
 
     @property
     def sessions_bytes(self) -> int:
@@ -208,6 +212,16 @@ def resolve_limit_bytes(
     return int(ram * RAM_FRACTION)
 
 
+def resolve_prompt_cache_bytes(gb: float | None, device: str, limit_bytes: int) -> int:
+    """--prompt-cache-gb, or the device's default (PROMPT_CACHE_GB, at most PROMPT_CACHE_SHARE
+    of the limit); 0 disables the cache."""
+    if gb is None:
+        return min(int(PROMPT_CACHE_GB[device] * GIB), int(limit_bytes * PROMPT_CACHE_SHARE))
+    if gb < 0:
+        raise ValueError(f"--prompt-cache-gb must be 0 or more, got {gb}")
+    return int(gb * GIB)
+
+
 def plan(
     cfg: ModelConfig,
     *,
@@ -221,15 +235,18 @@ def plan(
     mtp: bool = True,
     host_bytes: int = 0,
     host_limit_bytes: int | None = None,
+    prompt_cache_bytes: int = 0,
 ) -> MemoryPlan:
     """Sessions under the ceiling: `slot_contexts` as listed, else `parallel` sessions of
     `context` (default: the model's window), else (`parallel=None`, auto) as many as fit up to
-    16, one session when fewer than two fit. Raises OverMemoryLimit."""
+    16, one session when fewer than two fit; the prompt cache's budget is planned beside the
+    weights and workspace. Raises OverMemoryLimit."""
     cache_b, state_b = element_bytes(device)
     scratch = sum(b.nbytes for b in scratch_buffers(cfg, max_rows, cache_b, state_b))
-    fixed = weight_bytes + scratch + activation_bytes(cfg, max_rows, device)
+    fixed = weight_bytes + scratch + activation_bytes(cfg, max_rows, device) + prompt_cache_bytes
     if fixed > limit_bytes:
-        raise OverMemoryLimit("the weights and the round's workspace", fixed, limit_bytes)
+        what = "the weights, the round's workspace and the prompt cache"
+        raise OverMemoryLimit(what, fixed, limit_bytes)
     if host_limit_bytes is not None and host_bytes > host_limit_bytes:
         raise OverMemoryLimit("the n-gram table in host memory", host_bytes, host_limit_bytes)
     budget = limit_bytes - fixed
@@ -256,6 +273,7 @@ def plan(
         serial=len(capacities) < 2,
         host_bytes=host_bytes,
         host_limit_bytes=host_limit_bytes,
+        prompt_cache_bytes=prompt_cache_bytes,
     )
 
 
