@@ -72,7 +72,7 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
     built_s = time.perf_counter() - t0
     context = max([*args.prefill, 0]) + args.prompt_len + args.decode_tokens + 64
     config = EngineConfig.resolve(device=args.device, parallel=max(args.streams),
-                                  context=context, drafts=False)
+                                  context=context, drafts=False, prompt_cache_gb=0)
     llm = LLM.from_engine(Engine(config, costs=FLAT_COSTS, built=(cfg, model)))
     greedy = SamplingParams(max_tokens=args.decode_tokens + 1, temperature=0.0,
                             ignore_eos=True, draft=False)
