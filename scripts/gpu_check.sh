@@ -31,7 +31,7 @@ failed=()
 
 if [[ " $steps " == *" tests "* ]]; then
     echo "== python -m pytest -m 'cuda or triton' $cuda_tests"
-    python -m pytest -m "cuda or triton" -q -p no:cacheprovider $cuda_tests 2>&1 \
+    python -m pytest -m "cuda or triton" -v -rf --tb=short -p no:cacheprovider $cuda_tests 2>&1 \
         | tee "$out/gpu_tests_$stamp.log" || failed+=("pytest")
 fi
 

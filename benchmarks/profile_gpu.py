@@ -1,0 +1,64 @@
+"""Where a GPU round's time goes: torch.profiler over a prefill and decode rounds of a random
+preset (kernels by GPU time, ops by host time, launches per round). A diagnosis tool, not a
+benchmark: it prints tables and no JSON.
+
+    python benchmarks/profile_gpu.py --config flashnext-4l
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from flashlane.bench_model import FLAT_COSTS, random_prompts
+from flashlane.config import EngineConfig
+from flashlane.engine import Engine
+from flashlane.llm import LLM
+from flashlane.models.presets import preset
+from flashlane.models.random_weights import build_random
+from flashlane.request import SamplingParams
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default="flashnext-4l")
+    ap.add_argument("--prefill", type=int, default=2048)
+    ap.add_argument("--streams", type=int, default=1)
+    ap.add_argument("--rows", type=int, default=25)
+    args = ap.parse_args()
+    cfg, model = build_random(preset(args.config), torch.bfloat16, "cuda", 0)
+    config = EngineConfig.resolve(device="cuda", parallel=max(2, args.streams),
+                                  context=args.prefill + 256, drafts=False, prompt_cache_gb=0)
+    llm = LLM.from_engine(Engine(config, costs=FLAT_COSTS, built=(cfg, model)))
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, draft=False)
+    dec = SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, draft=False)
+    long = random_prompts(1, args.prefill, cfg.vocab_size, 1)
+    short = random_prompts(args.streams, 64, cfg.vocab_size, 2)
+    for _ in range(2):  # compile every kernel variant first
+        t = time.perf_counter()
+        llm.generate(long, one)
+        llm.generate(short, dec)
+        print(f"warm pass: {time.perf_counter() - t:.2f} s")
+    for name, prompts, params in (("prefill", long, one), ("decode x8", short, dec)):
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t = time.perf_counter()
+            out = llm.generate(prompts, params)
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t
+        st = out[0].stats
+        print(f"\n=== {name}: wall {wall * 1e3:.1f} ms, prefill {st.prefill_seconds * 1e3:.1f} ms,"
+              f" decode {st.decode_seconds * 1e3:.1f} ms")
+        ka = prof.key_averages()
+        launches = sum(e.count for e in ka if e.key.startswith(("cudaLaunchKernel", "cuLaunch")))
+        print(f"kernel launches: {launches}")
+        print(ka.table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=60))
+        print(ka.table(sort_by="self_cpu_time_total", row_limit=args.rows,
+                       max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    main()
