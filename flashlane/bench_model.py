@@ -47,6 +47,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--prefill", type=_ints, default=[2048, 16384])
+    p.add_argument("--prompt-cache", type=int, default=0, metavar="TOKENS",
+                   help="also time a TOKENS-long prompt cold, resent and extended by a turn")
     p.add_argument("--peer", choices=["none", "transformers"], default="none")
     p.add_argument("--peer-prefill", type=_ints, default=[2048])
     p.add_argument("--json", default=None, help="also write the result here")
@@ -70,15 +72,24 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
                               args.seed)
     _sync(args.device)
     built_s = time.perf_counter() - t0
-    context = max([*args.prefill, 0]) + args.prompt_len + args.decode_tokens + 64
+    longest = max([*args.prefill, args.prompt_cache + 200 if args.prompt_cache else 0])
+    context = longest + args.prompt_len + args.decode_tokens + 64
     config = EngineConfig.resolve(device=args.device, parallel=max(args.streams),
                                   context=context, drafts=False, prompt_cache_gb=0)
     llm = LLM.from_engine(Engine(config, costs=FLAT_COSTS, built=(cfg, model)))
     greedy = SamplingParams(max_tokens=args.decode_tokens + 1, temperature=0.0,
                             ignore_eos=True, draft=False)
-    llm.generate(random_prompts(1, args.prompt_len, cfg.vocab_size, 99),
-                 SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, draft=False))
-    out = {"build_s": built_s, "kernels": llm.engine.kernels.name, "decode": {}, "prefill": {}}
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, draft=False)
+    # Triton compiles a kernel variant the first time a shape class meets it (minutes in all):
+    # run every measured shape once first, so the figures below time no compilation
+    t0 = time.perf_counter()
+    warm = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, draft=False)
+    for n in args.streams:
+        llm.generate(random_prompts(n, args.prompt_len, cfg.vocab_size, 99), warm)
+    for length in args.prefill:
+        llm.generate(random_prompts(1, length, cfg.vocab_size, 98), one)
+    out = {"build_s": built_s, "warm_s": time.perf_counter() - t0,
+           "kernels": llm.engine.kernels.name, "decode": {}, "prefill": {}}
     for n in args.streams:
         outs = llm.generate(random_prompts(n, args.prompt_len, cfg.vocab_size, n), greedy)
         secs = max(o.stats.decode_seconds for o in outs)
@@ -92,7 +103,6 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
             "roofline_ms": 1e3 * need / bw if bw else None,
             "of_roofline": need / bw / round_s if bw else None,
         }
-    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, draft=False)
     for length in args.prefill:
         o = llm.generate(random_prompts(1, length, cfg.vocab_size, length), one)[0]
         ttft = o.stats.prefill_seconds
@@ -103,10 +113,36 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
             "flops": prefill_flops(cfg, length),
             "of_matrix_rate": prefill_flops(cfg, length) / rate / ttft if rate else None,
         }
-    del llm, model
+    del llm
+    gc.collect()
+    if args.prompt_cache:
+        out["prompt_cache"] = prompt_cache_ttft(args, cfg, model, config)
+    del model
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
+    return out
+
+
+def prompt_cache_ttft(args, cfg, model, config: EngineConfig) -> dict:
+    """Time to first token of one long prompt: cold, resent, and extended by one turn."""
+    from dataclasses import replace
+
+    llm = LLM.from_engine(
+        Engine(replace(config, prompt_cache_gb=8.0), costs=FLAT_COSTS, built=(cfg, model))
+    )
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, draft=False)
+    length = args.prompt_cache
+    prompt = random_prompts(1, length, cfg.vocab_size, 7)[0]
+    turn = random_prompts(1, 200, cfg.vocab_size, 8)[0]
+    out = {"tokens": length}
+    for name, ids in (("cold", prompt), ("resent", prompt), ("extended", prompt + turn)):
+        o = llm.generate([ids], one)[0]
+        out[name] = {"ttft_s": o.stats.prefill_seconds, "cached_tokens": o.stats.cached_tokens}
+    for name in ("resent", "extended"):
+        out[name]["of_cold"] = out[name]["ttft_s"] / out["cold"]["ttft_s"]
+    del llm
+    gc.collect()
     return out
 
 
@@ -122,6 +158,13 @@ def table(result: dict) -> str:
             ratio = f"{r[key] / theirs:8.1f}" if theirs else f"{'-':>8}"
             peer_s = f"{theirs:14.1f}" if theirs else f"{'-':>14}"
             lines.append(f"{label:24}{r[key]:12.1f}{peer_s}{ratio}{eff_s}")
+    pc = result["ours"].get("prompt_cache")
+    if pc:
+        lines.append(
+            f"prompt cache, {pc['tokens']} tokens: TTFT cold {pc['cold']['ttft_s']:.3f} s, "
+            f"resent {pc['resent']['ttft_s']:.3f} s ({pc['resent']['of_cold']:.1%}), "
+            f"extended {pc['extended']['ttft_s']:.3f} s ({pc['extended']['of_cold']:.1%})"
+        )
     return "\n".join(lines)
 
 

@@ -16,12 +16,14 @@ def test_bench_model_smoke_on_cpu(tmp_path, capsys):
     out = tmp_path / "r.json"
     argv = ["--config", "flashnext-tiny", "--random-weights", "--device", "cpu", "--streams",
             "1,2", "--prefill", "128", "--decode-tokens", "4", "--peer", "transformers",
-            "--peer-prefill", "128", "--json", str(out)]
+            "--peer-prefill", "128", "--prompt-cache", "300", "--json", str(out)]
     assert bench_model_main(argv) == 0
     result = json.loads(out.read_text())
     assert set(result["ours"]["decode"]) == {"1", "2"}
     assert result["ours"]["prefill"]["128"]["tok_s"] > 0
     assert result["peer"]["decode"]["2"]["tok_s"] > 0
+    cache = result["ours"]["prompt_cache"]
+    assert cache["resent"]["cached_tokens"] > 0 and cache["cold"]["cached_tokens"] == 0
     assert "decode 2 streams" in capsys.readouterr().out
 
 
