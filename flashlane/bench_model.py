@@ -103,6 +103,8 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
             "roofline_ms": 1e3 * need / bw if bw else None,
             "of_roofline": need / bw / round_s if bw else None,
         }
+    if cuda:
+        out["launches_per_token"] = launches_per_token(llm, cfg)
     for length in args.prefill:
         o = llm.generate(random_prompts(1, length, cfg.vocab_size, length), one)[0]
         ttft = o.stats.prefill_seconds
@@ -113,6 +115,10 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
             "flops": prefill_flops(cfg, length),
             "of_matrix_rate": prefill_flops(cfg, length) / rate / ttft if rate else None,
         }
+    graphs = llm.engine.model.graphs
+    if graphs is not None:
+        out["graphs"] = {"captured": len(graphs.entries), "capture_s": graphs.capture_seconds,
+                         "failed": graphs.failed}
     del llm
     gc.collect()
     if args.prompt_cache:
@@ -122,6 +128,20 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
     if cuda:
         torch.cuda.empty_cache()
     return out
+
+
+def launches_per_token(llm: LLM, cfg) -> float:
+    """Kernel launches (graph replays count one) per token of a one-stream greedy decode."""
+    from torch.profiler import ProfilerActivity, profile
+
+    params = SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, draft=False)
+    prompt = random_prompts(1, 64, cfg.vocab_size, 5)
+    llm.generate(prompt, params)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        llm.generate(prompt, params)
+    names = ("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch")
+    n = sum(e.count for e in prof.key_averages() if e.key.startswith(names))
+    return n / 9  # the prompt piece's launches included, spread over the tokens
 
 
 def prompt_cache_ttft(args, cfg, model, config: EngineConfig) -> dict:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -77,6 +78,10 @@ class Engine:
         cfg = self.model_config
         self.kernels = select_kernels(self.device, log=self.log)
         self.model.use_kernels(self.kernels)
+        if self.kernels.name == "triton" and os.environ.get("FLASHLANE_NO_GRAPHS") != "1":
+            from flashlane.runner.graphs import Graphs
+
+            self.model.graphs = Graphs(max_rows=64, log=self.log)
         self.max_rows = config.max_rows or (64 if self.device.startswith("cuda") else 16)
         self.plan = self._plan(cfg, weights)
         self.sessions = [

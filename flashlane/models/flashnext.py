@@ -37,6 +37,7 @@ class FlashNext(nn.Module):
         self.mtp = MtpHead(cfg) if cfg.num_mtp_layers else None
         self.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta)
         self.kernels: Kernels = REFERENCE
+        self.graphs = None  # runner.graphs.Graphs on CUDA: replays of the row-count-only parts
 
     def use_kernels(self, kernels: Kernels) -> FlashNext:
         """Point every op of the model (linears, norms, mixers, experts) at `kernels`."""
@@ -59,7 +60,7 @@ class FlashNext(nn.Module):
         x = self.embed_tokens(rows.token_ids)
         r = x.repeat(1, self.cfg.hc_count)
         for layer in self.layers:
-            r = layer(r, rows, self.rotary, self.kernels)
+            r = layer(r, rows, self.rotary, self.kernels, self.graphs)
         return r
 
     def logits(self, r: torch.Tensor) -> torch.Tensor:

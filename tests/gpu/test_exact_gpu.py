@@ -19,6 +19,7 @@ from flashlane.models.rows import Rows
 from flashlane.models.state import SessionState
 from flashlane.request import SamplingParams
 from flashlane.runner.backend import copy_session
+from flashlane.runner.graphs import Graphs
 
 pytestmark = [
     pytest.mark.cuda,
@@ -35,7 +36,10 @@ def gpu_model(request, tiny_ckpt):
         cfg, model = build_random(preset("flashnext-4l"), torch.bfloat16, "cuda", seed=1)
     kernels = select_kernels("cuda")
     assert kernels.name == "triton"
-    yield cfg, model.use_kernels(kernels)
+    model.use_kernels(kernels)
+    if request.param != "tiny":  # the tiny model runs eagerly, the larger one with graphs
+        model.graphs = Graphs(max_rows=64)
+    yield cfg, model
     del model
     torch.cuda.empty_cache()
 
@@ -125,3 +129,20 @@ def test_llm_replies_drafted_shared_and_alone_agree(tiny_ckpt):
             alone = llm.generate(prompt, dataclasses.replace(p, draft=False))[0]
             assert got.error is None
             assert got.token_ids == alone.token_ids
+
+
+def test_graph_replays_equal_eager_bitwise(gpu_model):
+    cfg, model = gpu_model
+    sessions = [prefilled(cfg, model, p) for p in prompts(cfg.vocab_size, 4)]
+    windows = [(s, [5 + i] * (1 + i)) for i, s in enumerate(sessions)]
+    saved = model.graphs
+    try:
+        model.graphs = Graphs(max_rows=64)
+        graphed = [run_windows(model, windows) for _ in range(2)]  # capture, then replay
+        assert model.graphs.failed is None and model.graphs.entries
+        model.graphs = None
+        eager = run_windows(model, windows)
+    finally:
+        model.graphs = saved
+    for g1, g2, e in zip(*graphed, eager):
+        assert torch.equal(g1, e) and torch.equal(g2, e)

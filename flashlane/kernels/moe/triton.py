@@ -193,7 +193,10 @@ def dispatch(ids: torch.Tensor, n_experts: int, block_m: int = BLOCK_M):
     pairs = flat.numel()
     dev = flat.device
     max_blocks = triton.cdiv(pairs, block_m) + min(n_experts, pairs)
-    counts = torch.bincount(flat, minlength=n_experts)
+    # bincount reads the largest id back to the host; a scatter of ones does not
+    counts = torch.zeros(n_experts, dtype=torch.long, device=dev).scatter_add_(
+        0, flat, torch.ones_like(flat)
+    )
     blocks = (counts + block_m - 1) // block_m
     blk_end = torch.cumsum(blocks, 0)
     blk_start = blk_end - blocks

@@ -44,16 +44,44 @@ class DecoderLayer(nn.Module):
         self.mlp = SparseMoe(cfg)
 
     def forward(
-        self, r: torch.Tensor, rows: Rows, rotary: Rotary, kernels: Kernels
+        self, r: torch.Tensor, rows: Rows, rotary: Rotary, kernels: Kernels, graphs=None
     ) -> torch.Tensor:
-        """r: the residual [N, hc*H] -> the residual after this block."""
+        """r: the residual [N, hc*H] -> the residual after this block. With `graphs`
+        (runner.graphs.Graphs), the parts that depend on the row count alone replay."""
         if self.ple is not None:
             r = r + self.ple(r, rows, kernels)
+        if graphs is not None:
+            return self._graphed(r, rows, rotary, kernels, graphs)
         a, w = self.attn_hyper_connection.read(r)
         if self.kind == "linear":
             y = self.linear_attn(a, rows, kernels)
         else:
             y = self.self_attn(a, rows, rotary, kernels)
+        return self.mlp_half(r, y, w, kernels)
+
+    def _graphed(self, r, rows: Rows, rotary: Rotary, kernels: Kernels, graphs) -> torch.Tensor:
+        """The same block with everything but the mixer's use of session state replayed."""
+        if self.kind != "linear":
+            a, w = graphs.run((id(self), "read"), self.attn_hyper_connection.read, r)
+            y = self.self_attn(a, rows, rotary, kernels)
+            rest = lambda *t: (self.mlp_half(*t, kernels),)  # noqa: E731
+            return graphs.run((id(self), "mlp"), rest, r, y, w)[0]
+        gdn = self.linear_attn
+
+        def read(r):
+            a, w = self.attn_hyper_connection.read(r)
+            return (w, *gdn.project(a))
+
+        def rest(r, o, z, w):
+            return (self.mlp_half(r, gdn.finish(o, z), w, kernels),)
+
+        w, qkv, g, beta, z = graphs.run((id(self), "read"), read, r)
+        o = gdn.mix(qkv, g, beta, rows, kernels)
+        return graphs.run((id(self), "mlp"), rest, r, o, z, w)[0]
+
+    def mlp_half(self, r, y, w, kernels: Kernels) -> torch.Tensor:
+        """The mixer's output written to the streams, then the MLP block behind its own
+        hyper-connection."""
         r = HyperConnection.write(r, y, w)
         a, w = self.mlp_hyper_connection.read(r)
         return HyperConnection.write(r, self.mlp(a, kernels), w)

@@ -35,20 +35,30 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, rows: Rows, kernels: Kernels) -> torch.Tensor:
         """x: [N, H] -> [N, H]; records per piece ("gdn", idx): (conv inputs, states)."""
-        cfg = self.cfg
-        n = x.shape[0]
+        qkv, g, beta, z = self.project(x)
+        return self.finish(self.mix(qkv, g, beta, rows, kernels), z)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The row-wise input projections: (qkv, log decay g, beta, output gate z)."""
         beta = torch.sigmoid(self.in_proj_b(x))
         dt = torch.promote_types(x.dtype, torch.float32)
         g = -self.A_log.to(dt).exp() * F.softplus(self.in_proj_a(x).to(dt) + self.dt_bias.to(dt))
+        return self.in_proj_qkv(x), g, beta, self.in_proj_z(x)
+
+    def mix(self, qkv, g, beta, rows: Rows, kernels: Kernels) -> torch.Tensor:
+        """Conv and the gated delta rule over each piece's session state -> o [N, HV, Dv]."""
+        cfg, n = self.cfg, qkv.shape[0]
         # verify windows of equal width run stacked: one recurrent call for all of them
-        qkv = self.in_proj_qkv(x)
         parts = zip(
             rows.split(qkv, True), rows.split(g, True), rows.split(beta, True), rows.groups(True)
         )
         outs = [self._mix(qkv, g_p, b_p, group, kernels) for qkv, g_p, b_p, group in parts]
-        o = rows.join(outs, True).reshape(n, cfg.linear_num_v_heads, cfg.linear_v_head_dim)
-        z = self.in_proj_z(x).reshape(o.shape)
-        return self.out_proj(self.norm(o, z).reshape(n, -1))
+        return rows.join(outs, True).reshape(n, cfg.linear_num_v_heads, cfg.linear_v_head_dim)
+
+    def finish(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The gated output norm and the output projection -> [N, H]."""
+        n = o.shape[0]
+        return self.out_proj(self.norm(o, z.reshape(o.shape)).reshape(n, -1))
 
     def _mix(self, qkv, g, beta, group, kernels: Kernels) -> torch.Tensor:
         cfg, key = self.cfg, ("gdn", self.layer_idx)
