@@ -8,7 +8,11 @@ confident model: almost all mass on a few ids); 'flat' is N(0, 1) (mass over mos
 vocabulary). Each is drawn with top_p 0.95 (top_k 0), top_k 20, min_p 0.05 and greedy, T = 1,
 plus 'plain' (T = 1, no filter) for reference. Every draw uses a new seed and position. The
 device figure is the wall time of one draw_rows_gpu call on 16 such rows (tokens back on the
-host), with its tokens checked against the CPU path. Prints a table, then one JSON line.
+host), with its tokens checked against the CPU path. On CUDA that call runs triton_draw's fused
+kernels for the rows they take (greedy, plain, min_p, top_k; top_p without top_k still takes the
+torch path); `--path torch` times the plain torch path instead. 'fused rows' counts the rows of a
+batch the kernels settled. The first calls (Triton compiles each kernel once, seconds) are not
+timed. Prints a table, then one JSON line.
 """
 
 from __future__ import annotations
@@ -90,9 +94,10 @@ def bench_cpu(repeats: int, full_repeats: int) -> dict:
     return figures
 
 
-def bench_device(dev: torch.device, repeats: int) -> dict:
+def bench_device(dev: torch.device, repeats: int, path: str) -> dict:
     """draw_rows_gpu on `dev` (cuda; cpu only to try this function out)."""
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    use_fused = path == "fused" and dev.type == "cuda"
     batches = {
         f"{spread}/{name}": (named_rows(spread, 16, seed=1), [params] * 16)
         for spread in ("peaked", "flat")
@@ -101,23 +106,32 @@ def bench_device(dev: torch.device, repeats: int) -> dict:
     mixed = list(PARAMS.values()) * 4
     rows = torch.cat([named_rows("peaked", 8, seed=2), named_rows("flat", 8, seed=3)])
     batches["mixed"] = (rows, mixed[:16])
+    no_top_p = [p for p in PARAMS.values() if p.top_p == 1.0] * 4
+    batches["mixed, no top_p"] = (rows, no_top_p[:16])
     figures = {}
-    print(f"\n{describe_device(dev.type)}: ms per call of 16 rows, {repeats} calls")
-    print(f"{'batch':<24}{'p50':>10}{'p99':>10}{'tokens == CPU':>15}")
+    print(f"\n{describe_device(dev.type)}, {path} path: ms per call of 16 rows, {repeats} calls")
+    print(f"{'batch':<24}{'p50':>10}{'p99':>10}{'tokens == CPU':>15}{'fused rows':>12}")
     for label, (logits, params) in batches.items():
         logits = logits.to(dev)
-        specs = [DrawSpec(p, 77 + i, 900 + i) for i, p in enumerate(params)]
-        same = draw_rows_gpu(logits, specs) == draw_rows(logits.cpu(), specs)
+        same, fused_rows = True, 0
+        for i in range(3):  # also compiles the kernels; each check draws new keys
+            specs = [DrawSpec(p, 77 + 100 * i + j, 900 + i) for j, p in enumerate(params)]
+            got = draw_rows_gpu(logits, specs, fused=use_fused)
+            same = same and got == draw_rows(logits.cpu(), specs)
+        if use_fused:
+            from flashlane.sampling.triton_draw import draw_rows_fused
+
+            fused_rows = sum(t is not None for t in draw_rows_fused(logits, specs))
         times = []
         for i in range(repeats):
             specs = [DrawSpec(p, 1000 * i + j, 5000 + i) for j, p in enumerate(params)]
             sync()
             start = time.perf_counter()
-            draw_rows_gpu(logits, specs)
+            draw_rows_gpu(logits, specs, fused=use_fused)
             times.append(time.perf_counter() - start)
         p50, p99 = percentiles(times[3:])  # the first calls warm up caches and kernels
-        figures[label] = dict(p50_ms=p50, p99_ms=p99, same_as_cpu=same)
-        print(f"{label:<24}{p50:>10.3f}{p99:>10.3f}{same!s:>15}")
+        figures[label] = dict(p50_ms=p50, p99_ms=p99, same_as_cpu=same, fused_rows=fused_rows)
+        print(f"{label:<24}{p50:>10.3f}{p99:>10.3f}{same!s:>15}{fused_rows:>12}")
     print(f"target: p50 <= {GPU_TARGET_MS} ms per call of 16 rows")
     return figures
 
@@ -146,6 +160,7 @@ def main() -> None:
     ap.add_argument("--device", choices=["cpu", "cuda", "all"], default="cpu")
     ap.add_argument("--repeats", type=int, default=200, help="fast-path draws / device calls")
     ap.add_argument("--full-repeats", type=int, default=30, help="full-computation draws")
+    ap.add_argument("--path", choices=["fused", "torch"], default="fused", help="device path")
     args = ap.parse_args()
     if args.device != "cpu" and not torch.cuda.is_available():
         sys.exit("bench_sampler: --device cuda needs a CUDA GPU")
@@ -153,7 +168,7 @@ def main() -> None:
     if args.device in ("cpu", "all"):
         figures["cpu"] = bench_cpu(args.repeats, args.full_repeats)
     if args.device in ("cuda", "all"):
-        figures["cuda"] = bench_device(torch.device("cuda"), args.repeats)
+        figures["cuda"] = bench_device(torch.device("cuda"), args.repeats, args.path)
     record = dict(
         bench="sampler",
         device=describe_device(args.device),

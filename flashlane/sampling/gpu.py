@@ -1,7 +1,9 @@
 """The keyed draw for a whole batch of rows in one call, with torch ops on the logits' device.
 
 Returns the CPU path's tokens (choose.draw_rows). Plain torch, so it runs on the CPU too and a
-CI test holds it to the CPU path; on CUDA it is the verify round's sampler.
+CI test holds it to the CPU path; on CUDA it is the verify round's sampler, where the common rows
+(greedy, plain, min_p, top_k without penalties or bias) go to triton_draw's fused kernels and
+only the rest come here.
 
 Greedy rows take the first maximum. A sampled row keeps a pool {z >= floor}, which is a prefix
 of the candidate order (prune.py): the floor is the k-th largest z for top_k, the edge of a
@@ -38,8 +40,41 @@ F64 = torch.float64
 NEG_INF = -math.inf
 
 
-def draw_rows_gpu(logits: torch.Tensor, specs: Sequence[DrawSpec]) -> list[int | SampleError]:
-    """One draw per row of fp32 logits [N, V] on any device; a row's error in its slot."""
+def draw_rows_gpu(
+    logits: torch.Tensor, specs: Sequence[DrawSpec], fused: bool | None = None
+) -> list[int | SampleError]:
+    """One draw per row of fp32 logits [N, V] on any device; a row's error in its slot.
+
+    `fused`: draw the common rows with triton_draw's kernels (default: on CUDA, where Triton
+    imports); the rest, and rows they cannot settle, take the torch path below."""
+    if fused is None:
+        fused = logits.is_cuda
+    kernels = _triton_draw() if fused else None
+    if kernels is None:
+        return _draw_rows_torch(logits, specs)
+    out = kernels.draw_rows_fused(logits, specs)
+    rest = [i for i, r in enumerate(out) if r is None]
+    if rest:
+        for i, r in zip(rest, _draw_rows_torch(logits[rest], [specs[i] for i in rest])):
+            out[i] = r
+    return out  # type: ignore[return-value]
+
+
+_TRITON: list = []  # the triton_draw module, or None where Triton does not import
+
+
+def _triton_draw():
+    if not _TRITON:
+        try:
+            from flashlane.sampling import triton_draw
+        except ImportError:
+            triton_draw = None
+        _TRITON.append(triton_draw)
+    return _TRITON[0]
+
+
+def _draw_rows_torch(logits: torch.Tensor, specs: Sequence[DrawSpec]) -> list[int | SampleError]:
+    """The plain torch path for every row."""
     n = logits.shape[0]
     out: list[int | SampleError | None] = [None] * n
     _mark_bad_logits(logits, out)
