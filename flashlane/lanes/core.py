@@ -91,6 +91,8 @@ class LaneCore:
         s.last_served = self.num_rounds
         s.num_rounds += 1
         s.held = None
+        if p.kind == "mtp":
+            s.is_refused = not num_drafts
         if not _is_sound(s, w, v):
             return None
         path, landed = accept(p, w, v)
@@ -118,7 +120,8 @@ class LaneCore:
         depths: dict[int, int] = {}
         by_id = {s.stream_id: s for s in streams}
         for s in streams:
-            room = s.room - 1
+            # drafts past the reply's last token would verify for nothing
+            room = min(s.room, s.params.max_tokens - len(s.reply_ids)) - 1
             if s.is_finished or s.forced or not s.params.draft or room <= 0:
                 continue
             copied = s.copy_index.propose(min(cfg.copy_drafts, room)) if s.copy_index else []
@@ -132,7 +135,13 @@ class LaneCore:
                 s.held = Held("copy", s.start, tuple(copied), (COPY_PRIOR,) * len(copied))
                 continue
             depth = choose_depth(
-                s.mtp, self.costs, cfg.mtp_drafts, s.num_rounds, round_rows, cfg.max_rows
+                s.mtp,
+                self.costs,
+                cfg.mtp_drafts,
+                s.num_rounds,
+                round_rows,
+                cfg.max_rows,
+                s.is_refused,
             )
             depth = min(room, depth)
             if depth > 0:

@@ -1,11 +1,12 @@
 """Drafts priced by the round's shape: window widths, drafting streams, streams ahead."""
 
 from flashlane.lanes.allocate import allocate
-from flashlane.lanes.depth import best_depth
+from flashlane.lanes.depth import PROBE_EVERY, best_depth, choose_depth
 from flashlane.lanes.records import CostTable
 from flashlane.lanes.stream import DraftStats, Held, Stream
 from flashlane.lanes.windows import plan
 from flashlane.request import SamplingParams
+from tests.lanes.fake import FakeBackend, make_host, run_to_end
 
 GREEDY = SamplingParams(max_tokens=60, temperature=0.0)
 
@@ -91,3 +92,27 @@ def test_depth_rule_prices_a_round_of_streams_drafting_alike():
     # chain steps grow with the streams that draft: dear enough, none pays
     assert best_depth(good, _costs(stream_ms=5.0), 3, round_rows=8, max_rows=16) == 0
     assert best_depth(good, _costs(stream_ms=5.0), 3, round_rows=1, max_rows=16) == 3
+
+
+def test_no_drafts_past_the_last_token_of_a_reply():
+    backend = FakeBackend()
+    asked: list[int] = []
+    draft = backend.draft
+    backend.draft = lambda depths: asked.extend(depths.values()) or draft(depths)
+    host = make_host(backend, mtp_drafts=3, copy_drafts=0, unpriced=True)
+    host.submit("short", [11, 12, 13], SamplingParams(max_tokens=2, temperature=0.0))
+    assert len(run_to_end(host)["short"].token_ids) == 2
+    assert asked == []  # the first token leaves one to draw: the bonus draw is it
+    host.submit("four", [11, 12, 13], SamplingParams(max_tokens=4, temperature=0.0))
+    assert len(run_to_end(host)["four"].token_ids) == 4
+    assert asked and max(asked) <= 2
+
+
+def test_a_stream_whose_drafts_were_refused_drafts_again_only_when_it_probes():
+    good = DraftStats()
+    for _ in range(30):
+        good.record([0.9, 0.9, 0.9], 3)
+    costs = _costs()
+    assert choose_depth(good, costs, 3, num_rounds=0) == 3
+    assert choose_depth(good, costs, 3, num_rounds=0, is_refused=True) == 0
+    assert choose_depth(good, costs, 2, num_rounds=PROBE_EVERY - 1, is_refused=True) == 2
