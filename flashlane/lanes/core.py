@@ -91,8 +91,6 @@ class LaneCore:
         s.last_served = self.num_rounds
         s.num_rounds += 1
         s.held = None
-        if p.kind == "mtp":
-            s.is_refused = not num_drafts
         if not _is_sound(s, w, v):
             return None
         path, landed = accept(p, w, v)
@@ -135,13 +133,7 @@ class LaneCore:
                 s.held = Held("copy", s.start, tuple(copied), (COPY_PRIOR,) * len(copied))
                 continue
             depth = choose_depth(
-                s.mtp,
-                self.costs,
-                cfg.mtp_drafts,
-                s.num_rounds,
-                round_rows,
-                cfg.max_rows,
-                s.is_refused,
+                s.mtp, self.costs, cfg.mtp_drafts, s.num_rounds, round_rows, cfg.max_rows
             )
             depth = min(room, depth)
             if depth > 0:

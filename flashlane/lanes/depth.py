@@ -30,20 +30,17 @@ def choose_depth(
     num_rounds: int,
     round_rows: int = 1,
     max_rows: int | None = None,
-    is_refused: bool = False,
 ) -> int:
     """Depth 0..max_depth for the next chain; `costs` None (unpriced): always `max_depth`.
     `round_rows`: the plain rows the next round carries anyway (one per decoding stream);
-    `max_rows`: the round's row cap (None: no cap); `is_refused`: the allocator took none of
-    the stream's last drafts (the round it drafts for was not as this rule assumed), so it
-    drafts again only when it probes."""
+    `max_rows`: the round's row cap (None: no cap)."""
     if costs is None or max_depth <= 0:
         return max(0, max_depth)
     best = best_depth(stats, costs, max_depth, round_rows, max_rows)
     every = PROBE_EVERY if best else PROBE_IDLE_EVERY
     if num_rounds % every == every - 1 and _could_pay(best + 1, costs, round_rows, max_rows):
         return min(max_depth, best + 1)
-    return 0 if is_refused else best
+    return best
 
 
 def _could_pay(depth: int, costs: CostTable, round_rows: int, max_rows: int | None) -> bool:

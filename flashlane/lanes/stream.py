@@ -87,8 +87,6 @@ class Stream:
     mtp: DraftStats = field(default_factory=DraftStats)
     copy: DraftStats = field(default_factory=DraftStats)
     depth: int = 1  # MTP depth asked of the next draft call
-    # Its last MTP drafts were held but the allocator took none: it asks for none until a probe.
-    is_refused: bool = False
     thinking: int = 0  # reply tokens emitted while thinking (budgeted streams only)
     is_thinking: bool = False  # a budgeted stream that has not closed its thinking yet
     # Loop guard: for each cycle length p, how many latest tokens equal the token p before them.

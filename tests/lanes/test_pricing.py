@@ -1,7 +1,7 @@
 """Drafts priced by the round's shape: window widths, drafting streams, streams ahead."""
 
 from flashlane.lanes.allocate import allocate
-from flashlane.lanes.depth import PROBE_EVERY, best_depth, choose_depth
+from flashlane.lanes.depth import best_depth
 from flashlane.lanes.records import CostTable
 from flashlane.lanes.stream import DraftStats, Held, Stream
 from flashlane.lanes.windows import plan
@@ -106,13 +106,3 @@ def test_no_drafts_past_the_last_token_of_a_reply():
     host.submit("four", [11, 12, 13], SamplingParams(max_tokens=4, temperature=0.0))
     assert len(run_to_end(host)["four"].token_ids) == 4
     assert asked and max(asked) <= 2
-
-
-def test_a_stream_whose_drafts_were_refused_drafts_again_only_when_it_probes():
-    good = DraftStats()
-    for _ in range(30):
-        good.record([0.9, 0.9, 0.9], 3)
-    costs = _costs()
-    assert choose_depth(good, costs, 3, num_rounds=0) == 3
-    assert choose_depth(good, costs, 3, num_rounds=0, is_refused=True) == 0
-    assert choose_depth(good, costs, 2, num_rounds=PROBE_EVERY - 1, is_refused=True) == 2
