@@ -11,6 +11,7 @@ import torch
 from flashlane.kernels.attention import reference as attention_ref
 from flashlane.kernels.conv import reference as conv_ref
 from flashlane.kernels.gdn import reference as gdn_ref
+from flashlane.kernels.linear import reference as linear_ref
 from flashlane.kernels.moe import reference as moe_ref
 from flashlane.kernels.norms import reference as norms_ref
 
@@ -39,7 +40,7 @@ REFERENCE = Kernels(
     select_mask=attention_ref.select_mask,
     attention=attention_ref.attention,
     moe=moe_ref.moe,
-    linear=torch.nn.functional.linear,
+    linear=linear_ref.linear,
     rms_norm=norms_ref.rms_norm,
     gated_rms_norm=norms_ref.gated_rms_norm,
     l2norm=norms_ref.l2norm,

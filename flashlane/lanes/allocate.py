@@ -2,17 +2,26 @@
 
 The round's value is its expected new tokens per millisecond. Every window yields one token for
 sure (its bonus draw) plus one per forced row; a draft at depth d adds its landing probability
-(the product of its chances and those before it). Its price is the verify forward's growth by a
-row, plus an MTP chain step for each MTP draft past a stream's first (the chain that made it is
-paid every round the stream drafts that deep). Rows are added from a heap, most probable first,
-while the ratio rises. A stream's first draft is taken while its acceptance of that kind is
-unmeasured, so every stream gets measured; after that it is priced like the rest, so a stream
-whose drafts do not land drafts nothing.
+(the product of its chances and those before it). A round is priced by its shape: the verify
+forward at its rows, one more stacked call per distinct window width (`CostTable.group_ms`: a
+lone draft splits the round's windows in two groups, a draft in every window does not), and
+the MTP chain steps past the first that its deepest MTP window needed (the chain runs for all
+drafting streams together and is paid every round the streams draft that deep).
+
+The price is not monotone in the rows (the first window of a new width pays for a stacked call,
+those that follow it to that width do not), so the allocator compares whole shapes: for each
+width, windows widened to it (or to all their drafts, if fewer) one stream at a time, the
+likeliest first, and it keeps the best. Equal widths keep the round one stacked call, and
+streams that advance together shorten the rounds of the whole batch: drafts of streams ahead of
+the round's last stream count at `_ahead_worth` until that one drafts too. A stream's first draft is
+taken while its acceptance of that kind is unmeasured, so every stream gets measured; after
+that it is priced like the rest, so a stream whose drafts do not land drafts nothing.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Sequence
 
 from flashlane.lanes.records import CostTable
@@ -30,26 +39,110 @@ def allocate(
     counts = [0] * len(plans)
     rows = sum(1 + len(p.forced) for p in plans)
     value = float(rows)  # expected new tokens
-    # (-landing probability, plan index) of each plan's next draft
-    heap: list[tuple[float, int]] = []
     for i, p in enumerate(plans):
         if p.drafts and rows < max_rows and costs is not None and not p.is_measured:
             counts[i], rows, value = 1, rows + 1, value + p.chances[0]
+    if costs is None:
+        return _unpriced(plans, counts, rows, max_rows)
+    best, best_rate = counts, value / _Shape(plans, counts, num_prompt_rows).ms(costs)
+    progress = [len(p.stream.reply_ids) for p in plans]
+    last = min(progress, default=0)
+    worth = _ahead_worth(costs, len(plans))
+    for width in range(2, 2 + max((len(p.drafts) for p in plans), default=0)):
+        shape = _Shape(plans, counts, num_prompt_rows)
+        trial, trial_rows = list(counts), rows
+        # gains of the streams furthest behind, gains of those ahead, whether one behind drafts
+        behind, ahead, is_even = 0.0, 0.0, any(n for n, d in zip(counts, progress) if d == last)
+        for gain, i in _widenings(plans, counts, width - 1):
+            extra = min(width - 1, len(plans[i].drafts)) - trial[i]
+            if trial_rows + extra > max_rows:
+                break
+            trial[i] += extra
+            trial_rows += extra
+            if progress[i] == last:
+                behind, is_even = behind + gain, True
+            else:
+                ahead += gain
+            shape.set_drafts(i, trial[i])
+            rate = (value + behind + ahead * (1.0 if is_even else worth)) / shape.ms(costs)
+            if rate > best_rate:
+                best, best_rate = list(trial), rate
+    return best
+
+
+def _ahead_worth(costs: CostTable, num_streams: int) -> float:
+    """What a token is worth, relative to the round's average, to a stream ahead of the round's
+    last while that one drafts nothing: a batch waits for its slowest stream, so such tokens
+    shorten no round; they only spare that stream's row in the rounds after it ends."""
+    if num_streams < 2:
+        return 1.0
+    row_ms = (costs.forward_ms(num_streams) - costs.forward_ms(1)) / (num_streams - 1)
+    token_ms = (costs.forward_ms(num_streams) + costs.overhead_ms) / num_streams
+    return min(1.0, max(0.0, row_ms / token_ms)) if token_ms > 0 else 1.0
+
+
+def _widenings(plans: Sequence[Plan], counts: list[int], num_drafts: int):
+    """(expected extra tokens, plan index) of every window that more drafts would widen, up to
+    `num_drafts` drafts each, most valuable first."""
+    out = []
+    for i, p in enumerate(plans):
+        n = min(num_drafts, len(p.drafts))
+        if n > counts[i]:
+            gain = sum(_landing(p.chances, d) for d in range(counts[i] + 1, n + 1))
+            out.append((gain, i))
+    out.sort(key=lambda gi: -gi[0])
+    return out
+
+
+def _unpriced(plans: Sequence[Plan], counts: list[int], rows: int, max_rows: int) -> list[int]:
+    """Most probable drafts first until the row cap."""
+    heap: list[tuple[float, int]] = []
+    for i in range(len(plans)):
         _push(heap, plans, counts, i)
-    steps = 0  # MTP chain steps past each stream's first draft
     while heap and rows < max_rows:
-        neg_prob, i = heapq.heappop(heap)
-        step = int(plans[i].kind == "mtp" and counts[i] > 0)
-        if costs is not None:
-            now = value / _round_ms(costs, rows + num_prompt_rows, steps)
-            after = (value - neg_prob) / _round_ms(costs, rows + 1 + num_prompt_rows, steps + step)
-            if after <= now:
-                # Its deeper drafts are no likelier and no cheaper: drop this plan's tail.
-                continue
-        counts[i] += 1
-        rows, value, steps = rows + 1, value - neg_prob, steps + step
+        _, i = heapq.heappop(heap)
+        counts[i], rows = counts[i] + 1, rows + 1
         _push(heap, plans, counts, i)
     return counts
+
+
+class _Shape:
+    """A round's shape as windows widen: its rows, how many windows of each width (prompt
+    pieces run apart, as their own calls, and count in rows only), the MTP chain steps past
+    the first that its deepest MTP window needed and the MTP windows that chain ran for."""
+
+    __slots__ = ("chained", "plans", "rows", "steps", "widths", "window")
+
+    def __init__(self, plans: Sequence[Plan], counts: list[int], num_prompt_rows: int) -> None:
+        self.plans = plans
+        self.window = [1 + len(p.forced) + n for p, n in zip(plans, counts)]
+        self.widths = Counter(self.window)
+        self.rows = sum(self.window) + num_prompt_rows
+        self.steps = max(
+            (n - 1 for p, n in zip(plans, counts) if p.kind == "mtp" and n > 1), default=0
+        )
+        self.chained = sum(1 for p, n in zip(plans, counts) if p.kind == "mtp" and n > 0)
+
+    def set_drafts(self, i: int, num_drafts: int) -> None:
+        """Window i now carries `num_drafts` drafts (no fewer than before)."""
+        old, new = self.window[i], 1 + len(self.plans[i].forced) + num_drafts
+        self.widths[old] -= 1
+        if not self.widths[old]:
+            del self.widths[old]
+        self.widths[new] += 1
+        self.window[i] = new
+        self.rows += new - old
+        if self.plans[i].kind == "mtp":
+            self.steps = max(self.steps, num_drafts - 1)
+            self.chained += old == 1 + len(self.plans[i].forced)
+
+    def ms(self, costs: CostTable) -> float:
+        ms = (
+            costs.shape_ms(self.rows, len(self.widths))
+            + costs.overhead_ms
+            + costs.chain_ms(self.steps, self.chained)
+        )
+        return max(ms, 1e-9)
 
 
 def _push(heap: list[tuple[float, int]], plans: Sequence[Plan], counts: list[int], i: int) -> None:
@@ -63,8 +156,3 @@ def _landing(chances: Sequence[float], depth: int) -> float:
     for c in chances[:depth]:
         prob *= c
     return prob
-
-
-def _round_ms(costs: CostTable, num_rows: int, chain_steps: int) -> float:
-    ms = costs.forward_ms(num_rows) + costs.overhead_ms + costs.draft_step_ms * chain_steps
-    return max(ms, 1e-9)

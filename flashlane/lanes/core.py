@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashlane.lanes.allocate import allocate
-from flashlane.lanes.depth import choose_depth
+from flashlane.lanes.depth import best_depth, choose_depth
 from flashlane.lanes.protocol import Backend
 from flashlane.lanes.records import CostTable, Verdict, Window
 from flashlane.lanes.stops import StopRules, conclude
@@ -118,14 +118,23 @@ class LaneCore:
         depths: dict[int, int] = {}
         by_id = {s.stream_id: s for s in streams}
         for s in streams:
-            room = s.room - 1
+            # drafts past the reply's last token would verify for nothing
+            room = min(s.room, s.params.max_tokens - len(s.reply_ids)) - 1
             if s.is_finished or s.forced or not s.params.draft or room <= 0:
                 continue
             copied = s.copy_index.propose(min(cfg.copy_drafts, room)) if s.copy_index else []
+            if copied and self.costs is not None and s.copy.is_measured(1):
+                # as deep as this stream's measured copy acceptance pays; none: an MTP chain
+                depth = best_depth(
+                    s.copy, self.costs, len(copied), round_rows, cfg.max_rows, chained=False
+                )
+                copied = copied[:depth]
             if copied:
                 s.held = Held("copy", s.start, tuple(copied), (COPY_PRIOR,) * len(copied))
                 continue
-            depth = choose_depth(s.mtp, self.costs, cfg.mtp_drafts, s.num_rounds, round_rows)
+            depth = choose_depth(
+                s.mtp, self.costs, cfg.mtp_drafts, s.num_rounds, round_rows, cfg.max_rows
+            )
             depth = min(room, depth)
             if depth > 0:
                 depths[s.stream_id] = depth

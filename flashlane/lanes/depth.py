@@ -2,10 +2,13 @@
 
 The depth whose drafts raise the next round's expected tokens per millisecond the most, from
 the stream's measured acceptance per depth (a half while unmeasured, so a fresh stream reaches
-for depth), the forward's growth past the rows the round carries anyway, and all d chain steps
-(the first is the head's absorb of the kept rows; `allocate` prices only steps past the first,
-the drafts being made by then). Every PROBE_EVERY rounds it asks one deeper than the best, so
-the rate one past it is measured again: acceptance drifts with the text.
+for depth). The round is priced by its shape, as `allocate` prices it, on the assumption that
+the round's other streams draft like this one: each of the `round_rows` streams carries d drafts
+while the row cap leaves room (then the windows are of one width and stay one stacked call),
+the rest none (one width more). All d chain steps are paid (the first is the head's absorb of
+the kept rows; `allocate` prices only steps past the first, the drafts being made by then).
+Every PROBE_EVERY rounds (PROBE_IDLE_EVERY for a stream that drafts nothing) it asks one deeper
+than the best, so the rate one past it is measured again: acceptance drifts with the text.
 Depth 0 means no draft call this round; the probe still asks for one.
 """
 
@@ -15,6 +18,9 @@ from flashlane.lanes.records import CostTable
 from flashlane.lanes.stream import DraftStats
 
 PROBE_EVERY = 8
+# A stream that drafts nothing probes this seldom: its probe is a draft call (for every stream
+# probing that round) that the round would not make otherwise.
+PROBE_IDLE_EVERY = 4 * PROBE_EVERY
 
 
 def choose_depth(
@@ -23,41 +29,69 @@ def choose_depth(
     max_depth: int,
     num_rounds: int,
     round_rows: int = 1,
+    max_rows: int | None = None,
 ) -> int:
     """Depth 0..max_depth for the next chain; `costs` None (unpriced): always `max_depth`.
-    `round_rows`: the plain rows the next round carries anyway (one per decoding stream)."""
+    `round_rows`: the plain rows the next round carries anyway (one per decoding stream);
+    `max_rows`: the round's row cap (None: no cap)."""
     if costs is None or max_depth <= 0:
         return max(0, max_depth)
-    best = best_depth(stats, costs, max_depth, round_rows)
-    if num_rounds % PROBE_EVERY == PROBE_EVERY - 1 and _could_pay(best + 1, costs, round_rows):
+    best = best_depth(stats, costs, max_depth, round_rows, max_rows)
+    every = PROBE_EVERY if best else PROBE_IDLE_EVERY
+    if num_rounds % every == every - 1 and _could_pay(best + 1, costs, round_rows, max_rows):
         return min(max_depth, best + 1)
     return best
 
 
-def _could_pay(depth: int, costs: CostTable, round_rows: int) -> bool:
+def _could_pay(depth: int, costs: CostTable, round_rows: int, max_rows: int | None) -> bool:
     """Whether drafts that surely land would raise the round's rate at this depth: when even
     they would not (a round already full of rows), a probe measures nothing and is not made."""
-    base = max(1, round_rows)
-    return _rate(base, depth, float(base + depth), costs) > _rate(base, 0, float(base), costs)
+    return _rate(round_rows, depth, float(depth), costs, max_rows) > _rate(
+        round_rows, 0, 0.0, costs, max_rows
+    )
 
 
-def best_depth(stats: DraftStats, costs: CostTable, max_depth: int, round_rows: int = 1) -> int:
-    """The depth whose drafts raise the whole round's tokens per ms the most: the stream's
-    expected extra tokens against the forward's growth past `round_rows` and the chain steps
-    (the allocator prices the round the same way, so drafts it would refuse are not made)."""
-    base = max(1, round_rows)
-    best, best_rate = 0, _rate(base, 0, float(base), costs)
-    expected, landing = float(base), 1.0
+def best_depth(
+    stats: DraftStats,
+    costs: CostTable,
+    max_depth: int,
+    round_rows: int = 1,
+    max_rows: int | None = None,
+    chained: bool = True,
+) -> int:
+    """The depth whose drafts raise the whole round's tokens per ms the most (module
+    docstring: the round's streams drafting alike, priced by its shape). `chained` False:
+    drafts that cost no MTP chain steps (copy drafts)."""
+    best, best_rate = 0, _rate(round_rows, 0, 0.0, costs, max_rows)
+    gain, landing = 0.0, 1.0
     for d in range(1, max_depth + 1):
         landing *= stats.rate(d)
-        expected += landing
-        rate = _rate(base, d, expected, costs)
+        gain += landing
+        rate = _rate(round_rows, d, gain, costs, max_rows, chained)
         if rate > best_rate:
             best, best_rate = d, rate
     return best
 
 
-def _rate(rows: int, depth: int, expected: float, costs: CostTable) -> float:
+def _rate(
+    round_rows: int,
+    depth: int,
+    gain: float,
+    costs: CostTable,
+    max_rows: int | None,
+    chained: bool = True,
+) -> float:
+    """Tokens per ms of a round of `round_rows` one-row windows, as many of which as fit
+    carry `depth` drafts that each add `gain` expected tokens."""
+    base = max(1, round_rows)
+    room = base if max_rows is None or depth == 0 else (max_rows - base) // depth
+    drafting = max(0, min(base, room))
+    widths = 1 + int(0 < drafting < base)
     # every chain step is paid, the first too: it is the head's absorb of the kept rows
-    ms = costs.forward_ms(rows + depth) + costs.overhead_ms + costs.draft_step_ms * depth
+    ms = (
+        costs.shape_ms(base + drafting * depth, widths)
+        + costs.overhead_ms
+        + (costs.chain_ms(depth, drafting) if chained else 0.0)
+    )
+    expected = base + drafting * gain
     return expected / ms if ms > 0 else expected

@@ -103,9 +103,23 @@ class Drafts:
 class CostTable:
     """Round costs timed on the real backend at load (tests inject one)."""
 
-    verify_ms: dict[int, float]  # rows in the forward -> ms, for 1..max_rows
+    verify_ms: dict[int, float]  # rows in the forward -> ms, for 1..max_rows, one row per stream
     draft_step_ms: float  # one MTP chain step for all drafting streams together
     overhead_ms: float  # the rest of a round: planning, packing, host work
+    # Each window width past the first in a round: the recurrent layers run the windows of
+    # each width as one stacked call, so a round of unequal windows makes one call per width.
+    group_ms: float = 0.0
+    # Each drafting stream past the first adds this to an MTP chain step (the head's rows).
+    draft_stream_ms: float = 0.0
+
+    def chain_ms(self, num_steps: int, num_streams: int = 1) -> float:
+        """MTP chain steps run for `num_streams` drafting streams together."""
+        return num_steps * (self.draft_step_ms + self.draft_stream_ms * max(0, num_streams - 1))
+
+    def shape_ms(self, num_rows: int, num_widths: int = 1) -> float:
+        """Verify time of a round of `num_rows` rows in windows of `num_widths` distinct
+        widths (DESIGN.md section 4: a round is priced by its shape, not its rows alone)."""
+        return self.forward_ms(num_rows) + self.group_ms * max(0, num_widths - 1)
 
     def forward_ms(self, num_rows: int) -> float:
         """Verify time at `num_rows`: the table's entry, else linear between (or past) the

@@ -2,7 +2,7 @@
 
 from flashlane.drafting.copy import CopyIndex
 from flashlane.lanes.allocate import allocate
-from flashlane.lanes.depth import PROBE_EVERY, best_depth, choose_depth
+from flashlane.lanes.depth import PROBE_EVERY, PROBE_IDLE_EVERY, best_depth, choose_depth
 from flashlane.lanes.records import CostTable
 from flashlane.lanes.stream import DraftStats, Held, Stream
 from flashlane.lanes.windows import plan, take_turns
@@ -96,7 +96,9 @@ def test_depth_rule_picks_best_tokens_per_ms_and_probes_deeper():
     assert best_depth(good, costs, 3) == 3
     assert best_depth(bad, costs, 3) == 0
     assert choose_depth(bad, costs, 3, num_rounds=0) == 0
-    assert choose_depth(bad, costs, 3, num_rounds=PROBE_EVERY - 1) == 1
+    # a stream that drafts nothing probes, but seldom: each probe is a draft call of its own
+    assert choose_depth(bad, costs, 3, num_rounds=PROBE_EVERY - 1) == 0
+    assert choose_depth(bad, costs, 3, num_rounds=PROBE_IDLE_EVERY - 1) == 1
     assert choose_depth(good, costs, 3, num_rounds=PROBE_EVERY - 1) == 3
     assert choose_depth(bad, None, 3, num_rounds=0) == 3  # unpriced: always the deepest
     assert best_depth(DraftStats(), costs, 3) >= 1  # unmeasured: reach for depth

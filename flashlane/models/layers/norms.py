@@ -7,9 +7,9 @@ device's kernels (the references on the CPU, Triton on CUDA): the model code sta
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from flashlane.kernels.linear.reference import linear as linear_ref
 from flashlane.kernels.norms.reference import gated_rms_norm, rms_norm
 
 
@@ -45,7 +45,7 @@ class Linear(nn.Linear):
     """A bias-free linear layer whose product is the kernels' `linear` (row-invariant on
     CUDA, where cuBLAS picks its algorithm by the row count)."""
 
-    op = staticmethod(F.linear)
+    op = staticmethod(linear_ref)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.op(x, self.weight)
