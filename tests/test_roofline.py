@@ -1,0 +1,41 @@
+"""Roofline accounting (DESIGN.md section 9) on the real dimensions: the bytes a decode round
+must move and the FLOPs a prefill must do, checked against hand counts."""
+
+import pytest
+
+from flashlane.models import census
+from flashlane.models.config import ModelConfig
+from flashlane.models.presets import preset
+from flashlane.roofline import decode_round_bytes, expected_experts, prefill_flops
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return ModelConfig.from_hf(preset("flashnext-12l"))
+
+
+def test_expected_experts_under_uniform_routing(cfg):
+    assert expected_experts(cfg, 1) == pytest.approx(10)
+    assert expected_experts(cfg, 2) == pytest.approx(512 * (1 - (502 / 512) ** 2))
+    assert 10 * 16 > expected_experts(cfg, 16) > 130  # some experts are shared at 16 rows
+    assert expected_experts(cfg, 10_000) == pytest.approx(512)
+
+
+def test_one_stream_reads_every_dense_weight_and_ten_experts_a_layer(cfg):
+    p = census.count_params(cfg)
+    got = decode_round_bytes(cfg, rows=1, context=0)
+    experts = cfg.num_layers * 10 * census.expert_params(cfg)
+    dense = p.text - p.experts - p.embeddings
+    ple = len(cfg.ple_layer_ids) * cfg.ple_embed_dim
+    assert got["weights"] == 2 * (dense + experts + cfg.hidden_size + ple)
+    assert got["kv"] == 0 and got["state"] == 2 * census.state_bytes_per_stream(cfg)
+    assert got["total"] == pytest.approx(4.41e9, rel=0.01)  # the figure BENCHMARKS.md uses
+
+
+def test_prefill_flops_are_two_per_active_weight_plus_attention(cfg):
+    p = census.count_params(cfg)
+    dense_part = 2.0 * (p.active - cfg.hidden_size) * 2048
+    got = prefill_flops(cfg, 2048)
+    assert dense_part < got < dense_part * 1.1
+    # past the indexer budget, attention grows linearly, not quadratically
+    assert prefill_flops(cfg, 16384) < 9 * prefill_flops(cfg, 2048)
