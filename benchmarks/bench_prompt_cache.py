@@ -28,59 +28,13 @@ import torch
 
 from flashlane.lanes.records import CostTable
 from flashlane.llm import LLM
+from flashlane.models.presets import preset
 from flashlane.request import SamplingParams
 
 COSTS = CostTable({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3, overhead_ms=0.2)
-# A tiny qwen4_exp text config (checkpoint spelling), with a window of 8192 positions.
-TINY_8K = dict(
-    model_type="qwen4_exp_text",
-    vocab_size=512,
-    hidden_size=64,
-    num_hidden_layers=4,
-    layer_types=["linear_attention"] * 3 + ["full_attention"],
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
-    linear_conv_kernel_dim=4,
-    num_experts=8,
-    num_experts_per_tok=2,
-    moe_intermediate_size=32,
-    shared_expert_intermediate_size=32,
-    hc_count=4,
-    hc_lowrank=8,
-    ple_layer_ids=[2],
-    ple_embed_dim=64,
-    ple_conv_kernel_size=4,
-    ngram_size=3,
-    heads_per_ngram=2,
-    ngram_vocab_size_base=1000,
-    make_ngram_vocab_size_divisible_by=128,
-    split_ngram_parts=4,
-    indexer_n_heads=2,
-    indexer_kv_heads=1,
-    indexer_head_dim=16,
-    indexer_budget=8,
-    indexer_compress_ratio=4,
-    output_gate_type="sigmoid",
-    hidden_act="silu",
-    max_position_embeddings=8192,
-    tie_word_embeddings=False,
-    eos_token_id=1,
-    bos_token_id=1,
-    mtp_num_hidden_layers=1,
-    rms_norm_eps=1e-6,
-    rope_parameters={
-        "rope_type": "default",
-        "rope_theta": 1e7,
-        "partial_rotary_factor": 0.25,
-        "mrope_section": [2, 1, 1],
-        "mrope_interleaved": True,
-    },
-)
+# The toy Flash Next preset (every path: GDN, sparse attention, MoE, PLE, MTP) with a window
+# of 8192 positions.
+TINY_8K = dict(preset("flashnext-tiny"), max_position_embeddings=8192)
 
 
 def build_model(device: str, folder: Path) -> Path:
