@@ -74,7 +74,7 @@ def test_a_template_refusing_a_partial_conversation_gives_no_boundary(tokenizer)
         + TEMPLATE
     )
     messages = conversation(1)
-    ids, ends = ends_of(ChatTemplate(source), tokenizer, {"messages": messages})
+    ends = ends_of(ChatTemplate(source), tokenizer, {"messages": messages})[1]
     # the system and assistant turns cannot end a render: their boundaries are left out
     full = ends_of(ChatTemplate(TEMPLATE), tokenizer, {"messages": messages})[1]
     assert ends == [end for i, end in enumerate(full) if messages[i]["role"] == "user"]
@@ -82,7 +82,7 @@ def test_a_template_refusing_a_partial_conversation_gives_no_boundary(tokenizer)
 
 def test_long_conversations_mark_their_first_and_last_messages(tokenizer):
     messages = conversation(10)  # 22 messages
-    ids, ends = ends_of(ChatTemplate(TEMPLATE), tokenizer, {"messages": messages})
+    ends = ends_of(ChatTemplate(TEMPLATE), tokenizer, {"messages": messages})[1]
     template = ChatTemplate(TEMPLATE)
     every = []
     for i in range(len(messages)):
