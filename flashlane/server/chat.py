@@ -8,6 +8,7 @@ with the helpers transformers gives templates (`tojson` without HTML escaping,
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -22,6 +23,13 @@ from flashlane.server.reply import THINK_END, THINK_START, TOOL_START, ReplyPars
 
 # Keys a request's chat_template_kwargs may not replace.
 _RESERVED = frozenset({"messages", "tools", "add_generation_prompt"})
+
+# Message boundaries are computed for at most the first _HEAD and the last _TAIL messages:
+# each one costs a render and a tokenization of the prompt up to it, so a long conversation
+# pays for 8, not for all of them. The first ones are where conversations sharing a system
+# prompt branch (and are short, so cheap); the last ones are where a chat extended by a turn
+# leaves its previous request.
+_HEAD, _TAIL = 2, 6
 
 
 class ChatTemplate:
@@ -130,11 +138,18 @@ class ChatPrompt:
         return parser
 
 
+def _prompt_tools(req: ChatRequest) -> list[dict[str, Any]] | None:
+    """The tools the template shows: none when tool_choice is none."""
+    if not req.tools or (req.tool_choice or "auto") == "none":
+        return None
+    return [t.model_dump(exclude_none=True) for t in req.tools]
+
+
 def build_chat_prompt(template: ChatTemplate, req: ChatRequest) -> ChatPrompt:
     """Renders the request; tool_choice none hides the tools, required/named forces a call."""
     choice = req.tool_choice or "auto"
-    use_tools = bool(req.tools) and choice != "none"
-    tools = [t.model_dump(exclude_none=True) for t in req.tools or ()] if use_tools else None
+    tools = _prompt_tools(req)
+    use_tools = tools is not None
     text = template.render(
         template_messages(req.messages),
         tools=tools,
@@ -157,3 +172,36 @@ def build_chat_prompt(template: ChatTemplate, req: ChatRequest) -> ChatPrompt:
         parallel_tool_calls=req.parallel_tool_calls,
         schemas=schemas,
     )
+
+
+def message_ends(
+    template: ChatTemplate,
+    req: ChatRequest,
+    prompt_ids: list[int],
+    encode: Callable[[str], list[int]],
+) -> list[int]:
+    """Token offsets in `prompt_ids` where rendered messages end: the prompt-cache marks of a
+    chat request. messages[:i+1] is rendered without the generation prompt and tokenized; its
+    length counts only where its ids are a prefix of the prompt's (a template or tokenizer may
+    merge across the seam: such a boundary is skipped, never passed wrong). A boundary only
+    decides where a state is kept, never the reply, so one that cannot be rendered is skipped.
+    """
+    messages = template_messages(req.messages)
+    tools = _prompt_tools(req)
+    n = len(messages)
+    picked = sorted({*range(min(_HEAD, n)), *range(max(0, n - _TAIL), n)})
+    ends = []
+    for i in picked:
+        try:
+            text = template.render(
+                messages[: i + 1],
+                tools=tools,
+                add_generation_prompt=False,
+                template_kwargs=req.chat_template_kwargs,
+            )
+            ids = encode(text)
+        except Exception:  # a template that refuses a partial conversation: no mark there
+            continue
+        if 0 < len(ids) < len(prompt_ids) and prompt_ids[: len(ids)] == ids:
+            ends.append(len(ids))
+    return ends

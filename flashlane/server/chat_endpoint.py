@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from flashlane.request import FinishReason, RequestOutput
-from flashlane.server.chat import ChatPrompt, build_chat_prompt
+from flashlane.server.chat import ChatPrompt, build_chat_prompt, message_ends
 from flashlane.server.generate import ReplyRun, reply_budget, sampling_params
 from flashlane.server.logprobs import chat_logprobs
 from flashlane.server.protocol import ApiError, ChatRequest, parse_request
@@ -31,7 +31,8 @@ async def chat_completions(request: Request) -> Response:
     engine = state.engine()
     req = parse_request(ChatRequest, await read_json(request, state.max_body_bytes))
     state.check_model(req.model)
-    prompt = build_chat_prompt(state.chat_template(), req)
+    template = state.chat_template()
+    prompt = build_chat_prompt(template, req)
     ids = state.encode(prompt.text, special=False, param="messages")
     max_tokens = reply_budget(len(ids), req.reply_limit, engine.context_len, "messages")
     top = (req.top_logprobs or 0) if req.logprobs else None
@@ -43,7 +44,12 @@ async def chat_completions(request: Request) -> Response:
         vocab_size=state.vocab_size,
     )
     reply = _ChatReply(state, req, prompt, f"chatcmpl-{secrets.token_hex(12)}", params.seed)
-    run = state.new_run(ids, params, reply.id + "-0")
+    # where each message ends: the engine keeps prompt states there, so a conversation that
+    # shares this one's first messages, or extends it by a turn, resumes from them
+    ends = message_ends(
+        template, req, ids, lambda text: state.encode(text, special=False, param="messages")
+    )
+    run = state.new_run(ids, params, reply.id + "-0", boundaries=ends)
     request.state.reply_id, request.state.runs = reply.id, [run]
     try:
         await until_disconnect(request, run.start())

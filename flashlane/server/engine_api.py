@@ -6,7 +6,7 @@ engine's cumulative snapshots into OpenAI responses. Tests drive it with a fake 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -41,13 +41,19 @@ class EngineLike(Protocol):
     eos_token_ids: list[int]
 
     def stream(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        boundaries: Sequence[int] = (),
     ) -> AsyncIterator[RequestOutput]:
         """Cumulative snapshots of one reply: token_ids and text so far (the text cut where a
         stop string starts), the last one with finish_reason set. Raises QueueFull (429) or
         ValueError (400), when called or at the first step, if the request cannot be taken.
         An error of the request ends it with finish_reason "error" and RequestOutput.error.
-        Closing the iterator early (client gone, timeout) must abort the request."""
+        Closing the iterator early (client gone, timeout) must abort the request.
+        `boundaries`: token offsets where the prompt's chat messages end; they only decide
+        where the prompt cache keeps states (marks), never the reply."""
         ...
 
     def abort(self, request_id: str) -> None:

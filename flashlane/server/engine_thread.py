@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -56,12 +56,17 @@ class AsyncEngine:
 
     # -- the caller's side ----------------------------------------------------------------
     async def stream(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        boundaries: Sequence[int] = (),
     ) -> AsyncIterator[RequestOutput]:
         loop = asyncio.get_running_loop()
         sink: asyncio.Queue = asyncio.Queue()
         accepted: Future = Future()
-        self._inbox.put(("submit", request_id, list(prompt_ids), params, (loop, sink), accepted))
+        submit = (request_id, list(prompt_ids), params, list(boundaries))
+        self._inbox.put(("submit", *submit, (loop, sink), accepted))
         await asyncio.wrap_future(accepted)  # raises QueueFull / ValueError as submitted
         try:
             while True:
@@ -142,9 +147,9 @@ class AsyncEngine:
     def _handle(self, item: tuple) -> None:
         host = self.engine.host
         if item[0] == "submit":
-            _, rid, ids, params, sink, accepted = item
+            _, rid, ids, params, boundaries, sink, accepted = item
             try:
-                host.submit(rid, ids, params)
+                host.submit(rid, ids, params, boundaries=boundaries)
             except HostQueueFull as err:
                 accepted.set_exception(QueueFull(str(err)))
                 return

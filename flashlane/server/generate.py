@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,8 +124,10 @@ class ReplyRun:
         *,
         timeout: float | None = None,
         live: set[ReplyRun] | None = None,
+        boundaries: Sequence[int] = (),
     ) -> None:
         self.engine, self.metrics = engine, metrics
+        self.boundaries = list(boundaries)  # where chat messages end: prompt-cache marks
         self._live = live if live is not None else set()  # the app's runs in flight
         self.prompt_ids, self.params, self.request_id = prompt_ids, params, request_id
         self._stops = StopMatcher(params.stop)
@@ -146,7 +148,10 @@ class ReplyRun:
         self._in_flight = True
         self._live.add(self)
         try:
-            self._iter = aiter(self.engine.stream(self.prompt_ids, self.params, self.request_id))
+            stream = self.engine.stream(
+                self.prompt_ids, self.params, self.request_id, boundaries=self.boundaries
+            )
+            self._iter = aiter(stream)
             self._next = await self._advance()
         except QueueFull:
             self._leave()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,7 +104,14 @@ class ServerState:
         tokenizer = self.engine().tokenizer
         return "" if tokenizer is None else tokenizer.decode(ids, skip_special_tokens=False)
 
-    def new_run(self, prompt_ids: list[int], params: SamplingParams, request_id: str) -> ReplyRun:
+    def new_run(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        boundaries: Sequence[int] = (),
+    ) -> ReplyRun:
+        """A reply to run; `boundaries`: where the prompt's chat messages end (cache marks)."""
         assert self.metrics is not None
         engine = self.engine()
         return ReplyRun(
@@ -114,6 +122,7 @@ class ServerState:
             request_id,
             timeout=self.request_timeout,
             live=self.live_runs,
+            boundaries=boundaries,
         )
 
     def cancel_live(self) -> None:

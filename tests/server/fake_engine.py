@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -134,6 +134,7 @@ class FakeEngine:
         self.live: set[str] = set()
         self.aborted: list[str] = []
         self.started: list[tuple[str, list[int], SamplingParams]] = []
+        self.boundaries: dict[str, list[int]] = {}  # request id -> the marks it was given
         self.num_tokens = 0
 
     def reset(self) -> None:
@@ -169,12 +170,19 @@ class FakeEngine:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     async def stream(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        request_id: str,
+        boundaries: Sequence[int] = (),
     ) -> AsyncIterator[RequestOutput]:
         if len(self.live) >= self.max_queue:
             raise QueueFull(request_id)
+        if any(not 0 < b <= len(prompt_ids) for b in boundaries):
+            raise ValueError(f"boundaries {list(boundaries)} outside the prompt")
         self.live.add(request_id)
         self.started.append((request_id, prompt_ids, params))
+        self.boundaries[request_id] = list(boundaries)
         try:
             async for out in self._run(prompt_ids, params, request_id):
                 if out.finish_reason is not None:
