@@ -79,9 +79,15 @@ class Engine:
         self.kernels = select_kernels(self.device, log=self.log)
         self.model.use_kernels(self.kernels)
         if self.kernels.name == "triton" and os.environ.get("FLASHLANE_NO_GRAPHS") != "1":
-            from flashlane.runner.graphs import Graphs
+            from flashlane.runner.graphs import Graphs, capture_all
 
             self.model.graphs = Graphs(max_rows=64, log=self.log)
+            secs, used = capture_all(self.model, self.model.graphs)
+            self.log(
+                f"flashlane: {len(self.model.graphs.entries)} CUDA graphs captured in "
+                f"{secs:.1f} s, {used / 2**20:.0f} MiB"
+                + (f" (failed: {self.model.graphs.failed})" if self.model.graphs.failed else "")
+            )
         self.max_rows = config.max_rows or (64 if self.device.startswith("cuda") else 16)
         self.plan = self._plan(cfg, weights)
         self.sessions = [

@@ -146,3 +146,14 @@ def test_graph_replays_equal_eager_bitwise(gpu_model):
         model.graphs = saved
     for g1, g2, e in zip(*graphed, eager):
         assert torch.equal(g1, e) and torch.equal(g2, e)
+
+
+def test_every_bucket_captures_at_start(gpu_model):
+    from flashlane.runner.graphs import capture_all
+
+    _, model = gpu_model
+    graphs = Graphs(max_rows=64)
+    secs, used = capture_all(model, graphs)
+    assert graphs.failed is None
+    assert len(graphs.entries) == 2 * len(model.layers) * len(graphs.sizes)
+    assert secs > 0 and used >= 0

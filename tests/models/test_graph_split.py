@@ -7,17 +7,30 @@ import torch
 from flashlane.models.flashnext import run_piece
 from flashlane.models.loader import load_checkpoint
 from flashlane.models.state import SessionState
+from flashlane.runner.graphs import bucket_of, buckets
 
 
 class CallThrough:
-    """Graphs' interface, without graphs: every part runs as called (and is counted)."""
+    """Graphs' interface without graphs: every part runs as called (and is counted), its rows
+    padded to the bucket the way a replay pads them (with zeros here, as at capture)."""
 
     def __init__(self):
-        self.keys = set()
+        self.keys, self.sizes = set(), buckets(64)
 
     def run(self, key, fn, *args):
         self.keys.add(key[1])
-        return fn(*args)
+        rows = args[0].shape[0]
+        size = bucket_of(rows, self.sizes)
+        if size is None:
+            return fn(*args)
+        padded = [torch.cat([a, a.new_zeros((size - rows, *a.shape[1:]))]) for a in args]
+        return tuple(o[:rows] for o in fn(*padded))
+
+
+def test_buckets():
+    assert buckets(64) == [1, 2, 4, 8, 16, 32, 64]
+    assert buckets(48) == [1, 2, 4, 8, 16, 32, 48]
+    assert [bucket_of(n, buckets(64)) for n in (1, 3, 16, 17, 64, 65)] == [1, 4, 16, 32, 64, None]
 
 
 def test_split_layer_equals_plain_layer(oracle_ckpt):

@@ -61,23 +61,34 @@ class DecoderLayer(nn.Module):
 
     def _graphed(self, r, rows: Rows, rotary: Rotary, kernels: Kernels, graphs) -> torch.Tensor:
         """The same block with everything but the mixer's use of session state replayed."""
+        parts = self.graph_parts(kernels)
         if self.kind != "linear":
-            a, w = graphs.run((id(self), "read"), self.attn_hyper_connection.read, r)
+            a, w = graphs.run((id(self), "read"), parts["read"], r)
             y = self.self_attn(a, rows, rotary, kernels)
-            rest = lambda *t: (self.mlp_half(*t, kernels),)  # noqa: E731
-            return graphs.run((id(self), "mlp"), rest, r, y, w)[0]
+            return graphs.run((id(self), "mlp"), parts["mlp"], r, y, w)[0]
+        w, qkv, g, beta, z = graphs.run((id(self), "read"), parts["read"], r)
+        o = self.linear_attn.mix(qkv, g, beta, rows, kernels)
+        return graphs.run((id(self), "mlp"), parts["mlp"], r, o, z, w)[0]
+
+    def graph_parts(self, kernels: Kernels) -> dict:
+        """The block's row-count-only parts, as functions of tensors to tuples of tensors:
+        "read" (r -> hyper-connection read, and for a GDN layer its input projections) and
+        "mlp" (the mixer's output -> the residual after the block)."""
+        if self.kind != "linear":
+            return {
+                "read": self.attn_hyper_connection.read,
+                "mlp": lambda r, y, w: (self.mlp_half(r, y, w, kernels),),
+            }
         gdn = self.linear_attn
 
         def read(r):
             a, w = self.attn_hyper_connection.read(r)
             return (w, *gdn.project(a))
 
-        def rest(r, o, z, w):
+        def mlp(r, o, z, w):
             return (self.mlp_half(r, gdn.finish(o, z), w, kernels),)
 
-        w, qkv, g, beta, z = graphs.run((id(self), "read"), read, r)
-        o = gdn.mix(qkv, g, beta, rows, kernels)
-        return graphs.run((id(self), "mlp"), rest, r, o, z, w)[0]
+        return {"read": read, "mlp": mlp}
 
     def mlp_half(self, r, y, w, kernels: Kernels) -> torch.Tensor:
         """The mixer's output written to the streams, then the MLP block behind its own
