@@ -68,17 +68,18 @@ class QSAttention(nn.Module):
         k = apply_rope(self.k_norm(self.k_proj(x).reshape(n, cfg.num_kv_heads, d)), cos, sin)
         v = self.v_proj(x).reshape(n, cfg.num_kv_heads, d)
         iq, raw = self.indexer.project(x, cos, sin)
+        # verify windows of equal width attend in one call, their caches padded to the longest
         parts = zip(
-            rows.split(q),
-            rows.split(k),
-            rows.split(v),
-            rows.split(iq),
-            rows.split(raw),
-            rows.split(rows.positions),
-            rows.groups(),
+            rows.split(q, True),
+            rows.split(k, True),
+            rows.split(v, True),
+            rows.split(iq, True),
+            rows.split(raw, True),
+            rows.split(rows.positions, True),
+            rows.groups(True),
         )
         outs = [self._attend(*part, rotary, kernels) for part in parts]
-        o = rows.join(outs).reshape(n, -1)
+        o = rows.join(outs, True).reshape(n, -1)
         return self.o_proj(o * torch.sigmoid(gate.reshape(n, -1)))
 
     def _attend(self, q, k, v, iq, raw, pos, group: list[Piece], rotary, kernels: Kernels):
@@ -87,7 +88,8 @@ class QSAttention(nn.Module):
             keys, values, nk = k, v, k.shape[1]
             block_keys = self.indexer.block_keys(raw[:, : nk // blk * blk], 0, rotary)
         else:
-            keys, values, block_keys, nk = self._write(group[0], k[0], v[0], raw[0], rotary)
+            cached = [self._write(p, k[i], v[i], raw[i], rotary) for i, p in enumerate(group)]
+            keys, values, block_keys, nk = cached[0] if len(cached) == 1 else _padded(cached)
         mask = kernels.select_mask(iq, block_keys, pos, nk, blk, cfg.indexer_top_blocks)
         return kernels.attention(q, keys, values, mask, cfg.head_dim**-0.5)
 
@@ -101,3 +103,20 @@ class QSAttention(nn.Module):
             fresh = self.indexer.block_keys(cache.index_keys[None, b0 * blk : b1 * blk], b0, rotary)
             cache.block_keys[b0:b1] = fresh[0]
         return cache.k[None, :e], cache.v[None, :e], cache.block_keys[None, :b1], e
+
+
+def _padded(cached: list[tuple]) -> tuple:
+    """Several streams' (keys, values, block keys, length) as one batch: each stream's rows,
+    then zeros to the longest. The mask never lets a row see past its own position, the zero
+    keys and values of the padding contribute exactly nothing, and padded blocks are never
+    valid for the indexer, so a row's result is its alone (DESIGN.md section 1)."""
+    nk = max(c[3] for c in cached)
+    nb = max(c[2].shape[1] for c in cached)
+    b = len(cached)
+    k0, b0 = cached[0][0], cached[0][2]
+    keys = k0.new_zeros(b, nk, *k0.shape[2:])
+    values = k0.new_zeros(b, nk, *k0.shape[2:])
+    block_keys = b0.new_zeros(b, nb, b0.shape[-1])
+    for i, (kk, vv, bk, n) in enumerate(cached):
+        keys[i, :n], values[i, :n], block_keys[i, : bk.shape[1]] = kk[0], vv[0], bk[0]
+    return keys, values, block_keys, nk
