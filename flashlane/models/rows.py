@@ -34,6 +34,8 @@ class Rows:
     pieces: list[Piece]
     # (B, T) when the pieces are B fresh training sequences of T rows: stateful ops batch them.
     batch: tuple[int, int] | None = None
+    # per stacked group of several windows: its rows' indices, so a split is one gather
+    _index: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
     def training(cls, input_ids: torch.Tensor) -> Rows:
@@ -59,12 +61,18 @@ class Rows:
         if self.batch is not None:
             return [x.reshape(*self.batch, *x.shape[1:])]
         out = []
-        for g in self.groups(stack):
+        for i, g in enumerate(self.groups(stack)):
             if len(g) == 1:
                 out.append(x[g[0].rows].unsqueeze(0))
             else:
-                out.append(torch.stack([x[p.rows] for p in g]))
+                out.append(x.index_select(0, self._rows_of(i, g)).unflatten(0, (len(g), -1)))
         return out
+
+    def _rows_of(self, i: int, group: list[Piece]) -> torch.Tensor:
+        if i not in self._index:
+            ids = [r for p in group for r in range(p.offset, p.offset + p.length)]
+            self._index[i] = torch.tensor(ids, device=self.token_ids.device)
+        return self._index[i]
 
     def join(self, parts: list[torch.Tensor], stack: bool = False) -> torch.Tensor:
         """Inverse of split(stack): per group [B, T, ...] -> [N, ...] in row order."""
@@ -74,9 +82,11 @@ class Rows:
         if all(len(g) == 1 for g in groups):
             return torch.cat([part[0] for part in parts], dim=0)
         out = parts[0].new_empty(len(self.token_ids), *parts[0].shape[2:])
-        for part, g in zip(parts, groups):
-            for i, p in enumerate(g):
-                out[p.rows] = part[i]
+        for i, (part, g) in enumerate(zip(parts, groups)):
+            if len(g) == 1:
+                out[g[0].rows] = part[0]
+            else:
+                out.index_copy_(0, self._rows_of(i, g), part.flatten(0, 1))
         return out
 
     def groups(self, stack: bool = False) -> list[list[Piece]]:
