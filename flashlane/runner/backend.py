@@ -21,7 +21,13 @@ from flashlane.models.flashnext import FlashNext, commit
 from flashlane.models.rows import Piece, Rows
 from flashlane.models.state import SessionState
 from flashlane.runner import kept as kept_states
-from flashlane.sampling.choose import DrawSpec, SampleError, draw_rows
+from flashlane.sampling.choose import (
+    DrawSpec,
+    SampleError,
+    draw_rows,
+    greedy_on_device,
+    is_plain_greedy,
+)
 
 
 @dataclass(slots=True)
@@ -115,20 +121,32 @@ class ModelBackend:
             r = self.model.residual(rows)
             draw_at = [i for w, p in zip(windows, rows.pieces) for i in _drawing_rows(w, p)]
             logits = self.model.logits(r[draw_at]) if draw_at else None
+        specs = [_spec(w, i) for w in windows for i in range(w.num_draws)]
+        # plain greedy rows are drawn where the logits are, in one call for the round
+        picks = greedy_on_device(logits, [i for i, sp in enumerate(specs) if is_plain_greedy(sp)])
         verdicts, row = [], 0
         for w, p in zip(windows, rows.pieces):
             n = w.num_draws
             fed = Fed(w, p, r[p.rows])
-            verdicts.append(self._draw(w, logits[row : row + n] if n else None, fed))
+            window_picks = [picks.get(i) for i in range(row, row + n)]
+            verdicts.append(
+                self._draw(w, logits[row : row + n] if n else None, fed, window_picks)
+            )
             self.fed[w.stream_id] = fed
             row += n
         return verdicts
 
-    def _draw(self, w: Window, logits: torch.Tensor | None, fed: Fed) -> Verdict:
+    def _draw(
+        self, w: Window, logits: torch.Tensor | None, fed: Fed, picks: list[int | None]
+    ) -> Verdict:
         if logits is None:
             return Verdict(w.stream_id, [])
-        specs = [_spec(w, r) for r in range(logits.shape[0])]
-        got = draw_rows(logits, specs)
+        rest = [i for i, pick in enumerate(picks) if pick is None]
+        got: list = list(picks)
+        if rest:
+            drawn = draw_rows(logits[rest], [_spec(w, i) for i in rest])
+            for i, g in zip(rest, drawn):
+                got[i] = g
         errors = [g for g in got if isinstance(g, SampleError)]
         if errors:
             return Verdict(w.stream_id, [], error=f"sampling failed: {errors[0]}")

@@ -110,6 +110,30 @@ def seen_ids(spec: DrawSpec) -> np.ndarray:
     return np.concatenate([a.reshape(-1) for a in parts])
 
 
+def is_plain_greedy(spec: DrawSpec) -> bool:
+    """Greedy with nothing that changes a logit: the draw is the row's first maximum."""
+    p = spec.params
+    return (
+        p.temperature < GREEDY_TEMPERATURE
+        and not p.logit_bias
+        and p.repetition_penalty == 1.0
+        and p.presence_penalty == 0.0
+        and p.frequency_penalty == 0.0
+    )
+
+
+def greedy_on_device(logits: torch.Tensor, rows: Sequence[int]) -> dict[int, int]:
+    """Plain greedy draws of `rows` of logits [M, V] where the logits lie (a GPU need not send
+    them to the host): row -> id. torch's max returns the first maximal index, so ties go to
+    the lower id. A row whose maximum is not finite (a NaN or +inf logit, or no finite
+    candidate) is left out: draw_rows draws it and names its error."""
+    if not rows:
+        return {}
+    top, ids = logits[list(rows)].max(dim=1)
+    back = torch.stack([ids, torch.isfinite(top).long()]).cpu().tolist()
+    return {r: i for r, i, ok in zip(rows, back[0], back[1]) if ok}
+
+
 def _draw_row(row: np.ndarray, spec: DrawSpec) -> int:
     p = spec.params
     l = adjusted(row, spec)
