@@ -51,10 +51,12 @@ class Rows:
         for session, tokens, start, recurrent in pieces:
             t = int(tokens.numel())
             out.append(Piece(offset, t, start, session, recurrent))
-            ids.append(tokens.to(device=device, dtype=torch.long).reshape(-1))
-            pos.append(torch.arange(start, start + t, device=device))
+            ids.extend(tokens.reshape(-1).tolist())
+            pos.extend(range(start, start + t))
             offset += t
-        return cls(torch.cat(ids), torch.cat(pos), out)
+        # two host-to-device copies a round, however many pieces
+        as_long = dict(dtype=torch.long, device=device)
+        return cls(torch.tensor(ids, **as_long), torch.tensor(pos, **as_long), out)
 
     def split(self, x: torch.Tensor, stack: bool = False) -> list[torch.Tensor]:
         """[N, ...] -> per group of groups(stack) [B, T, ...] (per piece: B = 1)."""
