@@ -135,7 +135,14 @@ class LaneCore:
             # cells past the one or two a stream that drafted last round has its head absorb
             catch_up = max(0, s.start - s.absorbed - 2)
             depth = choose_depth(
-                s.mtp, self.costs, cfg.mtp_drafts, s.num_rounds, round_rows, cfg.max_rows, catch_up
+                s.mtp,
+                self.costs,
+                cfg.mtp_drafts,
+                s.num_rounds,
+                round_rows,
+                cfg.max_rows,
+                catch_up,
+                rounds_left=room,
             )
             depth = min(room, depth)
             if depth > 0:

@@ -112,24 +112,33 @@ def test_depth_rule_picks_best_tokens_per_ms_and_probes_deeper():
     assert best_depth(DraftStats(), costs, 3) >= 1  # unmeasured: reach for depth
 
 
-def test_an_idle_stream_probes_only_where_its_heads_catch_up_would_pay():
-    # four streams, sixteen rows: drafts that surely land would pay, drafts that land half the
-    # time do not, so an idle stream probes every PROBE_IDLE_EVERY rounds ...
-    costs = CostTable({n: 10.0 + 0.5 * n for n in range(1, 17)}, 0.5, 1.0, absorb_cell_ms=0.1)
+def test_an_idle_stream_probes_only_where_good_drafts_and_its_heads_catch_up_would_pay():
     poor = DraftStats()
     for _ in range(30):
         poor.record([0.9], 0)
     probe = PROBE_IDLE_EVERY - 1
+    # four streams, sixteen rows: drafts that land as good drafts do would pay (9 ms a round to
+    # spare), so an idle stream probes every PROBE_IDLE_EVERY rounds ...
+    costs = CostTable({n: 10.0 + 0.5 * n for n in range(1, 17)}, 0.5, 1.0, absorb_cell_ms=0.1)
     assert best_depth(poor, costs, 3, round_rows=4, max_rows=16) == 0
-    assert choose_depth(poor, costs, 3, probe, round_rows=4, max_rows=16, catch_up_cells=2) == 1
-    # ... unless its head would first absorb the cells kept since it last drafted, which cost
-    # more than a round of sure drafts gains
-    assert choose_depth(poor, costs, 3, probe, round_rows=4, max_rows=16, catch_up_cells=64) == 0
+    four = {"round_rows": 4, "max_rows": 16}
+    assert choose_depth(poor, costs, 3, probe, **four, catch_up_cells=2) == 1
+    # ... unless its head's catch-up costs more than they would repay in PROBE_EVERY rounds
+    assert choose_depth(poor, costs, 3, probe, **four, catch_up_cells=400) == 0
+    # or in the rounds its reply has left
+    assert choose_depth(poor, costs, 3, probe, **four, catch_up_cells=40) == 1
+    assert choose_depth(poor, costs, 3, probe, **four, catch_up_cells=40, rounds_left=1) == 0
     # a stream that drafts pays its head's absorb every round: nothing to catch up
     good = DraftStats()
     for _ in range(30):
         good.record([0.9, 0.9, 0.9], 3)
-    assert choose_depth(good, costs, 2, PROBE_EVERY - 1, catch_up_cells=64) == 2
+    assert choose_depth(good, costs, 2, PROBE_EVERY - 1, catch_up_cells=400) == 2
+    # eight streams: sixteen rows cost 1.95 times eight, so only drafts that always land pay;
+    # no probe
+    full = CostTable({1: 10.0, 8: 20.0, 16: 38.5}, 0.5, 0.0)
+    assert choose_depth(poor, full, 3, probe, round_rows=8, max_rows=16) == 0
+    cheaper = CostTable({1: 10.0, 8: 20.0, 16: 36.0}, 0.5, 0.0)
+    assert choose_depth(poor, cheaper, 3, probe, round_rows=8, max_rows=16) == 1
 
 
 def test_the_core_counts_the_cells_a_head_absorbs_at_each_draft_call():
