@@ -12,10 +12,14 @@ The price is not monotone in the rows (the first window of a new width pays for 
 those that follow it to that width do not), so the allocator compares whole shapes: for each
 width, windows widened to it (or to all their drafts, if fewer) one stream at a time, the
 likeliest first, and it keeps the best. Equal widths keep the round one stacked call, and
-streams that advance together shorten the rounds of the whole batch: drafts of streams ahead of
-the round's last stream count at `_ahead_worth` until that one drafts too. A stream's first draft is
-taken while its acceptance of that kind is unmeasured, so every stream gets measured; after
-that it is priced like the rest, so a stream whose drafts do not land drafts nothing.
+streams that advance together shorten the rounds of the whole batch: a batch waits for its
+slowest stream, so the round's drafts count in full only when each of the streams furthest
+behind (the round's last, often several tied) drafts too; with none of them drafting they count
+at `_ahead_worth`, with some of them in between (`_worth`: one of eight tied streams drafting
+alone brings the batch's end an eighth of the way). A stream's first draft is taken while its
+acceptance of that kind is unmeasured, so every stream gets measured, where a draft that surely
+lands would pay for its row and width (in a round full of rows, none would); after that it is
+priced like the rest, so a stream whose drafts do not land drafts nothing.
 """
 
 from __future__ import annotations
@@ -39,41 +43,55 @@ def allocate(
     counts = [0] * len(plans)
     rows = sum(1 + len(p.forced) for p in plans)
     value = float(rows)  # expected new tokens
-    for i, p in enumerate(plans):
-        if p.drafts and rows < max_rows and costs is not None and not p.is_measured:
-            counts[i], rows, value = 1, rows + 1, value + p.chances[0]
     if costs is None:
         return _unpriced(plans, counts, rows, max_rows)
+    for i, p in enumerate(plans):
+        if p.drafts and rows < max_rows and not p.is_measured:
+            # measured only where a draft that surely lands would pay for its row and width
+            trial = list(counts)
+            trial[i] = 1
+            now = value / _Shape(plans, counts, num_prompt_rows).ms(costs)
+            if (value + 1.0) / _Shape(plans, trial, num_prompt_rows).ms(costs) > now:
+                counts[i], rows, value = 1, rows + 1, value + p.chances[0]
     best, best_rate = counts, value / _Shape(plans, counts, num_prompt_rows).ms(costs)
     progress = [len(p.stream.reply_ids) for p in plans]
     last = min(progress, default=0)
     worth = _ahead_worth(costs, len(plans))
+    num_last = progress.count(last)
     for width in range(2, 2 + max((len(p.drafts) for p in plans), default=0)):
         shape = _Shape(plans, counts, num_prompt_rows)
         trial, trial_rows = list(counts), rows
-        # gains of the streams furthest behind, gains of those ahead, whether one behind drafts
-        behind, ahead, is_even = 0.0, 0.0, any(n for n, d in zip(counts, progress) if d == last)
+        gains = 0.0
+        # the streams furthest behind (often several tied) and how many of them draft
+        drafting = sum(1 for n, d in zip(counts, progress) if d == last and n)
         for gain, i in _widenings(plans, counts, width - 1):
             extra = min(width - 1, len(plans[i].drafts)) - trial[i]
             if trial_rows + extra > max_rows:
                 break
+            drafting += progress[i] == last and not trial[i]
             trial[i] += extra
             trial_rows += extra
-            if progress[i] == last:
-                behind, is_even = behind + gain, True
-            else:
-                ahead += gain
+            gains += gain
             shape.set_drafts(i, trial[i])
-            rate = (value + behind + ahead * (1.0 if is_even else worth)) / shape.ms(costs)
+            rate = (value + gains * _worth(worth, drafting, num_last)) / shape.ms(costs)
             if rate > best_rate:
                 best, best_rate = list(trial), rate
     return best
 
 
+def _worth(ahead_worth: float, drafting: int, num_last: int) -> float:
+    """What the round's draft tokens are worth (module docstring) while `drafting` of the
+    `num_last` streams furthest behind draft: the batch ends when each of those has gained, so
+    a tied stream's token brings it 1/num_last of the way; with none drafting, only the rows
+    spared after the streams ahead end (`_ahead_worth`)."""
+    share = drafting / num_last if num_last else 1.0
+    return ahead_worth + (1.0 - ahead_worth) * share
+
+
 def _ahead_worth(costs: CostTable, num_streams: int) -> float:
-    """What a token is worth, relative to the round's average, to a stream ahead of the round's
-    last while that one drafts nothing: a batch waits for its slowest stream, so such tokens
-    shorten no round; they only spare that stream's row in the rounds after it ends."""
+    """What a token is worth, relative to the round's average, to a stream while one of the
+    round's last drafts nothing: a batch waits for its slowest stream, so such tokens shorten
+    no round; they only spare that stream's row in the rounds after it ends."""
     if num_streams < 2:
         return 1.0
     row_ms = (costs.forward_ms(num_streams) - costs.forward_ms(1)) / (num_streams - 1)

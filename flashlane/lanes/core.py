@@ -132,14 +132,25 @@ class LaneCore:
             if copied:
                 s.held = Held("copy", s.start, tuple(copied), (COPY_PRIOR,) * len(copied))
                 continue
+            # cells past the one or two a stream that drafted last round has its head absorb
+            catch_up = max(0, s.start - s.absorbed - 2)
             depth = choose_depth(
-                s.mtp, self.costs, cfg.mtp_drafts, s.num_rounds, round_rows, cfg.max_rows
+                s.mtp,
+                self.costs,
+                cfg.mtp_drafts,
+                s.num_rounds,
+                round_rows,
+                cfg.max_rows,
+                catch_up,
+                rounds_left=room,
             )
             depth = min(room, depth)
             if depth > 0:
                 depths[s.stream_id] = depth
         if not depths:
             return
+        for sid in depths:
+            by_id[sid].absorbed = by_id[sid].start
         for d in _call(list(depths), self.backend.draft, depths):
             s = by_id.get(d.stream_id)
             if s is None or d.stream_id not in depths:

@@ -111,6 +111,9 @@ class CostTable:
     group_ms: float = 0.0
     # Each drafting stream past the first adds this to an MTP chain step (the head's rows).
     draft_stream_ms: float = 0.0
+    # Each waiting cell the MTP head absorbs in a draft call past the one or two of a stream
+    # that drafted last round: what a stream that has not drafted for a while pays to catch up.
+    absorb_cell_ms: float = 0.0
 
     def chain_ms(self, num_steps: int, num_streams: int = 1) -> float:
         """MTP chain steps run for `num_streams` drafting streams together."""

@@ -90,6 +90,9 @@ class Stream:
     mtp: DraftStats = field(default_factory=DraftStats)
     copy: DraftStats = field(default_factory=DraftStats)
     depth: int = 1  # MTP depth asked of the next draft call
+    # `start` at the stream's last MTP draft call: the head has absorbed every cell before it;
+    # the cells since wait for the next call (0: none yet, the whole context waits).
+    absorbed: int = 0
     thinking: int = 0  # reply tokens emitted while thinking (budgeted streams only)
     is_thinking: bool = False  # a budgeted stream that has not closed its thinking yet
     # Loop guard: for each cycle length p, how many latest tokens equal the token p before them.

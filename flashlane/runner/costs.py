@@ -16,6 +16,8 @@ from flashlane.models.state import SessionState
 from flashlane.request import SamplingParams
 
 DENSE_ROWS = 16
+# Cells per stream in the timed catch-up draft call (`CostTable.absorb_cell_ms`).
+CATCH_UP_CELLS = 32
 
 
 def _sync(device) -> None:
@@ -70,12 +72,14 @@ def time_costs(
     # A forward of more rows never costs less: noise must not make a draft row look free.
     for a, b in itertools.pairwise(counts):
         verify_ms[b] = max(verify_ms[b], verify_ms[a])
-    step_ms = stream_ms = 0.0
+    step_ms = stream_ms = cell_ms = 0.0
     if model.mtp is not None:
         step_ms = _step_ms(model, sessions[:1], repeats)
         many = min(4, len(sessions))
         if many > 1:
             stream_ms = max(0.0, _step_ms(model, sessions[:many], repeats) - step_ms) / (many - 1)
+        cells = CATCH_UP_CELLS
+        cell_ms = max(0.0, _step_ms(model, sessions[:1], repeats, 2 + cells) - step_ms) / cells
     group_ms = _group_ms(model, sessions, max_rows, repeats)
     for session in sessions:
         session.reset(model.cfg)
@@ -85,25 +89,31 @@ def time_costs(
         overhead_ms=0.1 * verify_ms[1],
         group_ms=group_ms,
         draft_stream_ms=stream_ms,
+        absorb_cell_ms=cell_ms,
     )
 
 
-def _step_ms(model: FlashNext, sessions: list[SessionState], repeats: int) -> float:
+def _step_ms(
+    model: FlashNext, sessions: list[SessionState], repeats: int, cells: int = 2
+) -> float:
     """A depth-1 draft call of the engine's drafter, one stream per session: the head's absorb
-    of two kept rows each, then a greedy draft each (the sampler and host work included)."""
+    of `cells` kept rows each (two: a stream that drafted last round), then a greedy draft each
+    (the sampler and host work included)."""
     device = model.embed_tokens.weight.device
     drafter = MtpDrafter(model, confidence=0.0)
     width = model.cfg.hc_count * model.cfg.hidden_size
-    residual = torch.zeros(2, width, dtype=model.dtype, device=device)
+    residual = torch.zeros(cells, width, dtype=model.dtype, device=device)
     params = SamplingParams(temperature=0.0)
-    draws = Draws(params, 0, list(range(1, 63)), [1, 2])
+    start = 64 - cells
+    draws = Draws(params, 0, list(range(1, start + 1)), list(range(1, cells + 1)))
     depths = dict.fromkeys(range(len(sessions)), 1)
     by_id = dict(enumerate(sessions))
+    tokens = list(range(1, cells + 1))
 
     def call():
         for i, session in enumerate(sessions):
-            session.mtp_length = 62
-            drafter.absorb_later(i, residual, [1, 2], 3, draws)
+            session.mtp_length = start
+            drafter.absorb_later(i, residual, tokens, cells + 1, draws)
         drafter.draft(depths, by_id)
         _sync(device)
 
@@ -155,5 +165,5 @@ def describe(costs: CostTable) -> str:
     return (
         f"costs ms: verify rows {{{rows}}}, mtp step {costs.draft_step_ms:.2f}, "
         f"+{costs.draft_stream_ms:.2f} a stream, overhead {costs.overhead_ms:.2f}, "
-        f"per window width {costs.group_ms:.2f}"
+        f"per window width {costs.group_ms:.2f}, absorb {costs.absorb_cell_ms:.3f} a cell"
     )

@@ -1,5 +1,7 @@
 """Copy drafts, priced allocation and the depth rule."""
 
+import itertools
+
 from flashlane.drafting.copy import CopyIndex
 from flashlane.lanes.allocate import allocate
 from flashlane.lanes.depth import PROBE_EVERY, PROBE_IDLE_EVERY, best_depth, choose_depth
@@ -41,20 +43,25 @@ def test_mtp_drafts_are_proposed_and_verified():
     assert out.stats.drafted > 0 and out.stats.accepted > 0
 
 
-def _stream(stream_id: int, drafts: int, prior: float, misses: int = 0) -> Stream:
+def _stream(
+    stream_id: int, drafts: int, prior: float, misses: int = 0, num_reply: int = 1
+) -> Stream:
     s = Stream(stream_id, f"r{stream_id}", [10, 11], GREEDY, 0, stream_id, 4096, stream_id)
     s.filled = 2
-    s.reply_ids.append(12)
+    s.reply_ids.extend(range(12, 12 + num_reply))
     s.held = Held("mtp", s.start, tuple(range(20, 20 + drafts)), (prior,) * drafts)
     for _ in range(misses):
         s.mtp.record([prior], 0)
     return s
 
 
-def test_first_draft_is_taken_while_unmeasured_however_dear():
-    dear = CostTable({1: 10.0, 2: 500.0, 3: 1000.0}, 100.0, 1.0)
+def test_first_draft_is_taken_while_unmeasured_where_a_sure_landing_pays():
+    # however unlikely its prior: the draft is there to measure the stream
     plans = [plan(_stream(0, 3, 0.05))]
-    assert allocate(plans, dear, max_rows=16) == [1]
+    assert allocate(plans, STEEP, max_rows=16) == [1]
+    # not where even a draft that lands would not pay for its row (a round full of rows)
+    dear = CostTable({1: 10.0, 2: 500.0, 3: 1000.0}, 100.0, 1.0)
+    assert allocate(plans, dear, max_rows=16) == [0]
 
 
 def test_drafts_that_never_land_are_not_taken_once_measured():
@@ -67,7 +74,8 @@ def test_drafts_that_never_land_are_not_taken_once_measured():
 
 
 def test_priced_drafts_stop_where_tokens_per_ms_stops_rising():
-    likely, unlikely = _stream(0, 4, 0.95), _stream(1, 4, 0.2)
+    # the unlikely stream is ahead: a draft of its own would not even the batch's slowest
+    likely, unlikely = _stream(0, 4, 0.95), _stream(1, 4, 0.2, num_reply=3)
     for s in (likely, unlikely):
         s.mtp.record([s.held.priors[0]] * 2, 1)
     counts = allocate([plan(likely), plan(unlikely)], STEEP, max_rows=16)
@@ -102,6 +110,60 @@ def test_depth_rule_picks_best_tokens_per_ms_and_probes_deeper():
     assert choose_depth(good, costs, 3, num_rounds=PROBE_EVERY - 1) == 3
     assert choose_depth(bad, None, 3, num_rounds=0) == 3  # unpriced: always the deepest
     assert best_depth(DraftStats(), costs, 3) >= 1  # unmeasured: reach for depth
+
+
+def test_an_idle_stream_probes_only_where_good_drafts_and_its_heads_catch_up_would_pay():
+    poor = DraftStats()
+    for _ in range(30):
+        poor.record([0.9], 0)
+    probe = PROBE_IDLE_EVERY - 1
+    # four streams, sixteen rows: drafts that land as good drafts do would pay (9 ms a round to
+    # spare), so an idle stream probes every PROBE_IDLE_EVERY rounds ...
+    costs = CostTable({n: 10.0 + 0.5 * n for n in range(1, 17)}, 0.5, 1.0, absorb_cell_ms=0.1)
+    assert best_depth(poor, costs, 3, round_rows=4, max_rows=16) == 0
+    four = {"round_rows": 4, "max_rows": 16}
+    assert choose_depth(poor, costs, 3, probe, **four, catch_up_cells=2) == 1
+    # ... unless its head's catch-up costs more than they would repay in PROBE_EVERY rounds
+    assert choose_depth(poor, costs, 3, probe, **four, catch_up_cells=400) == 0
+    # or in the rounds its reply has left
+    assert choose_depth(poor, costs, 3, probe, **four, catch_up_cells=40) == 1
+    assert choose_depth(poor, costs, 3, probe, **four, catch_up_cells=40, rounds_left=1) == 0
+    # a stream that drafts pays its head's absorb every round: nothing to catch up
+    good = DraftStats()
+    for _ in range(30):
+        good.record([0.9, 0.9, 0.9], 3)
+    assert choose_depth(good, costs, 2, PROBE_EVERY - 1, catch_up_cells=400) == 2
+    # eight streams: sixteen rows cost 1.95 times eight, so only drafts that always land pay;
+    # no probe
+    full = CostTable({1: 10.0, 8: 20.0, 16: 38.5}, 0.5, 0.0)
+    assert choose_depth(poor, full, 3, probe, round_rows=8, max_rows=16) == 0
+    cheaper = CostTable({1: 10.0, 8: 20.0, 16: 36.0}, 0.5, 0.0)
+    assert choose_depth(poor, cheaper, 3, probe, round_rows=8, max_rows=16) == 1
+
+
+def test_the_core_counts_the_cells_a_head_absorbs_at_each_draft_call():
+    backend = FakeBackend()
+    host = make_host(backend, mtp_drafts=2, copy_drafts=0)
+    seen: list[tuple[int, int, int]] = []  # (start before the call, absorbed before, after)
+    draft = backend.draft
+
+    def watched(depths):
+        s = next(s for s in host.live if s.stream_id in depths)
+        seen.append((s.start, before.get(s.stream_id, 0), s.absorbed))
+        return draft(depths)
+
+    backend.draft = watched
+    host.submit("r", [11, 12, 13], SamplingParams(max_tokens=30, temperature=0.0))
+    for _ in range(100):
+        if not host.has_work:
+            break
+        before = {s.stream_id: s.absorbed for s in host.live}
+        host.run_once()
+    # the first call absorbs the whole context; each call after it the cells kept since the
+    # last one; after a call the head holds every cell before the pending token
+    assert seen and seen[0][1] == 0
+    assert all(after == start for start, _, after in seen)
+    assert all(b == a for (_, _, a), (_, b, _) in itertools.pairwise(seen))
 
 
 def test_turns_go_to_the_least_recently_served_within_the_caps():

@@ -106,3 +106,29 @@ def test_no_drafts_past_the_last_token_of_a_reply():
     host.submit("four", [11, 12, 13], SamplingParams(max_tokens=4, temperature=0.0))
     assert len(run_to_end(host)["four"].token_ids) == 4
     assert asked and max(asked) <= 2
+
+
+def test_a_draft_of_one_of_many_tied_streams_counts_only_its_share_of_the_batch():
+    # a draft's row and window width cost 1.5 ms where a round of eight takes 2.4 ms a token
+    costs = _costs(group_ms=0.5, row_ms=1.0)
+    lone = [plan(_stream(0, 1, 0.9, hits=19))]
+    tied = lone + [plan(_stream(i, 0, 0.9)) for i in range(1, 8)]
+    # eight streams at one length: the batch ends when each has gained, one drafting moves it
+    # an eighth of the way
+    assert allocate(tied, costs, max_rows=16) == [0] * 8
+    # the same draft of the only stream furthest behind moves the batch's end: taken
+    ahead = lone + [plan(_stream(i, 0, 0.9, num_reply=3)) for i in range(1, 8)]
+    assert allocate(ahead, costs, max_rows=16) == [1] + [0] * 7
+    # every tied stream drafting: all count in full again
+    every = [plan(_stream(i, 1, 0.9, hits=19)) for i in range(8)]
+    assert allocate(every, costs, max_rows=16) == [1] * 8
+
+
+def test_an_unmeasured_first_draft_is_taken_only_where_a_sure_landing_pays():
+    fresh = _stream(0, 1, 0.5)
+    fresh.mtp = DraftStats()  # no acceptance measured yet
+    plain = [plan(_stream(i, 0, 0.5)) for i in range(1, 8)]
+    # two streams: a row of 0.5 ms against 6 ms a token, taken to measure the stream
+    assert allocate([plan(fresh), plain[0]], _costs(group_ms=1.0), max_rows=16) == [1, 0]
+    # eight: the row and the second window width (4.5 ms) cost more than a token (1.9 ms)
+    assert allocate([plan(fresh), *plain], _costs(group_ms=4.0), max_rows=16) == [0] * 8
