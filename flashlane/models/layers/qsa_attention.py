@@ -68,19 +68,44 @@ class QSAttention(nn.Module):
         k = apply_rope(self.k_norm(self.k_proj(x).reshape(n, cfg.num_kv_heads, d)), cos, sin)
         v = self.v_proj(x).reshape(n, cfg.num_kv_heads, d)
         iq, raw = self.indexer.project(x, cos, sin)
-        # verify windows of equal width attend in one call, their caches padded to the longest
-        parts = zip(
-            rows.split(q, True),
-            rows.split(k, True),
-            rows.split(v, True),
-            rows.split(iq, True),
-            rows.split(raw, True),
-            rows.split(rows.positions, True),
-            rows.groups(True),
+        windows = [p for p in rows.pieces if p.recurrent and p.session is not None]
+        if rows.batch is not None or len(windows) < 2:
+            parts = zip(
+                rows.split(q), rows.split(k), rows.split(v), rows.split(iq),
+                rows.split(raw), rows.split(rows.positions), rows.groups(),
+            )  # fmt: skip
+            o = rows.join([self._attend(*part, rotary, kernels) for part in parts])
+        else:
+            o = q.new_empty(q.shape)
+            for p in rows.pieces:  # prompt pieces one at a time
+                if not (p.recurrent and p.session is not None):
+                    one = (t[p.rows][None] for t in (q, k, v, iq, raw, rows.positions))
+                    o[p.rows] = self._attend(*one, [p], rotary, kernels)[0]
+            self._attend_windows(windows, (q, k, v, iq, raw, rows.positions), o, rotary, kernels)
+        return self.o_proj(o.reshape(n, -1) * torch.sigmoid(gate.reshape(n, -1)))
+
+    def _attend_windows(self, windows: list[Piece], flat, out, rotary, kernels: Kernels):
+        """Every verify window of the round in one call: queries padded to the widest window
+        (each window's last row repeated, its results dropped), caches padded to the longest.
+        A query row's result depends on its own row, mask and keys alone, so it is the one
+        the window would get by itself."""
+        width, dev = max(p.length for p in windows), out.device
+        src = [p.offset + min(t, p.length - 1) for p in windows for t in range(width)]
+        gather = torch.tensor(src, device=dev)
+        q, k, v, iq, raw, pos = (t.index_select(0, gather).unflatten(0, (-1, width)) for t in flat)
+        cached = [
+            self._write(p, k[i, : p.length], v[i, : p.length], raw[i, : p.length], rotary)
+            for i, p in enumerate(windows)
+        ]
+        keys, values, block_keys, nk = _padded(cached)
+        cfg, blk = self.cfg, self.cfg.indexer_block
+        mask = kernels.select_mask(iq, block_keys, pos, nk, blk, cfg.indexer_top_blocks)
+        res = kernels.attention(q, keys, values, mask, cfg.head_dim**-0.5).flatten(0, 1)
+        real = [i * width + t for i, p in enumerate(windows) for t in range(p.length)]
+        rows = [p.offset + t for p in windows for t in range(p.length)]
+        out.index_copy_(
+            0, torch.tensor(rows, device=dev), res.index_select(0, torch.tensor(real, device=dev))
         )
-        outs = [self._attend(*part, rotary, kernels) for part in parts]
-        o = rows.join(outs, True).reshape(n, -1)
-        return self.o_proj(o * torch.sigmoid(gate.reshape(n, -1)))
 
     def _attend(self, q, k, v, iq, raw, pos, group: list[Piece], rotary, kernels: Kernels):
         cfg, blk = self.cfg, self.cfg.indexer_block
@@ -88,8 +113,7 @@ class QSAttention(nn.Module):
             keys, values, nk = k, v, k.shape[1]
             block_keys = self.indexer.block_keys(raw[:, : nk // blk * blk], 0, rotary)
         else:
-            cached = [self._write(p, k[i], v[i], raw[i], rotary) for i, p in enumerate(group)]
-            keys, values, block_keys, nk = cached[0] if len(cached) == 1 else _padded(cached)
+            keys, values, block_keys, nk = self._write(group[0], k[0], v[0], raw[0], rotary)
         mask = kernels.select_mask(iq, block_keys, pos, nk, blk, cfg.indexer_top_blocks)
         return kernels.attention(q, keys, values, mask, cfg.head_dim**-0.5)
 
