@@ -91,6 +91,8 @@ class LaneCore:
         s.last_served = self.num_rounds
         s.num_rounds += 1
         s.held = None
+        if p.kind == "mtp":
+            s.is_refused = not num_drafts
         if not _is_sound(s, w, v):
             return None
         path, landed = accept(p, w, v)
@@ -143,6 +145,7 @@ class LaneCore:
                 cfg.max_rows,
                 catch_up,
                 rounds_left=room,
+                is_refused=s.is_refused,
             )
             depth = min(room, depth)
             if depth > 0:

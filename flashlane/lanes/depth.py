@@ -41,12 +41,16 @@ def choose_depth(
     max_rows: int | None = None,
     catch_up_cells: int = 0,
     rounds_left: int | None = None,
+    is_refused: bool = False,
 ) -> int:
     """Depth 0..max_depth for the next chain; `costs` None (unpriced): always `max_depth`.
     `round_rows`: the plain rows the next round carries anyway (one per decoding stream);
     `max_rows`: the round's row cap (None: no cap); `catch_up_cells`: the cells the stream's
     head would absorb in the call past those of a stream that drafted last round;
-    `rounds_left`: the most rounds the stream's reply has left (None: no end in sight)."""
+    `rounds_left`: the most rounds the stream's reply has left (None: no end in sight);
+    `is_refused`: the allocator took none of the stream's last drafts (its round was not as
+    this rule assumed, and the draft call was paid for nothing), so it drafts again only when
+    it probes."""
     if costs is None or max_depth <= 0:
         return max(0, max_depth)
     best = best_depth(stats, costs, max_depth, round_rows, max_rows)
@@ -58,7 +62,7 @@ def choose_depth(
         best + 1, costs, round_rows, max_rows, cells
     ):
         return min(max_depth, best + 1)
-    return best
+    return 0 if is_refused else best
 
 
 def _could_pay(

@@ -90,6 +90,8 @@ class Stream:
     mtp: DraftStats = field(default_factory=DraftStats)
     copy: DraftStats = field(default_factory=DraftStats)
     depth: int = 1  # MTP depth asked of the next draft call
+    # Its last MTP drafts were held but the allocator took none: it asks for none until a probe.
+    is_refused: bool = False
     # `start` at the stream's last MTP draft call: the head has absorbed every cell before it;
     # the cells since wait for the next call (0: none yet, the whole context waits).
     absorbed: int = 0

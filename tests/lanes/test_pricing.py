@@ -1,7 +1,7 @@
 """Drafts priced by the round's shape: window widths, drafting streams, streams ahead."""
 
 from flashlane.lanes.allocate import allocate
-from flashlane.lanes.depth import best_depth
+from flashlane.lanes.depth import PROBE_EVERY, best_depth, choose_depth
 from flashlane.lanes.records import CostTable
 from flashlane.lanes.stream import DraftStats, Held, Stream
 from flashlane.lanes.windows import plan
@@ -132,3 +132,13 @@ def test_an_unmeasured_first_draft_is_taken_only_where_a_sure_landing_pays():
     assert allocate([plan(fresh), plain[0]], _costs(group_ms=1.0), max_rows=16) == [1, 0]
     # eight: the row and the second window width (4.5 ms) cost more than a token (1.9 ms)
     assert allocate([plan(fresh), *plain], _costs(group_ms=4.0), max_rows=16) == [0] * 8
+
+
+def test_a_stream_whose_drafts_were_refused_drafts_again_only_when_it_probes():
+    good = DraftStats()
+    for _ in range(30):
+        good.record([0.9, 0.9, 0.9], 3)
+    costs = _costs()
+    assert choose_depth(good, costs, 3, num_rounds=0) == 3
+    assert choose_depth(good, costs, 3, num_rounds=0, is_refused=True) == 0
+    assert choose_depth(good, costs, 2, num_rounds=PROBE_EVERY - 1, is_refused=True) == 2
