@@ -78,17 +78,9 @@ class Engine:
         cfg = self.model_config
         self.kernels = select_kernels(self.device, log=self.log)
         self.model.use_kernels(self.kernels)
-        if self.kernels.name == "triton" and os.environ.get("FLASHLANE_NO_GRAPHS") != "1":
-            from flashlane.runner.graphs import Graphs, capture_all
-
-            self.model.graphs = Graphs(max_rows=64, log=self.log)
-            secs, used = capture_all(self.model, self.model.graphs)
-            self.log(
-                f"flashlane: {len(self.model.graphs.entries)} CUDA graphs captured in "
-                f"{secs:.1f} s, {used / 2**20:.0f} MiB"
-                + (f" (failed: {self.model.graphs.failed})" if self.model.graphs.failed else "")
-            )
         self.max_rows = config.max_rows or (64 if self.device.startswith("cuda") else 16)
+        if self.kernels.name == "triton" and os.environ.get("FLASHLANE_NO_GRAPHS") != "1":
+            self._capture_graphs()
         self.plan = self._plan(cfg, weights)
         self.sessions = [
             SessionState.empty(cfg, c, cache, state, self.device) for c in self.plan.capacities
@@ -129,6 +121,19 @@ class Engine:
             f"max rows {self.max_rows}, drafts {'on' if drafts else 'off'}, "
             f"prompt cache {self.plan.prompt_cache_bytes / memory.GIB:.2f} GiB; "
             + (describe(costs) if costs else "unpriced")
+        )
+
+    def _capture_graphs(self) -> None:
+        """CUDA graphs of every layer's row-count-only parts, for rounds of up to max_rows
+        (at most 64) rows: all captured now, so no round pays a capture."""
+        from flashlane.runner.graphs import Graphs, capture_all
+
+        graphs = self.model.graphs = Graphs(max_rows=min(self.max_rows, 64), log=self.log)
+        secs, used = capture_all(self.model, graphs)
+        failed = f" (failed: {graphs.failed})" if graphs.failed else ""
+        self.log(
+            f"flashlane: {len(graphs.entries)} CUDA graphs captured in {secs:.1f} s, "
+            f"{used / 2**20:.0f} MiB{failed}"
         )
 
     def _plan(self, cfg, weights: torch.dtype) -> memory.MemoryPlan:
