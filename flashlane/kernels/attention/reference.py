@@ -27,6 +27,15 @@ def pool_blocks(raw_keys: torch.Tensor, block: int) -> torch.Tensor:
     return (total / block).to(raw_keys.dtype)
 
 
+def index_scores(index_q: torch.Tensor, block_keys: torch.Tensor) -> torch.Tensor:
+    """sum_h relu(index_q[b, t, h] . block_keys[b, n]) / sqrt(Di), in at least fp32: [B, T, NB]."""
+    b, t, hi, di = index_q.shape
+    nb = block_keys.shape[1]
+    dt = torch.promote_types(index_q.dtype, torch.float32)
+    scores = index_q.to(dt).reshape(b, t * hi, di) @ block_keys.to(dt).transpose(1, 2)
+    return scores.reshape(b, t, hi, nb).relu().sum(2) / di**0.5
+
+
 def select_mask(
     index_q: torch.Tensor,
     block_keys: torch.Tensor,
@@ -34,23 +43,22 @@ def select_mask(
     num_keys: int,
     block: int,
     top_blocks: int,
+    scores_of=index_scores,
 ) -> torch.Tensor:
     """Which keys each query may attend to.
 
     index_q: [B, T, Hi, Di] (normed, roped); block_keys: [B, NB, Di] (pooled, normed, roped);
     positions: [B, T] absolute query positions; keys are positions 0..num_keys-1.
+    `scores_of(index_q, block_keys)` computes the indexer scores (the Triton set passes its own).
     Returns a bool mask [B, T, num_keys].
     """
     nb = block_keys.shape[1]
-    dt = torch.promote_types(index_q.dtype, torch.float32)
     complete = torch.div(positions + 1, block, rounding_mode="floor")  # [B, T]
     key_pos = torch.arange(num_keys, device=positions.device)
     causal = key_pos.view(1, 1, -1) <= positions.unsqueeze(-1)
     if nb == 0 or int(complete.max()) <= top_blocks:
         return causal
-    b, t, hi, di = index_q.shape
-    scores = index_q.to(dt).reshape(b, t * hi, di) @ block_keys.to(dt).transpose(1, 2)
-    scores = scores.reshape(b, t, hi, nb).relu().sum(2) / di**0.5  # [B, T, NB]
+    scores = scores_of(index_q, block_keys)  # [B, T, NB]
     block_ids = torch.arange(nb, device=positions.device).view(1, 1, -1)
     valid = block_ids < complete.unsqueeze(-1)
     scores = torch.where(valid, scores, torch.full_like(scores, float("-inf")))

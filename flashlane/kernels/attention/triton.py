@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from flashlane.kernels.attention import reference
+
 # attention tiles: BLOCK_M (token, head) rows x BLOCK_L keys, D up to 256. The config depends
 # on the dtype only (never on T, B or L): 16-bit inputs use the tensor cores (wgmma) with
 # 64 x 32 tiles; fp32 (tests) uses exact fp32 dots ("ieee", no tf32). Compiled offline for
@@ -235,26 +237,7 @@ def select_mask(
     block: int,
     top_blocks: int,
 ) -> torch.Tensor:
-    """Which keys each query may attend to; as reference.select_mask, scores from Triton.
-
-    index_q: [B, T, Hi, Di]; block_keys: [B, NB, Di]; positions: [B, T]; keys are positions
-    0..num_keys-1. Returns a bool mask [B, T, num_keys].
-    """
-    nb = block_keys.shape[1]
-    complete = torch.div(positions + 1, block, rounding_mode="floor")  # [B, T]
-    key_pos = torch.arange(num_keys, device=positions.device)
-    causal = key_pos.view(1, 1, -1) <= positions.unsqueeze(-1)
-    if nb == 0 or int(complete.max()) <= top_blocks:
-        return causal
-    scores = index_scores(index_q, block_keys)  # [B, T, NB] fp32
-    block_ids = torch.arange(nb, device=positions.device).view(1, 1, -1)
-    valid = block_ids < complete.unsqueeze(-1)
-    scores = torch.where(valid, scores, torch.full_like(scores, float("-inf")))
-    # A stable descending sort ranks equal scores by block id: ties go to the lower id.
-    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
-    rank = torch.empty_like(order).scatter_(-1, order, block_ids.expand_as(order).contiguous())
-    keep_block = valid & (rank < top_blocks)
-    key_block = torch.div(key_pos, block, rounding_mode="floor").clamp(max=nb - 1)
-    in_complete = key_pos.view(1, 1, -1) < (complete * block).unsqueeze(-1)
-    chosen = torch.gather(keep_block, 2, key_block.view(1, 1, -1).expand(*keep_block.shape[:2], -1))
-    return causal & torch.where(in_complete, chosen, torch.ones_like(chosen))
+    """reference.select_mask with the indexer scores from the Triton kernel."""
+    return reference.select_mask(
+        index_q, block_keys, positions, num_keys, block, top_blocks, scores_of=index_scores
+    )
