@@ -130,21 +130,29 @@ class ModelBackend:
             fed = Fed(w, p, r[p.rows])
             window_picks = [picks.get(i) for i in range(row, row + n)]
             verdicts.append(
-                self._draw(w, logits[row : row + n] if n else None, fed, window_picks)
+                self._draw(
+                    w, logits[row : row + n] if n else None, fed, specs[row : row + n], window_picks
+                )
             )
             self.fed[w.stream_id] = fed
             row += n
         return verdicts
 
     def _draw(
-        self, w: Window, logits: torch.Tensor | None, fed: Fed, picks: list[int | None]
+        self,
+        w: Window,
+        logits: torch.Tensor | None,
+        fed: Fed,
+        specs: list[DrawSpec],
+        picks: list[int | None],
     ) -> Verdict:
+        """The window's draws: greedy picks made on the device, the other rows here."""
         if logits is None:
             return Verdict(w.stream_id, [])
         rest = [i for i, pick in enumerate(picks) if pick is None]
         got: list = list(picks)
         if rest:
-            drawn = draw_rows(logits[rest], [_spec(w, i) for i in rest])
+            drawn = draw_rows(logits[rest], [specs[i] for i in rest])
             for i, g in zip(rest, drawn):
                 got[i] = g
         errors = [g for g in got if isinstance(g, SampleError)]
