@@ -60,8 +60,9 @@ def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]
     return [torch.randint(3, vocab, (length,), generator=g).tolist() for _ in range(n)]
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
+def sync(device) -> None:
+    """Wait for the device's queued work (nothing to wait for on the CPU)."""
+    if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
 
 
@@ -70,7 +71,7 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
     cuda = args.device.startswith("cuda")
     cfg, model = build_random(raw, torch.bfloat16 if cuda else torch.float64, args.device,
                               args.seed)
-    _sync(args.device)
+    sync(args.device)
     built_s = time.perf_counter() - t0
     longest = max([*args.prefill, args.prompt_cache + 200 if args.prompt_cache else 0])
     context = longest + args.prompt_len + args.decode_tokens + 64

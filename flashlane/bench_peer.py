@@ -15,19 +15,15 @@ import time
 
 import torch
 
+from flashlane.bench_model import sync
 from flashlane.models.random_weights import fill_transformers
 
 
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _timed_generate(model, ids: torch.Tensor, new: int) -> float:
-    _sync(ids.device)
+    sync(ids.device)
     t = time.perf_counter()
     model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
-    _sync(ids.device)
+    sync(ids.device)
     return time.perf_counter() - t
 
 
@@ -38,7 +34,7 @@ class StepClock:
         self.times: list[float] = []
 
     def __call__(self, input_ids, scores):
-        _sync(scores.device)
+        sync(scores.device)
         self.times.append(time.perf_counter())
         return scores
 
