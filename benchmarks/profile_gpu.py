@@ -8,6 +8,8 @@ benchmark: it prints tables and no JSON.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import time
 
 import torch
@@ -28,6 +30,8 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=2048)
     ap.add_argument("--streams", type=int, default=1)
     ap.add_argument("--rows", type=int, default=25)
+    ap.add_argument("--host", action="store_true",
+                    help="also cProfile the decode: Python functions by their own host time")
     args = ap.parse_args()
     cfg, model = build_random(preset(args.config), torch.bfloat16, "cuda", 0)
     config = EngineConfig.resolve(device="cuda", parallel=max(2, args.streams),
@@ -58,6 +62,16 @@ def main() -> None:
         print(ka.table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=60))
         print(ka.table(sort_by="self_cpu_time_total", row_limit=args.rows,
                        max_name_column_width=60))
+    if args.host:
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        prof.enable()
+        llm.generate(short, dec)
+        torch.cuda.synchronize()
+        prof.disable()
+        print("\n=== decode, host: Python functions by own time (cProfile)")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(args.rows * 2)
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(args.rows * 2)
 
 
 if __name__ == "__main__":

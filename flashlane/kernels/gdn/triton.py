@@ -8,6 +8,9 @@ registers across the T rows, which are processed in order; the state after every
 stored. Each (b, h, Dv block) is independent and row r reads nothing past row r, so the
 result of a row is bitwise the same whatever T, B or the other sequences hold. BV is fixed
 (never chosen by T or B) and T is not specialised on, so one compiled kernel serves all T.
+keep_states is a runtime flag, not a constexpr: two compiled variants were seen on the H200
+to lay out the state tile differently in bf16, so the sums over Dk ran in another order and
+the last state of keep_states=False differed in its low bits from the kept one.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ BV = 32
 NUM_WARPS = 4
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "keep_states"])
 def _recurrent_gdn_kernel(
     q_ptr,
     k_ptr,
@@ -40,8 +43,8 @@ def _recurrent_gdn_kernel(
     DV: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    keep_states,
     HAS_STATE: tl.constexpr,
-    KEEP_STATES: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
@@ -75,10 +78,10 @@ def _recurrent_gdn_kernel(
         s = s + b_k[:, None] * u[None, :]
         out = tl.sum(s * b_q[:, None], axis=0)  # S^T q: [BV]
         tl.store(o_ptr + row * DV + o_v, out.to(o_ptr.dtype.element_ty), mask=m_v)
-        if KEEP_STATES:
+        if keep_states != 0:
             tl.store(states_ptr + row * DK * DV + tile, s, mask=m_kv)
 
-    if not KEEP_STATES:
+    if keep_states == 0:
         tl.store(states_ptr + i_bh.to(tl.int64) * DK * DV + tile, s, mask=m_kv)
 
 
@@ -122,12 +125,12 @@ def recurrent_gdn(
         states,
         t,
         h,
+        keep_states=int(keep_states),
         DK=dk,
         DV=dv,
         BK=triton.next_power_of_2(dk),
         BV=BV,
         HAS_STATE=state is not None,
-        KEEP_STATES=keep_states,
         num_warps=NUM_WARPS,
     )
     return o, states
