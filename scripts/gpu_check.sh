@@ -3,13 +3,16 @@
 # machine from the repository root:
 #
 #     bash scripts/gpu_check.sh                      # everything
-#     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, benches, model
+#     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, benches, model, serve
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
 #          exactness of the engine on the GPU, the GPU sampler);
 # benches: every benchmarks/bench_*.py that takes `--device`, run with `--device cuda`;
 # model:   `flashlane bench model` on a random flashnext-12l against transformers
-#          (MODEL_ARGS overrides its arguments).
+#          (MODEL_ARGS overrides its arguments);
+# serve:   `flashlane serve` (the embedded model) on the GPU, measured by `flashlane bench
+#          serve` (SERVE_ARGS overrides its arguments). Needs fastapi/uvicorn: carry their
+#          wheels in .whl/ (the GPU machine has none).
 # Wheels in .whl/ (fla-core: the device tool's README says how to fetch them) are installed
 # to /tmp/site first. Logs and each benchmark's JSON go to ${OUT:-benchmarks/results}/.
 # Exits non-zero if any step failed, after running them all.
@@ -54,6 +57,23 @@ if [[ " $steps " == *" model "* ]]; then
     echo "== flashlane bench model $args"
     python -m flashlane.cli bench model $args --json "$out/bench_model_$stamp.json" 2>&1 \
         | tee "$out/bench_model_$stamp.log" || failed+=("bench model")
+fi
+
+if [[ " $steps " == *" serve "* ]]; then
+    args="${SERVE_ARGS:---concurrency 1,2,4,8,16 --num-prompts 16 --input-len 64 --output-len 64 --check-alone}"
+    echo "== flashlane serve --device cuda; flashlane bench serve $args"
+    python -m flashlane.cli serve --device cuda --port 8123 > "$out/serve_cuda_$stamp.log" 2>&1 &
+    server=$!
+    for _ in $(seq 240); do
+        python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8123/health')" \
+            2> /dev/null && break
+        sleep 0.5
+    done
+    python -m flashlane.cli bench serve --url http://127.0.0.1:8123 $args \
+        --output-json "$out/bench_serve_cuda_$stamp.json" 2>&1 | tee "$out/bench_serve_cuda_$stamp.log" \
+        || failed+=("bench serve")
+    kill "$server"
+    wait "$server"
 fi
 
 if ((${#failed[@]})); then

@@ -36,6 +36,7 @@ class Rows:
     batch: tuple[int, int] | None = None
     # per stacked group of several windows: its rows' indices, so a split is one gather
     _index: dict[int, torch.Tensor] = field(default_factory=dict)
+    _rope: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     @classmethod
     def training(cls, input_ids: torch.Tensor) -> Rows:
@@ -57,6 +58,21 @@ class Rows:
         # two host-to-device copies a round, however many pieces
         as_long = dict(dtype=torch.long, device=device)
         return cls(torch.tensor(ids, **as_long), torch.tensor(pos, **as_long), out)
+
+    def cos_sin(self, rotary, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """rotary.cos_sin of the rows' positions, computed once per forward."""
+        if dtype not in self._rope:
+            self._rope[dtype] = rotary.cos_sin(self.positions, dtype)
+        return self._rope[dtype]
+
+    def one_width(self) -> int | None:
+        """T when every piece is a verify window of a session and all are T rows wide (the
+        rows are then B stacked windows, [B, T] in row order), else None."""
+        if self.batch is not None or not self.pieces:
+            return None
+        t = self.pieces[0].length
+        ok = all(p.recurrent and p.session is not None and p.length == t for p in self.pieces)
+        return t if ok else None
 
     def split(self, x: torch.Tensor, stack: bool = False) -> list[torch.Tensor]:
         """[N, ...] -> per group of groups(stack) [B, T, ...] (per piece: B = 1)."""

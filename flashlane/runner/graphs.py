@@ -1,16 +1,22 @@
 """CUDA graphs for the parts of a layer whose work depends on the row count alone.
 
 A decode round launches hundreds of small kernels, and from Python each launch costs more
-host time than the GPU spends on it. The hyper-connection read (with a GDN layer's input
-projections) and the layer's MLP half (the mixer's output and residual write, the MLP
-hyper-connection, router, experts, shared expert) read nothing but their input rows and the
-weights, so one graph per (layer, part, bucket) replays them. A call of n rows runs in the
-smallest bucket of at least n rows (1, 2, 4, ..., max_rows): its rows are copied into the
-graph's static inputs and the rows past n keep whatever they held, which cannot change the
-first n because every kernel here is row-invariant (DESIGN.md section 1; tests/gpu checks
-replays against the eager run bit for bit). The mixers (session state, cache lengths) stay
-eager. Graphs share one memory pool; parts run one after another and their outputs are copied
-out, so no replay overwrites memory still in use.
+host time than the GPU spends on it. The hyper-connection read with the mixer's row-wise
+input projections (GDN: qkv, gates; attention: q, k, v and the indexer's, normed and roped
+with the rows' cos/sin as inputs) and the layer's MLP half (the mixer's output projection
+and residual write, the MLP hyper-connection, router, experts, shared expert) read nothing
+but their input rows and the weights, so one graph per (layer, part, bucket) replays them.
+When the rows are B verify windows of one width T, a PLE layer and a GDN layer's conv (with
+the sessions' conv windows as inputs) replay too, on [B, T] inputs: the bucket counts
+windows. The recurrent rule, the attention caches and the indexer (session state, cache
+lengths) stay eager.
+
+A call of n rows runs in the smallest bucket of at least n rows (1, 2, 4, ..., max_rows):
+its rows are copied into the graph's static inputs and the rows past n keep whatever they
+held, which cannot change the first n because every kernel here is row-invariant
+(DESIGN.md section 1; tests/gpu checks replays against the eager run bit for bit). Graphs
+share one memory pool; parts run one after another, and an output is either copied out or
+(`views`) used up before its graph's next replay, so no replay overwrites memory in use.
 """
 
 from __future__ import annotations
@@ -44,8 +50,12 @@ class Graphs:
         self.failed: str | None = None
         self.capture_seconds = 0.0
 
-    def run(self, key: tuple, fn: Callable, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """fn(*args) -> a tuple of tensors, through the graph of (key, bucket, trailing shapes)."""
+    def run(
+        self, key: tuple, fn: Callable, *args: torch.Tensor, views: int = 0
+    ) -> tuple[torch.Tensor, ...]:
+        """fn(*args) -> a tuple of tensors, through the graph of (key, bucket, trailing shapes).
+        Outputs are copies, except the first `views`: those are views of the graph's own
+        memory, which its next replay overwrites (for outputs used up within the forward)."""
         rows = args[0].shape[0]
         size = bucket_of(rows, self.sizes)
         if self.failed or size is None or torch.cuda.is_current_stream_capturing():
@@ -65,7 +75,7 @@ class Graphs:
         for s, a in zip(static_in, args):
             s[:rows].copy_(a)
         graph.replay()
-        return tuple(o[:rows].clone() for o in static_out)
+        return tuple(o[:rows] if i < views else o[:rows].clone() for i, o in enumerate(static_out))
 
     def _capture(self, fn: Callable, args: tuple, size: int) -> tuple:
         t = time.perf_counter()
@@ -83,22 +93,29 @@ class Graphs:
 
 
 def capture_all(model, graphs: Graphs) -> tuple[float, int]:
-    """Capture every layer's parts at every bucket now (engine start), with zero inputs.
-    Returns (seconds, bytes of GPU memory the graphs took)."""
+    """Capture every layer's parts at every bucket now (engine start), with zero inputs, for
+    plain rows and for windows one row wide (decode); wider windows are captured when first
+    met. Returns (seconds, bytes of GPU memory the graphs took)."""
     cfg, dev, dtype = model.cfg, model.embed_tokens.weight.device, model.dtype
     t, before = time.perf_counter(), torch.cuda.memory_allocated(dev)
+    zeros = dict(dtype=dtype, device=dev)
     for layer in model.layers:
-        parts = layer.graph_parts(model.kernels)
+        parts, key = layer.graph_parts(model.kernels), id(layer)
         for size in graphs.sizes:
-            r = torch.zeros(size, cfg.hc_count * cfg.hidden_size, dtype=dtype, device=dev)
-            out = graphs.run((id(layer), "read"), parts["read"], r)
-            if layer.kind == "linear":
-                w, z = out[0], out[4]
-                o = torch.zeros(size, cfg.linear_num_v_heads, cfg.linear_v_head_dim,
-                                dtype=dtype, device=dev)
-                graphs.run((id(layer), "mlp"), parts["mlp"], r, o, z, w)
-            else:
-                a, w = out
-                graphs.run((id(layer), "mlp"), parts["mlp"], r, torch.zeros_like(a), w)
+            r = torch.zeros(size, cfg.hc_count * cfg.hidden_size, **zeros)
+            if layer.ple is not None:
+                ids = torch.zeros(size, cfg.ngram_size, dtype=torch.long, device=dev)
+                window = torch.zeros(size, cfg.ple_tail, r.shape[-1], **zeros)
+                graphs.run((key, "ple"), parts["ple"], r[:, None], ids, window)
+            if layer.kind != "linear":
+                cos = torch.zeros(size, cfg.rotary_dim, **zeros)
+                w, q, gate, *_ = graphs.run((key, "read"), parts["read"], r, cos, cos, views=7)
+                graphs.run((key, "mlp"), parts["mlp"], r, torch.zeros_like(q), gate, w)
+                continue
+            w, _, _, _, z = graphs.run((key, "read"), parts["read"], r, views=5)
+            o = torch.zeros(size, cfg.linear_num_v_heads, cfg.linear_v_head_dim, **zeros)
+            graphs.run((key, "mlp"), parts["mlp"], r, o, z, w)
+            window = torch.zeros(size, cfg.linear_conv_kernel - 1, cfg.linear_conv_dim, **zeros)
+            graphs.run((key, "conv"), parts["conv"], r[:, None], window, views=7)
     torch.cuda.synchronize(dev)
     return time.perf_counter() - t, torch.cuda.memory_allocated(dev) - before

@@ -131,10 +131,13 @@ def test_llm_replies_drafted_shared_and_alone_agree(tiny_ckpt):
             assert got.token_ids == alone.token_ids
 
 
-def test_graph_replays_equal_eager_bitwise(gpu_model):
+@pytest.mark.parametrize("widths", [(1, 2, 3, 4), (1,), (1, 1, 1), (3, 3, 3, 3)])
+def test_graph_replays_equal_eager_bitwise(gpu_model, widths):
+    """Windows of mixed widths take the read/mix/mlp parts; windows of one width also replay
+    the PLE and the GDN conv on [B, T] inputs."""
     cfg, model = gpu_model
-    sessions = [prefilled(cfg, model, p) for p in prompts(cfg.vocab_size, 4)]
-    windows = [(s, [5 + i] * (1 + i)) for i, s in enumerate(sessions)]
+    sessions = [prefilled(cfg, model, p) for p in prompts(cfg.vocab_size, len(widths))]
+    windows = [(s, [5 + i] * w) for i, (s, w) in enumerate(zip(sessions, widths))]
     saved = model.graphs
     try:
         model.graphs = Graphs(max_rows=64)
@@ -148,6 +151,27 @@ def test_graph_replays_equal_eager_bitwise(gpu_model):
         assert torch.equal(g1, e) and torch.equal(g2, e)
 
 
+def test_graphed_decode_rounds_keep_what_eager_rounds_keep(gpu_model):
+    """Three committed rounds of one-row windows for three streams, graphed and eager from
+    copies of the same sessions: every round's logits bit for bit."""
+    cfg, model = gpu_model
+    base = [prefilled(cfg, model, p) for p in prompts(cfg.vocab_size, 3)]
+    runs = []
+    saved = model.graphs
+    try:
+        for graphs in (Graphs(max_rows=64), None):
+            model.graphs = graphs
+            sessions = [new_session(cfg) for _ in base]
+            for b, s in zip(base, sessions):
+                copy_session(b, s, cfg.indexer_block)
+            runs.append([run_windows(model, [(s, [7 + i + 3 * r]) for i, s in
+                                             enumerate(sessions)], keep=True) for r in range(3)])
+    finally:
+        model.graphs = saved
+    for got, want in zip(*runs):
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
 def test_every_bucket_captures_at_start(gpu_model):
     from flashlane.runner.graphs import capture_all
 
@@ -155,5 +179,7 @@ def test_every_bucket_captures_at_start(gpu_model):
     graphs = Graphs(max_rows=64)
     secs, used = capture_all(model, graphs)
     assert graphs.failed is None
-    assert len(graphs.entries) == 2 * len(model.layers) * len(graphs.sizes)
+    parts = sum((3 if layer.kind == "linear" else 2) + (layer.ple is not None)
+                for layer in model.layers)
+    assert len(graphs.entries) == parts * len(graphs.sizes)
     assert secs > 0 and used >= 0

@@ -1,5 +1,6 @@
-"""The graphed layer split (hyper-connection read and GDN projections | mixer | GDN output and
-MLP half) computes what the plain layer does, bit for bit. On the CPU a stand-in for
+"""The graphed layer split (hyper-connection read and the mixer's projections | mixer | output
+and MLP half; for verify windows of one width also the PLE and the GDN conv) computes what the
+plain layer does, bit for bit. On the CPU a stand-in for
 runner.graphs.Graphs calls each part directly; tests/gpu checks the real CUDA graphs."""
 
 import torch
@@ -17,7 +18,7 @@ class CallThrough:
     def __init__(self):
         self.keys, self.sizes = set(), buckets(64)
 
-    def run(self, key, fn, *args):
+    def run(self, key, fn, *args, views=0):
         self.keys.add(key[1])
         rows = args[0].shape[0]
         size = bucket_of(rows, self.sizes)
@@ -41,8 +42,9 @@ def test_split_layer_equals_plain_layer(oracle_ckpt):
         model.graphs = graphs
         s = SessionState.empty(cfg, 64, torch.float64, torch.float64)
         prompt = run_piece(model, s, ids[:30], 0, recurrent=False)
-        steps = [run_piece(model, s, ids[i : i + 1], i, recurrent=True) for i in range(30, 40)]
-        outs.append(torch.cat([prompt, *steps]))
+        steps = [run_piece(model, s, ids[i : i + 1], i, recurrent=True) for i in range(30, 34)]
+        wide = [run_piece(model, s, ids[i : i + 3], i, recurrent=True) for i in (34, 37)]
+        outs.append(torch.cat([prompt, *steps, *wide]))
     model.graphs = None
-    assert graphs.keys == {"read", "mlp"}
+    assert graphs.keys == {"read", "mlp", "conv"} | ({"ple"} if cfg.ple_layer_ids else set())
     assert torch.equal(outs[0], outs[1])

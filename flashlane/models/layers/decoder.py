@@ -48,10 +48,10 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """r: the residual [N, hc*H] -> the residual after this block. With `graphs`
         (runner.graphs.Graphs), the parts that depend on the row count alone replay."""
-        if self.ple is not None:
-            r = r + self.ple(r, rows, kernels)
         if graphs is not None:
             return self._graphed(r, rows, rotary, kernels, graphs)
+        if self.ple is not None:
+            r = r + self.ple(r, rows, kernels)
         a, w = self.attn_hyper_connection.read(r)
         if self.kind == "linear":
             y = self.linear_attn(a, rows, kernels)
@@ -60,35 +60,84 @@ class DecoderLayer(nn.Module):
         return self.mlp_half(r, y, w, kernels)
 
     def _graphed(self, r, rows: Rows, rotary: Rotary, kernels: Kernels, graphs) -> torch.Tensor:
-        """The same block with everything but the mixer's use of session state replayed."""
-        parts = self.graph_parts(kernels)
+        """The same block with everything but the mixer's use of session state replayed.
+        When the rows are B verify windows of one width T (rows.one_width), the PLE and the
+        GDN conv run in the graphs too, on [B, T] inputs with the sessions' windows."""
+        parts, t = self.graph_parts(kernels), rows.one_width()
+        if self.ple is not None and t is not None:
+            b, pieces = len(rows.pieces), rows.pieces
+            hist = self.ple._history(pieces, rows.token_ids.view(b, t))
+            window = torch.stack([p.session.ple[self.ple.layer_idx].conv for p in pieces])
+            r3, xfull = graphs.run((id(self), "ple"), parts["ple"], r.view(b, t, -1), hist, window)
+            self.ple.record(pieces, xfull, hist)
+            r = r3.flatten(0, 1)
+        elif self.ple is not None:
+            r = r + self.ple(r, rows, kernels)
         if self.kind != "linear":
-            a, w = graphs.run((id(self), "read"), parts["read"], r)
-            y = self.self_attn(a, rows, rotary, kernels)
-            return graphs.run((id(self), "mlp"), parts["mlp"], r, y, w)[0]
-        w, qkv, g, beta, z = graphs.run((id(self), "read"), parts["read"], r)
-        o = self.linear_attn.mix(qkv, g, beta, rows, kernels)
-        return graphs.run((id(self), "mlp"), parts["mlp"], r, o, z, w)[0]
+            cos, sin = rows.cos_sin(rotary, r.dtype)
+            w, q, gate, k, v, iq, raw = graphs.run(
+                (id(self), "read"), parts["read"], r, cos, sin, views=7
+            )
+            o = self.self_attn.attend(q, k, v, iq, raw, rows, rotary, kernels)
+            return graphs.run((id(self), "mlp"), parts["mlp"], r, o, gate, w)[0]
+        gdn = self.linear_attn
+        if t is None:
+            w, qkv, g, beta, z = graphs.run((id(self), "read"), parts["read"], r, views=5)
+            o = gdn.mix(qkv, g, beta, rows, kernels)
+            return graphs.run((id(self), "mlp"), parts["mlp"], r, o, z, w)[0]
+        b = len(rows.pieces)
+        window, state = gdn.state_of([p.session for p in rows.pieces])
+        w, z, g, beta, q, k, v, xfull = graphs.run(
+            (id(self), "conv"), parts["conv"], r.view(b, t, -1), window, views=7
+        )
+        o, states = kernels.recurrent_gdn(q, k, v, g, beta, state)
+        gdn.record(rows.pieces, xfull, states)
+        flat = (x.flatten(0, 1) for x in (o, z, w))
+        return graphs.run((id(self), "mlp"), parts["mlp"], r, *flat)[0]
 
     def graph_parts(self, kernels: Kernels) -> dict:
-        """The block's row-count-only parts, as functions of tensors to tuples of tensors:
-        "read" (r -> hyper-connection read, and for a GDN layer its input projections) and
-        "mlp" (the mixer's output -> the residual after the block)."""
+        """The block's row-count-only parts, as functions of tensors to tuples of tensors.
+        Attention: "read" (r, cos, sin -> write weights and the attention's row-wise
+        projections) and "mlp" (the attention's output -> the residual after the block).
+        GDN: "read" (r -> write weights and the input projections), "conv" (B windows of T
+        rows [B, T, hc*H] and their conv windows -> per [B, T]: write weights, output gate,
+        g, beta, q, k, v after the conv and norms; and the conv inputs) and "mlp" (the mixer's output -> the residual).
+        "ple" (a PLE layer; B windows of T rows): r3, ids, conv window -> r3 + PLE, conv inputs."""
+        out = {}
+        if self.ple is not None:
+
+            def ple(r3, history, window):
+                add, xfull = self.ple.stacked(r3, history, window, kernels)
+                return r3 + add, xfull
+
+            out["ple"] = ple
         if self.kind != "linear":
-            return {
-                "read": self.attn_hyper_connection.read,
-                "mlp": lambda r, y, w: (self.mlp_half(r, y, w, kernels),),
-            }
+            attn = self.self_attn
+
+            def read_attn(r, cos, sin):
+                a, w = self.attn_hyper_connection.read(r)
+                return (w, *attn.project(a, cos, sin))
+
+            def mlp_attn(r, o, gate, w):
+                return (self.mlp_half(r, attn.output(o, gate), w, kernels),)
+
+            return {**out, "read": read_attn, "mlp": mlp_attn}
         gdn = self.linear_attn
 
         def read(r):
             a, w = self.attn_hyper_connection.read(r)
             return (w, *gdn.project(a))
 
+        def conv(r3, window):
+            b, t = r3.shape[:2]
+            w, qkv, g, beta, z = (x.unflatten(0, (b, t)) for x in read(r3.flatten(0, 1)))
+            q, k, v, xfull = gdn.conv_qkv(qkv, window, kernels)
+            return w, z, g, beta, q, k, v, xfull
+
         def mlp(r, o, z, w):
             return (self.mlp_half(r, gdn.finish(o, z), w, kernels),)
 
-        return {"read": read, "mlp": mlp}
+        return {**out, "read": read, "conv": conv, "mlp": mlp}
 
     def mlp_half(self, r, y, w, kernels: Kernels) -> torch.Tensor:
         """The mixer's output written to the streams, then the MLP block behind its own

@@ -61,15 +61,40 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(self.norm(o, z.reshape(o.shape)).reshape(n, -1))
 
     def _mix(self, qkv, g, beta, group, kernels: Kernels) -> torch.Tensor:
-        cfg, key = self.cfg, ("gdn", self.layer_idx)
-        b, t, _ = qkv.shape
+        cfg = self.cfg
         sessions = [p.session for p in group]
         if sessions[0] is None:
-            window = qkv.new_zeros(b, cfg.linear_conv_kernel - 1, qkv.shape[-1])
+            window = qkv.new_zeros(qkv.shape[0], cfg.linear_conv_kernel - 1, qkv.shape[-1])
             state = None
         else:
-            window = torch.stack([s.gdn[self.layer_idx].conv for s in sessions])
-            state = torch.stack([s.gdn[self.layer_idx].recurrent for s in sessions])
+            window, state = self.state_of(sessions)
+        o, xfull, states = self.rule(qkv, g, beta, window, state, group[0].recurrent, kernels)
+        if sessions[0] is not None:
+            self.record(group, xfull, states)
+        return o
+
+    def state_of(self, sessions) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sessions' conv windows [B, k-1, C] and recurrent states [B, HV, Dk, Dv]."""
+        mine = [s.gdn[self.layer_idx] for s in sessions]
+        return torch.stack([m.conv for m in mine]), torch.stack([m.recurrent for m in mine])
+
+    def rule(self, qkv, g, beta, window, state, recurrent: bool, kernels: Kernels):
+        """Conv and the gated delta rule over B sequences of T rows: qkv [B, T, C] ->
+        (o [B, T, HV, Dv], conv inputs xfull [B, k-1+T, C], states: the state after every row
+        [B, T, HV, Dk, Dv] (recurrent) or the final one [B, 1, ...] (chunked))."""
+        q, k, v, xfull = self.conv_qkv(qkv, window, kernels)
+        if recurrent:
+            o, states = kernels.recurrent_gdn(q, k, v, g, beta, state)
+        else:
+            o, final = kernels.chunk_gdn(q, k, v, g, beta, state)
+            states = final.unsqueeze(1)
+        return o, xfull, states
+
+    def conv_qkv(self, qkv, window, kernels: Kernels) -> tuple[torch.Tensor, ...]:
+        """The conv over [B, T, C] inputs after their window -> (q scaled, k: L2-normed, value
+        heads matched [B, T, HV, Dk]; v [B, T, HV, Dv]; the conv inputs [B, k-1+T, C])."""
+        cfg = self.cfg
+        b, t, _ = qkv.shape
         y, xfull = kernels.causal_conv(qkv, window, self.conv1d.weight[:, 0, :])
         kd, vd = cfg.linear_key_dim, cfg.linear_value_dim
         q = y[..., :kd].reshape(b, t, cfg.linear_num_k_heads, -1)
@@ -78,15 +103,13 @@ class GatedDeltaNet(nn.Module):
         rep = cfg.linear_num_v_heads // cfg.linear_num_k_heads
         q = (kernels.l2norm(q) * cfg.linear_k_head_dim**-0.5).repeat_interleave(rep, dim=2)
         k = kernels.l2norm(k).repeat_interleave(rep, dim=2)
-        if group[0].recurrent:
-            o, states = kernels.recurrent_gdn(q, k, v, g, beta, state)
-        else:
-            o, final = kernels.chunk_gdn(q, k, v, g, beta, state)
-            states = final.unsqueeze(1)
-        if sessions[0] is not None:
-            # padding rows (zero beta, zero decay) leave the state as is; they are cut here
-            for i, piece in enumerate(group):
-                n = piece.length
-                rows_of = states[i, :n] if piece.recurrent else states[i]
-                piece.pending[key] = (xfull[i, : xfull.shape[1] - t + n], rows_of)
-        return o
+        return q, k, v, xfull
+
+    def record(self, group, xfull: torch.Tensor, states: torch.Tensor) -> None:
+        """What commit() needs per piece: its conv inputs and its states, padding rows cut
+        (padding rows have zero beta and zero decay, so they leave the state as is)."""
+        key, t = ("gdn", self.layer_idx), xfull.shape[1] - (self.cfg.linear_conv_kernel - 1)
+        for i, piece in enumerate(group):
+            n = piece.length
+            rows_of = states[i, :n] if piece.recurrent else states[i]
+            piece.pending[key] = (xfull[i, : xfull.shape[1] - t + n], rows_of)

@@ -106,25 +106,52 @@ class PLELayer(nn.Module):
 
     def forward(self, r: torch.Tensor, rows: Rows, kernels: Kernels) -> torch.Tensor:
         """r: [N, hc*H] -> the PLE's addition to r; records ("ple", idx): (conv inputs, ids)."""
-        cfg, n = self.cfg, r.shape[0]
-        hc, h = cfg.hc_count, cfg.hidden_size
         histories = [
             self._history(group, ids)
             for group, ids in zip(rows.groups(True), rows.split(rows.token_ids, True))
         ]
         table_rows = rows.join([self.ple_embedding.row_ids(hist) for hist in histories], True)
-        emb = self.ple_embedding.ngram_embedding(table_rows).flatten(-2).to(r.dtype)
-        key = self.norm_key(self.key_proj(emb)).reshape(n, hc, h)
-        query = self.norm_query(r).reshape(n, hc, h)
-        gate = kernels.row_sum(key * query).unsqueeze(-1) / math.sqrt(h)
-        gate = gate.abs().clamp_min(1e-6).sqrt() * gate.sign()
-        gated = (torch.sigmoid(gate) * self.value_proj(emb).unsqueeze(-2)).flatten(-2)
+        gated = self._gated(r, table_rows, kernels)
         normed = self.norm_conv(gated)
         convs = [
             self._conv(x, group, hist, kernels)
             for x, group, hist in zip(rows.split(normed, True), rows.groups(True), histories)
         ]
         return gated + rows.join(convs, True)
+
+    def stacked(self, r3: torch.Tensor, history: torch.Tensor, window: torch.Tensor, kernels):
+        """forward for B windows of T rows, from tensors alone (a CUDA graph replays it):
+        r3 [B, T, hc*H], history [B, n-1+T] ids, window [B, tail, hc*H] ->
+        (the addition [B, T, hc*H], the conv inputs [B, tail+T, hc*H])."""
+        b, t = r3.shape[:2]
+        table_rows = self.ple_embedding.row_ids(history).flatten(0, 1)
+        gated = self._gated(r3.flatten(0, 1), table_rows, kernels)
+        y, xfull = kernels.causal_conv(
+            self.norm_conv(gated).unflatten(0, (b, t)), window, self.conv1d.weight[:, 0, :],
+            dilation=self.cfg.ple_conv_dilation,
+        )  # fmt: skip
+        return gated.unflatten(0, (b, t)) + y, xfull
+
+    def _gated(self, r: torch.Tensor, table_rows: torch.Tensor, kernels: Kernels) -> torch.Tensor:
+        """The table rows' embedding, gated by each stream's query: [N, hc*H]."""
+        cfg, n = self.cfg, r.shape[0]
+        hc, h = cfg.hc_count, cfg.hidden_size
+        emb = self.ple_embedding.ngram_embedding(table_rows).flatten(-2).to(r.dtype)
+        key = self.norm_key(self.key_proj(emb)).reshape(n, hc, h)
+        query = self.norm_query(r).reshape(n, hc, h)
+        gate = kernels.row_sum(key * query).unsqueeze(-1) / math.sqrt(h)
+        gate = gate.abs().clamp_min(1e-6).sqrt() * gate.sign()
+        return (torch.sigmoid(gate) * self.value_proj(emb).unsqueeze(-2)).flatten(-2)
+
+    def record(self, pieces, xfull: torch.Tensor, history: torch.Tensor) -> None:
+        """What commit() needs per piece: its conv inputs and ids up to its length."""
+        pad = history.shape[1] - (self.cfg.ngram_size - 1)
+        for i, piece in enumerate(pieces):
+            n = piece.length
+            piece.pending[("ple", self.layer_idx)] = (
+                xfull[i, : xfull.shape[1] - pad + n],
+                history[i, : history.shape[1] - pad + n],
+            )
 
     def _history(self, group, ids: torch.Tensor) -> torch.Tensor:
         ctx = self.cfg.ngram_size - 1
@@ -144,11 +171,5 @@ class PLELayer(nn.Module):
             x, window, self.conv1d.weight[:, 0, :], dilation=cfg.ple_conv_dilation
         )
         if group[0].session is not None:
-            pad = x.shape[1]
-            for i, piece in enumerate(group):
-                n = piece.length
-                piece.pending[("ple", self.layer_idx)] = (
-                    xfull[i, : xfull.shape[1] - pad + n],
-                    history[i, : history.shape[1] - pad + n],
-                )
+            self.record(group, xfull, history)
         return y

@@ -60,29 +60,42 @@ class QSAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, rows: Rows, rotary: Rotary, kernels: Kernels
     ) -> torch.Tensor:
+        q, gate, k, v, iq, raw = self.project(x, *rows.cos_sin(rotary, x.dtype))
+        return self.output(self.attend(q, k, v, iq, raw, rows, rotary, kernels), gate)
+
+    def project(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, ...]:
+        """The row-wise part: x [N, H] -> (q [N, Hq, D] normed and roped, output gate,
+        k [N, Hkv, D] normed and roped, v, indexer queries, raw indexer keys)."""
         cfg, n, d = self.cfg, x.shape[0], self.cfg.head_dim
-        cos, sin = rotary.cos_sin(rows.positions, x.dtype)
         qg = self.q_proj(x).reshape(n, cfg.num_attention_heads, 2 * d)
         q, gate = qg[..., :d], qg[..., d:]
         q = apply_rope(self.q_norm(q), cos, sin)
         k = apply_rope(self.k_norm(self.k_proj(x).reshape(n, cfg.num_kv_heads, d)), cos, sin)
         v = self.v_proj(x).reshape(n, cfg.num_kv_heads, d)
         iq, raw = self.indexer.project(x, cos, sin)
+        return q, gate, k, v, iq, raw
+
+    def output(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """The gated output projection: o, gate [N, Hq, D] -> [N, H]."""
+        n = o.shape[0]
+        return self.o_proj(o.reshape(n, -1) * torch.sigmoid(gate.reshape(n, -1)))
+
+    def attend(self, q, k, v, iq, raw, rows: Rows, rotary: Rotary, kernels: Kernels):
+        """Keys written to each piece's session, then each row's attention -> o [N, Hq, D]."""
         windows = [p for p in rows.pieces if p.recurrent and p.session is not None]
         if rows.batch is not None or len(windows) < 2:
             parts = zip(
                 rows.split(q), rows.split(k), rows.split(v), rows.split(iq),
                 rows.split(raw), rows.split(rows.positions), rows.groups(),
             )  # fmt: skip
-            o = rows.join([self._attend(*part, rotary, kernels) for part in parts])
-        else:
-            o = q.new_empty(q.shape)
-            for p in rows.pieces:  # prompt pieces one at a time
-                if not (p.recurrent and p.session is not None):
-                    one = (t[p.rows][None] for t in (q, k, v, iq, raw, rows.positions))
-                    o[p.rows] = self._attend(*one, [p], rotary, kernels)[0]
-            self._attend_windows(windows, (q, k, v, iq, raw, rows.positions), o, rotary, kernels)
-        return self.o_proj(o.reshape(n, -1) * torch.sigmoid(gate.reshape(n, -1)))
+            return rows.join([self._attend(*part, rotary, kernels) for part in parts])
+        o = q.new_empty(q.shape)
+        for p in rows.pieces:  # prompt pieces one at a time
+            if not (p.recurrent and p.session is not None):
+                one = (t[p.rows][None] for t in (q, k, v, iq, raw, rows.positions))
+                o[p.rows] = self._attend(*one, [p], rotary, kernels)[0]
+        self._attend_windows(windows, (q, k, v, iq, raw, rows.positions), o, rotary, kernels)
+        return o
 
     def _attend_windows(self, windows: list[Piece], flat, out, rotary, kernels: Kernels):
         """Every verify window of the round in one call: queries padded to the widest window

@@ -15,12 +15,16 @@ class Rotary:
         self.rotary_dim = rotary_dim
         exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim
         self.inv_freq = 1.0 / (theta**exponents)
+        self._on: dict[torch.device, torch.Tensor] = {}  # inv_freq copied once per device
 
     def cos_sin(
         self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [N] -> cos, sin [N, rotary_dim]."""
-        freqs = positions.to(torch.float32).unsqueeze(-1) * self.inv_freq.to(positions.device)
+        inv = self._on.get(positions.device)
+        if inv is None:
+            inv = self._on[positions.device] = self.inv_freq.to(positions.device)
+        freqs = positions.to(torch.float32).unsqueeze(-1) * inv
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
