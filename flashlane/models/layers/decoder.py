@@ -101,7 +101,8 @@ class DecoderLayer(nn.Module):
         projections) and "mlp" (the attention's output -> the residual after the block).
         GDN: "read" (r -> write weights and the input projections), "conv" (B windows of T
         rows [B, T, hc*H] and their conv windows -> per [B, T]: write weights, output gate,
-        g, beta, q, k, v after the conv and norms; and the conv inputs) and "mlp" (the mixer's output -> the residual).
+        g, beta, q, k, v after the conv and norms; and the conv inputs) and "mlp" (the
+        mixer's output -> the residual).
         "ple" (a PLE layer; B windows of T rows): r3, ids, conv window -> r3 + PLE, conv inputs."""
         out = {}
         if self.ple is not None:
