@@ -130,7 +130,7 @@ class LaneCore:
             catch_up,
             rounds_left=room,
             is_refused=s.is_refused,
-            odds=self.mtp_pool.rate(1),
+            odds=self.mtp_pool.typical(1),
         )
 
     def _draft(self, streams: Sequence[Stream], round_rows: int = 1) -> None:

@@ -18,9 +18,10 @@ A draft call of a stream whose head has cells to catch up (`catch_up_cells`: a f
 whole prompt, or everything kept since an idle stream last drafted) pays that absorb once, and
 so does the round it drafts in should its drafts not land; the call is made only where `odds`
 (the chance the stream's drafts turn out good) of what good drafts would save over the rounds
-its reply has left repays both. The core passes as odds how often the head's first drafts
-landed for all its streams so far (a half before any): a head with random weights stops
-paying for catch-ups once it has missed for a few streams; a trained one keeps measuring.
+its reply has left repays both. The core passes as odds the chance a first draft of the
+head's usual confidence lands, from all its streams so far (`DraftStats.typical`; a half
+before any): a head with random weights, unsure and wrong, stops paying for catch-ups after
+its first miss; a trained one keeps measuring.
 """
 
 from __future__ import annotations

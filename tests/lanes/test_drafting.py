@@ -1,5 +1,6 @@
 """Copy drafts, priced allocation and the depth rule."""
 
+import dataclasses
 import itertools
 
 from flashlane.drafting.copy import CopyIndex
@@ -201,3 +202,20 @@ def test_row_cap_shares_rounds_fairly():
     assert all(len(o.token_ids) == 10 for o in outs.values())
     rounds = [o.stats.rounds for o in outs.values()]
     assert max(rounds) - min(rounds) <= 9
+
+
+def test_a_head_whose_unsure_drafts_missed_is_not_caught_up_for_later_streams():
+    # a 40-token prompt's catch-up costs 19 ms: worth it at even odds, not at a few percent
+    costs = dataclasses.replace(STEEP, absorb_cell_ms=0.5)
+    prompt = list(range(20, 60))
+    for prob, later_drafts in ((0.03, False), (0.9, True)):
+        backend = FakeBackend(wrong=lambda stream_id, call: 0, draft_prob=prob, cost_table=costs)
+        host = make_host(backend, mtp_drafts=1, copy_drafts=0)
+        host.submit("a", prompt, GREEDY)
+        first = run_to_end(host)["a"]
+        host.submit("b", prompt, GREEDY)
+        second = run_to_end(host)["b"]
+        assert first.stats.drafted >= 1 and first.stats.accepted == 0
+        # the first stream's miss of a draft its head gave 3% makes a landing unlikely; a head
+        # that was sure and missed once may still be good
+        assert (second.stats.drafted > 0) == later_drafts
