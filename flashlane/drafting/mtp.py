@@ -49,6 +49,8 @@ class Waiting:
 class MtpDrafter:
     def __init__(self, model: FlashNext, confidence: float):
         self.model, self.confidence = model, confidence
+        # read on every kept window: a module attribute lookup costs more than this bool
+        self.enabled = model.mtp is not None
         self.waiting: dict[int, Waiting] = {}
         # Drafts only steer speed (verification is exact), so their lm_head may run in fp32
         # where the target computes in fp64: on the CPU that halves the head's largest GEMM.
@@ -62,10 +64,6 @@ class MtpDrafter:
         if draw_at is not None:
             hidden = hidden[draw_at]
         return torch.nn.functional.linear(hidden.to(self._head.dtype), self._head).float(), out
-
-    @property
-    def enabled(self) -> bool:
-        return self.model.mtp is not None
 
     def forget(self, stream_id: int) -> None:
         self.waiting.pop(stream_id, None)
