@@ -10,7 +10,7 @@ seed; the first is always kept, a later one below `confidence` ends the chain.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -24,15 +24,33 @@ from flashlane.sampling.choose import DrawSpec, SampleError, draw_rows
 
 @dataclass(slots=True)
 class Waiting:
-    residuals: list[torch.Tensor] = field(default_factory=list)  # [hc*H] rows, cell order
+    """A stream's kept rows whose cells the head has not absorbed, in position order: cell i
+    pairs row i with next_ids[i]; with `is_dangling` the last row waits for its next token."""
+
+    blocks: list[torch.Tensor] = field(default_factory=list)  # [n, hc*H] each, as kept
     next_ids: list[int] = field(default_factory=list)
-    dangling: torch.Tensor | None = None  # a row whose next token is not known yet
+    is_dangling: bool = False
     draws: Draws | None = None
+
+    @property
+    def dangling(self) -> torch.Tensor | None:
+        """[hc*H] the row whose next token is not known yet."""
+        return self.blocks[-1][-1] if self.is_dangling else None
+
+    def take(self) -> tuple[torch.Tensor, list[int]]:
+        """The rows of every complete cell and their next ids; the dangling row stays."""
+        rows = self.blocks[0] if len(self.blocks) == 1 else torch.cat(self.blocks)
+        ids, n = self.next_ids, len(self.next_ids)
+        self.blocks = [rows[n:]] if self.is_dangling else []
+        self.next_ids = []
+        return rows[:n], ids
 
 
 class MtpDrafter:
     def __init__(self, model: FlashNext, confidence: float):
         self.model, self.confidence = model, confidence
+        # read on every kept window: a module attribute lookup costs more than this bool
+        self.enabled = model.mtp is not None
         self.waiting: dict[int, Waiting] = {}
         # Drafts only steer speed (verification is exact), so their lm_head may run in fp32
         # where the target computes in fp64: on the CPU that halves the head's largest GEMM.
@@ -47,10 +65,6 @@ class MtpDrafter:
             hidden = hidden[draw_at]
         return torch.nn.functional.linear(hidden.to(self._head.dtype), self._head).float(), out
 
-    @property
-    def enabled(self) -> bool:
-        return self.model.mtp is not None
-
     def forget(self, stream_id: int) -> None:
         self.waiting.pop(stream_id, None)
 
@@ -58,49 +72,45 @@ class MtpDrafter:
         self,
         stream_id: int,
         residual: torch.Tensor,
-        tokens: list[int],
+        tokens: Sequence[int],
         next_token: int | None,
         draws: Draws,
     ) -> None:
-        """Queue cells for kept rows: residual [n, hc*H] of tokens; next_token follows them."""
-        w = self.waiting.setdefault(stream_id, Waiting())
+        """Queue cells for kept rows: residual [n, hc*H] of tokens; next_token follows them.
+        Cheap (a view and a few ids): every kept window of a drafting request queues here,
+        drafting this round or not."""
+        w = self.waiting.get(stream_id)
+        if w is None:
+            w = self.waiting[stream_id] = Waiting()
         w.draws = draws
-        if w.dangling is not None:
-            w.residuals.append(w.dangling)
-            w.next_ids.append(tokens[0])
-        followers = [*tokens[1:], next_token]
-        for row, nxt in zip(residual, followers):
-            if nxt is None:
-                w.dangling = row
-            else:
-                w.residuals.append(row)
-                w.next_ids.append(nxt)
+        w.blocks.append(residual)
+        # a dangling row's next token is this window's first
+        w.next_ids.extend(tokens if w.is_dangling else tokens[1:])
         if next_token is not None:
-            w.dangling = None
+            w.next_ids.append(next_token)
+        w.is_dangling = next_token is None
 
     @torch.no_grad()
     def absorb(self, stream_id: int, session: SessionState) -> torch.Tensor | None:
         """Absorb the stream's waiting cells into the head's cache now (no drafts); returns the
         residual of its last row, whose cell waits for the next token (None: nothing waits)."""
         w = self.waiting.get(stream_id)
-        if not self.enabled or w is None or w.dangling is None:
+        if not self.enabled or w is None or not w.is_dangling:
             return None
         if w.next_ids:
             m = self.model
-            cells = [(session, torch.tensor(w.next_ids), session.mtp_length, False)]
-            res = torch.stack(w.residuals)
+            res, ids = w.take()
+            cells = [(session, torch.tensor(ids), session.mtp_length, False)]
             rows = Rows.of(cells, res.device)
             m.mtp(res, m.embed_tokens(rows.token_ids), rows, m.rotary, m.kernels)
-            session.mtp_length += len(w.next_ids)
-            w.residuals.clear()
-            w.next_ids.clear()
+            session.mtp_length += len(ids)
         return w.dangling
 
     def resume(self, stream_id: int, dangling: torch.Tensor | None) -> None:
         """A stream resumed from a kept state: its cell at the kept length waits for a token."""
         self.forget(stream_id)
         if dangling is not None:
-            self.waiting[stream_id] = Waiting(dangling=dangling)
+            self.waiting[stream_id] = Waiting([dangling.unsqueeze(0)], is_dangling=True)
 
     @torch.no_grad()
     def draft(
@@ -115,19 +125,18 @@ class MtpDrafter:
         if not ready:
             return list(out.values())
         # absorb: every waiting cell of every stream in one head forward
+        taken = [self.waiting[s].take() for s in ready]
         cells = [
-            (sessions[s], torch.tensor(self.waiting[s].next_ids), sessions[s].mtp_length, False)
-            for s in ready
+            (sessions[s], torch.tensor(ids), sessions[s].mtp_length, False)
+            for s, (_, ids) in zip(ready, taken)
         ]
-        res = torch.cat([torch.stack(self.waiting[s].residuals) for s in ready])
+        res = torch.cat([r for r, _ in taken]) if len(taken) > 1 else taken[0][0]
         rows = Rows.of(cells, res.device)
         # the absorb needs every cell in the head's cache, but logits only at each stream's last
         last = [p.offset + p.length - 1 for p in rows.pieces]
         logits, outs = self._cells(res, rows.token_ids, rows, draw_at=last)
         for s, p in zip(ready, rows.pieces):
             sessions[s].mtp_length += p.length
-            self.waiting[s].residuals.clear()
-            self.waiting[s].next_ids.clear()
         drafts = {s: [] for s in ready}
         probs = {s: [] for s in ready}
         live, r, lg = list(ready), outs[last], logits

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashlane.lanes.allocate import allocate
-from flashlane.lanes.depth import best_depth, choose_depth
+from flashlane.lanes.depth import RoundPrices, best_depth, choose_depth, round_prices
 from flashlane.lanes.protocol import Backend
 from flashlane.lanes.records import CostTable, Verdict, Window
 from flashlane.lanes.stops import StopRules, conclude
-from flashlane.lanes.stream import Held, Stream
+from flashlane.lanes.stream import DraftStats, Held, Stream
 from flashlane.lanes.windows import (
     Plan,
     accept,
@@ -57,6 +57,9 @@ class LaneCore:
         self.rules = rules
         self.costs: CostTable | None = None if config.unpriced else backend.costs()
         self.num_rounds = 0
+        # How the MTP head's drafts have landed for every stream so far: the depth rule's odds
+        # that a stream yet to catch up its head finds drafts worth the catch-up.
+        self.mtp_pool = DraftStats()
 
     def step(self, live: Sequence[Stream], pieces: Sequence[Window]) -> None:
         cfg = self.config
@@ -98,7 +101,10 @@ class LaneCore:
         path, landed = accept(p, w, v)
         if num_drafts:
             stats = s.copy if p.kind == "copy" else s.mtp
-            stats.record(list(p.priors[:num_drafts]), landed)
+            priors = list(p.priors[:num_drafts])
+            stats.record(priors, landed)
+            if p.kind == "mtp":
+                self.mtp_pool.record(priors, landed)
             s.num_drafted += num_drafts
             s.num_accepted += landed
         return conclude(s, path, self.rules, v.logprobs)
@@ -113,12 +119,28 @@ class LaneCore:
             conclude(s, first_token(s, v), self.rules, v.logprobs)
         return w.num_rows
 
+    def _mtp_depth(self, s: Stream, prices: RoundPrices, room: int) -> int:
+        """The depth rule for the stream's next MTP chain (flashlane.lanes.depth)."""
+        # cells past the one or two a stream that drafted last round has its head absorb
+        catch_up = max(0, s.start - s.absorbed - 2)
+        return choose_depth(
+            s.mtp,
+            prices,
+            s.num_rounds,
+            catch_up,
+            rounds_left=room,
+            is_refused=s.is_refused,
+            odds=self.mtp_pool.typical(1),
+        )
+
     def _draft(self, streams: Sequence[Stream], round_rows: int = 1) -> None:
         """Next drafts for the streams just served: a copy draft where the context repeats,
         else an MTP chain as deep as the depth rule says."""
         cfg = self.config
         depths: dict[int, int] = {}
         by_id = {s.stream_id: s for s in streams}
+        # the depth rule's prices are the round's, not a stream's: made once, when first needed
+        mtp_prices = copy_prices = None
         for s in streams:
             # drafts past the reply's last token would verify for nothing
             room = min(s.room, s.params.max_tokens - len(s.reply_ids)) - 1
@@ -127,26 +149,20 @@ class LaneCore:
             copied = s.copy_index.propose(min(cfg.copy_drafts, room)) if s.copy_index else []
             if copied and self.costs is not None and s.copy.is_measured(1):
                 # as deep as this stream's measured copy acceptance pays; none: an MTP chain
-                depth = best_depth(
-                    s.copy, self.costs, len(copied), round_rows, cfg.max_rows, chained=False
-                )
-                copied = copied[:depth]
+                if copy_prices is None:
+                    copy_prices = round_prices(
+                        self.costs, cfg.copy_drafts, round_rows, cfg.max_rows, chained=False
+                    )
+                copied = copied[: best_depth(s.copy, copy_prices, len(copied))]
             if copied:
                 s.held = Held("copy", s.start, tuple(copied), (COPY_PRIOR,) * len(copied))
                 continue
-            # cells past the one or two a stream that drafted last round has its head absorb
-            catch_up = max(0, s.start - s.absorbed - 2)
-            depth = choose_depth(
-                s.mtp,
-                self.costs,
-                cfg.mtp_drafts,
-                s.num_rounds,
-                round_rows,
-                cfg.max_rows,
-                catch_up,
-                rounds_left=room,
-                is_refused=s.is_refused,
-            )
+            if self.costs is None:
+                depth = cfg.mtp_drafts
+            else:
+                if mtp_prices is None:
+                    mtp_prices = round_prices(self.costs, cfg.mtp_drafts, round_rows, cfg.max_rows)
+                depth = self._mtp_depth(s, mtp_prices, room)
             depth = min(room, depth)
             if depth > 0:
                 depths[s.stream_id] = depth

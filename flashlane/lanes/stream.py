@@ -52,6 +52,14 @@ class DraftStats:
         d = depth - 1
         return min(1.0, prior * (self.accepted[d] + 1) / (self.expected[d] + 1))
 
+    def typical(self, depth: int) -> float:
+        """The chance a reached draft at `depth` of the usual prior (the mean of those offered)
+        lands, as `chance` scales it; one half while unmeasured. A head whose drafts are
+        unsure and miss says so after one draft, where `rate` would still be near a half."""
+        if not self.is_measured(depth):
+            return 0.5
+        return self.chance(depth, self.expected[depth - 1] / self.offered[depth - 1])
+
     def rate(self, depth: int) -> float:
         """Smoothed landing rate at `depth` with no per-draft prior (one half while unmeasured)."""
         if len(self.offered) < depth:

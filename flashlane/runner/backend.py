@@ -177,9 +177,8 @@ class ModelBackend:
                 # the core has appended the new pending token (a forced one included)
                 has_next = w.kind == "decode" or w.last_piece
                 nxt = w.draws.reply_ids[-1] if has_next and w.draws.reply_ids else None
-                self.drafter.absorb_later(
-                    stream_id, fed.residual[:n], list(w.tokens[:n]), nxt, w.draws
-                )
+                rows = fed.residual if n == w.num_rows else fed.residual[:n]
+                self.drafter.absorb_later(stream_id, rows, w.tokens[:n], nxt, w.draws)
         self.fed.clear()
 
     def draft(self, depths: Mapping[int, int]) -> list[Drafts]:

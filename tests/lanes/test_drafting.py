@@ -1,10 +1,17 @@
 """Copy drafts, priced allocation and the depth rule."""
 
+import dataclasses
 import itertools
 
 from flashlane.drafting.copy import CopyIndex
 from flashlane.lanes.allocate import allocate
-from flashlane.lanes.depth import PROBE_EVERY, PROBE_IDLE_EVERY, best_depth, choose_depth
+from flashlane.lanes.depth import (
+    PROBE_EVERY,
+    PROBE_IDLE_EVERY,
+    best_depth,
+    choose_depth,
+    round_prices,
+)
 from flashlane.lanes.records import CostTable
 from flashlane.lanes.stream import DraftStats, Held, Stream
 from flashlane.lanes.windows import plan, take_turns
@@ -96,49 +103,60 @@ def test_a_stream_whose_drafts_never_land_stops_drafting():
 
 
 def test_depth_rule_picks_best_tokens_per_ms_and_probes_deeper():
-    costs = CostTable({n: 10.0 + 0.5 * n for n in range(1, 17)}, 0.2, 1.0)
+    prices = round_prices(CostTable({n: 10.0 + 0.5 * n for n in range(1, 17)}, 0.2, 1.0), 3)
     good, bad = DraftStats(), DraftStats()
     for _ in range(30):
         good.record([0.9, 0.9, 0.9], 3)
         bad.record([0.9], 0)
-    assert best_depth(good, costs, 3) == 3
-    assert best_depth(bad, costs, 3) == 0
-    assert choose_depth(bad, costs, 3, num_rounds=0) == 0
+    assert best_depth(good, prices) == 3
+    assert best_depth(good, prices, max_depth=2) == 2
+    assert best_depth(bad, prices) == 0
+    assert choose_depth(bad, prices, num_rounds=0) == 0
     # a stream that drafts nothing probes, but seldom: each probe is a draft call of its own
-    assert choose_depth(bad, costs, 3, num_rounds=PROBE_EVERY - 1) == 0
-    assert choose_depth(bad, costs, 3, num_rounds=PROBE_IDLE_EVERY - 1) == 1
-    assert choose_depth(good, costs, 3, num_rounds=PROBE_EVERY - 1) == 3
-    assert choose_depth(bad, None, 3, num_rounds=0) == 3  # unpriced: always the deepest
-    assert best_depth(DraftStats(), costs, 3) >= 1  # unmeasured: reach for depth
+    assert choose_depth(bad, prices, num_rounds=PROBE_EVERY - 1) == 0
+    assert choose_depth(bad, prices, num_rounds=PROBE_IDLE_EVERY - 1) == 1
+    assert choose_depth(good, prices, num_rounds=PROBE_EVERY - 1) == 3
+    assert best_depth(DraftStats(), prices) >= 1  # unmeasured: reach for depth
 
 
-def test_an_idle_stream_probes_only_where_good_drafts_and_its_heads_catch_up_would_pay():
+def test_a_head_catches_up_only_where_good_drafts_would_repay_it_in_the_rounds_left():
     poor = DraftStats()
     for _ in range(30):
         poor.record([0.9], 0)
     probe = PROBE_IDLE_EVERY - 1
-    # four streams, sixteen rows: drafts that land as good drafts do would pay (9 ms a round to
-    # spare), so an idle stream probes every PROBE_IDLE_EVERY rounds ...
+    # four streams, sixteen rows: drafts that land as good drafts do would pay (2.5 ms more a
+    # round for 3.6 tokens more), so an idle stream probes every PROBE_IDLE_EVERY rounds ...
     costs = CostTable({n: 10.0 + 0.5 * n for n in range(1, 17)}, 0.5, 1.0, absorb_cell_ms=0.1)
-    assert best_depth(poor, costs, 3, round_rows=4, max_rows=16) == 0
-    four = {"round_rows": 4, "max_rows": 16}
-    assert choose_depth(poor, costs, 3, probe, **four, catch_up_cells=2) == 1
-    # ... unless its head's catch-up costs more than they would repay in PROBE_EVERY rounds
-    assert choose_depth(poor, costs, 3, probe, **four, catch_up_cells=400) == 0
-    # or in the rounds its reply has left
-    assert choose_depth(poor, costs, 3, probe, **four, catch_up_cells=40) == 1
-    assert choose_depth(poor, costs, 3, probe, **four, catch_up_cells=40, rounds_left=1) == 0
+    four = round_prices(costs, 3, round_rows=4, max_rows=16)
+    assert best_depth(poor, four) == 0
+    assert choose_depth(poor, four, probe, catch_up_cells=2) == 1
+    # ... unless half of what they would save (4.8 ms a round: 77 ms in PROBE_IDLE_EVERY
+    # rounds, 29 in twelve, 15 in six) does not repay its head's catch-up (0.4 ms a cell for
+    # the four streams: 16 ms for 40 cells) and the dearer round (2.5 ms)
+    assert choose_depth(poor, four, probe, catch_up_cells=400) == 0
+    assert choose_depth(poor, four, probe, catch_up_cells=40) == 1
+    assert choose_depth(poor, four, probe, catch_up_cells=40, rounds_left=12) == 1
+    assert choose_depth(poor, four, probe, catch_up_cells=40, rounds_left=6) == 0
+    # or where the engine's heads so far make good drafts unlikely
+    assert choose_depth(poor, four, probe, catch_up_cells=40, odds=0.1) == 0
+    # a fresh stream pays for its prompt's cells the same way before its first draft
+    fresh = DraftStats()
+    assert choose_depth(fresh, four, 0, catch_up_cells=100) >= 1
+    assert choose_depth(fresh, four, 0, catch_up_cells=1000) == 0
+    assert choose_depth(fresh, four, 0, catch_up_cells=100, odds=0.05) == 0
     # a stream that drafts pays its head's absorb every round: nothing to catch up
     good = DraftStats()
     for _ in range(30):
         good.record([0.9, 0.9, 0.9], 3)
-    assert choose_depth(good, costs, 2, PROBE_EVERY - 1, catch_up_cells=400) == 2
+    assert choose_depth(good, round_prices(costs, 2), PROBE_EVERY - 1, catch_up_cells=400) == 2
     # eight streams: sixteen rows cost 1.95 times eight, so only drafts that always land pay;
     # no probe
-    full = CostTable({1: 10.0, 8: 20.0, 16: 38.5}, 0.5, 0.0)
-    assert choose_depth(poor, full, 3, probe, round_rows=8, max_rows=16) == 0
-    cheaper = CostTable({1: 10.0, 8: 20.0, 16: 36.0}, 0.5, 0.0)
-    assert choose_depth(poor, cheaper, 3, probe, round_rows=8, max_rows=16) == 1
+    full = round_prices(CostTable({1: 10.0, 8: 20.0, 16: 38.5}, 0.5, 0.0), 3, 8, 16)
+    assert choose_depth(poor, full, probe) == 0
+    # where good drafts would pay a little, only a reply with long to go repays the probe
+    cheaper = round_prices(CostTable({1: 10.0, 8: 20.0, 16: 36.0}, 0.5, 0.0), 3, 8, 16)
+    assert choose_depth(poor, cheaper, probe, catch_up_cells=10, rounds_left=1000) == 1
+    assert choose_depth(poor, cheaper, probe, catch_up_cells=10) == 0
 
 
 def test_the_core_counts_the_cells_a_head_absorbs_at_each_draft_call():
@@ -184,3 +202,20 @@ def test_row_cap_shares_rounds_fairly():
     assert all(len(o.token_ids) == 10 for o in outs.values())
     rounds = [o.stats.rounds for o in outs.values()]
     assert max(rounds) - min(rounds) <= 9
+
+
+def test_a_head_whose_unsure_drafts_missed_is_not_caught_up_for_later_streams():
+    # a 40-token prompt's catch-up costs 19 ms: worth it at even odds, not at a few percent
+    costs = dataclasses.replace(STEEP, absorb_cell_ms=0.5)
+    prompt = list(range(20, 60))
+    for prob, later_drafts in ((0.03, False), (0.9, True)):
+        backend = FakeBackend(wrong=lambda stream_id, call: 0, draft_prob=prob, cost_table=costs)
+        host = make_host(backend, mtp_drafts=1, copy_drafts=0)
+        host.submit("a", prompt, GREEDY)
+        first = run_to_end(host)["a"]
+        host.submit("b", prompt, GREEDY)
+        second = run_to_end(host)["b"]
+        assert first.stats.drafted >= 1 and first.stats.accepted == 0
+        # the first stream's miss of a draft its head gave 3% makes a landing unlikely; a head
+        # that was sure and missed once may still be good
+        assert (second.stats.drafted > 0) == later_drafts

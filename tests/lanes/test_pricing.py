@@ -1,7 +1,7 @@
 """Drafts priced by the round's shape: window widths, drafting streams, streams ahead."""
 
 from flashlane.lanes.allocate import allocate
-from flashlane.lanes.depth import PROBE_EVERY, best_depth, choose_depth
+from flashlane.lanes.depth import PROBE_EVERY, best_depth, choose_depth, round_prices
 from flashlane.lanes.records import CostTable
 from flashlane.lanes.stream import DraftStats, Held, Stream
 from flashlane.lanes.windows import plan
@@ -87,11 +87,11 @@ def test_depth_rule_prices_a_round_of_streams_drafting_alike():
         good.record([0.9, 0.9, 0.9], 3)
     # eight streams, twenty rows: each can carry one draft, all in windows of one width; two
     # each fit six of them, the other two windows a second stacked call
-    assert best_depth(good, _costs(), 3, round_rows=8, max_rows=20) == 2
-    assert best_depth(good, _costs(group_ms=40.0), 3, round_rows=8, max_rows=20) == 1
+    assert best_depth(good, round_prices(_costs(), 3, 8, 20)) == 2
+    assert best_depth(good, round_prices(_costs(group_ms=40.0), 3, 8, 20)) == 1
     # chain steps grow with the streams that draft: dear enough, none pays
-    assert best_depth(good, _costs(stream_ms=5.0), 3, round_rows=8, max_rows=16) == 0
-    assert best_depth(good, _costs(stream_ms=5.0), 3, round_rows=1, max_rows=16) == 3
+    assert best_depth(good, round_prices(_costs(stream_ms=5.0), 3, 8, 16)) == 0
+    assert best_depth(good, round_prices(_costs(stream_ms=5.0), 3, 1, 16)) == 3
 
 
 def test_no_drafts_past_the_last_token_of_a_reply():
@@ -138,7 +138,7 @@ def test_a_stream_whose_drafts_were_refused_drafts_again_only_when_it_probes():
     good = DraftStats()
     for _ in range(30):
         good.record([0.9, 0.9, 0.9], 3)
-    costs = _costs()
-    assert choose_depth(good, costs, 3, num_rounds=0) == 3
-    assert choose_depth(good, costs, 3, num_rounds=0, is_refused=True) == 0
-    assert choose_depth(good, costs, 2, num_rounds=PROBE_EVERY - 1, is_refused=True) == 2
+    prices = round_prices(_costs(), 3)
+    assert choose_depth(good, prices, num_rounds=0) == 3
+    assert choose_depth(good, prices, num_rounds=0, is_refused=True) == 0
+    assert choose_depth(good, round_prices(_costs(), 2), PROBE_EVERY - 1, is_refused=True) == 2

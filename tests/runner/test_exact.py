@@ -105,7 +105,10 @@ def test_shared_rounds_equal_alone(llm, params):
         assert got.error is None
 
 
-def test_copy_and_mtp_drafts_are_used(llm):
+def test_copy_and_mtp_drafts_are_used(tiny_ckpt):
+    # a fresh engine: its random head's misses on the other tests' streams make a landing so
+    # unlikely that the depth rule would not pay for a fresh stream's catch-up
+    llm = LLM(str(tiny_ckpt), costs=COSTS, parallel=8, max_rows=16)
     rep = [7, 8, 9, 10, 11, 12] * 12
     out = llm.generate(rep, SamplingParams(max_tokens=40, temperature=0.0))[0]
     alone = llm.generate(rep, SamplingParams(max_tokens=40, temperature=0.0, draft=False))[0]
