@@ -155,122 +155,16 @@ def test_mixed_call_with_every_kind_and_the_torch_rows():
     logits = spread_rows(rng, 24, vocab)
     params = [
         *FUSED,
+        SamplingParams(top_p=0.95),
         SamplingParams(top_k=200),
         SamplingParams(repetition_penalty=1.3),
         SamplingParams(logit_bias={3: 5.0}, temperature=0.0),
         SamplingParams(presence_penalty=0.5, top_k=20),
-        SamplingParams(top_p=0.95),
         SamplingParams(top_p=0.5, min_p=0.1),
         SamplingParams(top_k=vocab),
         SamplingParams(top_k=vocab + 3, min_p=0.2),
     ]
     specs = [DrawSpec(p, 1000 + i, 77, [1, 2, 3], [4, 5]) for i, p in enumerate(params)]
-    assert fused(logits, specs)[len(FUSED) : len(FUSED) + 4] == [None] * 4
+    assert fused(logits, specs)[len(FUSED) : len(FUSED) + 6] == [None] * 6
     got = draw_rows_gpu(logits.to(DEVICE), specs, fused=True)
     assert_same(got, draw_rows(logits, specs), specs)
-
-
-TOP_P = [  # top_p without top_k (triton_top_p), with and without min_p
-    SamplingParams(top_p=0.95),
-    SamplingParams(top_p=0.5),
-    SamplingParams(top_p=0.9, temperature=0.7),
-    SamplingParams(top_p=0.999),
-    SamplingParams(top_p=1e-9),
-    SamplingParams(top_p=0.8, temperature=3.0),
-    SamplingParams(top_p=0.3, min_p=0.05),
-    SamplingParams(top_p=0.95, min_p=0.2, top_k=10**6),  # top_k >= V keeps every candidate
-]
-
-
-def assert_top_p_rows(logits, specs, block=None):
-    """Settled rows equal the CPU path, the rest are settled by draw_rows_gpu's torch path;
-    returns how many the kernels settled."""
-    from flashlane.sampling.triton_draw import draw_rows_fused
-
-    want = draw_rows(logits, specs)
-    got = draw_rows_fused(logits.to(DEVICE), specs, block=block or BLOCK)
-    settled = [i for i, g in enumerate(got) if g is not None]
-    assert_same([got[i] for i in settled], [want[i] for i in settled], [specs[i] for i in settled])
-    if len(settled) < len(specs):
-        assert_same(draw_rows_gpu(logits.to(DEVICE), specs, fused=True), want, specs)
-    return len(settled)
-
-
-@pytest.mark.parametrize("vocab", (3001, 65_537, 248_320) if HAS_CUDA else (3001, 65_537))
-def test_top_p_rows_on_awkward_vocabularies(vocab):
-    rng = np.random.default_rng(vocab + 1)
-    logits = spread_rows(rng, len(TOP_P), vocab)
-    rounds, block = (2, BLOCK) if HAS_CUDA or vocab < 10_000 else (1, 4096)
-    settled = 0
-    for shift in range(rounds):
-        params = TOP_P[shift:] + TOP_P[:shift]
-        specs = [
-            DrawSpec(p, int(rng.integers(0, 2**63)), int(rng.integers(0, 10**6))) for p in params
-        ]
-        settled += assert_top_p_rows(logits, specs, block)
-    assert settled >= rounds * (len(TOP_P) - 1)  # a cut too close to call is rare
-
-
-def test_top_p_cut_ids_that_win():
-    """Few candidates, so the id at the cut often has the best score: the kernels must then
-    decide from the exact running sum whether it is kept (ties at the cut included)."""
-    vocab = 3000
-    rows = torch.full((4, vocab), -math.inf)
-    rows[0, [7, 900, 1500, 2100, 2999]] = torch.tensor([3.0, 2.5, 2.0, 1.5, 1.0])
-    rows[1, [5, 6, 1030, 2047, 2048, 2500]] = torch.tensor([3.0, 2.0, 2.0, 2.0, 2.0, 1.0])
-    rows[2, :] = torch.randn(vocab) - 20.0
-    rows[2, [11, 1200, 2900]] = torch.tensor([4.0, 3.2, 3.1])
-    rows[3, 100:140] = 1.0  # a tie holds the whole cut
-    rows[3, 60] = 1.5
-    rng = np.random.default_rng(11)
-    settled = total = 0
-    for top_p in (0.6, 0.75, 0.9):
-        specs = [
-            DrawSpec(SamplingParams(top_p=top_p), int(rng.integers(0, 2**63)), j) for j in range(4)
-        ]
-        for _ in range(4):
-            specs = [DrawSpec(s.params, s.seed + 1, s.position) for s in specs]
-            settled += assert_top_p_rows(rows, specs)
-            total += len(specs)
-    assert settled >= total * 3 // 4
-
-
-def test_top_p_ties_signed_zeros_and_minus_inf():
-    vocab = 3000
-    # Rows 0, 1 and 5 tie nearly every id: the cut lies inside a tie wider than the kernels
-    # gather (triton_top_p.EDGE_CAP ids a chunk), so the torch path draws them.
-    rows = torch.zeros(8, vocab)
-    rows[1, ::2] = -0.0  # -0.0 and +0.0 tie: the lower id first
-    rows[2, 100:200] = 1.0  # 100 ids tied at the top
-    rows[3, :] = -math.inf
-    rows[3, [5, 2999]] = 2.0  # two candidates
-    rows[4, :] = -math.inf  # no candidate
-    rows[5, 7] = 1e-30  # a tiny positive beats the zeros
-    rows[6, 1500:1530] = 4.0  # a tie spanning chunks
-    rows[7, :] = torch.arange(vocab) % 7  # many ties at each value
-    rng = np.random.default_rng(6)
-    settled = 0
-    for params in TOP_P:
-        specs = [DrawSpec(params, int(rng.integers(0, 2**63)), 40 + i) for i in range(8)]
-        settled += assert_top_p_rows(rows, specs)
-        got = fused(rows, specs)
-        assert isinstance(got[4], SampleError) and "no finite candidate" in str(got[4])
-    assert settled >= len(TOP_P) * 8 // 3
-
-
-def test_top_p_rows_in_random_batches():
-    rng = np.random.default_rng(12)
-    settled = total = 0
-    for _ in range(3):
-        vocab = int(rng.choice([3000, 3001, 5000]))
-        rows = torch.stack([random_row(rng, vocab) for _ in range(16)])
-        specs = []
-        for _ in range(16):
-            spec = random_spec(rng, vocab)
-            top_p = float(rng.choice([0.999, 0.95, 0.8, 0.5, 0.1, 1e-9]))
-            p = SamplingParams(temperature=max(spec.params.temperature, 0.3), top_p=top_p,
-                               min_p=spec.params.min_p)  # fmt: skip
-            specs.append(DrawSpec(p, spec.seed, spec.position))
-        settled += assert_top_p_rows(rows, specs)
-        total += len(specs)
-    assert settled >= total * 3 // 4
