@@ -101,24 +101,49 @@ def commit(model: FlashNext, piece: Piece, kept: int) -> None:
     row kept-1 (a chunked piece must keep all its rows); conv windows and the PLE tail and
     ids slice their input history at the kept length.
     """
-    s = piece.session
-    if not 0 <= kept <= piece.length:
-        raise ValueError(f"cannot keep {kept} of {piece.length} rows")
-    if kept == 0:
-        return
-    for (kind, idx), (xfull, states) in piece.pending.items():
-        if kind == "gdn":
-            if states.shape[0] != piece.length and kept != piece.length:
+    commit_all(model, [(piece, kept)])
+
+
+def commit_all(model: FlashNext, kept: list[tuple[Piece, int]]) -> None:
+    """commit() for several pieces of a round, with every state copy of every piece and
+    layer made in one multi-tensor copy (a round of 16 streams over 10 stateful layers made
+    some 320 small copies, one launch each)."""
+    dsts: list[torch.Tensor] = []
+    srcs: list[torch.Tensor] = []
+    for piece, n in kept:
+        if not 0 <= n <= piece.length:
+            raise ValueError(f"cannot keep {n} of {piece.length} rows")
+        for (kind, _), (_, states) in piece.pending.items():
+            if kind == "gdn" and states.shape[0] != piece.length and n != piece.length:
                 raise ValueError("a chunked prompt piece keeps all of its rows")
-            g = s.gdn[idx]
-            g.recurrent.copy_(states[kept - 1] if states.shape[0] == piece.length else states[-1])
-            g.conv.copy_(xfull[kept : kept + g.conv.shape[0]])
-        else:
-            p = s.ple[idx]
-            p.conv.copy_(xfull[kept : kept + p.conv.shape[0]])
-            p.ids.copy_(states[kept : kept + p.ids.shape[0]])
-    s.length = piece.start + kept
-    piece.pending.clear()
+    for piece, n in kept:
+        if n == 0:
+            continue
+        s = piece.session
+        for (kind, idx), (xfull, states) in piece.pending.items():
+            if kind == "gdn":
+                g = s.gdn[idx]
+                last = states[n - 1] if states.shape[0] == piece.length else states[-1]
+                dsts += [g.recurrent, g.conv]
+                srcs += [last, xfull[n : n + g.conv.shape[0]]]
+            else:
+                p = s.ple[idx]
+                dsts += [p.conv, p.ids]
+                srcs += [xfull[n : n + p.conv.shape[0]], states[n : n + p.ids.shape[0]]]
+        s.length = piece.start + n
+        piece.pending.clear()
+    for group in _by_kind(dsts, srcs):
+        torch._foreach_copy_(*group)
+
+
+def _by_kind(dsts: list[torch.Tensor], srcs: list[torch.Tensor]):
+    """(dsts, srcs) lists per (device, dtype): a multi-tensor copy takes one kind at a time."""
+    kinds: dict[tuple, tuple[list, list]] = {}
+    for d, s in zip(dsts, srcs):
+        pair = kinds.setdefault((d.device, d.dtype, s.dtype), ([], []))
+        pair[0].append(d)
+        pair[1].append(s)
+    return kinds.values()
 
 
 @torch.no_grad()

@@ -17,7 +17,7 @@ import torch
 
 from flashlane.drafting.mtp import MtpDrafter
 from flashlane.lanes.records import CHUNK, CostTable, Drafts, InvalidBatch, Verdict, Window
-from flashlane.models.flashnext import FlashNext, commit
+from flashlane.models.flashnext import FlashNext, commit_all
 from flashlane.models.rows import Piece, Rows
 from flashlane.models.state import SessionState
 from flashlane.runner import kept as kept_states
@@ -165,20 +165,22 @@ class ModelBackend:
 
     # -- keep, draft, move, release --------------------------------------------------------
     def keep(self, kept: Mapping[int, int]) -> None:
-        for stream_id, n in kept.items():
-            fed = self.fed.pop(stream_id)
-            w = fed.window
+        feds = [(self.fed.pop(stream_id), n) for stream_id, n in kept.items()]
+        for fed, n in feds:
+            w, sid = fed.window, fed.window.stream_id
             if w.kind == "prompt" and n != w.num_rows:
-                raise ValueError(f"stream {stream_id}: a prompt piece keeps all {w.num_rows} rows")
+                raise ValueError(f"stream {sid}: a prompt piece keeps all {w.num_rows} rows")
             if w.kind == "decode" and not 1 <= n <= w.num_rows:
-                raise ValueError(f"stream {stream_id}: keeps {n} of {w.num_rows} rows")
-            commit(self.model, fed.piece, n)
+                raise ValueError(f"stream {sid}: keeps {n} of {w.num_rows} rows")
+        commit_all(self.model, [(fed.piece, n) for fed, n in feds])
+        for fed, n in feds:
+            w = fed.window
             if w.draws.params.draft and self.drafter.enabled:
                 # the core has appended the new pending token (a forced one included)
                 has_next = w.kind == "decode" or w.last_piece
                 nxt = w.draws.reply_ids[-1] if has_next and w.draws.reply_ids else None
                 rows = fed.residual if n == w.num_rows else fed.residual[:n]
-                self.drafter.absorb_later(stream_id, rows, w.tokens[:n], nxt, w.draws)
+                self.drafter.absorb_later(w.stream_id, rows, w.tokens[:n], nxt, w.draws)
         self.fed.clear()
 
     def draft(self, depths: Mapping[int, int]) -> list[Drafts]:
