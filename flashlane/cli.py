@@ -115,8 +115,8 @@ def _stats(stats) -> dict:
 def cmd_info(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from flashlane.models.census import describe
     from flashlane.models.config import ModelConfig
+    from flashlane.models.info import describe
 
     path = Path(args.model_path)
     cfg = ModelConfig.from_hf(path)

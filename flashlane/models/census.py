@@ -7,15 +7,11 @@ which a test checks). The MTP head, which transformers drops, is counted apart.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import Any
 
 from flashlane.models.config import ModelConfig
 
-if TYPE_CHECKING:
-    from flashlane.sessions.memory import MemoryPlan
-
-GIB = 2**30
 # Qwen4ExpVisionConfig's defaults, for keys a vision_config leaves out.
 VISION_DEFAULTS: dict[str, Any] = {
     "depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
@@ -207,91 +203,6 @@ def state_bytes_per_stream(cfg: ModelConfig, cache_bytes: int = 2, state_bytes: 
     ple_tail = cfg.ple_tail * cfg.hc_count * cfg.hidden_size * cache_bytes
     ple = len(cfg.ple_layer_ids) * (ple_tail + (cfg.ngram_size - 1) * 8)
     return gdn + ple
-
-
-def describe(cfg: ModelConfig, plan: MemoryPlan | None = None) -> str:
-    """The text of `flashlane info MODEL`: config, parameters by part, cache and state sizes,
-    and the memory plan when one is given."""
-    counts = count_params(cfg)
-    lines = [*_config_lines(cfg), "", "parameters:"]
-    for f in fields(counts):
-        if f.name != "active":
-            lines.append(_param_line(f.name, getattr(counts, f.name)))
-    lines += [
-        _param_line("text", counts.text),
-        _param_line("total", counts.total) + "  (as transformers counts: text + table + vision)",
-        _param_line("loaded", counts.loaded) + "  (text + table + MTP)",
-        _param_line("active/token", counts.active),
-        "",
-        *_cache_lines(cfg),
-    ]
-    if plan is not None:
-        lines += ["", *_plan_lines(plan)]
-    return "\n".join(lines)
-
-
-def _config_lines(cfg: ModelConfig) -> list[str]:
-    num_sparse = cfg.layer_types.count("sparse")
-    ple = ", ".join(str(i + 1) for i in cfg.ple_layer_ids) or "none"
-    return [
-        f"model_type: {cfg.model_type}",
-        f"layers: {cfg.num_layers} ({cfg.num_layers - num_sparse} Gated DeltaNet, {num_sparse} "
-        f"sparse attention) + {cfg.num_mtp_layers} MTP",
-        f"hidden: {cfg.hidden_size} x {cfg.hc_count} hyper-connection streams; "
-        f"vocab: {cfg.vocab_size:,}; window: {cfg.max_position_embeddings:,} tokens",
-        f"attention: {cfg.num_attention_heads} q / {cfg.num_kv_heads} kv heads x {cfg.head_dim}; "
-        f"indexer {cfg.indexer_n_heads} x {cfg.indexer_head_dim}, "
-        f"top {cfg.indexer_top_blocks} blocks of {cfg.indexer_block}",
-        f"GDN: {cfg.linear_num_k_heads} k / {cfg.linear_num_v_heads} v heads x "
-        f"{cfg.linear_k_head_dim}/{cfg.linear_v_head_dim}, conv {cfg.linear_conv_kernel}",
-        f"MoE: {cfg.num_experts} experts, top {cfg.num_experts_per_tok}, width "
-        f"{cfg.moe_intermediate_size}; shared expert {cfg.shared_expert_intermediate_size}",
-        f"PLE layers (one-indexed): {ple}; {cfg.num_ngram_heads} n-gram heads",
-    ]
-
-
-def _cache_lines(cfg: ModelConfig) -> list[str]:
-    kv = kv_bytes_per_token(cfg)
-    kv_mtp = kv_bytes_per_token(cfg, with_mtp=True)
-    block = indexer_bytes_per_block(cfg, with_mtp=True)
-    state = state_bytes_per_stream(cfg)
-    return [
-        f"KV bytes per token (bf16): {kv:,} ({kv / 1024:g} KiB); with the MTP layer {kv_mtp:,}",
-        f"indexer keys (raw + pooled, bf16, with MTP): {block:,} bytes per block of "
-        f"{cfg.indexer_block} tokens",
-        f"state bytes per stream (fp32 GDN states, bf16 conv and PLE tail): {state:,} "
-        f"({state / 2**20:.1f} MiB)",
-    ]
-
-
-def _plan_lines(p: MemoryPlan) -> list[str]:
-    from flashlane.sessions.slots import format_slot_contexts
-
-    def gib(n: int) -> str:
-        return f"{n / GIB:9.2f} GiB ({n:,} bytes)"
-
-    lines = [
-        f"memory plan ({p.device}, {p.cache_bytes}-byte cache, {p.state_bytes}-byte states):",
-        f"  limit              {gib(p.limit_bytes)}",
-        f"  weights            {gib(p.weight_bytes)}",
-        f"  verify scratch     {gib(p.scratch_bytes)}  ({p.max_rows} rows)",
-        f"  activations        {gib(p.activation_bytes)}  (logits + fixed allowance)",
-        f"  prompt cache       {gib(p.prompt_cache_bytes)}",
-        f"  session budget     {gib(p.budget_bytes)}",
-        f"  sessions           {p.num_sessions} ({'auto' if p.auto else 'given'}): "
-        f"{format_slot_contexts(p.capacities)} tokens",
-        f"  sessions take      {gib(p.sessions_bytes)}",
-        f"  left               {gib(p.free_bytes)}",
-    ]
-    if p.serial:
-        lines.append("  fewer than two sessions fit: one reply at a time")
-    if p.host_limit_bytes is not None:
-        lines.append(f"  host (n-gram table) {gib(p.host_bytes)} of {gib(p.host_limit_bytes)}")
-    return lines
-
-
-def _param_line(name: str, value: int) -> str:
-    return f"  {name.replace('_', ' '):<18}{value / 1e9:>9.3f}B  {value:>17,}"
 
 
 def _sparse_decoder_params(cfg: ModelConfig) -> int:

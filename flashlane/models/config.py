@@ -1,7 +1,9 @@
 """ModelConfig: every spelling of a Flash Next (qwen4_exp) config.json, read once at the edge.
 
 The rest of flashlane reads only this record. Layer types are normalised to two kinds:
-`"linear"` (Gated DeltaNet) and `"sparse"` (QSA attention with the block indexer).
+`"linear"` (Gated DeltaNet) and `"sparse"` (QSA attention with the block indexer). The field
+reader, the layer-type spellings and the checks across fields are in `models/config_fields.py`;
+ConfigError and the spellings are re-exported here.
 """
 
 from __future__ import annotations
@@ -11,20 +13,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SPARSE_SPELLINGS = frozenset(
-    {"full_attention", "qwen_sparse_attention", "deepseek_sparse_attention", "hybrid_indexed"}
+from flashlane.models.config_fields import (
+    LINEAR_SPELLINGS,
+    SPARSE_SPELLINGS,
+    ConfigError,
+    FieldReader,
+    check_fields,
+    read_layer_types,
 )
-LINEAR_SPELLINGS = frozenset({"linear_attention"})
+
+__all__ = [
+    "KNOWN_SIBLINGS",
+    "LINEAR_SPELLINGS",
+    "ROOT_MODEL_TYPES",
+    "SPARSE_SPELLINGS",
+    "TEXT_MODEL_TYPES",
+    "ConfigError",
+    "ModelConfig",
+]
+
 TEXT_MODEL_TYPES = frozenset({"qwen4_exp_text", "qwen3_8_flash_next"})
 ROOT_MODEL_TYPES = frozenset({"qwen4_exp"})
 # Siblings that share most parts; their layer files are not written yet.
 KNOWN_SIBLINGS = frozenset(
     {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"}
 )
-
-
-class ConfigError(ValueError):
-    """A config.json that flashlane cannot serve; the message names the field and the file."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,10 +163,10 @@ def _parse(raw: dict[str, Any], where: str) -> ModelConfig:
             f"{where}: field 'model_type' is {model_type!r}; flashlane serves "
             f"{sorted(ROOT_MODEL_TYPES | TEXT_MODEL_TYPES)}"
         )
-    r = _Reader(raw, where)
+    r = FieldReader(raw, where)
     hidden = r.int("hidden_size")
     num_layers = r.int("num_hidden_layers")
-    layer_types = _layer_types(raw, num_layers, where)
+    layer_types = read_layer_types(raw, num_layers, where)
     num_heads = r.int("num_attention_heads")
     head_dim = r.int("head_dim", hidden // num_heads)
     rope = raw.get("rope_parameters") or {}
@@ -228,78 +241,5 @@ def _parse(raw: dict[str, Any], where: str) -> ModelConfig:
         model_type=model_type,
         vision=vision,
     )
-    _check(cfg, raw, where)
+    check_fields(cfg, raw, where)
     return cfg
-
-
-def _layer_types(raw: dict[str, Any], num_layers: int, where: str) -> tuple[str, ...]:
-    types = raw.get("layer_types")
-    if types is None:
-        interval = raw.get("full_attention_interval", 4)
-        return tuple("sparse" if (i + 1) % interval == 0 else "linear" for i in range(num_layers))
-    if not isinstance(types, list) or len(types) != num_layers:
-        raise ConfigError(f"{where}: field 'layer_types' must list {num_layers} layer types")
-    out = []
-    for i, t in enumerate(types):
-        if t in SPARSE_SPELLINGS:
-            out.append("sparse")
-        elif t in LINEAR_SPELLINGS:
-            out.append("linear")
-        else:
-            raise ConfigError(f"{where}: field 'layer_types[{i}]' is {t!r}, an unknown layer type")
-    return tuple(out)
-
-
-def _check(cfg: ModelConfig, raw: dict[str, Any], where: str) -> None:
-    def need(ok: bool, name: str, why: str) -> None:
-        if not ok:
-            raise ConfigError(f"{where}: field '{name}' {why}")
-
-    need(
-        cfg.num_attention_heads % cfg.num_kv_heads == 0,
-        "num_key_value_heads",
-        "must divide num_attention_heads",
-    )
-    need(
-        cfg.linear_num_v_heads % cfg.linear_num_k_heads == 0,
-        "linear_num_value_heads",
-        "must be a multiple of linear_num_key_heads",
-    )
-    need(
-        cfg.num_experts_per_tok <= cfg.num_experts,
-        "num_experts_per_tok",
-        "must not exceed num_experts",
-    )
-    need(cfg.hc_count > 1, "hc_count", "must be greater than 1")
-    need(raw.get("indexer_kv_heads", 1) == 1, "indexer_kv_heads", "must be 1")
-    need(
-        cfg.indexer_budget % cfg.indexer_block == 0,
-        "indexer_budget",
-        "must be a multiple of indexer_compress_ratio",
-    )
-    need(
-        cfg.rotary_dim <= cfg.indexer_head_dim and cfg.rotary_dim % 2 == 0,
-        "rope_parameters.partial_rotary_factor",
-        "must give an even rotary width that fits the indexer head",
-    )
-    if cfg.ple_layer_ids:
-        need(
-            cfg.ple_embed_dim % cfg.num_ngram_heads == 0,
-            "ple_embed_dim",
-            f"must be divisible by the {cfg.num_ngram_heads} n-gram heads",
-        )
-
-
-class _Reader:
-    def __init__(self, raw: dict[str, Any], where: str):
-        self.raw, self.where = raw, where
-
-    def int(self, name: str, default: int | None = None, allow_zero: bool = False) -> int:
-        value = self.raw.get(name, default)
-        if value is None:
-            raise ConfigError(f"{self.where}: field '{name}' is missing")
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{self.where}: field '{name}' must be an int, got {value!r}")
-        if value < 0 or (value == 0 and not allow_zero):
-            raise ConfigError(f"{self.where}: field '{name}' must be positive, got {value}")
-        return value

@@ -12,13 +12,13 @@ import torch
 
 from flashlane.models.census import (
     count_params,
-    describe,
     kv_bytes_per_token,
     ngram_head_sizes,
     ngram_table_rows,
     state_bytes_per_stream,
 )
 from flashlane.models.config import ModelConfig
+from flashlane.models.info import describe
 from tests.oracle import TINY as ORACLE_TINY
 
 transformers = pytest.importorskip("transformers")

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from flashlane.models.census import describe, state_bytes_per_stream
+from flashlane.models.census import state_bytes_per_stream
 from flashlane.models.config import ModelConfig
+from flashlane.models.info import describe
 from flashlane.sessions.memory import (
     GIB,
     LIMIT_ENV,
@@ -180,7 +181,8 @@ def test_check_options_accepts_what_holds() -> None:
 
 def test_sessions_and_census_import_no_torch() -> None:
     code = (
-        "import sys, flashlane.sessions.memory, flashlane.sessions.slots, flashlane.models.census;"
+        "import sys, flashlane.sessions.memory, flashlane.sessions.slots, flashlane.models.census,"
+        " flashlane.models.info;"
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

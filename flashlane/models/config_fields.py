@@ -1,0 +1,91 @@
+"""config.json's fields, read and checked for ModelConfig.from_hf: ConfigError, the int reader,
+the layer-type spellings and the checks across fields."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flashlane.models.config import ModelConfig
+
+SPARSE_SPELLINGS = frozenset(
+    {"full_attention", "qwen_sparse_attention", "deepseek_sparse_attention", "hybrid_indexed"}
+)
+LINEAR_SPELLINGS = frozenset({"linear_attention"})
+
+
+class ConfigError(ValueError):
+    """A config.json that flashlane cannot serve; the message names the field and the file."""
+
+
+def read_layer_types(raw: dict[str, Any], num_layers: int, where: str) -> tuple[str, ...]:
+    types = raw.get("layer_types")
+    if types is None:
+        interval = raw.get("full_attention_interval", 4)
+        return tuple("sparse" if (i + 1) % interval == 0 else "linear" for i in range(num_layers))
+    if not isinstance(types, list) or len(types) != num_layers:
+        raise ConfigError(f"{where}: field 'layer_types' must list {num_layers} layer types")
+    out = []
+    for i, t in enumerate(types):
+        if t in SPARSE_SPELLINGS:
+            out.append("sparse")
+        elif t in LINEAR_SPELLINGS:
+            out.append("linear")
+        else:
+            raise ConfigError(f"{where}: field 'layer_types[{i}]' is {t!r}, an unknown layer type")
+    return tuple(out)
+
+
+def check_fields(cfg: ModelConfig, raw: dict[str, Any], where: str) -> None:
+    def need(ok: bool, name: str, why: str) -> None:
+        if not ok:
+            raise ConfigError(f"{where}: field '{name}' {why}")
+
+    need(
+        cfg.num_attention_heads % cfg.num_kv_heads == 0,
+        "num_key_value_heads",
+        "must divide num_attention_heads",
+    )
+    need(
+        cfg.linear_num_v_heads % cfg.linear_num_k_heads == 0,
+        "linear_num_value_heads",
+        "must be a multiple of linear_num_key_heads",
+    )
+    need(
+        cfg.num_experts_per_tok <= cfg.num_experts,
+        "num_experts_per_tok",
+        "must not exceed num_experts",
+    )
+    need(cfg.hc_count > 1, "hc_count", "must be greater than 1")
+    need(raw.get("indexer_kv_heads", 1) == 1, "indexer_kv_heads", "must be 1")
+    need(
+        cfg.indexer_budget % cfg.indexer_block == 0,
+        "indexer_budget",
+        "must be a multiple of indexer_compress_ratio",
+    )
+    need(
+        cfg.rotary_dim <= cfg.indexer_head_dim and cfg.rotary_dim % 2 == 0,
+        "rope_parameters.partial_rotary_factor",
+        "must give an even rotary width that fits the indexer head",
+    )
+    if cfg.ple_layer_ids:
+        need(
+            cfg.ple_embed_dim % cfg.num_ngram_heads == 0,
+            "ple_embed_dim",
+            f"must be divisible by the {cfg.num_ngram_heads} n-gram heads",
+        )
+
+
+class FieldReader:
+    def __init__(self, raw: dict[str, Any], where: str):
+        self.raw, self.where = raw, where
+
+    def int(self, name: str, default: int | None = None, allow_zero: bool = False) -> int:
+        value = self.raw.get(name, default)
+        if value is None:
+            raise ConfigError(f"{self.where}: field '{name}' is missing")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{self.where}: field '{name}' must be an int, got {value!r}")
+        if value < 0 or (value == 0 and not allow_zero):
+            raise ConfigError(f"{self.where}: field '{name}' must be positive, got {value}")
+        return value

@@ -1,0 +1,104 @@
+"""What each part takes in bytes, from the ModelConfig: a session's buffers, the shared verify
+scratch, the activation allowance and the weights.
+
+No torch. `session_buffers` lists every buffer the runner allocates for one session (its
+allocation test compares them with real tensors); the workspace is the verify scratch shared by
+all sessions plus a stated activation allowance.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from flashlane.models.census import count_params
+from flashlane.models.config import ModelConfig
+
+GIB = 2**30
+MIB = 2**20
+# Element sizes of session buffers: (KV / conv cache, recurrent state) per device.
+ELEMENT_BYTES = {"cuda": (2, 4), "cpu": (8, 8)}  # bf16 / fp32 on the GPU, fp64 on the CPU
+# Activations beside the fp32 logits of a round (hidden states, MoE buffers, graph pools).
+ACTIVATION_FIXED = {"cuda": GIB, "cpu": 64 * MIB}
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    name: str  # "<part>.<field>" as in models/state.py: "attn.k", "mtp.v", "gdn.recurrent", ...
+    shape: tuple[int, ...]
+    itemsize: int  # bytes per element
+    count: int  # how many layers hold one
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.itemsize * self.count
+
+
+def element_bytes(device: str) -> tuple[int, int]:
+    """(cache_bytes, state_bytes) for a device: (2, 4) on cuda, (8, 8) on the CPU."""
+    if device not in ELEMENT_BYTES:
+        raise ValueError(f"device must be one of {sorted(ELEMENT_BYTES)}, got {device!r}")
+    return ELEMENT_BYTES[device]
+
+
+def session_buffers(
+    cfg: ModelConfig, capacity: int, cache_bytes: int, state_bytes: int, mtp: bool = True
+) -> tuple[Buffer, ...]:
+    """Every buffer of one session of `capacity` positions (drafts off: mtp=False)."""
+    kv = (capacity, cfg.num_kv_heads, cfg.head_dim)
+    keys = (capacity, cfg.indexer_head_dim)
+    blocks = (capacity // cfg.indexer_block, cfg.indexer_head_dim)
+    out = []
+    for prefix, count in (
+        ("attn", cfg.layer_types.count("sparse")),
+        ("mtp", cfg.num_mtp_layers if mtp else 0),
+    ):
+        out += [
+            Buffer(f"{prefix}.k", kv, cache_bytes, count),
+            Buffer(f"{prefix}.v", kv, cache_bytes, count),
+            Buffer(f"{prefix}.index_keys", keys, cache_bytes, count),
+            Buffer(f"{prefix}.block_keys", blocks, cache_bytes, count),
+        ]
+    num_linear = cfg.layer_types.count("linear")
+    recurrent = (cfg.linear_num_v_heads, cfg.linear_k_head_dim, cfg.linear_v_head_dim)
+    conv = (cfg.linear_conv_kernel - 1, cfg.linear_conv_dim)
+    num_ple = len(cfg.ple_layer_ids)
+    out += [
+        Buffer("gdn.conv", conv, cache_bytes, num_linear),
+        Buffer("gdn.recurrent", recurrent, state_bytes, num_linear),
+        Buffer("ple.conv", (cfg.ple_tail, cfg.hc_count * cfg.hidden_size), cache_bytes, num_ple),
+        Buffer("ple.ids", (cfg.ngram_size - 1,), 8, num_ple),
+    ]
+    return tuple(b for b in out if b.count > 0)
+
+
+def session_bytes(
+    cfg: ModelConfig, capacity: int, cache_bytes: int, state_bytes: int, mtp: bool = True
+) -> int:
+    return sum(b.nbytes for b in session_buffers(cfg, capacity, cache_bytes, state_bytes, mtp))
+
+
+def scratch_buffers(
+    cfg: ModelConfig, max_rows: int, cache_bytes: int, state_bytes: int
+) -> tuple[Buffer, ...]:
+    """The verify scratch shared by all sessions: per linear layer, a GDN state and a conv row
+    for every window row of a round."""
+    num_linear = cfg.layer_types.count("linear")
+    recurrent = (cfg.linear_num_v_heads, cfg.linear_k_head_dim, cfg.linear_v_head_dim)
+    return (
+        Buffer("scratch.gdn_state", (max_rows, *recurrent), state_bytes, num_linear),
+        Buffer("scratch.gdn_conv", (max_rows, cfg.linear_conv_dim), cache_bytes, num_linear),
+    )
+
+
+def activation_bytes(cfg: ModelConfig, max_rows: int, device: str) -> int:
+    """The stated allowance: a round's fp32 logits plus ACTIVATION_FIXED[device]."""
+    return max_rows * cfg.vocab_size * 4 + ACTIVATION_FIXED[device]
+
+
+def weight_bytes(cfg: ModelConfig, param_bytes: int, table: bool = True, mtp: bool = True) -> int:
+    """Bytes of the weights flashlane loads onto one device: text, the n-gram table when it
+    lives there (a GPU model may keep it in host memory), the MTP head when drafting."""
+    counts = count_params(cfg)
+    params = counts.text + (counts.ngram_table if table else 0) + (counts.mtp if mtp else 0)
+    return params * param_bytes

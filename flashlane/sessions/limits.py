@@ -1,0 +1,66 @@
+"""The ceiling and the prompt cache's budget: a flag, FLASHNEXT_LOAD_LIMIT_GB, or a share of the
+GPU's memory or of RAM. All sizes are GiB (2**30 bytes), whatever a flag says."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+from flashlane.sessions.buffers import GIB
+
+LIMIT_ENV = "FLASHNEXT_LOAD_LIMIT_GB"
+GPU_FRACTION = 0.9  # default ceiling: of the GPU's total memory
+RAM_FRACTION = 0.7  # of RAM, for a CPU model and for host memory holding a GPU model's table
+# The prompt cache's default budget per device, at most PROMPT_CACHE_SHARE of the limit.
+PROMPT_CACHE_GB = {"cuda": 4.0, "cpu": 1.0}
+PROMPT_CACHE_SHARE = 0.125
+
+
+def parse_limit_gb(text: str | float) -> float:
+    """`--memory-limit-gb` / FLASHNEXT_LOAD_LIMIT_GB: a positive number of GiB."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"--memory-limit-gb must be a number of GiB, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"--memory-limit-gb must be a positive number of GiB, got {text!r}")
+    return value
+
+
+def read_ram_bytes(meminfo: str | Path = "/proc/meminfo") -> int:
+    """MemTotal from /proc/meminfo, in bytes."""
+    for line in Path(meminfo).read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise ValueError(f"{meminfo}: no MemTotal line")
+
+
+def resolve_limit_bytes(
+    flag: str | float | None,
+    env: Mapping[str, str],
+    device: str,
+    gpu_total_bytes: int | None = None,
+    ram_total_bytes: int | None = None,
+) -> int:
+    """The ceiling: the flag, else FLASHNEXT_LOAD_LIMIT_GB, else 90% of the GPU's memory
+    (cuda) or 70% of RAM (cpu)."""
+    given = flag if flag is not None else (env.get(LIMIT_ENV) or None)
+    if given is not None:
+        return int(parse_limit_gb(given) * GIB)
+    if device == "cuda":
+        if gpu_total_bytes is None:
+            raise ValueError("the GPU's total memory is needed for the default memory limit")
+        return int(gpu_total_bytes * GPU_FRACTION)
+    ram = read_ram_bytes() if ram_total_bytes is None else ram_total_bytes
+    return int(ram * RAM_FRACTION)
+
+
+def resolve_prompt_cache_bytes(gb: float | None, device: str, limit_bytes: int) -> int:
+    """--prompt-cache-gb, or the device's default (PROMPT_CACHE_GB, at most PROMPT_CACHE_SHARE
+    of the limit); 0 disables the cache."""
+    if gb is None:
+        return min(int(PROMPT_CACHE_GB[device] * GIB), int(limit_bytes * PROMPT_CACHE_SHARE))
+    if gb < 0:
+        raise ValueError(f"--prompt-cache-gb must be 0 or more, got {gb}")
+    return int(gb * GIB)
