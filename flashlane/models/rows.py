@@ -37,6 +37,7 @@ class Rows:
     # per stacked group of several windows: its rows' indices, so a split is one gather
     _index: dict[int, torch.Tensor] = field(default_factory=dict)
     _rope: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    _width: list[int | None] = field(default_factory=list)  # one_width(), once per forward
 
     @classmethod
     def training(cls, input_ids: torch.Tensor) -> Rows:
@@ -68,11 +69,13 @@ class Rows:
     def one_width(self) -> int | None:
         """T when every piece is a verify window of a session and all are T rows wide (the
         rows are then B stacked windows, [B, T] in row order), else None."""
-        if self.batch is not None or not self.pieces:
-            return None
-        t = self.pieces[0].length
-        ok = all(p.recurrent and p.session is not None and p.length == t for p in self.pieces)
-        return t if ok else None
+        if not self._width:
+            t = self.pieces[0].length if self.batch is None and self.pieces else None
+            ok = t is not None and all(
+                p.recurrent and p.session is not None and p.length == t for p in self.pieces
+            )
+            self._width.append(t if ok else None)
+        return self._width[0]
 
     def split(self, x: torch.Tensor, stack: bool = False) -> list[torch.Tensor]:
         """[N, ...] -> per group of groups(stack) [B, T, ...] (per piece: B = 1)."""

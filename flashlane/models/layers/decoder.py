@@ -42,6 +42,7 @@ class DecoderLayer(nn.Module):
             self.self_attn = QSAttention(cfg, cache_of or (lambda s: s.attn[layer_idx]))
         self.mlp_hyper_connection = HyperConnection(*hc)
         self.mlp = SparseMoe(cfg)
+        self._parts: tuple[Kernels, dict] | None = None  # graph_parts, for the kernels in use
 
     def forward(
         self, r: torch.Tensor, rows: Rows, rotary: Rotary, kernels: Kernels, graphs=None
@@ -67,7 +68,7 @@ class DecoderLayer(nn.Module):
         if self.ple is not None and t is not None:
             b, pieces = len(rows.pieces), rows.pieces
             hist = self.ple._history(pieces, rows.token_ids.view(b, t))
-            window = torch.stack([p.session.ple[self.ple.layer_idx].conv for p in pieces])
+            window = self.ple.window_of(pieces)
             r3, xfull = graphs.run((id(self), "ple"), parts["ple"], r.view(b, t, -1), hist, window)
             self.ple.record(pieces, xfull, hist)
             r = r3.flatten(0, 1)
@@ -96,6 +97,13 @@ class DecoderLayer(nn.Module):
         return graphs.run((id(self), "mlp"), parts["mlp"], r, *flat)[0]
 
     def graph_parts(self, kernels: Kernels) -> dict:
+        """The parts (below) for these kernels, made once: a replay never calls them, so
+        building them every forward was work for nothing."""
+        if self._parts is None or self._parts[0] is not kernels:
+            self._parts = (kernels, self._make_parts(kernels))
+        return self._parts[1]
+
+    def _make_parts(self, kernels: Kernels) -> dict:
         """The block's row-count-only parts, as functions of tensors to tuples of tensors.
         Attention: "read" (r, cos, sin -> write weights and the attention's row-wise
         projections) and "mlp" (the attention's output -> the residual after the block).

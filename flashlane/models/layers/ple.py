@@ -153,6 +153,10 @@ class PLELayer(nn.Module):
                 history[i, : history.shape[1] - pad + n],
             )
 
+    def window_of(self, pieces) -> torch.Tensor:
+        """The pieces' sessions' conv tails, stacked: [B, tail, hc*H]."""
+        return torch.stack([p.session.ple[self.layer_idx].conv for p in pieces])
+
     def _history(self, group, ids: torch.Tensor) -> torch.Tensor:
         ctx = self.cfg.ngram_size - 1
         if group[0].session is None:
@@ -166,7 +170,7 @@ class PLELayer(nn.Module):
         if group[0].session is None:
             window = x.new_zeros(x.shape[0], cfg.ple_tail, x.shape[-1])
         else:
-            window = torch.stack([p.session.ple[self.layer_idx].conv for p in group])
+            window = self.window_of(group)
         y, xfull = kernels.causal_conv(
             x, window, self.conv1d.weight[:, 0, :], dilation=cfg.ple_conv_dilation
         )
