@@ -1,8 +1,11 @@
 """The model's bf16 logits on the GPU (Triton kernels) against our fp32 logits on the CPU (the
 reference kernels), teacher-forced over the same tokens: top-1 agreement and the largest
 error, for the embedded default model (trained: peaked rows) on a text and the tiny oracle
-checkpoint (random weights: near-flat rows) on random ids. The figures are printed and, when
-$OUT is set (the GPU machine), written to $OUT/gpu_vs_cpu_logits.json."""
+checkpoint (random weights: near-flat rows) on random ids. Both are also set against the same
+model in bf16 on the CPU (the reference kernels): random weights amplify bf16 rounding layer
+after layer (the CPU's own bf16 logits differ from its fp32 ones by 2.2 on logits up to 3.2),
+so there the GPU is held to the CPU's bf16 error, not to a fraction of the logits. The figures
+are printed and, when $OUT is set (the GPU machine), written to $OUT/gpu_vs_cpu_logits.json."""
 
 import json
 import os
@@ -44,13 +47,17 @@ def logits_of(folder, ids: list[int], dtype, device) -> torch.Tensor:
 def compare(name: str, folder, ids: list[int]) -> dict:
     cpu = logits_of(folder, ids, torch.float32, "cpu")
     gpu = logits_of(folder, ids, torch.bfloat16, "cuda")
-    err = (gpu - cpu).abs()
+    cpu_bf16 = logits_of(folder, ids, torch.bfloat16, "cpu")
+    err, err_bf16 = (gpu - cpu).abs(), (cpu_bf16 - cpu).abs()
     fig = {
         "tokens": len(ids),
         "top1_agreement": (gpu.argmax(-1) == cpu.argmax(-1)).float().mean().item(),
         "max_abs_error": err.max().item(),
         "mean_abs_error": err.mean().item(),
         "max_abs_logit": cpu.abs().max().item(),
+        "cpu_bf16_top1_agreement": (cpu_bf16.argmax(-1) == cpu.argmax(-1)).float().mean().item(),
+        "cpu_bf16_max_abs_error": err_bf16.max().item(),
+        "cpu_bf16_mean_abs_error": err_bf16.mean().item(),
     }
     FIGURES[name] = fig
     print(f"{name}: {fig}")
@@ -70,5 +77,7 @@ def test_tiny_oracle_bf16_gpu_against_fp32_cpu(tiny_ckpt):
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(3, 500, (200,), generator=g).tolist()
     fig = compare("tiny_oracle_random_weights", tiny_ckpt, ids)
-    assert fig["top1_agreement"] >= 0.5  # near-flat random rows: reported, loosely bounded
-    assert fig["max_abs_error"] <= 0.1 * fig["max_abs_logit"]
+    # near-flat random rows: bf16 itself moves the top-1 (0.70 on the CPU)
+    assert fig["top1_agreement"] >= 0.5
+    assert fig["max_abs_error"] <= 1.5 * fig["cpu_bf16_max_abs_error"]
+    assert fig["mean_abs_error"] <= 1.5 * fig["cpu_bf16_mean_abs_error"]
