@@ -87,25 +87,31 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
     warm = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, draft=False)
     for n in args.streams:
         llm.generate(random_prompts(n, args.prompt_len, cfg.vocab_size, 99), warm)
+    if 1 in args.streams:  # the lone driver's graph (a session's first lone step captures it)
+        llm.generate(random_prompts(1, args.prompt_len, cfg.vocab_size, 97), greedy)
     for length in args.prefill:
         llm.generate(random_prompts(1, length, cfg.vocab_size, 98), one)
     out = {"build_s": built_s, "warm_s": time.perf_counter() - t0,
            "kernels": llm.engine.kernels.name, "decode": {}, "prefill": {}}
+    host = llm.engine.host
+    lone = host.lone
     for n in args.streams:
-        outs = llm.generate(random_prompts(n, args.prompt_len, cfg.vocab_size, n), greedy)
-        secs = max(o.stats.decode_seconds for o in outs)
-        round_s = secs / args.decode_tokens
-        need = decode_round_bytes(cfg, n, args.prompt_len + args.decode_tokens)["total"]
-        bw = ceilings.get("bandwidth_Bps")
-        out["decode"][n] = {
-            "tok_s": n * args.decode_tokens / secs,
-            "round_ms": 1e3 * round_s,
-            "round_bytes": need,
-            "roofline_ms": 1e3 * need / bw if bw else None,
-            "of_roofline": need / bw / round_s if bw else None,
-        }
+        out["decode"][n] = decode_figures(args, llm, cfg, n, greedy, ceilings)
     if cuda:
         out["launches_per_token"] = launches_per_token(llm, cfg)
+    if lone is not None and 1 in args.streams:
+        # one stream through shared rounds too: the lone driver's gain, side by side
+        host.lone = None
+        out["decode_shared_rounds"] = {1: decode_figures(args, llm, cfg, 1, greedy, ceilings)}
+        if cuda:
+            out["launches_per_token_shared_rounds"] = launches_per_token(llm, cfg)
+        host.lone = lone
+        out["lone"] = {
+            "steps": lone.num_steps, "graphs": len(lone.graphs),
+            "capture_s": lone.capture_seconds,
+            "over_shared_rounds": out["decode"][1]["tok_s"]
+            / out["decode_shared_rounds"][1]["tok_s"],
+        }
     for length in args.prefill:
         o = llm.generate(random_prompts(1, length, cfg.vocab_size, length), one)[0]
         ttft = o.stats.prefill_seconds
@@ -129,6 +135,22 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
     if cuda:
         torch.cuda.empty_cache()
     return out
+
+
+def decode_figures(args, llm: LLM, cfg, n: int, greedy: SamplingParams, ceilings: dict) -> dict:
+    """n streams decoding together: tok/s, the round's time and its roofline."""
+    outs = llm.generate(random_prompts(n, args.prompt_len, cfg.vocab_size, n), greedy)
+    secs = max(o.stats.decode_seconds for o in outs)
+    round_s = secs / args.decode_tokens
+    need = decode_round_bytes(cfg, n, args.prompt_len + args.decode_tokens)["total"]
+    bw = ceilings.get("bandwidth_Bps")
+    return {
+        "tok_s": n * args.decode_tokens / secs,
+        "round_ms": 1e3 * round_s,
+        "round_bytes": need,
+        "roofline_ms": 1e3 * need / bw if bw else None,
+        "of_roofline": need / bw / round_s if bw else None,
+    }
 
 
 def launches_per_token(llm: LLM, cfg) -> float:
@@ -179,7 +201,18 @@ def table(result: dict) -> str:
             ratio = f"{r[key] / theirs:8.1f}" if theirs else f"{'-':>8}"
             peer_s = f"{theirs:14.1f}" if theirs else f"{'-':>14}"
             lines.append(f"{label:24}{r[key]:12.1f}{peer_s}{ratio}{eff_s}")
-    pc = result["ours"].get("prompt_cache")
+    ours = result["ours"]
+    shared = (ours.get("decode_shared_rounds") or {}).get(1)
+    if shared:
+        lines.append(
+            f"{'decode 1 stream, shared':24}{shared['tok_s']:12.1f}{'-':>14}{'-':>8}"
+            f"{shared['of_roofline'] or 0:10.0%}   lone / shared "
+            f"{ours['lone']['over_shared_rounds']:.2f}x"
+        )
+    if "launches_per_token" in ours:
+        lines.append(f"launches per token, one stream: {ours['launches_per_token']:.1f}"
+                     f" (shared rounds {ours.get('launches_per_token_shared_rounds', 0):.1f})")
+    pc = ours.get("prompt_cache")
     if pc:
         lines.append(
             f"prompt cache, {pc['tokens']} tokens: TTFT cold {pc['cold']['ttft_s']:.3f} s, "

@@ -114,6 +114,7 @@ class Engine:
             self._stop_rules(),
             self.plan.capacities,
             grow=config.slot_grow if config.slot_contexts else None,
+            lone=self._lone_driver(),
         )
         self.log(
             f"flashlane: {self.name} on {self.device} ({weights}, {self.kernels.name} kernels), "
@@ -122,6 +123,15 @@ class Engine:
             f"prompt cache {self.plan.prompt_cache_bytes / memory.GIB:.2f} GiB; "
             + (describe(costs) if costs else "unpriced")
         )
+
+    def _lone_driver(self):
+        """The lone driver on CUDA (graphed unless FLASHLANE_NO_GRAPHS=1), unless `lone` is
+        off; on the CPU a lone step costs what a shared round does, so shared rounds serve."""
+        if not (self.config.lone and self.device.startswith("cuda")):
+            return None
+        from flashlane.runner.lone import LoneDriver
+
+        return LoneDriver(self.model, self.sessions, graphs=self.model.graphs is not None)
 
     def _capture_graphs(self) -> None:
         """CUDA graphs of every layer's row-count-only parts, for rounds of up to max_rows

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from flashlane.detok import IncrementalDetokenizer, StopMatcher
 from flashlane.drafting.copy import CopyIndex
 from flashlane.lanes.cached_prompts import keep_marks, resume
 from flashlane.lanes.core import LaneConfig, LaneCore, RoundFailed
+from flashlane.lanes.lone_turn import lone_stream, run_lone
 from flashlane.lanes.outputs import TextDecoder
 from flashlane.lanes.protocol import Backend
 from flashlane.lanes.records import CHUNK, Window
@@ -43,6 +44,7 @@ class HostConfig:
     decode_share: float = 0.5
     prompt_cache_bytes: int = 0  # the prompt cache's budget; 0 disables it
     mark_every: int = DEFAULT_EVERY  # a long prompt keeps a state every this many tokens
+    lone_steps: int = 32  # steps of one lone-driver call before the host looks for new work
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +66,15 @@ class LaneHost:
         rules: StopRules,
         capacities: Sequence[int],
         grow: int | None = None,
+        lone=None,
     ) -> None:
+        """`lone`: a runner.lone.LoneDriver, to which a lone undrafted greedy stream's rounds
+        go (None: every round is a shared one)."""
         self.backend = backend
+        self.lone = lone
+        # Set by a caller that takes requests while the host runs (the engine thread): True
+        # when work waits, so a lone stream goes back to shared rounds after its next step.
+        self.interrupted: Callable[[], bool] = lambda: False
         self.config = config
         self.rules = rules
         self.core = LaneCore(backend, config.lanes, rules)
@@ -158,8 +167,12 @@ class LaneHost:
         for stream, reason in self.sessions.make_room(self.backend, self.live):
             self._end(stream, reason)
         running = [s for s in self.live if not s.is_paused]
+        alone = lone_stream(self, running)
         try:
-            self.core.step(running, self._pieces(running))
+            if alone is not None:
+                run_lone(self, alone)
+            else:
+                self.core.step(running, self._pieces(running))
         except RoundFailed as failed:
             self.fail_all(failed.stream_ids, failed.error)
         keep_marks(self.cache, self.backend, running)

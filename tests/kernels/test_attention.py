@@ -45,3 +45,32 @@ def test_attention_mask_respected():
     mask[..., 2] = True
     out = attention(q, k, v, mask, 0.3)
     assert torch.allclose(out, v[:, 2:3].repeat_interleave(2, dim=2).expand(1, 3, 4, 8))
+
+
+def test_select_mask_without_the_dense_check_is_the_same_mask():
+    """dense_check=False (the lone driver: no host read) ranks every row, also rows that see
+    all their complete blocks; block keys past the complete ones may hold anything."""
+    g = torch.Generator().manual_seed(3)
+    for last in (2, 7, 9, 11, 30, 47):  # 0 to 11 complete blocks of 4, top 3
+        n = last + 1
+        iq = torch.randn(1, 1, 2, 8, generator=g)
+        keys = torch.randn(1, 16, 8, generator=g)  # 64 positions' worth of blocks
+        keys[:, n // 4 :] = float("nan")  # incomplete or unwritten blocks: garbage
+        pos = torch.tensor([[last]])
+        want = select_mask(iq, keys[:, : n // 4], pos, n, block=4, top_blocks=3)
+        got = select_mask(iq, keys, pos, 64, block=4, top_blocks=3, dense_check=False)
+        assert torch.equal(got[..., :n], want) and not got[..., n:].any()
+
+
+def test_attention_with_lengths_reads_nothing_past_them():
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 1, 4, 8, generator=g)
+    k, v = torch.randn(2, 20, 2, 8, generator=g), torch.randn(2, 20, 2, 8, generator=g)
+    lengths = torch.tensor([13, 6])
+    for b, n in enumerate(lengths.tolist()):
+        k[b, n:], v[b, n:] = float("nan"), float("inf")
+    mask = torch.arange(20).view(1, 1, -1) < lengths.view(-1, 1, 1)
+    got = attention(q, k, v, mask, 0.3, lengths)
+    for b, n in enumerate(lengths.tolist()):
+        alone = attention(q[b : b + 1], k[b : b + 1, :n], v[b : b + 1, :n], mask[b : b + 1, :, :n], 0.3)
+        assert torch.equal(got[b : b + 1], alone)

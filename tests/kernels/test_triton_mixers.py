@@ -302,3 +302,27 @@ def test_select_mask_ties_go_to_lower_blocks():
     kept = got[0, 0, : nb * block].view(nb, block).all(-1)
     assert kept[2] and kept[5] and not kept[7]
     assert int(kept.sum()) == top
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t", [1, 3])
+def test_attention_with_lengths_equals_the_cut_caches_bitwise(t, dtype):
+    """Whole caches with the lengths on the device (the lone driver) give the bits of caches
+    cut at those lengths; what lies past a length (NaN here) is never read."""
+    b, l = 2, 257
+    q, k, v = attn_inputs(b, t, l, dtype, seed=9)
+    lengths = [200, 37]
+    for i, n in enumerate(lengths):
+        k[i, n:], v[i, n:] = float("nan"), float("nan")
+    mask = sparse_mask(b, t, l, seed=5)
+    for i, n in enumerate(lengths):  # queries at the last t positions before each length
+        pos = torch.arange(n - t, n, device=DEVICE).view(t, 1)
+        mask[i] = mask[i] & (torch.arange(l, device=DEVICE).view(1, l) <= pos)
+        mask[i, torch.arange(t, device=DEVICE), pos[:, 0]] = True
+    got = attn_tri.attention(q, k, v, mask, scale(), torch.tensor(lengths, device=DEVICE))
+    for i, n in enumerate(lengths):
+        cut = attn_tri.attention(
+            q[i : i + 1], k[i : i + 1, :n], v[i : i + 1, :n], mask[i : i + 1, :, :n].contiguous(),
+            scale(),
+        )  # fmt: skip
+        assert torch.equal(got[i : i + 1], cut)

@@ -44,6 +44,7 @@ def select_mask(
     block: int,
     top_blocks: int,
     scores_of=index_scores,
+    dense_check: bool = True,
 ) -> torch.Tensor:
     """Which keys each query may attend to.
 
@@ -51,12 +52,18 @@ def select_mask(
     positions: [B, T] absolute query positions; keys are positions 0..num_keys-1.
     `scores_of(index_q, block_keys)` computes the indexer scores (the Triton set passes its own).
     Returns a bool mask [B, T, num_keys].
+
+    `dense_check=False` skips the shortcut for rows that see all their complete blocks, which
+    reads a device value on the host (a CUDA graph cannot): the ranking then keeps every valid
+    block of such rows anyway (valid scores are finite, so they rank above the invalid ones'
+    -inf), and the mask is the same. Block keys past a row's complete blocks may then hold
+    anything: they are never valid.
     """
     nb = block_keys.shape[1]
     complete = torch.div(positions + 1, block, rounding_mode="floor")  # [B, T]
     key_pos = torch.arange(num_keys, device=positions.device)
     causal = key_pos.view(1, 1, -1) <= positions.unsqueeze(-1)
-    if nb == 0 or int(complete.max()) <= top_blocks:
+    if nb == 0 or (dense_check and int(complete.max()) <= top_blocks):
         return causal
     scores = scores_of(index_q, block_keys)  # [B, T, NB]
     block_ids = torch.arange(nb, device=positions.device).view(1, 1, -1)
@@ -73,13 +80,26 @@ def select_mask(
 
 
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Masked softmax attention with grouped KV heads.
 
     q: [B, T, Hq, D]; k, v: [B, L, Hkv, D]; mask: [B, T, L] bool -> [B, T, Hq, D].
-    Scores and softmax in at least fp32.
+    Scores and softmax in at least fp32. `lengths` ([B]): keys at or past lengths[b] are
+    not read, as if the caches ended there (they may hold anything, NaN included).
     """
+    if lengths is not None:
+        n = int(lengths.max())
+        k, v, mask = k[:, :n], v[:, :n], mask[..., :n]
+        if n and int(lengths.min()) < n:  # a shorter sequence's keys past its end read as 0
+            seen = torch.arange(n, device=k.device) < lengths.view(-1, 1)
+            k = torch.where(seen[:, :, None, None], k, torch.zeros_like(k))
+            v = torch.where(seen[:, :, None, None], v, torch.zeros_like(v))
     b, t, hq, d = q.shape
     hkv = k.shape[2]
     dt = torch.promote_types(q.dtype, torch.float32)

@@ -22,6 +22,8 @@ order; the ranking and the mask are the reference's torch code.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -45,13 +47,15 @@ BLOCK_N = 64
 INDEX_WARPS = 4
 
 
-@triton.jit(do_not_specialize=["T", "L", "HQ", "HKV", "REP"])
+@triton.jit(do_not_specialize=["T", "L", "HQ", "HKV", "REP", "HAS_LEN"])
 def _attention_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
     mask_ptr,
     o_ptr,
+    len_ptr,
+    HAS_LEN,
     T,
     L,
     HQ,
@@ -85,14 +89,19 @@ def _attention_kernel(
     q_row = (tok * HQ + head) * D  # [BLOCK_M]
     q = tl.load(q_ptr + q_row[:, None] + d[None, :], mask=m_rows[:, None] & m_d[None, :], other=0.0)
     mask_row = tok * L  # [BLOCK_M]
+    # Keys at or past this sequence's length (when given) are read as if L ended there: a
+    # runtime flag, not a constexpr, so both uses run one compiled kernel (same sums)
+    n_keys = L
+    if HAS_LEN != 0:
+        n_keys = tl.minimum(tl.load(len_ptr + i_b).to(tl.int32), L)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BD], dtype=tl.float32)
 
-    for l0 in range(0, L, BLOCK_L):
+    for l0 in range(0, n_keys, BLOCK_L):
         keys = l0 + tl.arange(0, BLOCK_L)
-        m_keys = keys < L
+        m_keys = keys < n_keys
         allowed = (
             tl.load(
                 mask_ptr + mask_row[:, None] + keys[None, :],
@@ -128,13 +137,27 @@ def _attention_kernel(
     )
 
 
+@functools.cache
+def _no_lengths(device: torch.device) -> torch.Tensor:
+    """A stand-in lengths pointer of the same type (int64): the flag says it is unused, and one
+    pointer type keeps one compiled kernel."""
+    return torch.zeros(1, dtype=torch.long, device=device)
+
+
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Masked softmax attention with grouped KV heads (fp32 scores and softmax).
 
     q: [B, T, Hq, D]; k, v: [B, L, Hkv, D]; mask: [B, T, L] bool -> [B, T, Hq, D] in q's dtype.
     q, k and v should share a dtype (k and v are read in theirs; q is cast to k's).
+    `lengths` ([B] ints on the device): keys at or past lengths[b] are never read, exactly as
+    if k and v ended there (the lone driver passes whole caches and the length on the device).
     """
     b, t, hq, d = q.shape
     l, hkv = k.shape[1], k.shape[2]
@@ -156,6 +179,8 @@ def attention(
         v,
         mask,
         o,
+        _no_lengths(q.device) if lengths is None else lengths,
+        int(lengths is not None),
         t,
         l,
         hq,
@@ -236,8 +261,9 @@ def select_mask(
     num_keys: int,
     block: int,
     top_blocks: int,
+    dense_check: bool = True,
 ) -> torch.Tensor:
     """reference.select_mask with the indexer scores from the Triton kernel."""
     return reference.select_mask(
-        index_q, block_keys, positions, num_keys, block, top_blocks, scores_of=index_scores
+        index_q, block_keys, positions, num_keys, block, top_blocks, index_scores, dense_check
     )

@@ -1,0 +1,196 @@
+"""The lone driver: one stream decoding alone on device-side rounds (issue 9).
+
+While a single undrafted, plain-greedy stream is live and nothing waits, the host hands its
+rounds here. A step feeds the pending token at its position through the model, reading and
+writing the session's state in place, takes the greedy draw on the device, writes it back as
+the next step's token and advances the position there: no host value enters a step, so on
+CUDA one graph per session replays it (`step` is captured once, at the session's first lone
+step). The host launches step n+1 before it reads step n's token from a small pinned ring
+(two rounds in flight), hands each landed token to the stop rules, and stops after a landed
+round when the reply ends, its budget or room is spent, or the host has new work. The session
+then holds the stream's state as shared rounds would have left it (every fed token
+committed), and the lane core takes the stream on.
+
+A step launched before the reply's end was read feeds a token the reply does not have; the
+stream has ended and its session is released, so nothing reads that state. Attention reads the
+whole caches with the length on the device, select_mask ranks without its host-side shortcut
+(the same mask), and a block's pooled key is recomputed whenever a key is written into it
+(the indexer reads it only once the block is complete). Each op is the one the shared rounds
+run, on the same row, so the bits are the same (tests/runner/test_lone.py on the CPU,
+tests/gpu/test_lone_gpu.py with graphs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from flashlane.models.flashnext import FlashNext
+from flashlane.models.state import AttnCache, GdnState, PleState, SessionState
+
+RING = 4  # landed tokens waiting to be read (two in flight need two)
+
+
+@torch.no_grad()
+def step(model: FlashNext, s: SessionState, tok: torch.Tensor, pos: torch.Tensor,
+         out: torch.Tensor) -> None:
+    """Feed tok [1] at pos [1] into session s, commit it, and draw greedily: out [2] gets
+    (the id, 1 if the row's maximum is finite), tok the id, and pos moves on by one."""
+    cfg, kernels = model.cfg, model.kernels
+    r = model.embed_tokens(tok).repeat(1, cfg.hc_count)
+    cos, sin = model.rotary.cos_sin(pos, r.dtype)
+    for idx, layer in enumerate(model.layers):
+        if layer.ple is not None:
+            r = _ple(layer.ple, r, s.ple[idx], tok, kernels)
+        a, w = layer.attn_hyper_connection.read(r)
+        if layer.kind == "linear":
+            y = _gdn(layer.linear_attn, a, s.gdn[idx], kernels)
+        else:
+            y = _attention(layer.self_attn, a, s.attn[idx], pos, cos, sin, model.rotary, kernels)
+        r = layer.mlp_half(r, y, w, kernels)
+    top, ids = model.logits(r).max(dim=1)  # the first maximum: ties to the lower id
+    out[0] = ids[0]
+    out[1] = torch.isfinite(top)[0]
+    tok.copy_(ids)
+    pos.add_(1)
+
+
+def _ple(ple, r: torch.Tensor, p: PleState, tok: torch.Tensor, kernels) -> torch.Tensor:
+    history = torch.cat([p.ids, tok])[None]
+    add, xfull = ple.stacked(r[None], history, p.conv[None], kernels)
+    p.ids.copy_(history[0, 1:])
+    p.conv.copy_(xfull[0, 1:])
+    return (r[None] + add)[0]
+
+
+def _gdn(gdn, a: torch.Tensor, g: GdnState, kernels) -> torch.Tensor:
+    qkv, decay, beta, z = gdn.project(a)
+    q, k, v, xfull = gdn.conv_qkv(qkv[None], g.conv[None], kernels)
+    o, states = kernels.recurrent_gdn(q, k, v, decay[None], beta[None], g.recurrent[None])
+    g.recurrent.copy_(states[0, -1])
+    g.conv.copy_(xfull[0, 1:])
+    return gdn.finish(o[0], z)
+
+
+def _attention(attn, a, c: AttnCache, pos, cos, sin, rotary, kernels) -> torch.Tensor:
+    cfg = attn.cfg
+    q, gate, k, v, iq, raw = attn.project(a, cos, sin)
+    c.k.index_copy_(0, pos, k)
+    c.v.index_copy_(0, pos, v)
+    c.index_keys.index_copy_(0, pos, raw)
+    _pool_block(attn.indexer, c, pos, rotary)
+    mask = kernels.select_mask(
+        iq[None], c.block_keys[None], pos.view(1, 1), c.k.shape[0], cfg.indexer_block,
+        cfg.indexer_top_blocks, dense_check=False,
+    )  # fmt: skip
+    o = kernels.attention(q[None], c.k[None], c.v[None], mask, cfg.head_dim**-0.5, pos + 1)
+    return attn.output(o[0], gate)
+
+
+def _pool_block(indexer, c: AttnCache, pos: torch.Tensor, rotary) -> None:
+    """The pooled key of the block that holds pos, from its keys so far; a position past the
+    last whole block (a capacity off the block grid) writes nothing."""
+    blk, nb = indexer.cfg.indexer_block, c.block_keys.shape[0]
+    if nb == 0:
+        return
+    b = torch.div(pos, blk, rounding_mode="floor")
+    at = b.clamp(max=nb - 1)
+    keys = c.index_keys.index_select(0, at * blk + torch.arange(blk, device=pos.device))
+    fresh = indexer.block_keys(keys[None], at, rotary)[0]
+    old = c.block_keys.index_select(0, at)
+    c.block_keys.index_copy_(0, at, torch.where((b < nb).view(1, 1), fresh, old))
+
+
+class LoneDriver:
+    """Runs `step` for one session at a time, graphed on CUDA, with two steps in flight."""
+
+    def __init__(self, model: FlashNext, sessions: list[SessionState], graphs: bool = True):
+        self.model, self.sessions = model, sessions
+        dev = model.embed_tokens.weight.device
+        self.is_cuda = dev.type == "cuda"
+        self.use_graphs = graphs and self.is_cuda
+        self.tok = torch.zeros(1, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+        self.out = torch.zeros(2, dtype=torch.long, device=dev)
+        self.ring = torch.zeros(RING, 2, dtype=torch.long, pin_memory=self.is_cuda)
+        self.events = [torch.cuda.Event() for _ in range(RING)] if self.is_cuda else []
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # session id -> its captured step
+        # one memory pool for every session's graph: they never run at once, and a step's
+        # results go to the static buffers above, so no replay overwrites memory in use
+        self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self.capture_seconds = 0.0
+        self.num_steps = 0
+
+    def decode(self, session_id: int, token: int, position: int, budget: int,
+               take: Callable[[int, bool], bool]) -> int:
+        """Up to `budget` steps from the pending `token` at `position`. After each landed step
+        take(id, finite) says whether to go on; once it says no, the step still in flight
+        lands and is handed over too. Returns the steps whose tokens the session now holds."""
+        if budget <= 0:
+            return 0
+        s = self.sessions[session_id]
+        self.tok.fill_(token)
+        self.pos.fill_(position)
+        run = self._runner(session_id, s)
+        launched = landed = 0
+        going = True
+        while landed < launched or (going and launched < budget):
+            if going and launched < budget and launched - landed < 2:
+                run()
+                self._post(launched)
+                launched += 1
+                if launched - landed < 2 and launched < budget:
+                    continue  # put a second step in flight before reading the first
+            token_id, finite = self._read(landed)
+            landed += 1
+            going = take(token_id, finite) and going
+        s.length = position + launched
+        self.num_steps += launched
+        return launched
+
+    def _post(self, i: int) -> None:
+        """Step i's (id, finite) into its ring slot, without waiting for it."""
+        slot = self.ring[i % RING]
+        slot.copy_(self.out, non_blocking=True)
+        if self.is_cuda:
+            self.events[i % RING].record()
+
+    def _read(self, i: int) -> tuple[int, bool]:
+        if self.is_cuda:
+            self.events[i % RING].synchronize()
+        token_id, finite = self.ring[i % RING].tolist()
+        return token_id, bool(finite)
+
+    def _runner(self, session_id: int, s: SessionState) -> Callable[[], None]:
+        if not self.use_graphs:
+            return lambda: step(self.model, s, self.tok, self.pos, self.out)
+        graph = self.graphs.get(session_id)
+        if graph is None:
+            graph = self.graphs[session_id] = self._capture(s)
+        return graph.replay
+
+    def _capture(self, s: SessionState) -> torch.cuda.CUDAGraph:
+        """Capture the session's step. Triton compiles on a warm-up step first, which runs on a
+        scratch session of the same capacity (a capture records work, so s is not touched)."""
+        import time
+
+        t = time.perf_counter()
+        cfg = self.model.cfg
+        scratch = SessionState.empty(cfg, s.capacity, s.attn_dtype(), s.state_dtype(),
+                                     self.tok.device)
+        saved = (self.tok.clone(), self.pos.clone())
+        self.pos.zero_()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step(self.model, scratch, self.tok, self.pos, self.out)
+        torch.cuda.current_stream().wait_stream(side)
+        del scratch
+        self.tok.copy_(saved[0])
+        self.pos.copy_(saved[1])
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            step(self.model, s, self.tok, self.pos, self.out)
+        self.capture_seconds += time.perf_counter() - t
+        return graph

@@ -1,0 +1,75 @@
+"""The lone driver on the GPU: graphed and eager lone steps leave the session bit for bit where
+one-row shared rounds leave it and draw the same tokens; through the engine, replies with the
+lone driver equal replies through shared rounds, with hand-offs."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from flashlane.lanes.records import CostTable
+from flashlane.llm import LLM
+from flashlane.request import SamplingParams
+from flashlane.runner.backend import copy_session
+from flashlane.runner.lone import LoneDriver
+from tests.gpu.test_exact_gpu import gpu_model, new_session, prefilled, prompts, run_windows  # noqa: F401
+from tests.runner.test_lone import state_of
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU"),
+]
+
+
+@pytest.mark.parametrize("graphed", [True, False])
+@pytest.mark.parametrize("which", [3, 8])  # 130 and 200 prompt tokens
+def test_lone_steps_equal_shared_rounds_bitwise(gpu_model, graphed, which):  # noqa: F811
+    cfg, model = gpu_model
+    base = prefilled(cfg, model, prompts(cfg.vocab_size, 9)[which])
+    ref = new_session(cfg)
+    copy_session(base, ref, cfg.indexer_block)
+    want = [3]
+    for _ in range(24):  # one-row shared rounds, committed: the reference
+        lg = run_windows(model, [(ref, want[-1:])], keep=True)[0][0]
+        want.append(int(lg.argmax()))
+    s = new_session(cfg)
+    copy_session(base, s, cfg.indexer_block)
+    driver = LoneDriver(model, [s], graphs=graphed)
+    got = [3]
+
+    def take(token, finite):
+        assert finite
+        got.append(token)
+        return True
+
+    n = driver.decode(0, 3, s.length, 10, take)
+    n += driver.decode(0, got[-1], s.length, 14, take)  # a second call replays the same graph
+    assert n == 24 and got == want
+    assert len(driver.graphs) == (1 if graphed else 0)
+    assert s.length == ref.length
+    for a, b in zip(state_of(s), state_of(ref)):
+        assert torch.equal(a, b)
+
+
+def test_engine_replies_lone_and_shared_agree(tiny_ckpt):
+    costs = CostTable({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3,
+                      overhead_ms=0.2)
+    llm = LLM(str(tiny_ckpt), costs=costs, parallel=4, max_rows=16, device="cuda")
+    host = llm.engine.host
+    lone = host.lone
+    assert lone is not None and lone.use_graphs
+    ps = prompts(500, 6)
+    params = [SamplingParams(max_tokens=m, temperature=0.0, draft=False)
+              for m in (40, 9, 33, 1, 25, 60)]
+    host.lone = None
+    want = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
+    host.lone = lone
+    got = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
+    assert got == want and lone.num_steps > 0
+    # hand-offs: every fifth landed step "work arrives"; then all six at once (shared rounds)
+    calls = [0]
+    host.interrupted = lambda: (calls.__setitem__(0, calls[0] + 1) or calls[0] % 5 == 0)
+    host.config = dataclasses.replace(host.config, lone_steps=8)
+    got = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
+    together = [o.token_ids for o in llm.generate(ps, params)]
+    assert got == want and together == want

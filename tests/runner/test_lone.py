@@ -1,0 +1,154 @@
+"""The lone driver (runner/lone.py) on the CPU: its steps leave a session bit for bit where
+shared one-row rounds leave it, and through the host its replies equal shared rounds' replies,
+across hand-offs to shared rounds and back, stops inside a burst and interruptions."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from flashlane.lanes.records import Draws, Window
+from flashlane.llm import LLM
+from flashlane.models.loader import load_checkpoint
+from flashlane.models.state import SessionState
+from flashlane.request import SamplingParams
+from flashlane.runner.backend import ModelBackend
+from flashlane.runner.lone import LoneDriver
+from tests.runner.test_exact import COSTS, prompts, serial
+
+GREEDY = SamplingParams(max_tokens=40, temperature=0.0, draft=False)
+
+
+def prefilled(model, cfg, prompt):
+    s = SessionState.empty(cfg, 512, torch.float64, torch.float64)
+    b = ModelBackend(model, [s], max_rows=16)
+    v = b.verify([Window(0, 0, 0, tuple(prompt), Draws(GREEDY, 0, prompt, []), "prompt", True)])
+    b.keep({0: len(prompt)})
+    return s, v[0].sampled[0]
+
+
+def state_of(s: SessionState) -> list[torch.Tensor]:
+    """Every tensor the session reads back: caches up to its length, whole recurrent state."""
+    n, out = s.length, []
+    for c in s.attn.values():
+        blocks = n // (c.k.shape[0] // c.block_keys.shape[0])
+        out += [c.k[:n], c.v[:n], c.index_keys[:n], c.block_keys[:blocks]]
+    for g in s.gdn.values():
+        out += [g.conv, g.recurrent]
+    for p in s.ple.values():
+        out += [p.conv, p.ids]
+    return out
+
+
+@pytest.mark.parametrize("which", [1, 3])  # 70 and 130 prompt tokens: sparse blocks chosen
+def test_lone_steps_equal_shared_rounds_bit_for_bit(tiny_ckpt, which):
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    prompt = prompts()[which]
+    want, ref = serial(model, cfg, prompt, 30)
+    s, first = prefilled(model, cfg, prompt)
+    assert first == want[0]
+    got: list[int] = [first]
+    driver = LoneDriver(model, [s])
+
+    def take(token, finite):
+        assert finite
+        got.append(token)
+        return True
+
+    # two calls: the second starts from the first's last token, as the host hands it back
+    n = driver.decode(0, got[-1], len(prompt), 12, take)
+    n += driver.decode(0, got[-1], len(prompt) + n, 17, take)
+    assert n == 29 and got == want
+    assert s.length == ref.length == len(prompt) + 29
+    for a, b in zip(state_of(s), state_of(ref)):
+        assert torch.equal(a, b)
+
+
+def test_lone_stops_after_a_landed_step_and_lands_the_one_in_flight(tiny_ckpt):
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    prompt = prompts()[0]
+    want, _ = serial(model, cfg, prompt, 12)
+    s, first = prefilled(model, cfg, prompt)
+    got = [first]
+    n = LoneDriver(model, [s]).decode(0, first, len(prompt), 10, lambda t, f: bool(got.append(t)))
+    # it said stop after the first landed step; the second was in flight and landed too
+    assert n == 2 and got == want[:3] and s.length == len(prompt) + 2
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_ckpt):
+    return LLM(str(tiny_ckpt), costs=COSTS, parallel=8, max_rows=16)
+
+
+def with_lone(llm, steps: int):
+    host = llm.engine.host
+    host.lone = LoneDriver(llm.engine.model, llm.engine.sessions)
+    host.config = dataclasses.replace(host.config, lone_steps=steps)
+    return host.lone
+
+
+def without_lone(llm):
+    llm.engine.host.lone = None
+    llm.engine.host.interrupted = lambda: False
+
+
+@pytest.mark.parametrize("steps", [1, 5, 32])
+def test_lone_replies_equal_shared_replies(llm, steps):
+    ps = prompts()[:5]
+    params = [dataclasses.replace(GREEDY, max_tokens=m) for m in (40, 7, 33, 1, 25)]
+    without_lone(llm)
+    want = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
+    driver = with_lone(llm, steps)
+    try:
+        got = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
+    finally:
+        without_lone(llm)
+    assert got == want
+    assert driver.num_steps >= sum(len(w) - 1 for w in want) - 1  # the lone driver decoded
+
+
+def test_lone_stop_token_inside_a_burst(llm):
+    prompt = prompts()[2]
+    without_lone(llm)
+    full = llm.generate(prompt, GREEDY)[0].token_ids
+    stop = dataclasses.replace(GREEDY, stop_token_ids=[full[9]])
+    want = llm.generate(prompt, stop)[0]
+    with_lone(llm, 32)
+    try:
+        got = llm.generate(prompt, stop)[0]
+    finally:
+        without_lone(llm)
+    assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason
+    assert len(got.token_ids) <= 10
+
+
+def test_lone_hands_off_when_work_arrives_and_takes_back(llm):
+    """Requests arriving while a lone stream decodes: it goes back to shared rounds (the host
+    is interrupted), and every reply equals its reply alone."""
+    ps = prompts()[:4]
+    params = [dataclasses.replace(GREEDY, max_tokens=m) for m in (30, 12, 20, 8)]
+    without_lone(llm)
+    want = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
+    driver = with_lone(llm, 4)
+    host, calls = llm.engine.host, [0]
+
+    def interrupted():  # every seventh landed step, work "arrives"
+        calls[0] += 1
+        return calls[0] % 7 == 0
+
+    host.interrupted = interrupted
+    try:
+        host.submit("a", ps[0], params[0])
+        out: dict[str, list[int]] = {"a": [], "b": [], "c": [], "d": []}
+        rounds = 0
+        while host.has_work:
+            rounds += 1
+            if rounds == 6:  # the others come while "a" runs alone
+                for rid, p, q in zip("bcd", ps[1:], params[1:]):
+                    host.submit(rid, p, q)
+            for u in host.run_once():
+                out[u.stream.request_id] += u.token_ids
+    finally:
+        without_lone(llm)
+    assert [out[k] for k in "abcd"] == want
+    assert driver.num_steps > 0
