@@ -154,17 +154,20 @@ def decode_figures(args, llm: LLM, cfg, n: int, greedy: SamplingParams, ceilings
 
 
 def launches_per_token(llm: LLM, cfg) -> float:
-    """Kernel launches (graph replays count one) per token of a one-stream greedy decode."""
+    """Kernel launches (a graph replay counts one) per decoded token of one greedy stream:
+    a 9-token reply's launches less a 1-token reply's (the prompt piece), over 8 tokens."""
     from torch.profiler import ProfilerActivity, profile
 
-    params = SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, draft=False)
     prompt = random_prompts(1, 64, cfg.vocab_size, 5)
-    llm.generate(prompt, params)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        llm.generate(prompt, params)
     names = ("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch")
-    n = sum(e.count for e in prof.key_averages() if e.key.startswith(names))
-    return n / 9  # the prompt piece's launches included, spread over the tokens
+    counts = []
+    for tokens in (1, 9):
+        params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, draft=False)
+        llm.generate(prompt, params)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            llm.generate(prompt, params)
+        counts.append(sum(e.count for e in prof.key_averages() if e.key.startswith(names)))
+    return (counts[1] - counts[0]) / 8
 
 
 def prompt_cache_ttft(args, cfg, model, config: EngineConfig) -> dict:

@@ -131,7 +131,8 @@ class Engine:
             return None
         from flashlane.runner.lone import LoneDriver
 
-        return LoneDriver(self.model, self.sessions, graphs=self.model.graphs is not None)
+        return LoneDriver(self.model, self.sessions, graphs=self.model.graphs is not None,
+                          drafter=self.backend.drafter)
 
     def _capture_graphs(self) -> None:
         """CUDA graphs of every layer's row-count-only parts, for rounds of up to max_rows

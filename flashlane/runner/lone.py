@@ -34,9 +34,11 @@ RING = 4  # landed tokens waiting to be read (two in flight need two)
 
 @torch.no_grad()
 def step(model: FlashNext, s: SessionState, tok: torch.Tensor, pos: torch.Tensor,
-         out: torch.Tensor) -> None:
+         out: torch.Tensor, record: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """Feed tok [1] at pos [1] into session s, commit it, and draw greedily: out [2] gets
-    (the id, 1 if the row's maximum is finite), tok the id, and pos moves on by one."""
+    (the id, 1 if the row's maximum is finite), tok the id, and pos moves on by one. With
+    `record` (rows [n, hc*H], k [1]) the row's residual goes to rows[k] and k moves on (the
+    MTP head's cells, absorbed when the stream drafts again)."""
     cfg, kernels = model.cfg, model.kernels
     r = model.embed_tokens(tok).repeat(1, cfg.hc_count)
     cos, sin = model.rotary.cos_sin(pos, r.dtype)
@@ -49,6 +51,9 @@ def step(model: FlashNext, s: SessionState, tok: torch.Tensor, pos: torch.Tensor
         else:
             y = _attention(layer.self_attn, a, s.attn[idx], pos, cos, sin, model.rotary, kernels)
         r = layer.mlp_half(r, y, w, kernels)
+    if record is not None:
+        record[0].index_copy_(0, record[1], r)
+        record[1].add_(1)
     top, ids = model.logits(r).max(dim=1)  # the first maximum: ties to the lower id
     out[0] = ids[0]
     out[1] = torch.isfinite(top)[0]
@@ -105,9 +110,16 @@ def _pool_block(indexer, c: AttnCache, pos: torch.Tensor, rotary) -> None:
 class LoneDriver:
     """Runs `step` for one session at a time, graphed on CUDA, with two steps in flight."""
 
-    def __init__(self, model: FlashNext, sessions: list[SessionState], graphs: bool = True):
-        self.model, self.sessions = model, sessions
+    def __init__(self, model: FlashNext, sessions: list[SessionState], graphs: bool = True,
+                 drafter=None, max_steps: int = 64):
+        """`drafter` (drafting.mtp.MtpDrafter): a drafting stream's steps queue their cells
+        there, as kept shared rounds do, so its MTP head catches up when it drafts again."""
+        self.model, self.sessions, self.drafter = model, sessions, drafter
+        self.max_steps = max_steps
         dev = model.embed_tokens.weight.device
+        width = model.cfg.hc_count * model.cfg.hidden_size
+        self.rows = torch.zeros(max_steps, width, dtype=model.dtype, device=dev)
+        self.k = torch.zeros(1, dtype=torch.long, device=dev)
         self.is_cuda = dev.type == "cuda"
         self.use_graphs = graphs and self.is_cuda
         self.tok = torch.zeros(1, dtype=torch.long, device=dev)
@@ -123,15 +135,19 @@ class LoneDriver:
         self.num_steps = 0
 
     def decode(self, session_id: int, token: int, position: int, budget: int,
-               take: Callable[[int, bool], bool]) -> int:
+               take: Callable[[int, bool], bool], stream_id: int = -1, draws=None) -> int:
         """Up to `budget` steps from the pending `token` at `position`. After each landed step
         take(id, finite) says whether to go on; once it says no, the step still in flight
-        lands and is handed over too. Returns the steps whose tokens the session now holds."""
+        lands and is handed over too. Returns the steps whose tokens the session now holds.
+        With `draws` of a drafting stream, the steps' cells are queued for its MTP head."""
+        budget = min(budget, self.max_steps)
         if budget <= 0:
             return 0
         s = self.sessions[session_id]
         self.tok.fill_(token)
         self.pos.fill_(position)
+        self.k.zero_()
+        tokens = [token]
         run = self._runner(session_id, s)
         launched = landed = 0
         going = True
@@ -144,9 +160,14 @@ class LoneDriver:
                     continue  # put a second step in flight before reading the first
             token_id, finite = self._read(landed)
             landed += 1
+            tokens.append(token_id)
             going = take(token_id, finite) and going
         s.length = position + launched
         self.num_steps += launched
+        drafter = self.drafter
+        if draws is not None and draws.params.draft and drafter is not None and drafter.enabled:
+            rows = self.rows[:launched].clone()  # the next call overwrites the buffer
+            drafter.absorb_later(stream_id, rows, tokens[:launched], tokens[launched], draws)
         return launched
 
     def _post(self, i: int) -> None:
@@ -164,7 +185,7 @@ class LoneDriver:
 
     def _runner(self, session_id: int, s: SessionState) -> Callable[[], None]:
         if not self.use_graphs:
-            return lambda: step(self.model, s, self.tok, self.pos, self.out)
+            return lambda: step(self.model, s, self.tok, self.pos, self.out, (self.rows, self.k))
         graph = self.graphs.get(session_id)
         if graph is None:
             graph = self.graphs[session_id] = self._capture(s)
@@ -179,18 +200,19 @@ class LoneDriver:
         cfg = self.model.cfg
         scratch = SessionState.empty(cfg, s.capacity, s.attn_dtype(), s.state_dtype(),
                                      self.tok.device)
-        saved = (self.tok.clone(), self.pos.clone())
+        saved = (self.tok.clone(), self.pos.clone(), self.k.clone())
         self.pos.zero_()
+        self.k.zero_()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            step(self.model, scratch, self.tok, self.pos, self.out)
+            step(self.model, scratch, self.tok, self.pos, self.out, (self.rows, self.k))
         torch.cuda.current_stream().wait_stream(side)
         del scratch
-        self.tok.copy_(saved[0])
-        self.pos.copy_(saved[1])
+        for live, value in zip((self.tok, self.pos, self.k), saved):
+            live.copy_(value)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            step(self.model, s, self.tok, self.pos, self.out)
+            step(self.model, s, self.tok, self.pos, self.out, (self.rows, self.k))
         self.capture_seconds += time.perf_counter() - t
         return graph

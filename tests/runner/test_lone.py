@@ -152,3 +152,32 @@ def test_lone_hands_off_when_work_arrives_and_takes_back(llm):
         without_lone(llm)
     assert [out[k] for k in "abcd"] == want
     assert driver.num_steps > 0
+
+
+def test_drafting_streams_go_lone_and_draft_again_after_the_hand_off(llm):
+    """A drafting greedy stream alone runs on the lone driver, its cells queued for its MTP
+    head; when others arrive it drafts in shared rounds again. Replies equal undrafted ones."""
+    ps = prompts()[:4]
+    params = [dataclasses.replace(GREEDY, max_tokens=m, draft=True) for m in (40, 12, 20, 8)]
+    without_lone(llm)
+    want = [llm.generate(p, dataclasses.replace(q, draft=False))[0].token_ids
+            for p, q in zip(ps, params)]
+    driver = with_lone(llm, 6)
+    host = llm.engine.host
+    try:
+        host.submit("a", ps[0], params[0])
+        out: dict[str, list[int]] = {"a": [], "b": [], "c": [], "d": []}
+        streams, rounds = {}, 0
+        while host.has_work:
+            rounds += 1
+            if rounds == 3:
+                for rid, p, q in zip("bcd", ps[1:], params[1:]):
+                    host.submit(rid, p, q)
+            for u in host.run_once():
+                out[u.stream.request_id] += u.token_ids
+                streams[u.stream.request_id] = u.stream
+    finally:
+        without_lone(llm)
+    assert [out[k] for k in "abcd"] == want
+    assert driver.num_steps > 0
+    assert streams["a"].num_drafted > 0  # its head caught up on the lone cells and drafted
