@@ -21,6 +21,7 @@ from flashlane.models.flashnext import FlashNext, commit_all
 from flashlane.models.rows import Piece, Rows
 from flashlane.models.state import SessionState
 from flashlane.runner import kept as kept_states
+from flashlane.sampling.gpu import draw_rows_gpu
 from flashlane.sampling.choose import (
     DrawSpec,
     SampleError,
@@ -122,39 +123,21 @@ class ModelBackend:
             draw_at = [i for w, p in zip(windows, rows.pieces) for i in _drawing_rows(w, p)]
             logits = self.model.logits(r[draw_at]) if draw_at else None
         specs = [_spec(w, i) for w in windows for i in range(w.num_draws)]
-        # plain greedy rows are drawn where the logits are, in one call for the round
-        picks = greedy_on_device(logits, [i for i, sp in enumerate(specs) if is_plain_greedy(sp)])
+        picks = _draw_all(logits, specs)
         verdicts, row = [], 0
         for w, p in zip(windows, rows.pieces):
             n = w.num_draws
             fed = Fed(w, p, r[p.rows])
-            window_picks = [picks.get(i) for i in range(row, row + n)]
-            verdicts.append(
-                self._draw(
-                    w, logits[row : row + n] if n else None, fed, specs[row : row + n], window_picks
-                )
-            )
+            got = [picks[i] for i in range(row, row + n)]
+            verdicts.append(self._verdict(w, logits[row : row + n] if n else None, fed, got))
             self.fed[w.stream_id] = fed
             row += n
         return verdicts
 
-    def _draw(
-        self,
-        w: Window,
-        logits: torch.Tensor | None,
-        fed: Fed,
-        specs: list[DrawSpec],
-        picks: list[int | None],
-    ) -> Verdict:
-        """The window's draws: greedy picks made on the device, the other rows here."""
+    def _verdict(self, w: Window, logits: torch.Tensor | None, fed: Fed, got: list) -> Verdict:
+        """The window's draws (a row's SampleError fails the stream), with logprobs if asked."""
         if logits is None:
             return Verdict(w.stream_id, [])
-        rest = [i for i, pick in enumerate(picks) if pick is None]
-        got: list = list(picks)
-        if rest:
-            drawn = draw_rows(logits[rest], [specs[i] for i in rest])
-            for i, g in zip(rest, drawn):
-                got[i] = g
         errors = [g for g in got if isinstance(g, SampleError)]
         if errors:
             return Verdict(w.stream_id, [], error=f"sampling failed: {errors[0]}")
@@ -230,6 +213,22 @@ class ModelBackend:
         self.bound.pop(stream_id, None)
         self.fed.pop(stream_id, None)
         self.drafter.forget(stream_id)
+
+
+def _draw_all(logits: torch.Tensor | None, specs: list[DrawSpec]) -> list:
+    """Every drawing row of the round: plain greedy rows where the logits are (one call), the
+    rest in one batch, on the GPU with the fused keyed draw (sampling/gpu.py: the CPU path's
+    tokens) or on the CPU; row -> id or SampleError."""
+    if logits is None:
+        return []
+    picks: dict = greedy_on_device(
+        logits, [i for i, sp in enumerate(specs) if is_plain_greedy(sp)]
+    )
+    rest = [i for i in range(len(specs)) if i not in picks]
+    if rest:
+        draw = draw_rows_gpu if logits.is_cuda else draw_rows
+        picks.update(zip(rest, draw(logits[rest], [specs[i] for i in rest])))
+    return [picks[i] for i in range(len(specs))]
 
 
 def _drawing_rows(w: Window, p: Piece) -> range:
