@@ -9,8 +9,8 @@ vocabulary). Each is drawn with top_p 0.95 (top_k 0), top_k 20, min_p 0.05 and g
 plus 'plain' (T = 1, no filter) for reference. Every draw uses a new seed and position. The
 device figure is the wall time of one draw_rows_gpu call on 16 such rows (tokens back on the
 host), with its tokens checked against the CPU path. On CUDA that call runs triton_draw's fused
-kernels for the rows they take (greedy, plain, min_p, top_k; top_p without top_k still takes the
-torch path); `--path torch` times the plain torch path instead. 'fused rows' counts the rows of a
+kernels for the rows they take (greedy, plain, min_p, top_k, top_p without top_k);
+`--path torch` times the plain torch path instead. 'fused rows' counts the rows of a
 batch the kernels settled. The first calls (Triton compiles each kernel once, seconds) are not
 timed. Prints a table, then one JSON line.
 """

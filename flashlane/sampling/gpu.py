@@ -2,8 +2,8 @@
 
 Returns the CPU path's tokens (choose.draw_rows). Plain torch, so it runs on the CPU too and a
 CI test holds it to the CPU path; on CUDA it is the verify round's sampler, where the common rows
-(greedy, plain, min_p, top_k without penalties or bias) go to triton_draw's fused kernels and
-only the rest come here.
+(greedy, plain, min_p, top_k, top_p, without penalties or bias) go to triton_draw's fused
+kernels and only the rest, or a row they cannot settle, come here.
 
 Greedy rows take the first maximum. A sampled row keeps a pool {z >= floor}, which is a prefix
 of the candidate order (prune.py): the floor is the k-th largest z for top_k, the edge of a
