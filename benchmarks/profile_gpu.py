@@ -62,6 +62,22 @@ def main() -> None:
         print(ka.table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=60))
         print(ka.table(sort_by="self_cpu_time_total", row_limit=args.rows,
                        max_name_column_width=60))
+    # decode alone: the kernels of a 9-token reply less those of a 1-token reply (its prompt)
+    totals = []
+    for tokens in (1, 9):
+        params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, draft=False)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            llm.generate(short, params)
+            torch.cuda.synchronize()
+        totals.append({e.key: (e.self_device_time_total, e.count) for e in prof.key_averages()})
+    diff = {k: (t - totals[0].get(k, (0, 0))[0], n - totals[0].get(k, (0, 0))[1])
+            for k, (t, n) in totals[1].items()}
+    whole = sum(t for t, _ in diff.values())
+    print(f"\n=== decode alone, 8 tokens of {args.streams} stream(s): GPU time {whole / 8e3:.3f} ms"
+          " a token (kernels of 9 tokens less 1)")
+    for k, (t, n) in sorted(diff.items(), key=lambda kv: -kv[1][0])[: args.rows]:
+        print(f"{t / 8e3:9.3f} ms {n / 8:7.1f} calls  {k[:90]}")
     if args.host:
         torch.cuda.synchronize()
         prof = cProfile.Profile()

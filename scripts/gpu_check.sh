@@ -6,7 +6,8 @@
 #     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, benches, model, serve
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
-#          exactness of the engine on the GPU, the GPU sampler);
+#          exactness of the engine on the GPU, the GPU sampler), then 10,000 full-width rows
+#          of the GPU keyed draw against the CPU path (benchmarks/check_gpu_draw.py);
 # benches: every benchmarks/bench_*.py that takes `--device`, run with `--device cuda`;
 # model:   `flashlane bench model` on a random flashnext-12l against transformers
 #          (MODEL_ARGS overrides its arguments);
@@ -36,6 +37,9 @@ if [[ " $steps " == *" tests "* ]]; then
     echo "== python -m pytest -m 'cuda or triton' $cuda_tests"
     python -m pytest -m "cuda or triton" -v -rf --tb=short -p no:cacheprovider $cuda_tests 2>&1 \
         | tee "$out/gpu_tests_$stamp.log" || failed+=("pytest")
+    echo "== python benchmarks/check_gpu_draw.py"
+    python benchmarks/check_gpu_draw.py 2>&1 | tee -a "$out/gpu_tests_$stamp.log" \
+        || failed+=("check_gpu_draw")
 fi
 
 if [[ " $steps " == *" benches "* ]]; then
