@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, ".")
-from flashlane.sampling.choose import SampleError, draw_rows  # noqa: E402
-from flashlane.sampling.gpu import draw_rows_gpu  # noqa: E402
-from tests.sampling.rows import random_rows, random_spec  # noqa: E402
+from flashlane.sampling.choose import SampleError, draw_rows
+from flashlane.sampling.gpu import draw_rows_gpu
+from tests.sampling.rows import random_rows, random_spec
 
 BATCH = 50
 

@@ -21,7 +21,6 @@ from flashlane.models.flashnext import FlashNext, commit_all
 from flashlane.models.rows import Piece, Rows
 from flashlane.models.state import SessionState
 from flashlane.runner import kept as kept_states
-from flashlane.sampling.gpu import draw_rows_gpu
 from flashlane.sampling.choose import (
     DrawSpec,
     SampleError,
@@ -29,6 +28,7 @@ from flashlane.sampling.choose import (
     greedy_on_device,
     is_plain_greedy,
 )
+from flashlane.sampling.gpu import draw_rows_gpu
 
 
 @dataclass(slots=True)
