@@ -48,6 +48,9 @@ class AsyncEngine:
         self.chat_template = e.chat_template
         self.eos_token_ids = sorted(e.host.rules.eos_ids)
         self._inbox: queue.Queue = queue.Queue()
+        # a lone stream returns to shared rounds after its next step when requests or aborts
+        # wait in the inbox, instead of after its lone driver's whole call
+        e.host.interrupted = lambda: not self._inbox.empty()
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._counters = {"drafted": 0, "accepted": 0, "rounds": 0}
         self._closed = threading.Event()
