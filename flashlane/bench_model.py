@@ -87,7 +87,7 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
     warm = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, draft=False)
     for n in args.streams:
         llm.generate(random_prompts(n, args.prompt_len, cfg.vocab_size, 99), warm)
-    if 1 in args.streams:  # the lone driver's graph (a session's first lone step captures it)
+    if 1 in args.streams:  # one stream's lone steps warm too (their graphs are made at start)
         llm.generate(random_prompts(1, args.prompt_len, cfg.vocab_size, 97), greedy)
     for length in args.prefill:
         llm.generate(random_prompts(1, length, cfg.vocab_size, 98), one)

@@ -131,8 +131,13 @@ class Engine:
             return None
         from flashlane.runner.lone import LoneDriver
 
-        return LoneDriver(self.model, self.sessions, graphs=self.model.graphs is not None,
-                          drafter=self.backend.drafter)
+        driver = LoneDriver(self.model, self.sessions, graphs=self.model.graphs is not None,
+                            drafter=self.backend.drafter)
+        n = driver.capture_all()
+        failed = f" (failed, steps run eagerly: {driver.failed})" if driver.failed else ""
+        self.log(f"flashlane: lone driver, {n} step graphs captured in "
+                 f"{driver.capture_seconds:.1f} s{failed}")
+        return driver
 
     def _capture_graphs(self) -> None:
         """CUDA graphs of every layer's row-count-only parts, for rounds of up to max_rows

@@ -132,6 +132,7 @@ class LoneDriver:
         # results go to the static buffers above, so no replay overwrites memory in use
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.capture_seconds = 0.0
+        self.failed: str | None = None  # why the steps run eagerly, if a capture failed
         self.num_steps = 0
 
     def decode(self, session_id: int, token: int, position: int, budget: int,
@@ -170,6 +171,18 @@ class LoneDriver:
             drafter.absorb_later(stream_id, rows, tokens[:launched], tokens[launched], draws)
         return launched
 
+    def capture_all(self) -> int:
+        """Capture every session's step now (engine start), so no request pays a capture;
+        returns how many graphs there are. If a capture fails, lone steps run eagerly (same
+        bits, more launches) and `failed` says why."""
+        for session_id, s in enumerate(self.sessions):
+            if self.use_graphs and session_id not in self.graphs:
+                try:
+                    self.graphs[session_id] = self._capture(s)
+                except Exception as err:
+                    self._give_up(err)
+        return len(self.graphs)
+
     def _post(self, i: int) -> None:
         """Step i's (id, finite) into its ring slot, without waiting for it."""
         slot = self.ring[i % RING]
@@ -188,19 +201,39 @@ class LoneDriver:
             return lambda: step(self.model, s, self.tok, self.pos, self.out, (self.rows, self.k))
         graph = self.graphs.get(session_id)
         if graph is None:
-            graph = self.graphs[session_id] = self._capture(s)
+            try:
+                graph = self.graphs[session_id] = self._capture(s)
+            except Exception as err:  # a step that cannot be captured runs eagerly from now on
+                self._give_up(err)
+                return self._runner(session_id, s)
         return graph.replay
 
+    def _give_up(self, err: Exception) -> None:
+        self.use_graphs, self.failed = False, f"{type(err).__name__}: {err}"
+        self.graphs.clear()
+        torch.cuda.synchronize()
+
     def _capture(self, s: SessionState) -> torch.cuda.CUDAGraph:
-        """Capture the session's step. Triton compiles on a warm-up step first, which runs on a
-        scratch session of the same capacity (a capture records work, so s is not touched)."""
+        """Capture the session's step (a capture records work: s is not touched). Before the
+        first capture one step runs on a small scratch session, so that every kernel is
+        compiled and the allocator warm (no kernel is specialised on a session's capacity)."""
         import time
 
         t = time.perf_counter()
+        if not self.graphs:
+            self._warm(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            step(self.model, s, self.tok, self.pos, self.out, (self.rows, self.k))
+        self.capture_seconds += time.perf_counter() - t
+        return graph
+
+    def _warm(self, like: SessionState) -> None:
         cfg = self.model.cfg
-        scratch = SessionState.empty(cfg, s.capacity, s.attn_dtype(), s.state_dtype(),
+        capacity = min(like.capacity, 2 * cfg.indexer_block)
+        scratch = SessionState.empty(cfg, capacity, like.attn_dtype(), like.state_dtype(),
                                      self.tok.device)
-        saved = (self.tok.clone(), self.pos.clone(), self.k.clone())
+        saved = [x.clone() for x in (self.tok, self.pos, self.k)]
         self.pos.zero_()
         self.k.zero_()
         side = torch.cuda.Stream()
@@ -208,11 +241,5 @@ class LoneDriver:
         with torch.cuda.stream(side):
             step(self.model, scratch, self.tok, self.pos, self.out, (self.rows, self.k))
         torch.cuda.current_stream().wait_stream(side)
-        del scratch
         for live, value in zip((self.tok, self.pos, self.k), saved):
             live.copy_(value)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            step(self.model, s, self.tok, self.pos, self.out, (self.rows, self.k))
-        self.capture_seconds += time.perf_counter() - t
-        return graph
