@@ -181,3 +181,21 @@ def test_drafting_streams_go_lone_and_draft_again_after_the_hand_off(llm):
     assert [out[k] for k in "abcd"] == want
     assert driver.num_steps > 0
     assert streams["a"].num_drafted > 0  # its head caught up on the lone cells and drafted
+
+
+def test_lone_stream_moves_to_a_larger_session_as_shared_rounds_move_it(tiny_ckpt):
+    """A lone stream stops where its session is full; the host moves it to a larger session
+    (sized sessions, a small grow margin) and it goes on, alone again: the same reply."""
+    sized = LLM(str(tiny_ckpt), costs=COSTS, max_rows=16, slot_contexts="96,512", slot_grow=8)
+    prompt = prompts()[1]  # 70 tokens: admitted to the 96-position session
+    params = dataclasses.replace(GREEDY, max_tokens=120)
+    without_lone(sized)
+    want = sized.generate(prompt, params)[0]
+    driver = with_lone(sized, 32)
+    try:
+        got = sized.generate(prompt, params)[0]
+    finally:
+        without_lone(sized)
+    assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason
+    assert len(got.token_ids) == 120 and driver.num_steps > 100
+    assert got.stats.moves == want.stats.moves >= 1
