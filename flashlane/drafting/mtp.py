@@ -60,7 +60,9 @@ class MtpDrafter:
     def _cells(self, residual, next_ids, rows, draw_at=None) -> tuple[torch.Tensor, torch.Tensor]:
         """MTP cells -> (fp32 logits of the rows `draw_at` (default all), output residual)."""
         m = self.model
-        hidden, out = m.mtp(residual, m.embed_tokens(next_ids), rows, m.rotary, m.kernels)
+        hidden, out = m.mtp(
+            residual, m.embed_tokens(next_ids), rows, m.rotary, m.kernels, m.graphs
+        )
         if draw_at is not None:
             hidden = hidden[draw_at]
         return torch.nn.functional.linear(hidden.to(self._head.dtype), self._head).float(), out
@@ -102,7 +104,7 @@ class MtpDrafter:
             res, ids = w.take()
             cells = [(session, torch.tensor(ids), session.mtp_length, False)]
             rows = Rows.of(cells, res.device)
-            m.mtp(res, m.embed_tokens(rows.token_ids), rows, m.rotary, m.kernels)
+            m.mtp(res, m.embed_tokens(rows.token_ids), rows, m.rotary, m.kernels, m.graphs)
             session.mtp_length += len(ids)
         return w.dangling
 

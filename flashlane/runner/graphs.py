@@ -93,13 +93,15 @@ class Graphs:
 
 
 def capture_all(model, graphs: Graphs) -> tuple[float, int]:
-    """Capture every layer's parts at every bucket now (engine start), with zero inputs, for
+    """Capture every layer's parts (the MTP head's layers too: a draft step replays them) at
+    every bucket now (engine start), with zero inputs, for
     plain rows and for windows one row wide (decode); wider windows are captured when first
     met. Returns (seconds, bytes of GPU memory the graphs took)."""
     cfg, dev, dtype = model.cfg, model.embed_tokens.weight.device, model.dtype
     t, before = time.perf_counter(), torch.cuda.memory_allocated(dev)
     zeros = dict(dtype=dtype, device=dev)
-    for layer in model.layers:
+    mtp_layers = list(model.mtp.layers) if model.mtp is not None else []
+    for layer in [*model.layers, *mtp_layers]:
         parts, key = layer.graph_parts(model.kernels), id(layer)
         for size in graphs.sizes:
             r = torch.zeros(size, cfg.hc_count * cfg.hidden_size, **zeros)

@@ -179,7 +179,8 @@ def test_every_bucket_captures_at_start(gpu_model):
     graphs = Graphs(max_rows=64)
     secs, used = capture_all(model, graphs)
     assert graphs.failed is None
+    mtp = list(model.mtp.layers) if model.mtp is not None else []
     parts = sum((3 if layer.kind == "linear" else 2) + (layer.ple is not None)
-                for layer in model.layers)
+                for layer in [*model.layers, *mtp])
     assert len(graphs.entries) == parts * len(graphs.sizes)
     assert secs > 0 and used >= 0

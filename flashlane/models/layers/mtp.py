@@ -47,8 +47,11 @@ class MtpHead(nn.Module):
         rows: Rows,
         rotary: Rotary,
         kernels: Kernels,
+        graphs=None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """residual: R_i [N, hc*H]; next_embed: embed(x_{i+1}) [N, H]; rows at cell positions.
+        With `graphs` (runner.graphs.Graphs) the layer's row-count-only parts replay, as the
+        target's do.
 
         Returns (hidden for the lm_head [N, H], the cell's output residual [N, hc*H]).
         """
@@ -57,5 +60,5 @@ class MtpHead(nn.Module):
         hn = self.pre_fc_norm_hidden(residual).unflatten(-1, (cfg.hc_count, cfg.hidden_size))
         r = (self.fc_hidden(hn) + e.unsqueeze(-2)).flatten(-2)
         for layer in self.layers:
-            r = layer(r, rows, rotary, kernels)
+            r = layer(r, rows, rotary, kernels, graphs)
         return self.hyper_connection_mixer.read(r)[0], r
