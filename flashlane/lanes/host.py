@@ -68,8 +68,8 @@ class LaneHost:
         grow: int | None = None,
         lone=None,
     ) -> None:
-        """`lone`: a runner.lone.LoneDriver, to which a lone undrafted greedy stream's rounds
-        go (None: every round is a shared one)."""
+        """`lone`: a runner.lone.LoneDriver, to which a lone greedy stream's rounds go
+        (lanes/lone_turn.py says which; None: every round is a shared one)."""
         self.backend = backend
         self.lone = lone
         # Set by a caller that takes requests while the host runs (the engine thread): True

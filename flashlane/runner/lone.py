@@ -22,6 +22,7 @@ tests/gpu/test_lone_gpu.py with graphs).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -34,11 +35,11 @@ RING = 4  # landed tokens waiting to be read (two in flight need two)
 
 @torch.no_grad()
 def step(model: FlashNext, s: SessionState, tok: torch.Tensor, pos: torch.Tensor,
-         out: torch.Tensor, record: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+         out: torch.Tensor, record: tuple[torch.Tensor, torch.Tensor]) -> None:
     """Feed tok [1] at pos [1] into session s, commit it, and draw greedily: out [2] gets
-    (the id, 1 if the row's maximum is finite), tok the id, and pos moves on by one. With
-    `record` (rows [n, hc*H], k [1]) the row's residual goes to rows[k] and k moves on (the
-    MTP head's cells, absorbed when the stream drafts again)."""
+    (the id, 1 if the row's maximum is finite), tok the id, and pos moves on by one. The row's
+    residual goes to record = (rows [n, hc*H], k [1]) at rows[k], and k moves on (the MTP
+    head's cells, absorbed when the stream drafts again)."""
     cfg, kernels = model.cfg, model.kernels
     r = model.embed_tokens(tok).repeat(1, cfg.hc_count)
     cos, sin = model.rotary.cos_sin(pos, r.dtype)
@@ -51,9 +52,8 @@ def step(model: FlashNext, s: SessionState, tok: torch.Tensor, pos: torch.Tensor
         else:
             y = _attention(layer.self_attn, a, s.attn[idx], pos, cos, sin, model.rotary, kernels)
         r = layer.mlp_half(r, y, w, kernels)
-    if record is not None:
-        record[0].index_copy_(0, record[1], r)
-        record[1].add_(1)
+    record[0].index_copy_(0, record[1], r)
+    record[1].add_(1)
     top, ids = model.logits(r).max(dim=1)  # the first maximum: ties to the lower id
     out[0] = ids[0]
     out[1] = torch.isfinite(top)[0]
@@ -198,7 +198,7 @@ class LoneDriver:
 
     def _runner(self, session_id: int, s: SessionState) -> Callable[[], None]:
         if not self.use_graphs:
-            return lambda: step(self.model, s, self.tok, self.pos, self.out, (self.rows, self.k))
+            return lambda: self._step(s)
         graph = self.graphs.get(session_id)
         if graph is None:
             try:
@@ -213,18 +213,19 @@ class LoneDriver:
         self.graphs.clear()
         torch.cuda.synchronize()
 
+    def _step(self, s: SessionState) -> None:
+        step(self.model, s, self.tok, self.pos, self.out, (self.rows, self.k))
+
     def _capture(self, s: SessionState) -> torch.cuda.CUDAGraph:
         """Capture the session's step (a capture records work: s is not touched). Before the
         first capture one step runs on a small scratch session, so that every kernel is
         compiled and the allocator warm (no kernel is specialised on a session's capacity)."""
-        import time
-
         t = time.perf_counter()
         if not self.graphs:
             self._warm(s)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            step(self.model, s, self.tok, self.pos, self.out, (self.rows, self.k))
+            self._step(s)
         self.capture_seconds += time.perf_counter() - t
         return graph
 
@@ -239,7 +240,7 @@ class LoneDriver:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            step(self.model, scratch, self.tok, self.pos, self.out, (self.rows, self.k))
+            self._step(scratch)
         torch.cuda.current_stream().wait_stream(side)
         for live, value in zip((self.tok, self.pos, self.k), saved):
             live.copy_(value)
