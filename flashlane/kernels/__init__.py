@@ -14,6 +14,7 @@ from flashlane.kernels.gdn import reference as gdn_ref
 from flashlane.kernels.linear import reference as linear_ref
 from flashlane.kernels.moe import reference as moe_ref
 from flashlane.kernels.norms import reference as norms_ref
+from flashlane.kernels.rowwise import reference as rowwise_ref
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,13 @@ class Kernels:
     gated_rms_norm: Callable
     l2norm: Callable
     row_sum: Callable
+    # the layers' row-wise tails (kernels/rowwise)
+    hc_squash: Callable
+    hc_mix: Callable
+    hc_write: Callable
+    gdn_gates: Callable
+    swiglu: Callable
+    gated_add: Callable
 
 
 REFERENCE = Kernels(
@@ -45,6 +53,12 @@ REFERENCE = Kernels(
     gated_rms_norm=norms_ref.gated_rms_norm,
     l2norm=norms_ref.l2norm,
     row_sum=norms_ref.row_sum,
+    hc_squash=rowwise_ref.hc_squash,
+    hc_mix=rowwise_ref.hc_mix,
+    hc_write=rowwise_ref.hc_write,
+    gdn_gates=rowwise_ref.gdn_gates,
+    swiglu=rowwise_ref.swiglu,
+    gated_add=rowwise_ref.gated_add,
 )
 
 

@@ -17,6 +17,7 @@ from flashlane.kernels.gdn import triton as gdn_tr
 from flashlane.kernels.linear.triton import linear
 from flashlane.kernels.moe import triton as moe_tr
 from flashlane.kernels.norms import triton as norms_tr
+from flashlane.kernels.rowwise import triton as rowwise_tr
 
 
 @cache
@@ -42,4 +43,10 @@ TRITON = Kernels(
     gated_rms_norm=norms_tr.gated_rms_norm,
     l2norm=norms_tr.l2norm,
     row_sum=row_sum,
+    hc_squash=rowwise_tr.hc_squash,
+    hc_mix=rowwise_tr.hc_mix,
+    hc_write=rowwise_tr.hc_write,
+    gdn_gates=rowwise_tr.gdn_gates,
+    swiglu=rowwise_tr.swiglu,
+    gated_add=rowwise_tr.gated_add,
 )

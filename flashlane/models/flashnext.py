@@ -15,7 +15,7 @@ from flashlane.models.config import ModelConfig
 from flashlane.models.layers.decoder import DecoderLayer
 from flashlane.models.layers.hyper_connection import HyperConnection
 from flashlane.models.layers.mtp import MtpHead
-from flashlane.models.layers.norms import GatedRMSNorm, Linear, RMSNorm, linear
+from flashlane.models.layers.norms import GatedRMSNorm, Linear, RMSNorm, Stacked, linear
 from flashlane.models.layers.rotary import Rotary
 from flashlane.models.rows import Piece, Rows
 from flashlane.models.state import SessionState
@@ -40,9 +40,14 @@ class FlashNext(nn.Module):
         self.graphs = None  # runner.graphs.Graphs on CUDA: replays of the row-count-only parts
 
     def use_kernels(self, kernels: Kernels) -> FlashNext:
-        """Point every op of the model (linears, norms, mixers, experts) at `kernels`."""
+        """Point every op of the model (linears, norms, mixers, experts) at `kernels`, and
+        stack the linears that read the same input into one weight each (norms.Stacked)."""
         self.kernels = kernels
         for m in self.modules():
+            for stacked in [v for v in vars(m).values() if isinstance(v, Stacked)]:
+                stacked.stack()
+            if hasattr(m, "ops"):
+                m.ops = kernels
             if isinstance(m, Linear):
                 m.op = kernels.linear
             elif isinstance(m, RMSNorm):

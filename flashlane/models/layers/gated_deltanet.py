@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from flashlane.kernels import Kernels
+from flashlane.kernels import REFERENCE, Kernels
 from flashlane.models.config import ModelConfig
-from flashlane.models.layers.norms import GatedRMSNorm, linear
+from flashlane.models.layers.norms import GatedRMSNorm, Stacked, linear
 from flashlane.models.rows import Rows
 
 
@@ -32,6 +31,8 @@ class GatedDeltaNet(nn.Module):
         self.conv1d = ConvWeight(cfg.linear_conv_dim, cfg.linear_conv_kernel)
         self.norm = GatedRMSNorm(cfg.linear_v_head_dim, cfg.rms_eps, cfg.output_gate)
         self.out_proj = linear(cfg.linear_value_dim, h)
+        self.in_proj = Stacked(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+        self.ops: Kernels = REFERENCE  # FlashNext.use_kernels points it at the device's
 
     def forward(self, x: torch.Tensor, rows: Rows, kernels: Kernels) -> torch.Tensor:
         """x: [N, H] -> [N, H]; records per piece ("gdn", idx): (conv inputs, states)."""
@@ -40,10 +41,9 @@ class GatedDeltaNet(nn.Module):
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The row-wise input projections: (qkv, log decay g, beta, output gate z)."""
-        beta = torch.sigmoid(self.in_proj_b(x))
-        dt = torch.promote_types(x.dtype, torch.float32)
-        g = -self.A_log.to(dt).exp() * F.softplus(self.in_proj_a(x).to(dt) + self.dt_bias.to(dt))
-        return self.in_proj_qkv(x), g, beta, self.in_proj_z(x)
+        qkv, z, b, a = self.in_proj(x)
+        g, beta = self.ops.gdn_gates(a, b, self.A_log, self.dt_bias)
+        return qkv, g, beta, z
 
     def mix(self, qkv, g, beta, rows: Rows, kernels: Kernels) -> torch.Tensor:
         """Conv and the gated delta rule over each piece's session state -> o [N, HV, Dv]."""

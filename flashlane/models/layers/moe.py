@@ -8,7 +8,7 @@ from torch import nn
 
 from flashlane.kernels import Kernels
 from flashlane.models.config import ModelConfig
-from flashlane.models.layers.norms import linear
+from flashlane.models.layers.norms import Stacked, linear
 
 
 class Experts(nn.Module):
@@ -41,6 +41,8 @@ class SparseMoe(nn.Module):
         self.experts = Experts(cfg.num_experts, h, cfg.moe_intermediate_size)
         self.shared_expert = MLP(h, cfg.shared_expert_intermediate_size)
         self.shared_expert_gate = linear(h, 1)
+        se = self.shared_expert
+        self.shared_in = Stacked(se.gate_proj, se.up_proj, self.shared_expert_gate)
 
     def forward(self, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
         """x: [N, H] -> [N, H]."""
@@ -54,4 +56,6 @@ class SparseMoe(nn.Module):
             self.cfg.num_experts_per_tok,
             self.cfg.norm_topk_prob,
         )
-        return routed + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        gate, up, shared_gate = self.shared_in(x)
+        shared = self.shared_expert.down_proj(kernels.swiglu(gate, up))
+        return kernels.gated_add(routed, shared_gate, shared)

@@ -51,5 +51,33 @@ class Linear(nn.Linear):
         return self.op(x, self.weight)
 
 
+class Stacked:
+    """Linears that read the same input, as one product. After `stack()` their weights are
+    row blocks (views) of one [sum N, K] weight, and one call of the kernels' linear serves
+    them all: one launch in place of several at decode, where a launch costs more than the
+    work. Until then (training, or a model not yet given its kernels), or if the weights
+    were moved since, each runs alone with the same results up to the GEMM's summation
+    order (row invariance holds either way: the tile depends on the shape alone).
+
+    Not a module: the linears stay the model's modules, with the checkpoint's names."""
+
+    def __init__(self, *linears: Linear):
+        self.linears = linears
+        self.sizes = [m.out_features for m in linears]
+        self.weight: torch.Tensor | None = None
+
+    def stack(self) -> None:
+        w = torch.cat([m.weight.detach() for m in self.linears])
+        for m, part in zip(self.linears, w.split(self.sizes)):
+            m.weight.data = part
+        self.weight = w
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        w, first = self.weight, self.linears[0]
+        if w is None or w.data_ptr() != first.weight.data_ptr() or w.device != x.device:
+            return tuple(m(x) for m in self.linears)
+        return first.op(x, w).split(self.sizes, dim=-1)
+
+
 def linear(dim_in: int, dim_out: int) -> Linear:
     return Linear(dim_in, dim_out, bias=False)

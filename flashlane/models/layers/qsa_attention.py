@@ -10,7 +10,7 @@ from torch import nn
 from flashlane.kernels import Kernels
 from flashlane.kernels.attention.reference import pool_blocks
 from flashlane.models.config import ModelConfig
-from flashlane.models.layers.norms import RMSNorm, linear
+from flashlane.models.layers.norms import RMSNorm, Stacked, linear
 from flashlane.models.layers.rotary import Rotary, apply_rope
 from flashlane.models.rows import Piece, Rows
 from flashlane.models.state import AttnCache, SessionState
@@ -28,9 +28,12 @@ class Indexer(nn.Module):
 
     def project(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [N, H] -> (queries [N, Hi, Di] normed and roped, raw keys [N, Di])."""
+        return self.split(self.index_qk_proj(x), cos, sin)
+
+    def split(self, qk: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """The projection qk [N, (Hi+1)*Di] -> (queries normed and roped, raw keys)."""
         di = self.cfg.indexer_head_dim
-        qk = self.index_qk_proj(x)
-        q = self.q_layernorm(qk[:, :-di].reshape(x.shape[0], -1, di))
+        q = self.q_layernorm(qk[:, :-di].reshape(qk.shape[0], -1, di))
         return apply_rope(q, cos, sin), qk[:, -di:]
 
     def block_keys(self, raw: torch.Tensor, first_block: int, rotary: Rotary) -> torch.Tensor:
@@ -56,6 +59,7 @@ class QSAttention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_eps)
         self.k_norm = RMSNorm(d, cfg.rms_eps)
         self.indexer = Indexer(cfg)
+        self.in_proj = Stacked(self.q_proj, self.k_proj, self.v_proj, self.indexer.index_qk_proj)
 
     def forward(
         self, x: torch.Tensor, rows: Rows, rotary: Rotary, kernels: Kernels
@@ -67,12 +71,13 @@ class QSAttention(nn.Module):
         """The row-wise part: x [N, H] -> (q [N, Hq, D] normed and roped, output gate,
         k [N, Hkv, D] normed and roped, v, indexer queries, raw indexer keys)."""
         cfg, n, d = self.cfg, x.shape[0], self.cfg.head_dim
-        qg = self.q_proj(x).reshape(n, cfg.num_attention_heads, 2 * d)
+        qg, k, v, iqk = self.in_proj(x)
+        qg = qg.reshape(n, cfg.num_attention_heads, 2 * d)
         q, gate = qg[..., :d], qg[..., d:]
         q = apply_rope(self.q_norm(q), cos, sin)
-        k = apply_rope(self.k_norm(self.k_proj(x).reshape(n, cfg.num_kv_heads, d)), cos, sin)
-        v = self.v_proj(x).reshape(n, cfg.num_kv_heads, d)
-        iq, raw = self.indexer.project(x, cos, sin)
+        k = apply_rope(self.k_norm(k.reshape(n, cfg.num_kv_heads, d)), cos, sin)
+        v = v.reshape(n, cfg.num_kv_heads, d)
+        iq, raw = self.indexer.split(iqk, cos, sin)
         return q, gate, k, v, iq, raw
 
     def output(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

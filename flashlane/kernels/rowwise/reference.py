@@ -1,0 +1,62 @@
+"""Row-wise tails of the layers, as torch ops: the hyper-connections' squash, mix and write,
+the GDN gates, the shared expert's SwiGLU and gated add.
+
+Each is the model's arithmetic written once, with torch's rounding to the inputs' dtype after
+every op; `triton.py` fuses each into one launch with the same roundings. Every output row
+depends on its own input row alone.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def hc_squash(d: torch.Tensor, hc: int) -> torch.Tensor:
+    """The low-rank mix activation silu(d / hc)."""
+    return F.silu(d / hc)
+
+
+def hc_mix(
+    u: torch.Tensor, xn: torch.Tensor, inject: torch.Tensor | None, hc: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A block's read of the hc streams: u, xn [N, hc*H] (the mix logits, the normed streams),
+    inject [N, hc] or None -> (a = mean_c(sigmoid(u_c) * xn_c) [N, H],
+    w = 2 sigmoid(inject / hc) [N, hc] or None)."""
+    mix = torch.sigmoid(u)
+    a = mean_of_streams((mix * xn).unflatten(-1, (hc, -1)))
+    return a, (None if inject is None else 2 * torch.sigmoid(inject / hc))
+
+
+def mean_of_streams(x: torch.Tensor) -> torch.Tensor:
+    """[N, hc, H] -> [N, H]: the streams added in order, then divided. Elementwise adds, so a
+    row's result does not depend on the row count (a reduction kernel may change its order)."""
+    total = x[:, 0]
+    for c in range(1, x.shape[1]):
+        total = total + x[:, c]
+    return total / x.shape[1]
+
+
+def hc_write(r: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """R + y (x) w: y [N, H] added to each stream c of r [N, hc*H] with weight w[:, c]."""
+    return r + (y.unsqueeze(-2) * w.unsqueeze(-1)).flatten(-2)
+
+
+def gdn_gates(
+    a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The GDN's per-head gates from its projections a, b [N, HV]: (log decay
+    g = -exp(A_log) softplus(a + dt_bias) in at least fp32, beta = sigmoid(b) in b's dtype)."""
+    dt = torch.promote_types(a.dtype, torch.float32)
+    g = -a_log.to(dt).exp() * F.softplus(a.to(dt) + dt_bias.to(dt))
+    return g, torch.sigmoid(b)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up."""
+    return F.silu(gate) * up
+
+
+def gated_add(base: torch.Tensor, gate: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """base + sigmoid(gate) * s: gate [N, 1] scales each row of s [N, H]."""
+    return base + torch.sigmoid(gate) * s

@@ -1,0 +1,185 @@
+"""The row-wise tails of `reference.py`, one Triton launch each (same signatures).
+
+A decode step of Flash Next ran about 20 small torch kernels per hyper-connection read, 2 per
+write, 7 for the GDN gates and 5 for the shared expert's tail; in a CUDA graph each costs a
+launch slot of 1-3 us, more than the work. Each kernel here computes in fp32 and rounds to
+the output dtype after every op where torch does (the reference's ops on bf16 tensors), so
+the values follow the reference up to the last bit of exp; a program reads one row's values
+and writes that row, so no row depends on another (row invariance).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 1024
+
+
+@triton.jit
+def _r(x, dt: tl.constexpr):
+    """x rounded to the output dtype, back in fp32 (what a torch op on dt tensors keeps)."""
+    return x.to(dt).to(tl.float32)
+
+
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit(do_not_specialize=["stride", "n"])
+def _squash_kernel(d_ptr, y_ptr, stride, n, HC: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    dt: tl.constexpr = y_ptr.dtype.element_ty
+    x = _r(tl.load(d_ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32) / HC, dt)
+    tl.store(y_ptr + row * n + cols, (x / (1.0 + tl.exp(-x))).to(dt), mask=mask)
+
+
+def hc_squash(d: torch.Tensor, hc: int) -> torch.Tensor:
+    m, n = d.shape
+    y = torch.empty((m, n), dtype=d.dtype, device=d.device)
+    if m and n:
+        _squash_kernel[(m, triton.cdiv(n, BLOCK))](d, y, d.stride(0), n, HC=hc, BLOCK=BLOCK)
+    return y
+
+
+@triton.jit
+def _mixed(u_ptr, xn_ptr, offs, mask, dt: tl.constexpr):
+    """One stream's sigmoid(u) * xn, each op rounded to dt."""
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    xn = tl.load(xn_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return _r(_r(_sigmoid(u), dt) * xn, dt)
+
+
+@triton.jit(do_not_specialize=["h", "stride_inj"])
+def _hc_mix_kernel(u_ptr, xn_ptr, inj_ptr, a_ptr, w_ptr, h, stride_inj,
+                   HC: tl.constexpr, HC_P2: tl.constexpr, INJECT: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < h
+    dt: tl.constexpr = a_ptr.dtype.element_ty
+    base = row * HC * h + cols
+    total = _mixed(u_ptr, xn_ptr, base, mask, dt)
+    for c in tl.static_range(1, HC):
+        total = _r(total + _mixed(u_ptr, xn_ptr, base + c * h, mask, dt), dt)
+    tl.store(a_ptr + row * h + cols, (total / HC).to(dt), mask=mask)
+    # a constexpr and a runtime test in one `and` would not fold the constexpr away
+    if INJECT:  # noqa: SIM102
+        if tl.program_id(1) == 0:
+            ch = tl.arange(0, HC_P2)
+            inj = tl.load(inj_ptr + row * stride_inj + ch, mask=ch < HC, other=0.0)
+            s = _r(_sigmoid(_r(inj.to(tl.float32) / HC, dt)), dt)
+            tl.store(w_ptr + row * HC + ch, (2.0 * s).to(dt), mask=ch < HC)
+
+
+def hc_mix(u: torch.Tensor, xn: torch.Tensor, inject: torch.Tensor | None, hc: int):
+    m = u.shape[0]
+    h = u.shape[1] // hc
+    u, xn = u.contiguous(), xn.contiguous()
+    a = torch.empty((m, h), dtype=u.dtype, device=u.device)
+    w = None if inject is None else torch.empty((m, hc), dtype=u.dtype, device=u.device)
+    if m and h:
+        _hc_mix_kernel[(m, triton.cdiv(h, BLOCK))](
+            u, xn, a if inject is None else inject, a, a if w is None else w, h,
+            0 if inject is None else inject.stride(0), HC=hc, HC_P2=triton.next_power_of_2(hc),
+            INJECT=inject is not None,
+            BLOCK=BLOCK,
+        )
+    return a, w
+
+
+@triton.jit(do_not_specialize=["h"])
+def _hc_write_kernel(r_ptr, y_ptr, w_ptr, out_ptr, h, HC: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < HC * h
+    dt: tl.constexpr = out_ptr.dtype.element_ty
+    y = tl.load(y_ptr + row * h + cols % h, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + row * HC + cols // h, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + row * HC * h + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * HC * h + cols, (r + _r(y * w, dt)).to(dt), mask=mask)
+
+
+def hc_write(r: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    m, hc = w.shape
+    r, y, w = r.contiguous(), y.contiguous(), w.contiguous()
+    out = torch.empty_like(r)
+    if m and r.shape[1]:
+        grid = (m, triton.cdiv(r.shape[1], BLOCK))
+        _hc_write_kernel[grid](r, y, w, out, y.shape[1], HC=hc, BLOCK=BLOCK)
+    return out
+
+
+@triton.jit(do_not_specialize=["stride_a", "stride_b"])
+def _gdn_gates_kernel(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, stride_a, stride_b,
+                      HV: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < HV
+    x = tl.load(a_ptr + row * stride_a + cols, mask=mask, other=0.0).to(tl.float32)
+    x = x + tl.load(dtb_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
+    decay = tl.exp(tl.load(alog_ptr + cols, mask=mask, other=0.0).to(tl.float32))
+    tl.store(g_ptr + row * HV + cols, -decay * softplus, mask=mask)
+    b = tl.load(b_ptr + row * stride_b + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(beta_ptr + row * HV + cols, _sigmoid(b).to(beta_ptr.dtype.element_ty), mask=mask)
+
+
+def gdn_gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
+    m, hv = a.shape
+    g = torch.empty((m, hv), dtype=torch.promote_types(a.dtype, torch.float32), device=a.device)
+    beta = torch.empty((m, hv), dtype=b.dtype, device=b.device)
+    if m and hv:
+        _gdn_gates_kernel[(m,)](
+            a, b, a_log.contiguous(), dt_bias.contiguous(), g, beta, a.stride(0), b.stride(0),
+            HV=hv, BLOCK=triton.next_power_of_2(hv),
+        )
+    return g, beta
+
+
+@triton.jit(do_not_specialize=["n", "stride_g", "stride_u"])
+def _swiglu_kernel(g_ptr, u_ptr, y_ptr, n, stride_g, stride_u, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    dt: tl.constexpr = y_ptr.dtype.element_ty
+    g = tl.load(g_ptr + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(u_ptr + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * n + cols, (_r(g / (1.0 + tl.exp(-g)), dt) * u).to(dt), mask=mask)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    m, n = gate.shape
+    y = torch.empty((m, n), dtype=gate.dtype, device=gate.device)
+    if m and n:
+        _swiglu_kernel[(m, triton.cdiv(n, BLOCK))](
+            gate, up, y, n, gate.stride(0), up.stride(0), BLOCK=BLOCK
+        )
+    return y
+
+
+@triton.jit(do_not_specialize=["n", "stride_gate"])
+def _gated_add_kernel(base_ptr, gate_ptr, s_ptr, out_ptr, n, stride_gate, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    dt: tl.constexpr = out_ptr.dtype.element_ty
+    gate = _r(_sigmoid(tl.load(gate_ptr + row * stride_gate).to(tl.float32)), dt)
+    s = tl.load(s_ptr + row * n + cols, mask=mask, other=0.0).to(tl.float32)
+    base = tl.load(base_ptr + row * n + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n + cols, (base + _r(gate * s, dt)).to(dt), mask=mask)
+
+
+def gated_add(base: torch.Tensor, gate: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    m, n = base.shape
+    base, s = base.contiguous(), s.contiguous()
+    out = torch.empty_like(base)
+    if m and n:
+        _gated_add_kernel[(m, triton.cdiv(n, BLOCK))](
+            base, gate, s, out, n, gate.stride(0), BLOCK=BLOCK
+        )
+    return out

@@ -1,0 +1,103 @@
+"""The fused row-wise tails (kernels/rowwise/triton.py) against their torch references, and
+row invariance: a row's output is bitwise the same whatever the rows around it in the call.
+
+CPU: `TRITON_INTERPRET=1 python -m pytest -m triton tests/kernels/test_triton_rowwise.py`
+(fp32); on a GPU also bf16, where the kernels' exp may differ from torch's in the last bit and
+a rounding may then land on the neighbouring bf16 value (tolerance 2e-2 of the largest value).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashlane.kernels.rowwise import reference as ref
+from tests.kernels.triton_env import DEVICE, DTYPES, needs_triton
+
+pytestmark = needs_triton
+pytest.importorskip("triton")
+
+from flashlane.kernels.rowwise import triton as tr  # noqa: E402
+
+TOL = {torch.float32: 2e-6, torch.bfloat16: 2e-2}
+
+
+def _rand(*shape, dtype, seed, scale=2.0):
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    return (torch.randn(*shape, generator=g, device=DEVICE) * scale).to(dtype)
+
+
+def _close(out, want, dtype):
+    if out is None or want is None:
+        assert out is None and want is None
+        return
+    assert out.dtype == want.dtype and out.shape == want.shape
+    err = (out.double() - want.double()).abs().max() / want.double().abs().max().clamp_min(1e-30)
+    assert err.item() <= TOL[dtype], f"relative error {err.item():.3g}"
+
+
+def _rows_invariant(fn, *full):
+    """fn on rows [o, o+m) of every input gives fn(full)'s rows bitwise."""
+    whole = fn(*full)
+    whole = whole if isinstance(whole, tuple) else (whole,)
+    for o, m in ((0, 1), (3, 1), (2, 5), (1, full[0].shape[0] - 1)):
+        part = fn(*(x[o : o + m] for x in full))
+        part = part if isinstance(part, tuple) else (part,)
+        for got, want in zip(part, whole):
+            if want is not None:
+                assert torch.equal(got, want[o : o + m]), (o, m)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_hc_squash_and_write(dtype):
+    m, hc, h, low = 9, 4, 48, 20
+    wide = _rand(m, low + hc + 3, dtype=dtype, seed=1)  # a column slice: strided rows
+    d = wide[:, :low]
+    _close(tr.hc_squash(d, hc), ref.hc_squash(d, hc), dtype)
+    _rows_invariant(lambda x: tr.hc_squash(x, hc), d)
+    r, y = _rand(m, hc * h, dtype=dtype, seed=2), _rand(m, h, dtype=dtype, seed=3)
+    w = _rand(m, hc, dtype=dtype, seed=4, scale=1.0)
+    _close(tr.hc_write(r, y, w), ref.hc_write(r, y, w), dtype)
+    _rows_invariant(tr.hc_write, r, y, w)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("inject", [True, False])
+def test_hc_mix(dtype, inject):
+    m, hc, h = 9, 4, 1100  # h > one block: two column programs, the second ragged
+    u, xn = _rand(m, hc * h, dtype=dtype, seed=5), _rand(m, hc * h, dtype=dtype, seed=6)
+    inj = _rand(m, 20 + hc, dtype=dtype, seed=7)[:, 20:] if inject else None
+    got, want = tr.hc_mix(u, xn, inj, hc), ref.hc_mix(u, xn, inj, hc)
+    _close(got[0], want[0], dtype)
+    _close(got[1], want[1], dtype)
+    if inject:
+        _rows_invariant(lambda a, b, c: tr.hc_mix(a, b, c, hc), u, xn, inj)
+    else:
+        _rows_invariant(lambda a, b: tr.hc_mix(a, b, None, hc), u, xn)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gdn_gates(dtype):
+    m, hv = 9, 6
+    proj = _rand(m, 2 * hv + 5, dtype=dtype, seed=8, scale=8.0)  # a and b: column slices
+    a, b = proj[:, 5 : 5 + hv], proj[:, 5 + hv :]
+    a_log, dt_bias = _rand(hv, dtype=torch.float32, seed=9), _rand(hv, dtype=dtype, seed=10)
+    a[0, 0] = 40.0  # softplus's linear branch
+    g, beta = tr.gdn_gates(a, b, a_log, dt_bias)
+    g_ref, beta_ref = ref.gdn_gates(a, b, a_log, dt_bias)
+    assert g.dtype == torch.float32
+    _close(g, g_ref, torch.float32 if dtype == torch.float32 else dtype)
+    _close(beta, beta_ref, dtype)
+    _rows_invariant(lambda x, y: tr.gdn_gates(x, y, a_log, dt_bias), a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_and_gated_add(dtype):
+    m, n = 9, 1500
+    gu = _rand(m, 2 * n + 1, dtype=dtype, seed=11)  # [gate | up | shared gate], as stacked
+    gate, up, sgate = gu[:, :n], gu[:, n : 2 * n], gu[:, 2 * n :]
+    _close(tr.swiglu(gate, up), ref.swiglu(gate, up), dtype)
+    _rows_invariant(tr.swiglu, gate, up)
+    base, s = _rand(m, n, dtype=dtype, seed=12), _rand(m, n, dtype=dtype, seed=13)
+    _close(tr.gated_add(base, sgate, s), ref.gated_add(base, sgate, s), dtype)
+    _rows_invariant(tr.gated_add, base, sgate, s)
