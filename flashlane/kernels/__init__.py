@@ -36,6 +36,8 @@ class Kernels:
     hc_mix: Callable
     hc_write: Callable
     gdn_gates: Callable
+    gdn_qk: Callable
+    rope: Callable
     swiglu: Callable
     gated_add: Callable
 
@@ -57,6 +59,8 @@ REFERENCE = Kernels(
     hc_mix=rowwise_ref.hc_mix,
     hc_write=rowwise_ref.hc_write,
     gdn_gates=rowwise_ref.gdn_gates,
+    gdn_qk=rowwise_ref.gdn_qk,
+    rope=rowwise_ref.rope,
     swiglu=rowwise_ref.swiglu,
     gated_add=rowwise_ref.gated_add,
 )

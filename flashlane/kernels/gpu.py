@@ -47,6 +47,8 @@ TRITON = Kernels(
     hc_mix=rowwise_tr.hc_mix,
     hc_write=rowwise_tr.hc_write,
     gdn_gates=rowwise_tr.gdn_gates,
+    gdn_qk=rowwise_tr.gdn_qk,
+    rope=rowwise_tr.rope,
     swiglu=rowwise_tr.swiglu,
     gated_add=rowwise_tr.gated_add,
 )

@@ -101,3 +101,23 @@ def test_swiglu_and_gated_add(dtype):
     base, s = _rand(m, n, dtype=dtype, seed=12), _rand(m, n, dtype=dtype, seed=13)
     _close(tr.gated_add(base, sgate, s), ref.gated_add(base, sgate, s), dtype)
     _rows_invariant(tr.gated_add, base, sgate, s)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gdn_qk(dtype):
+    heads, dim, rep = 2, 24, 3  # dim below its power-of-two block: masked lanes
+    y = _rand(2, 5, 2 * heads * dim + 7, dtype=dtype, seed=14)  # q | k | v: [B, T, C]
+    got, want = tr.gdn_qk(y, heads, dim, rep, dim**-0.5), ref.gdn_qk(y, heads, dim, rep, dim**-0.5)
+    for g, w in zip(got, want):
+        _close(g, w, dtype)
+    flat = y.flatten(0, 1)
+    _rows_invariant(lambda x: tr.gdn_qk(x, heads, dim, rep, dim**-0.5), flat)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope(dtype):
+    n, heads, d, r = 7, 3, 20, 8  # partial rotary, D off the power-of-two block
+    x = _rand(heads, n, d, dtype=dtype, seed=15).transpose(0, 1)  # strided, as block_keys
+    cos, sin = _rand(n, r, dtype=dtype, seed=16), _rand(n, r, dtype=dtype, seed=17)
+    _close(tr.rope(x, cos, sin), ref.rope(x, cos, sin), dtype)
+    _rows_invariant(tr.rope, x.contiguous(), cos, sin)

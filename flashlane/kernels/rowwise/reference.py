@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from flashlane.kernels.norms.reference import l2norm
+
 
 def hc_squash(d: torch.Tensor, hc: int) -> torch.Tensor:
     """The low-rank mix activation silu(d / hc)."""
@@ -50,6 +52,30 @@ def gdn_gates(
     dt = torch.promote_types(a.dtype, torch.float32)
     g = -a_log.to(dt).exp() * F.softplus(a.to(dt) + dt_bias.to(dt))
     return g, torch.sigmoid(b)
+
+
+def gdn_qk(
+    y: torch.Tensor, heads: int, dim: int, rep: int, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The GDN's queries and keys from its conv output y [..., C] (q, then k, then v; `heads`
+    heads of `dim` each): each head L2-normed, q times `scale`, every head repeated `rep`
+    times to match the value heads -> q, k [..., heads * rep, dim]."""
+    kd = heads * dim
+    q = y[..., :kd].unflatten(-1, (heads, dim))
+    k = y[..., kd : 2 * kd].unflatten(-1, (heads, dim))
+    q = (l2norm(q) * scale).repeat_interleave(rep, dim=-2)
+    return q, l2norm(k).repeat_interleave(rep, dim=-2)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on the leading R dims of each head: x [N, heads, D]; cos, sin [N, R]
+    with R <= D even, in x's dtype."""
+    r = cos.shape[-1]
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    xr, rest = x[..., :r], x[..., r:]
+    half = r // 2
+    rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+    return torch.cat([xr * cos + rotated * sin, rest], dim=-1)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

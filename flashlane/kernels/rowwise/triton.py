@@ -141,6 +141,80 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: to
     return g, beta
 
 
+@triton.jit
+def _l2(x, dt: tl.constexpr):
+    """x * rsqrt(sum(x^2) + 1e-6), as kernels/norms l2norm, rounded to dt."""
+    return _r(x * tl.rsqrt(tl.sum(x * x, axis=0) + 1e-6), dt)
+
+
+@triton.jit(do_not_specialize=["stride"])
+def _gdn_qk_kernel(y_ptr, q_ptr, k_ptr, stride, scale, HEADS: tl.constexpr, DIM: tl.constexpr,
+                   REP: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < DIM
+    dt: tl.constexpr = q_ptr.dtype.element_ty
+    src = y_ptr + row * stride + head * DIM + cols
+    q = _r(_l2(tl.load(src, mask=mask, other=0.0).to(tl.float32), dt) * scale, dt)
+    k = _l2(tl.load(src + HEADS * DIM, mask=mask, other=0.0).to(tl.float32), dt)
+    out = (row * HEADS * REP + head * REP) * DIM + cols
+    for j in tl.static_range(REP):
+        tl.store(q_ptr + out + j * DIM, q.to(dt), mask=mask)
+        tl.store(k_ptr + out + j * DIM, k.to(dt), mask=mask)
+
+
+def gdn_qk(y: torch.Tensor, heads: int, dim: int, rep: int, scale: float):
+    lead = y.shape[:-1]
+    y2 = y.reshape(-1, y.shape[-1])
+    if y2.stride(-1) != 1:
+        y2 = y2.contiguous()
+    m = y2.shape[0]
+    q = torch.empty((*lead, heads * rep, dim), dtype=y.dtype, device=y.device)
+    k = torch.empty_like(q)
+    if m:
+        _gdn_qk_kernel[(m, heads)](
+            y2, q, k, y2.stride(0), scale, HEADS=heads, DIM=dim, REP=rep,
+            BLOCK=triton.next_power_of_2(dim),
+        )
+    return q, k
+
+
+@triton.jit(do_not_specialize=["heads", "stride_n", "stride_h", "stride_c"])
+def _rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, heads, stride_n, stride_h, stride_c,
+                 D: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < D
+    rot = cols < R
+    half: tl.constexpr = R // 2
+    dt: tl.constexpr = y_ptr.dtype.element_ty
+    src = x_ptr + row * stride_n + head * stride_h
+    x = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
+    partner = tl.where(cols < half, cols + half, cols - half)
+    other = tl.load(src + partner, mask=rot, other=0.0).to(tl.float32)
+    other = tl.where(cols < half, -other, other)
+    c = tl.load(cos_ptr + row * stride_c + cols, mask=rot, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + row * stride_c + cols, mask=rot, other=0.0).to(tl.float32)
+    y = tl.where(rot, _r(x * c, dt) + _r(other * s, dt), x)
+    tl.store(y_ptr + (row * heads + head) * D + cols, y.to(dt), mask=mask)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    n, heads, d = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    y = torch.empty((n, heads, d), dtype=x.dtype, device=x.device)
+    if n and heads:
+        _rope_kernel[(n, heads)](
+            x, cos, sin, y, heads, x.stride(0), x.stride(1), cos.stride(0), D=d,
+            R=cos.shape[-1], BLOCK=triton.next_power_of_2(d),
+        )
+    return y
+
+
 @triton.jit(do_not_specialize=["n", "stride_g", "stride_u"])
 def _swiglu_kernel(g_ptr, u_ptr, y_ptr, n, stride_g, stride_u, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)

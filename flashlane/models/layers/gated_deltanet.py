@@ -97,12 +97,10 @@ class GatedDeltaNet(nn.Module):
         b, t, _ = qkv.shape
         y, xfull = kernels.causal_conv(qkv, window, self.conv1d.weight[:, 0, :])
         kd, vd = cfg.linear_key_dim, cfg.linear_value_dim
-        q = y[..., :kd].reshape(b, t, cfg.linear_num_k_heads, -1)
-        k = y[..., kd : 2 * kd].reshape(b, t, cfg.linear_num_k_heads, -1)
         v = y[..., 2 * kd : 2 * kd + vd].reshape(b, t, cfg.linear_num_v_heads, -1)
         rep = cfg.linear_num_v_heads // cfg.linear_num_k_heads
-        q = (kernels.l2norm(q) * cfg.linear_k_head_dim**-0.5).repeat_interleave(rep, dim=2)
-        k = kernels.l2norm(k).repeat_interleave(rep, dim=2)
+        dk = cfg.linear_k_head_dim
+        q, k = kernels.gdn_qk(y, cfg.linear_num_k_heads, dk, rep, dk**-0.5)
         return q, k, v, xfull
 
     def record(self, group, xfull: torch.Tensor, states: torch.Tensor) -> None:

@@ -7,11 +7,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from flashlane.kernels import Kernels
+from flashlane.kernels import REFERENCE, Kernels
 from flashlane.kernels.attention.reference import pool_blocks
 from flashlane.models.config import ModelConfig
 from flashlane.models.layers.norms import RMSNorm, Stacked, linear
-from flashlane.models.layers.rotary import Rotary, apply_rope
+from flashlane.models.layers.rotary import Rotary
 from flashlane.models.rows import Piece, Rows
 from flashlane.models.state import AttnCache, SessionState
 
@@ -25,6 +25,7 @@ class Indexer(nn.Module):
         )
         self.q_layernorm = RMSNorm(cfg.indexer_head_dim, cfg.rms_eps)
         self.k_layernorm = RMSNorm(cfg.indexer_head_dim, cfg.rms_eps)
+        self.ops: Kernels = REFERENCE  # FlashNext.use_kernels points it at the device's
 
     def project(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [N, H] -> (queries [N, Hi, Di] normed and roped, raw keys [N, Di])."""
@@ -34,7 +35,7 @@ class Indexer(nn.Module):
         """The projection qk [N, (Hi+1)*Di] -> (queries normed and roped, raw keys)."""
         di = self.cfg.indexer_head_dim
         q = self.q_layernorm(qk[:, :-di].reshape(qk.shape[0], -1, di))
-        return apply_rope(q, cos, sin), qk[:, -di:]
+        return self.ops.rope(q, cos, sin), qk[:, -di:]
 
     def block_keys(self, raw: torch.Tensor, first_block: int, rotary: Rotary) -> torch.Tensor:
         """raw keys of whole blocks [B, nb*block, Di] -> pooled, normed, roped [B, nb, Di]."""
@@ -43,8 +44,8 @@ class Indexer(nn.Module):
         nb = pooled.shape[1]
         pos = (torch.arange(nb, device=raw.device) + first_block) * blk
         cos, sin = rotary.cos_sin(pos, pooled.dtype)
-        # apply_rope wants [positions, heads, D]: the batch plays the heads here
-        return apply_rope(pooled.transpose(0, 1), cos, sin).transpose(0, 1)
+        # rope wants [positions, heads, D]: the batch plays the heads here
+        return self.ops.rope(pooled.transpose(0, 1), cos, sin).transpose(0, 1)
 
 
 class QSAttention(nn.Module):
@@ -59,6 +60,7 @@ class QSAttention(nn.Module):
         self.q_norm = RMSNorm(d, cfg.rms_eps)
         self.k_norm = RMSNorm(d, cfg.rms_eps)
         self.indexer = Indexer(cfg)
+        self.ops: Kernels = REFERENCE  # FlashNext.use_kernels points it at the device's
         self.in_proj = Stacked(self.q_proj, self.k_proj, self.v_proj, self.indexer.index_qk_proj)
 
     def forward(
@@ -74,8 +76,8 @@ class QSAttention(nn.Module):
         qg, k, v, iqk = self.in_proj(x)
         qg = qg.reshape(n, cfg.num_attention_heads, 2 * d)
         q, gate = qg[..., :d], qg[..., d:]
-        q = apply_rope(self.q_norm(q), cos, sin)
-        k = apply_rope(self.k_norm(k.reshape(n, cfg.num_kv_heads, d)), cos, sin)
+        q = self.ops.rope(self.q_norm(q), cos, sin)
+        k = self.ops.rope(self.k_norm(k.reshape(n, cfg.num_kv_heads, d)), cos, sin)
         v = v.reshape(n, cfg.num_kv_heads, d)
         iq, raw = self.indexer.split(iqk, cos, sin)
         return q, gate, k, v, iq, raw

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from flashlane.kernels.rowwise.reference import rope
+
 
 class Rotary:
     def __init__(self, rotary_dim: int, theta: float):
@@ -30,10 +32,6 @@ class Rotary:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [N, heads, D]; cos, sin: [N, R] with R <= D even -> x with its first R dims rotated."""
-    r = cos.shape[-1]
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    xr, rest = x[..., :r], x[..., r:]
-    half = r // 2
-    rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
-    return torch.cat([xr * cos + rotated * sin, rest], dim=-1)
+    """x: [N, heads, D]; cos, sin: [N, R] with R <= D even -> x with its first R dims rotated.
+    (The reference; the model's layers call their kernels' `rope`.)"""
+    return rope(x, cos, sin)
