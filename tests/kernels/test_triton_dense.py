@@ -99,9 +99,15 @@ def test_linear_leading_dims_and_router_size():
     assert _rel_err(y, x.double() @ w.double().T) < TOL[torch.float32]
 
 
+# the split path's partials added by each tile's last program (fixup) or by a second kernel
+SUMS = {"fixup": True, "sum-kernel": False}
+
+
+@pytest.mark.parametrize("sums", SUMS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("nk", LINEAR_NK[:3] + ([(2560, 2560), (512, 2560)] if HAS_CUDA else []))
-def test_linear_row_invariant(nk, dtype):
+def test_linear_row_invariant(nk, dtype, sums, monkeypatch):
+    monkeypatch.setattr(tlin, "_FIXUP", SUMS[sums])
     n, k = nk
     full = _rand(200 if HAS_CUDA else 70, k, dtype=dtype, seed=5)
     w = _rand(n, k, dtype=dtype, seed=6)
@@ -112,14 +118,19 @@ def test_linear_row_invariant(nk, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_linear_split_and_in_program_partition_sums_agree(dtype, monkeypatch):
-    """The split (decode) and in-program (prefill) paths do the same fp32 sums bitwise,
-    so a row is the same whether its call is small or large."""
+    """The split (decode) path, its partials added in the launch or by a second kernel, and
+    the in-program (prefill) path do the same fp32 sums bitwise, so a row is the same whether
+    its call is small or large."""
     n, k = (2560, 2560) if HAS_CUDA else (130, 1100)
     assert tlin.tile_config(n, k, dtype)["PARTS"] > 1
     x = _rand(600 if HAS_CUDA else 70, k, dtype=dtype, seed=7)
     w = _rand(n, k, dtype=dtype, seed=8)
     monkeypatch.setattr(tlin, "_IN_PROGRAM_TILES", 10**9)
+    monkeypatch.setattr(tlin, "_FIXUP", False)
+    two_kernels = tlin.linear(x, w)
+    monkeypatch.setattr(tlin, "_FIXUP", True)
     split = tlin.linear(x, w)
+    assert torch.equal(split, two_kernels)
     monkeypatch.setattr(tlin, "_IN_PROGRAM_TILES", 1)
     in_program = tlin.linear(x, w)
     assert torch.equal(split, in_program)
@@ -129,6 +140,102 @@ def test_linear_split_and_in_program_partition_sums_agree(dtype, monkeypatch):
         assert torch.equal(big, split)
         for m in (1, 5, 16, 64):
             assert torch.equal(tlin.linear(x[100 : 100 + m], w), big[100 : 100 + m])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_fixup_is_one_launch_and_leaves_counters_zeroed(dtype, monkeypatch):
+    """With the fixup the second kernel never runs, and every launch leaves the counters
+    zeroed for the next (a wrong count would skip or repeat a tile's sum)."""
+    from flashlane.kernels import partials
+
+    n, k = (2560, 2560) if HAS_CUDA else (130, 1100)
+    x = _rand(70, k, dtype=dtype, seed=9)
+    w = _rand(n, k, dtype=dtype, seed=10)
+    monkeypatch.setattr(tlin, "_FIXUP", False)
+    two_kernels = tlin.linear(x, w)
+    monkeypatch.setattr(tlin, "_FIXUP", True)
+    monkeypatch.setattr(tlin, "_sum_parts_kernel", None)
+    for m in (70, 1, 70, 17):
+        y = tlin.linear(x[:m], w)
+        assert not partials._COUNTERS[x.device].any()
+        assert torch.equal(y, two_kernels[:m])
+
+
+def test_linear_fixup_falls_back_while_capturing_without_counters(monkeypatch):
+    """A graph capture that starts before the counters exist takes the second kernel (a
+    capture cannot zero a new buffer), with the same bits."""
+    from flashlane.kernels import partials
+
+    n, k = 130, 1100
+    x, w = _rand(5, k, seed=11), _rand(n, k, seed=12)
+    fixup = tlin.linear(x, w)
+    monkeypatch.setattr(partials, "_COUNTERS", {})
+    monkeypatch.setattr(partials, "_capturing", lambda device: True)
+    assert torch.equal(tlin.linear(x, w), fixup)
+    assert not partials._COUNTERS
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="CUDA graphs")
+@pytest.mark.parametrize("made_before", [True, False])
+def test_linear_split_in_cuda_graph(made_before, monkeypatch):
+    """Replays of a captured split linear give the eager bits every time: the fixup's
+    counters reset inside the graph, or (counters missing at capture) the second kernel."""
+    from flashlane.kernels import partials
+
+    n, k = 2560, 2560
+    x, w = _rand(3, k, dtype=torch.bfloat16, seed=13), _rand(n, k, dtype=torch.bfloat16, seed=14)
+    assert tlin.tile_config(n, k, x.dtype)["PARTS"] > 1
+    eager = tlin.linear(x, w)
+    # both variants compiled before the capture
+    monkeypatch.setattr(tlin, "_FIXUP", False)
+    assert torch.equal(tlin.linear(x, w), eager)
+    monkeypatch.setattr(tlin, "_FIXUP", True)
+    if not made_before:
+        monkeypatch.setattr(partials, "_COUNTERS", {})
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = tlin.linear(x, w)
+    assert (x.device in partials._COUNTERS) == made_before
+    for _ in range(3):
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, eager)
+
+
+NARROW = [torch.float16] + ([torch.bfloat16] if HAS_CUDA else [])
+
+
+@pytest.mark.parametrize("sums", SUMS)
+@pytest.mark.parametrize("dtype", [torch.float32, *NARROW])
+@pytest.mark.parametrize("nk", [(33, 300), (130, 1100)] + ([(512, 2560)] if HAS_CUDA else []))
+def test_linear_fp32_out(nk, dtype, sums, monkeypatch):
+    """out_dtype=fp32 reads x and w in their dtype and computes exactly what the fp32 path
+    computes on their fp32 values: bitwise `linear(x.float(), w.float())` on the split and
+    in-program paths, row-invariant. fp16 runs on the interpreter (its casts are exact);
+    bf16 only on a GPU (the interpreter has no correct bf16)."""
+    monkeypatch.setattr(tlin, "_FIXUP", SUMS[sums])
+    n, k = nk
+    full = _rand(200 if HAS_CUDA else 70, k, dtype=dtype, seed=15)
+    w = _rand(n, k, dtype=dtype, seed=16)
+    fn = lambda x: tlin.linear(x, w, out_dtype=torch.float32)  # noqa: E731
+    y = fn(full)
+    assert y.dtype == torch.float32
+    assert torch.equal(y, tlin.linear(full.float(), w.float()))
+    _check_rows(fn, full)
+    monkeypatch.setattr(tlin, "_IN_PROGRAM_TILES", 1)
+    assert torch.equal(fn(full), y)
+
+
+def test_linear_out_dtype_is_the_inputs_or_fp32():
+    x, w = torch.zeros(2, 8), torch.zeros(3, 8)
+    with pytest.raises(ValueError, match="out_dtype"):
+        tlin.linear(x, w, out_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="out_dtype"):
+        tlin.linear(x.half(), w.half(), out_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="w is"):
+        tlin.linear(x.half(), w, out_dtype=torch.float32)
 
 
 def test_linear_tile_never_depends_on_m():

@@ -9,13 +9,16 @@ Row invariance (a row's output is bitwise the same whatever M, its offset and th
   and the partitions are added in ascending order: `((p0 + p1) + p2) + ...`.
 
 Where those partition sums happen is the one thing chosen by M, and it does not change a
-bit: with few row tiles (decode) each partition is its own program writing an fp32 partial
-and a second kernel adds them in order (more programs for a memory-bound call); with many
-row tiles (prefill) one program runs all partitions and adds them in the same order in
-registers (no fp32 workspace). Both do the same fp32 operations on the same values; the
-tests check the two bitwise against each other.
+bit: with few row tiles (decode) each partition is its own program writing an fp32 partial,
+and the last program of each tile to finish adds them in order in the same launch
+(`kernels/partials.py`; `_sum_parts_kernel`, a second launch, while a CUDA graph is captured
+before the counters exist); with many row tiles (prefill) one program runs all partitions
+and adds them in the same order in registers (no fp32 workspace). All do the same fp32
+operations on the same values; the tests check them bitwise against each other.
 
-fp32 inputs take exact fp32 products (`input_precision="ieee"`): the MoE router is fp32.
+fp32 out takes exact fp32 products (`input_precision="ieee"`) with the fp32 tile: fp32 inputs,
+or bf16 / fp16 inputs with `out_dtype=torch.float32`, cast in registers (the MoE router), so
+the bits are those of `linear(x.float(), w.float())`.
 """
 
 from __future__ import annotations
@@ -26,12 +29,16 @@ import torch
 import triton
 import triton.language as tl
 
+from flashlane.kernels.partials import add_partials, counters, last_to_arrive
+
 # programs to aim for in the split (few row tiles) variant: about one wave of 132 SMs
 _TARGET_PROGRAMS = 160
 # fewest K blocks in one partition (>= 2 also keeps every partition a real loop)
 _MIN_BLOCKS_PER_PART = 4
 # row tiles x column tiles from which one program runs all partitions
 _IN_PROGRAM_TILES = 128
+# split partitions added by each tile's last program (`kernels/partials.py`), not a 2nd kernel
+_FIXUP = True
 
 
 @functools.cache
@@ -75,7 +82,7 @@ def _partition(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr,
+    FP32_PRODUCTS: tl.constexpr,
 ):
     """Sum over partition `part`'s K blocks, in ascending order, from zero, in fp32."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -95,7 +102,11 @@ def _partition(
             mask=n_mask[None, :] & k_mask[:, None],
             other=0.0,
         )
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        if FP32_PRODUCTS:
+            # exact products of the inputs' values, whatever their dtype (no-op casts for fp32)
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
     return acc
 
 
@@ -105,16 +116,18 @@ def _linear_kernel(
     w_ptr,
     y_ptr,
     ws_ptr,
+    count_ptr,
     M,
     N,
     K,
     PARTS: tl.constexpr,
     BLOCKS_PER_PART: tl.constexpr,
     SPLIT: tl.constexpr,
+    FIXUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr,
+    FP32_PRODUCTS: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -139,9 +152,15 @@ def _linear_kernel(
             BLOCK_M,
             BLOCK_N,
             BLOCK_K,
-            PRECISION,
+            FP32_PRODUCTS,
         )
-        tl.store(ws_ptr + part.to(tl.int64) * M * N + offs, acc, mask=out_mask)
+        plane = M.to(tl.int64) * N
+        tl.store(ws_ptr + part * plane + offs, acc, mask=out_mask)
+        # a constexpr and a runtime test in one `and` would not fold the constexpr away
+        if FIXUP:  # noqa: SIM102
+            if last_to_arrive(count_ptr + pid_m * tl.num_programs(1) + pid_n, PARTS):
+                total = add_partials(ws_ptr, offs, out_mask, plane, PARTS, ".cg")
+                tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
     else:
         total = _partition(
             x_ptr,
@@ -156,7 +175,7 @@ def _linear_kernel(
             BLOCK_M,
             BLOCK_N,
             BLOCK_K,
-            PRECISION,
+            FP32_PRODUCTS,
         )
         for p in tl.static_range(1, PARTS):
             acc = _partition(
@@ -172,7 +191,7 @@ def _linear_kernel(
                 BLOCK_M,
                 BLOCK_N,
                 BLOCK_K,
-                PRECISION,
+                FP32_PRODUCTS,
             )
             total = total + acc
         tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
@@ -182,16 +201,16 @@ def _linear_kernel(
 def _sum_parts_kernel(ws_ptr, y_ptr, numel, PARTS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
-    total = tl.load(ws_ptr + offs, mask=mask, other=0.0)
-    for p in tl.static_range(1, PARTS):
-        total = total + tl.load(ws_ptr + p * numel + offs, mask=mask, other=0.0)
+    total = add_partials(ws_ptr, offs, mask, numel.to(tl.int64), PARTS, "")
     tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x @ w.T. x: [..., K] (bf16 / fp16 / fp32); w: [N, K] of x's dtype -> [..., N], x's dtype.
+def linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x @ w.T. x: [..., K] (bf16 / fp16 / fp32); w: [N, K] of x's dtype -> [..., N].
 
-    fp32 accumulation; the result of a row never depends on the call's other rows.
+    fp32 accumulation; the result of a row never depends on the call's other rows. out_dtype:
+    None, x's dtype, or torch.float32: then x and w are read in their dtype and computed as
+    fp32 in registers, bitwise `linear(x.float(), w.float())` without converting them.
     """
     k = x.shape[-1]
     n, kw = w.shape
@@ -199,38 +218,47 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"linear: x has K={k}, w is {tuple(w.shape)}")
     if w.dtype != x.dtype:
         raise ValueError(f"linear: x is {x.dtype}, w is {w.dtype}")
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    if out_dtype not in (x.dtype, torch.float32):
+        raise ValueError(f"linear: out_dtype {out_dtype} for {x.dtype} inputs")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k).contiguous()
     w = w.contiguous()
     m = x2.shape[0]
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    y = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0 or n == 0:
         return y.reshape(*lead, n)
     if k == 0:
         return y.zero_().reshape(*lead, n)
-    cfg = tile_config(n, k, x.dtype)
+    # fp32 out: the fp32 tile and exact fp32 products, whatever the inputs' dtype
+    cfg = tile_config(n, k, out_dtype)
     bm, bn, parts = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["PARTS"]
     m_tiles, n_tiles = triton.cdiv(m, bm), triton.cdiv(n, bn)
     split = parts > 1 and m_tiles * n_tiles < _IN_PROGRAM_TILES
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+    # None while a graph is captured before the counters exist: the second kernel adds
+    count = counters(x.device, m_tiles * n_tiles) if split and _FIXUP else None
     meta = dict(
         PARTS=parts,
         BLOCKS_PER_PART=cfg["BLOCKS_PER_PART"],
         SPLIT=split,
+        FIXUP=count is not None,
         BLOCK_M=bm,
         BLOCK_N=bn,
         BLOCK_K=cfg["BLOCK_K"],
-        PRECISION=precision,
+        FP32_PRODUCTS=out_dtype == torch.float32,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
-    if split:
-        ws = torch.empty((parts, m, n), dtype=torch.float32, device=x.device)
-        _linear_kernel[(m_tiles, n_tiles, parts)](x2, w, y, ws, m, n, k, **meta)
+    if not split:
+        _linear_kernel[(m_tiles, n_tiles, 1)](x2, w, y, y, y, m, n, k, **meta)
+        return y.reshape(*lead, n)
+    ws = torch.empty((parts, m, n), dtype=torch.float32, device=x.device)
+    _linear_kernel[(m_tiles, n_tiles, parts)](
+        x2, w, y, ws, ws if count is None else count, m, n, k, **meta
+    )
+    if count is None:
         block = 1024
         _sum_parts_kernel[(triton.cdiv(m * n, block),)](
             ws, y, m * n, PARTS=parts, BLOCK=block, num_warps=4
         )
-    else:
-        _linear_kernel[(m_tiles, n_tiles, 1)](x2, w, y, y, m, n, k, **meta)
     return y.reshape(*lead, n)

@@ -52,7 +52,7 @@ def route(
     Returns (weights [N, k] in x's dtype, ids [N, k] int64), ids in rank order.
     """
     n, e = x.shape[0], router.shape[0]
-    logits = linear(x.float(), router.float())
+    logits = linear(x, router, out_dtype=torch.float32)
     probs = torch.empty_like(logits)
     if n:
         _softmax_kernel[(n,)](logits, probs, n, E=e, BLOCK=triton.next_power_of_2(e), num_warps=4)
