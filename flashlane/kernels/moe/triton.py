@@ -1,12 +1,13 @@
 """Row-invariant Triton MoE, same signature and semantics as `reference.moe`.
 
-Router: fp32 logits through the row-invariant `linear` kernel (exact fp32 products), a
-one-program-per-row softmax, a stable descending sort (ties to the lower expert id), the
-top k, optional renormalisation with the k weights added in rank order.
+Router: fp32 logits through the row-invariant `linear` kernel (exact fp32 products), then
+`routing.pick_experts`, one launch: softmax, top k (ties to the lower expert id) and
+renormalisation with the k weights added in rank order. `routing.dispatch` sorts the
+(row, slot) pairs by expert (stable) and pads each expert to BLOCK_M, in one launch at decode
+sizes, without a host sync: the buffers are sized by the worst case (cdiv(pairs, BLOCK_M) +
+min(E, pairs) blocks) and unused blocks exit at once.
 
-Experts as a grouped GEMM over (row, slot) pairs sorted by expert (stable) and padded to
-BLOCK_M per expert, without a host sync: the buffers are sized by the worst case
-(cdiv(pairs, BLOCK_M) + min(E, pairs) blocks) and unused blocks exit at once.
+Experts as a grouped GEMM over those expert-sorted pairs:
 
 * gate/up kernel, grid (pair blocks, I / BLOCK_N): silu(x gate^T) * (x up^T) -> act [slots, I]
 * down kernel, grid (pair blocks, H / BLOCK_N): act down^T -> y [pairs, H] (scattered by pair)
@@ -25,23 +26,13 @@ import triton
 import triton.language as tl
 
 from flashlane.kernels.linear.triton import linear
+from flashlane.kernels.moe.routing import dispatch, pick_experts
 
 # one tile for every call (never chosen by the number of rows)
 BLOCK_M = 16
 GATE_UP_TILE = dict(BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
 DOWN_TILE = dict(BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
 COMBINE_BLOCK = 1024
-
-
-@triton.jit(do_not_specialize=["rows"])
-def _softmax_kernel(l_ptr, p_ptr, rows, E: tl.constexpr, BLOCK: tl.constexpr):
-    pid = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < E
-    logit = tl.load(l_ptr + pid * E + cols, mask=mask, other=-float("inf"))
-    z = tl.exp(logit - tl.max(logit, axis=0))
-    z = tl.where(mask, z, 0.0)
-    tl.store(p_ptr + pid * E + cols, z / tl.sum(z, axis=0), mask=mask)
 
 
 def route(
@@ -51,19 +42,8 @@ def route(
 
     Returns (weights [N, k] in x's dtype, ids [N, k] int64), ids in rank order.
     """
-    n, e = x.shape[0], router.shape[0]
     logits = linear(x, router, out_dtype=torch.float32)
-    probs = torch.empty_like(logits)
-    if n:
-        _softmax_kernel[(n,)](logits, probs, n, E=e, BLOCK=triton.next_power_of_2(e), num_warps=4)
-    top, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
-    top, ids = top[:, :top_k], ids[:, :top_k]
-    if normalize:
-        total = top[:, 0]
-        for j in range(1, top_k):
-            total = total + top[:, j]
-        top = top / total[:, None]
-    return top.to(x.dtype), ids
+    return pick_experts(logits, top_k, normalize, x.dtype)
 
 
 @triton.jit
@@ -185,34 +165,6 @@ def _combine_kernel(y_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK: tl.con
     tl.store(out_ptr + row * H + cols, out, mask=mask)
 
 
-def dispatch(ids: torch.Tensor, n_experts: int, block_m: int = BLOCK_M):
-    """(slot_pair [blocks*block_m] int32: the pair in each slot or -1, block_expert [blocks]
-    int32: the expert of each block or -1). Pairs p = row*k + slot sorted by expert (stable),
-    each expert's segment padded to block_m; the size is the worst case, so no host sync."""
-    flat = ids.flatten()
-    pairs = flat.numel()
-    dev = flat.device
-    max_blocks = triton.cdiv(pairs, block_m) + min(n_experts, pairs)
-    # bincount reads the largest id back to the host; a scatter of ones does not
-    counts = torch.zeros(n_experts, dtype=torch.long, device=dev).scatter_add_(
-        0, flat, torch.ones_like(flat)
-    )
-    blocks = (counts + block_m - 1) // block_m
-    blk_end = torch.cumsum(blocks, 0)
-    blk_start = blk_end - blocks
-    block_expert = torch.searchsorted(
-        blk_end, torch.arange(max_blocks, device=dev, dtype=blk_end.dtype), right=True
-    )
-    block_expert = torch.where(block_expert < n_experts, block_expert, -1).to(torch.int32)
-    sorted_e, order = torch.sort(flat, stable=True)
-    seg_start = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(pairs, device=dev) - seg_start[sorted_e]
-    dest = blk_start[sorted_e] * block_m + rank
-    slot_pair = torch.full((max_blocks * block_m,), -1, dtype=torch.int32, device=dev)
-    slot_pair[dest] = order.to(torch.int32)
-    return slot_pair, block_expert
-
-
 def experts(
     x: torch.Tensor,
     weights: torch.Tensor,
@@ -230,7 +182,7 @@ def experts(
         return out
     x = x.contiguous()
     gate, up, down = gate.contiguous(), up.contiguous(), down.contiguous()
-    slot_pair, block_expert = dispatch(ids, e)
+    slot_pair, block_expert = dispatch(ids, e, BLOCK_M)
     blocks = block_expert.numel()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     act = torch.empty((blocks * BLOCK_M, i), dtype=x.dtype, device=x.device)

@@ -1,0 +1,201 @@
+"""Triton MoE routing: which experts each row takes, and the expert-sorted slot layout.
+
+* `pick_experts`: from `route`'s fp32 router logits, one program per row does the softmax,
+  picks the top k (k rounds of "largest, ties to the lower expert id": a stable descending
+  sort's first k), renormalises (p0 + p1 + ... in rank order, correctly rounded division)
+  and casts. One launch, where a softmax kernel, `torch.sort` (a 21 us radix sort on an
+  H200), k-1 adds, a divide and a cast took k + 3 or more.
+* `dispatch`: pairs p = row*k + slot sorted by expert (stable) and padded to BLOCK_M per
+  expert, in worst-case-sized buffers (no host sync). Up to FUSED_DISPATCH_MAX_PAIRS pairs
+  (decode, verify rounds) one single-program kernel lays them out; beyond that (prefill)
+  about 25 torch launches do it with a sort. Both give the same tensors; the tests check it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# most pairs laid out by the one-program kernel: it walks them in order on one SM
+FUSED_DISPATCH_MAX_PAIRS = 1024
+# pairs per step of that walk ([PAIR_CHUNK, experts] one-hot tiles)
+PAIR_CHUNK = 16
+# slots set to -1 per store while clearing the layout
+CLEAR_CHUNK = 1024
+
+
+@triton.jit
+def _route_kernel(
+    l_ptr,
+    w_ptr,
+    ids_ptr,
+    E: tl.constexpr,
+    TOP_K: tl.constexpr,
+    NORMALIZE: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    i_row = tl.program_id(0).to(tl.int64)
+    o_e = tl.arange(0, BLOCK_E)
+    mask_e = o_e < E
+    # the softmax of the previous separate kernel, op for op: the same fp32 probabilities
+    b_l = tl.load(l_ptr + i_row * E + o_e, mask=mask_e, other=-float("inf"))
+    b_z = tl.exp(b_l - tl.max(b_l, axis=0))
+    b_z = tl.where(mask_e, b_z, 0.0)
+    b_p = b_z / tl.sum(b_z, axis=0)
+    # selection key: -1 for padding and taken experts; NaN ranks first as in torch's sort
+    # (a NaN anywhere makes the whole row NaN), and 2 is above every probability
+    b_key = tl.where(b_p == b_p, b_p, 2.0)
+    b_key = tl.where(mask_e, b_key, -1.0)
+    o_k = tl.arange(0, BLOCK_K)
+    b_top = tl.zeros([BLOCK_K], dtype=tl.float32)
+    b_ids = tl.zeros([BLOCK_K], dtype=tl.int64)
+    # 0 + p0 is p0 exactly: the same sum as total = p0; total = total + p1; ...
+    total = 0.0
+    for j in tl.static_range(TOP_K):
+        best = tl.max(b_key, axis=0)
+        pick = tl.min(tl.where(b_key == best, o_e, BLOCK_E), axis=0)
+        b_key = tl.where(o_e == pick, -1.0, b_key)
+        p_j = tl.where(best > 1.0, float("nan"), best)
+        total = total + p_j
+        b_top = tl.where(o_k == j, p_j, b_top)
+        b_ids = tl.where(o_k == j, pick, b_ids)
+    if NORMALIZE:
+        # IEEE division, as torch's fp32 divide (Triton's `/` may be approximate)
+        b_top = tl.math.div_rn(b_top, tl.broadcast_to(total, [BLOCK_K]))
+    mask_k = o_k < TOP_K
+    tl.store(w_ptr + i_row * TOP_K + o_k, b_top.to(w_ptr.dtype.element_ty), mask=mask_k)
+    tl.store(ids_ptr + i_row * TOP_K + o_k, b_ids, mask=mask_k)
+
+
+def pick_experts(
+    logits: torch.Tensor, top_k: int, normalize: bool, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax, top k and renormalisation of fp32 router logits [N, E] in one launch.
+
+    Returns (weights [N, k] in dtype, ids [N, k] int64), ids in rank order.
+    """
+    n, e = logits.shape
+    assert top_k <= e, f"top_k {top_k} > {e} experts"
+    weights = torch.empty((n, top_k), dtype=dtype, device=logits.device)
+    ids = torch.empty((n, top_k), dtype=torch.int64, device=logits.device)
+    if n:
+        _route_kernel[(n,)](
+            logits.contiguous(),
+            weights,
+            ids,
+            E=e,
+            TOP_K=top_k,
+            NORMALIZE=normalize,
+            BLOCK_E=triton.next_power_of_2(e),
+            BLOCK_K=triton.next_power_of_2(top_k),
+            num_warps=4,
+        )
+    return weights, ids
+
+
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
+def _dispatch_kernel(
+    ids_ptr,
+    slot_pair_ptr,
+    block_expert_ptr,
+    num_pairs,
+    num_blocks,
+    BLOCK_M: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    o_e = tl.arange(0, BLOCK_E)
+    o_p = tl.arange(0, BLOCK_P)
+    o_c = tl.arange(0, BLOCK_C)
+    num_slots = num_blocks * BLOCK_M
+    for c0 in range(0, num_slots, BLOCK_C):
+        tl.store(slot_pair_ptr + c0 + o_c, -1, mask=c0 + o_c < num_slots)
+    for c0 in range(0, num_blocks, BLOCK_C):
+        tl.store(block_expert_ptr + c0 + o_c, -1, mask=c0 + o_c < num_blocks)
+    b_count = tl.zeros([BLOCK_E], dtype=tl.int32)
+    for p0 in range(0, num_pairs, BLOCK_P):
+        mask_p = p0 + o_p < num_pairs
+        b_e = tl.load(ids_ptr + p0 + o_p, mask=mask_p, other=0).to(tl.int32)
+        b_count += tl.histogram(b_e, BLOCK_E, mask=mask_p)
+    b_blocks = (b_count + BLOCK_M - 1) // BLOCK_M
+    # each expert's next free slot: its segment starts after the padded earlier experts
+    b_next = (tl.cumsum(b_blocks, axis=0) - b_blocks) * BLOCK_M
+    # the -1 stores above land before any pair's store below
+    tl.debug_barrier()
+    # in pair order, so a pair's rank in its expert counts only earlier pairs (stable)
+    for p0 in range(0, num_pairs, BLOCK_P):
+        mask_p = p0 + o_p < num_pairs
+        # a masked pair reads expert 0: never stored, and after every real pair of the chunk
+        b_e = tl.load(ids_ptr + p0 + o_p, mask=mask_p, other=0).to(tl.int32)
+        is_e = b_e[:, None] == o_e[None, :]
+        mates = (b_e[:, None] == b_e[None, :]) & (o_p[None, :] < o_p[:, None])
+        # b_next of each pair's expert (a one-hot sum gathers from registers), plus its rank
+        # among the chunk's earlier pairs of that expert
+        b_dest = tl.sum(tl.where(is_e, b_next[None, :], 0), axis=1)
+        b_dest += tl.sum(mates.to(tl.int32), axis=1)
+        tl.store(slot_pair_ptr + b_dest, p0 + o_p, mask=mask_p)
+        # every pair of a block writes the block's one expert
+        tl.store(block_expert_ptr + b_dest // BLOCK_M, b_e, mask=mask_p)
+        b_next += tl.histogram(b_e, BLOCK_E, mask=mask_p)
+
+
+def dispatch_by_sort(ids: torch.Tensor, n_experts: int, block_m: int):
+    """The torch layout (`dispatch`'s contract) through a stable sort, for any pair count."""
+    flat = ids.flatten()
+    pairs = flat.numel()
+    dev = flat.device
+    max_blocks = triton.cdiv(pairs, block_m) + min(n_experts, pairs)
+    # bincount reads the largest id back to the host; a scatter of ones does not
+    counts = torch.zeros(n_experts, dtype=torch.long, device=dev).scatter_add_(
+        0, flat, torch.ones_like(flat)
+    )
+    blocks = (counts + block_m - 1) // block_m
+    blk_end = torch.cumsum(blocks, 0)
+    blk_start = blk_end - blocks
+    block_expert = torch.searchsorted(
+        blk_end, torch.arange(max_blocks, device=dev, dtype=blk_end.dtype), right=True
+    )
+    block_expert = torch.where(block_expert < n_experts, block_expert, -1).to(torch.int32)
+    sorted_e, order = torch.sort(flat, stable=True)
+    seg_start = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(pairs, device=dev) - seg_start[sorted_e]
+    dest = blk_start[sorted_e] * block_m + rank
+    slot_pair = torch.full((max_blocks * block_m,), -1, dtype=torch.int32, device=dev)
+    slot_pair[dest] = order.to(torch.int32)
+    return slot_pair, block_expert
+
+
+def dispatch_fused(ids: torch.Tensor, n_experts: int, block_m: int):
+    """The same layout from one single-program launch; for up to a few thousand pairs."""
+    flat = ids.flatten()
+    pairs = flat.numel()
+    num_blocks = triton.cdiv(pairs, block_m) + min(n_experts, pairs)
+    slot_pair = torch.empty(num_blocks * block_m, dtype=torch.int32, device=flat.device)
+    block_expert = torch.empty(num_blocks, dtype=torch.int32, device=flat.device)
+    if pairs:
+        _dispatch_kernel[(1,)](
+            flat,
+            slot_pair,
+            block_expert,
+            pairs,
+            num_blocks,
+            BLOCK_M=block_m,
+            BLOCK_E=triton.next_power_of_2(n_experts),
+            BLOCK_P=PAIR_CHUNK,
+            BLOCK_C=CLEAR_CHUNK,
+            num_warps=4,
+        )
+    return slot_pair, block_expert
+
+
+def dispatch(ids: torch.Tensor, n_experts: int, block_m: int):
+    """(slot_pair [blocks*block_m] int32: the pair in each slot or -1, block_expert [blocks]
+    int32: the expert of each block or -1). ids: [N, k]. Pairs p = row*k + slot sorted by
+    expert (stable), each expert's segment padded to block_m; blocks is the worst case
+    cdiv(pairs, block_m) + min(E, pairs), so no host sync."""
+    if ids.numel() <= FUSED_DISPATCH_MAX_PAIRS:
+        return dispatch_fused(ids, n_experts, block_m)
+    return dispatch_by_sort(ids, n_experts, block_m)
