@@ -1,0 +1,112 @@
+"""Kernel launches of one lone decode step, by the flashlane function that issues them: a
+CPU tool (issue 9). The CUDA kernel set runs on the CPU through Triton's interpreter; each
+Triton launch and each torch op that would launch a kernel on a GPU (views excluded) counts
+once, under the innermost flashlane function on the call stack.
+
+    python benchmarks/launch_census.py --config flashnext-tiny
+
+The count is what a CUDA graph of the step holds, not a time: a graph replays each launch
+in 1-3 us however small its work.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import argparse
+import collections
+import sys
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from triton.runtime import interpreter
+
+from flashlane.kernels.gpu import TRITON
+from flashlane.models.presets import preset
+from flashlane.models.random_weights import build_random
+from flashlane.models.state import SessionState
+from flashlane.runner import lone
+
+# ops that make no kernel on a GPU
+NO_LAUNCH = {
+    "view", "_unsafe_view", "reshape", "unsqueeze", "squeeze", "select", "slice", "as_strided",
+    "t", "transpose", "permute", "expand", "unflatten", "flatten", "detach", "alias", "split",
+    "split_with_sizes", "chunk", "unbind", "narrow", "empty", "empty_like", "empty_strided",
+    "_reshape_alias", "lift_fresh", "view_as", "is_same_size", "diagonal", "promote_types",
+}  # fmt: skip
+
+
+def caller() -> str:
+    """The innermost flashlane function on the stack, as path:function."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if "/flashlane/" in path:
+            return path.split("/flashlane/")[-1] + ":" + frame.f_code.co_name
+        frame = frame.f_back
+    return "?"
+
+
+class Census(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.counts: collections.Counter = collections.Counter()
+        self.in_triton = False
+        census = self
+        original = interpreter.InterpretedFunction.run
+
+        def run(fn, *args, **kwargs):  # a Triton launch; its interpreted body is not counted
+            if census.in_triton:
+                return original(fn, *args, **kwargs)
+            census.counts[(caller(), "triton " + fn.fn.__name__)] += 1
+            census.in_triton = True
+            try:
+                return original(fn, *args, **kwargs)
+            finally:
+                census.in_triton = False
+
+        self.original, self.run = original, run
+
+    def __enter__(self):
+        interpreter.InterpretedFunction.run = self.run
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        interpreter.InterpretedFunction.run = self.original
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in NO_LAUNCH and not self.in_triton:
+            self.counts[(caller(), "aten " + name)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default="flashnext-tiny")
+    args = ap.parse_args()
+    cfg, model = build_random(preset(args.config), torch.float32, "cpu", 0)
+    model.use_kernels(TRITON)
+    s = SessionState.empty(cfg, 256, torch.float32, torch.float32, "cpu")
+    tok, pos = torch.tensor([5]), torch.tensor([0])
+    out, k = torch.zeros(2, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+    rows = torch.zeros(4, cfg.hc_count * cfg.hidden_size)
+    lone.step(model, s, tok, pos, out, (rows, k))  # the first step may take other branches
+    census = Census()
+    with census:
+        lone.step(model, s, tok, pos, out, (rows, k))
+    where: collections.Counter = collections.Counter()
+    for (fn, _), n in census.counts.items():
+        where[fn] += n
+    total = sum(where.values())
+    print(f"{args.config}: {total} launches a lone step ({len(model.layers)} layers)")
+    for fn, n in where.most_common():
+        ops = sorted(((op, c) for (f, op), c in census.counts.items() if f == fn), key=lambda x: -x[1])
+        print(f"{n:5d}  {fn}: " + ", ".join(f"{op} x{c}" for op, c in ops))
+
+
+if __name__ == "__main__":
+    main()
