@@ -17,7 +17,7 @@ from flashlane.models.layers.hyper_connection import HyperConnection
 from flashlane.models.layers.mtp import MtpHead
 from flashlane.models.layers.norms import GatedRMSNorm, Linear, RMSNorm, Stacked, linear
 from flashlane.models.layers.rotary import Rotary
-from flashlane.models.rows import Piece, Rows
+from flashlane.models.rows import Piece, Rows, copy_all
 from flashlane.models.state import SessionState
 
 
@@ -137,18 +137,7 @@ def commit_all(model: FlashNext, kept: list[tuple[Piece, int]]) -> None:
                 srcs += [xfull[n : n + p.conv.shape[0]], states[n : n + p.ids.shape[0]]]
         s.length = piece.start + n
         piece.pending.clear()
-    for group in _by_kind(dsts, srcs):
-        torch._foreach_copy_(*group)
-
-
-def _by_kind(dsts: list[torch.Tensor], srcs: list[torch.Tensor]):
-    """(dsts, srcs) lists per (device, dtype): a multi-tensor copy takes one kind at a time."""
-    kinds: dict[tuple, tuple[list, list]] = {}
-    for d, s in zip(dsts, srcs):
-        pair = kinds.setdefault((d.device, d.dtype, s.dtype), ([], []))
-        pair[0].append(d)
-        pair[1].append(s)
-    return kinds.values()
+    copy_all(dsts, srcs)
 
 
 @torch.no_grad()

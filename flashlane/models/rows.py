@@ -2,12 +2,36 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from flashlane.models.state import SessionState
+
+
+def device_longs(values: list[int], device) -> torch.Tensor:
+    """An int64 tensor of `values` on `device`. On CUDA it goes through pinned memory and
+    does not wait: a copy from pageable memory makes the host wait for the stream, so the
+    GPU's queue drains and the host loses its lead."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=torch.long, device=device)
+    return torch.tensor(values, dtype=torch.long, pin_memory=True).to(device, non_blocking=True)
+
+
+def copy_all(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    """dst.copy_(src) for every pair, as one multi-tensor copy per (device, dtypes): a round's
+    per-stream copies were one launch each."""
+    kinds: dict[tuple, tuple[list, list]] = {}
+    for d, s in zip(dsts, srcs):
+        if d.numel():
+            pair = kinds.setdefault((d.device, d.dtype, s.dtype), ([], []))
+            pair[0].append(d)
+            pair[1].append(s)
+    for group in kinds.values():
+        torch._foreach_copy_(*group)
 
 
 @dataclass(slots=True)
@@ -38,6 +62,7 @@ class Rows:
     _index: dict[int, torch.Tensor] = field(default_factory=dict)
     _rope: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     _width: list[int | None] = field(default_factory=list)  # one_width(), once per forward
+    _longs: dict[str, torch.Tensor] = field(default_factory=dict)  # longs(), once per forward
 
     @classmethod
     def training(cls, input_ids: torch.Tensor) -> Rows:
@@ -57,8 +82,14 @@ class Rows:
             pos.extend(range(start, start + t))
             offset += t
         # two host-to-device copies a round, however many pieces
-        as_long = dict(dtype=torch.long, device=device)
-        return cls(torch.tensor(ids, **as_long), torch.tensor(pos, **as_long), out)
+        return cls(device_longs(ids, device), device_longs(pos, device), out)
+
+    def longs(self, key: str, values: Callable[[], list[int]]) -> torch.Tensor:
+        """device_longs(values()) made once per forward under `key`: indices that every layer
+        of the forward uses alike."""
+        if key not in self._longs:
+            self._longs[key] = device_longs(values(), self.token_ids.device)
+        return self._longs[key]
 
     def cos_sin(self, rotary, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """rotary.cos_sin of the rows' positions, computed once per forward."""
@@ -92,7 +123,7 @@ class Rows:
     def _rows_of(self, i: int, group: list[Piece]) -> torch.Tensor:
         if i not in self._index:
             ids = [r for p in group for r in range(p.offset, p.offset + p.length)]
-            self._index[i] = torch.tensor(ids, device=self.token_ids.device)
+            self._index[i] = device_longs(ids, self.token_ids.device)
         return self._index[i]
 
     def join(self, parts: list[torch.Tensor], stack: bool = False) -> torch.Tensor:

@@ -12,7 +12,7 @@ from flashlane.kernels.attention.reference import pool_blocks
 from flashlane.models.config import ModelConfig
 from flashlane.models.layers.norms import RMSNorm, Stacked, linear
 from flashlane.models.layers.rotary import Rotary
-from flashlane.models.rows import Piece, Rows
+from flashlane.models.rows import Piece, Rows, copy_all
 from flashlane.models.state import AttnCache, SessionState
 
 
@@ -101,31 +101,32 @@ class QSAttention(nn.Module):
             if not (p.recurrent and p.session is not None):
                 one = (t[p.rows][None] for t in (q, k, v, iq, raw, rows.positions))
                 o[p.rows] = self._attend(*one, [p], rotary, kernels)[0]
-        self._attend_windows(windows, (q, k, v, iq, raw, rows.positions), o, rotary, kernels)
+        self._attend_windows(windows, (q, k, v, iq, raw, rows.positions), o, rows, rotary, kernels)
         return o
 
-    def _attend_windows(self, windows: list[Piece], flat, out, rotary, kernels: Kernels):
+    def _attend_windows(self, windows: list[Piece], flat, out, rows: Rows, rotary, kernels):
         """Every verify window of the round in one call: queries padded to the widest window
         (each window's last row repeated, its results dropped), caches padded to the longest.
         A query row's result depends on its own row, mask and keys alone, so it is the one
-        the window would get by itself."""
-        width, dev = max(p.length for p in windows), out.device
-        src = [p.offset + min(t, p.length - 1) for p in windows for t in range(width)]
-        gather = torch.tensor(src, device=dev)
+        the window would get by itself. The index tensors are the round's (every attention
+        layer shares them) and the per-stream copies are multi-tensor copies."""
+        width = max(p.length for p in windows)
+        gather = rows.longs("attend_gather", lambda: [
+            p.offset + min(t, p.length - 1) for p in windows for t in range(width)
+        ])  # fmt: skip
         q, k, v, iq, raw, pos = (t.index_select(0, gather).unflatten(0, (-1, width)) for t in flat)
-        cached = [
-            self._write(p, k[i, : p.length], v[i, : p.length], raw[i, : p.length], rotary)
-            for i, p in enumerate(windows)
-        ]
+        cached = self._write_all(windows, k, v, raw, rotary)
         keys, values, block_keys, nk = _padded(cached)
         cfg, blk = self.cfg, self.cfg.indexer_block
         mask = kernels.select_mask(iq, block_keys, pos, nk, blk, cfg.indexer_top_blocks)
         res = kernels.attention(q, keys, values, mask, cfg.head_dim**-0.5).flatten(0, 1)
-        real = [i * width + t for i, p in enumerate(windows) for t in range(p.length)]
-        rows = [p.offset + t for p in windows for t in range(p.length)]
-        out.index_copy_(
-            0, torch.tensor(rows, device=dev), res.index_select(0, torch.tensor(real, device=dev))
-        )
+        real = rows.longs("attend_real", lambda: [
+            i * width + t for i, p in enumerate(windows) for t in range(p.length)
+        ])  # fmt: skip
+        dest = rows.longs("attend_rows", lambda: [
+            p.offset + t for p in windows for t in range(p.length)
+        ])  # fmt: skip
+        out.index_copy_(0, dest, res.index_select(0, real))
 
     def _attend(self, q, k, v, iq, raw, pos, group: list[Piece], rotary, kernels: Kernels):
         cfg, blk = self.cfg, self.cfg.indexer_block
@@ -139,9 +140,23 @@ class QSAttention(nn.Module):
 
     def _write(self, piece: Piece, k, v, raw, rotary: Rotary):
         """Write the piece's keys at their positions; recompute blocks it completes."""
+        return self._write_all([piece], k[None], v[None], raw[None], rotary)[0]
+
+    def _write_all(self, pieces: list[Piece], k, v, raw, rotary: Rotary) -> list[tuple]:
+        """Each piece i's rows k[i], v[i], raw[i] written at its positions (one multi-tensor
+        copy for all), then the pooled keys of the blocks each completes -> per piece (keys,
+        values, block keys up to its length, length)."""
+        dsts, srcs = [], []
+        for i, p in enumerate(pieces):
+            cache, s, e = self.cache_of(p.session), p.start, p.start + p.length
+            dsts += [cache.k[s:e], cache.v[s:e], cache.index_keys[s:e]]
+            srcs += [k[i, : p.length], v[i, : p.length], raw[i, : p.length]]
+        copy_all(dsts, srcs)
+        return [self._complete_blocks(p, rotary) for p in pieces]
+
+    def _complete_blocks(self, piece: Piece, rotary: Rotary) -> tuple:
         cache, blk = self.cache_of(piece.session), self.cfg.indexer_block
         s, e = piece.start, piece.start + piece.length
-        cache.k[s:e], cache.v[s:e], cache.index_keys[s:e] = k, v, raw
         b0, b1 = s // blk, e // blk
         if b1 > b0:
             fresh = self.indexer.block_keys(cache.index_keys[None, b0 * blk : b1 * blk], b0, rotary)
@@ -161,6 +176,9 @@ def _padded(cached: list[tuple]) -> tuple:
     keys = k0.new_zeros(b, nk, *k0.shape[2:])
     values = k0.new_zeros(b, nk, *k0.shape[2:])
     block_keys = b0.new_zeros(b, nb, b0.shape[-1])
+    dsts, srcs = [], []
     for i, (kk, vv, bk, n) in enumerate(cached):
-        keys[i, :n], values[i, :n], block_keys[i, : bk.shape[1]] = kk[0], vv[0], bk[0]
+        dsts += [keys[i, :n], values[i, :n], block_keys[i, : bk.shape[1]]]
+        srcs += [kk[0], vv[0], bk[0]]
+    copy_all(dsts, srcs)
     return keys, values, block_keys, nk
