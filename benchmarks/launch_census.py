@@ -35,6 +35,7 @@ NO_LAUNCH = {
     "t", "transpose", "permute", "expand", "unflatten", "flatten", "detach", "alias", "split",
     "split_with_sizes", "chunk", "unbind", "narrow", "empty", "empty_like", "empty_strided",
     "_reshape_alias", "lift_fresh", "view_as", "is_same_size", "diagonal", "promote_types",
+    "new_empty",
 }  # fmt: skip
 
 

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from flashlane.kernels.attention import reference
+from flashlane.kernels.attention.triton_select import select_from_scores
 
 # attention tiles: BLOCK_M (token, head) rows x BLOCK_L keys, D up to 256. The config depends
 # on the dtype only (never on T, B or L): 16-bit inputs use the tensor cores (wgmma) with
@@ -263,10 +264,13 @@ def select_mask(
     top_blocks: int,
     dense_check: bool = True,
 ) -> torch.Tensor:
-    """reference.select_mask with the indexer scores from the Triton kernel, always without
-    the dense shortcut (the same mask): its host read of a device value waits for the GPU,
-    which costs a host-bound round more than the scores do. `dense_check` is accepted for
-    the signature and ignored."""
-    return reference.select_mask(
-        index_q, block_keys, positions, num_keys, block, top_blocks, index_scores, False
-    )
+    """reference.select_mask: the indexer scores and the mask each in one Triton launch
+    (triton_select.py ranks without a sort), always without the dense shortcut (the same
+    mask): its host read of a device value waits for the GPU, which costs a host-bound round
+    more than the scores do. `dense_check` is accepted for the signature and ignored."""
+    if block_keys.shape[1] == 0:
+        return reference.select_mask(
+            index_q, block_keys, positions, num_keys, block, top_blocks, index_scores, False
+        )
+    scores = index_scores(index_q, block_keys)
+    return select_from_scores(scores, positions, num_keys, block, top_blocks)

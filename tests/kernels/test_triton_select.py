@@ -1,0 +1,84 @@
+"""The indexer's mask in one launch (kernels/attention/triton_select.py) against
+reference.select_mask: the same bool mask, bit for bit, for random scores, ties (equal
+scores keep the lower block ids), NaN, +-0.0 and -inf scores, rows below and past the top
+blocks, caches of one block and none.
+
+CPU: `TRITON_INTERPRET=1 python -m pytest -m triton tests/kernels/test_triton_select.py`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashlane.kernels.attention import reference as ref
+from tests.kernels.triton_env import DEVICE, needs_triton
+
+pytestmark = needs_triton
+pytest.importorskip("triton")
+
+from flashlane.kernels.attention.triton_select import select_from_scores  # noqa: E402
+
+
+def _want(scores, pos, num_keys, block, top):
+    """The reference mask for these scores (its scores_of hook returns them)."""
+    b, t, nb = scores.shape
+    iq = torch.zeros(b, t, 1, 1, device=scores.device)
+    keys = torch.zeros(b, nb, 1, device=scores.device)
+    return ref.select_mask(iq, keys, pos, num_keys, block, top, lambda q, k: scores, False)
+
+
+def _check(scores, pos, num_keys, block, top):
+    got = select_from_scores(scores, pos, num_keys, block, top)
+    want = _want(scores, pos, num_keys, block, top)
+    assert got.dtype == torch.bool and got.shape == want.shape
+    assert torch.equal(got, want), (got.int() - want.int()).nonzero()[:5]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_scores_every_position(seed):
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    b, t, block, top, nb = 2, 3, 4, 5, 14
+    num_keys = nb * block + 3  # an incomplete tail past the last block
+    scores = torch.randn(b, t, nb, generator=g, device=DEVICE)
+    for start in range(0, num_keys - t + 1, 5):  # rows below and past `top` complete blocks
+        pos = torch.arange(start, start + t, device=DEVICE).repeat(b, 1)
+        pos[1] = pos[1].flip(0)
+        _check(scores, pos, num_keys, block, top)
+
+
+def test_ties_nan_zeros_and_infinities():
+    block, top, nb = 2, 4, 12
+    s = torch.tensor([[1.0, 3.0, 3.0, 0.0, -0.0, 3.0, float("nan"), -float("inf"),
+                       3.0, 2.0, float("nan"), 0.0]], device=DEVICE)[None]  # fmt: skip
+    for p in (7, 13, 20, 23):
+        _check(s, torch.tensor([[p]], device=DEVICE), nb * block, block, top)
+    flat = torch.zeros(1, 1, nb, device=DEVICE)  # all tied: the lowest ids win
+    _check(flat, torch.tensor([[23]], device=DEVICE), nb * block, block, top)
+    _check(-flat, torch.tensor([[23]], device=DEVICE), nb * block, block, top)  # all -0.0
+
+
+def test_many_blocks_cross_chunks():
+    g = torch.Generator(device=DEVICE).manual_seed(3)
+    block, top, nb = 4, 37, 2100  # more blocks than one chunk of the kernel's loops
+    scores = torch.randint(-3, 4, (1, 2, nb), generator=g, device=DEVICE).float()  # many ties
+    pos = torch.tensor([[nb * block - 1, 900]], device=DEVICE)
+    _check(scores, pos, nb * block, block, top)
+
+
+def test_no_blocks_and_one_block():
+    _check(torch.zeros(1, 2, 0, device=DEVICE), torch.tensor([[0, 2]], device=DEVICE), 3, 4, 2)
+    s = torch.ones(1, 1, 1, device=DEVICE)
+    _check(s, torch.tensor([[5]], device=DEVICE), 6, 4, 1)
+
+
+def test_signed_zeros_tie_and_negative_nan_ranks_first():
+    block, top = 1, 2
+    # -0.0 at id 0 ties +0.0 at id 1: the lower id wins the second place after 1.0
+    s = torch.tensor([[[-0.0, 0.0, 1.0, -1.0, -2.0]]], device=DEVICE)
+    _check(s, torch.tensor([[4]], device=DEVICE), 5, block, top)
+    neg_nan = -torch.tensor(float("nan"), device=DEVICE)  # the sign bit set
+    assert neg_nan.view(torch.int32) < 0
+    s = torch.tensor([[[0.5, 2.0, 0.0, 1.0, 3.0]]], device=DEVICE)
+    s[0, 0, 2] = neg_nan  # a NaN, whatever its sign, ranks above every number
+    _check(s, torch.tensor([[4]], device=DEVICE), 5, block, top)
