@@ -24,6 +24,8 @@ class Kernels:
     recurrent_gdn: Callable
     causal_conv: Callable
     select_mask: Callable
+    block_keys: Callable
+    pool_block_at: Callable
     attention: Callable
     moe: Callable
     linear: Callable
@@ -48,6 +50,8 @@ REFERENCE = Kernels(
     recurrent_gdn=gdn_ref.recurrent_gdn,
     causal_conv=conv_ref.causal_conv,
     select_mask=attention_ref.select_mask,
+    block_keys=attention_ref.block_keys,
+    pool_block_at=attention_ref.pool_block_at,
     attention=attention_ref.attention,
     moe=moe_ref.moe,
     linear=linear_ref.linear,

@@ -12,6 +12,7 @@ import torch
 
 from flashlane.kernels import Kernels
 from flashlane.kernels.attention import triton as attention_tr
+from flashlane.kernels.attention import triton_blocks as blocks_tr
 from flashlane.kernels.conv import triton as conv_tr
 from flashlane.kernels.gdn import triton as gdn_tr
 from flashlane.kernels.linear.triton import linear
@@ -36,6 +37,8 @@ TRITON = Kernels(
     recurrent_gdn=gdn_tr.recurrent_gdn,
     causal_conv=conv_tr.causal_conv,  # one launch for y and xfull (the reference makes ~9)
     select_mask=attention_tr.select_mask,
+    block_keys=blocks_tr.block_keys,
+    pool_block_at=blocks_tr.pool_block_at,
     attention=attention_tr.attention,
     moe=moe_tr.moe,
     linear=linear,

@@ -84,7 +84,7 @@ def _attention(attn, a, c: AttnCache, pos, cos, sin, rotary, kernels) -> torch.T
     c.k.index_copy_(0, pos, k)
     c.v.index_copy_(0, pos, v)
     c.index_keys.index_copy_(0, pos, raw)
-    _pool_block(attn.indexer, c, pos, rotary)
+    _pool_block(attn.indexer, c, pos, rotary, kernels)
     mask = kernels.select_mask(
         iq[None], c.block_keys[None], pos.view(1, 1), c.k.shape[0], cfg.indexer_block,
         cfg.indexer_top_blocks, dense_check=False,
@@ -93,18 +93,17 @@ def _attention(attn, a, c: AttnCache, pos, cos, sin, rotary, kernels) -> torch.T
     return attn.output(o[0], gate)
 
 
-def _pool_block(indexer, c: AttnCache, pos: torch.Tensor, rotary) -> None:
-    """The pooled key of the block that holds pos, from its keys so far; a position past the
-    last whole block (a capacity off the block grid) writes nothing."""
+def _pool_block(indexer, c: AttnCache, pos: torch.Tensor, rotary, kernels) -> None:
+    """The pooled key of the block that holds pos, from its keys so far (the kernels'
+    pool_block_at: the block_keys of shared rounds, for one block found on the device); a
+    position past the last whole block (a capacity off the block grid) writes nothing."""
     blk, nb = indexer.cfg.indexer_block, c.block_keys.shape[0]
     if nb == 0:
         return
-    b = torch.div(pos, blk, rounding_mode="floor")
-    at = b.clamp(max=nb - 1)
-    keys = c.index_keys.index_select(0, at * blk + torch.arange(blk, device=pos.device))
-    fresh = indexer.block_keys(keys[None], at, rotary)[0]
-    old = c.block_keys.index_select(0, at)
-    c.block_keys.index_copy_(0, at, torch.where((b < nb).view(1, 1), fresh, old))
+    first = torch.div(pos, blk, rounding_mode="floor") * blk
+    cos, sin = rotary.cos_sin(first, c.block_keys.dtype)
+    norm = indexer.k_layernorm
+    kernels.pool_block_at(c.index_keys, c.block_keys, pos, cos, sin, norm.weight, norm.eps, blk)
 
 
 class LoneDriver:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from flashlane.kernels.norms.reference import rms_norm
+from flashlane.kernels.rowwise.reference import rope
+
 
 def pool_blocks(raw_keys: torch.Tensor, block: int) -> torch.Tensor:
     """Mean of each complete block of raw indexer keys, in at least fp32, in the keys' dtype.
@@ -25,6 +28,33 @@ def pool_blocks(raw_keys: torch.Tensor, block: int) -> torch.Tensor:
     for j in range(1, block):
         total = total + parts[:, :, j]
     return (total / block).to(raw_keys.dtype)
+
+
+def block_keys(
+    raw_keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor,
+    eps: float, block: int,
+) -> torch.Tensor:
+    """The indexer's block keys: raw keys [B, nb*block, Di] pooled per block, RMS-normed
+    (`weight`, zero-centred) and roped with cos, sin [nb, R] of the blocks' first positions
+    -> [B, nb, Di]."""
+    pooled = rms_norm(pool_blocks(raw_keys, block), weight, eps)
+    return rope(pooled.transpose(0, 1), cos, sin).transpose(0, 1)
+
+
+def pool_block_at(
+    index_keys: torch.Tensor, out: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor,
+    sin: torch.Tensor, weight: torch.Tensor, eps: float, block: int,
+) -> None:
+    """out[b] = the block key of block b = pos // block, from index_keys [L, Di] (its keys so
+    far), when b < len(out); cos, sin [1, R] of the position b * block. pos: [1] on the
+    device (a lone step: no host value)."""
+    nb = out.shape[0]
+    b = torch.div(pos, block, rounding_mode="floor")
+    at = b.clamp(max=nb - 1)
+    keys = index_keys.index_select(0, at * block + torch.arange(block, device=pos.device))
+    fresh = block_keys(keys[None], cos, sin, weight, eps, block)[0]
+    old = out.index_select(0, at)
+    out.index_copy_(0, at, torch.where((b < nb).view(1, 1), fresh, old))
 
 
 def index_scores(index_q: torch.Tensor, block_keys: torch.Tensor) -> torch.Tensor:

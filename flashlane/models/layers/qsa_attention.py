@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from flashlane.kernels import REFERENCE, Kernels
-from flashlane.kernels.attention.reference import pool_blocks
 from flashlane.models.config import ModelConfig
 from flashlane.models.layers.norms import RMSNorm, Stacked, linear
 from flashlane.models.layers.rotary import Rotary
@@ -39,13 +38,10 @@ class Indexer(nn.Module):
 
     def block_keys(self, raw: torch.Tensor, first_block: int, rotary: Rotary) -> torch.Tensor:
         """raw keys of whole blocks [B, nb*block, Di] -> pooled, normed, roped [B, nb, Di]."""
-        blk = self.cfg.indexer_block
-        pooled = self.k_layernorm(pool_blocks(raw, blk))
-        nb = pooled.shape[1]
-        pos = (torch.arange(nb, device=raw.device) + first_block) * blk
-        cos, sin = rotary.cos_sin(pos, pooled.dtype)
-        # rope wants [positions, heads, D]: the batch plays the heads here
-        return self.ops.rope(pooled.transpose(0, 1), cos, sin).transpose(0, 1)
+        blk, norm = self.cfg.indexer_block, self.k_layernorm
+        pos = (torch.arange(raw.shape[1] // blk, device=raw.device) + first_block) * blk
+        cos, sin = rotary.cos_sin(pos, raw.dtype)
+        return self.ops.block_keys(raw, cos, sin, norm.weight, norm.eps, blk)
 
 
 class QSAttention(nn.Module):
