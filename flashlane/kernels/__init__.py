@@ -40,6 +40,7 @@ class Kernels:
     gdn_gates: Callable
     gdn_qk: Callable
     rope: Callable
+    ngram_ids: Callable
     swiglu: Callable
     gated_add: Callable
 
@@ -65,6 +66,7 @@ REFERENCE = Kernels(
     gdn_gates=rowwise_ref.gdn_gates,
     gdn_qk=rowwise_ref.gdn_qk,
     rope=rowwise_ref.rope,
+    ngram_ids=rowwise_ref.ngram_ids,
     swiglu=rowwise_ref.swiglu,
     gated_add=rowwise_ref.gated_add,
 )

@@ -52,6 +52,7 @@ TRITON = Kernels(
     gdn_gates=rowwise_tr.gdn_gates,
     gdn_qk=rowwise_tr.gdn_qk,
     rope=rowwise_tr.rope,
+    ngram_ids=rowwise_tr.ngram_ids,
     swiglu=rowwise_tr.swiglu,
     gated_add=rowwise_tr.gated_add,
 )

@@ -121,3 +121,19 @@ def test_rope(dtype):
     cos, sin = _rand(n, r, dtype=dtype, seed=16), _rand(n, r, dtype=dtype, seed=17)
     _close(tr.rope(x, cos, sin), ref.rope(x, cos, sin), dtype)
     _rows_invariant(tr.rope, x.contiguous(), cos, sin)
+
+
+def test_ngram_ids_bit_for_bit():
+    n, heads, eos = 4, 3, 1
+    g = torch.Generator(device=DEVICE).manual_seed(18)
+    history = torch.randint(0, 6, (3, n - 1 + 9), generator=g, device=DEVICE)  # many eos
+    history[0, :3] = eos  # a sequence start
+    # multipliers large enough that the products wrap around int64, as in the checkpoint's
+    mult = torch.tensor([2**61 + 3, 2**62 - 57, 2**60 + 11, 2**59 + 5], device=DEVICE)
+    sizes = torch.tensor([7, 11, 13, 17, 19, 23, 29, 31, 37], device=DEVICE)
+    offsets = torch.cumsum(sizes, 0) - sizes
+    got = tr.ngram_ids(history, mult, sizes, offsets, n, heads, eos)
+    want = ref.ngram_ids(history, mult, sizes, offsets, n, heads, eos)
+    assert torch.equal(got, want)
+    assert bool((want >= 0).all())  # negative hashes wrap to the table, as torch.remainder
+    assert torch.equal(tr.ngram_ids(history[1:], mult, sizes, offsets, n, heads, eos), got[1:])

@@ -78,6 +78,29 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return torch.cat([xr * cos + rotated * sin, rest], dim=-1)
 
 
+def ngram_ids(
+    history: torch.Tensor, multipliers: torch.Tensor, sizes: torch.Tensor,
+    offsets: torch.Tensor, n: int, heads: int, eos: int,
+) -> torch.Tensor:
+    """The PLE's n-gram table rows: history [B, n-1+T] ids (the n-1 before the rows first)
+    -> [B, T, (n-1) * heads]. The k-th previous id of a row reads `eos` once an earlier one
+    (nearer the row) is `eos`; order o hashes x_t*m_0 ^ x_(t-1)*m_1 ^ ... (int64, wrapping)
+    into each of its heads' tables: remainder by the head's size plus its offset."""
+    ctx = n - 1
+    t = history.shape[1] - ctx
+    shifted, broken = [history[:, ctx:]], torch.zeros_like(history[:, ctx:], dtype=torch.bool)
+    for s in range(1, n):
+        prev = history[:, ctx - s : ctx - s + t]
+        shifted.append(torch.where(broken, torch.full_like(prev, eos), prev))
+        broken = broken | (prev == eos)
+    ids, mixed = [], shifted[0] * multipliers[0]
+    for order in range(2, n + 1):
+        mixed = torch.bitwise_xor(mixed, shifted[order - 1] * multipliers[order - 1])
+        head = slice((order - 2) * heads, (order - 1) * heads)
+        ids.append(torch.remainder(mixed.unsqueeze(-1), sizes[head]) + offsets[head])
+    return torch.cat(ids, dim=-1)
+
+
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up."""
     return F.silu(gate) * up

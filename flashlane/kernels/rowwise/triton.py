@@ -215,6 +215,41 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return y
 
 
+@triton.jit(do_not_specialize=["t", "stride"])
+def _ngram_kernel(hist_ptr, mult_ptr, size_ptr, off_ptr, out_ptr, t, stride, eos,
+                  N: tl.constexpr, HEADS: tl.constexpr, HP2: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    row = tl.program_id(1).to(tl.int64)
+    src = hist_ptr + b * stride + (N - 1) + row  # this row's id; the earlier ones before it
+    heads = tl.arange(0, HP2)
+    hmask = heads < HEADS
+    out = out_ptr + (b * t + row) * (N - 1) * HEADS
+    mixed = tl.load(src) * tl.load(mult_ptr)
+    broken = mixed != mixed  # False
+    for s in tl.static_range(1, N):
+        prev = tl.load(src - s)
+        mixed = mixed ^ (tl.where(broken, eos, prev) * tl.load(mult_ptr + s))
+        broken = broken | (prev == eos)
+        size = tl.load(size_ptr + (s - 1) * HEADS + heads, mask=hmask, other=1)
+        rem = mixed % size
+        rem = tl.where(rem < 0, rem + size, rem)  # torch.remainder: the divisor's sign
+        off = tl.load(off_ptr + (s - 1) * HEADS + heads, mask=hmask, other=0)
+        tl.store(out + (s - 1) * HEADS + heads, rem + off, mask=hmask)
+
+
+def ngram_ids(history, multipliers, sizes, offsets, n: int, heads: int, eos: int):
+    b, width = history.shape
+    t = width - (n - 1)
+    hist = history if history.stride(-1) == 1 else history.contiguous()
+    out = torch.empty((b, t, (n - 1) * heads), dtype=torch.long, device=history.device)
+    if b and t:
+        _ngram_kernel[(b, t)](
+            hist, multipliers, sizes, offsets, out, t, hist.stride(0), eos, N=n, HEADS=heads,
+            HP2=triton.next_power_of_2(heads),
+        )
+    return out
+
+
 @triton.jit(do_not_specialize=["n", "stride_g", "stride_u"])
 def _swiglu_kernel(g_ptr, u_ptr, y_ptr, n, stride_g, stride_u, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from flashlane.kernels import Kernels
+from flashlane.kernels import REFERENCE, Kernels
 from flashlane.models.config import ModelConfig
 from flashlane.models.layers.gated_deltanet import ConvWeight
 from flashlane.models.layers.norms import RMSNorm, linear
@@ -69,26 +69,15 @@ class NGramEmbedding(nn.Module):
         self.register_buffer("ngram_heads_vocab_sizes", torch.tensor(sizes, **ids))
         self.register_buffer("ngram_heads_offsets", torch.tensor(offsets, **ids))
         self.ngram_embedding = nn.Embedding(rows, cfg.ple_embed_dim // cfg.num_ngram_heads)
+        self.ops: Kernels = REFERENCE  # FlashNext.use_kernels points it at the device's
 
     def row_ids(self, history: torch.Tensor) -> torch.Tensor:
         """history: [B, n-1+T] ids (the n-1 before the rows first) -> [B, T, heads] table rows."""
-        cfg, ctx = self.cfg, self.cfg.ngram_size - 1
-        t = history.shape[1] - ctx
-        eos = cfg.ple_eos
-        shifted, broken = [history[:, ctx:]], torch.zeros_like(history[:, ctx:], dtype=torch.bool)
-        for s in range(1, cfg.ngram_size):
-            prev = history[:, ctx - s : ctx - s + t]
-            shifted.append(torch.where(broken, torch.full_like(prev, eos), prev))
-            broken = broken | (prev == eos)
-        m = self.layer_multipliers
-        ids, mixed = [], shifted[0] * m[0]
-        for order in range(2, cfg.ngram_size + 1):
-            mixed = torch.bitwise_xor(mixed, shifted[order - 1] * m[order - 1])
-            lo = (order - 2) * cfg.heads_per_ngram
-            sizes = self.ngram_heads_vocab_sizes[lo : lo + cfg.heads_per_ngram]
-            offs = self.ngram_heads_offsets[lo : lo + cfg.heads_per_ngram]
-            ids.append(torch.remainder(mixed.unsqueeze(-1), sizes) + offs)
-        return torch.cat(ids, dim=-1)
+        cfg = self.cfg
+        return self.ops.ngram_ids(
+            history, self.layer_multipliers, self.ngram_heads_vocab_sizes,
+            self.ngram_heads_offsets, cfg.ngram_size, cfg.heads_per_ngram, cfg.ple_eos,
+        )  # fmt: skip
 
 
 class PLELayer(nn.Module):
