@@ -30,6 +30,8 @@ def engine_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--unpriced", action="store_true", default=None)
     p.add_argument("--no-lone", action="store_true")
+    p.add_argument("--lone-streams", type=int, default=None,
+                   help="greedy streams the lone driver may decode together (default 1)")
 
 
 def engine_options(args: argparse.Namespace) -> dict:
@@ -53,6 +55,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         mtp_confidence=args.mtp_confidence,
         prompt_cache_gb=args.prompt_cache_gb,
         unpriced=args.unpriced,
+        lone_streams=args.lone_streams,
     )
     if args.no_drafts:
         opts["drafts"] = False

@@ -18,6 +18,7 @@ ENVIRONMENT = {
     "prompt_cache_gb": ("FLASHLANE_PROMPT_CACHE_GB",),
     "unpriced": ("FLASHLANE_UNPRICED",),
     "lone": ("FLASHLANE_NO_LONE", "FLASHNEXT_NO_LONE"),
+    "lone_streams": ("FLASHLANE_LONE_STREAMS",),
 }
 TRUE = {"1", "true", "yes", "on"}
 
@@ -40,6 +41,9 @@ class EngineConfig:
     prompt_cache_gb: float | None = None  # GiB of kept prompt states; None: planned; 0: off
     unpriced: bool = False
     lone: bool = True
+    # up to this many live greedy streams decode together on the lone driver (one graph per
+    # tuple of sessions); 1: only a single stream. Not yet measured on a GPU: off by default
+    lone_streams: int = 1
 
     @classmethod
     def resolve(cls, **options: Any) -> EngineConfig:
@@ -83,6 +87,7 @@ class EngineConfig:
         need(self.context is None or self.context >= 1, "context", "must be >= 1")
         need(self.max_rows is None or self.max_rows >= 1, "max_rows", "must be >= 1")
         need(self.max_queue >= 0, "max_queue", "must be >= 0")
+        need(self.lone_streams >= 1, "lone_streams", f"must be >= 1, got {self.lone_streams}")
         need(0 <= self.mtp_drafts <= 16, "mtp_drafts", "must be in 0..16")
         need(0.0 <= self.mtp_confidence <= 1.0, "mtp_confidence", "must be in [0, 1]")
         need(self.slot_grow >= 1, "slot_grow", "must be >= 1")
@@ -110,7 +115,7 @@ def _from_env(name: str, var: str, raw: str) -> Any:
     if name == "unpriced":
         return raw.strip().lower() in TRUE
     try:
-        if name == "slot_grow":
+        if name in ("slot_grow", "lone_streams"):
             return int(raw)
         if name in ("memory_limit_gb", "prompt_cache_gb"):
             return float(raw)

@@ -110,6 +110,7 @@ class Engine:
                 # GPU GEMMs want long prompt pieces; CPU rounds stay short for live replies
                 prefill_rows=2048 if self.device.startswith("cuda") else 1024,
                 prompt_cache_bytes=self.plan.prompt_cache_bytes,
+                lone_streams=config.lone_streams,
             ),
             self._stop_rules(),
             self.plan.capacities,

@@ -18,7 +18,7 @@ from flashlane.detok import IncrementalDetokenizer, StopMatcher
 from flashlane.drafting.copy import CopyIndex
 from flashlane.lanes.cached_prompts import keep_marks, resume
 from flashlane.lanes.core import LaneConfig, LaneCore, RoundFailed
-from flashlane.lanes.lone_turn import lone_stream, run_lone
+from flashlane.lanes.lone_turn import lone_streams, run_lone
 from flashlane.lanes.outputs import TextDecoder
 from flashlane.lanes.protocol import Backend
 from flashlane.lanes.records import CHUNK, Window
@@ -45,6 +45,7 @@ class HostConfig:
     prompt_cache_bytes: int = 0  # the prompt cache's budget; 0 disables it
     mark_every: int = DEFAULT_EVERY  # a long prompt keeps a state every this many tokens
     lone_steps: int = 32  # steps of one lone-driver call before the host looks for new work
+    lone_streams: int = 1  # live greedy streams the lone driver may take together
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,9 +168,9 @@ class LaneHost:
         for stream, reason in self.sessions.make_room(self.backend, self.live):
             self._end(stream, reason)
         running = [s for s in self.live if not s.is_paused]
-        alone = lone_stream(self, running)
+        alone = lone_streams(self, running)
         try:
-            if alone is not None:
+            if alone:
                 run_lone(self, alone)
             else:
                 self.core.step(running, self._pieces(running))

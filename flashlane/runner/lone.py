@@ -28,69 +28,84 @@ from collections.abc import Callable
 import torch
 
 from flashlane.models.flashnext import FlashNext
+from flashlane.models.rows import copy_all
 from flashlane.models.state import AttnCache, GdnState, PleState, SessionState
 
 RING = 4  # landed tokens waiting to be read (two in flight need two)
 
 
 @torch.no_grad()
-def step(model: FlashNext, s: SessionState, tok: torch.Tensor, pos: torch.Tensor,
+def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos: torch.Tensor,
          out: torch.Tensor, record: tuple[torch.Tensor, torch.Tensor]) -> None:
-    """Feed tok [1] at pos [1] into session s, commit it, and draw greedily: out [2] gets
-    (the id, 1 if the row's maximum is finite), tok the id, and pos moves on by one. The row's
-    residual goes to record = (rows [n, hc*H], k [1]) at rows[k], and k moves on (the MTP
-    head's cells, absorbed when the stream drafts again)."""
+    """Feed tok [B] at pos [B], one row per session, commit them, and draw greedily: out
+    [B, 2] gets (the id, 1 if the row's maximum is finite), tok the ids, and pos moves on by
+    one. The rows' residuals go to record = (rows [n, B, hc*H], k [1]) at rows[k], and k
+    moves on (the MTP head's cells, absorbed when a stream drafts again). Every op is the
+    shared rounds' on the same rows (batched ops are row-invariant; attention, pooling and
+    state commits run per session), so the bits are theirs."""
     cfg, kernels = model.cfg, model.kernels
     r = model.embed_tokens(tok).repeat(1, cfg.hc_count)
     cos, sin = model.rotary.cos_sin(pos, r.dtype)
     for idx, layer in enumerate(model.layers):
         if layer.ple is not None:
-            r = _ple(layer.ple, r, s.ple[idx], tok, kernels)
+            r = _ple(layer.ple, r, [s.ple[idx] for s in sessions], tok, kernels)
         a, w = layer.attn_hyper_connection.read(r)
         if layer.kind == "linear":
-            y = _gdn(layer.linear_attn, a, s.gdn[idx], kernels)
+            y = _gdn(layer.linear_attn, a, [s.gdn[idx] for s in sessions], kernels)
         else:
-            y = _attention(layer.self_attn, a, s.attn[idx], pos, cos, sin, model.rotary, kernels)
+            caches = [s.attn[idx] for s in sessions]
+            y = _attention(layer.self_attn, a, caches, pos, cos, sin, model.rotary, kernels)
         r = layer.mlp_half(r, y, w, kernels)
-    record[0].index_copy_(0, record[1], r)
+    record[0].index_copy_(0, record[1], r[None])
     record[1].add_(1)
     top, ids = model.logits(r).max(dim=1)  # the first maximum: ties to the lower id
-    out[0] = ids[0]
-    out[1] = torch.isfinite(top)[0]
+    out[:, 0] = ids
+    out[:, 1] = torch.isfinite(top)
     tok.copy_(ids)
     pos.add_(1)
 
 
-def _ple(ple, r: torch.Tensor, p: PleState, tok: torch.Tensor, kernels) -> torch.Tensor:
-    history = torch.cat([p.ids, tok])[None]
-    add, xfull = ple.stacked(r[None], history, p.conv[None], kernels)
-    p.ids.copy_(history[0, 1:])
-    p.conv.copy_(xfull[0, 1:])
-    return (r[None] + add)[0]
+def _stacked(xs: list[torch.Tensor]) -> torch.Tensor:
+    """[B, ...] of the sessions' tensors (one session: a view, no copy)."""
+    return xs[0][None] if len(xs) == 1 else torch.stack(xs)
 
 
-def _gdn(gdn, a: torch.Tensor, g: GdnState, kernels) -> torch.Tensor:
+def _ple(ple, r: torch.Tensor, states: list[PleState], tok: torch.Tensor, kernels):
+    history = torch.cat([_stacked([p.ids for p in states]), tok[:, None]], dim=1)
+    add, xfull = ple.stacked(r[:, None], history, _stacked([p.conv for p in states]), kernels)
+    copy_all([p.ids for p in states] + [p.conv for p in states],
+             [*history[:, 1:], *xfull[:, 1:]])
+    return (r[:, None] + add)[:, 0]
+
+
+def _gdn(gdn, a: torch.Tensor, states: list[GdnState], kernels) -> torch.Tensor:
     qkv, decay, beta, z = gdn.project(a)
-    q, k, v, xfull = gdn.conv_qkv(qkv[None], g.conv[None], kernels)
-    o, states = kernels.recurrent_gdn(q, k, v, decay[None], beta[None], g.recurrent[None])
-    g.recurrent.copy_(states[0, -1])
-    g.conv.copy_(xfull[0, 1:])
-    return gdn.finish(o[0], z)
+    q, k, v, xfull = gdn.conv_qkv(qkv[:, None], _stacked([g.conv for g in states]), kernels)
+    o, after = kernels.recurrent_gdn(q, k, v, decay[:, None], beta[:, None],
+                                     _stacked([g.recurrent for g in states]))
+    copy_all([g.recurrent for g in states] + [g.conv for g in states],
+             [*after[:, -1], *xfull[:, 1:]])
+    return gdn.finish(o[:, 0], z)
 
 
-def _attention(attn, a, c: AttnCache, pos, cos, sin, rotary, kernels) -> torch.Tensor:
+def _attention(attn, a, caches: list[AttnCache], pos, cos, sin, rotary, kernels):
     cfg = attn.cfg
     q, gate, k, v, iq, raw = attn.project(a, cos, sin)
-    c.k.index_copy_(0, pos, k)
-    c.v.index_copy_(0, pos, v)
-    c.index_keys.index_copy_(0, pos, raw)
-    _pool_block(attn.indexer, c, pos, rotary, kernels)
-    mask = kernels.select_mask(
-        iq[None], c.block_keys[None], pos.view(1, 1), c.k.shape[0], cfg.indexer_block,
-        cfg.indexer_top_blocks, dense_check=False,
-    )  # fmt: skip
-    o = kernels.attention(q[None], c.k[None], c.v[None], mask, cfg.head_dim**-0.5, pos + 1)
-    return attn.output(o[0], gate)
+    outs = []
+    for i, c in enumerate(caches):
+        at = pos[i : i + 1]
+        c.k.index_copy_(0, at, k[i : i + 1])
+        c.v.index_copy_(0, at, v[i : i + 1])
+        c.index_keys.index_copy_(0, at, raw[i : i + 1])
+        _pool_block(attn.indexer, c, at, rotary, kernels)
+        mask = kernels.select_mask(
+            iq[i : i + 1][None], c.block_keys[None], at.view(1, 1), c.k.shape[0],
+            cfg.indexer_block, cfg.indexer_top_blocks, dense_check=False,
+        )  # fmt: skip
+        o = kernels.attention(q[i : i + 1][None], c.k[None], c.v[None], mask,
+                              cfg.head_dim**-0.5, at + 1)
+        outs.append(o[0])
+    return attn.output(outs[0] if len(outs) == 1 else torch.cat(outs), gate)
 
 
 def _pool_block(indexer, c: AttnCache, pos: torch.Tensor, rotary, kernels) -> None:
@@ -107,7 +122,8 @@ def _pool_block(indexer, c: AttnCache, pos: torch.Tensor, rotary, kernels) -> No
 
 
 class LoneDriver:
-    """Runs `step` for one session at a time, graphed on CUDA, with two steps in flight."""
+    """Runs `step` for one session, or a few together, graphed on CUDA (one graph per tuple
+    of sessions), with two steps in flight."""
 
     def __init__(self, model: FlashNext, sessions: list[SessionState], graphs: bool = True,
                  drafter=None, max_steps: int = 64):
@@ -115,24 +131,19 @@ class LoneDriver:
         there, as kept shared rounds do, so its MTP head catches up when it drafts again."""
         self.model, self.sessions, self.drafter = model, sessions, drafter
         self.max_steps = max_steps
-        dev = model.embed_tokens.weight.device
-        width = model.cfg.hc_count * model.cfg.hidden_size
-        self.rows = torch.zeros(max_steps, width, dtype=model.dtype, device=dev)
-        self.k = torch.zeros(1, dtype=torch.long, device=dev)
-        self.is_cuda = dev.type == "cuda"
+        self.device = model.embed_tokens.weight.device
+        self.is_cuda = self.device.type == "cuda"
         self.use_graphs = graphs and self.is_cuda
-        self.tok = torch.zeros(1, dtype=torch.long, device=dev)
-        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
-        self.out = torch.zeros(2, dtype=torch.long, device=dev)
-        self.ring = torch.zeros(RING, 2, dtype=torch.long, pin_memory=self.is_cuda)
         self.events = [torch.cuda.Event() for _ in range(RING)] if self.is_cuda else []
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # session id -> its captured step
-        # one memory pool for every session's graph: they never run at once, and a step's
-        # results go to the static buffers above, so no replay overwrites memory in use
+        self.io: dict[int, _Buffers] = {}  # per number of sessions: a step's static buffers
+        self.graphs: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}  # session ids -> step
+        # one memory pool for every graph: they never run at once, and a step's results go to
+        # the static buffers, so no replay overwrites memory in use
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.capture_seconds = 0.0
         self.failed: str | None = None  # why the steps run eagerly, if a capture failed
         self.num_steps = 0
+        self.widest = 0  # the most sessions one call has decoded together
 
     def decode(self, session_id: int, token: int, position: int, budget: int,
                take: Callable[[int, bool], bool], stream_id: int = -1, draws=None) -> int:
@@ -140,71 +151,90 @@ class LoneDriver:
         take(id, finite) says whether to go on; once it says no, the step still in flight
         lands and is handed over too. Returns the steps whose tokens the session now holds.
         With `draws` of a drafting stream, the steps' cells are queued for its MTP head."""
+        return self.decode_many([session_id], [token], [position], budget, [take],
+                                [stream_id], [draws])
+
+    def decode_many(self, session_ids: list[int], tokens: list[int], positions: list[int],
+                    budget: int, takes: list[Callable[[int, bool], bool]],
+                    stream_ids: list[int], draws: list) -> int:
+        """decode() for several sessions in lockstep: every step feeds each its pending
+        token; each landed step's tokens go to their takes, and once any take says no, the
+        step in flight lands and is handed over too. Returns the steps every session holds."""
         budget = min(budget, self.max_steps)
         if budget <= 0:
             return 0
-        s = self.sessions[session_id]
-        self.tok.fill_(token)
-        self.pos.fill_(position)
-        self.k.zero_()
-        tokens = [token]
-        run = self._runner(session_id, s)
+        io = self._buffers(len(session_ids))
+        pinned = torch.tensor([tokens, positions], pin_memory=self.is_cuda)
+        io.tok.copy_(pinned[0], non_blocking=True)
+        io.pos.copy_(pinned[1], non_blocking=True)
+        io.k.zero_()
+        got = [[t] for t in tokens]
+        run = self._runner(tuple(session_ids), io)
         launched = landed = 0
         going = True
         while landed < launched or (going and launched < budget):
             if going and launched < budget and launched - landed < 2:
                 run()
-                self._post(launched)
+                self._post(io, launched)
                 launched += 1
                 if launched - landed < 2 and launched < budget:
                     continue  # put a second step in flight before reading the first
-            token_id, finite = self._read(landed)
+            ids = self._read(io, landed)
             landed += 1
-            tokens.append(token_id)
-            going = take(token_id, finite) and going
-        s.length = position + launched
+            for i, (token_id, finite) in enumerate(ids):
+                got[i].append(token_id)
+                going = takes[i](token_id, finite) and going
+        for i, sid in enumerate(session_ids):
+            self.sessions[sid].length = positions[i] + launched
         self.num_steps += launched
+        self.widest = max(self.widest, len(session_ids))
         drafter = self.drafter
-        if draws is not None and draws.params.draft and drafter is not None and drafter.enabled:
-            rows = self.rows[:launched].clone()  # the next call overwrites the buffer
-            drafter.absorb_later(stream_id, rows, tokens[:launched], tokens[launched], draws)
+        for i, d in enumerate(draws):
+            if d is not None and d.params.draft and drafter is not None and drafter.enabled:
+                rows = io.rows[:launched, i].clone()  # the next call overwrites the buffer
+                drafter.absorb_later(stream_ids[i], rows, got[i][:launched], got[i][launched], d)
         return launched
 
     def capture_all(self) -> int:
-        """Capture every session's step now (engine start), so no request pays a capture;
-        returns how many graphs there are. If a capture fails, lone steps run eagerly (same
-        bits, more launches) and `failed` says why."""
-        for session_id, s in enumerate(self.sessions):
-            if self.use_graphs and session_id not in self.graphs:
+        """Capture every session's one-session step now (engine start), so no request pays
+        a capture; returns how many graphs there are. If a capture fails, lone steps run
+        eagerly (same bits, more launches) and `failed` says why."""
+        io = self._buffers(1)
+        for session_id in range(len(self.sessions)):
+            if self.use_graphs and (session_id,) not in self.graphs:
                 try:
-                    self.graphs[session_id] = self._capture(s)
+                    self.graphs[(session_id,)] = self._capture((session_id,), io)
                 except Exception as err:
                     self._give_up(err)
         return len(self.graphs)
 
-    def _post(self, i: int) -> None:
-        """Step i's (id, finite) into its ring slot, without waiting for it."""
-        slot = self.ring[i % RING]
-        slot.copy_(self.out, non_blocking=True)
+    def _buffers(self, b: int) -> _Buffers:
+        if b not in self.io:
+            width = self.model.cfg.hc_count * self.model.cfg.hidden_size
+            self.io[b] = _Buffers(b, self.max_steps, width, self.model.dtype, self.device)
+        return self.io[b]
+
+    def _post(self, io: _Buffers, i: int) -> None:
+        """Step i's (id, finite) rows into its ring slot, without waiting for them."""
+        io.ring[i % RING].copy_(io.out, non_blocking=True)
         if self.is_cuda:
             self.events[i % RING].record()
 
-    def _read(self, i: int) -> tuple[int, bool]:
+    def _read(self, io: _Buffers, i: int) -> list[tuple[int, bool]]:
         if self.is_cuda:
             self.events[i % RING].synchronize()
-        token_id, finite = self.ring[i % RING].tolist()
-        return token_id, bool(finite)
+        return [(t, bool(f)) for t, f in io.ring[i % RING].tolist()]
 
-    def _runner(self, session_id: int, s: SessionState) -> Callable[[], None]:
+    def _runner(self, key: tuple[int, ...], io: _Buffers) -> Callable[[], None]:
         if not self.use_graphs:
-            return lambda: self._step(s)
-        graph = self.graphs.get(session_id)
+            return lambda: self._step(key, io)
+        graph = self.graphs.get(key)
         if graph is None:
             try:
-                graph = self.graphs[session_id] = self._capture(s)
+                graph = self.graphs[key] = self._capture(key, io)
             except Exception as err:  # a step that cannot be captured runs eagerly from now on
                 self._give_up(err)
-                return self._runner(session_id, s)
+                return self._runner(key, io)
         return graph.replay
 
     def _give_up(self, err: Exception) -> None:
@@ -212,34 +242,50 @@ class LoneDriver:
         self.graphs.clear()
         torch.cuda.synchronize()
 
-    def _step(self, s: SessionState) -> None:
-        step(self.model, s, self.tok, self.pos, self.out, (self.rows, self.k))
+    def _step(self, key: tuple[int, ...], io: _Buffers, sessions=None) -> None:
+        sessions = sessions or [self.sessions[i] for i in key]
+        step(self.model, sessions, io.tok, io.pos, io.out, (io.rows, io.k))
 
-    def _capture(self, s: SessionState) -> torch.cuda.CUDAGraph:
-        """Capture the session's step (a capture records work: s is not touched). Before the
-        first capture one step runs on a small scratch session, so that every kernel is
-        compiled and the allocator warm (no kernel is specialised on a session's capacity)."""
+    def _capture(self, key: tuple[int, ...], io: _Buffers) -> torch.cuda.CUDAGraph:
+        """Capture the sessions' step (a capture records work: they are not touched). Before
+        the first capture of this many sessions one step runs on small scratch sessions, so
+        that every kernel is compiled and the allocator warm (no kernel is specialised on a
+        session's capacity)."""
         t = time.perf_counter()
-        if not self.graphs:
-            self._warm(s)
+        if not io.warm:
+            self._warm(key, io)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            self._step(s)
+            self._step(key, io)
         self.capture_seconds += time.perf_counter() - t
         return graph
 
-    def _warm(self, like: SessionState) -> None:
+    def _warm(self, key: tuple[int, ...], io: _Buffers) -> None:
         cfg = self.model.cfg
+        like = self.sessions[key[0]]
         capacity = min(like.capacity, 2 * cfg.indexer_block)
-        scratch = SessionState.empty(cfg, capacity, like.attn_dtype(), like.state_dtype(),
-                                     self.tok.device)
-        saved = [x.clone() for x in (self.tok, self.pos, self.k)]
-        self.pos.zero_()
-        self.k.zero_()
+        scratch = [SessionState.empty(cfg, capacity, like.attn_dtype(), like.state_dtype(),
+                                      self.device) for _ in key]
+        saved = [x.clone() for x in (io.tok, io.pos, io.k)]
+        io.pos.zero_()
+        io.k.zero_()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._step(scratch)
+            self._step(key, io, scratch)
         torch.cuda.current_stream().wait_stream(side)
-        for live, value in zip((self.tok, self.pos, self.k), saved):
+        for live, value in zip((io.tok, io.pos, io.k), saved):
             live.copy_(value)
+        io.warm = True
+
+
+class _Buffers:
+    """A step's static inputs and outputs for B sessions, and the pinned ring the host reads."""
+
+    def __init__(self, b: int, max_steps: int, width: int, dtype, device: torch.device):
+        on = dict(dtype=torch.long, device=device)
+        self.tok, self.pos = torch.zeros(b, **on), torch.zeros(b, **on)
+        self.out, self.k = torch.zeros(b, 2, **on), torch.zeros(1, **on)
+        self.rows = torch.zeros(max_steps, b, width, dtype=dtype, device=device)
+        self.ring = torch.zeros(RING, b, 2, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.warm = False

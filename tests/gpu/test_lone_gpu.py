@@ -73,3 +73,34 @@ def test_engine_replies_lone_and_shared_agree(tiny_ckpt):
     got = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
     together = [o.token_ids for o in llm.generate(ps, params)]
     assert got == want and together == want
+
+
+@pytest.mark.parametrize("graphed", [True, False])
+def test_sessions_together_equal_shared_rounds_bitwise(gpu_model, graphed):  # noqa: F811
+    """Three sessions in lockstep on the lone driver (one graph for the tuple) leave each
+    session bit for bit where its one-row shared rounds leave it."""
+    cfg, model = gpu_model
+    sessions, refs, wants = [], [], []
+    for which in (3, 8, 5):
+        base = prefilled(cfg, model, prompts(cfg.vocab_size, 9)[which])
+        ref = new_session(cfg)
+        copy_session(base, ref, cfg.indexer_block)
+        want = [3]
+        for _ in range(12):
+            want.append(int(run_windows(model, [(ref, want[-1:])], keep=True)[0][0].argmax()))
+        s = new_session(cfg)
+        copy_session(base, s, cfg.indexer_block)
+        sessions.append(s)
+        refs.append(ref)
+        wants.append(want)
+    driver = LoneDriver(model, sessions, graphs=graphed)
+    got = [[3], [3], [3]]
+    takes = [lambda t, f, i=i: bool(got[i].append(t)) or True for i in range(3)]
+    starts = [s.length for s in sessions]
+    n = driver.decode_many([0, 1, 2], [3, 3, 3], starts, 12, takes, [-1] * 3, [None] * 3)
+    assert n == 12 and got == wants
+    assert len(driver.graphs) == (1 if graphed else 0)
+    for s, ref in zip(sessions, refs):
+        assert s.length == ref.length
+        for a, b in zip(state_of(s), state_of(ref)):
+            assert torch.equal(a, b)

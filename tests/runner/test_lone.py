@@ -64,6 +64,47 @@ def test_lone_steps_equal_shared_rounds_bit_for_bit(tiny_ckpt, which):
         assert torch.equal(a, b)
 
 
+def test_sessions_decoded_together_equal_each_alone(tiny_ckpt):
+    """Three sessions in lockstep on the lone driver (their attention, pooling and state
+    commits per session, the rest batched): each one's tokens are its tokens alone, and its
+    state where one-stream shared rounds leave it. Bit for bit only where the GEMM is
+    row-invariant (the GPU's kernels: tests/gpu); the CPU's fp64 GEMM may round a batched
+    row's last bit differently, so here the states agree to 1e-12."""
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    ps = [prompts()[i] for i in (0, 1, 3)]
+    sessions, refs, wants, got = [], [], [], []
+    for p in ps:
+        want, ref = serial(model, cfg, p, 20)
+        s, first = prefilled(model, cfg, p)
+        assert first == want[0]
+        sessions.append(s)
+        refs.append(ref)
+        wants.append(want)
+        got.append([first])
+    driver = LoneDriver(model, sessions)
+
+    def take_for(i):
+        def take(token, finite):
+            assert finite
+            got[i].append(token)
+            return True
+
+        return take
+
+    takes = [take_for(i) for i in range(3)]
+    starts = [len(p) for p in ps]
+    n = driver.decode_many([0, 1, 2], [g[-1] for g in got], starts, 8, takes, [-1] * 3,
+                           [None] * 3)  # fmt: skip
+    n += driver.decode_many([2, 0, 1], [got[i][-1] for i in (2, 0, 1)],
+                            [starts[i] + n for i in (2, 0, 1)], 11,
+                            [takes[i] for i in (2, 0, 1)], [-1] * 3, [None] * 3)  # fmt: skip
+    assert n == 19 and got == wants
+    for s, ref in zip(sessions, refs):
+        assert s.length == ref.length
+        for a, b in zip(state_of(s), state_of(ref)):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 def test_lone_stops_after_a_landed_step_and_lands_the_one_in_flight(tiny_ckpt):
     cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
     prompt = prompts()[0]
@@ -80,10 +121,10 @@ def llm(tiny_ckpt):
     return LLM(str(tiny_ckpt), costs=COSTS, parallel=8, max_rows=16)
 
 
-def with_lone(llm, steps: int):
+def with_lone(llm, steps: int, streams: int = 1):
     host = llm.engine.host
     host.lone = LoneDriver(llm.engine.model, llm.engine.sessions)
-    host.config = dataclasses.replace(host.config, lone_steps=steps)
+    host.config = dataclasses.replace(host.config, lone_steps=steps, lone_streams=streams)
     return host.lone
 
 
@@ -105,6 +146,23 @@ def test_lone_replies_equal_shared_replies(llm, steps):
         without_lone(llm)
     assert got == want
     assert driver.num_steps >= sum(len(w) - 1 for w in want) - 1  # the lone driver decoded
+
+
+def test_streams_together_on_the_lone_driver_reply_as_shared_rounds(llm):
+    """Up to four greedy streams decode together on the lone driver; each stops at its own
+    length (the burst stops after the step one of them ends in, the rest go on), replies
+    equal shared rounds'."""
+    ps = prompts()[:5]
+    params = [dataclasses.replace(GREEDY, max_tokens=m) for m in (40, 7, 33, 1, 25)]
+    without_lone(llm)
+    want = [o.token_ids for o in llm.generate(ps, params)]
+    driver = with_lone(llm, 6, streams=4)
+    try:
+        got = [o.token_ids for o in llm.generate(ps, params)]
+    finally:
+        without_lone(llm)
+    assert got == want
+    assert driver.num_steps > 10 and driver.widest == 4
 
 
 def test_lone_stop_token_inside_a_burst(llm):
@@ -199,3 +257,17 @@ def test_lone_stream_moves_to_a_larger_session_as_shared_rounds_move_it(tiny_ckp
     assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason
     assert len(got.token_ids) == 120 and driver.num_steps > 100
     assert got.stats.moves == want.stats.moves >= 1
+
+
+def test_lone_streams_option(monkeypatch):
+    from flashlane.config import EngineConfig
+
+    assert EngineConfig.resolve().lone_streams == 1  # one stream unless asked
+    monkeypatch.setenv("FLASHLANE_LONE_STREAMS", "16")
+    assert EngineConfig.resolve().lone_streams == 16
+    assert EngineConfig.resolve(lone_streams=2).lone_streams == 2  # a kwarg wins
+    with pytest.raises(ValueError, match="lone_streams"):
+        EngineConfig.resolve(lone_streams=0)
+    monkeypatch.setenv("FLASHLANE_LONE_STREAMS", "many")
+    with pytest.raises(ValueError, match="not a number"):
+        EngineConfig.resolve()
