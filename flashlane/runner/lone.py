@@ -32,6 +32,7 @@ from flashlane.models.rows import copy_all
 from flashlane.models.state import AttnCache, GdnState, PleState, SessionState
 
 RING = 4  # landed tokens waiting to be read (two in flight need two)
+MAX_TUPLES = 32  # graphs of several sessions kept (the oldest goes); one-session graphs stay
 
 
 @torch.no_grad()
@@ -230,6 +231,9 @@ class LoneDriver:
             return lambda: self._step(key, io)
         graph = self.graphs.get(key)
         if graph is None:
+            tuples = [k for k in self.graphs if len(k) > 1]
+            if len(key) > 1 and len(tuples) >= MAX_TUPLES:
+                del self.graphs[tuples[0]]  # dicts keep insertion order: the oldest
             try:
                 graph = self.graphs[key] = self._capture(key, io)
             except Exception as err:  # a step that cannot be captured runs eagerly from now on
