@@ -91,10 +91,10 @@ def main() -> None:
     args = ap.parse_args()
     cfg, model = build_random(preset(args.config), torch.float32, "cpu", 0)
     model.use_kernels(TRITON)
-    s = SessionState.empty(cfg, 256, torch.float32, torch.float32, "cpu")
+    s = [SessionState.empty(cfg, 256, torch.float32, torch.float32, "cpu")]
     tok, pos = torch.tensor([5]), torch.tensor([0])
-    out, k = torch.zeros(2, dtype=torch.long), torch.zeros(1, dtype=torch.long)
-    rows = torch.zeros(4, cfg.hc_count * cfg.hidden_size)
+    out, k = torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+    rows = torch.zeros(4, 1, cfg.hc_count * cfg.hidden_size)
     lone.step(model, s, tok, pos, out, (rows, k))  # the first step may take other branches
     census = Census()
     with census:
