@@ -148,14 +148,16 @@ def test_lone_replies_equal_shared_replies(llm, steps):
     assert driver.num_steps >= sum(len(w) - 1 for w in want) - 1  # the lone driver decoded
 
 
-def test_streams_together_on_the_lone_driver_reply_as_shared_rounds(llm):
+@pytest.mark.parametrize("draft", [False, True])
+def test_streams_together_on_the_lone_driver_reply_as_shared_rounds(llm, draft):
     """Up to four greedy streams decode together on the lone driver; each stops at its own
     length (the burst stops after the step one of them ends in, the rest go on), replies
-    equal shared rounds'."""
+    equal shared rounds' (drafting streams: their cells queued for their MTP heads)."""
     ps = prompts()[:5]
-    params = [dataclasses.replace(GREEDY, max_tokens=m) for m in (40, 7, 33, 1, 25)]
+    params = [dataclasses.replace(GREEDY, max_tokens=m, draft=draft) for m in (40, 7, 33, 1, 25)]
     without_lone(llm)
-    want = [o.token_ids for o in llm.generate(ps, params)]
+    want = [o.token_ids for o in llm.generate(ps, [dataclasses.replace(q, draft=False)
+                                                    for q in params])]
     driver = with_lone(llm, 6, streams=4)
     try:
         got = [o.token_ids for o in llm.generate(ps, params)]
