@@ -1,15 +1,18 @@
-"""The lone driver: one stream decoding alone on device-side rounds (issue 9).
+"""The lone driver: one stream (or a few) decoding on device-side rounds (issue 9).
 
-While a single undrafted, plain-greedy stream is live and nothing waits, the host hands its
-rounds here. A step feeds the pending token at its position through the model, reading and
-writing the session's state in place, takes the greedy draw on the device, writes it back as
-the next step's token and advances the position there: no host value enters a step, so on
-CUDA one graph per session replays it (`step` is captured once, at the session's first lone
-step). The host launches step n+1 before it reads step n's token from a small pinned ring
-(two rounds in flight), hands each landed token to the stop rules, and stops after a landed
-round when the reply ends, its budget or room is spent, or the host has new work. The session
-then holds the stream's state as shared rounds would have left it (every fed token
-committed), and the lane core takes the stream on.
+While a single plain-greedy stream is live and nothing waits (or, with `lone_streams` > 1,
+up to that many, all plain-greedy), the host hands their rounds here; several streams step
+in lockstep, one row each, their attention, pooling and state commits per session inside
+the step and the rest batched. A step feeds the pending token at its position through the
+model, reading and writing the session's state in place, takes the greedy draw on the
+device, writes it back as the next step's token and advances the position there: no host
+value enters a step, so on CUDA one graph per session (or tuple of sessions) replays it
+(captured at engine start for one session, at first use for a tuple). The host launches
+step n+1 before it reads step n's tokens from a small pinned ring (two rounds in flight),
+hands each landed token to the stop rules, and stops after a landed round when a reply
+ends, a budget or room is spent, or the host has new work. The sessions then hold the
+streams' state as shared rounds would have left it (every fed token committed), and the
+lane core takes the streams on.
 
 A step launched before the reply's end was read feeds a token the reply does not have; the
 stream has ended and its session is released, so nothing reads that state. Attention reads the
