@@ -149,10 +149,13 @@ def test_lone_replies_equal_shared_replies(llm, steps):
 
 
 @pytest.mark.parametrize("draft", [False, True])
-def test_streams_together_on_the_lone_driver_reply_as_shared_rounds(llm, draft):
+def test_streams_together_on_the_lone_driver_reply_as_shared_rounds(llm, tiny_ckpt, draft):
     """Up to four greedy streams decode together on the lone driver; each stops at its own
     length (the burst stops after the step one of them ends in, the rest go on), replies
-    equal shared rounds' (drafting streams: their cells queued for their MTP heads)."""
+    equal shared rounds' (drafting streams: their cells queued for their MTP heads; on an
+    engine of their own, as the drafts' acceptance counts are the engine's)."""
+    if draft:
+        llm = LLM(str(tiny_ckpt), costs=COSTS, parallel=8, max_rows=16)
     ps = prompts()[:5]
     params = [dataclasses.replace(GREEDY, max_tokens=m, draft=draft) for m in (40, 7, 33, 1, 25)]
     without_lone(llm)
