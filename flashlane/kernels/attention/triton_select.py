@@ -37,13 +37,13 @@ def _select_kernel(scores_ptr, pos_ptr, keep_ptr, mask_ptr, nb, num_keys,
     pos = tl.load(pos_ptr + row).to(tl.int64)
     zero = pos * 0
     reach = (pos + 1) // BLOCK  # the blocks complete at this position
-    complete = tl.minimum(reach, nb)  # ... that have a block key: the ranked ones
+    complete = tl.minimum(reach, nb).to(tl.int32)  # ... that have a block key: the ranked
     base = scores_ptr + row * nb
     if complete > TOP:
         # the TOP-th highest key among them, bit by bit from the top
         thresh = zero
         for i in range(33):
-            cand = thresh | (zero + 1) << (32 - i)
+            cand = thresh | ((zero + 1) << (zero + 32 - i))  # int64 on both sides
             count = zero
             for start in range(0, complete, CHUNK):
                 ids = start + tl.arange(0, CHUNK)
