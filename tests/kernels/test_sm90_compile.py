@@ -21,8 +21,16 @@ pytestmark = pytest.mark.skipif(
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from flashlane.kernels.attention import triton as attention  # noqa: E402
 from flashlane.kernels.attention import triton_blocks, triton_select  # noqa: E402
+from flashlane.kernels.conv import triton as conv  # noqa: E402
+from flashlane.kernels.gdn import triton as gdn  # noqa: E402
+from flashlane.kernels.linear import triton as linear  # noqa: E402
+from flashlane.kernels.moe import routing  # noqa: E402
+from flashlane.kernels.moe import triton as moe  # noqa: E402
+from flashlane.kernels.norms import triton as norms  # noqa: E402
 from flashlane.kernels.rowwise import triton as rowwise  # noqa: E402
+from flashlane.sampling import triton_draw, triton_top_p  # noqa: E402
 
 H200 = GPUTarget("cuda", 90, 32)
 BF = "*bf16"
@@ -66,11 +74,95 @@ KERNELS = {
                   dict(BLOCK=1024)),
 }  # fmt: skip
 
+def blocks(tile: dict) -> dict:
+    return {k: v for k, v in tile.items() if k.isupper()}
+
+
+def launch(tile: dict) -> dict:
+    return {k: v for k, v in tile.items() if not k.isupper()}
+
+
+# the kernels that have run on the H200 too, at the launch options they use there
+LINEAR = dict(x_ptr=BF, w_ptr=BF, y_ptr=BF, ws_ptr="*fp32", count_ptr="*i32", M="i32",
+              N="i32", K="i32")
+TILE = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64)
+DRAW = dict(logits_ptr="*fp32", stride="i32", V="i32", ws_ptr="*i64", n="i32", C="i32")
+EXPERTS = dict(slot_pair_ptr="*i32", block_expert_ptr="*i32", H="i32", I="i32")
+KERNELS.update({
+    "linear split fixup": (linear._linear_kernel, LINEAR,
+                           dict(PARTS=4, BLOCKS_PER_PART=10, SPLIT=True, FIXUP=True, **TILE,
+                                FP32_PRODUCTS=False), dict(num_warps=4, num_stages=3)),
+    "linear in program": (linear._linear_kernel, LINEAR,
+                          dict(PARTS=4, BLOCKS_PER_PART=10, SPLIT=False, FIXUP=False, **TILE,
+                               FP32_PRODUCTS=False), dict(num_warps=4, num_stages=3)),
+    "linear router fp32": (linear._linear_kernel, {**LINEAR, "y_ptr": "*fp32"},
+                           dict(PARTS=8, BLOCKS_PER_PART=10, SPLIT=True, FIXUP=True,
+                                BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, FP32_PRODUCTS=True),
+                           dict(num_warps=4, num_stages=2)),
+    "sum_parts": (linear._sum_parts_kernel, dict(ws_ptr="*fp32", y_ptr=BF, numel="i32"),
+                  dict(PARTS=4, BLOCK=1024), {}),
+    "moe gate_up": (moe._gate_up_kernel,
+                    dict(x_ptr=BF, gate_ptr=BF, up_ptr=BF, act_ptr=BF, **EXPERTS),
+                    dict(TOP_K=10, BLOCK_M=16, **blocks(moe.GATE_UP_TILE), PRECISION="tf32"),
+                    launch(moe.GATE_UP_TILE)),
+    "moe down": (moe._down_kernel, dict(act_ptr=BF, down_ptr=BF, y_ptr=BF, **EXPERTS),
+                 dict(BLOCK_M=16, **blocks(moe.DOWN_TILE), PRECISION="tf32"),
+                 launch(moe.DOWN_TILE)),
+    "moe combine": (moe._combine_kernel, dict(y_ptr=BF, w_ptr=BF, out_ptr=BF, H="i32"),
+                    dict(TOP_K=10, BLOCK=1024), {}),
+    "moe route": (routing._route_kernel, dict(l_ptr="*fp32", w_ptr=BF, ids_ptr="*i64"),
+                  dict(E=512, TOP_K=10, NORMALIZE=True, BLOCK_E=512, BLOCK_K=16), {}),
+    "moe dispatch": (routing._dispatch_kernel,
+                     dict(ids_ptr="*i64", slot_pair_ptr="*i32", block_expert_ptr="*i32",
+                          num_pairs="i32", num_blocks="i32"),
+                     dict(BLOCK_M=16, BLOCK_E=512, BLOCK_P=routing.PAIR_CHUNK,
+                          BLOCK_C=routing.CLEAR_CHUNK), {}),
+    "rms_norm": (norms._rms_norm_kernel, dict(x_ptr=BF, w_ptr=BF, y_ptr=BF, rows="i32",
+                                               eps="fp32"),
+                 dict(D=10240, G=2560, BLOCK=4096), dict(num_warps=16)),
+    "gated_rms_norm": (norms._gated_rms_norm_kernel,
+                       dict(x_ptr=BF, gate_ptr=BF, w_ptr=BF, y_ptr=BF, rows="i32", eps="fp32"),
+                       dict(D=128, SIGMOID=True, ROUND_PROD=True, BLOCK=128),
+                       dict(num_warps=1)),
+    "attention": (attention._attention_kernel,
+                  dict(q_ptr=BF, k_ptr=BF, v_ptr=BF, mask_ptr="*u8", o_ptr=BF, len_ptr="*i64",
+                       HAS_LEN="i32", T="i32", L="i32", HQ="i32", HKV="i32", REP="i32",
+                       scale="fp32"),
+                  dict(D=256, BD=256, BLOCK_M=attention.BLOCK_M, BLOCK_L=32, PRECISION="tf32"),
+                  dict(num_warps=8, num_stages=2)),
+    "index_scores": (attention._index_scores_kernel,
+                     dict(iq_ptr=BF, keys_ptr=BF, scores_ptr="*fp32", T="i32", NB="i32",
+                          HI="i32", sqrt_di="fp32"),
+                     dict(DI=128, BDI=128, BLOCK_N=attention.BLOCK_N), {}),
+    "recurrent_gdn": (gdn._recurrent_gdn_kernel,
+                      dict(q_ptr=BF, k_ptr=BF, v_ptr=BF, g_ptr="*fp32", beta_ptr=BF,
+                           s0_ptr="*fp32", o_ptr=BF, states_ptr="*fp32", T="i32", H="i32",
+                           keep_states="i32"),
+                      dict(DK=128, DV=128, BK=128, BV=gdn.BV, HAS_STATE=True),
+                      dict(num_warps=gdn.NUM_WARPS)),
+    "causal_conv": (conv._causal_conv_kernel,
+                    dict(x_ptr=BF, win_ptr=BF, w_ptr=BF, y_ptr=BF, xfull_ptr=BF, T="i32",
+                         C="i32", **dict.fromkeys(["stride_xb", "stride_xt", "stride_xc",
+                                                   "stride_winb", "stride_wint", "stride_winc",
+                                                   "stride_wc", "stride_wk"], "i32")),
+                    dict(K=4, DIL=1, SILU=True, BLOCK_T=1, BLOCK_C=conv.MAX_BLOCK_C,
+                         BLOCK_W=4), dict(enable_fp_fusion=False)),
+    "draw stats": (triton_draw._stats_kernel, DRAW, dict(BLOCK=4096, K=16, KP=4),
+                   dict(num_warps=triton_draw.WARPS)),
+    "draw score": (triton_draw._score_kernel, DRAW,
+                   dict(BLOCK=4096, CP=64, KP=4, PLAIN_ROWS=True, TOP_P_ROWS=True),
+                   dict(num_warps=triton_draw.WARPS)),
+    "draw finish": (triton_draw._finish_kernel, DRAW,
+                    dict(CP=64, K=16, KP=4, TOP_P_ROWS=True), dict(num_warps=triton_draw.WARPS)),
+    "draw top_p mass": (triton_top_p._mass_kernel, DRAW, dict(BLOCK=4096, CP=64, KP=4),
+                        dict(num_warps=triton_draw.WARPS)),
+})  # fmt: skip
+
 
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_compiles_for_sm90(name):
-    fn, args, constexprs = KERNELS[name]
+    fn, args, constexprs, *options = KERNELS[name]
     signature = {**args, **dict.fromkeys(constexprs, "constexpr")}
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-                              target=H200)  # fmt: skip
+                              target=H200, options=options[0] if options else None)
     assert len(compiled.asm["cubin"]) > 0  # through ptxas: a binary the H200 would load
