@@ -42,7 +42,6 @@ class Kernels:
     rope: Callable
     ngram_ids: Callable
     swiglu: Callable
-    gated_add: Callable
 
 
 REFERENCE = Kernels(
@@ -68,7 +67,6 @@ REFERENCE = Kernels(
     rope=rowwise_ref.rope,
     ngram_ids=rowwise_ref.ngram_ids,
     swiglu=rowwise_ref.swiglu,
-    gated_add=rowwise_ref.gated_add,
 )
 
 

@@ -54,5 +54,4 @@ TRITON = Kernels(
     rope=rowwise_tr.rope,
     ngram_ids=rowwise_tr.ngram_ids,
     swiglu=rowwise_tr.swiglu,
-    gated_add=rowwise_tr.gated_add,
 )

@@ -69,9 +69,6 @@ KERNELS = {
                        beta_ptr=BF, stride_a="i32", stride_b="i32"), dict(HV=48, BLOCK=64)),
     "swiglu": (rowwise._swiglu_kernel, dict(g_ptr=BF, u_ptr=BF, y_ptr=BF, n="i32",
                                              stride_g="i32", stride_u="i32"), dict(BLOCK=1024)),
-    "gated_add": (rowwise._gated_add_kernel, dict(base_ptr=BF, gate_ptr=BF, s_ptr=BF,
-                                                   out_ptr=BF, n="i32", stride_gate="i32"),
-                  dict(BLOCK=1024)),
 }  # fmt: skip
 
 def blocks(tile: dict) -> dict:
@@ -108,8 +105,10 @@ KERNELS.update({
     "moe down": (moe._down_kernel, dict(act_ptr=BF, down_ptr=BF, y_ptr=BF, **EXPERTS),
                  dict(BLOCK_M=16, **blocks(moe.DOWN_TILE), PRECISION="tf32"),
                  launch(moe.DOWN_TILE)),
-    "moe combine": (moe._combine_kernel, dict(y_ptr=BF, w_ptr=BF, out_ptr=BF, H="i32"),
-                    dict(TOP_K=10, BLOCK=1024), {}),
+    "moe combine + shared": (moe._combine_kernel,
+                             dict(y_ptr=BF, w_ptr=BF, out_ptr=BF, gate_ptr=BF, s_ptr=BF,
+                                  H="i32", stride_gate="i32"),
+                             dict(TOP_K=10, SHARED=True, BLOCK=1024), {}),
     "moe route": (routing._route_kernel, dict(l_ptr="*fp32", w_ptr=BF, ids_ptr="*i64"),
                   dict(E=512, TOP_K=10, NORMALIZE=True, BLOCK_E=512, BLOCK_K=16), {}),
     "moe dispatch": (routing._dispatch_kernel,

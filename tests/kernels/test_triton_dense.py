@@ -377,6 +377,27 @@ def test_moe_ties_go_to_the_lower_expert(normalize):
 
 
 @pytest.mark.parametrize("case", MOE_CASES, ids=str)
+def test_moe_with_the_shared_expert_added_in_the_combine(case):
+    """moe(..., shared=(gate logit, s)) adds sigmoid(logit) * s in the combine launch: the
+    reference's gated add, within the MoE tolerance, and the bits of the routed output plus
+    the same rounded ops; row-invariant."""
+    (h, e, i, k), dtype = case
+    router, gate, up, down = _moe_weights(h, e, i, dtype)
+    x = _rand(33, h, dtype=dtype, seed=24)
+    logits = _rand(33, 3, dtype=dtype, seed=25)[:, 1:2]  # a strided column, as stacked
+    s = _rand(33, h, dtype=dtype, seed=26)
+    got = tmoe.moe(x, router, gate, up, down, k, True, (logits, s))
+    want = moe_ref.moe(x, router, gate, up, down, k, True, (logits, s))
+    assert got.dtype == dtype and _rel_err(got, want) < MOE_TOL[dtype]
+    routed = tmoe.moe(x, router, gate, up, down, k, True)
+    assert not torch.equal(got, routed)  # the shared part is there
+    for o, m in ((0, 1), (5, 7), (20, 13)):  # rows alone give the whole call's bits
+        part = (logits[o : o + m], s[o : o + m])
+        alone = tmoe.moe(x[o : o + m], router, gate, up, down, k, True, part)
+        assert torch.equal(alone, got[o : o + m]), (o, m)
+
+
+@pytest.mark.parametrize("case", MOE_CASES, ids=str)
 def test_moe_row_invariant(case):
     (h, e, i, k), dtype = case
     router, gate, up, down = _moe_weights(h, e, i, dtype)

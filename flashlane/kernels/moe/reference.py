@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from flashlane.kernels.rowwise.reference import gated_add
+
 
 def route(
     x: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool
@@ -38,8 +40,11 @@ def moe(
     down: torch.Tensor,
     top_k: int,
     normalize: bool,
+    shared: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Routed experts only. x: [N, H]; gate, up: [E, I, H]; down: [E, H, I] -> [N, H].
+    """Routed experts. x: [N, H]; gate, up: [E, I, H]; down: [E, H, I] -> [N, H]; with
+    `shared` = (gate logit [N, 1], shared expert's output [N, H]), plus the gated shared
+    expert: out + sigmoid(gate logit) * output (rowwise gated_add).
 
     Each (row, slot) output is computed once and the slots are added in rank order, so a
     row's result does not depend on which other rows share the call.
@@ -55,4 +60,4 @@ def moe(
     out = out_slots[:, 0] * weights[:, 0:1]
     for k in range(1, top_k):
         out = out + out_slots[:, k] * weights[:, k : k + 1]
-    return out
+    return out if shared is None else gated_add(out, *shared)

@@ -153,7 +153,8 @@ def _down_kernel(
 
 
 @triton.jit
-def _combine_kernel(y_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+def _combine_kernel(y_ptr, w_ptr, out_ptr, gate_ptr, s_ptr, H, stride_gate, TOP_K: tl.constexpr,
+                    SHARED: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < H
@@ -165,6 +166,11 @@ def _combine_kernel(y_ptr, w_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK: tl.con
         wj = tl.load(w_ptr + base + j).to(tl.float32)
         yj = tl.load(y_ptr + (base + j) * H + cols, mask=mask, other=0.0).to(tl.float32)
         out = (out.to(tl.float32) + (yj * wj).to(dt).to(tl.float32)).to(dt)
+    if SHARED:  # + sigmoid(gate) * s, each op rounded as rowwise gated_add's
+        g = tl.load(gate_ptr + row * stride_gate).to(tl.float32)
+        g = (1.0 / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+        s = tl.load(s_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+        out = (out.to(tl.float32) + (g * s).to(dt).to(tl.float32)).to(dt)
     tl.store(out_ptr + row * H + cols, out, mask=mask)
 
 
@@ -175,8 +181,10 @@ def experts(
     gate: torch.Tensor,
     up: torch.Tensor,
     down: torch.Tensor,
+    shared: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """sum_j weights[:, j] * swiglu_{ids[:, j]}(x), added in rank order. x: [N, H]."""
+    """sum_j weights[:, j] * swiglu_{ids[:, j]}(x), added in rank order, then with `shared`
+    (gate logit [N, 1], s [N, H]) + sigmoid(gate logit) * s in the same launch. x: [N, H]."""
     n, h = x.shape
     e, i, _ = gate.shape
     top_k = ids.shape[1]
@@ -218,9 +226,12 @@ def experts(
         PRECISION=precision,
         **dn,
     )
+    g, s = shared if shared is not None else (out, out)  # unread without SHARED
+    s = s.contiguous()
     _combine_kernel[(n, triton.cdiv(h, COMBINE_BLOCK))](
-        y, weights.contiguous(), out, h, TOP_K=top_k, BLOCK=COMBINE_BLOCK, num_warps=4
-    )
+        y, weights.contiguous(), out, g, s, h, g.stride(0), TOP_K=top_k,
+        SHARED=shared is not None, BLOCK=COMBINE_BLOCK, num_warps=4,
+    )  # fmt: skip
     return out
 
 
@@ -232,7 +243,9 @@ def moe(
     down: torch.Tensor,
     top_k: int,
     normalize: bool,
+    shared: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Routed experts only. x: [N, H]; gate, up: [E, I, H]; down: [E, H, I] -> [N, H]."""
+    """reference.moe: x: [N, H]; gate, up: [E, I, H]; down: [E, H, I] -> [N, H]; with
+    `shared` (gate logit [N, 1], the shared expert's output) its gated add too."""
     weights, ids = route(x, router, top_k, normalize)
-    return experts(x, weights, ids, gate, up, down)
+    return experts(x, weights, ids, gate, up, down, shared)

@@ -1,9 +1,10 @@
 """Row-wise tails of the layers, as torch ops: the hyper-connections' squash, mix and write,
-the GDN gates, the shared expert's SwiGLU and gated add.
+the GDN gates and q/k, RoPE, the PLE's n-gram rows, the shared expert's SwiGLU and gated add.
 
 Each is the model's arithmetic written once, with torch's rounding to the inputs' dtype after
-every op; `triton.py` fuses each into one launch with the same roundings. Every output row
-depends on its own input row alone.
+every op; `triton.py` fuses each into one launch with the same roundings (the gated add is
+the MoE combine's, kernels/moe/triton.py). Every output row depends on its own input row
+alone.
 """
 
 from __future__ import annotations

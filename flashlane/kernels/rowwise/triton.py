@@ -1,7 +1,7 @@
 """The row-wise tails of `reference.py`, one Triton launch each (same signatures).
 
 A decode step of Flash Next ran about 20 small torch kernels per hyper-connection read, 2 per
-write, 7 for the GDN gates and 5 for the shared expert's tail; in a CUDA graph each costs a
+write, 7 for the GDN gates and 3 for the shared expert's SwiGLU; in a CUDA graph each costs a
 launch slot of 1-3 us, more than the work. Each kernel here computes in fp32 and rounds to
 the output dtype after every op where torch does (the reference's ops on bf16 tensors), so
 the values follow the reference up to the last bit of exp; a program reads one row's values
@@ -269,26 +269,3 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
             gate, up, y, n, gate.stride(0), up.stride(0), BLOCK=BLOCK
         )
     return y
-
-
-@triton.jit(do_not_specialize=["n", "stride_gate"])
-def _gated_add_kernel(base_ptr, gate_ptr, s_ptr, out_ptr, n, stride_gate, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n
-    dt: tl.constexpr = out_ptr.dtype.element_ty
-    gate = _r(_sigmoid(tl.load(gate_ptr + row * stride_gate).to(tl.float32)), dt)
-    s = tl.load(s_ptr + row * n + cols, mask=mask, other=0.0).to(tl.float32)
-    base = tl.load(base_ptr + row * n + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * n + cols, (base + _r(gate * s, dt)).to(dt), mask=mask)
-
-
-def gated_add(base: torch.Tensor, gate: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    m, n = base.shape
-    base, s = base.contiguous(), s.contiguous()
-    out = torch.empty_like(base)
-    if m and n:
-        _gated_add_kernel[(m, triton.cdiv(n, BLOCK))](
-            base, gate, s, out, n, gate.stride(0), BLOCK=BLOCK
-        )
-    return out

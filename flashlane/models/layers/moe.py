@@ -45,17 +45,12 @@ class SparseMoe(nn.Module):
         self.shared_in = Stacked(se.gate_proj, se.up_proj, self.shared_expert_gate)
 
     def forward(self, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
-        """x: [N, H] -> [N, H]."""
-        e = self.experts
-        routed = kernels.moe(
-            x,
-            self.gate.weight,
-            e.gate_proj,
-            e.up_proj,
-            e.down_proj,
-            self.cfg.num_experts_per_tok,
-            self.cfg.norm_topk_prob,
-        )
+        """x: [N, H] -> [N, H]: the routed experts, plus the shared expert gated by its
+        logit (added in the routed experts' last launch)."""
         gate, up, shared_gate = self.shared_in(x)
         shared = self.shared_expert.down_proj(kernels.swiglu(gate, up))
-        return kernels.gated_add(routed, shared_gate, shared)
+        e = self.experts
+        return kernels.moe(
+            x, self.gate.weight, e.gate_proj, e.up_proj, e.down_proj,
+            self.cfg.num_experts_per_tok, self.cfg.norm_topk_prob, (shared_gate, shared),
+        )  # fmt: skip
