@@ -37,6 +37,7 @@ class Kernels:
     hc_squash: Callable
     hc_mix: Callable
     hc_write: Callable
+    hc_write_norm: Callable
     gdn_gates: Callable
     gdn_qk: Callable
     rope: Callable
@@ -62,6 +63,7 @@ REFERENCE = Kernels(
     hc_squash=rowwise_ref.hc_squash,
     hc_mix=rowwise_ref.hc_mix,
     hc_write=rowwise_ref.hc_write,
+    hc_write_norm=rowwise_ref.hc_write_norm,
     gdn_gates=rowwise_ref.gdn_gates,
     gdn_qk=rowwise_ref.gdn_qk,
     rope=rowwise_ref.rope,

@@ -49,6 +49,7 @@ TRITON = Kernels(
     hc_squash=rowwise_tr.hc_squash,
     hc_mix=rowwise_tr.hc_mix,
     hc_write=rowwise_tr.hc_write,
+    hc_write_norm=rowwise_tr.hc_write_norm,
     gdn_gates=rowwise_tr.gdn_gates,
     gdn_qk=rowwise_tr.gdn_qk,
     rope=rowwise_tr.rope,

@@ -62,6 +62,19 @@ def test_hc_squash_and_write(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_hc_write_norm(dtype):
+    m, hc, h = 9, 4, 48
+    r, y = _rand(m, hc * h, dtype=dtype, seed=27), _rand(m, h, dtype=dtype, seed=28)
+    w = _rand(m, hc, dtype=dtype, seed=29, scale=1.0)
+    weight = _rand(hc * h, dtype=dtype, seed=30, scale=0.1)
+    got, want = tr.hc_write_norm(r, y, w, weight, 1e-6), ref.hc_write_norm(r, y, w, weight, 1e-6)
+    assert torch.equal(got[0], tr.hc_write(r, y, w))  # the write's bits, the norm on them
+    _close(got[0], want[0], dtype)
+    _close(got[1], want[1], dtype)
+    _rows_invariant(lambda a, b, c: tr.hc_write_norm(a, b, c, weight, 1e-6), r, y, w)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("inject", [True, False])
 def test_hc_mix(dtype, inject):
     m, hc, h = 9, 4, 1100  # h > one block: two column programs, the second ragged

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from flashlane.kernels.norms.reference import l2norm
+from flashlane.kernels.norms.reference import l2norm, rms_norm
 
 
 def hc_squash(d: torch.Tensor, hc: int) -> torch.Tensor:
@@ -43,6 +43,15 @@ def mean_of_streams(x: torch.Tensor) -> torch.Tensor:
 def hc_write(r: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """R + y (x) w: y [N, H] added to each stream c of r [N, hc*H] with weight w[:, c]."""
     return r + (y.unsqueeze(-2) * w.unsqueeze(-1)).flatten(-2)
+
+
+def hc_write_norm(
+    r: torch.Tensor, y: torch.Tensor, w: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """hc_write, then the next read's grouped RMSNorm of the result (`weight` [hc*H], groups
+    of H = y's width): (R + y (x) w, its norm)."""
+    out = hc_write(r, y, w)
+    return out, rms_norm(out, weight, eps, y.shape[-1])
 
 
 def gdn_gates(

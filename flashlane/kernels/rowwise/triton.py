@@ -114,6 +114,39 @@ def hc_write(r: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@triton.jit(do_not_specialize=["eps"])
+def _hc_write_norm_kernel(r_ptr, y_ptr, w_ptr, nw_ptr, out_ptr, xn_ptr, eps, H: tl.constexpr,
+                          HC: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)  # one stream: the norm's group
+    cols = tl.arange(0, BLOCK)
+    mask = cols < H
+    dt: tl.constexpr = out_ptr.dtype.element_ty
+    at = row * HC * H + c * H + cols
+    y = tl.load(y_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + row * HC + c).to(tl.float32)
+    x = _r(tl.load(r_ptr + at, mask=mask, other=0.0).to(tl.float32) + _r(y * w, dt), dt)
+    tl.store(out_ptr + at, x.to(dt), mask=mask)
+    # the norms kernel's arithmetic on the written values
+    rs = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
+    nw = tl.load(nw_ptr + c * H + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(xn_ptr + at, ((x * rs) * (1.0 + nw)).to(dt), mask=mask)
+
+
+def hc_write_norm(r, y, w, weight, eps: float):
+    m, hc = w.shape
+    h = y.shape[1]
+    r, y, w = r.contiguous(), y.contiguous(), w.contiguous()
+    out, xn = torch.empty_like(r), torch.empty_like(r)
+    if m and h:
+        block = triton.next_power_of_2(h)
+        _hc_write_norm_kernel[(m, hc)](
+            r, y, w, weight.contiguous(), out, xn, eps, H=h, HC=hc, BLOCK=block,
+            num_warps=max(1, min(16, block // 256)),
+        )
+    return out, xn
+
+
 @triton.jit(do_not_specialize=["stride_a", "stride_b"])
 def _gdn_gates_kernel(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, stride_a, stride_b,
                       HV: tl.constexpr, BLOCK: tl.constexpr):

@@ -151,6 +151,6 @@ class DecoderLayer(nn.Module):
     def mlp_half(self, r, y, w, kernels: Kernels) -> torch.Tensor:
         """The mixer's output written to the streams, then the MLP block behind its own
         hyper-connection."""
-        r = self.attn_hyper_connection.write(r, y, w)
-        a, w = self.mlp_hyper_connection.read(r)
+        r, xn = self.attn_hyper_connection.write_norm(r, y, w, self.mlp_hyper_connection)
+        a, w = self.mlp_hyper_connection.read(r, xn)
         return self.mlp_hyper_connection.write(r, self.mlp(a, kernels), w)

@@ -28,10 +28,13 @@ class HyperConnection(nn.Module):
         )
         self.ops: Kernels = REFERENCE  # FlashNext.use_kernels points it at the device's
 
-    def read(self, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """R [N, hc*H] -> (block input a [N, H], write weights w [N, hc] or None for the mixer)."""
+    def read(
+        self, r: torch.Tensor, xn: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """R [N, hc*H] -> (block input a [N, H], write weights w [N, hc] or None for the mixer).
+        xn: R's norm when the write before made it (write_norm)."""
         ops = self.ops
-        xn = self.hc_norm(r)
+        xn = self.hc_norm(r) if xn is None else xn
         down, *inject = self.down(xn)
         u = self.input_mix_weight_up(ops.hc_squash(down, self.hc))
         return ops.hc_mix(u, xn, inject[0] if inject else None, self.hc)
@@ -39,3 +42,8 @@ class HyperConnection(nn.Module):
     def write(self, r: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """R + y (x) w: y [N, H] added to each stream c with weight w[:, c]."""
         return self.ops.hc_write(r, y, w)
+
+    def write_norm(self, r, y, w, then: HyperConnection) -> tuple[torch.Tensor, torch.Tensor]:
+        """write(), and `then`'s norm of the result for its read, in one launch."""
+        norm = then.hc_norm
+        return self.ops.hc_write_norm(r, y, w, norm.weight, norm.eps)
