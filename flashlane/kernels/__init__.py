@@ -34,7 +34,7 @@ class Kernels:
     l2norm: Callable
     row_sum: Callable
     # the layers' row-wise tails (kernels/rowwise)
-    hc_squash: Callable
+    hc_up: Callable
     hc_mix: Callable
     hc_write: Callable
     hc_write_norm: Callable
@@ -60,7 +60,7 @@ REFERENCE = Kernels(
     gated_rms_norm=norms_ref.gated_rms_norm,
     l2norm=norms_ref.l2norm,
     row_sum=norms_ref.row_sum,
-    hc_squash=rowwise_ref.hc_squash,
+    hc_up=rowwise_ref.hc_up,
     hc_mix=rowwise_ref.hc_mix,
     hc_write=rowwise_ref.hc_write,
     hc_write_norm=rowwise_ref.hc_write_norm,

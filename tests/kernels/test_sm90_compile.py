@@ -84,20 +84,25 @@ def launch(tile: dict) -> dict:
 
 # the kernels that have run on the H200 too, at the launch options they use there
 LINEAR = dict(x_ptr=BF, w_ptr=BF, y_ptr=BF, ws_ptr="*fp32", count_ptr="*i32", M="i32",
-              N="i32", K="i32")
+              N="i32", K="i32", stride_x="i32")
 TILE = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64)
 DRAW = dict(logits_ptr="*fp32", stride="i32", V="i32", ws_ptr="*i64", n="i32", C="i32")
 EXPERTS = dict(slot_pair_ptr="*i32", block_expert_ptr="*i32", H="i32", I="i32")
 KERNELS.update({
     "linear split fixup": (linear._linear_kernel, LINEAR,
                            dict(PARTS=4, BLOCKS_PER_PART=10, SPLIT=True, FIXUP=True, **TILE,
-                                FP32_PRODUCTS=False), dict(num_warps=4, num_stages=3)),
+                                FP32_PRODUCTS=False, SQUASH=0), dict(num_warps=4, num_stages=3)),
     "linear in program": (linear._linear_kernel, LINEAR,
                           dict(PARTS=4, BLOCKS_PER_PART=10, SPLIT=False, FIXUP=False, **TILE,
-                               FP32_PRODUCTS=False), dict(num_warps=4, num_stages=3)),
+                               FP32_PRODUCTS=False, SQUASH=0), dict(num_warps=4, num_stages=3)),
+    "linear squash (hc up)": (linear._linear_kernel, LINEAR,
+                              dict(PARTS=1, BLOCKS_PER_PART=5, SPLIT=False, FIXUP=False, **TILE,
+                                   FP32_PRODUCTS=False, SQUASH=4),
+                              dict(num_warps=4, num_stages=3)),
     "linear router fp32": (linear._linear_kernel, {**LINEAR, "y_ptr": "*fp32"},
                            dict(PARTS=8, BLOCKS_PER_PART=10, SPLIT=True, FIXUP=True,
-                                BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, FP32_PRODUCTS=True),
+                                BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, FP32_PRODUCTS=True,
+                                SQUASH=0),
                            dict(num_warps=4, num_stages=2)),
     "sum_parts": (linear._sum_parts_kernel, dict(ws_ptr="*fp32", y_ptr=BF, numel="i32"),
                   dict(PARTS=4, BLOCK=1024), {}),

@@ -147,3 +147,18 @@ def test_ngram_ids_bit_for_bit():
     assert torch.equal(got, want)
     assert bool((want >= 0).all())  # negative hashes wrap to the table, as torch.remainder
     assert torch.equal(tr.ngram_ids(history[1:], mult, sizes, offsets, n, heads, eos), got[1:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_hc_up_squashes_in_the_linear_loads(dtype):
+    """hc_up is bit for bit the linear of hc_squash's output, from a column slice."""
+    from flashlane.kernels.linear.triton import linear
+
+    m, hc, low, n = 9, 4, 40, 70
+    wide = _rand(m, low + hc + 3, dtype=dtype, seed=31)
+    d = wide[:, :low]  # the down projection's columns of the stacked down + inject
+    w = _rand(n, low, dtype=dtype, seed=32, scale=0.2)
+    got = tr.hc_up(d, w, hc)
+    assert torch.equal(got, linear(tr.hc_squash(d, hc), w))
+    _close(got, ref.hc_up(d, w, hc), dtype)
+    _rows_invariant(lambda x: tr.hc_up(x, w, hc), d)

@@ -78,13 +78,16 @@ def _partition(
     n_mask,
     part,
     K,
+    stride_x,
     BLOCKS_PER_PART: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     FP32_PRODUCTS: tl.constexpr,
+    SQUASH: tl.constexpr,
 ):
-    """Sum over partition `part`'s K blocks, in ascending order, from zero, in fp32."""
+    """Sum over partition `part`'s K blocks, in ascending order, from zero, in fp32. With
+    SQUASH = hc, each x value first becomes silu(x / hc) as rowwise hc_squash rounds it."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_blocks = tl.cdiv(K, BLOCK_K)
     start = part * BLOCKS_PER_PART
@@ -93,10 +96,14 @@ def _partition(
         rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = rk < K
         a = tl.load(
-            x_ptr + rm[:, None].to(tl.int64) * K + rk[None, :],
+            x_ptr + rm[:, None].to(tl.int64) * stride_x + rk[None, :],
             mask=m_mask[:, None] & k_mask[None, :],
             other=0.0,
         )
+        if SQUASH > 0:
+            dt: tl.constexpr = a.dtype
+            h = (a.to(tl.float32) / SQUASH).to(dt).to(tl.float32)
+            a = (h / (1.0 + tl.exp(-h))).to(dt)
         b = tl.load(
             w_ptr + rn[None, :].to(tl.int64) * K + rk[:, None],
             mask=n_mask[None, :] & k_mask[:, None],
@@ -120,6 +127,7 @@ def _linear_kernel(
     M,
     N,
     K,
+    stride_x,
     PARTS: tl.constexpr,
     BLOCKS_PER_PART: tl.constexpr,
     SPLIT: tl.constexpr,
@@ -128,6 +136,7 @@ def _linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     FP32_PRODUCTS: tl.constexpr,
+    SQUASH: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -148,11 +157,13 @@ def _linear_kernel(
             n_mask,
             part,
             K,
+            stride_x,
             BLOCKS_PER_PART,
             BLOCK_M,
             BLOCK_N,
             BLOCK_K,
             FP32_PRODUCTS,
+            SQUASH,
         )
         plane = M.to(tl.int64) * N
         tl.store(ws_ptr + part * plane + offs, acc, mask=out_mask)
@@ -171,11 +182,13 @@ def _linear_kernel(
             n_mask,
             0,
             K,
+            stride_x,
             BLOCKS_PER_PART,
             BLOCK_M,
             BLOCK_N,
             BLOCK_K,
             FP32_PRODUCTS,
+            SQUASH,
         )
         for p in tl.static_range(1, PARTS):
             acc = _partition(
@@ -187,11 +200,13 @@ def _linear_kernel(
                 n_mask,
                 p,
                 K,
+                stride_x,
                 BLOCKS_PER_PART,
                 BLOCK_M,
                 BLOCK_N,
                 BLOCK_K,
                 FP32_PRODUCTS,
+                SQUASH,
             )
             total = total + acc
         tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
@@ -205,12 +220,17 @@ def _sum_parts_kernel(ws_ptr, y_ptr, numel, PARTS: tl.constexpr, BLOCK: tl.const
     tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = None, squash: int = 0
+) -> torch.Tensor:
     """x @ w.T. x: [..., K] (bf16 / fp16 / fp32); w: [N, K] of x's dtype -> [..., N].
 
     fp32 accumulation; the result of a row never depends on the call's other rows. out_dtype:
     None, x's dtype, or torch.float32: then x and w are read in their dtype and computed as
     fp32 in registers, bitwise `linear(x.float(), w.float())` without converting them.
+    squash = hc > 0: the product of rowwise hc_squash(x, hc) (a hyper-connection's up
+    projection), bitwise, with x's values squashed as they are loaded: one launch, and a
+    2-D x may be a column slice (its rows strided).
     """
     k = x.shape[-1]
     n, kw = w.shape
@@ -222,7 +242,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = Non
     if out_dtype not in (x.dtype, torch.float32):
         raise ValueError(f"linear: out_dtype {out_dtype} for {x.dtype} inputs")
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, k).contiguous()
+    x2 = x if x.dim() == 2 and x.stride(-1) == 1 else x.reshape(-1, k).contiguous()
     w = w.contiguous()
     m = x2.shape[0]
     y = torch.empty((m, n), dtype=out_dtype, device=x.device)
@@ -246,15 +266,16 @@ def linear(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = Non
         BLOCK_N=bn,
         BLOCK_K=cfg["BLOCK_K"],
         FP32_PRODUCTS=out_dtype == torch.float32,
+        SQUASH=squash,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
     if not split:
-        _linear_kernel[(m_tiles, n_tiles, 1)](x2, w, y, y, y, m, n, k, **meta)
+        _linear_kernel[(m_tiles, n_tiles, 1)](x2, w, y, y, y, m, n, k, x2.stride(0), **meta)
         return y.reshape(*lead, n)
     ws = torch.empty((parts, m, n), dtype=torch.float32, device=x.device)
     _linear_kernel[(m_tiles, n_tiles, parts)](
-        x2, w, y, ws, ws if count is None else count, m, n, k, **meta
+        x2, w, y, ws, ws if count is None else count, m, n, k, x2.stride(0), **meta
     )
     if count is None:
         block = 1024

@@ -12,12 +12,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from flashlane.kernels.linear.reference import linear
 from flashlane.kernels.norms.reference import l2norm, rms_norm
 
 
 def hc_squash(d: torch.Tensor, hc: int) -> torch.Tensor:
     """The low-rank mix activation silu(d / hc)."""
     return F.silu(d / hc)
+
+
+def hc_up(d: torch.Tensor, w: torch.Tensor, hc: int) -> torch.Tensor:
+    """The mix logits: the up projection w [hc*H, L] of hc_squash(d) (d [N, L])."""
+    return linear(hc_squash(d, hc), w)
 
 
 def hc_mix(

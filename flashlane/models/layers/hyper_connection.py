@@ -36,7 +36,7 @@ class HyperConnection(nn.Module):
         ops = self.ops
         xn = self.hc_norm(r) if xn is None else xn
         down, *inject = self.down(xn)
-        u = self.input_mix_weight_up(ops.hc_squash(down, self.hc))
+        u = ops.hc_up(down, self.input_mix_weight_up.weight, self.hc)
         return ops.hc_mix(u, xn, inject[0] if inject else None, self.hc)
 
     def write(self, r: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
