@@ -41,6 +41,7 @@ class Kernels:
     gdn_gates: Callable
     gdn_qk: Callable
     rope: Callable
+    cos_sin: Callable
     ngram_ids: Callable
     swiglu: Callable
 
@@ -67,6 +68,7 @@ REFERENCE = Kernels(
     gdn_gates=rowwise_ref.gdn_gates,
     gdn_qk=rowwise_ref.gdn_qk,
     rope=rowwise_ref.rope,
+    cos_sin=rowwise_ref.cos_sin,
     ngram_ids=rowwise_ref.ngram_ids,
     swiglu=rowwise_ref.swiglu,
 )

@@ -53,6 +53,7 @@ TRITON = Kernels(
     gdn_gates=rowwise_tr.gdn_gates,
     gdn_qk=rowwise_tr.gdn_qk,
     rope=rowwise_tr.rope,
+    cos_sin=rowwise_tr.cos_sin,
     ngram_ids=rowwise_tr.ngram_ids,
     swiglu=rowwise_tr.swiglu,
 )

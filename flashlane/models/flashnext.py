@@ -43,6 +43,7 @@ class FlashNext(nn.Module):
         """Point every op of the model (linears, norms, mixers, experts) at `kernels`, and
         stack the linears that read the same input into one weight each (norms.Stacked)."""
         self.kernels = kernels
+        self.rotary.op = kernels.cos_sin
         for m in self.modules():
             for stacked in [v for v in vars(m).values() if isinstance(v, Stacked)]:
                 stacked.stack()

@@ -119,8 +119,7 @@ def _pool_block(indexer, c: AttnCache, pos: torch.Tensor, rotary, kernels) -> No
     blk, nb = indexer.cfg.indexer_block, c.block_keys.shape[0]
     if nb == 0:
         return
-    first = torch.div(pos, blk, rounding_mode="floor") * blk
-    cos, sin = rotary.cos_sin(first, c.block_keys.dtype)
+    cos, sin = rotary.cos_sin(pos, c.block_keys.dtype, blk)  # at the block's first position
     norm = indexer.k_layernorm
     kernels.pool_block_at(c.index_keys, c.block_keys, pos, cos, sin, norm.weight, norm.eps, blk)
 

@@ -57,6 +57,8 @@ KERNELS = {
     "rope": (rowwise._rope_kernel,
              dict(x_ptr=BF, cos_ptr=BF, sin_ptr=BF, y_ptr=BF, heads="i32", stride_n="i32",
                   stride_h="i32", stride_c="i32"), dict(D=256, R=64, BLOCK=256)),
+    "cos_sin": (rowwise._cos_sin_kernel, dict(pos_ptr="*i64", inv_ptr="*fp32", cos_ptr=BF,
+                                               sin_ptr=BF), dict(R=64, BLOCK=4, RP2=64)),
     "hc_squash": (rowwise._squash_kernel, dict(d_ptr=BF, y_ptr=BF, stride="i32", n="i32"),
                   dict(HC=4, BLOCK=1024)),
     "hc_mix": (rowwise._hc_mix_kernel,

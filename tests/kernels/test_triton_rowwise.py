@@ -162,3 +162,22 @@ def test_hc_up_squashes_in_the_linear_loads(dtype):
     assert torch.equal(got, linear(tr.hc_squash(d, hc), w))
     _close(got, ref.hc_up(d, w, hc), dtype)
     _rows_invariant(lambda x: tr.hc_up(x, w, hc), d)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block", [1, 4])
+def test_cos_sin(dtype, block):
+    """RoPE's tables in one launch: the reference's fp32 angles (positions up to 2^18, each
+    first floored to its block), cos and sin cast; rows alone give the same bits."""
+    from flashlane.models.layers.rotary import Rotary
+
+    inv = Rotary(64, 1e7).inv_freq.to(DEVICE)
+    pos = torch.tensor([0, 1, 5, 63, 64, 1000, 4097, 262143], device=DEVICE)
+    got, want = tr.cos_sin(pos, inv, dtype, block), ref.cos_sin(pos, inv, dtype, block)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape == (8, 64) and g.dtype == dtype
+        assert (g.double() - w.double()).abs().max().item() <= (1e-6 if dtype == torch.float32
+                                                                else 2**-7)  # fmt: skip
+    if block > 1:  # the floor: 5 and 7 share their block's tables
+        assert torch.equal(tr.cos_sin(pos[2:3] + 2, inv, dtype, block)[0], got[0][2:3])
+    _rows_invariant(lambda p: tr.cos_sin(p, inv, dtype, block), pos)

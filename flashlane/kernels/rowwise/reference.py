@@ -83,6 +83,19 @@ def gdn_qk(
     return q, l2norm(k).repeat_interleave(rep, dim=-2)
 
 
+def cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, block: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's cos and sin [N, R] for positions [N] (each first rounded down to a multiple of
+    `block`): angles position * inv_freq in fp32 (the fp32 rounding of the product is part of
+    the model's numerics), both halves alike, then cast to dtype."""
+    if block != 1:
+        positions = torch.div(positions, block, rounding_mode="floor") * block
+    freqs = positions.to(torch.float32).unsqueeze(-1) * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE on the leading R dims of each head: x [N, heads, D]; cos, sin [N, R]
     with R <= D even, in x's dtype."""

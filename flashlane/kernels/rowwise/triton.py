@@ -222,6 +222,33 @@ def gdn_qk(y: torch.Tensor, heads: int, dim: int, rep: int, scale: float):
     return q, k
 
 
+@triton.jit
+def _cos_sin_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, R: tl.constexpr, BLOCK: tl.constexpr,
+                    RP2: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, RP2)
+    mask = cols < R
+    dt: tl.constexpr = cos_ptr.dtype.element_ty
+    pos = tl.load(pos_ptr + row)
+    if BLOCK != 1:
+        pos = (pos // BLOCK) * BLOCK  # positions are never negative: floor
+    inv = tl.load(inv_ptr + cols % (R // 2), mask=mask, other=0.0)
+    angle = pos.to(tl.float32) * inv
+    tl.store(cos_ptr + row * R + cols, tl.cos(angle).to(dt), mask=mask)
+    tl.store(sin_ptr + row * R + cols, tl.sin(angle).to(dt), mask=mask)
+
+
+def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
+            block: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    n, r = positions.shape[0], 2 * inv_freq.shape[0]
+    cos = torch.empty((n, r), dtype=dtype, device=positions.device)
+    sin = torch.empty_like(cos)
+    if n:
+        _cos_sin_kernel[(n,)](positions.contiguous(), inv_freq, cos, sin, R=r, BLOCK=block,
+                              RP2=triton.next_power_of_2(r))  # fmt: skip
+    return cos, sin
+
+
 @triton.jit(do_not_specialize=["heads", "stride_n", "stride_h", "stride_c"])
 def _rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, heads, stride_n, stride_h, stride_c,
                  D: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from flashlane.kernels.rowwise.reference import rope
+from flashlane.kernels.rowwise.reference import cos_sin, rope
 
 
 class Rotary:
@@ -18,17 +18,17 @@ class Rotary:
         exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim
         self.inv_freq = 1.0 / (theta**exponents)
         self._on: dict[torch.device, torch.Tensor] = {}  # inv_freq copied once per device
+        self.op = cos_sin
 
     def cos_sin(
-        self, positions: torch.Tensor, dtype: torch.dtype
+        self, positions: torch.Tensor, dtype: torch.dtype, block: int = 1
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions: [N] -> cos, sin [N, rotary_dim]."""
+        """positions: [N] (each rounded down to a multiple of `block` first) -> cos, sin
+        [N, rotary_dim], through `op` (the kernels' cos_sin; FlashNext.use_kernels sets it)."""
         inv = self._on.get(positions.device)
         if inv is None:
             inv = self._on[positions.device] = self.inv_freq.to(positions.device)
-        freqs = positions.to(torch.float32).unsqueeze(-1) * inv
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        return self.op(positions, inv, dtype, block)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
