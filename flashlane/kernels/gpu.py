@@ -19,6 +19,7 @@ from flashlane.kernels.linear.triton import linear
 from flashlane.kernels.moe import triton as moe_tr
 from flashlane.kernels.norms import triton as norms_tr
 from flashlane.kernels.rowwise import triton as rowwise_tr
+from flashlane.kernels.rowwise import triton_hc as hc_tr
 
 
 @cache
@@ -46,10 +47,10 @@ TRITON = Kernels(
     gated_rms_norm=norms_tr.gated_rms_norm,
     l2norm=norms_tr.l2norm,
     row_sum=row_sum,
-    hc_up=rowwise_tr.hc_up,
-    hc_mix=rowwise_tr.hc_mix,
-    hc_write=rowwise_tr.hc_write,
-    hc_write_norm=rowwise_tr.hc_write_norm,
+    hc_up=hc_tr.hc_up,
+    hc_mix=hc_tr.hc_mix,
+    hc_write=hc_tr.hc_write,
+    hc_write_norm=hc_tr.hc_write_norm,
     gdn_gates=rowwise_tr.gdn_gates,
     gdn_qk=rowwise_tr.gdn_qk,
     rope=rowwise_tr.rope,

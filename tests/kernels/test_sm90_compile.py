@@ -30,6 +30,7 @@ from flashlane.kernels.moe import routing  # noqa: E402
 from flashlane.kernels.moe import triton as moe  # noqa: E402
 from flashlane.kernels.norms import triton as norms  # noqa: E402
 from flashlane.kernels.rowwise import triton as rowwise  # noqa: E402
+from flashlane.kernels.rowwise import triton_hc as rowwise_hc  # noqa: E402
 from flashlane.sampling import triton_draw, triton_top_p  # noqa: E402
 
 H200 = GPUTarget("cuda", 90, 32)
@@ -59,14 +60,14 @@ KERNELS = {
                   stride_h="i32", stride_c="i32"), dict(D=256, R=64, BLOCK=256)),
     "cos_sin": (rowwise._cos_sin_kernel, dict(pos_ptr="*i64", inv_ptr="*fp32", cos_ptr=BF,
                                                sin_ptr=BF), dict(R=64, BLOCK=4, RP2=64)),
-    "hc_squash": (rowwise._squash_kernel, dict(d_ptr=BF, y_ptr=BF, stride="i32", n="i32"),
+    "hc_squash": (rowwise_hc._squash_kernel, dict(d_ptr=BF, y_ptr=BF, stride="i32", n="i32"),
                   dict(HC=4, BLOCK=1024)),
-    "hc_mix": (rowwise._hc_mix_kernel,
+    "hc_mix": (rowwise_hc._hc_mix_kernel,
                dict(u_ptr=BF, xn_ptr=BF, inj_ptr=BF, a_ptr=BF, w_ptr=BF, h="i32",
                     stride_inj="i32"), dict(HC=4, HC_P2=4, INJECT=True, BLOCK=1024)),
-    "hc_write": (rowwise._hc_write_kernel, dict(r_ptr=BF, y_ptr=BF, w_ptr=BF, out_ptr=BF,
+    "hc_write": (rowwise_hc._hc_write_kernel, dict(r_ptr=BF, y_ptr=BF, w_ptr=BF, out_ptr=BF,
                                                  h="i32"), dict(HC=4, BLOCK=1024)),
-    "hc_write_norm": (rowwise._hc_write_norm_kernel,
+    "hc_write_norm": (rowwise_hc._hc_write_norm_kernel,
                       dict(r_ptr=BF, y_ptr=BF, w_ptr=BF, nw_ptr=BF, out_ptr=BF, xn_ptr=BF,
                            eps="fp32"), dict(H=2560, HC=4, BLOCK=4096), dict(num_warps=16)),
     "gdn_gates": (rowwise._gdn_gates_kernel,

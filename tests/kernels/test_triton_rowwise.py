@@ -18,6 +18,7 @@ pytestmark = needs_triton
 pytest.importorskip("triton")
 
 from flashlane.kernels.rowwise import triton as tr  # noqa: E402
+from flashlane.kernels.rowwise import triton_hc as trh  # noqa: E402
 
 TOL = {torch.float32: 2e-6, torch.bfloat16: 2e-2}
 
@@ -53,12 +54,12 @@ def test_hc_squash_and_write(dtype):
     m, hc, h, low = 9, 4, 48, 20
     wide = _rand(m, low + hc + 3, dtype=dtype, seed=1)  # a column slice: strided rows
     d = wide[:, :low]
-    _close(tr.hc_squash(d, hc), ref.hc_squash(d, hc), dtype)
-    _rows_invariant(lambda x: tr.hc_squash(x, hc), d)
+    _close(trh.hc_squash(d, hc), ref.hc_squash(d, hc), dtype)
+    _rows_invariant(lambda x: trh.hc_squash(x, hc), d)
     r, y = _rand(m, hc * h, dtype=dtype, seed=2), _rand(m, h, dtype=dtype, seed=3)
     w = _rand(m, hc, dtype=dtype, seed=4, scale=1.0)
-    _close(tr.hc_write(r, y, w), ref.hc_write(r, y, w), dtype)
-    _rows_invariant(tr.hc_write, r, y, w)
+    _close(trh.hc_write(r, y, w), ref.hc_write(r, y, w), dtype)
+    _rows_invariant(trh.hc_write, r, y, w)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -67,11 +68,11 @@ def test_hc_write_norm(dtype):
     r, y = _rand(m, hc * h, dtype=dtype, seed=27), _rand(m, h, dtype=dtype, seed=28)
     w = _rand(m, hc, dtype=dtype, seed=29, scale=1.0)
     weight = _rand(hc * h, dtype=dtype, seed=30, scale=0.1)
-    got, want = tr.hc_write_norm(r, y, w, weight, 1e-6), ref.hc_write_norm(r, y, w, weight, 1e-6)
-    assert torch.equal(got[0], tr.hc_write(r, y, w))  # the write's bits, the norm on them
+    got, want = trh.hc_write_norm(r, y, w, weight, 1e-6), ref.hc_write_norm(r, y, w, weight, 1e-6)
+    assert torch.equal(got[0], trh.hc_write(r, y, w))  # the write's bits, the norm on them
     _close(got[0], want[0], dtype)
     _close(got[1], want[1], dtype)
-    _rows_invariant(lambda a, b, c: tr.hc_write_norm(a, b, c, weight, 1e-6), r, y, w)
+    _rows_invariant(lambda a, b, c: trh.hc_write_norm(a, b, c, weight, 1e-6), r, y, w)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -80,13 +81,13 @@ def test_hc_mix(dtype, inject):
     m, hc, h = 9, 4, 1100  # h > one block: two column programs, the second ragged
     u, xn = _rand(m, hc * h, dtype=dtype, seed=5), _rand(m, hc * h, dtype=dtype, seed=6)
     inj = _rand(m, 20 + hc, dtype=dtype, seed=7)[:, 20:] if inject else None
-    got, want = tr.hc_mix(u, xn, inj, hc), ref.hc_mix(u, xn, inj, hc)
+    got, want = trh.hc_mix(u, xn, inj, hc), ref.hc_mix(u, xn, inj, hc)
     _close(got[0], want[0], dtype)
     _close(got[1], want[1], dtype)
     if inject:
-        _rows_invariant(lambda a, b, c: tr.hc_mix(a, b, c, hc), u, xn, inj)
+        _rows_invariant(lambda a, b, c: trh.hc_mix(a, b, c, hc), u, xn, inj)
     else:
-        _rows_invariant(lambda a, b: tr.hc_mix(a, b, None, hc), u, xn)
+        _rows_invariant(lambda a, b: trh.hc_mix(a, b, None, hc), u, xn)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -158,10 +159,10 @@ def test_hc_up_squashes_in_the_linear_loads(dtype):
     wide = _rand(m, low + hc + 3, dtype=dtype, seed=31)
     d = wide[:, :low]  # the down projection's columns of the stacked down + inject
     w = _rand(n, low, dtype=dtype, seed=32, scale=0.2)
-    got = tr.hc_up(d, w, hc)
-    assert torch.equal(got, linear(tr.hc_squash(d, hc), w))
+    got = trh.hc_up(d, w, hc)
+    assert torch.equal(got, linear(trh.hc_squash(d, hc), w))
     _close(got, ref.hc_up(d, w, hc), dtype)
-    _rows_invariant(lambda x: tr.hc_up(x, w, hc), d)
+    _rows_invariant(lambda x: trh.hc_up(x, w, hc), d)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

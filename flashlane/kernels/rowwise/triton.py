@@ -1,4 +1,5 @@
-"""The row-wise tails of `reference.py`, one Triton launch each (same signatures).
+"""The row-wise tails of `reference.py`, one Triton launch each (same signatures); the
+hyper-connections' are in `triton_hc.py`.
 
 A decode step of Flash Next ran about 20 small torch kernels per hyper-connection read, 2 per
 write, 7 for the GDN gates and 3 for the shared expert's SwiGLU; in a CUDA graph each costs a
@@ -14,8 +15,6 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlane.kernels.linear.triton import linear
-
 BLOCK = 1024
 
 
@@ -28,132 +27,6 @@ def _r(x, dt: tl.constexpr):
 @triton.jit
 def _sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))
-
-
-@triton.jit(do_not_specialize=["stride", "n"])
-def _squash_kernel(d_ptr, y_ptr, stride, n, HC: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n
-    dt: tl.constexpr = y_ptr.dtype.element_ty
-    x = _r(tl.load(d_ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32) / HC, dt)
-    tl.store(y_ptr + row * n + cols, (x / (1.0 + tl.exp(-x))).to(dt), mask=mask)
-
-
-def hc_up(d: torch.Tensor, w: torch.Tensor, hc: int) -> torch.Tensor:
-    """One launch: the linear kernel squashes d's values as it loads them (same bits as
-    hc_squash then linear)."""
-    return linear(d, w, squash=hc)
-
-
-def hc_squash(d: torch.Tensor, hc: int) -> torch.Tensor:
-    """The squash alone (hc_up squashes in the linear's loads; tests hold the two equal)."""
-    m, n = d.shape
-    y = torch.empty((m, n), dtype=d.dtype, device=d.device)
-    if m and n:
-        _squash_kernel[(m, triton.cdiv(n, BLOCK))](d, y, d.stride(0), n, HC=hc, BLOCK=BLOCK)
-    return y
-
-
-@triton.jit
-def _mixed(u_ptr, xn_ptr, offs, mask, dt: tl.constexpr):
-    """One stream's sigmoid(u) * xn, each op rounded to dt."""
-    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    xn = tl.load(xn_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    return _r(_r(_sigmoid(u), dt) * xn, dt)
-
-
-@triton.jit(do_not_specialize=["h", "stride_inj"])
-def _hc_mix_kernel(u_ptr, xn_ptr, inj_ptr, a_ptr, w_ptr, h, stride_inj,
-                   HC: tl.constexpr, HC_P2: tl.constexpr, INJECT: tl.constexpr,
-                   BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < h
-    dt: tl.constexpr = a_ptr.dtype.element_ty
-    base = row * HC * h + cols
-    total = _mixed(u_ptr, xn_ptr, base, mask, dt)
-    for c in tl.static_range(1, HC):
-        total = _r(total + _mixed(u_ptr, xn_ptr, base + c * h, mask, dt), dt)
-    tl.store(a_ptr + row * h + cols, (total / HC).to(dt), mask=mask)
-    # a constexpr and a runtime test in one `and` would not fold the constexpr away
-    if INJECT:  # noqa: SIM102
-        if tl.program_id(1) == 0:
-            ch = tl.arange(0, HC_P2)
-            inj = tl.load(inj_ptr + row * stride_inj + ch, mask=ch < HC, other=0.0)
-            s = _r(_sigmoid(_r(inj.to(tl.float32) / HC, dt)), dt)
-            tl.store(w_ptr + row * HC + ch, (2.0 * s).to(dt), mask=ch < HC)
-
-
-def hc_mix(u: torch.Tensor, xn: torch.Tensor, inject: torch.Tensor | None, hc: int):
-    m = u.shape[0]
-    h = u.shape[1] // hc
-    u, xn = u.contiguous(), xn.contiguous()
-    a = torch.empty((m, h), dtype=u.dtype, device=u.device)
-    w = None if inject is None else torch.empty((m, hc), dtype=u.dtype, device=u.device)
-    if m and h:
-        _hc_mix_kernel[(m, triton.cdiv(h, BLOCK))](
-            u, xn, a if inject is None else inject, a, a if w is None else w, h,
-            0 if inject is None else inject.stride(0), HC=hc, HC_P2=triton.next_power_of_2(hc),
-            INJECT=inject is not None,
-            BLOCK=BLOCK,
-        )
-    return a, w
-
-
-@triton.jit(do_not_specialize=["h"])
-def _hc_write_kernel(r_ptr, y_ptr, w_ptr, out_ptr, h, HC: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < HC * h
-    dt: tl.constexpr = out_ptr.dtype.element_ty
-    y = tl.load(y_ptr + row * h + cols % h, mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + row * HC + cols // h, mask=mask, other=0.0).to(tl.float32)
-    r = tl.load(r_ptr + row * HC * h + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * HC * h + cols, (r + _r(y * w, dt)).to(dt), mask=mask)
-
-
-def hc_write(r: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    m, hc = w.shape
-    r, y, w = r.contiguous(), y.contiguous(), w.contiguous()
-    out = torch.empty_like(r)
-    if m and r.shape[1]:
-        grid = (m, triton.cdiv(r.shape[1], BLOCK))
-        _hc_write_kernel[grid](r, y, w, out, y.shape[1], HC=hc, BLOCK=BLOCK)
-    return out
-
-
-@triton.jit(do_not_specialize=["eps"])
-def _hc_write_norm_kernel(r_ptr, y_ptr, w_ptr, nw_ptr, out_ptr, xn_ptr, eps, H: tl.constexpr,
-                          HC: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1)  # one stream: the norm's group
-    cols = tl.arange(0, BLOCK)
-    mask = cols < H
-    dt: tl.constexpr = out_ptr.dtype.element_ty
-    at = row * HC * H + c * H + cols
-    y = tl.load(y_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + row * HC + c).to(tl.float32)
-    x = _r(tl.load(r_ptr + at, mask=mask, other=0.0).to(tl.float32) + _r(y * w, dt), dt)
-    tl.store(out_ptr + at, x.to(dt), mask=mask)
-    # the norms kernel's arithmetic on the written values
-    rs = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
-    nw = tl.load(nw_ptr + c * H + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(xn_ptr + at, ((x * rs) * (1.0 + nw)).to(dt), mask=mask)
-
-
-def hc_write_norm(r, y, w, weight, eps: float):
-    m, hc = w.shape
-    h = y.shape[1]
-    r, y, w = r.contiguous(), y.contiguous(), w.contiguous()
-    out, xn = torch.empty_like(r), torch.empty_like(r)
-    if m and h:
-        block = triton.next_power_of_2(h)
-        _hc_write_norm_kernel[(m, hc)](
-            r, y, w, weight.contiguous(), out, xn, eps, H=h, HC=hc, BLOCK=block,
-            num_warps=max(1, min(16, block // 256)),
-        )
-    return out, xn
 
 
 @triton.jit(do_not_specialize=["stride_a", "stride_b"])
