@@ -44,6 +44,7 @@ class Kernels:
     cos_sin: Callable
     ngram_ids: Callable
     swiglu: Callable
+    gated_heads: Callable
 
 
 REFERENCE = Kernels(
@@ -71,6 +72,7 @@ REFERENCE = Kernels(
     cos_sin=rowwise_ref.cos_sin,
     ngram_ids=rowwise_ref.ngram_ids,
     swiglu=rowwise_ref.swiglu,
+    gated_heads=rowwise_ref.gated_heads,
 )
 
 

@@ -57,4 +57,5 @@ TRITON = Kernels(
     cos_sin=rowwise_tr.cos_sin,
     ngram_ids=rowwise_tr.ngram_ids,
     swiglu=rowwise_tr.swiglu,
+    gated_heads=rowwise_tr.gated_heads,
 )

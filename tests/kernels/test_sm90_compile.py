@@ -73,6 +73,9 @@ KERNELS = {
     "gdn_gates": (rowwise._gdn_gates_kernel,
                   dict(a_ptr=BF, b_ptr=BF, alog_ptr="*fp32", dtb_ptr=BF, g_ptr="*fp32",
                        beta_ptr=BF, stride_a="i32", stride_b="i32"), dict(HV=48, BLOCK=64)),
+    "gated_heads": (rowwise._gated_heads_kernel, dict(o_ptr=BF, g_ptr=BF, y_ptr=BF,
+                                                       heads="i32", stride_n="i32",
+                                                       stride_h="i32"), dict(D=256, BLOCK=256)),
     "swiglu": (rowwise._swiglu_kernel, dict(g_ptr=BF, u_ptr=BF, y_ptr=BF, n="i32",
                                              stride_g="i32", stride_u="i32"), dict(BLOCK=1024)),
 }  # fmt: skip

@@ -182,3 +182,12 @@ def test_cos_sin(dtype, block):
     if block > 1:  # the floor: 5 and 7 share their block's tables
         assert torch.equal(tr.cos_sin(pos[2:3] + 2, inv, dtype, block)[0], got[0][2:3])
     _rows_invariant(lambda p: tr.cos_sin(p, inv, dtype, block), pos)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gated_heads(dtype):
+    n, heads, d = 7, 3, 20
+    qg = _rand(n, heads, 2 * d, dtype=dtype, seed=33)  # q and its gate per head, as projected
+    o, gate = _rand(n, heads, d, dtype=dtype, seed=34), qg[..., d:]
+    _close(tr.gated_heads(o, gate), ref.gated_heads(o, gate), dtype)
+    _rows_invariant(tr.gated_heads, o, gate)

@@ -130,6 +130,12 @@ def ngram_ids(
     return torch.cat(ids, dim=-1)
 
 
+def gated_heads(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """The attention's output gate: o, gate [N, Hq, D] -> o * sigmoid(gate) as [N, Hq * D]."""
+    n = o.shape[0]
+    return o.reshape(n, -1) * torch.sigmoid(gate.reshape(n, -1))
+
+
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up."""
     return F.silu(gate) * up

@@ -192,6 +192,34 @@ def ngram_ids(history, multipliers, sizes, offsets, n: int, heads: int, eos: int
     return out
 
 
+@triton.jit(do_not_specialize=["heads", "stride_n", "stride_h"])
+def _gated_heads_kernel(o_ptr, g_ptr, y_ptr, heads, stride_n, stride_h, D: tl.constexpr,
+                        BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < D
+    dt: tl.constexpr = y_ptr.dtype.element_ty
+    at = (row * heads + head) * D + cols
+    o = tl.load(o_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + row * stride_n + head * stride_h + cols, mask=mask, other=0.0)
+    tl.store(y_ptr + at, (o * _r(_sigmoid(g.to(tl.float32)), dt)).to(dt), mask=mask)
+
+
+def gated_heads(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    n, heads, d = o.shape
+    o = o.contiguous()
+    if gate.stride(-1) != 1:
+        gate = gate.contiguous()
+    y = torch.empty((n, heads * d), dtype=o.dtype, device=o.device)
+    if n and heads:
+        _gated_heads_kernel[(n, heads)](
+            o, gate, y, heads, gate.stride(0), gate.stride(1), D=d,
+            BLOCK=triton.next_power_of_2(d),
+        )  # fmt: skip
+    return y
+
+
 @triton.jit(do_not_specialize=["n", "stride_g", "stride_u"])
 def _swiglu_kernel(g_ptr, u_ptr, y_ptr, n, stride_g, stride_u, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)

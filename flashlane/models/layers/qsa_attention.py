@@ -80,8 +80,7 @@ class QSAttention(nn.Module):
 
     def output(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """The gated output projection: o, gate [N, Hq, D] -> [N, H]."""
-        n = o.shape[0]
-        return self.o_proj(o.reshape(n, -1) * torch.sigmoid(gate.reshape(n, -1)))
+        return self.o_proj(self.ops.gated_heads(o, gate))
 
     def attend(self, q, k, v, iq, raw, rows: Rows, rotary: Rotary, kernels: Kernels):
         """Keys written to each piece's session, then each row's attention -> o [N, Hq, D]."""
