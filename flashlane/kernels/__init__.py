@@ -31,7 +31,6 @@ class Kernels:
     linear: Callable
     rms_norm: Callable
     gated_rms_norm: Callable
-    l2norm: Callable
     row_sum: Callable
     # the layers' row-wise tails (kernels/rowwise)
     hc_up: Callable
@@ -60,7 +59,6 @@ REFERENCE = Kernels(
     linear=linear_ref.linear,
     rms_norm=norms_ref.rms_norm,
     gated_rms_norm=norms_ref.gated_rms_norm,
-    l2norm=norms_ref.l2norm,
     row_sum=norms_ref.row_sum,
     hc_up=rowwise_ref.hc_up,
     hc_mix=rowwise_ref.hc_mix,

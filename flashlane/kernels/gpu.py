@@ -45,7 +45,6 @@ TRITON = Kernels(
     linear=linear,
     rms_norm=norms_tr.rms_norm,
     gated_rms_norm=norms_tr.gated_rms_norm,
-    l2norm=norms_tr.l2norm,
     row_sum=row_sum,
     hc_up=hc_tr.hc_up,
     hc_mix=hc_tr.hc_mix,

@@ -28,7 +28,6 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlane.kernels.attention import reference
 from flashlane.kernels.attention.triton_select import select_from_scores
 
 # attention tiles: BLOCK_M (token, head) rows x BLOCK_L keys, D up to 256. The config depends
@@ -268,9 +267,5 @@ def select_mask(
     (triton_select.py ranks without a sort), always without the dense shortcut (the same
     mask): its host read of a device value waits for the GPU, which costs a host-bound round
     more than the scores do. `dense_check` is accepted for the signature and ignored."""
-    if block_keys.shape[1] == 0:
-        return reference.select_mask(
-            index_q, block_keys, positions, num_keys, block, top_blocks, index_scores, False
-        )
     scores = index_scores(index_q, block_keys)
     return select_from_scores(scores, positions, num_keys, block, top_blocks)

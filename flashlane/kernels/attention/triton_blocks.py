@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from flashlane.kernels.norms.triton import rms_factor
+
 
 @triton.jit
 def _block_key(raw_ptr, cos_ptr, sin_ptr, w_ptr, out_ptr, eps,
@@ -23,7 +25,7 @@ def _block_key(raw_ptr, cos_ptr, sin_ptr, w_ptr, out_ptr, eps,
     for j in tl.static_range(1, BLOCK):
         total = total + tl.load(raw_ptr + j * DI + cols, mask=mask, other=0.0).to(tl.float32)
     x = (total / BLOCK).to(dt).to(tl.float32)
-    r = tl.rsqrt(tl.sum(x * x, axis=0) / DI + eps)
+    r = rms_factor(x, DI, eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = ((x * r) * (1.0 + w)).to(dt).to(tl.float32)
     # the same normed row, each rotated dim's partner (rotate-half)

@@ -12,6 +12,20 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def rms_factor(x, n, eps):
+    """rsqrt(mean(x^2) + eps) of fp32 x over its n values: the scale every Triton RMSNorm here
+    applies (these kernels, the hyper-connections' write_norm, the indexer's block keys), so
+    fused and separate norms do the same arithmetic."""
+    return tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
+
+
+@triton.jit
+def l2_factor(x, eps):
+    """rsqrt(sum(x^2) + eps) of fp32 x: the L2 norm's scale (l2norm, the GDN's q and k)."""
+    return tl.rsqrt(tl.sum(x * x, axis=0) + eps)
+
+
 def _warps(block: int) -> int:
     return max(1, min(16, block // 256))
 
@@ -27,7 +41,7 @@ def _rms_norm_kernel(
     groups: tl.constexpr = D // G
     wcols = (pid % groups) * G + cols
     x = tl.load(x_ptr + pid * G + cols, mask=mask, other=0.0).to(tl.float32)
-    r = tl.rsqrt(tl.sum(x * x, axis=0) / G + eps)
+    r = rms_factor(x, G, eps)
     w = tl.load(w_ptr + wcols, mask=mask, other=0.0).to(tl.float32)
     y = (x * r) * (1.0 + w)
     tl.store(y_ptr + pid * G + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
@@ -79,7 +93,7 @@ def _gated_rms_norm_kernel(
     mask = cols < D
     dt = y_ptr.dtype.element_ty
     x = tl.load(x_ptr + pid * D + cols, mask=mask, other=0.0).to(tl.float32)
-    r = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+    r = rms_factor(x, D, eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     # as the reference: the normalised row back in x's dtype, times w in the promoted dtype
     # (x's dtype when w has it: the product is rounded to it; else fp32)
@@ -132,7 +146,7 @@ def _l2norm_kernel(x_ptr, y_ptr, rows, eps, D: tl.constexpr, BLOCK: tl.constexpr
     cols = tl.arange(0, BLOCK)
     mask = cols < D
     x = tl.load(x_ptr + pid * D + cols, mask=mask, other=0.0).to(tl.float32)
-    r = tl.rsqrt(tl.sum(x * x, axis=0) + eps)
+    r = l2_factor(x, eps)
     tl.store(y_ptr + pid * D + cols, (x * r).to(y_ptr.dtype.element_ty), mask=mask)
 
 

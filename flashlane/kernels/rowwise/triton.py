@@ -15,17 +15,19 @@ import torch
 import triton
 import triton.language as tl
 
+from flashlane.kernels.norms.triton import l2_factor
+
 BLOCK = 1024
 
 
 @triton.jit
-def _r(x, dt: tl.constexpr):
+def rounded(x, dt: tl.constexpr):
     """x rounded to the output dtype, back in fp32 (what a torch op on dt tensors keeps)."""
     return x.to(dt).to(tl.float32)
 
 
 @triton.jit
-def _sigmoid(x):
+def sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))
 
 
@@ -41,7 +43,7 @@ def _gdn_gates_kernel(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, stride_a
     decay = tl.exp(tl.load(alog_ptr + cols, mask=mask, other=0.0).to(tl.float32))
     tl.store(g_ptr + row * HV + cols, -decay * softplus, mask=mask)
     b = tl.load(b_ptr + row * stride_b + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(beta_ptr + row * HV + cols, _sigmoid(b).to(beta_ptr.dtype.element_ty), mask=mask)
+    tl.store(beta_ptr + row * HV + cols, sigmoid(b).to(beta_ptr.dtype.element_ty), mask=mask)
 
 
 def gdn_gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
@@ -58,8 +60,8 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: to
 
 @triton.jit
 def _l2(x, dt: tl.constexpr):
-    """x * rsqrt(sum(x^2) + 1e-6), as kernels/norms l2norm, rounded to dt."""
-    return _r(x * tl.rsqrt(tl.sum(x * x, axis=0) + 1e-6), dt)
+    """x * rsqrt(sum(x^2) + 1e-6), kernels/norms l2norm's arithmetic, rounded to dt."""
+    return rounded(x * l2_factor(x, 1e-6), dt)
 
 
 @triton.jit(do_not_specialize=["stride"])
@@ -71,7 +73,7 @@ def _gdn_qk_kernel(y_ptr, q_ptr, k_ptr, stride, scale, HEADS: tl.constexpr, DIM:
     mask = cols < DIM
     dt: tl.constexpr = q_ptr.dtype.element_ty
     src = y_ptr + row * stride + head * DIM + cols
-    q = _r(_l2(tl.load(src, mask=mask, other=0.0).to(tl.float32), dt) * scale, dt)
+    q = rounded(_l2(tl.load(src, mask=mask, other=0.0).to(tl.float32), dt) * scale, dt)
     k = _l2(tl.load(src + HEADS * DIM, mask=mask, other=0.0).to(tl.float32), dt)
     out = (row * HEADS * REP + head * REP) * DIM + cols
     for j in tl.static_range(REP):
@@ -139,7 +141,7 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, heads, stride_n, stride_h, stri
     other = tl.where(cols < half, -other, other)
     c = tl.load(cos_ptr + row * stride_c + cols, mask=rot, other=0.0).to(tl.float32)
     s = tl.load(sin_ptr + row * stride_c + cols, mask=rot, other=0.0).to(tl.float32)
-    y = tl.where(rot, _r(x * c, dt) + _r(other * s, dt), x)
+    y = tl.where(rot, rounded(x * c, dt) + rounded(other * s, dt), x)
     tl.store(y_ptr + (row * heads + head) * D + cols, y.to(dt), mask=mask)
 
 
@@ -203,7 +205,7 @@ def _gated_heads_kernel(o_ptr, g_ptr, y_ptr, heads, stride_n, stride_h, D: tl.co
     at = (row * heads + head) * D + cols
     o = tl.load(o_ptr + at, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(g_ptr + row * stride_n + head * stride_h + cols, mask=mask, other=0.0)
-    tl.store(y_ptr + at, (o * _r(_sigmoid(g.to(tl.float32)), dt)).to(dt), mask=mask)
+    tl.store(y_ptr + at, (o * rounded(sigmoid(g.to(tl.float32)), dt)).to(dt), mask=mask)
 
 
 def gated_heads(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -228,7 +230,7 @@ def _swiglu_kernel(g_ptr, u_ptr, y_ptr, n, stride_g, stride_u, BLOCK: tl.constex
     dt: tl.constexpr = y_ptr.dtype.element_ty
     g = tl.load(g_ptr + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(u_ptr + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + row * n + cols, (_r(g / (1.0 + tl.exp(-g)), dt) * u).to(dt), mask=mask)
+    tl.store(y_ptr + row * n + cols, (rounded(g / (1.0 + tl.exp(-g)), dt) * u).to(dt), mask=mask)
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,8 @@ import triton
 import triton.language as tl
 
 from flashlane.kernels.linear.triton import linear
-from flashlane.kernels.rowwise.triton import BLOCK, _r, _sigmoid
+from flashlane.kernels.norms.triton import rms_factor
+from flashlane.kernels.rowwise.triton import BLOCK, rounded, sigmoid
 
 
 @triton.jit(do_not_specialize=["stride", "n"])
@@ -19,7 +20,7 @@ def _squash_kernel(d_ptr, y_ptr, stride, n, HC: tl.constexpr, BLOCK: tl.constexp
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n
     dt: tl.constexpr = y_ptr.dtype.element_ty
-    x = _r(tl.load(d_ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32) / HC, dt)
+    x = rounded(tl.load(d_ptr + row * stride + cols, mask=mask, other=0.0).to(tl.float32) / HC, dt)
     tl.store(y_ptr + row * n + cols, (x / (1.0 + tl.exp(-x))).to(dt), mask=mask)
 
 
@@ -43,7 +44,7 @@ def _mixed(u_ptr, xn_ptr, offs, mask, dt: tl.constexpr):
     """One stream's sigmoid(u) * xn, each op rounded to dt."""
     u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     xn = tl.load(xn_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    return _r(_r(_sigmoid(u), dt) * xn, dt)
+    return rounded(rounded(sigmoid(u), dt) * xn, dt)
 
 
 @triton.jit(do_not_specialize=["h", "stride_inj"])
@@ -57,14 +58,14 @@ def _hc_mix_kernel(u_ptr, xn_ptr, inj_ptr, a_ptr, w_ptr, h, stride_inj,
     base = row * HC * h + cols
     total = _mixed(u_ptr, xn_ptr, base, mask, dt)
     for c in tl.static_range(1, HC):
-        total = _r(total + _mixed(u_ptr, xn_ptr, base + c * h, mask, dt), dt)
+        total = rounded(total + _mixed(u_ptr, xn_ptr, base + c * h, mask, dt), dt)
     tl.store(a_ptr + row * h + cols, (total / HC).to(dt), mask=mask)
     # a constexpr and a runtime test in one `and` would not fold the constexpr away
     if INJECT:  # noqa: SIM102
         if tl.program_id(1) == 0:
             ch = tl.arange(0, HC_P2)
             inj = tl.load(inj_ptr + row * stride_inj + ch, mask=ch < HC, other=0.0)
-            s = _r(_sigmoid(_r(inj.to(tl.float32) / HC, dt)), dt)
+            s = rounded(sigmoid(rounded(inj.to(tl.float32) / HC, dt)), dt)
             tl.store(w_ptr + row * HC + ch, (2.0 * s).to(dt), mask=ch < HC)
 
 
@@ -93,7 +94,7 @@ def _hc_write_kernel(r_ptr, y_ptr, w_ptr, out_ptr, h, HC: tl.constexpr, BLOCK: t
     y = tl.load(y_ptr + row * h + cols % h, mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + row * HC + cols // h, mask=mask, other=0.0).to(tl.float32)
     r = tl.load(r_ptr + row * HC * h + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * HC * h + cols, (r + _r(y * w, dt)).to(dt), mask=mask)
+    tl.store(out_ptr + row * HC * h + cols, (r + rounded(y * w, dt)).to(dt), mask=mask)
 
 
 def hc_write(r: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -117,10 +118,10 @@ def _hc_write_norm_kernel(r_ptr, y_ptr, w_ptr, nw_ptr, out_ptr, xn_ptr, eps, H: 
     at = row * HC * H + c * H + cols
     y = tl.load(y_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + row * HC + c).to(tl.float32)
-    x = _r(tl.load(r_ptr + at, mask=mask, other=0.0).to(tl.float32) + _r(y * w, dt), dt)
+    x = rounded(tl.load(r_ptr + at, mask=mask, other=0.0).to(tl.float32) + rounded(y * w, dt), dt)
     tl.store(out_ptr + at, x.to(dt), mask=mask)
     # the norms kernel's arithmetic on the written values
-    rs = tl.rsqrt(tl.sum(x * x, axis=0) / H + eps)
+    rs = rms_factor(x, H, eps)
     nw = tl.load(nw_ptr + c * H + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(xn_ptr + at, ((x * rs) * (1.0 + nw)).to(dt), mask=mask)
 
