@@ -77,7 +77,9 @@ def test_signed_zeros_tie_and_negative_nan_ranks_first():
     # -0.0 at id 0 ties +0.0 at id 1: the lower id wins the second place after 1.0
     s = torch.tensor([[[-0.0, 0.0, 1.0, -1.0, -2.0]]], device=DEVICE)
     _check(s, torch.tensor([[4]], device=DEVICE), 5, block, top)
-    neg_nan = -torch.tensor(float("nan"), device=DEVICE)  # the sign bit set
+    # a NaN with its sign bit set, made from its bits (CUDA's negation of a NaN may clear it)
+    neg_nan = torch.tensor(-4194304, dtype=torch.int32, device=DEVICE).view(torch.float32)
+    assert torch.isnan(neg_nan)
     assert neg_nan.view(torch.int32) < 0
     s = torch.tensor([[[0.5, 2.0, 0.0, 1.0, 3.0]]], device=DEVICE)
     s[0, 0, 2] = neg_nan  # a NaN, whatever its sign, ranks above every number

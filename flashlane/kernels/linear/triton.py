@@ -45,7 +45,9 @@ _FIXUP = True
 def tile_config(n: int, k: int, dtype: torch.dtype) -> dict:
     """The one tile for (N, K, dtype); M never enters."""
     if dtype == torch.float32:
-        bm, bn, bk, warps, stages = 64, 64, 32, 4, 2
+        # BLOCK_M 16: fp32 products run as FMAs on the CUDA cores (their order is k's, whatever
+        # BLOCK_M), and a decode row (the router's) should not pay for 64
+        bm, bn, bk, warps, stages = 16, 64, 32, 4, 2
     else:
         bm, bn, bk, warps, stages = 64, 64, 64, 4, 3
     n_tiles = triton.cdiv(n, bn)
@@ -221,7 +223,11 @@ def _sum_parts_kernel(ws_ptr, y_ptr, numel, PARTS: tl.constexpr, BLOCK: tl.const
 
 
 def linear(
-    x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype | None = None, squash: int = 0
+    x: torch.Tensor,
+    w: torch.Tensor,
+    out_dtype: torch.dtype | None = None,
+    squash: int = 0,
+    tile: dict | None = None,
 ) -> torch.Tensor:
     """x @ w.T. x: [..., K] (bf16 / fp16 / fp32); w: [N, K] of x's dtype -> [..., N].
 
@@ -230,7 +236,8 @@ def linear(
     fp32 in registers, bitwise `linear(x.float(), w.float())` without converting them.
     squash = hc > 0: the product of rowwise hc_squash(x, hc) (a hyper-connection's up
     projection), bitwise, with x's values squashed as they are loaded: one launch, and a
-    2-D x may be a column slice (its rows strided).
+    2-D x may be a column slice (its rows strided). tile: tile_config's keys, to time or
+    check another tile than (N, K)'s own (benchmarks/tune_linears.py).
     """
     k = x.shape[-1]
     n, kw = w.shape
@@ -251,7 +258,7 @@ def linear(
     if k == 0:
         return y.zero_().reshape(*lead, n)
     # fp32 out: the fp32 tile and exact fp32 products, whatever the inputs' dtype
-    cfg = tile_config(n, k, out_dtype)
+    cfg = tile_config(n, k, out_dtype) if tile is None else tile
     bm, bn, parts = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["PARTS"]
     m_tiles, n_tiles = triton.cdiv(m, bm), triton.cdiv(n, bn)
     split = parts > 1 and m_tiles * n_tiles < _IN_PROGRAM_TILES
