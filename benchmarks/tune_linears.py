@@ -37,31 +37,27 @@ SMS = 132
 
 
 def candidates(n: int, k: int, fp32: bool) -> list[dict]:
-    """bf16 tiles of BLOCK_M 16 and 64; fp32 products (FMAs) with BLOCK_M 16 and small K."""
+    """bf16 tiles of BLOCK_M 16 and 64; fp32 products (FMAs) with BLOCK_M 16 and small K.
+    PARTS fills about two waves of the SMs at one row."""
     out = []
     for bm in (16,) if fp32 else (16, 64):
-        for bn in (32, 64, 128):
+        for bn in (64, 128):
             for bk, stages in ((32, 2), (64, 2)) if fp32 else ((64, 4), (128, 3)):
                 n_tiles, k_blocks = -(-n // bn), -(-k // bk)
-                seen = set()
-                for waves in (1, 2):
-                    parts = max(1, min(k_blocks // 2, (waves * SMS) // n_tiles))
-                    per = -(-k_blocks // parts)
-                    parts = -(-k_blocks // per)
-                    if parts in seen:
-                        continue
-                    seen.add(parts)
-                    out.append(
-                        dict(
-                            BLOCK_M=bm,
-                            BLOCK_N=bn,
-                            BLOCK_K=bk,
-                            PARTS=parts,
-                            BLOCKS_PER_PART=per,
-                            num_warps=4,
-                            num_stages=stages,
-                        )
+                parts = max(1, min(k_blocks // 2, (2 * SMS) // n_tiles))
+                per = -(-k_blocks // parts)
+                parts = -(-k_blocks // per)
+                out.append(
+                    dict(
+                        BLOCK_M=bm,
+                        BLOCK_N=bn,
+                        BLOCK_K=bk,
+                        PARTS=parts,
+                        BLOCKS_PER_PART=per,
+                        num_warps=4,
+                        num_stages=stages,
                     )
+                )
     return out
 
 
@@ -76,7 +72,7 @@ def prefill_candidates(n: int, k: int, fp32: bool) -> list[dict]:
         if t["BLOCK_K"] != 64 or span in seen:
             continue
         seen.add(span)
-        for bm, bn, warps, stages in ((128, 128, 8, 3), (128, 256, 8, 3), (64, 128, 4, 4)):
+        for bm, bn, warps, stages in ((128, 128, 8, 3), (64, 128, 4, 4)):
             out.append(dict(t, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages))
     return out
 
@@ -139,7 +135,10 @@ def main() -> None:
     else:
         done = [_compile(j) for j in jobs]
     ok = {(j[0], j[1], d) for j, d in zip(jobs, done, strict=True) if d is not None}
-    print(f"compiled {len(ok)} of {len(jobs)} candidates in {time.perf_counter() - t0:.0f} s")
+    print(
+        f"compiled {len(ok)} of {len(jobs)} candidates in {time.perf_counter() - t0:.0f} s",
+        flush=True,
+    )
     g = torch.Generator(device=args.device).manual_seed(0)
     report = []
     with torch.no_grad():
@@ -212,7 +211,7 @@ def main() -> None:
                 all=rows_out,
             )
             report.append(entry)
-            print(f"{n}x{k} {kind} ({nm}); bits: {agree}")
+            print(f"{n}x{k} {kind} ({nm}); bits: {agree}", flush=True)
             for r in (rows_out[0], best, best64, fill):
                 print(
                     f"  {r['tile']:>20}{' (default)' if r['default'] else '':10} "

@@ -21,11 +21,14 @@ from flashlane.kernels.attention.triton_select import select_from_scores  # noqa
 
 
 def _want(scores, pos, num_keys, block, top):
-    """The reference mask for these scores (its scores_of hook returns them)."""
+    """The reference mask for these scores (its scores_of hook returns them), on the CPU:
+    its sort ranks a NaN above every number whatever its sign bit (CUDA's sort ranked a
+    negative NaN otherwise on the H200)."""
     b, t, nb = scores.shape
-    iq = torch.zeros(b, t, 1, 1, device=scores.device)
-    keys = torch.zeros(b, nb, 1, device=scores.device)
-    return ref.select_mask(iq, keys, pos, num_keys, block, top, lambda q, k: scores, False)
+    iq, keys = torch.zeros(b, t, 1, 1), torch.zeros(b, nb, 1)
+    cpu = scores.cpu()
+    want = ref.select_mask(iq, keys, pos.cpu(), num_keys, block, top, lambda q, k: cpu, False)
+    return want.to(scores.device)
 
 
 def _check(scores, pos, num_keys, block, top):
