@@ -237,10 +237,33 @@ def test_linear_out_dtype_is_the_inputs_or_fp32():
         tlin.linear(x.half(), w, out_dtype=torch.float32)
 
 
-def test_linear_tile_never_depends_on_m():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("nk", [(70, 130), (324, 10240), (1281, 2560), (2560, 640), (16480, 2560)])
+def test_linear_partitions_never_depend_on_m(nk, dtype):
+    """The decode and prefill tiles differ in shape only: PARTS and the partitions' spans of
+    K (the bits) are functions of (N, K, dtype) alone."""
     import inspect
 
-    assert list(inspect.signature(tlin.tile_config).parameters) == ["n", "k", "dtype"]
+    for tile in (tlin.tile_config, tlin.prefill_tile):
+        assert list(inspect.signature(tile).parameters) == ["n", "k", "dtype"]
+    d, p = tlin.tile_config(*nk, dtype), tlin.prefill_tile(*nk, dtype)
+    assert d["PARTS"] == p["PARTS"]
+    assert d["BLOCK_K"] * d["BLOCKS_PER_PART"] == p["BLOCK_K"] * p["BLOCKS_PER_PART"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_decode_and_prefill_tiles_agree(dtype):
+    """A row in a call of DECODE_ROWS rows (the decode tile) and in one of more (the prefill
+    tile), with normal values and with exponents spread over 2^-12..2^12: the same bits."""
+    n, k = (1281, 2560) if HAS_CUDA else (130, 1100)
+    g = torch.Generator(device=DEVICE).manual_seed(21)
+    w = _rand(n, k, dtype=dtype, seed=22)
+    spread = torch.exp2(torch.randint(-12, 13, (200, k), generator=g, device=DEVICE).float())
+    for full in (_rand(200, k, dtype=dtype, seed=23), (_rand(200, k, seed=24) * spread).to(dtype)):
+        big = tlin.linear(full, w)
+        for o in (0, 70, 200 - tlin.DECODE_ROWS):
+            rows = full[o : o + tlin.DECODE_ROWS]
+            assert torch.equal(tlin.linear(rows, w), big[o : o + tlin.DECODE_ROWS])
 
 
 # ------------------------------------------------------------------------------------ norms

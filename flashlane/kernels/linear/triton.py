@@ -1,24 +1,30 @@
-"""Row-invariant Triton GEMM: `linear(x, w) = x @ w.T` with one fixed tile per (N, K, dtype).
+"""Row-invariant Triton GEMM: `linear(x, w) = x @ w.T`, a row's bits the same whatever M.
 
 Row invariance (a row's output is bitwise the same whatever M, its offset and the other rows):
 
-* the tile (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) depends only on (N, K, dtype), never
-  on M, so every row goes through the same instructions;
-* K is cut into PARTS fixed partitions of whole BLOCK_K blocks (PARTS depends only on N, K
-  and dtype); each partition accumulates its blocks in ascending order from zero in fp32,
-  and the partitions are added in ascending order: `((p0 + p1) + p2) + ...`.
+* K is cut into PARTS fixed partitions (spans of K); PARTS and the spans depend only on
+  (N, K, dtype); each partition accumulates its K in ascending order from zero in fp32, and
+  the partitions are added in ascending order: `((p0 + p1) + p2) + ...`;
+* the tile's shape (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) follows the call's row count
+  (`tile_config` up to DECODE_ROWS rows, `prefill_tile` above), never the partitions. A
+  product's bits depend on the partitions and on the tensor cores' k-steps of 16, which run
+  in the same order in every tile: on the H200 every tile of `benchmarks/tune_linears.py`
+  (BLOCK_M 16 on mma.sync, 64 and 128 on wgmma, BLOCK_N 64/128, BLOCK_K 64/128, 4/8 warps)
+  gave the same bits for the same spans, normal and exponent-spread inputs, and
+  tests/kernels/test_triton_dense.py checks a row alone against the same row in 200.
 
-Where those partition sums happen is the one thing chosen by M, and it does not change a
-bit: with few row tiles (decode) each partition is its own program writing an fp32 partial,
-and the last program of each tile to finish adds them in order in the same launch
-(`kernels/partials.py`; `_sum_parts_kernel`, a second launch, while a CUDA graph is captured
-before the counters exist); with many row tiles (prefill) one program runs all partitions
-and adds them in the same order in registers (no fp32 workspace). All do the same fp32
-operations on the same values; the tests check them bitwise against each other.
+Where the partition sums happen is chosen by M too, and does not change a bit: with few row
+tiles (decode) each partition is its own program writing an fp32 partial, and the last
+program of each tile to finish adds them in order in the same launch (`kernels/partials.py`;
+`_sum_parts_kernel`, a second launch, while a CUDA graph is captured before the counters
+exist); with many row tiles (prefill) one program runs all partitions and adds them in the
+same order in registers (no fp32 workspace). All do the same fp32 operations on the same
+values; the tests check them bitwise against each other.
 
-fp32 out takes exact fp32 products (`input_precision="ieee"`) with the fp32 tile: fp32 inputs,
-or bf16 / fp16 inputs with `out_dtype=torch.float32`, cast in registers (the MoE router), so
-the bits are those of `linear(x.float(), w.float())`.
+fp32 out takes exact fp32 products (`input_precision="ieee"`, FMAs in k's order) with the
+fp32 tile, one tile for every M: fp32 inputs, or bf16 / fp16 inputs with
+`out_dtype=torch.float32`, cast in registers (the MoE router), so the bits are those of
+`linear(x.float(), w.float())`.
 """
 
 from __future__ import annotations
@@ -31,10 +37,12 @@ import triton.language as tl
 
 from flashlane.kernels.partials import add_partials, counters, last_to_arrive
 
-# programs to aim for in the split (few row tiles) variant: about one wave of 132 SMs
-_TARGET_PROGRAMS = 160
+# programs to aim for in the split (few row tiles) variant: about two waves of 132 SMs
+_TARGET_PROGRAMS = 264
 # fewest K blocks in one partition (>= 2 also keeps every partition a real loop)
-_MIN_BLOCKS_PER_PART = 4
+_MIN_BLOCKS_PER_PART = 2
+# rows up to which a call takes the decode tile (tile_config), above it prefill_tile
+DECODE_ROWS = 64
 # row tiles x column tiles from which one program runs all partitions
 _IN_PROGRAM_TILES = 128
 # split partitions added by each tile's last program (`kernels/partials.py`), not a 2nd kernel
@@ -43,20 +51,22 @@ _FIXUP = True
 
 @functools.cache
 def tile_config(n: int, k: int, dtype: torch.dtype) -> dict:
-    """The one tile for (N, K, dtype); M never enters."""
+    """The decode tile of (N, K, dtype) and its K partitions (M never enters). bf16 / fp16:
+    BLOCK_K 128, small weights (up to 4M values) on mma.sync rows of 16 (split-K carries
+    them), larger ones on wgmma rows of 64, and partitions enough to fill about two waves
+    of the SMs at one row (the H200 sweep's winners, results/tune_linears_h200.log)."""
     if dtype == torch.float32:
         # BLOCK_M 16: fp32 products run as FMAs on the CUDA cores (their order is k's, whatever
         # BLOCK_M), and a decode row (the router's) should not pay for 64
+        # (one wave and 4 blocks a partition: 27 partitions of 3 timed slower than 16 of 5)
         bm, bn, bk, warps, stages = 16, 64, 32, 4, 2
+        programs, fewest = _TARGET_PROGRAMS // 2, 2 * _MIN_BLOCKS_PER_PART
     else:
-        bm, bn, bk, warps, stages = 64, 64, 64, 4, 3
+        bm, bn, bk, warps, stages = (16 if n * k <= 1 << 22 else 64), 64, 128, 4, 3
+        programs, fewest = _TARGET_PROGRAMS, _MIN_BLOCKS_PER_PART
     n_tiles = triton.cdiv(n, bn)
     k_blocks = triton.cdiv(k, bk)
-    parts = 1
-    while (
-        n_tiles * parts * 2 <= _TARGET_PROGRAMS and k_blocks // (parts * 2) >= _MIN_BLOCKS_PER_PART
-    ):
-        parts *= 2
+    parts = max(1, min(k_blocks // fewest, programs // n_tiles))
     per_part = triton.cdiv(k_blocks, parts)
     parts = triton.cdiv(k_blocks, per_part)  # no empty partition
     return dict(
@@ -68,6 +78,18 @@ def tile_config(n: int, k: int, dtype: torch.dtype) -> dict:
         num_warps=warps,
         num_stages=stages,
     )
+
+
+@functools.cache
+def prefill_tile(n: int, k: int, dtype: torch.dtype) -> dict:
+    """The tile for more than DECODE_ROWS rows: tile_config's partitions (the same spans of
+    K, in blocks of 64), 128 x 128 wgmma tiles on 8 warps. fp32 keeps its one tile."""
+    t = tile_config(n, k, dtype)
+    if dtype == torch.float32:
+        return t
+    ratio = t["BLOCK_K"] // 64
+    return dict(t, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64,
+                BLOCKS_PER_PART=t["BLOCKS_PER_PART"] * ratio, num_warps=8, num_stages=3)
 
 
 @triton.jit
@@ -192,7 +214,7 @@ def _linear_kernel(
             FP32_PRODUCTS,
             SQUASH,
         )
-        for p in tl.static_range(1, PARTS):
+        for p in range(1, PARTS):  # a loop, not unrolled: PARTS may be 40
             acc = _partition(
                 x_ptr,
                 w_ptr,
@@ -258,7 +280,11 @@ def linear(
     if k == 0:
         return y.zero_().reshape(*lead, n)
     # fp32 out: the fp32 tile and exact fp32 products, whatever the inputs' dtype
-    cfg = tile_config(n, k, out_dtype) if tile is None else tile
+    if tile is None:
+        tile = tile_config if m <= DECODE_ROWS else prefill_tile
+        cfg = tile(n, k, out_dtype)
+    else:
+        cfg = tile
     bm, bn, parts = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["PARTS"]
     m_tiles, n_tiles = triton.cdiv(m, bm), triton.cdiv(n, bn)
     split = parts > 1 and m_tiles * n_tiles < _IN_PROGRAM_TILES

@@ -14,8 +14,12 @@ Experts as a grouped GEMM over those expert-sorted pairs:
 * combine, grid (rows, H / BLOCK): out = y0*w0; out = out + y1*w1; ... in rank order.
 
 Each pair's row of a tile is computed from its own x row and its expert's weights only, with
-one fixed tile and one ascending K loop, so it does not depend on which other pairs share
-the tile (nor where in the tile it sits). Intermediate roundings follow the reference:
+one ascending K loop, so it does not depend on which other pairs share the tile (nor where in
+the tile it sits). The tile's shape follows the call's rows like the linear's (decode tiles
+up to linear.DECODE_ROWS rows, wgmma tiles of 64 pairs above, bf16 / fp16 only): the K loop
+runs the same tensor-core k-steps in the same order in both, which gave the same bits on the
+H200 (kernels/linear/triton.py; tests/kernels/test_triton_moe.py checks rows alone against
+the same rows in 150). Intermediate roundings follow the reference:
 gate x, up x, silu, the product, down and every weighted slot are rounded to x's dtype.
 """
 
@@ -25,16 +29,20 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlane.kernels.linear.triton import linear
+from flashlane.kernels.linear.triton import DECODE_ROWS, linear
 from flashlane.kernels.moe.routing import dispatch, pick_experts
 
-# one tile for every call (never chosen by the number of rows)
+# pairs a tile at decode (up to DECODE_ROWS rows, and every fp32 call)
 BLOCK_M = 16
 # the tile sweep's winners at Flash Next's expert shape (benchmarks/results/
 # tune_decode_kernels_h200.log, H200: gate/up 17.2 against 24.0 us at 1 row and faster at
 # 4, 16 and 64 rows; down + combine equal at 1 row, faster at 4-64)
 GATE_UP_TILE = dict(BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=4)
 DOWN_TILE = dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
+# above DECODE_ROWS rows (prompt chunks): 64 pairs a tile on wgmma
+PREFILL_BLOCK_M = 64
+GATE_UP_PREFILL = dict(BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
+DOWN_PREFILL = dict(BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3)
 COMBINE_BLOCK = 1024
 
 
@@ -193,11 +201,13 @@ def experts(
         return out
     x = x.contiguous()
     gate, up, down = gate.contiguous(), up.contiguous(), down.contiguous()
-    slot_pair, block_expert = dispatch(ids, e, BLOCK_M)
+    big = n > DECODE_ROWS and x.dtype != torch.float32
+    bm, gu, dn = (PREFILL_BLOCK_M, GATE_UP_PREFILL, DOWN_PREFILL) if big else (
+        BLOCK_M, GATE_UP_TILE, DOWN_TILE)
+    slot_pair, block_expert = dispatch(ids, e, bm)
     blocks = block_expert.numel()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    act = torch.empty((blocks * BLOCK_M, i), dtype=x.dtype, device=x.device)
-    gu = GATE_UP_TILE
+    act = torch.empty((blocks * bm, i), dtype=x.dtype, device=x.device)
     _gate_up_kernel[(blocks, triton.cdiv(i, gu["BLOCK_N"]))](
         x,
         gate,
@@ -208,12 +218,11 @@ def experts(
         h,
         i,
         TOP_K=top_k,
-        BLOCK_M=BLOCK_M,
+        BLOCK_M=bm,
         PRECISION=precision,
         **gu,
     )
     y = torch.empty((n * top_k, h), dtype=x.dtype, device=x.device)
-    dn = DOWN_TILE
     _down_kernel[(blocks, triton.cdiv(h, dn["BLOCK_N"]))](
         act,
         down,
@@ -222,7 +231,7 @@ def experts(
         block_expert,
         h,
         i,
-        BLOCK_M=BLOCK_M,
+        BLOCK_M=bm,
         PRECISION=precision,
         **dn,
     )
