@@ -197,3 +197,35 @@ def test_compiles_for_sm90(name):
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
                               target=H200, options=options[0] if options else None)
     assert len(compiled.asm["cubin"]) > 0  # through ptxas: a binary the H200 would load
+
+
+@pytest.mark.parametrize("tile", ["tile_config", "prefill_tile"])
+def test_fp32_products_are_one_fma_chain_in_k_order(tile):
+    """The router's fp32 tiles (rows of 16 at decode, 64 above) compile to the same arithmetic
+    per output: each K block is one chain of BLOCK_K fused multiply-adds in k's order that
+    starts from the loop's accumulator, and PTX holds fma.rn.f32 for every product and no
+    separate multiply. So a row's bits do not depend on which tile ran it."""
+    import re
+
+    import torch
+
+    t = getattr(linear, tile)(512, 2560, torch.float32)
+    constexprs = dict(PARTS=t["PARTS"], BLOCKS_PER_PART=t["BLOCKS_PER_PART"], SPLIT=True,
+                      FIXUP=True, BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"],
+                      BLOCK_K=t["BLOCK_K"], FP32_PRODUCTS=True, SQUASH=0)
+    signature = {**LINEAR, "y_ptr": "*fp32", **dict.fromkeys(constexprs, "constexpr")}
+    compiled = triton.compile(
+        ASTSource(fn=linear._linear_kernel, signature=signature, constexprs=constexprs),
+        target=H200, options=dict(num_warps=t["num_warps"], num_stages=t["num_stages"]))
+    llir, ptx = compiled.asm["llir"], compiled.asm["ptx"]
+    calls = re.findall(r"(%\S+) = tail call <(\d+) x float> @llvm\.fmuladd\.v\d+f32\("
+                       r"<\d+ x float> %\S+, <\d+ x float> %\S+, <\d+ x float> (%\S+)\)", llir)
+    assert len(calls) == t["BLOCK_K"]
+    made = {c[0] for c in calls}
+    heads = [c for c in calls if c[2] not in made]
+    assert len(heads) == 1  # one chain: each call adds to the previous one's result
+    assert re.search(re.escape(heads[0][2]) + r" = phi ", llir)  # from the loop's acc
+    per_thread = t["BLOCK_M"] * t["BLOCK_N"] // (32 * t["num_warps"])
+    assert int(calls[0][1]) == per_thread
+    assert ptx.count("fma.rn.f32") == per_thread * t["BLOCK_K"]
+    assert "mul.f32" not in ptx and "mul.rn.f32" not in ptx

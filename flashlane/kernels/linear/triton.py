@@ -21,8 +21,8 @@ exist); with many row tiles (prefill) one program runs all partitions and adds t
 same order in registers (no fp32 workspace). All do the same fp32 operations on the same
 values; the tests check them bitwise against each other.
 
-fp32 out takes exact fp32 products (`input_precision="ieee"`, FMAs in k's order) with the
-fp32 tile, one tile for every M: fp32 inputs, or bf16 / fp16 inputs with
+fp32 out takes exact fp32 products (`input_precision="ieee"`: one FMA chain per output in
+k's order, whatever the tile's rows) with the fp32 tiles: fp32 inputs, or bf16 / fp16 inputs with
 `out_dtype=torch.float32`, cast in registers (the MoE router), so the bits are those of
 `linear(x.float(), w.float())`.
 """
@@ -82,12 +82,17 @@ def tile_config(n: int, k: int, dtype: torch.dtype) -> dict:
 
 @functools.cache
 def prefill_tile(n: int, k: int, dtype: torch.dtype) -> dict:
-    """The tile for more than DECODE_ROWS rows: tile_config's partitions (the same spans of
-    K, in blocks of 64), 128 x 128 wgmma tiles on 8 warps. fp32 keeps its one tile, and so do
-    outputs narrower than 1024 (the hyper-connections' 324 x 10240 at 2,048 rows on the H200:
-    696 us in 128 x 128 tiles, 185 in the decode tile's; 1281 x 2560: 63 against 158)."""
+    """The tile for more than DECODE_ROWS rows, with tile_config's partitions (the same spans
+    of K). bf16 / fp16: 128 x 128 wgmma tiles on 8 warps in blocks of K of 64, except outputs
+    narrower than 1024, which keep the decode tile (the hyper-connections' 324 x 10240 at
+    2,048 rows on the H200: 696 us in 128 x 128 tiles, 185 in the decode tile's; 1281 x 2560:
+    63 against 158). fp32 products: rows of 64 (the router at 2,048 rows spent 886 us in rows
+    of 16); their FMAs run in one chain per output in k's order whatever BLOCK_M
+    (tests/kernels/test_sm90_compile.py reads the chain in the compiled code)."""
     t = tile_config(n, k, dtype)
-    if dtype == torch.float32 or n < 1024:
+    if dtype == torch.float32:
+        return dict(t, BLOCK_M=64)
+    if n < 1024:
         return t
     ratio = t["BLOCK_K"] // 64
     return dict(t, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64,
