@@ -85,10 +85,16 @@ def _ple(ple, r: torch.Tensor, states: list[PleState], tok: torch.Tensor, kernel
 def _gdn(gdn, a: torch.Tensor, states: list[GdnState], kernels) -> torch.Tensor:
     qkv, decay, beta, z = gdn.project(a)
     q, k, v, xfull = gdn.conv_qkv(qkv[:, None], _stacked([g.conv for g in states]), kernels)
+    # one session: its state is updated in place (the kernel reads each tile before writing
+    # it); several: they were stacked into a copy, so the new states are copied back
+    alone = len(states) == 1
     o, after = kernels.recurrent_gdn(q, k, v, decay[:, None], beta[:, None],
-                                     _stacked([g.recurrent for g in states]))
-    copy_all([g.recurrent for g in states] + [g.conv for g in states],
-             [*after[:, -1], *xfull[:, 1:]])
+                                     _stacked([g.recurrent for g in states]),
+                                     out=states[0].recurrent[None, None] if alone else None)
+    dsts, srcs = [g.conv for g in states], [*xfull[:, 1:]]
+    if not alone:
+        dsts, srcs = [g.recurrent for g in states] + dsts, [*after[:, -1], *srcs]
+    copy_all(dsts, srcs)
     return gdn.finish(o[:, 0], z)
 
 

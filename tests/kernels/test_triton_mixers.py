@@ -83,6 +83,23 @@ def test_recurrent_gdn_matches_reference(t, b, shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t, keep", [(1, True), (4, False)])
+def test_recurrent_gdn_state_in_place(t, keep, dtype):
+    """out = the state itself (the lone step): o and the new state bitwise those of a call
+    that writes a fresh tensor; a wrong out is refused."""
+    h, dk, dv = GDN_SHAPES[0]
+    q, k, v, g, beta, s0 = gdn_inputs(2, t, h, dk, dv, dtype, seed=11)
+    o, states = gdn_tri.recurrent_gdn(q, k, v, g, beta, s0, keep_states=keep)
+    state = s0.clone()
+    o2, got = gdn_tri.recurrent_gdn(q, k, v, g, beta, state, keep_states=keep,
+                                    out=state[:, None])
+    assert got.data_ptr() == state.data_ptr()
+    assert torch.equal(o2, o) and torch.equal(state, states[:, -1])
+    with pytest.raises(ValueError, match="out must be"):
+        gdn_tri.recurrent_gdn(q, k, v, g, beta, s0, keep_states=keep, out=s0[:1, None])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_recurrent_gdn_without_state(dtype):
     h, dk, dv = GDN_SHAPES[0]
     q, k, v, g, beta, _ = gdn_inputs(2, 3, h, dk, dv, dtype, seed=7)

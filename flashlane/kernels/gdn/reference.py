@@ -74,12 +74,14 @@ def recurrent_gdn(
     beta: torch.Tensor,
     state: torch.Tensor | None,
     keep_states: bool = True,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-by-token gated delta rule that returns the state after every row.
 
     Shapes as chunk_gdn. Returns (o [B, T, H, Dv], states [B, T, H, Dk, Dv]) where states[:, r]
     is the state after row r, so keeping r + 1 rows of a verify window is an index
-    (with keep_states=False, states is [B, 1, H, Dk, Dv]: only the last).
+    (with keep_states=False, states is [B, 1, H, Dk, Dv]: only the last). out: a tensor of
+    the states' shape to write them in (it may be `state` itself, viewed [B, 1, ...]).
     """
     b, t, h, dk = k.shape
     dt = torch.promote_types(v.dtype, torch.float32)
@@ -95,4 +97,9 @@ def recurrent_gdn(
         if keep_states:
             states.append(s)
     kept = torch.stack(states, dim=1) if keep_states else s.unsqueeze(1)
+    if out is not None:
+        if out.shape != kept.shape:
+            raise ValueError(f"recurrent_gdn: out must be {tuple(kept.shape)}, "
+                             f"got {tuple(out.shape)}")
+        kept = out.copy_(kept)
     return torch.stack(outs, dim=1).to(v.dtype), kept

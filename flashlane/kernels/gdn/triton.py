@@ -93,21 +93,29 @@ def recurrent_gdn(
     beta: torch.Tensor,
     state: torch.Tensor | None,
     keep_states: bool = True,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-by-token gated delta rule that returns the state after every row (fp32 math).
 
     q, k: [B, T, H, Dk]; v: [B, T, H, Dv]; g (log decay), beta: [B, T, H];
     state: [B, H, Dk, Dv] or None (zeros). Returns (o [B, T, H, Dv] in v's dtype,
     states [B, T, H, Dk, Dv] fp32, the state after each row; [B, 1, H, Dk, Dv] with
-    keep_states=False).
+    keep_states=False). out: a contiguous fp32 tensor of the states' shape to write them in;
+    with one row (or keep_states=False) it may be `state` itself, viewed [B, 1, H, Dk, Dv]:
+    each program reads its state tile before it writes it (the lone step's state in place).
     """
     b, t, h, dk = k.shape
     dv = v.shape[-1]
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     o = torch.empty(b, t, h, dv, dtype=v.dtype, device=v.device)
-    states = torch.empty(
-        b, t if keep_states else 1, h, dk, dv, dtype=torch.float32, device=v.device
-    )
+    shape = (b, t if keep_states else 1, h, dk, dv)
+    if out is None:
+        states = torch.empty(shape, dtype=torch.float32, device=v.device)
+    elif tuple(out.shape) != shape or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"recurrent_gdn: out must be contiguous fp32 {shape}, got "
+                         f"{out.dtype} {tuple(out.shape)}")
+    else:
+        states = out
     if t == 0:  # nothing to run: the last state is the initial one
         if not keep_states:
             states.copy_(state.unsqueeze(1) if state is not None else states.zero_())
