@@ -91,6 +91,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--rows", default="1,4,16")
     ap.add_argument("--calls", type=int, default=50)
+    ap.add_argument("--pdl", action="store_true",
+                    help="also time each linear at the first row count with programmatic "
+                         "dependent launch (linear._PDL, an experiment; CUDA only)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
@@ -112,6 +115,16 @@ def main() -> None:
             table.append(dict(shape=[n, k], kind=kind, example=name, per_token=per_token, us=us,
                               gbps=gbps, of_copy=gbps * 1e9 / copy_bps,
                               ms_a_token=per_token * us[rows[0]] / 1e3))
+            if args.pdl and args.device == "cuda":
+                from flashlane.kernels.linear import triton as tlin
+
+                x = torch.randn(rows[0], k, device=args.device).to(w.dtype)
+                tlin._PDL = True
+                try:
+                    pdl = 1e6 * timed(product(kernels, x, w, kind), args.device, args.calls)
+                finally:
+                    tlin._PDL = False
+                table[-1]["us_pdl"] = {rows[0]: pdl}
         moe = model.layers[0].mlp
         e = moe.experts
         us = {}
@@ -132,6 +145,11 @@ def main() -> None:
         print(f"{'x'.join(map(str, r['shape'])):>16} {r['kind'][:14]:>14} {r['per_token']:>5} "
               + " ".join(f"{r['us'][m]:8.1f}" for m in rows)
               + f" {gb} {r['ms_a_token']:8.3f}  {r['example']}")
+    for r in table:
+        if "us_pdl" in r:
+            pdl = r["us_pdl"][rows[0]]
+            print(f"{'x'.join(map(str, r['shape'])):>16} with PDL at {rows[0]} row(s): "
+                  f"{pdl:7.1f} us ({r['us'][rows[0]] / pdl:.2f}x)")
     total = sum(r["ms_a_token"] for r in table)
     print(f"all of these at {rows[0]} row(s): {total:.3f} ms a token")
     print(json.dumps({"bench": "linears", "config": args.config, "device": args.device,

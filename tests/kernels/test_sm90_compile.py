@@ -111,6 +111,11 @@ KERNELS.update({
                                     BLOCK_M=128, BLOCK_N=128, BLOCK_K=64,
                                     FP32_PRODUCTS=False, SQUASH=0),
                                dict(num_warps=8, num_stages=3)),
+    "linear PDL (experiment)": (linear._linear_kernel, LINEAR,
+                                dict(PARTS=40, BLOCKS_PER_PART=2, SPLIT=True, FIXUP=True,
+                                     BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
+                                     FP32_PRODUCTS=False, SQUASH=0, PDL=True),
+                                dict(num_warps=4, num_stages=3, launch_pdl=True)),
     "linear squash (hc up)": (linear._linear_kernel, LINEAR,
                               dict(PARTS=1, BLOCKS_PER_PART=5, SPLIT=False, FIXUP=False, **TILE,
                                    FP32_PRODUCTS=False, SQUASH=4),
@@ -229,3 +234,24 @@ def test_fp32_products_are_one_fma_chain_in_k_order(tile):
     assert int(calls[0][1]) == per_thread
     assert ptx.count("fma.rn.f32") == per_thread * t["BLOCK_K"]
     assert "mul.f32" not in ptx and "mul.rn.f32" not in ptx
+
+
+def test_pdl_linear_waits_before_any_memory_access():
+    """The PDL experiment (linear._PDL, off): the kernel's griddepcontrol.wait comes before
+    its first global load, store, async copy or atomic, so an early launch reads and writes
+    nothing before the kernel before it has finished; without PDL no such instruction."""
+    import re
+
+    def ptx(pdl: bool) -> str:
+        c = dict(PARTS=40, BLOCKS_PER_PART=2, SPLIT=True, FIXUP=True, BLOCK_M=16, BLOCK_N=64,
+                 BLOCK_K=128, FP32_PRODUCTS=False, SQUASH=0, PDL=pdl)
+        signature = {**LINEAR, **dict.fromkeys(c, "constexpr")}
+        options = dict(num_warps=4, num_stages=3, launch_pdl=pdl)
+        return triton.compile(ASTSource(fn=linear._linear_kernel, signature=signature,
+                                        constexprs=c), target=H200, options=options).asm["ptx"]
+
+    code = ptx(True)
+    wait = code.index("griddepcontrol.wait")
+    first = re.search(r"\b(ld\.global|st\.global|cp\.async|atom\.|red\.)", code)
+    assert first is not None and wait < first.start()
+    assert "griddepcontrol" not in ptx(False)

@@ -34,6 +34,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from flashlane.kernels.partials import add_partials, counters, last_to_arrive
 
@@ -47,6 +48,10 @@ DECODE_ROWS = 64
 _IN_PROGRAM_TILES = 128
 # split partitions added by each tile's last program (`kernels/partials.py`), not a 2nd kernel
 _FIXUP = True
+# programmatic dependent launch (Hopper), an experiment that is off: each launch may begin
+# while the kernel before it drains, and waits for it (gdc_wait) before touching memory;
+# `python benchmarks/bench_linears.py --device cuda --pdl` times it. Not run on a GPU yet.
+_PDL = False
 
 
 @functools.cache
@@ -168,7 +173,11 @@ def _linear_kernel(
     BLOCK_K: tl.constexpr,
     FP32_PRODUCTS: tl.constexpr,
     SQUASH: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    if PDL:  # every load and store after the kernel before has finished and flushed
+        gdc_wait()
+        gdc_launch_dependents()
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -310,6 +319,8 @@ def linear(
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
+    if _PDL and x.is_cuda:
+        meta.update(PDL=True, launch_pdl=True)
     if not split:
         _linear_kernel[(m_tiles, n_tiles, 1)](x2, w, y, y, y, m, n, k, x2.stride(0), **meta)
         return y.reshape(*lead, n)
