@@ -295,12 +295,8 @@ def linear(
         return y.reshape(*lead, n)
     if k == 0:
         return y.zero_().reshape(*lead, n)
-    # fp32 out: the fp32 tile and exact fp32 products, whatever the inputs' dtype
-    if tile is None:
-        tile = tile_config if m <= DECODE_ROWS else prefill_tile
-        cfg = tile(n, k, out_dtype)
-    else:
-        cfg = tile
+    # fp32 out: the fp32 tiles and exact fp32 products, whatever the inputs' dtype
+    cfg = tile or (tile_config if m <= DECODE_ROWS else prefill_tile)(n, k, out_dtype)
     bm, bn, parts = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["PARTS"]
     m_tiles, n_tiles = triton.cdiv(m, bm), triton.cdiv(n, bn)
     split = parts > 1 and m_tiles * n_tiles < _IN_PROGRAM_TILES

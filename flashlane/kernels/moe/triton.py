@@ -201,9 +201,10 @@ def experts(
         return out
     x = x.contiguous()
     gate, up, down = gate.contiguous(), up.contiguous(), down.contiguous()
-    big = n > DECODE_ROWS and x.dtype != torch.float32
-    bm, gu, dn = (PREFILL_BLOCK_M, GATE_UP_PREFILL, DOWN_PREFILL) if big else (
-        BLOCK_M, GATE_UP_TILE, DOWN_TILE)
+    if n > DECODE_ROWS and x.dtype != torch.float32:  # a prompt chunk: wgmma tiles
+        bm, gu, dn = PREFILL_BLOCK_M, GATE_UP_PREFILL, DOWN_PREFILL
+    else:
+        bm, gu, dn = BLOCK_M, GATE_UP_TILE, DOWN_TILE
     slot_pair, block_expert = dispatch(ids, e, bm)
     blocks = block_expert.numel()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
