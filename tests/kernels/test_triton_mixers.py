@@ -281,6 +281,10 @@ def test_index_scores_match_reference(nb):
     torch.testing.assert_close(s, ref_scores(iq, keys), rtol=1e-5, atol=1e-5)
     # per row: a row alone equals the same row in the call
     assert torch.equal(attn_tri.index_scores(iq[1:, 2:], keys[1:]), s[1:, 2:])
+    # a block key's score does not depend on how many follow it (the lone driver scores whole
+    # caches, shared rounds caches cut at the length)
+    cut = max(1, nb - 5)
+    assert torch.equal(attn_tri.index_scores(iq, keys[:, :cut].contiguous()), s[..., :cut])
 
 
 def test_select_mask_dense_region():

@@ -15,9 +15,8 @@ skipping or not skipping a block, and whatever shares the tile, changes nothing 
 A row with no allowed key gets NaN, like the reference's softmax over nothing (it cannot
 happen for a causal mask, whose diagonal is always allowed).
 
-select_mask: the indexer scores come from a kernel with one program per (b, t) query row that
-walks the block keys in blocks of BLOCK_N and sums relu(q_h . key) over the indexer heads in
-order; the ranking and the mask are the reference's torch code.
+select_mask: the indexer scores come from a kernel with one program per (b, t) query row and
+BLOCK_N block keys that sums relu(q_h . key) over the indexer heads in order; the ranking and the mask are the reference's torch code.
 """
 
 from __future__ import annotations
@@ -216,29 +215,31 @@ def _index_scores_kernel(
     d = tl.arange(0, BDI)
     m_d = d < DI
     q_base = i_bt.to(tl.int64) * HI * DI
-    for n0 in range(0, NB, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        m_n = n < NB
-        key = tl.load(
-            keys_ptr + (i_b.to(tl.int64) * NB + n)[:, None] * DI + d[None, :],
-            mask=m_n[:, None] & m_d[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for h in range(0, HI):
-            qh = tl.load(iq_ptr + q_base + h * DI + d, mask=m_d, other=0.0).to(tl.float32)
-            acc += tl.maximum(tl.sum(key * qh[None, :], axis=1), 0.0)
-        tl.store(scores_ptr + i_bt.to(tl.int64) * NB + n, acc / sqrt_di, mask=m_n)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # this program's block keys
+    m_n = n < NB
+    key = tl.load(
+        keys_ptr + (i_b.to(tl.int64) * NB + n)[:, None] * DI + d[None, :],
+        mask=m_n[:, None] & m_d[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for h in range(0, HI):
+        qh = tl.load(iq_ptr + q_base + h * DI + d, mask=m_d, other=0.0).to(tl.float32)
+        acc += tl.maximum(tl.sum(key * qh[None, :], axis=1), 0.0)
+    tl.store(scores_ptr + i_bt.to(tl.int64) * NB + n, acc / sqrt_di, mask=m_n)
 
 
 def index_scores(index_q: torch.Tensor, block_keys: torch.Tensor) -> torch.Tensor:
-    """sum_h relu(index_q[b, t, h] . block_keys[b, n]) / sqrt(Di) in fp32: [B, T, NB]."""
+    """sum_h relu(index_q[b, t, h] . block_keys[b, n]) / sqrt(Di) in fp32: [B, T, NB]. One
+    program per (query row, BLOCK_N block keys): a decode row over a long cache is spread
+    over the SMs (one program walking 2,112 block keys took 50 us on the H200), and each
+    score is summed over the heads in order whatever the grid."""
     b, t, hi, di = index_q.shape
     nb = block_keys.shape[1]
     scores = torch.empty(b, t, nb, dtype=torch.float32, device=index_q.device)
     if b * t == 0 or nb == 0:
         return scores
-    _index_scores_kernel[(b * t,)](
+    _index_scores_kernel[(b * t, triton.cdiv(nb, BLOCK_N))](
         index_q.contiguous(),
         block_keys.contiguous(),
         scores,
