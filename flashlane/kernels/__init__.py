@@ -22,11 +22,13 @@ class Kernels:
     name: str
     chunk_gdn: Callable
     recurrent_gdn: Callable
+    gdn_sessions: Callable
     causal_conv: Callable
     select_mask: Callable
     block_keys: Callable
     pool_block_at: Callable
     attention: Callable
+    attend_sessions: Callable
     moe: Callable
     linear: Callable
     rms_norm: Callable
@@ -50,11 +52,13 @@ REFERENCE = Kernels(
     name="reference",
     chunk_gdn=gdn_ref.chunk_gdn,
     recurrent_gdn=gdn_ref.recurrent_gdn,
+    gdn_sessions=gdn_ref.gdn_sessions,
     causal_conv=conv_ref.causal_conv,
     select_mask=attention_ref.select_mask,
     block_keys=attention_ref.block_keys,
     pool_block_at=attention_ref.pool_block_at,
     attention=attention_ref.attention,
+    attend_sessions=attention_ref.attend_sessions,
     moe=moe_ref.moe,
     linear=linear_ref.linear,
     rms_norm=norms_ref.rms_norm,

@@ -37,10 +37,51 @@ class AttnCache:
         )
 
 
+# attn_table's row per session: element offsets of its k, v, index_keys and block_keys from
+# the first session's same tensor, then its block_keys rows (padded to 8 int64s); gdn_table's:
+# the offset of its recurrent state
+TABLE_COLUMNS = ("k", "v", "index_keys", "block_keys", "blocks")
+TABLE_WIDTH = 8
+
+
+def offsets_table(columns: list[list[torch.Tensor]], counts: list[list[int]] | None = None
+                  ) -> torch.Tensor:
+    """[B, TABLE_WIDTH] int64 on the tensors' device: row b holds the element offset of
+    columns[c][b] from columns[c][0] for each column c, then counts[b], so one kernel reads
+    and writes B sessions' buffers in place (the lone driver's steps of several sessions).
+    Offsets are whole multiples of 16 elements (the allocator's buffers are aligned)."""
+    b = len(columns[0])
+    rows = [[] for _ in range(b)]
+    for tensors in columns:
+        t0 = tensors[0]
+        for row, t in zip(rows, tensors):
+            if t.dtype != t0.dtype or not t.is_contiguous():
+                raise ValueError(f"offsets_table: a buffer of {t.dtype} (first {t0.dtype}), "
+                                 f"contiguous {t.is_contiguous()}")
+            off, rem = divmod(t.data_ptr() - t0.data_ptr(), t.element_size())
+            if rem or off % 16:
+                raise ValueError(f"offsets_table: a buffer {off} elements (+{rem} bytes) away")
+            row.append(off)
+    for row, extra in zip(rows, counts or [[]] * b):
+        row += extra + [0] * (TABLE_WIDTH - len(row) - len(extra))
+    return torch.tensor(rows, dtype=torch.long).to(columns[0][0].device)
+
+
+def attn_table(caches: list[AttnCache]) -> torch.Tensor:
+    """offsets_table of the sessions' attention buffers (TABLE_COLUMNS) for one layer."""
+    columns = [[getattr(c, name) for c in caches] for name in TABLE_COLUMNS[:4]]
+    return offsets_table(columns, [[c.block_keys.shape[0]] for c in caches])
+
+
 @dataclass(slots=True)
 class GdnState:
     conv: torch.Tensor  # [k-1, conv_dim] last conv inputs
     recurrent: torch.Tensor  # [HV, Dk, Dv] in the state dtype (fp32 on GPU, fp64 on CPU)
+
+
+def gdn_table(states: list[GdnState]) -> torch.Tensor:
+    """offsets_table of the sessions' recurrent states for one GDN layer."""
+    return offsets_table([[g.recurrent for g in states]])
 
 
 @dataclass(slots=True)

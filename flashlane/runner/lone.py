@@ -32,7 +32,14 @@ import torch
 
 from flashlane.models.flashnext import FlashNext
 from flashlane.models.rows import copy_all
-from flashlane.models.state import AttnCache, GdnState, PleState, SessionState
+from flashlane.models.state import (
+    AttnCache,
+    GdnState,
+    PleState,
+    SessionState,
+    attn_table,
+    gdn_table,
+)
 
 RING = 4  # landed tokens waiting to be read (two in flight need two)
 MAX_TUPLES = 32  # graphs of several sessions kept (the oldest goes); one-session graphs stay
@@ -40,14 +47,17 @@ MAX_TUPLES = 32  # graphs of several sessions kept (the oldest goes); one-sessio
 
 @torch.no_grad()
 def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos: torch.Tensor,
-         out: torch.Tensor, record: tuple[torch.Tensor, torch.Tensor]) -> None:
+         out: torch.Tensor, record: tuple[torch.Tensor, torch.Tensor],
+         tables: dict[int, torch.Tensor] | None = None) -> None:
     """Feed tok [B] at pos [B], one row per session, commit them, and draw greedily: out
     [B, 2] gets (the id, 1 if the row's maximum is finite), tok the ids, and pos moves on by
     one. The rows' residuals go to record = (rows [n, B, hc*H], k [1]) at rows[k], and k
     moves on (the MTP head's cells, absorbed when a stream drafts again). Every op is the
     shared rounds' on the same rows (batched ops are row-invariant; attention, pooling and
-    state commits run per session), so the bits are theirs."""
+    state commits read and write each session's own buffers: kernels.attend_sessions, with
+    `tables` from session_tables, made where not given), so the bits are theirs."""
     cfg, kernels = model.cfg, model.kernels
+    tables = tables or {}
     r = model.embed_tokens(tok).repeat(1, cfg.hc_count)
     cos, sin = model.rotary.cos_sin(pos, r.dtype)
     for idx, layer in enumerate(model.layers):
@@ -55,10 +65,12 @@ def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos:
             r = _ple(layer.ple, r, [s.ple[idx] for s in sessions], tok, kernels)
         a, w = layer.attn_hyper_connection.read(r)
         if layer.kind == "linear":
-            y = _gdn(layer.linear_attn, a, [s.gdn[idx] for s in sessions], kernels)
+            y = _gdn(layer.linear_attn, a, [s.gdn[idx] for s in sessions], kernels,
+                     tables.get(idx))
         else:
             caches = [s.attn[idx] for s in sessions]
-            y = _attention(layer.self_attn, a, caches, pos, cos, sin, model.rotary, kernels)
+            y = _attention(layer.self_attn, a, caches, pos, cos, sin, model.rotary, kernels,
+                           tables.get(idx))
         r = layer.mlp_half(r, y, w, kernels)
     record[0].index_copy_(0, record[1], r[None])
     record[1].add_(1)
@@ -82,52 +94,40 @@ def _ple(ple, r: torch.Tensor, states: list[PleState], tok: torch.Tensor, kernel
     return (r[:, None] + add)[:, 0]
 
 
-def _gdn(gdn, a: torch.Tensor, states: list[GdnState], kernels) -> torch.Tensor:
+def _gdn(gdn, a: torch.Tensor, states: list[GdnState], kernels, table) -> torch.Tensor:
     qkv, decay, beta, z = gdn.project(a)
     q, k, v, xfull = gdn.conv_qkv(qkv[:, None], _stacked([g.conv for g in states]), kernels)
-    # one session: its state is updated in place (the kernel reads each tile before writing
-    # it); several: they were stacked into a copy, so the new states are copied back
-    alone = len(states) == 1
-    o, after = kernels.recurrent_gdn(q, k, v, decay[:, None], beta[:, None],
-                                     _stacked([g.recurrent for g in states]),
-                                     out=states[0].recurrent[None, None] if alone else None)
-    dsts, srcs = [g.conv for g in states], [*xfull[:, 1:]]
-    if not alone:
-        dsts, srcs = [g.recurrent for g in states] + dsts, [*after[:, -1], *srcs]
-    copy_all(dsts, srcs)
+    if len(states) == 1:  # its state updated in place (the kernel reads each tile first)
+        s = states[0].recurrent
+        o, _ = kernels.recurrent_gdn(q, k, v, decay[:, None], beta[:, None], s[None],
+                                     out=s[None, None])
+    else:  # each session's state read and written where it lies
+        o = kernels.gdn_sessions(q, k, v, decay[:, None], beta[:, None],
+                                 [g.recurrent for g in states], table)
+    copy_all([g.conv for g in states], [*xfull[:, 1:]])
     return gdn.finish(o[:, 0], z)
 
 
-def _attention(attn, a, caches: list[AttnCache], pos, cos, sin, rotary, kernels):
-    cfg = attn.cfg
+def _attention(attn, a, caches: list[AttnCache], pos, cos, sin, rotary, kernels, table):
+    cfg, norm = attn.cfg, attn.indexer.k_layernorm
     q, gate, k, v, iq, raw = attn.project(a, cos, sin)
-    outs = []
-    for i, c in enumerate(caches):
-        at = pos[i : i + 1]
-        c.k.index_copy_(0, at, k[i : i + 1])
-        c.v.index_copy_(0, at, v[i : i + 1])
-        c.index_keys.index_copy_(0, at, raw[i : i + 1])
-        _pool_block(attn.indexer, c, at, rotary, kernels)
-        mask = kernels.select_mask(
-            iq[i : i + 1][None], c.block_keys[None], at.view(1, 1), c.k.shape[0],
-            cfg.indexer_block, cfg.indexer_top_blocks, dense_check=False,
-        )  # fmt: skip
-        o = kernels.attention(q[i : i + 1][None], c.k[None], c.v[None], mask,
-                              cfg.head_dim**-0.5, at + 1)
-        outs.append(o[0])
-    return attn.output(outs[0] if len(outs) == 1 else torch.cat(outs), gate)
+    # cos / sin of each row's block's first position, for pooling the block again
+    bcos, bsin = rotary.cos_sin(pos, caches[0].block_keys.dtype, cfg.indexer_block)
+    o = kernels.attend_sessions(q, k, v, iq, raw, caches, pos, bcos, bsin, norm.weight,
+                                norm.eps, cfg.indexer_block, cfg.indexer_top_blocks,
+                                cfg.head_dim**-0.5, table)
+    return attn.output(o, gate)
 
 
-def _pool_block(indexer, c: AttnCache, pos: torch.Tensor, rotary, kernels) -> None:
-    """The pooled key of the block that holds pos, from its keys so far (the kernels'
-    pool_block_at: the block_keys of shared rounds, for one block found on the device); a
-    position past the last whole block (a capacity off the block grid) writes nothing."""
-    blk, nb = indexer.cfg.indexer_block, c.block_keys.shape[0]
-    if nb == 0:
-        return
-    cos, sin = rotary.cos_sin(pos, c.block_keys.dtype, blk)  # at the block's first position
-    norm = indexer.k_layernorm
-    kernels.pool_block_at(c.index_keys, c.block_keys, pos, cos, sin, norm.weight, norm.eps, blk)
+def session_tables(sessions: list[SessionState]) -> dict[int, torch.Tensor]:
+    """Each layer's table of these sessions' buffers (state.attn_table, state.gdn_table), by
+    layer index, for two sessions or more: a graph of their step needs them made before its
+    capture, and kept while it lives."""
+    if len(sessions) < 2:
+        return {}
+    tables = {idx: attn_table([s.attn[idx] for s in sessions]) for idx in sessions[0].attn}
+    tables.update({idx: gdn_table([s.gdn[idx] for s in sessions]) for idx in sessions[0].gdn})
+    return tables
 
 
 class LoneDriver:
@@ -146,6 +146,7 @@ class LoneDriver:
         self.events = [torch.cuda.Event() for _ in range(RING)] if self.is_cuda else []
         self.io: dict[int, _Buffers] = {}  # per number of sessions: a step's static buffers
         self.graphs: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}  # session ids -> step
+        self.tables: dict[tuple[int, ...], dict] = {}  # a graph's session_tables, while it lives
         # one memory pool for every graph: they never run at once, and a step's results go to
         # the static buffers, so no replay overwrites memory in use
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
@@ -242,6 +243,7 @@ class LoneDriver:
             tuples = [k for k in self.graphs if len(k) > 1]
             if len(key) > 1 and len(tuples) >= MAX_TUPLES:
                 del self.graphs[tuples[0]]  # dicts keep insertion order: the oldest
+                self.tables.pop(tuples[0], None)
             try:
                 graph = self.graphs[key] = self._capture(key, io)
             except Exception as err:  # a step that cannot be captured runs eagerly from now on
@@ -252,11 +254,13 @@ class LoneDriver:
     def _give_up(self, err: Exception) -> None:
         self.use_graphs, self.failed = False, f"{type(err).__name__}: {err}"
         self.graphs.clear()
+        self.tables.clear()
         torch.cuda.synchronize()
 
     def _step(self, key: tuple[int, ...], io: _Buffers, sessions=None) -> None:
+        tables = None if sessions else self.tables.get(key)
         sessions = sessions or [self.sessions[i] for i in key]
-        step(self.model, sessions, io.tok, io.pos, io.out, (io.rows, io.k))
+        step(self.model, sessions, io.tok, io.pos, io.out, (io.rows, io.k), tables)
 
     def _capture(self, key: tuple[int, ...], io: _Buffers) -> torch.cuda.CUDAGraph:
         """Capture the sessions' step (a capture records work: they are not touched). Before
@@ -266,6 +270,8 @@ class LoneDriver:
         t = time.perf_counter()
         if not io.warm:
             self._warm(key, io)
+        # the step's session tables are copied to the device now, not inside the capture
+        self.tables[key] = session_tables([self.sessions[i] for i in key])
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             self._step(key, io)

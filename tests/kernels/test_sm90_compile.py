@@ -36,6 +36,14 @@ from flashlane.sampling import triton_draw, triton_top_p  # noqa: E402
 H200 = GPUTarget("cuda", 90, 32)
 BF = "*bf16"
 BLOCK_KEY = dict(BLOCK=4, DI=128, R=32, BDI=128)  # the indexer: blocks of 4, 128 dims
+POOL_AT = dict(keys_ptr=BF, cos_ptr=BF, sin_ptr=BF, w_ptr=BF, out_ptr=BF, pos_ptr="*i64",
+               tab_ptr="*i64", nb="i32", has_table="i32", eps="fp32")
+ATTENTION = dict(q_ptr=BF, k_ptr=BF, v_ptr=BF, mask_ptr="*u8", o_ptr=BF, len_ptr="*i64",
+                 tab_ptr="*i64", HAS_LEN="i32", HAS_TABLE="i32", T="i32", L="i32", HQ="i32",
+                 HKV="i32", REP="i32", scale="fp32")
+ATTENTION_TILE = dict(D=256, BD=256, BLOCK_M=attention.BLOCK_M, BLOCK_L=32, PRECISION="tf32")
+INDEX = dict(iq_ptr=BF, keys_ptr=BF, scores_ptr="*fp32", tab_ptr="*i64", HAS_TABLE="i32",
+             T="i32", NB="i32", HI="i32", sqrt_di="fp32")
 
 KERNELS = {
     "select": (triton_select._select_kernel,
@@ -45,9 +53,10 @@ KERNELS = {
     "block_keys": (triton_blocks._block_keys_kernel,
                    dict(raw_ptr=BF, cos_ptr=BF, sin_ptr=BF, w_ptr=BF, out_ptr=BF,
                         stride_raw="i32", stride_out="i32", eps="fp32"), BLOCK_KEY),
-    "pool_block_at": (triton_blocks._pool_block_at_kernel,
-                      dict(keys_ptr=BF, cos_ptr=BF, sin_ptr=BF, w_ptr=BF, out_ptr=BF,
-                           pos_ptr="*i64", nb="i32", eps="fp32"), BLOCK_KEY),
+    "pool_block_at": (triton_blocks._pool_block_at_kernel, POOL_AT, BLOCK_KEY),
+    "put_rows": (triton_blocks._put_rows_kernel,
+                 dict(src_ptr=BF, dst_ptr=BF, tab_ptr="*i64", pos_ptr="*i64", W="i32"),
+                 dict(COL=0, BLOCK=512)),
     "ngram_ids": (rowwise._ngram_kernel,
                   dict(hist_ptr="*i64", mult_ptr="*i64", size_ptr="*i64", off_ptr="*i64",
                        out_ptr="*i64", t="i32", stride="i32", eos="i32"),
@@ -160,20 +169,14 @@ KERNELS.update({
                        dict(x_ptr=BF, gate_ptr=BF, w_ptr=BF, y_ptr=BF, rows="i32", eps="fp32"),
                        dict(D=128, SIGMOID=True, ROUND_PROD=True, BLOCK=128),
                        dict(num_warps=1)),
-    "attention": (attention._attention_kernel,
-                  dict(q_ptr=BF, k_ptr=BF, v_ptr=BF, mask_ptr="*u8", o_ptr=BF, len_ptr="*i64",
-                       HAS_LEN="i32", T="i32", L="i32", HQ="i32", HKV="i32", REP="i32",
-                       scale="fp32"),
-                  dict(D=256, BD=256, BLOCK_M=attention.BLOCK_M, BLOCK_L=32, PRECISION="tf32"),
+    "attention": (attention._attention_kernel, ATTENTION, ATTENTION_TILE,
                   dict(num_warps=8, num_stages=2)),
-    "index_scores": (attention._index_scores_kernel,
-                     dict(iq_ptr=BF, keys_ptr=BF, scores_ptr="*fp32", T="i32", NB="i32",
-                          HI="i32", sqrt_di="fp32"),
+    "index_scores": (attention._index_scores_kernel, INDEX,
                      dict(DI=128, BDI=128, BLOCK_N=attention.BLOCK_N), {}),
     "recurrent_gdn": (gdn._recurrent_gdn_kernel,
                       dict(q_ptr=BF, k_ptr=BF, v_ptr=BF, g_ptr="*fp32", beta_ptr=BF,
-                           s0_ptr="*fp32", o_ptr=BF, states_ptr="*fp32", T="i32", H="i32",
-                           keep_states="i32"),
+                           s0_ptr="*fp32", o_ptr=BF, states_ptr="*fp32", tab_ptr="*i64",
+                           T="i32", H="i32", keep_states="i32", use_table="i32"),
                       dict(DK=128, DV=128, BK=128, BV=gdn.BV, HAS_STATE=True),
                       dict(num_warps=gdn.NUM_WARPS)),
     "causal_conv": (conv._causal_conv_kernel,

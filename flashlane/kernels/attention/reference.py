@@ -8,6 +8,8 @@ past that, the indexer keeps the top `top_blocks` by score, ties toward the lowe
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from flashlane.kernels.norms.reference import rms_norm
@@ -142,3 +144,36 @@ def attention(
     scores = scores.masked_fill(~allowed, float("-inf"))
     out = torch.softmax(scores, dim=-1) @ v.to(dt).transpose(1, 2)  # [B, Hkv, rep*T, D]
     return out.reshape(b, hkv, rep, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, hq, d).to(q.dtype)
+
+
+def attend_sessions(
+    q, k, v, iq, raw, caches, pos, cos, sin, weight, eps: float, block: int, top_blocks: int,
+    scale: float, table=None, ops=None,
+) -> torch.Tensor:
+    """One row for each of B sessions (a lone step): session i's k[i], v[i] and raw indexer
+    key raw[i] written at pos[i], the block holding pos[i] pooled again (cos, sin [B, R] of
+    its first position), then q[i]'s attention over session i's cache, keys selected by
+    iq[i] -> o [B, Hq, D]. q [B, Hq, D]; k, v [B, Hkv, D]; iq [B, Hi, Di]; raw [B, Di];
+    caches: the sessions' AttnCache of this layer; pos [B] on the device (no host value).
+
+    Session by session with `ops` (a module or Kernels with pool_block_at, select_mask and
+    attention; these references by default): the bits each row would get alone. `table`
+    (models.state.attn_table) is for the batched kernels and is not needed here."""
+    ops = ops or _SELF
+    outs = []
+    for i, c in enumerate(caches):
+        at = pos[i : i + 1]
+        c.k.index_copy_(0, at, k[i : i + 1])
+        c.v.index_copy_(0, at, v[i : i + 1])
+        c.index_keys.index_copy_(0, at, raw[i : i + 1])
+        if c.block_keys.shape[0]:
+            ops.pool_block_at(c.index_keys, c.block_keys, at, cos[i : i + 1], sin[i : i + 1],
+                              weight, eps, block)
+        mask = ops.select_mask(iq[i : i + 1][None], c.block_keys[None], at.view(1, 1),
+                               c.k.shape[0], block, top_blocks, dense_check=False)
+        outs.append(ops.attention(q[i : i + 1][None], c.k[None], c.v[None], mask, scale,
+                                  at + 1)[0])
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+_SELF = sys.modules[__name__]

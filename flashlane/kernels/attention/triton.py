@@ -16,7 +16,11 @@ A row with no allowed key gets NaN, like the reference's softmax over nothing (i
 happen for a causal mask, whose diagonal is always allowed).
 
 select_mask: the indexer scores come from a kernel with one program per (b, t) query row and
-BLOCK_N block keys that sums relu(q_h . key) over the indexer heads in order; the ranking and the mask are the reference's torch code.
+BLOCK_N block keys that sums relu(q_h . key) over the indexer heads in order; the mask from
+triton_select's ranking without a sort.
+
+attend_sessions: a lone step's attention for several sessions in one set of launches, each
+kernel reading and writing every session's own caches through a table of their offsets.
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ import torch
 import triton
 import triton.language as tl
 
+from flashlane.kernels.attention import reference as attention_ref
+from flashlane.kernels.attention import triton_blocks as blocks_tr
 from flashlane.kernels.attention.triton_select import select_from_scores
+from flashlane.models import state
 
 # attention tiles: BLOCK_M (token, head) rows x BLOCK_L keys, D up to 256. The config depends
 # on the dtype only (never on T, B or L): 16-bit inputs use the tensor cores (wgmma) with
@@ -41,12 +48,17 @@ CONFIGS = {
     torch.float16: (32, 8, 2, "tf32"),
     torch.float32: (32, 8, 1, "ieee"),
 }
+# a session table's row length and columns (flashlane.models.state.attn_table)
+TABLE_WIDTH = tl.constexpr(state.TABLE_WIDTH)
+K_COL, V_COL, BLOCKS_COL, NB_COL = (
+    tl.constexpr(state.TABLE_COLUMNS.index(c)) for c in ("k", "v", "block_keys", "blocks")
+)
 # indexer: BLOCK_N block keys per step
 BLOCK_N = 64
 INDEX_WARPS = 4
 
 
-@triton.jit(do_not_specialize=["T", "L", "HQ", "HKV", "REP", "HAS_LEN"])
+@triton.jit(do_not_specialize=["T", "L", "HQ", "HKV", "REP", "HAS_LEN", "HAS_TABLE"])
 def _attention_kernel(
     q_ptr,
     k_ptr,
@@ -54,7 +66,9 @@ def _attention_kernel(
     mask_ptr,
     o_ptr,
     len_ptr,
+    tab_ptr,
     HAS_LEN,
+    HAS_TABLE,
     T,
     L,
     HQ,
@@ -83,8 +97,15 @@ def _attention_kernel(
     q_ptr += i_b.to(tl.int64) * T * HQ * D
     o_ptr += i_b.to(tl.int64) * T * HQ * D
     mask_ptr += i_b.to(tl.int64) * T * L
-    k_ptr += (i_b.to(tl.int64) * L * HKV + i_kv) * D
-    v_ptr += (i_b.to(tl.int64) * L * HKV + i_kv) * D
+    # batch b's keys and values: session b's caches (state.attn_table) with a table; runtime
+    # flags, so one compiled kernel serves every use
+    k_off = i_b.to(tl.int64) * L * HKV * D
+    v_off = k_off
+    if HAS_TABLE != 0:
+        k_off = tl.multiple_of(tl.load(tab_ptr + i_b * TABLE_WIDTH + K_COL), 16)
+        v_off = tl.multiple_of(tl.load(tab_ptr + i_b * TABLE_WIDTH + V_COL), 16)
+    k_ptr += k_off + i_kv * D
+    v_ptr += v_off + i_kv * D
     q_row = (tok * HQ + head) * D  # [BLOCK_M]
     q = tl.load(q_ptr + q_row[:, None] + d[None, :], mask=m_rows[:, None] & m_d[None, :], other=0.0)
     mask_row = tok * L  # [BLOCK_M]
@@ -150,6 +171,7 @@ def attention(
     mask: torch.Tensor,
     scale: float,
     lengths: torch.Tensor | None = None,
+    table: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Masked softmax attention with grouped KV heads (fp32 scores and softmax).
 
@@ -157,12 +179,21 @@ def attention(
     q, k and v should share a dtype (k and v are read in theirs; q is cast to k's).
     `lengths` ([B] ints on the device): keys at or past lengths[b] are never read, exactly as
     if k and v ended there (the lone driver passes whole caches and the length on the device).
+    `table` (state.attn_table of B sessions' caches, with lengths): k and v are the first
+    session's cache [1, L0, Hkv, D], batch b reads session b's in place, and mask is
+    [B, T, L] for the longest cache; each row's sums are those of its session alone.
     """
     b, t, hq, d = q.shape
     l, hkv = k.shape[1], k.shape[2]
     rep = hq // hkv
     out_dtype = q.dtype
-    if k.dtype not in CONFIGS:
+    if table is not None:
+        if lengths is None or not (k.is_contiguous() and v.is_contiguous()):
+            raise ValueError("attention: a table needs lengths and the caches themselves")
+        if k.dtype not in CONFIGS or v.dtype != k.dtype:
+            raise ValueError(f"attention: caches of {k.dtype} / {v.dtype}")
+        l = mask.shape[-1]
+    elif k.dtype not in CONFIGS:
         k = k.float()
     block_l, warps, stages, precision = CONFIGS[k.dtype]
     q = q.to(k.dtype).contiguous()
@@ -179,7 +210,9 @@ def attention(
         mask,
         o,
         _no_lengths(q.device) if lengths is None else lengths,
+        _no_lengths(q.device) if table is None else table,
         int(lengths is not None),
+        int(table is not None),
         t,
         l,
         hq,
@@ -197,11 +230,13 @@ def attention(
     return o
 
 
-@triton.jit(do_not_specialize=["T", "NB", "HI"])
+@triton.jit(do_not_specialize=["T", "NB", "HI", "HAS_TABLE"])
 def _index_scores_kernel(
     iq_ptr,
     keys_ptr,
     scores_ptr,
+    tab_ptr,
+    HAS_TABLE,
     T,
     NB,
     HI,
@@ -216,9 +251,16 @@ def _index_scores_kernel(
     m_d = d < DI
     q_base = i_bt.to(tl.int64) * HI * DI
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # this program's block keys
-    m_n = n < NB
+    # with a table: session b's block keys and its own count of them (NB: the scores' row)
+    off = i_b.to(tl.int64) * NB * DI
+    nb = NB.to(tl.int64)
+    if HAS_TABLE != 0:
+        off = tl.multiple_of(tl.load(tab_ptr + i_b * TABLE_WIDTH + BLOCKS_COL), 16)
+        nb = tl.load(tab_ptr + i_b * TABLE_WIDTH + NB_COL)
+    keys_ptr += off
+    m_n = n < nb
     key = tl.load(
-        keys_ptr + (i_b.to(tl.int64) * NB + n)[:, None] * DI + d[None, :],
+        keys_ptr + n[:, None].to(tl.int64) * DI + d[None, :],
         mask=m_n[:, None] & m_d[None, :],
         other=0.0,
     ).to(tl.float32)
@@ -229,13 +271,19 @@ def _index_scores_kernel(
     tl.store(scores_ptr + i_bt.to(tl.int64) * NB + n, acc / sqrt_di, mask=m_n)
 
 
-def index_scores(index_q: torch.Tensor, block_keys: torch.Tensor) -> torch.Tensor:
+def index_scores(
+    index_q: torch.Tensor, block_keys: torch.Tensor, table: torch.Tensor | None = None,
+    nb: int = 0,
+) -> torch.Tensor:
     """sum_h relu(index_q[b, t, h] . block_keys[b, n]) / sqrt(Di) in fp32: [B, T, NB]. One
     program per (query row, BLOCK_N block keys): a decode row over a long cache is spread
     over the SMs (one program walking 2,112 block keys took 50 us on the H200), and each
-    score is summed over the heads in order whatever the grid."""
+    score is summed over the heads in order whatever the grid. With `table`
+    (state.attn_table): block_keys is the first session's [NB0, Di], batch b scores session
+    b's in place, and the scores have nb columns, those past session b's own left unwritten."""
     b, t, hi, di = index_q.shape
-    nb = block_keys.shape[1]
+    if table is None:
+        nb = block_keys.shape[1]
     scores = torch.empty(b, t, nb, dtype=torch.float32, device=index_q.device)
     if b * t == 0 or nb == 0:
         return scores
@@ -243,6 +291,8 @@ def index_scores(index_q: torch.Tensor, block_keys: torch.Tensor) -> torch.Tenso
         index_q.contiguous(),
         block_keys.contiguous(),
         scores,
+        _no_lengths(index_q.device) if table is None else table,
+        int(table is not None),
         t,
         nb,
         hi,
@@ -270,3 +320,44 @@ def select_mask(
     more than the scores do. `dense_check` is accepted for the signature and ignored."""
     scores = index_scores(index_q, block_keys)
     return select_from_scores(scores, positions, num_keys, block, top_blocks)
+
+
+def attend_sessions(
+    q, k, v, iq, raw, caches, pos, cos, sin, weight, eps: float, block: int, top_blocks: int,
+    scale: float, table: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """reference.attend_sessions for B sessions in six launches whatever B (three row
+    writes, the pooling, the scores, the mask and the attention: each reads and writes the
+    sessions' caches in place through `table`, models.state.attn_table, built here when not
+    given; a CUDA graph needs it built before the capture). Every row runs the arithmetic of
+    the per-session kernels on its own session's values, so its bits are those of one
+    session alone (tests/kernels/test_attend_sessions.py). One session without a table
+    runs the per-session kernels."""
+    if table is None:
+        if len(caches) == 1:
+            return attention_ref.attend_sessions(
+                q, k, v, iq, raw, caches, pos, cos, sin, weight, eps, block, top_blocks,
+                scale, ops=_PER_SESSION)
+        table = state.attn_table(caches)
+    first = caches[0]
+    for dst, column, src in ((first.k, "k", k), (first.v, "v", v),
+                             (first.index_keys, "index_keys", raw)):
+        blocks_tr.put_rows(dst, column, table, pos, src)
+    blocks_tr.pool_block_at(first.index_keys, first.block_keys, pos, cos, sin, weight, eps,
+                            block, table=table)
+    nb = max(c.block_keys.shape[0] for c in caches)
+    num_keys = max(c.k.shape[0] for c in caches)
+    scores = index_scores(iq[:, None], first.block_keys[None], table, nb)
+    mask = select_from_scores(scores, pos[:, None], num_keys, block, top_blocks)
+    return attention(q[:, None], first.k[None], first.v[None], mask, scale, pos + 1, table)[:, 0]
+
+
+class _PerSession:
+    """The per-session Triton kernels, for reference.attend_sessions' loop."""
+
+    pool_block_at = staticmethod(blocks_tr.pool_block_at)
+    select_mask = staticmethod(select_mask)
+    attention = staticmethod(attention)
+
+
+_PER_SESSION = _PerSession()

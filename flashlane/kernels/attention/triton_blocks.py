@@ -12,6 +12,12 @@ import triton
 import triton.language as tl
 
 from flashlane.kernels.norms.triton import rms_factor
+from flashlane.models import state
+
+TABLE_WIDTH = tl.constexpr(state.TABLE_WIDTH)
+INDEX_COL, BLOCKS_COL, NB_COL = (
+    tl.constexpr(state.TABLE_COLUMNS.index(c)) for c in ("index_keys", "block_keys", "blocks")
+)
 
 
 @triton.jit
@@ -54,12 +60,25 @@ def _block_keys_kernel(raw_ptr, cos_ptr, sin_ptr, w_ptr, out_ptr, stride_raw, st
                w_ptr, out_ptr + b * stride_out + n * DI, eps, BLOCK, DI, R, BDI)
 
 
-@triton.jit(do_not_specialize=["nb"])
-def _pool_block_at_kernel(keys_ptr, cos_ptr, sin_ptr, w_ptr, out_ptr, pos_ptr, nb, eps,
-                          BLOCK: tl.constexpr, DI: tl.constexpr, R: tl.constexpr,
-                          BDI: tl.constexpr):
-    b = tl.load(pos_ptr).to(tl.int64) // BLOCK
-    if b < nb:
+@triton.jit(do_not_specialize=["nb", "has_table"])
+def _pool_block_at_kernel(keys_ptr, cos_ptr, sin_ptr, w_ptr, out_ptr, pos_ptr, tab_ptr, nb,
+                          has_table, eps, BLOCK: tl.constexpr, DI: tl.constexpr,
+                          R: tl.constexpr, BDI: tl.constexpr):
+    # with a table, program i pools session i's block (state.attn_table) at its position,
+    # with its cos / sin; a runtime flag, so one compiled kernel serves both uses
+    i = tl.program_id(0)
+    keys_off, out_off, count = i.to(tl.int64) * 0, i.to(tl.int64) * 0, nb.to(tl.int64)
+    if has_table != 0:
+        row = tab_ptr + i * TABLE_WIDTH
+        keys_off = tl.load(row + INDEX_COL)
+        out_off = tl.load(row + BLOCKS_COL)
+        count = tl.load(row + NB_COL)
+    keys_ptr += keys_off
+    out_ptr += out_off
+    cos_ptr += i * R
+    sin_ptr += i * R
+    b = tl.load(pos_ptr + i).to(tl.int64) // BLOCK
+    if b < count:
         _block_key(keys_ptr + b * BLOCK * DI, cos_ptr, sin_ptr, w_ptr, out_ptr + b * DI, eps,
                    BLOCK, DI, R, BDI)
 
@@ -81,10 +100,38 @@ def block_keys(raw_keys, cos, sin, weight, eps: float, block: int) -> torch.Tens
     return out
 
 
-def pool_block_at(index_keys, out, pos, cos, sin, weight, eps: float, block: int) -> None:
-    if out.shape[0] == 0:
+def pool_block_at(index_keys, out, pos, cos, sin, weight, eps: float, block: int,
+                  table: torch.Tensor | None = None) -> None:
+    """reference.pool_block_at; with `table` (state.attn_table of B sessions): index_keys and
+    out are the first session's, pos [B], cos and sin [B, R], and program b pools session b's
+    block in place."""
+    if table is None and out.shape[0] == 0:
         return
-    _pool_block_at_kernel[(1,)](
+    _pool_block_at_kernel[(1 if table is None else table.shape[0],)](
         index_keys, cos.contiguous(), sin.contiguous(), weight.contiguous(), out, pos,
-        out.shape[0], eps, **_meta(block, index_keys.shape[-1], cos),
+        pos if table is None else table, out.shape[0], int(table is not None), eps,
+        **_meta(block, index_keys.shape[-1], cos),
+    )
+
+
+@triton.jit
+def _put_rows_kernel(src_ptr, dst_ptr, tab_ptr, pos_ptr, W, COL: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    """Row i of src (W values) to session i's buffer (table column COL) at row pos[i]."""
+    i = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < W
+    at = tl.load(pos_ptr + i) * W + tl.load(tab_ptr + i * TABLE_WIDTH + COL)
+    tl.store(dst_ptr + at + cols, tl.load(src_ptr + i * W + cols, mask=m), mask=m)
+
+
+def put_rows(dst: torch.Tensor, column: str, table: torch.Tensor, pos: torch.Tensor,
+             src: torch.Tensor) -> None:
+    """Session i's buffer `column` (state.attn_table; dst: the first session's) gets src[i]
+    at row pos[i]: each session's index_copy_ of one row, in one launch."""
+    w = dst[0].numel()
+    src = src.reshape(src.shape[0], w).to(dst.dtype).contiguous()
+    block = min(1024, triton.next_power_of_2(w))
+    _put_rows_kernel[(src.shape[0], triton.cdiv(w, block))](
+        src, dst, table, pos, w, COL=state.TABLE_COLUMNS.index(column), BLOCK=block,
     )

@@ -15,11 +15,16 @@ the last state of keep_states=False differed in its low bits from the kept one.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from flashlane.kernels.gdn import reference
+from flashlane.models import state
+
+TABLE_WIDTH = tl.constexpr(state.TABLE_WIDTH)
 
 # Dv block of the recurrent kernel: a [128, 32] fp32 state tile is 32 registers per thread
 # with 4 warps, and Dv = 128 gives 4 programs per (b, h) (48 heads -> 192 programs at B = 1).
@@ -27,7 +32,7 @@ BV = 32
 NUM_WARPS = 4
 
 
-@triton.jit(do_not_specialize=["T", "keep_states"])
+@triton.jit(do_not_specialize=["T", "keep_states", "use_table"])
 def _recurrent_gdn_kernel(
     q_ptr,
     k_ptr,
@@ -37,6 +42,7 @@ def _recurrent_gdn_kernel(
     s0_ptr,
     o_ptr,
     states_ptr,
+    tab_ptr,
     T,
     H,
     DK: tl.constexpr,
@@ -44,6 +50,7 @@ def _recurrent_gdn_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     keep_states,
+    use_table,
     HAS_STATE: tl.constexpr,
 ):
     i_v = tl.program_id(0)
@@ -58,8 +65,12 @@ def _recurrent_gdn_kernel(
     m_kv = m_k[:, None] & m_v[None, :]
     tile = o_k[:, None] * DV + o_v[None, :]  # offsets inside one [DK, DV] state
 
+    # batch b's state is session b's (state.gdn_table), read and written in place; a runtime
+    # flag, so one compiled kernel (one layout of the state tile) serves both uses
+    base_s0 = i_bh.to(tl.int64) * DK * DV
+    if use_table != 0:
+        base_s0 = tl.multiple_of(tl.load(tab_ptr + i_b * TABLE_WIDTH), 16) + i_h * DK * DV
     if HAS_STATE:
-        base_s0 = i_bh.to(tl.int64) * DK * DV
         s = tl.load(s0_ptr + base_s0 + tile, mask=m_kv, other=0.0).to(tl.float32)
     else:
         s = tl.zeros([BK, BV], dtype=tl.float32)
@@ -81,7 +92,9 @@ def _recurrent_gdn_kernel(
         if keep_states != 0:
             tl.store(states_ptr + row * DK * DV + tile, s, mask=m_kv)
 
-    if keep_states == 0:
+    if use_table != 0:
+        tl.store(s0_ptr + base_s0 + tile, s, mask=m_kv)
+    elif keep_states == 0:
         tl.store(states_ptr + i_bh.to(tl.int64) * DK * DV + tile, s, mask=m_kv)
 
 
@@ -131,9 +144,11 @@ def recurrent_gdn(
         s0,
         o,
         states,
+        _no_table(v.device),
         t,
         h,
         keep_states=int(keep_states),
+        use_table=0,
         DK=dk,
         DV=dv,
         BK=triton.next_power_of_2(dk),
@@ -187,3 +202,38 @@ def chunk_gdn(
         chunk_size=chunk,
     )
     return o.to(v.dtype), final.to(torch.float32)
+
+
+def gdn_sessions(q, k, v, g, beta, states: list[torch.Tensor],
+                 table: torch.Tensor | None = None) -> torch.Tensor:
+    """reference.gdn_sessions in one launch: batch b's rows run from session b's state, which
+    the kernel reads and writes in place through `table` (state.gdn_table of the sessions,
+    made here when not given; a CUDA graph needs it made before its capture): no stacked
+    copy and no copy back. The same arithmetic per (b, h) tile as recurrent_gdn, so the bits
+    of a session alone."""
+    if table is None:
+        table = gdn_table_of(states)
+    b, t, h, dk = k.shape
+    dv = v.shape[-1]
+    first = states[0]
+    if first.dtype != torch.float32 or tuple(first.shape) != (h, dk, dv):
+        raise ValueError(f"gdn_sessions: states of {first.dtype} {tuple(first.shape)}")
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    o = torch.empty(b, t, h, dv, dtype=v.dtype, device=v.device)
+    if t == 0:
+        return o
+    _recurrent_gdn_kernel[(triton.cdiv(dv, BV), b * h)](
+        q, k, v, g, beta, first, o, first, table, t, h, keep_states=0, use_table=1, DK=dk,
+        DV=dv, BK=triton.next_power_of_2(dk), BV=BV, HAS_STATE=True, num_warps=NUM_WARPS,
+    )
+    return o
+
+
+def gdn_table_of(recurrent: list[torch.Tensor]) -> torch.Tensor:
+    return state.offsets_table([recurrent])
+
+
+@functools.cache
+def _no_table(device: torch.device) -> torch.Tensor:
+    """The table pointer's stand-in (the flag says it is unused)."""
+    return torch.zeros(state.TABLE_WIDTH, dtype=torch.long, device=device)
