@@ -227,6 +227,46 @@ def test_linear_fp32_out(nk, dtype, sums, monkeypatch):
     assert torch.equal(fn(full), y)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, *NARROW])
+@pytest.mark.parametrize("nk", [(33, 700), (130, 1100)] + ([(324, 10240), (2560, 640)]
+                                                          if HAS_CUDA else []))
+def test_linear_one_loop_over_partitions_gives_their_bits(nk, dtype, monkeypatch):
+    """FLAT (one pipelined loop over every K block, each partition's sum joining the total at
+    its last block) against the loop over partitions: the same bits, on exponent-spread
+    inputs and on rows of zeros (no -0.0 may appear)."""
+    n, k = nk
+    x = _rand(130 if HAS_CUDA else 70, k, dtype=dtype, seed=31)
+    x = x * torch.exp2(torch.randint(-12, 13, x.shape, device=DEVICE)).to(dtype)
+    x[3] = 0.0
+    w = -_rand(n, k, dtype=dtype, seed=32).abs()
+    monkeypatch.setattr(tlin, "_IN_PROGRAM_TILES", 1)  # the in-program path at every M
+    for out in {dtype, torch.float32}:
+        want = tlin.linear(x, w, out_dtype=out)
+        cfg = (tlin.prefill_tile if x.shape[0] > tlin.DECODE_ROWS else tlin.tile_config)(
+            n, k, torch.float32 if out == torch.float32 else dtype)
+        assert cfg["PARTS"] > 1
+        got = tlin.linear(x, w, out_dtype=out, tile=dict(cfg, FLAT=True))
+        assert torch.equal(got, want)
+        assert not torch.signbit(got[3]).any()
+
+
+@pytest.mark.parametrize("dtype", NARROW)
+def test_linear_fp32_out_on_tensor_cores(dtype, monkeypatch):
+    """The router's experiment (_TENSOR_CORE_FP32_OUT): bf16 / fp16 products on the tensor
+    cores summed in fp32 and stored unrounded: row-invariant, within fp32 noise of the exact
+    fp32 product, and not rounded to the inputs' dtype."""
+    monkeypatch.setattr(tlin, "_TENSOR_CORE_FP32_OUT", True)
+    n, k = (512, 2560) if HAS_CUDA else (33, 300)
+    full = _rand(200 if HAS_CUDA else 70, k, dtype=dtype, seed=41)
+    w = _rand(n, k, dtype=dtype, seed=42)
+    fn = lambda x: tlin.linear(x, w, out_dtype=torch.float32)  # noqa: E731
+    y = fn(full)
+    assert y.dtype == torch.float32
+    assert _rel_err(y, tlin.linear(full.float(), w.float())) < 1e-5
+    assert not torch.equal(y, y.to(dtype).float())
+    _check_rows(fn, full)
+
+
 def test_linear_out_dtype_is_the_inputs_or_fp32():
     x, w = torch.zeros(2, 8), torch.zeros(3, 8)
     with pytest.raises(ValueError, match="out_dtype"):

@@ -52,6 +52,12 @@ _FIXUP = True
 # while the kernel before it drains, and waits for it (gdc_wait) before touching memory;
 # `python benchmarks/bench_linears.py --device cuda --pdl` times it. Not run on a GPU yet.
 _PDL = False
+# the in-program path runs all partitions in one loop over K (`_all_partitions`, same bits);
+# an experiment, off: `tile=dict(..., FLAT=True)` times it
+_FLAT = False
+# bf16 / fp16 inputs with fp32 out (the router) on the tensor cores (exact bf16 products,
+# fp32 sums) instead of FMA chains on the CUDA cores; an experiment, off: other bits
+_TENSOR_CORE_FP32_OUT = False
 
 
 @functools.cache
@@ -105,6 +111,38 @@ def prefill_tile(n: int, k: int, dtype: torch.dtype) -> dict:
 
 
 @triton.jit
+def _k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K: tl.constexpr,
+             SQUASH: tl.constexpr):
+    """K block kb of x's rows and w's columns: a [BLOCK_M, BLOCK_K], b [BLOCK_K, BLOCK_N].
+    With SQUASH = hc, each x value first becomes silu(x / hc) as rowwise hc_squash rounds it."""
+    rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+    k_mask = rk < K
+    a = tl.load(
+        x_ptr + rm[:, None].to(tl.int64) * stride_x + rk[None, :],
+        mask=m_mask[:, None] & k_mask[None, :],
+        other=0.0,
+    )
+    if SQUASH > 0:
+        dt: tl.constexpr = a.dtype
+        h = (a.to(tl.float32) / SQUASH).to(dt).to(tl.float32)
+        a = (h / (1.0 + tl.exp(-h))).to(dt)
+    b = tl.load(
+        w_ptr + rn[None, :].to(tl.int64) * K + rk[:, None],
+        mask=n_mask[None, :] & k_mask[:, None],
+        other=0.0,
+    )
+    return a, b
+
+
+@triton.jit
+def _product(a, b, acc, FP32_PRODUCTS: tl.constexpr):
+    if FP32_PRODUCTS:
+        # exact products of the inputs' values, whatever their dtype (no-op casts for fp32)
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
 def _partition(
     x_ptr,
     w_ptr,
@@ -122,35 +160,50 @@ def _partition(
     FP32_PRODUCTS: tl.constexpr,
     SQUASH: tl.constexpr,
 ):
-    """Sum over partition `part`'s K blocks, in ascending order, from zero, in fp32. With
-    SQUASH = hc, each x value first becomes silu(x / hc) as rowwise hc_squash rounds it."""
+    """Sum over partition `part`'s K blocks, in ascending order, from zero, in fp32."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_blocks = tl.cdiv(K, BLOCK_K)
     start = part * BLOCKS_PER_PART
     end = tl.minimum(start + BLOCKS_PER_PART, k_blocks)
     for kb in range(start, end):
-        rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-        k_mask = rk < K
-        a = tl.load(
-            x_ptr + rm[:, None].to(tl.int64) * stride_x + rk[None, :],
-            mask=m_mask[:, None] & k_mask[None, :],
-            other=0.0,
-        )
-        if SQUASH > 0:
-            dt: tl.constexpr = a.dtype
-            h = (a.to(tl.float32) / SQUASH).to(dt).to(tl.float32)
-            a = (h / (1.0 + tl.exp(-h))).to(dt)
-        b = tl.load(
-            w_ptr + rn[None, :].to(tl.int64) * K + rk[:, None],
-            mask=n_mask[None, :] & k_mask[:, None],
-            other=0.0,
-        )
-        if FP32_PRODUCTS:
-            # exact products of the inputs' values, whatever their dtype (no-op casts for fp32)
-            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc)
+        a, b = _k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K, SQUASH)
+        acc = _product(a, b, acc, FP32_PRODUCTS)
     return acc
+
+
+@triton.jit
+def _all_partitions(
+    x_ptr,
+    w_ptr,
+    rm,
+    rn,
+    m_mask,
+    n_mask,
+    K,
+    stride_x,
+    BLOCKS_PER_PART: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    FP32_PRODUCTS: tl.constexpr,
+    SQUASH: tl.constexpr,
+):
+    """((p0 + p1) + p2) + ... over every partition in one loop over all K blocks (one
+    software pipeline, not one a partition: partitions of 2-4 blocks spent most of their
+    time filling and draining it). At each partition's last block its sum joins the total
+    and the accumulator restarts from zero; elsewhere the total gets +0.0, which changes
+    nothing (neither sum is ever -0.0: both start at +0.0, and x + y is -0.0 only when both
+    are), so the bits are those of the loop over partitions."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    for kb in range(0, k_blocks):
+        a, b = _k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K, SQUASH)
+        acc = _product(a, b, acc, FP32_PRODUCTS)
+        edge = ((kb + 1) % BLOCKS_PER_PART == 0) | (kb == k_blocks - 1)
+        total = total + tl.where(edge, acc, 0.0)
+        acc = tl.where(edge, 0.0, acc)
+    return total
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -174,6 +227,7 @@ def _linear_kernel(
     FP32_PRODUCTS: tl.constexpr,
     SQUASH: tl.constexpr,
     PDL: tl.constexpr = False,
+    FLAT: tl.constexpr = False,
 ):
     if PDL:  # every load and store after the kernel before has finished and flushed
         gdc_wait()
@@ -212,6 +266,11 @@ def _linear_kernel(
             if last_to_arrive(count_ptr + pid_m * tl.num_programs(1) + pid_n, PARTS):
                 total = add_partials(ws_ptr, offs, out_mask, plane, PARTS, ".cg")
                 tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
+    elif FLAT:
+        total = _all_partitions(x_ptr, w_ptr, rm, rn, m_mask, n_mask, K, stride_x,
+                                BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS,
+                                SQUASH)
+        tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
     else:
         total = _partition(
             x_ptr,
@@ -296,7 +355,10 @@ def linear(
     if k == 0:
         return y.zero_().reshape(*lead, n)
     # fp32 out: the fp32 tiles and exact fp32 products, whatever the inputs' dtype
-    cfg = tile or (tile_config if m <= DECODE_ROWS else prefill_tile)(n, k, out_dtype)
+    fp32_products = x.dtype == torch.float32 or (
+        out_dtype == torch.float32 and not _TENSOR_CORE_FP32_OUT)
+    tile_dtype = torch.float32 if fp32_products else x.dtype
+    cfg = tile or (tile_config if m <= DECODE_ROWS else prefill_tile)(n, k, tile_dtype)
     bm, bn, parts = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["PARTS"]
     m_tiles, n_tiles = triton.cdiv(m, bm), triton.cdiv(n, bn)
     split = parts > 1 and m_tiles * n_tiles < _IN_PROGRAM_TILES
@@ -310,7 +372,7 @@ def linear(
         BLOCK_M=bm,
         BLOCK_N=bn,
         BLOCK_K=cfg["BLOCK_K"],
-        FP32_PRODUCTS=out_dtype == torch.float32,
+        FP32_PRODUCTS=fp32_products,
         SQUASH=squash,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
@@ -318,6 +380,8 @@ def linear(
     if _PDL and x.is_cuda:
         meta.update(PDL=True, launch_pdl=True)
     if not split:
+        if cfg.get("FLAT", _FLAT):
+            meta.update(FLAT=True)
         _linear_kernel[(m_tiles, n_tiles, 1)](x2, w, y, y, y, m, n, k, x2.stride(0), **meta)
         return y.reshape(*lead, n)
     ws = torch.empty((parts, m, n), dtype=torch.float32, device=x.device)
