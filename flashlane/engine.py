@@ -107,8 +107,11 @@ class Engine:
             HostConfig(
                 lanes=lanes,
                 max_queue=config.max_queue,
-                # GPU GEMMs want long prompt pieces; CPU rounds stay short for live replies
-                prefill_rows=2048 if self.device.startswith("cuda") else 1024,
+                # GPU GEMMs want long prompt pieces (each piece reads every expert's weights
+                # once a layer, 5 GB of flashnext-12l's: at 2,048 rows that read bounds the
+                # MoE; 8,192 is SGLang's chunked-prefill default on large GPUs); CPU rounds
+                # stay short for live replies
+                prefill_rows=8192 if self.device.startswith("cuda") else 1024,
                 prompt_cache_bytes=self.plan.prompt_cache_bytes,
                 lone_streams=config.lone_streams,
             ),

@@ -210,11 +210,13 @@ NARROW = [torch.float16] + ([torch.bfloat16] if HAS_CUDA else [])
 @pytest.mark.parametrize("dtype", [torch.float32, *NARROW])
 @pytest.mark.parametrize("nk", [(33, 300), (130, 1100)] + ([(512, 2560)] if HAS_CUDA else []))
 def test_linear_fp32_out(nk, dtype, sums, monkeypatch):
-    """out_dtype=fp32 reads x and w in their dtype and computes exactly what the fp32 path
-    computes on their fp32 values: bitwise `linear(x.float(), w.float())` on the split and
-    in-program paths, row-invariant. fp16 runs on the interpreter (its casts are exact);
-    bf16 only on a GPU (the interpreter has no correct bf16)."""
+    """With the router's tensor cores off (_TENSOR_CORE_FP32_OUT = False), out_dtype=fp32
+    reads x and w in their dtype and computes exactly what the fp32 path computes on their
+    fp32 values: bitwise `linear(x.float(), w.float())` on the split and in-program paths,
+    row-invariant. fp16 runs on the interpreter (its casts are exact); bf16 only on a GPU
+    (the interpreter has no correct bf16)."""
     monkeypatch.setattr(tlin, "_FIXUP", SUMS[sums])
+    monkeypatch.setattr(tlin, "_TENSOR_CORE_FP32_OUT", False)
     n, k = nk
     full = _rand(200 if HAS_CUDA else 70, k, dtype=dtype, seed=15)
     w = _rand(n, k, dtype=dtype, seed=16)
@@ -241,10 +243,10 @@ def test_linear_one_loop_over_partitions_gives_their_bits(nk, dtype, monkeypatch
     w = -_rand(n, k, dtype=dtype, seed=32).abs()
     monkeypatch.setattr(tlin, "_IN_PROGRAM_TILES", 1)  # the in-program path at every M
     for out in {dtype, torch.float32}:
-        want = tlin.linear(x, w, out_dtype=out)
         cfg = (tlin.prefill_tile if x.shape[0] > tlin.DECODE_ROWS else tlin.tile_config)(
-            n, k, torch.float32 if out == torch.float32 else dtype)
+            n, k, dtype)
         assert cfg["PARTS"] > 1
+        want = tlin.linear(x, w, out_dtype=out, tile=dict(cfg, FLAT=False))
         got = tlin.linear(x, w, out_dtype=out, tile=dict(cfg, FLAT=True))
         assert torch.equal(got, want)
         assert not torch.signbit(got[3]).any()
@@ -252,9 +254,9 @@ def test_linear_one_loop_over_partitions_gives_their_bits(nk, dtype, monkeypatch
 
 @pytest.mark.parametrize("dtype", NARROW)
 def test_linear_fp32_out_on_tensor_cores(dtype, monkeypatch):
-    """The router's experiment (_TENSOR_CORE_FP32_OUT): bf16 / fp16 products on the tensor
-    cores summed in fp32 and stored unrounded: row-invariant, within fp32 noise of the exact
-    fp32 product, and not rounded to the inputs' dtype."""
+    """The router's default (_TENSOR_CORE_FP32_OUT): bf16 / fp16 products on the tensor cores
+    summed in fp32 and stored unrounded: row-invariant (decode and prefill tiles), within
+    fp32 noise of the exact fp32 product, and not rounded to the inputs' dtype."""
     monkeypatch.setattr(tlin, "_TENSOR_CORE_FP32_OUT", True)
     n, k = (512, 2560) if HAS_CUDA else (33, 300)
     full = _rand(200 if HAS_CUDA else 70, k, dtype=dtype, seed=41)

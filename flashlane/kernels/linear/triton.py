@@ -21,10 +21,14 @@ exist); with many row tiles (prefill) one program runs all partitions and adds t
 same order in registers (no fp32 workspace). All do the same fp32 operations on the same
 values; the tests check them bitwise against each other.
 
-fp32 out takes exact fp32 products (`input_precision="ieee"`: one FMA chain per output in
-k's order, whatever the tile's rows) with the fp32 tiles: fp32 inputs, or bf16 / fp16 inputs with
-`out_dtype=torch.float32`, cast in registers (the MoE router), so the bits are those of
-`linear(x.float(), w.float())`.
+fp32 inputs take exact fp32 products (`input_precision="ieee"`: one FMA chain per output in
+k's order, whatever the tile's rows) with the fp32 tiles. bf16 / fp16 inputs with
+`out_dtype=torch.float32` (the MoE router) run on the tensor cores in their dtype's tiles and
+store the fp32 sums unrounded (`_TENSOR_CORE_FP32_OUT`; False casts them in registers to the
+fp32 path, bitwise `linear(x.float(), w.float())`).
+
+Prefill tiles with six partitions or more run them all in one pipelined loop over K (FLAT,
+`_all_partitions`): the same sums in the same order as the loop over partitions.
 """
 
 from __future__ import annotations
@@ -52,12 +56,11 @@ _FIXUP = True
 # while the kernel before it drains, and waits for it (gdc_wait) before touching memory;
 # `python benchmarks/bench_linears.py --device cuda --pdl` times it. Not run on a GPU yet.
 _PDL = False
-# the in-program path runs all partitions in one loop over K (`_all_partitions`, same bits);
-# an experiment, off: `tile=dict(..., FLAT=True)` times it
-_FLAT = False
-# bf16 / fp16 inputs with fp32 out (the router) on the tensor cores (exact bf16 products,
-# fp32 sums) instead of FMA chains on the CUDA cores; an experiment, off: other bits
-_TENSOR_CORE_FP32_OUT = False
+# bf16 / fp16 inputs with fp32 out (the router) on the tensor cores: exact bf16 products
+# summed in fp32 by the bf16 tiles, row-invariant like every bf16 product, within 3.4e-7 of
+# the largest logit of the FMA chains' exact fp32 sums, and 7.5x faster at 2,048 rows on the
+# H200 (437 -> 59 us). False: FMA chains on the CUDA cores, bitwise linear(x.float(), ...)
+_TENSOR_CORE_FP32_OUT = True
 
 
 @functools.cache
@@ -94,20 +97,26 @@ def tile_config(n: int, k: int, dtype: torch.dtype) -> dict:
 @functools.cache
 def prefill_tile(n: int, k: int, dtype: torch.dtype) -> dict:
     """The tile for more than DECODE_ROWS rows, with tile_config's partitions (the same spans
-    of K). bf16 / fp16: 128 x 128 wgmma tiles on 8 warps in blocks of K of 64, except outputs
-    narrower than 1024, which keep the decode tile (the hyper-connections' 324 x 10240 at
-    2,048 rows on the H200: 696 us in 128 x 128 tiles, 185 in the decode tile's; 1281 x 2560:
-    63 against 158). fp32 products: rows of 64 (the router at 2,048 rows spent 886 us in rows
-    of 16); their FMAs run in one chain per output in k's order whatever BLOCK_M
-    (tests/kernels/test_sm90_compile.py reads the chain in the compiled code)."""
+    of K). bf16 / fp16, by the H200 sweeps (results/prefill_variants_h200_*.log):
+    * six partitions or more (short spans, long K for the width: the hyper-connections'
+      324 x 10240, the router, 1281 x 2560, 2560 x 6144): 64 x 64 tiles in blocks of K of 128
+      on 4 warps, all partitions in one pipelined loop (FLAT); at 2,048 rows 324 x 10240 took
+      62 us so against 185 in the decode tile and 696 in 128 x 128 tiles;
+    * else outputs narrower than 1024 keep the decode tile (10240 x 320: 36 us at 2,048 rows);
+    * else 128 x 128 wgmma tiles on 8 warps in blocks of K of 64 (16480 x 2560: 254 us).
+    fp32 products: rows of 64 (FMAs in one chain per output in k's order whatever BLOCK_M:
+    tests/kernels/test_sm90_compile.py reads the chain in the compiled code)."""
     t = tile_config(n, k, dtype)
     if dtype == torch.float32:
         return dict(t, BLOCK_M=64)
+    span = t["BLOCK_K"] * t["BLOCKS_PER_PART"]
+    if t["PARTS"] >= 6 and span % 128 == 0:
+        return dict(t, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, BLOCKS_PER_PART=span // 128,
+                    num_warps=4, num_stages=3, FLAT=True)
     if n < 1024:
         return t
-    ratio = t["BLOCK_K"] // 64
-    return dict(t, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64,
-                BLOCKS_PER_PART=t["BLOCKS_PER_PART"] * ratio, num_warps=8, num_stages=3)
+    return dict(t, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, BLOCKS_PER_PART=span // 64,
+                num_warps=8, num_stages=3)
 
 
 @triton.jit
@@ -380,7 +389,7 @@ def linear(
     if _PDL and x.is_cuda:
         meta.update(PDL=True, launch_pdl=True)
     if not split:
-        if cfg.get("FLAT", _FLAT):
+        if cfg.get("FLAT", False):  # prefill_tile's one loop over every partition
             meta.update(FLAT=True)
         _linear_kernel[(m_tiles, n_tiles, 1)](x2, w, y, y, y, m, n, k, x2.stride(0), **meta)
         return y.reshape(*lead, n)
