@@ -146,6 +146,7 @@ def _info_plan(cfg, args):
         context=args.context,
         slot_contexts=parse_slot_contexts(args.slot_contexts) if args.slot_contexts else None,
         parallel=None if args.parallel in (None, "auto") else int(args.parallel),
+        prompt_rows=memory.PREFILL_ROWS[device],
     )
 
 

@@ -85,8 +85,14 @@ class Engine:
         self.sessions = [
             SessionState.empty(cfg, c, cache, state, self.device) for c in self.plan.capacities
         ]
+        # The host's pieces and the backend's limit are one number (memory.PREFILL_ROWS: each
+        # GPU piece reads every expert's weights once a layer, 5 GB of flashnext-12l's, which
+        # bounded the MoE at 2,048 rows; 8,192 is SGLang's chunked-prefill default on large
+        # GPUs), and the memory plan holds its activations.
+        prefill_rows = self.plan.prompt_rows
         self.backend = ModelBackend(
-            self.model, self.sessions, self.max_rows, mtp_confidence=config.mtp_confidence
+            self.model, self.sessions, self.max_rows, mtp_confidence=config.mtp_confidence,
+            max_prompt_rows=prefill_rows,
         )
         if costs is None and not config.unpriced:
             scratch = [SessionState.empty(cfg, 64 + self.max_rows, cache, state, self.device)
@@ -107,11 +113,7 @@ class Engine:
             HostConfig(
                 lanes=lanes,
                 max_queue=config.max_queue,
-                # GPU GEMMs want long prompt pieces (each piece reads every expert's weights
-                # once a layer, 5 GB of flashnext-12l's: at 2,048 rows that read bounds the
-                # MoE; 8,192 is SGLang's chunked-prefill default on large GPUs); CPU rounds
-                # stay short for live replies
-                prefill_rows=8192 if self.device.startswith("cuda") else 1024,
+                prefill_rows=prefill_rows,
                 prompt_cache_bytes=self.plan.prompt_cache_bytes,
                 lone_streams=config.lone_streams,
             ),
@@ -182,6 +184,7 @@ class Engine:
             parallel=parallel,
             mtp=self.model.mtp is not None,
             prompt_cache_bytes=cache_bytes,
+            prompt_rows=memory.PREFILL_ROWS[kind],
         )
 
     def _stop_rules(self) -> StopRules:

@@ -3,6 +3,7 @@ random checkpoints give transformers the same weights as ours."""
 
 import json
 
+import pytest
 import torch
 
 from flashlane.bench_model import bench_model_main
@@ -25,6 +26,31 @@ def test_bench_model_smoke_on_cpu(tmp_path, capsys):
     cache = result["ours"]["prompt_cache"]
     assert cache["resent"]["cached_tokens"] > 0 and cache["cold"]["cached_tokens"] == 0
     assert "decode 2 streams" in capsys.readouterr().out
+
+
+def test_a_failed_reply_is_an_error_not_a_figure():
+    from flashlane.bench_model import replies
+    from flashlane.request import FinishReason, RequestOutput
+
+    ok = RequestOutput("a", [1], [2], "", FinishReason.LENGTH, 0)
+    failed = RequestOutput("b", [1] * 8192, [], "", FinishReason.ERROR, 0,
+                           error="InvalidBatch: 8192 prompt rows exceed 4096")
+    assert replies([ok]) == [ok]
+    with pytest.raises(RuntimeError, match="InvalidBatch"):
+        replies([ok, failed])
+
+
+def test_engine_prompt_pieces_fit_its_backend():
+    """The host cuts prompts into pieces of prefill_rows; the backend refuses more than
+    max_prompt_rows: one number, so no piece is refused."""
+    from flashlane.config import EngineConfig
+    from flashlane.engine import Engine
+
+    cfg, model = build_random(preset("flashnext-tiny"), torch.float32, "cpu", seed=1)
+    config = EngineConfig.resolve(device="cpu", parallel=1, context=256, drafts=False,
+                                  prompt_cache_gb=0)
+    engine = Engine(config, built=(cfg, model), log=lambda *_: None)
+    assert engine.host.config.prefill_rows == engine.backend.max_prompt_rows
 
 
 def test_random_checkpoint_is_the_same_in_transformers():

@@ -20,6 +20,9 @@ MIB = 2**20
 ELEMENT_BYTES = {"cuda": (2, 4), "cpu": (8, 8)}  # bf16 / fp32 on the GPU, fp64 on the CPU
 # Activations beside the fp32 logits of a round (hidden states, MoE buffers, graph pools).
 ACTIVATION_FIXED = {"cuda": GIB, "cpu": 64 * MIB}
+# Prompt rows a round takes at most (the host's pieces, the backend's limit): GPU GEMMs want
+# long pieces (each reads every expert's weights once a layer); CPU rounds stay short.
+PREFILL_ROWS = {"cuda": 8192, "cpu": 1024}
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +94,24 @@ def scratch_buffers(
     )
 
 
-def activation_bytes(cfg: ModelConfig, max_rows: int, device: str) -> int:
-    """The stated allowance: a round's fp32 logits plus ACTIVATION_FIXED[device]."""
-    return max_rows * cfg.vocab_size * 4 + ACTIVATION_FIXED[device]
+def activation_bytes(cfg: ModelConfig, max_rows: int, device: str, prompt_rows: int = 0,
+                     context: int = 0) -> int:
+    """The stated allowance: a round's fp32 logits plus ACTIVATION_FIXED[device], plus
+    prompt_rows x prompt_row_bytes when prompt pieces are that long."""
+    rows = prompt_rows * prompt_row_bytes(cfg, device, context) if prompt_rows else 0
+    return max_rows * cfg.vocab_size * 4 + ACTIVATION_FIXED[device] + rows
+
+
+def prompt_row_bytes(cfg: ModelConfig, device: str, context: int) -> int:
+    """What one prompt row adds to a round's transient memory, estimated with room to spare:
+    the residual and its hyper-connection copies (8 of hc x H), the MoE's routed pairs (k
+    rows of H out and 3I in), the GDN's chunk states (an fp32 state a value head every 64
+    rows) and its projections (4 of the conv width), the indexer's mask over the context."""
+    c = ELEMENT_BYTES[device][0]
+    residual = 8 * cfg.hc_count * cfg.hidden_size * c
+    moe = cfg.num_experts_per_tok * (cfg.hidden_size + 3 * cfg.moe_intermediate_size) * c
+    state = cfg.linear_num_v_heads * cfg.linear_k_head_dim * cfg.linear_v_head_dim * 4 // 64
+    return residual + moe + state + 4 * cfg.linear_conv_dim * c + context
 
 
 def weight_bytes(cfg: ModelConfig, param_bytes: int, table: bool = True, mtp: bool = True) -> int:

@@ -17,6 +17,7 @@ from flashlane.sessions.buffers import (
     ELEMENT_BYTES,
     GIB,
     MIB,
+    PREFILL_ROWS,
     Buffer,
     activation_bytes,
     element_bytes,
@@ -47,6 +48,7 @@ __all__ = [
     "LIMIT_ENV",
     "MAX_AUTO_SESSIONS",
     "MIB",
+    "PREFILL_ROWS",
     "PROMPT_CACHE_GB",
     "PROMPT_CACHE_SHARE",
     "RAM_FRACTION",
@@ -93,7 +95,8 @@ class MemoryPlan:
     limit_bytes: int  # the ceiling for weights + workspace + sessions on that device
     weight_bytes: int  # weights resident on the device
     scratch_bytes: int  # shared verify scratch: a GDN state and conv row per window row
-    activation_bytes: int  # max_rows x vocab fp32 logits + ACTIVATION_FIXED[device]
+    # max_rows x vocab fp32 logits + ACTIVATION_FIXED[device] + prompt_rows' activations
+    activation_bytes: int
     capacities: tuple[int, ...]  # tokens of context, one per session
     session_bytes: tuple[int, ...]  # bytes of each session's buffers
     max_rows: int
@@ -103,6 +106,7 @@ class MemoryPlan:
     serial: bool  # fewer than two sessions fit: one reply at a time
     host_bytes: int = 0  # host memory for a GPU model's n-gram table
     host_limit_bytes: int | None = None  # its ceiling (70% of RAM)
+    prompt_rows: int = 0  # the longest prompt piece of a round
     prompt_cache_bytes: int = 0  # the prompt cache's budget (kept states), under the limit
 
     @property
@@ -141,14 +145,18 @@ def plan(
     host_bytes: int = 0,
     host_limit_bytes: int | None = None,
     prompt_cache_bytes: int = 0,
+    prompt_rows: int = 0,
 ) -> MemoryPlan:
     """Sessions under the ceiling: `slot_contexts` as listed, else `parallel` sessions of
     `context` (default: the model's window), else (`parallel=None`, auto) as many as fit up to
     16, one session when fewer than two fit; the prompt cache's budget is planned beside the
-    weights and workspace. Raises OverMemoryLimit."""
+    weights and workspace; `prompt_rows`, the longest prompt piece of a round, adds its
+    activations to the workspace. Raises OverMemoryLimit."""
     cache_b, state_b = element_bytes(device)
     scratch = sum(b.nbytes for b in scratch_buffers(cfg, max_rows, cache_b, state_b))
-    fixed = weight_bytes + scratch + activation_bytes(cfg, max_rows, device) + prompt_cache_bytes
+    longest = max([context or cfg.max_position_embeddings, *(slot_contexts or [])])
+    activations = activation_bytes(cfg, max_rows, device, prompt_rows, longest)
+    fixed = weight_bytes + scratch + activations + prompt_cache_bytes
     if fixed > limit_bytes:
         what = "the weights, the round's workspace and the prompt cache"
         raise OverMemoryLimit(what, fixed, limit_bytes)
@@ -168,7 +176,7 @@ def plan(
         limit_bytes=limit_bytes,
         weight_bytes=weight_bytes,
         scratch_bytes=scratch,
-        activation_bytes=activation_bytes(cfg, max_rows, device),
+        activation_bytes=activations,
         capacities=capacities,
         session_bytes=per_session,
         max_rows=max_rows,
@@ -178,6 +186,7 @@ def plan(
         serial=len(capacities) < 2,
         host_bytes=host_bytes,
         host_limit_bytes=host_limit_bytes,
+        prompt_rows=prompt_rows,
         prompt_cache_bytes=prompt_cache_bytes,
     )
 

@@ -88,6 +88,22 @@ def _limit(cfg: ModelConfig, weights: int, sessions: float, rows: int = 16) -> i
     return weights + scratch + activation_bytes(cfg, rows, "cpu") + int(sessions * one)
 
 
+def test_prompt_pieces_are_planned() -> None:
+    """A round's longest prompt piece adds its rows' activations to the workspace: a plan with
+    8,192-row pieces holds 8,192 x prompt_row_bytes more than one without, and a real Flash
+    Next row is estimated at a few hundred KB (the GPU run: ~2 GB at 8,192 rows)."""
+    from flashlane.sessions.buffers import prompt_row_bytes
+
+    limit = _limit(TINY, 10**6, 3.5) + 2 * GIB
+    a = plan(TINY, device="cpu", limit_bytes=limit, weight_bytes=10**6, max_rows=16)
+    b = plan(TINY, device="cpu", limit_bytes=limit, weight_bytes=10**6, max_rows=16,
+             prompt_rows=8192)
+    assert b.prompt_rows == 8192 and a.prompt_rows == 0
+    assert b.activation_bytes - a.activation_bytes == 8192 * prompt_row_bytes(TINY, "cpu", 512)
+    real = ModelConfig.from_hf(json.loads(REAL.read_text()))
+    assert 200_000 < prompt_row_bytes(real, "cuda", 8192) < 1_000_000
+
+
 def test_plan_arithmetic() -> None:
     p = plan(TINY, device="cpu", limit_bytes=_limit(TINY, 10**6, 3.5), weight_bytes=10**6,
              max_rows=16)  # fmt: skip
