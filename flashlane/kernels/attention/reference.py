@@ -8,7 +8,7 @@ past that, the indexer keeps the top `top_blocks` by score, ties toward the lowe
 
 from __future__ import annotations
 
-import sys
+from types import SimpleNamespace
 
 import torch
 
@@ -159,7 +159,7 @@ def attend_sessions(
     Session by session with `ops` (a module or Kernels with pool_block_at, select_mask and
     attention; these references by default): the bits each row would get alone. `table`
     (models.state.attn_table) is for the batched kernels and is not needed here."""
-    ops = ops or _SELF
+    ops = ops or _REFERENCES
     outs = []
     for i, c in enumerate(caches):
         at = pos[i : i + 1]
@@ -176,4 +176,5 @@ def attend_sessions(
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
-_SELF = sys.modules[__name__]
+_REFERENCES = SimpleNamespace(pool_block_at=pool_block_at, select_mask=select_mask,
+                              attention=attention)

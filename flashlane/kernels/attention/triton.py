@@ -26,6 +26,7 @@ kernel reading and writing every session's own caches through a table of their o
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 
 import torch
 import triton
@@ -34,6 +35,7 @@ import triton.language as tl
 from flashlane.kernels.attention import reference as attention_ref
 from flashlane.kernels.attention import triton_blocks as blocks_tr
 from flashlane.kernels.attention.triton_select import select_from_scores
+from flashlane.kernels.tables import BLOCKS_COL, K_COL, NB_COL, TABLE_WIDTH, V_COL, no_table
 from flashlane.models import state
 
 # attention tiles: BLOCK_M (token, head) rows x BLOCK_L keys, D up to 256. The config depends
@@ -48,11 +50,6 @@ CONFIGS = {
     torch.float16: (32, 8, 2, "tf32"),
     torch.float32: (32, 8, 1, "ieee"),
 }
-# a session table's row length and columns (flashlane.models.state.attn_table)
-TABLE_WIDTH = tl.constexpr(state.TABLE_WIDTH)
-K_COL, V_COL, BLOCKS_COL, NB_COL = (
-    tl.constexpr(state.TABLE_COLUMNS.index(c)) for c in ("k", "v", "block_keys", "blocks")
-)
 # attention tiles of one token's heads (see attention()): an experiment, off; time it with
 # `python benchmarks/attention_tiles.py` (GPU)
 _TOKEN_TILES = False
@@ -225,7 +222,7 @@ def attention(
         mask,
         o,
         _no_lengths(q.device) if lengths is None else lengths,
-        _no_lengths(q.device) if table is None else table,
+        no_table(q.device) if table is None else table,
         int(lengths is not None),
         int(table is not None),
         t,
@@ -307,7 +304,7 @@ def index_scores(
         index_q.contiguous(),
         block_keys.contiguous(),
         scores,
-        _no_lengths(index_q.device) if table is None else table,
+        no_table(index_q.device) if table is None else table,
         int(table is not None),
         t,
         nb,
@@ -368,12 +365,6 @@ def attend_sessions(
     return attention(q[:, None], first.k[None], first.v[None], mask, scale, pos + 1, table)[:, 0]
 
 
-class _PerSession:
-    """The per-session Triton kernels, for reference.attend_sessions' loop."""
-
-    pool_block_at = staticmethod(blocks_tr.pool_block_at)
-    select_mask = staticmethod(select_mask)
-    attention = staticmethod(attention)
-
-
-_PER_SESSION = _PerSession()
+# the per-session Triton kernels, for reference.attend_sessions' loop
+_PER_SESSION = SimpleNamespace(pool_block_at=blocks_tr.pool_block_at, select_mask=select_mask,
+                               attention=attention)

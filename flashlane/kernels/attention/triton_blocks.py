@@ -12,12 +12,8 @@ import triton
 import triton.language as tl
 
 from flashlane.kernels.norms.triton import rms_factor
+from flashlane.kernels.tables import BLOCKS_COL, INDEX_COL, NB_COL, TABLE_WIDTH, no_table
 from flashlane.models import state
-
-TABLE_WIDTH = tl.constexpr(state.TABLE_WIDTH)
-INDEX_COL, BLOCKS_COL, NB_COL = (
-    tl.constexpr(state.TABLE_COLUMNS.index(c)) for c in ("index_keys", "block_keys", "blocks")
-)
 
 
 @triton.jit
@@ -109,7 +105,8 @@ def pool_block_at(index_keys, out, pos, cos, sin, weight, eps: float, block: int
         return
     _pool_block_at_kernel[(1 if table is None else table.shape[0],)](
         index_keys, cos.contiguous(), sin.contiguous(), weight.contiguous(), out, pos,
-        pos if table is None else table, out.shape[0], int(table is not None), eps,
+        no_table(pos.device) if table is None else table, out.shape[0], int(table is not None),
+        eps,
         **_meta(block, index_keys.shape[-1], cos),
     )
 

@@ -15,16 +15,13 @@ the last state of keep_states=False differed in its low bits from the kept one.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from flashlane.kernels.gdn import reference
+from flashlane.kernels.tables import TABLE_WIDTH, no_table
 from flashlane.models import state
-
-TABLE_WIDTH = tl.constexpr(state.TABLE_WIDTH)
 
 # Dv block of the recurrent kernel: a [128, 32] fp32 state tile is 32 registers per thread
 # with 4 warps, and Dv = 128 gives 4 programs per (b, h) (48 heads -> 192 programs at B = 1).
@@ -144,7 +141,7 @@ def recurrent_gdn(
         s0,
         o,
         states,
-        _no_table(v.device),
+        no_table(v.device),
         t,
         h,
         keep_states=int(keep_states),
@@ -212,7 +209,7 @@ def gdn_sessions(q, k, v, g, beta, states: list[torch.Tensor],
     copy and no copy back. The same arithmetic per (b, h) tile as recurrent_gdn, so the bits
     of a session alone."""
     if table is None:
-        table = gdn_table_of(states)
+        table = state.offsets_table([states])
     b, t, h, dk = k.shape
     dv = v.shape[-1]
     first = states[0]
@@ -228,12 +225,3 @@ def gdn_sessions(q, k, v, g, beta, states: list[torch.Tensor],
     )
     return o
 
-
-def gdn_table_of(recurrent: list[torch.Tensor]) -> torch.Tensor:
-    return state.offsets_table([recurrent])
-
-
-@functools.cache
-def _no_table(device: torch.device) -> torch.Tensor:
-    """The table pointer's stand-in (the flag says it is unused)."""
-    return torch.zeros(state.TABLE_WIDTH, dtype=torch.long, device=device)

@@ -6,9 +6,9 @@ Row invariance (a row's output is bitwise the same whatever M, its offset and th
   (N, K, dtype); each partition accumulates its K in ascending order from zero in fp32, and
   the partitions are added in ascending order: `((p0 + p1) + p2) + ...`;
 * the tile's shape (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) follows the call's row count
-  (`tile_config` up to DECODE_ROWS rows, `prefill_tile` above), never the partitions. A
-  product's bits depend on the partitions and on the tensor cores' k-steps of 16, which run
-  in the same order in every tile: on the H200 every tile of `benchmarks/tune_linears.py`
+  (`tiles.py`: `tile_config` up to DECODE_ROWS rows, `prefill_tile` above), never the
+  partitions. A product's bits depend on the partitions and on the tensor cores' k-steps of
+  16, which run in the same order in every tile: on the H200 every tile of `benchmarks/tune_linears.py`
   (BLOCK_M 16 on mma.sync, 64 and 128 on wgmma, BLOCK_N 64/128, BLOCK_K 64/128, 4/8 warps)
   gave the same bits for the same spans, normal and exponent-spread inputs, and
   tests/kernels/test_triton_dense.py checks a row alone against the same row in 200.
@@ -33,21 +33,16 @@ Prefill tiles with six partitions or more run them all in one pipelined loop ove
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from flashlane.kernels.linear.tiles import DECODE_ROWS, prefill_tile, tile_config
 from flashlane.kernels.partials import add_partials, counters, last_to_arrive
 
-# programs to aim for in the split (few row tiles) variant: about two waves of 132 SMs
-_TARGET_PROGRAMS = 264
-# fewest K blocks in one partition (>= 2 also keeps every partition a real loop)
-_MIN_BLOCKS_PER_PART = 2
-# rows up to which a call takes the decode tile (tile_config), above it prefill_tile
-DECODE_ROWS = 64
+__all__ = ["DECODE_ROWS", "linear", "prefill_tile", "tile_config"]
+
 # row tiles x column tiles from which one program runs all partitions
 _IN_PROGRAM_TILES = 128
 # split partitions added by each tile's last program (`kernels/partials.py`), not a 2nd kernel
@@ -61,62 +56,6 @@ _PDL = False
 # the largest logit of the FMA chains' exact fp32 sums, and 7.5x faster at 2,048 rows on the
 # H200 (437 -> 59 us). False: FMA chains on the CUDA cores, bitwise linear(x.float(), ...)
 _TENSOR_CORE_FP32_OUT = True
-
-
-@functools.cache
-def tile_config(n: int, k: int, dtype: torch.dtype) -> dict:
-    """The decode tile of (N, K, dtype) and its K partitions (M never enters). bf16 / fp16:
-    BLOCK_K 128, small weights (up to 4M values) on mma.sync rows of 16 (split-K carries
-    them), larger ones on wgmma rows of 64, and partitions enough to fill about two waves
-    of the SMs at one row (the H200 sweep's winners, results/tune_linears_h200.log)."""
-    if dtype == torch.float32:
-        # BLOCK_M 16: fp32 products run as FMAs on the CUDA cores (their order is k's, whatever
-        # BLOCK_M), and a decode row (the router's) should not pay for 64
-        # (one wave and 4 blocks a partition: 27 partitions of 3 timed slower than 16 of 5)
-        bm, bn, bk, warps, stages = 16, 64, 32, 4, 2
-        programs, fewest = _TARGET_PROGRAMS // 2, 2 * _MIN_BLOCKS_PER_PART
-    else:
-        bm, bn, bk, warps, stages = (16 if n * k <= 1 << 22 else 64), 64, 128, 4, 3
-        programs, fewest = _TARGET_PROGRAMS, _MIN_BLOCKS_PER_PART
-    n_tiles = triton.cdiv(n, bn)
-    k_blocks = triton.cdiv(k, bk)
-    parts = max(1, min(k_blocks // fewest, programs // n_tiles))
-    per_part = triton.cdiv(k_blocks, parts)
-    parts = triton.cdiv(k_blocks, per_part)  # no empty partition
-    return dict(
-        BLOCK_M=bm,
-        BLOCK_N=bn,
-        BLOCK_K=bk,
-        PARTS=parts,
-        BLOCKS_PER_PART=per_part,
-        num_warps=warps,
-        num_stages=stages,
-    )
-
-
-@functools.cache
-def prefill_tile(n: int, k: int, dtype: torch.dtype) -> dict:
-    """The tile for more than DECODE_ROWS rows, with tile_config's partitions (the same spans
-    of K). bf16 / fp16, by the H200 sweeps (results/prefill_variants_h200_*.log):
-    * six partitions or more (short spans, long K for the width: the hyper-connections'
-      324 x 10240, the router, 1281 x 2560, 2560 x 6144): 64 x 64 tiles in blocks of K of 128
-      on 4 warps, all partitions in one pipelined loop (FLAT); at 2,048 rows 324 x 10240 took
-      62 us so against 185 in the decode tile and 696 in 128 x 128 tiles;
-    * else outputs narrower than 1024 keep the decode tile (10240 x 320: 36 us at 2,048 rows);
-    * else 128 x 128 wgmma tiles on 8 warps in blocks of K of 64 (16480 x 2560: 254 us).
-    fp32 products: rows of 64 (FMAs in one chain per output in k's order whatever BLOCK_M:
-    tests/kernels/test_sm90_compile.py reads the chain in the compiled code)."""
-    t = tile_config(n, k, dtype)
-    if dtype == torch.float32:
-        return dict(t, BLOCK_M=64)
-    span = t["BLOCK_K"] * t["BLOCKS_PER_PART"]
-    if t["PARTS"] >= 6 and span % 128 == 0:
-        return dict(t, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, BLOCKS_PER_PART=span // 128,
-                    num_warps=4, num_stages=3, FLAT=True)
-    if n < 1024:
-        return t
-    return dict(t, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, BLOCKS_PER_PART=span // 64,
-                num_warps=8, num_stages=3)
 
 
 @triton.jit
@@ -251,23 +190,8 @@ def _linear_kernel(
     offs = rm[:, None].to(tl.int64) * N + rn[None, :]
     if SPLIT:
         part = tl.program_id(2)
-        acc = _partition(
-            x_ptr,
-            w_ptr,
-            rm,
-            rn,
-            m_mask,
-            n_mask,
-            part,
-            K,
-            stride_x,
-            BLOCKS_PER_PART,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-            FP32_PRODUCTS,
-            SQUASH,
-        )
+        acc = _partition(x_ptr, w_ptr, rm, rn, m_mask, n_mask, part, K, stride_x, BLOCKS_PER_PART,
+            BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS, SQUASH)
         plane = M.to(tl.int64) * N
         tl.store(ws_ptr + part * plane + offs, acc, mask=out_mask)
         # a constexpr and a runtime test in one `and` would not fold the constexpr away
@@ -281,41 +205,11 @@ def _linear_kernel(
                                 SQUASH)
         tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
     else:
-        total = _partition(
-            x_ptr,
-            w_ptr,
-            rm,
-            rn,
-            m_mask,
-            n_mask,
-            0,
-            K,
-            stride_x,
-            BLOCKS_PER_PART,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-            FP32_PRODUCTS,
-            SQUASH,
-        )
+        total = _partition(x_ptr, w_ptr, rm, rn, m_mask, n_mask, 0, K, stride_x,
+                           BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS, SQUASH)
         for p in range(1, PARTS):  # a loop, not unrolled: PARTS may be 40
-            acc = _partition(
-                x_ptr,
-                w_ptr,
-                rm,
-                rn,
-                m_mask,
-                n_mask,
-                p,
-                K,
-                stride_x,
-                BLOCKS_PER_PART,
-                BLOCK_M,
-                BLOCK_N,
-                BLOCK_K,
-                FP32_PRODUCTS,
-                SQUASH,
-            )
+            acc = _partition(x_ptr, w_ptr, rm, rn, m_mask, n_mask, p, K, stride_x,
+                             BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS, SQUASH)
             total = total + acc
         tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
 
@@ -338,8 +232,9 @@ def linear(
     """x @ w.T. x: [..., K] (bf16 / fp16 / fp32); w: [N, K] of x's dtype -> [..., N].
 
     fp32 accumulation; the result of a row never depends on the call's other rows. out_dtype:
-    None, x's dtype, or torch.float32: then x and w are read in their dtype and computed as
-    fp32 in registers, bitwise `linear(x.float(), w.float())` without converting them.
+    None, x's dtype, or torch.float32: then x and w are read in their dtype and the fp32 sums
+    stored unrounded (bf16 / fp16 on the tensor cores; with _TENSOR_CORE_FP32_OUT off, FMAs
+    in fp32, bitwise `linear(x.float(), w.float())`).
     squash = hc > 0: the product of rowwise hc_squash(x, hc) (a hyper-connection's up
     projection), bitwise, with x's values squashed as they are loaded: one launch, and a
     2-D x may be a column slice (its rows strided). tile: tile_config's keys, to time or

@@ -1,0 +1,73 @@
+"""The row-invariant linear's tiles (`kernels/linear/triton.py`): the K partitions of an
+(N, K, dtype), which set a product's bits, and the tile shapes that follow the call's rows,
+which do not (the H200 sweeps: results/tune_linears_h200.log, prefill_variants_h200_*.log).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+# programs to aim for in the split (few row tiles) variant: about two waves of 132 SMs
+_TARGET_PROGRAMS = 264
+# fewest K blocks in one partition (>= 2 also keeps every partition a real loop)
+_MIN_BLOCKS_PER_PART = 2
+# rows up to which a call takes the decode tile (tile_config), above it prefill_tile
+DECODE_ROWS = 64
+
+
+@functools.cache
+def tile_config(n: int, k: int, dtype: torch.dtype) -> dict:
+    """The decode tile of (N, K, dtype) and its K partitions (M never enters). bf16 / fp16:
+    BLOCK_K 128, small weights (up to 4M values) on mma.sync rows of 16 (split-K carries
+    them), larger ones on wgmma rows of 64, and partitions enough to fill about two waves
+    of the SMs at one row (the H200 sweep's winners, results/tune_linears_h200.log)."""
+    if dtype == torch.float32:
+        # BLOCK_M 16: fp32 products run as FMAs on the CUDA cores (their order is k's, whatever
+        # BLOCK_M), and a decode row (the router's) should not pay for 64
+        # (one wave and 4 blocks a partition: 27 partitions of 3 timed slower than 16 of 5)
+        bm, bn, bk, warps, stages = 16, 64, 32, 4, 2
+        programs, fewest = _TARGET_PROGRAMS // 2, 2 * _MIN_BLOCKS_PER_PART
+    else:
+        bm, bn, bk, warps, stages = (16 if n * k <= 1 << 22 else 64), 64, 128, 4, 3
+        programs, fewest = _TARGET_PROGRAMS, _MIN_BLOCKS_PER_PART
+    n_tiles = -(-n // bn)
+    k_blocks = -(-k // bk)
+    parts = max(1, min(k_blocks // fewest, programs // n_tiles))
+    per_part = -(-k_blocks // parts)
+    parts = -(-k_blocks // per_part)  # no empty partition
+    return dict(
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        PARTS=parts,
+        BLOCKS_PER_PART=per_part,
+        num_warps=warps,
+        num_stages=stages,
+    )
+
+
+@functools.cache
+def prefill_tile(n: int, k: int, dtype: torch.dtype) -> dict:
+    """The tile for more than DECODE_ROWS rows, with tile_config's partitions (the same spans
+    of K). bf16 / fp16, by the H200 sweeps (results/prefill_variants_h200_*.log):
+    * six partitions or more (short spans, long K for the width: the hyper-connections'
+      324 x 10240, the router, 1281 x 2560, 2560 x 6144): 64 x 64 tiles in blocks of K of 128
+      on 4 warps, all partitions in one pipelined loop (FLAT); at 2,048 rows 324 x 10240 took
+      62 us so against 185 in the decode tile and 696 in 128 x 128 tiles;
+    * else outputs narrower than 1024 keep the decode tile (10240 x 320: 36 us at 2,048 rows);
+    * else 128 x 128 wgmma tiles on 8 warps in blocks of K of 64 (16480 x 2560: 254 us).
+    fp32 products: rows of 64 (FMAs in one chain per output in k's order whatever BLOCK_M:
+    tests/kernels/test_sm90_compile.py reads the chain in the compiled code)."""
+    t = tile_config(n, k, dtype)
+    if dtype == torch.float32:
+        return dict(t, BLOCK_M=64)
+    span = t["BLOCK_K"] * t["BLOCKS_PER_PART"]
+    if t["PARTS"] >= 6 and span % 128 == 0:
+        return dict(t, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, BLOCKS_PER_PART=span // 128,
+                    num_warps=4, num_stages=3, FLAT=True)
+    if n < 1024:
+        return t
+    return dict(t, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, BLOCKS_PER_PART=span // 64,
+                num_warps=8, num_stages=3)
