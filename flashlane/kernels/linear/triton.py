@@ -8,9 +8,10 @@ Row invariance (a row's output is bitwise the same whatever M, its offset and th
 * the tile's shape (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) follows the call's row count
   (`tiles.py`: `tile_config` up to DECODE_ROWS rows, `prefill_tile` above), never the
   partitions. A product's bits depend on the partitions and on the tensor cores' k-steps of
-  16, which run in the same order in every tile: on the H200 every tile of `benchmarks/tune_linears.py`
-  (BLOCK_M 16 on mma.sync, 64 and 128 on wgmma, BLOCK_N 64/128, BLOCK_K 64/128, 4/8 warps)
-  gave the same bits for the same spans, normal and exponent-spread inputs, and
+  16, which run in the same order in every tile: on the H200 every tile of
+  `benchmarks/tune_linears.py` (BLOCK_M 16 on mma.sync, 64 and 128 on wgmma, BLOCK_N
+  64/128, BLOCK_K 64/128, 4/8 warps) gave the same bits for the same spans, normal and
+  exponent-spread inputs, and
   tests/kernels/test_triton_dense.py checks a row alone against the same row in 200.
 
 Where the partition sums happen is chosen by M too, and does not change a bit: with few row
