@@ -11,6 +11,9 @@
 # benches: every benchmarks/bench_*.py that takes `--device`, run with `--device cuda`;
 # model:   `flashlane bench model` on a random flashnext-12l against transformers
 #          (MODEL_ARGS overrides its arguments);
+# drafts:  drafts on against off with the embedded model on code prompts at 1, 4 and 16
+#          streams (benchmarks/bench_lanes_cpu.py --device cuda; DRAFT_ARGS overrides), with
+#          the lone driver taking up to 16 streams and with its default of one
 # serve:   `flashlane serve` (the embedded model) on the GPU, measured by `flashlane bench
 #          serve` (SERVE_ARGS overrides its arguments). Needs fastapi/uvicorn: carry their
 #          wheels in .whl/ (the GPU machine has none).
@@ -61,6 +64,20 @@ if [[ " $steps " == *" model "* ]]; then
     echo "== flashlane bench model $args"
     python -m flashlane.cli bench model $args --json "$out/bench_model_$stamp.json" 2>&1 \
         | tee "$out/bench_model_$stamp.log" || failed+=("bench model")
+fi
+
+if [[ " $steps " == *" drafts "* ]]; then
+    args="${DRAFT_ARGS:---concurrency 1,4,16 --tokens 64 --repeats 3}"
+    for lone in 16 1; do
+        log="$out/bench_lanes_cuda_lone${lone}_$stamp.log"
+        echo "== FLASHLANE_LONE_STREAMS=$lone python benchmarks/bench_lanes_cpu.py --device cuda $args"
+        if FLASHLANE_LONE_STREAMS=$lone python benchmarks/bench_lanes_cpu.py --device cuda $args \
+            2>&1 | tee "$log"; then
+            tail -n 1 "$log" > "$out/bench_lanes_cuda_lone${lone}_$stamp.json"
+        else
+            failed+=("drafts (lone streams $lone)")
+        fi
+    done
 fi
 
 if [[ " $steps " == *" serve "* ]]; then

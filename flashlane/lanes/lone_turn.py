@@ -64,6 +64,8 @@ def run_lone(host: LaneHost, streams: list[Stream]) -> None:
     for s in streams:
         s.held = None  # drafts held for a shared window: the lone steps make them stale
     try:
+        if _drafted(host, streams, take_for):
+            return
         host.lone.decode_many(
             [s.session_id for s in streams], [s.reply_ids[-1] for s in streams],
             [s.start for s in streams], budget, [take_for(s) for s in streams],
@@ -71,3 +73,28 @@ def run_lone(host: LaneHost, streams: list[Stream]) -> None:
         )  # fmt: skip
     except Exception as exc:  # a failed step ends these streams, not the host
         raise RoundFailed([s.stream_id for s in streams], f"{type(exc).__name__}: {exc}") from exc
+
+
+def _drafted(host: LaneHost, streams: list[Stream], take_for) -> bool:
+    """Drafted lone steps (runner/lone_draft.py) for streams that all draft, when the driver
+    has them and finds they pay; False where plain steps should run instead."""
+    drafting, drafter = host.lone.drafting, host.lone.drafter
+    if (drafting is None or not drafter.enabled
+            or not all(s.params.draft and s.draws is not None for s in streams)):
+        return False
+    depth = drafting.choose(len(streams))
+    if not depth:
+        return False
+    steps = drafting.decode(
+        [s.session_id for s in streams], [s.reply_ids[-1] for s in streams],
+        [s.start for s in streams],
+        min([host.config.lone_steps] + [s.params.max_tokens - len(s.reply_ids) for s in streams]),
+        min(s.room for s in streams), [take_for(s) for s in streams],
+        [s.stream_id for s in streams], [s.draws for s in streams],
+    )  # fmt: skip
+    if steps is None:
+        return False
+    for s, landed in zip(streams, drafting.landed):
+        s.num_drafted += steps * depth
+        s.num_accepted += landed
+    return True

@@ -144,7 +144,7 @@ class LoneDriver:
         self.is_cuda = self.device.type == "cuda"
         self.use_graphs = graphs and self.is_cuda
         self.events = [torch.cuda.Event() for _ in range(RING)] if self.is_cuda else []
-        self.io: dict[int, _Buffers] = {}  # per number of sessions: a step's static buffers
+        self.io: dict[tuple[int, int], _Buffers] = {}  # per (sessions, depth): static buffers
         self.graphs: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}  # session ids -> step
         self.tables: dict[tuple[int, ...], dict] = {}  # a graph's session_tables, while it lives
         # one memory pool for every graph: they never run at once, and a step's results go to
@@ -154,6 +154,12 @@ class LoneDriver:
         self.failed: str | None = None  # why the steps run eagerly, if a capture failed
         self.num_steps = 0
         self.widest = 0  # the most sessions one call has decoded together
+        # a landed step's wall time in ms, by (sessions, depth): what drafting weighs
+        self.step_ms: dict[tuple[int, int], float] = {}
+        self.drafting = None  # drafted steps (runner/lone_draft.py), with an MTP head
+        if drafter is not None and model.mtp is not None:
+            from flashlane.runner.lone_draft import Drafting
+            self.drafting = Drafting(self)
 
     def decode(self, session_id: int, token: int, position: int, budget: int,
                take: Callable[[int, bool], bool], stream_id: int = -1, draws=None) -> int:
@@ -173,31 +179,30 @@ class LoneDriver:
         budget = min(budget, self.max_steps)
         if budget <= 0:
             return 0
-        io = self._buffers(len(session_ids))
+        io = self.buffers(len(session_ids))
         pinned = torch.tensor([tokens, positions], pin_memory=self.is_cuda)
         io.tok.copy_(pinned[0], non_blocking=True)
         io.pos.copy_(pinned[1], non_blocking=True)
         io.k.zero_()
         got = [[t] for t in tokens]
-        run = self._runner(tuple(session_ids), io)
+        run = self.runner(tuple(session_ids), io)
         launched = landed = 0
-        going = True
+        going, t0 = True, time.perf_counter()
         while landed < launched or (going and launched < budget):
             if going and launched < budget and launched - landed < 2:
                 run()
-                self._post(io, launched)
+                self.post(io, launched)
                 launched += 1
                 if launched - landed < 2 and launched < budget:
                     continue  # put a second step in flight before reading the first
-            ids = self._read(io, landed)
+            ids = self.read(io, landed)
             landed += 1
             for i, (token_id, finite) in enumerate(ids):
                 got[i].append(token_id)
-                going = takes[i](token_id, finite) and going
+                going = takes[i](token_id, bool(finite)) and going
+        self.note(0, time.perf_counter() - t0, launched, len(session_ids))
         for i, sid in enumerate(session_ids):
             self.sessions[sid].length = positions[i] + launched
-        self.num_steps += launched
-        self.widest = max(self.widest, len(session_ids))
         drafter = self.drafter
         for i, d in enumerate(draws):
             if d is not None and d.params.draft and drafter is not None and drafter.enabled:
@@ -205,11 +210,20 @@ class LoneDriver:
                 drafter.absorb_later(stream_ids[i], rows, got[i][:launched], got[i][launched], d)
         return launched
 
+    def note(self, depth: int, seconds: float, steps: int, b: int) -> None:
+        """A call's steps: counted, and their mean wall time folded into step_ms (calls of
+        four steps or more: two in flight hide the host's work only past the first)."""
+        self.num_steps += steps
+        self.widest = max(self.widest, b)
+        if steps >= 4:
+            ms, old = 1e3 * seconds / steps, self.step_ms.get((b, depth))
+            self.step_ms[(b, depth)] = ms if old is None else 0.75 * old + 0.25 * ms
+
     def capture_all(self) -> int:
         """Capture every session's one-session step now (engine start), so no request pays
         a capture; returns how many graphs there are. If a capture fails, lone steps run
         eagerly (same bits, more launches) and `failed` says why."""
-        io = self._buffers(1)
+        io = self.buffers(1)
         for session_id in range(len(self.sessions)):
             if self.use_graphs and (session_id,) not in self.graphs:
                 try:
@@ -218,26 +232,36 @@ class LoneDriver:
                     self._give_up(err)
         return len(self.graphs)
 
-    def _buffers(self, b: int) -> _Buffers:
-        if b not in self.io:
+    def buffers(self, b: int, depth: int = 0):
+        """The static buffers of a step of b sessions (depth > 0: a drafted step's)."""
+        if (b, depth) not in self.io:
             width = self.model.cfg.hc_count * self.model.cfg.hidden_size
-            self.io[b] = _Buffers(b, self.max_steps, width, self.model.dtype, self.device)
-        return self.io[b]
+            if depth:
+                from flashlane.runner.lone_draft import DraftBuffers
+                io = DraftBuffers(b, depth, width, self.model.dtype, self.device)
+            else:
+                io = _Buffers(b, self.max_steps, width, self.model.dtype, self.device)
+            self.io[(b, depth)] = io
+        return self.io[(b, depth)]
 
-    def _post(self, io: _Buffers, i: int) -> None:
+    def post(self, io: _Buffers, i: int) -> None:
         """Step i's (id, finite) rows into its ring slot, without waiting for them."""
         io.ring[i % RING].copy_(io.out, non_blocking=True)
         if self.is_cuda:
             self.events[i % RING].record()
 
-    def _read(self, io: _Buffers, i: int) -> list[tuple[int, bool]]:
+    def read(self, io: _Buffers, i: int) -> list[list[int]]:
+        """Step i's ring slot, once it has landed: a row per session."""
         if self.is_cuda:
             self.events[i % RING].synchronize()
-        return [(t, bool(f)) for t, f in io.ring[i % RING].tolist()]
+        return io.ring[i % RING].tolist()
 
-    def _runner(self, key: tuple[int, ...], io: _Buffers) -> Callable[[], None]:
+    def runner(self, ids: tuple[int, ...], io: _Buffers) -> Callable[[], None]:
+        """What runs a step of these sessions with io: its graph's replay (captured now if
+        new), or the step itself."""
         if not self.use_graphs:
-            return lambda: self._step(key, io)
+            return lambda: self._step(ids, io)
+        key = io.key(ids)
         graph = self.graphs.get(key)
         if graph is None:
             tuples = [k for k in self.graphs if len(k) > 1]
@@ -245,10 +269,10 @@ class LoneDriver:
                 del self.graphs[tuples[0]]  # dicts keep insertion order: the oldest
                 self.tables.pop(tuples[0], None)
             try:
-                graph = self.graphs[key] = self._capture(key, io)
+                graph = self.graphs[key] = self._capture(ids, io)
             except Exception as err:  # a step that cannot be captured runs eagerly from now on
                 self._give_up(err)
-                return self._runner(key, io)
+                return self.runner(ids, io)
         return graph.replay
 
     def _give_up(self, err: Exception) -> None:
@@ -257,42 +281,41 @@ class LoneDriver:
         self.tables.clear()
         torch.cuda.synchronize()
 
-    def _step(self, key: tuple[int, ...], io: _Buffers, sessions=None) -> None:
-        tables = None if sessions else self.tables.get(key)
-        sessions = sessions or [self.sessions[i] for i in key]
-        step(self.model, sessions, io.tok, io.pos, io.out, (io.rows, io.k), tables)
+    def _step(self, ids: tuple[int, ...], io: _Buffers, sessions=None) -> None:
+        tables = io.tables(sessions) if sessions else self.tables.get(io.key(ids))
+        io.step(self.model, sessions or [self.sessions[i] for i in ids], tables)
 
-    def _capture(self, key: tuple[int, ...], io: _Buffers) -> torch.cuda.CUDAGraph:
+    def _capture(self, ids: tuple[int, ...], io: _Buffers) -> torch.cuda.CUDAGraph:
         """Capture the sessions' step (a capture records work: they are not touched). Before
         the first capture of this many sessions one step runs on small scratch sessions, so
         that every kernel is compiled and the allocator warm (no kernel is specialised on a
         session's capacity)."""
         t = time.perf_counter()
         if not io.warm:
-            self._warm(key, io)
+            self._warm(ids, io)
         # the step's session tables are copied to the device now, not inside the capture
-        self.tables[key] = session_tables([self.sessions[i] for i in key])
+        self.tables[io.key(ids)] = io.tables([self.sessions[i] for i in ids])
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
-            self._step(key, io)
+            self._step(ids, io)
         self.capture_seconds += time.perf_counter() - t
         return graph
 
-    def _warm(self, key: tuple[int, ...], io: _Buffers) -> None:
+    def _warm(self, ids: tuple[int, ...], io: _Buffers) -> None:
         cfg = self.model.cfg
-        like = self.sessions[key[0]]
+        like = self.sessions[ids[0]]
         capacity = min(like.capacity, 2 * cfg.indexer_block)
         scratch = [SessionState.empty(cfg, capacity, like.attn_dtype(), like.state_dtype(),
-                                      self.device) for _ in key]
-        saved = [x.clone() for x in (io.tok, io.pos, io.k)]
-        io.pos.zero_()
-        io.k.zero_()
+                                      self.device) for _ in ids]
+        saved = [x.clone() for x in io.inputs()]
+        for x in io.inputs():
+            x.zero_()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._step(key, io, scratch)
+            self._step(ids, io, scratch)
         torch.cuda.current_stream().wait_stream(side)
-        for live, value in zip((io.tok, io.pos, io.k), saved):
+        for live, value in zip(io.inputs(), saved):
             live.copy_(value)
         io.warm = True
 
@@ -307,3 +330,17 @@ class _Buffers:
         self.rows = torch.zeros(max_steps, b, width, dtype=dtype, device=device)
         self.ring = torch.zeros(RING, b, 2, dtype=torch.long, pin_memory=device.type == "cuda")
         self.warm = False
+
+    def key(self, ids: tuple[int, ...]) -> tuple:
+        """The step's graph's key: the sessions' ids."""
+        return ids
+
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        """What a step reads and moves on (a warm-up step puts them back)."""
+        return self.tok, self.pos, self.k
+
+    def tables(self, sessions: list[SessionState]) -> dict:
+        return session_tables(sessions)
+
+    def step(self, model: FlashNext, sessions: list[SessionState], tables) -> None:
+        step(model, sessions, self.tok, self.pos, self.out, (self.rows, self.k), tables)

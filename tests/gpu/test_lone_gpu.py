@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from flashlane.drafting.mtp import MtpDrafter
 from flashlane.lanes.records import CostTable
 from flashlane.llm import LLM
 from flashlane.request import SamplingParams
@@ -104,3 +105,68 @@ def test_sessions_together_equal_shared_rounds_bitwise(gpu_model, graphed):  # n
         assert s.length == ref.length
         for a, b in zip(state_of(s), state_of(ref)):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("graphed", [True, False])
+@pytest.mark.parametrize("depth,b", [(2, 1), (3, 2)])
+def test_drafted_steps_equal_shared_rounds_bitwise(gpu_model, graphed, depth, b,  # noqa: F811
+                                                   monkeypatch):
+    """Drafted lone steps (runner/lone_draft.py), graphed or eager, alone or two sessions
+    together: the kept draws are the one-row rounds' tokens and each session ends bit for
+    bit where those rounds leave it. Each call's first drafts are the true continuation, so
+    its first step keeps every row of its window (random heads' own drafts rarely land)."""
+    cfg, model = gpu_model
+    bases, wants = [], []
+    for which in (3, 8)[:b]:
+        base = prefilled(cfg, model, prompts(cfg.vocab_size, 9)[which])
+        ref = new_session(cfg)
+        copy_session(base, ref, cfg.indexer_block)
+        want = [3]
+        for _ in range(48):
+            want.append(int(run_windows(model, [(ref, want[-1:])], keep=True)[0][0].argmax()))
+        bases.append(base)
+        wants.append(want)
+    sessions = []
+    for base in bases:
+        sessions.append(new_session(cfg))
+        copy_session(base, sessions[-1], cfg.indexer_block)
+    driver = LoneDriver(model, sessions, graphs=graphed, drafter=MtpDrafter(model, 0.0))
+    drafting = driver.drafting
+    drafting.depth = depth
+    got = [[3] for _ in range(b)]
+    monkeypatch.setattr(drafting, "_first_drafts", lambda ids, sids, draws: [
+        wants[i][len(got[i]) : len(got[i]) + depth] for i in range(b)])
+    takes = [lambda t, f, i=i: bool(got[i].append(t)) or True for i in range(b)]
+    while min(len(g) for g in got) < 20:
+        drafting.carry = None
+        drafting.decode(list(range(b)), [g[-1] for g in got], [s.length for s in sessions], 3,
+                        400, takes, list(range(b)), [None] * b)
+    assert drafting.num_landed >= depth
+    for i, s in enumerate(sessions):
+        assert got[i] == wants[i][: len(got[i])]
+        ref = new_session(cfg)
+        copy_session(bases[i], ref, cfg.indexer_block)
+        for token in got[i][:-1]:
+            run_windows(model, [(ref, [token])], keep=True)
+        assert s.length == ref.length
+        for x, y in zip(state_of(s), state_of(ref)):
+            assert torch.equal(x, y)
+
+
+def test_engine_drafted_lone_replies_equal_plain_replies():
+    """The embedded model on the GPU: drafting streams decode on drafted lone steps, alone
+    and four together, their drafts land, and every reply equals its undrafted one."""
+    costs = CostTable({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3,
+                      overhead_ms=0.2)
+    llm = LLM(costs=costs, parallel=4, max_rows=16, device="cuda", lone_streams=4)
+    lone = llm.engine.host.lone
+    assert lone is not None and lone.drafting is not None
+    ps = ["def fibonacci(n):\n", "class LRUCache:\n    def __init__(self, capacity):\n",
+          "import os\n\n\ndef walk(path):\n", "    for key, value in sorted(items):\n"]
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    plain = dataclasses.replace(params, draft=False)
+    want = [llm.generate(p, plain)[0].token_ids for p in ps]
+    got = [llm.generate(p, params)[0].token_ids for p in ps]
+    assert got == want
+    assert [o.token_ids for o in llm.generate(ps, params)] == want
+    assert lone.drafting.num_landed > 0.3 * lone.drafting.num_drafted > 0

@@ -1,0 +1,297 @@
+"""Drafted lone steps: verify, acceptance, commit and the next drafts, all on the device.
+
+A drafted step of depth K feeds each session's window (its pending token and K drafts, at
+its positions) through the model as B*(K+1) rows, draws greedily at every row, keeps the
+rows up to the first draft that differs from the draw before it (kept = 1..K+1), commits the
+state after the last kept row, and moves the pending token and position on. Then the MTP
+head absorbs the window's cells (row i with the draw after it) and chains from the cell of
+the last kept row: K new drafts for the next step. No host value enters a step, so one CUDA
+graph per (K, sessions) replays it, two in flight, as plain lone steps do (runner/lone.py).
+
+Exactness: every op is the shared rounds' on the same rows. The window's rows write their
+keys at their own positions and attend through a table that names their session once per
+row (kernels.attend_sessions: each row reads its own length); the recurrent rule runs the
+window's rows from the session's state and keeps the state after each, so the commit is an
+index (`_commit`); conv windows and PLE ids are the inputs' tails from the kept length on.
+Rows past the kept ones leave keys beyond the length (written over before any row reads
+them) and cells in the MTP cache past its own (likewise). The drafts steer only how many
+rows a step keeps: the kept tokens are the greedy draws of the target, so a reply is the
+one plain steps give (tests/runner/test_lone_draft.py, tests/gpu/test_lone_gpu.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from flashlane.drafting.mtp import Waiting
+from flashlane.lanes.stream import DraftStats
+from flashlane.models.flashnext import FlashNext
+from flashlane.models.rows import copy_all
+from flashlane.models.state import SessionState, attn_table
+from flashlane.runner import lone
+
+DEPTH = 2  # drafts a drafted step carries (the embedded model lands ~3 in 4 at depth 1)
+PROBE_EVERY = 8  # calls between tries of the kind measured slower
+
+
+class Drafting:
+    """The lone driver's drafted steps: whether a call drafts (`choose`) and the drafted
+    decode loop (`decode`), two steps in flight as plain ones."""
+
+    def __init__(self, driver: lone.LoneDriver, depth: int = DEPTH):
+        self.driver, self.depth = driver, depth
+        self.stats = DraftStats()  # landing per depth over every drafted step
+        self.num_calls = 0
+        self.num_drafted = self.num_landed = 0
+        self.landed: list[int] = []  # drafts landed per session in the last call
+        # (session ids, positions) a drafted call left its buffers at: the next call there
+        # goes on from the device's own pending tokens and drafts
+        self.carry: tuple | None = None
+
+    def choose(self, b: int) -> int:
+        """The depth, or 0 (plain steps): drafts while a drafted step's expected tokens per
+        ms beat a plain step's, both measured (driver.step_ms); the kind measured slower is
+        tried again every PROBE_EVERY calls (landing drifts with the text)."""
+        self.num_calls += 1
+        plain, drafted = (self.driver.step_ms.get((b, d)) for d in (0, self.depth))
+        if drafted is None or plain is None:
+            return 0 if drafted is not None else self.depth
+        landing, expected = 1.0, 1.0
+        for d in range(1, self.depth + 1):
+            landing *= self.stats.rate(d)
+            expected += landing
+        better = self.depth if expected / drafted > 1 / plain else 0
+        if self.num_calls % PROBE_EVERY == 0:
+            return self.depth - better
+        return better
+
+    def decode(self, ids: list[int], tokens: list[int], positions: list[int], budget: int,
+               room: int, takes: list[Callable[[int, bool], bool]], stream_ids: list[int],
+               draws: list) -> int | None:
+        """LoneDriver.decode_many in drafted steps: up to `budget` steps while each fits in
+        `room` positions; every landed step's kept tokens go to the takes in order. Returns
+        the steps launched (None: no step fits, nothing ran)."""
+        drv, depth = self.driver, self.depth
+        t = depth + 1
+        budget = min(budget, room // t, drv.max_steps)
+        if budget <= 0:
+            return None
+        io = drv.buffers(len(ids), depth)
+        if self.carry != (tuple(ids), tuple(positions)):
+            first = self._first_drafts(ids, stream_ids, draws)
+            pinned = torch.tensor([tokens, positions], pin_memory=drv.is_cuda)
+            io.tok.copy_(pinned[0], non_blocking=True)
+            io.pos.copy_(pinned[1], non_blocking=True)
+            io.drafts.copy_(torch.tensor(first, pin_memory=drv.is_cuda), non_blocking=True)
+        run = drv.runner(tuple(ids), io)
+        kept, last = [0] * len(ids), list(tokens)
+        self.landed = [0] * len(ids)
+        launched = landed = 0
+        going, t0 = True, time.perf_counter()
+        while landed < launched or (going and launched < budget):
+            if going and launched < budget and launched - landed < 2:
+                run()
+                drv.post(io, launched)
+                launched += 1
+                if launched - landed < 2 and launched < budget:
+                    continue
+            rows = drv.read(io, landed)
+            landed += 1
+            for i, row in enumerate(rows):
+                n = row[2 * t]
+                self.stats.record([1.0] * depth, n - 1)
+                self.num_drafted += depth
+                self.num_landed += n - 1
+                self.landed[i] += n - 1
+                kept[i] += n
+                last[i] = row[n - 1]
+                for j in range(n):
+                    going = takes[i](row[j], bool(row[t + j])) and going
+        drv.note(depth, time.perf_counter() - t0, launched, len(ids))
+        after = [p + n for p, n in zip(positions, kept)]
+        self.carry = (tuple(ids), tuple(after))
+        self._hand_off(ids, after, last, io, stream_ids, draws)
+        return launched
+
+    def _first_drafts(self, ids, stream_ids, draws) -> list[list[int]]:
+        """The host drafter's chain for each stream (its head absorbs every waiting cell
+        first), padded to the depth (a padded draft is one more that does not land)."""
+        drafter, sessions = self.driver.drafter, self.driver.sessions
+        got = drafter.draft({s: self.depth for s in stream_ids},
+                            {s: sessions[i] for s, i in zip(stream_ids, ids)})
+        return [(d.tokens + [0] * self.depth)[: self.depth] for d in got]
+
+    def _hand_off(self, ids, after, last, io, stream_ids, draws) -> None:
+        """Sessions and MTP queues as shared rounds would take them: each session at its kept
+        length, its head's cache valid below the last kept row, whose cell (with the pending
+        token) waits in the drafter's queue (absorbing it again writes the same cell)."""
+        drafter = self.driver.drafter
+        for i, sid in enumerate(ids):
+            s = self.driver.sessions[sid]
+            s.length = after[i]
+            s.mtp_length = after[i] - 1
+            drafter.waiting[stream_ids[i]] = Waiting([io.last[i : i + 1].clone()], [last[i]],
+                                                     False, draws[i])
+
+
+class DraftBuffers:
+    """A drafted step's static inputs and outputs for B sessions at depth K: tok [B], drafts
+    [B, K], pos [B]; out [B, 2T+1] (T = K+1): the T draws, their finite flags, the kept
+    count; last [B, hc*H] the last kept row's residual (the MTP's cell at the hand-off)."""
+
+    def __init__(self, b: int, depth: int, width: int, dtype, device: torch.device):
+        on = dict(dtype=torch.long, device=device)
+        t = depth + 1
+        self.depth = depth
+        self.tok, self.pos = torch.zeros(b, **on), torch.zeros(b, **on)
+        self.drafts = torch.zeros(b, depth, **on)
+        self.offsets = torch.arange(t, **on)
+        self.out = torch.zeros(b, 2 * t + 1, **on)
+        self.last = torch.zeros(b, width, dtype=dtype, device=device)
+        self.ring = torch.zeros(lone.RING, b, 2 * t + 1, dtype=torch.long,
+                                pin_memory=device.type == "cuda")
+        self.warm = False
+
+    def key(self, ids: tuple[int, ...]) -> tuple:
+        return ("draft", self.depth, *ids)
+
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        return self.tok, self.pos, self.drafts
+
+    def tables(self, sessions: list[SessionState]) -> dict:
+        return draft_tables(sessions, self.depth)
+
+    def step(self, model: FlashNext, sessions: list[SessionState], tables) -> None:
+        draft_step(model, sessions, self, tables)
+
+
+def draft_tables(sessions: list[SessionState], depth: int) -> dict:
+    """The tables of a drafted step: each target and MTP attention layer's caches with every
+    session named once per window row ("w", idx) / ("mtp", j), and once per session for the
+    MTP chain ("chain", j; two sessions or more). Made before a capture, kept while the
+    graph lives."""
+    t = depth + 1
+    rows = [s for s in sessions for _ in range(t)]
+    out: dict = {("w", idx): attn_table([s.attn[idx] for s in rows]) for idx in sessions[0].attn}
+    for j in range(len(sessions[0].mtp)):
+        out[("mtp", j)] = attn_table([s.mtp[j] for s in rows])
+        if len(sessions) > 1:
+            out[("chain", j)] = attn_table([s.mtp[j] for s in sessions])
+    return out
+
+
+@torch.no_grad()
+def draft_step(model: FlashNext, sessions: list[SessionState], io: DraftBuffers,
+               tables: dict) -> None:
+    """One drafted step (module docstring) of io's sessions, reading and writing io
+    (`tables` from draft_tables; None: the kernels make their own, eager steps only)."""
+    cfg, kernels = model.cfg, model.kernels
+    tables = tables or {}
+    b, k = io.drafts.shape
+    t = k + 1
+    window = torch.cat([io.tok[:, None], io.drafts], dim=1)  # [B, T]
+    at = (io.pos[:, None] + io.offsets).flatten()  # [B*T] each row's position
+    r = model.embed_tokens(window.flatten()).repeat(1, cfg.hc_count)
+    cos, sin = model.rotary.cos_sin(at, r.dtype)
+    pending = []  # (per-session states [B, ...], rows of the window [B, T+tail, ...] or None)
+    for idx, layer in enumerate(model.layers):
+        if layer.ple is not None:
+            r = _ple(layer.ple, r.view(b, t, -1), [s.ple[idx] for s in sessions], window,
+                     kernels, pending)
+        a, w = layer.attn_hyper_connection.read(r)
+        if layer.kind == "linear":
+            y = _gdn(layer.linear_attn, a.view(b, t, -1), [s.gdn[idx] for s in sessions],
+                     kernels, pending)
+        else:
+            caches = [s.attn[idx] for s in sessions for _ in range(t)]
+            y = lone._attention(layer.self_attn, a, caches, at, cos, sin, model.rotary, kernels,
+                                tables.get(("w", idx)))
+        r = layer.mlp_half(r, y, w, kernels)
+    top, ids = model.logits(r).max(dim=1)  # the first maximum: ties to the lower id
+    ids, finite = ids.view(b, t), torch.isfinite(top).view(b, t)
+    lands = (io.drafts == ids[:, :k]) & finite[:, :k]
+    kept = 1 + lands.long().cumprod(dim=1).sum(dim=1)  # [B] rows kept, 1..T
+    last = kept - 1
+    _commit(pending, kept)
+    every = torch.arange(b, device=ids.device)
+    io.out[:, :t] = ids
+    io.out[:, t : 2 * t] = finite
+    io.out[:, 2 * t] = kept
+    io.last.copy_(r.view(b, t, -1)[every, last])
+    io.tok.copy_(ids[every, last])
+    _draft_next(model, sessions, io, r, ids.flatten(), at, cos, sin, every * t + last, tables)
+    io.pos.add_(kept)
+
+
+def _ple(ple, r3, states, window, kernels, pending) -> torch.Tensor:
+    history = torch.cat([lone._stacked([p.ids for p in states]), window], dim=1)
+    add, xfull = ple.stacked(r3, history, lone._stacked([p.conv for p in states]), kernels)
+    pending.append(([p.conv for p in states], xfull, None))
+    pending.append(([p.ids for p in states], history, None))
+    return (r3 + add).flatten(0, 1)
+
+
+def _gdn(gdn, a3, states, kernels, pending) -> torch.Tensor:
+    b, t = a3.shape[:2]
+    qkv, decay, beta, z = gdn.project(a3.flatten(0, 1))
+    unflat = (x.unflatten(0, (b, t)) for x in (qkv, decay, beta))
+    qkv, decay, beta = unflat
+    q, k, v, xfull = gdn.conv_qkv(qkv, lone._stacked([g.conv for g in states]), kernels)
+    o, after = kernels.recurrent_gdn(q, k, v, decay, beta,
+                                     lone._stacked([g.recurrent for g in states]))
+    pending.append(([g.conv for g in states], xfull, None))
+    pending.append(([g.recurrent for g in states], None, after))
+    return gdn.finish(o.flatten(0, 1), z)
+
+
+def _commit(pending, kept: torch.Tensor) -> None:
+    """Each session's state after its kept rows: a tail of inputs (conv windows, PLE ids)
+    from index kept on, or the recurrent state after row kept-1."""
+    dsts, srcs = [], []
+    every = torch.arange(kept.shape[0], device=kept.device)
+    for states, inputs, after in pending:
+        if after is not None:
+            chosen = after[every, kept - 1]
+        else:
+            span = kept[:, None] + torch.arange(states[0].shape[0], device=kept.device)
+            index = span.view(*span.shape, *[1] * (inputs.dim() - 2))
+            chosen = inputs.gather(1, index.expand(-1, -1, *inputs.shape[2:]))
+        dsts += states
+        srcs += list(chosen.to(states[0].dtype))
+    copy_all(dsts, srcs)
+
+
+def _draft_next(model, sessions, io, r, next_ids, at, cos, sin, rows, tables) -> None:
+    """The MTP head absorbs the window's cells (row i with the draw after it, at row i's
+    position) and chains K drafts from the cell of each session's last kept row (`rows`)."""
+    mtp, k = model.mtp, io.drafts.shape[1]
+    x = _cells(model, r, next_ids, [[s.mtp[j] for s in sessions for _ in range(k + 1)]
+                                    for j in range(len(mtp.layers))],
+               at, cos, sin, [tables.get(("mtp", j)) for j in range(len(mtp.layers))])
+    x, pos = x[rows], io.pos + io.out[:, 2 * (k + 1)]  # the pending token's new position
+    for d in range(k):
+        top = model.lm_head(mtp.hyper_connection_mixer.read(x)[0]).float()
+        io.drafts[:, d] = top.argmax(dim=1)
+        if d + 1 < k:  # cell at the pending token's position: the head's residual with draft d
+            c, s = model.rotary.cos_sin(pos + d, x.dtype)
+            caches = [[sess.mtp[j] for sess in sessions] for j in range(len(mtp.layers))]
+            x = _cells(model, x, io.drafts[:, d], caches, pos + d, c, s,
+                       [tables.get(("chain", j)) for j in range(len(mtp.layers))])
+
+
+def _cells(model, residual, next_ids, caches, at, cos, sin, tables) -> torch.Tensor:
+    """MTP cells (models/layers/mtp.py) of rows at positions `at`, each reading and writing
+    its own session's head cache -> the cells' output residual."""
+    mtp, cfg, kernels = model.mtp, model.cfg, model.kernels
+    e = mtp.fc_embedding(mtp.pre_fc_norm_embedding(model.embed_tokens(next_ids)))
+    hn = mtp.pre_fc_norm_hidden(residual).unflatten(-1, (cfg.hc_count, cfg.hidden_size))
+    x = (mtp.fc_hidden(hn) + e.unsqueeze(-2)).flatten(-2)
+    for layer, layer_caches, table in zip(mtp.layers, caches, tables):
+        a, w = layer.attn_hyper_connection.read(x)
+        y = lone._attention(layer.self_attn, a, layer_caches, at, cos, sin, model.rotary,
+                            kernels, table)
+        x = layer.mlp_half(x, y, w, kernels)
+    return x

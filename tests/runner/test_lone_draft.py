@@ -1,0 +1,184 @@
+"""Drafted lone steps (runner/lone_draft.py) on the CPU: a drafted step keeps the target's
+greedy draws up to the first draft that differs, commits the state after them, and drafts the
+next window on the device; replies equal plain decoding's, alone, together, across stops
+inside a step, hand-offs and sized sessions."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from flashlane.drafting.mtp import MtpDrafter
+from flashlane.llm import LLM
+from flashlane.models.loader import load_checkpoint
+from flashlane.runner.lone import LoneDriver
+from tests.runner.test_exact import COSTS, prompts, serial
+from tests.runner.test_lone import GREEDY, prefilled, state_of
+
+DRAFTING = dataclasses.replace(GREEDY, draft=True)
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_drafted_steps_keep_the_greedy_draws_and_their_state(tiny_ckpt, depth):
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    prompt = prompts()[1]  # 70 tokens: sparse blocks chosen
+    want, _ = serial(model, cfg, prompt, 40)
+    s, first = prefilled(model, cfg, prompt)
+    driver = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0))
+    drafting = driver.drafting
+    drafting.depth = depth
+    got = [first]
+
+    def take(token, finite):
+        assert finite
+        got.append(token)
+        return len(got) < 30
+
+    steps = drafting.decode([0], [first], [len(prompt)], 40, 400, [take], [0], [None])
+    # it stopped after the landed step that reached 30 tokens, with one more in flight
+    assert got[:30] == want[:30] and got == want[: len(got)]
+    assert len(got) - 1 >= steps and s.length == len(prompt) + len(got) - 1
+    _, ref_s = serial(model, cfg, prompt, len(got))
+    for a, b in zip(state_of(s), state_of(ref_s)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert drafting.num_drafted == steps * depth
+    # the next call goes on from the device's own pending token and drafts
+    more = drafting.decode([0], [got[-1]], [s.length], 3, 400, [lambda t, f: bool(
+        got.append(t)) or True], [0], [None])
+    assert more == 3 and got == want[: len(got)]
+
+
+def test_no_drafted_step_past_the_room(tiny_ckpt):
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    prompt = prompts()[0]
+    s, first = prefilled(model, cfg, prompt)
+    drafting = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0)).drafting
+    assert drafting.decode([0], [first], [len(prompt)], 10, 2, [lambda t, f: True], [0],
+                           [None]) is None  # a depth-2 step needs 3 positions
+    assert s.length == len(prompt)
+    n = drafting.decode([0], [first], [len(prompt)], 10, 7, [lambda t, f: True], [0], [None])
+    assert n == 2 and s.length <= len(prompt) + 6
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_ckpt):
+    return LLM(str(tiny_ckpt), costs=COSTS, parallel=8, max_rows=16)
+
+
+def with_drafting_lone(llm, steps: int, streams: int = 1, depth: int = 2):
+    host = llm.engine.host
+    host.lone = LoneDriver(llm.engine.model, llm.engine.sessions,
+                           drafter=llm.engine.backend.drafter)
+    host.lone.drafting.depth = depth
+    host.config = dataclasses.replace(host.config, lone_steps=steps, lone_streams=streams)
+    return host.lone
+
+
+def without_lone(llm):
+    llm.engine.host.lone = None
+    llm.engine.host.interrupted = lambda: False
+
+
+def plain(params):
+    return [dataclasses.replace(q, draft=False) for q in params]
+
+
+@pytest.mark.parametrize("steps,streams", [(1, 1), (6, 1), (32, 1), (6, 4)])
+def test_drafted_lone_replies_equal_plain_replies(llm, steps, streams):
+    ps = prompts()[:5]
+    params = [dataclasses.replace(DRAFTING, max_tokens=m) for m in (40, 7, 33, 1, 25)]
+    without_lone(llm)
+    want = [o.token_ids for o in llm.generate(ps, plain(params))]
+    driver = with_drafting_lone(llm, steps, streams)
+    try:
+        if streams == 1:
+            got = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
+        else:
+            got = [o.token_ids for o in llm.generate(ps, params)]
+    finally:
+        without_lone(llm)
+    assert got == want
+    assert driver.drafting.num_drafted > 0  # drafted steps ran
+    assert driver.widest == streams
+
+
+def test_drafted_lone_stop_token_inside_a_step(llm):
+    prompt = prompts()[2]
+    without_lone(llm)
+    full = llm.generate(prompt, GREEDY)[0].token_ids
+    for cut in (5, 6, 7):
+        stop = dataclasses.replace(DRAFTING, stop_token_ids=[full[cut]])
+        want = llm.generate(prompt, plain([stop])[0])[0]
+        with_drafting_lone(llm, 32, depth=3)
+        try:
+            got = llm.generate(prompt, stop)[0]
+        finally:
+            without_lone(llm)
+        assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason
+
+
+def test_drafted_lone_hands_off_and_takes_back(llm):
+    """Work arriving while a drafting stream decodes alone on drafted steps: it drafts in
+    shared rounds with the others, comes back alone, and every reply equals its plain one."""
+    ps = prompts()[:4]
+    params = [dataclasses.replace(DRAFTING, max_tokens=m) for m in (40, 12, 20, 8)]
+    without_lone(llm)
+    want = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, plain(params))]
+    driver = with_drafting_lone(llm, 4)
+    host, calls = llm.engine.host, [0]
+
+    def interrupted():  # every fifth landed token, work "arrives"
+        calls[0] += 1
+        return calls[0] % 5 == 0
+
+    host.interrupted = interrupted
+    try:
+        host.submit("a", ps[0], params[0])
+        out: dict[str, list[int]] = {"a": [], "b": [], "c": [], "d": []}
+        rounds = 0
+        while host.has_work:
+            rounds += 1
+            if rounds == 4:
+                for rid, p, q in zip("bcd", ps[1:], params[1:]):
+                    host.submit(rid, p, q)
+            for u in host.run_once():
+                out[u.stream.request_id] += u.token_ids
+    finally:
+        without_lone(llm)
+    assert [out[k] for k in "abcd"] == want
+    assert driver.drafting.num_drafted > 0
+
+
+def test_drafted_lone_stream_moves_to_a_larger_session(tiny_ckpt):
+    sized = LLM(str(tiny_ckpt), costs=COSTS, max_rows=16, slot_contexts="96,512", slot_grow=8)
+    prompt = prompts()[1]  # 70 tokens: admitted to the 96-position session
+    params = dataclasses.replace(DRAFTING, max_tokens=120)
+    without_lone(sized)
+    want = sized.generate(prompt, plain([params])[0])[0]
+    driver = with_drafting_lone(sized, 32)
+    try:
+        got = sized.generate(prompt, params)[0]
+    finally:
+        without_lone(sized)
+    assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason
+    assert got.stats.moves == want.stats.moves >= 1
+    assert driver.drafting.num_drafted > 0
+
+
+def test_the_embedded_models_drafts_land_on_drafted_lone_steps():
+    """With a trained head (the embedded model) drafted steps keep more than a token a step
+    on a code prompt, and the reply is the plain one."""
+    llm = LLM(costs=COSTS, parallel=2, max_rows=16)
+    prompt = "def fibonacci(n):\n"
+    params = dataclasses.replace(DRAFTING, max_tokens=48, ignore_eos=True)
+    without_lone(llm)
+    want = llm.generate(prompt, plain([params])[0])[0].token_ids
+    driver = with_drafting_lone(llm, 32)
+    try:
+        got = llm.generate(prompt, params)[0].token_ids
+    finally:
+        without_lone(llm)
+    assert got == want
+    d = driver.drafting
+    assert d.num_landed > 0.3 * d.num_drafted
+    assert driver.num_steps < 0.75 * len(want)
