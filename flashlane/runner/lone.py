@@ -42,7 +42,9 @@ from flashlane.models.state import (
 )
 
 RING = 4  # landed tokens waiting to be read (two in flight need two)
-MAX_TUPLES = 32  # graphs of several sessions kept (the oldest goes); one-session graphs stay
+# graphs of several sessions kept (the oldest goes; one-session graphs stay): streams of a
+# batch that end at different steps leave a tuple each, drafted and plain (32 thrashed at 16)
+MAX_TUPLES = 128
 
 
 @torch.no_grad()

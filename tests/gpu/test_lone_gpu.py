@@ -138,7 +138,7 @@ def test_drafted_steps_equal_shared_rounds_bitwise(gpu_model, graphed, depth, b,
         wants[i][len(got[i]) : len(got[i]) + depth] for i in range(b)])
     takes = [lambda t, f, i=i: bool(got[i].append(t)) or True for i in range(b)]
     while min(len(g) for g in got) < 20:
-        drafting.carry = None
+        drafting.carry = {}
         drafting.decode(list(range(b)), [g[-1] for g in got], [s.length for s in sessions], 3,
                         400, takes, list(range(b)), [None] * b)
     assert drafting.num_landed >= depth

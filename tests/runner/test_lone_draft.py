@@ -70,6 +70,7 @@ def with_drafting_lone(llm, steps: int, streams: int = 1, depth: int = 2):
     host.lone = LoneDriver(llm.engine.model, llm.engine.sessions,
                            drafter=llm.engine.backend.drafter)
     host.lone.drafting.depth = depth
+    host.lone.drafting.choose = lambda b: depth  # drafted steps always (CPU timings say little)
     host.config = dataclasses.replace(host.config, lone_steps=steps, lone_streams=streams)
     return host.lone
 
@@ -100,6 +101,8 @@ def test_drafted_lone_replies_equal_plain_replies(llm, steps, streams):
     assert got == want
     assert driver.drafting.num_drafted > 0  # drafted steps ran
     assert driver.widest == streams
+    if steps > 1:  # calls went on from the device's drafts, the streams left when others ended
+        assert driver.drafting.num_carried > 0
 
 
 def test_drafted_lone_stop_token_inside_a_step(llm):
@@ -182,3 +185,26 @@ def test_the_embedded_models_drafts_land_on_drafted_lone_steps():
     d = driver.drafting
     assert d.num_landed > 0.3 * d.num_drafted
     assert driver.num_steps < 0.75 * len(want)
+
+
+def test_drafting_is_chosen_while_it_pays(tiny_ckpt):
+    """choose(): unmeasured sides first (drafted, then plain), then whichever gives more
+    tokens a ms by the landing rate and the measured steps of the nearest session count,
+    the slower kind tried again every PROBE_EVERY calls."""
+    from flashlane.runner.lone_draft import PROBE_EVERY
+
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    s, _ = prefilled(model, cfg, prompts()[0])
+    driver = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0))
+    d = driver.drafting
+    assert d.choose(1) == 2
+    driver.step_ms[(1, 2)] = 1.5
+    assert d.choose(1) == 0
+    driver.step_ms[(1, 0)] = 1.0
+    d.stats.record([1.0, 1.0], 2)  # drafts landing: 1 + 2/3 + 4/9 tokens for 1.5x the time
+    d.stats.record([1.0, 1.0], 2)
+    picks = [d.choose(4) for _ in range(2 * PROBE_EVERY)]  # 4 sessions: 1's figures stand in
+    assert picks.count(2) == 2 * PROBE_EVERY - 2 and picks.count(0) == 2
+    driver.step_ms[(1, 2)] = 3.0  # now dearer than its tokens
+    picks = [d.choose(1) for _ in range(PROBE_EVERY)]
+    assert picks.count(0) == PROBE_EVERY - 1 and picks.count(2) == 1

@@ -22,9 +22,7 @@ def tile_config(n: int, k: int, dtype: torch.dtype) -> dict:
     """The decode tile of (N, K, dtype) and its K partitions (M never enters). bf16 / fp16:
     BLOCK_K 128, small weights (up to 4M values) on mma.sync rows of 16 (split-K carries
     them), larger ones on wgmma rows of 64, and partitions enough to fill about two waves
-    of the SMs at one row (the H200 sweep's winners, results/tune_linears_h200.log); small
-    weights in columns of 32 and partitions for one wave (results/decode_parts_h200_*.log:
-    hyper-connection down 8.0 -> 5.0 us a call, ~90 us a token over the small products)."""
+    of the SMs at one row (the H200 sweep's winners, results/tune_linears_h200.log)."""
     if dtype == torch.float32:
         # BLOCK_M 16: fp32 products run as FMAs on the CUDA cores (their order is k's, whatever
         # BLOCK_M), and a decode row (the router's) should not pay for 64
@@ -32,10 +30,8 @@ def tile_config(n: int, k: int, dtype: torch.dtype) -> dict:
         bm, bn, bk, warps, stages = 16, 64, 32, 4, 2
         programs, fewest = _TARGET_PROGRAMS // 2, 2 * _MIN_BLOCKS_PER_PART
     else:
-        small = n * k <= 1 << 22
-        bm, bn, bk, warps, stages = (16, 32, 128, 4, 3) if small else (64, 64, 128, 4, 3)
-        programs = _TARGET_PROGRAMS // 2 if small else _TARGET_PROGRAMS
-        fewest = _MIN_BLOCKS_PER_PART
+        bm, bn, bk, warps, stages = (16 if n * k <= 1 << 22 else 64), 64, 128, 4, 3
+        programs, fewest = _TARGET_PROGRAMS, _MIN_BLOCKS_PER_PART
     n_tiles = -(-n // bn)
     k_blocks = -(-k // bk)
     parts = max(1, min(k_blocks // fewest, programs // n_tiles))
