@@ -82,7 +82,8 @@ def _drafted(host: LaneHost, streams: list[Stream], take_for) -> bool:
     if (drafting is None or not drafter.enabled
             or not all(s.params.draft and s.draws is not None for s in streams)):
         return False
-    depth = drafting.choose(len(streams))
+    left = min(s.params.max_tokens - len(s.reply_ids) for s in streams)
+    depth = drafting.choose([s.session_id for s in streams], left)
     if not depth:
         return False
     steps = drafting.decode(

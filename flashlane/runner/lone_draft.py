@@ -35,6 +35,8 @@ from flashlane.runner import lone
 
 DEPTH = 2  # drafts a drafted step carries (the embedded model lands ~3 in 4 at depth 1)
 PROBE_EVERY = 8  # calls between tries of the kind measured slower
+# tokens every stream of several must have left for a call to capture a graph of their tuple
+CAPTURE_TOKENS = 128
 
 
 class Drafting:
@@ -53,11 +55,27 @@ class Drafting:
         # there (with these streams or a few of them) takes them over without the host
         self.carry: dict[int, tuple[tuple[int, int, int], DraftBuffers, int]] = {}
 
-    def choose(self, b: int) -> int:
-        """The depth, or 0 (plain steps): drafts while a drafted step's expected tokens per
-        ms beat a plain step's, both measured (driver.step_ms); the kind measured slower is
-        tried again every PROBE_EVERY calls (landing drifts with the text)."""
+    def choose(self, ids: list[int], tokens_left: int = CAPTURE_TOKENS) -> int:
+        """The depth, or 0 (plain steps), for a call of these sessions: drafts while a
+        drafted step's expected tokens per ms beat a plain step's, both measured
+        (driver.step_ms); the kind measured slower is tried again every PROBE_EVERY calls
+        (landing drifts with the text). Where several sessions have a graph of one kind
+        and not the other, and some stream has fewer than CAPTURE_TOKENS `tokens_left`,
+        that kind runs: a batch's tail may not come again as this tuple of sessions, and a
+        capture costs more than its steps would save (seen: drafts on 0.79x off at 16
+        streams, probes in the tails capturing)."""
         self.num_calls += 1
+        choice = self._better(len(ids))
+        if len(ids) > 1 and self.driver.use_graphs and tokens_left < CAPTURE_TOKENS:
+            ready = [d for d in (choice, self.depth - choice) if self._has_graph(ids, d)]
+            choice = ready[0] if len(ready) == 1 else choice
+        return choice
+
+    def _has_graph(self, ids: list[int], depth: int) -> bool:
+        key = ("draft", depth, *ids) if depth else tuple(ids)
+        return key in self.driver.graphs
+
+    def _better(self, b: int) -> int:
         measured = {n for n, d in self.driver.step_ms if d == 0}
         measured &= {n for n, d in self.driver.step_ms if d == self.depth}
         # steps of a few sessions cost about the same: the nearest count measured stands in

@@ -70,7 +70,7 @@ def with_drafting_lone(llm, steps: int, streams: int = 1, depth: int = 2):
     host.lone = LoneDriver(llm.engine.model, llm.engine.sessions,
                            drafter=llm.engine.backend.drafter)
     host.lone.drafting.depth = depth
-    host.lone.drafting.choose = lambda b: depth  # drafted steps always (CPU timings say little)
+    host.lone.drafting.choose = lambda ids, left: depth  # drafted always (CPU timings)
     host.config = dataclasses.replace(host.config, lone_steps=steps, lone_streams=streams)
     return host.lone
 
@@ -197,14 +197,25 @@ def test_drafting_is_chosen_while_it_pays(tiny_ckpt):
     s, _ = prefilled(model, cfg, prompts()[0])
     driver = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0))
     d = driver.drafting
-    assert d.choose(1) == 2
+    assert d.choose([0]) == 2
     driver.step_ms[(1, 2)] = 1.5
-    assert d.choose(1) == 0
+    assert d.choose([0]) == 0
     driver.step_ms[(1, 0)] = 1.0
     d.stats.record([1.0, 1.0], 2)  # drafts landing: 1 + 2/3 + 4/9 tokens for 1.5x the time
     d.stats.record([1.0, 1.0], 2)
-    picks = [d.choose(4) for _ in range(2 * PROBE_EVERY)]  # 4 sessions: 1's figures stand in
+    # four sessions: the figures of one stand in
+    picks = [d.choose([0, 1, 2, 3]) for _ in range(2 * PROBE_EVERY)]
     assert picks.count(2) == 2 * PROBE_EVERY - 2 and picks.count(0) == 2
     driver.step_ms[(1, 2)] = 3.0  # now dearer than its tokens
-    picks = [d.choose(1) for _ in range(PROBE_EVERY)]
+    picks = [d.choose([0]) for _ in range(PROBE_EVERY)]
     assert picks.count(0) == PROBE_EVERY - 1 and picks.count(2) == 1
+    # with graphs, several sessions near their ends run the kind whose graph they have
+    # (one session, or streams with long replies left: any)
+    driver.use_graphs = True
+    driver.graphs[(0, 1)] = object()
+    assert {d.choose([0, 1], 64) for _ in range(PROBE_EVERY)} == {0}
+    driver.step_ms[(1, 2)] = 1.5
+    assert [d.choose([0, 1], 500) for _ in range(PROBE_EVERY)].count(2) == PROBE_EVERY - 1
+    assert {d.choose([0, 1], 64) for _ in range(PROBE_EVERY)} == {0}
+    driver.graphs[("draft", 2, 0, 1)] = object()
+    assert [d.choose([0, 1], 64) for _ in range(PROBE_EVERY)].count(2) == PROBE_EVERY - 1
