@@ -37,6 +37,10 @@ DEPTH = 2  # drafts a drafted step carries (the embedded model lands ~3 in 4 at 
 PROBE_EVERY = 8  # calls between tries of the kind measured slower
 # tokens every stream of several must have left for a call to capture a graph of their tuple
 CAPTURE_TOKENS = 128
+# the most sessions a drafted step takes: drafted streams end at different steps, and each
+# tail of the batch is a tuple of sessions with a graph of its own to capture (the embedded
+# model on the H200, 256-token replies: drafts on 1.25x off at 4 streams, 0.85x at 16)
+MAX_STREAMS = 4
 
 
 class Drafting:
@@ -63,8 +67,10 @@ class Drafting:
         and not the other, and some stream has fewer than CAPTURE_TOKENS `tokens_left`,
         that kind runs: a batch's tail may not come again as this tuple of sessions, and a
         capture costs more than its steps would save (seen: drafts on 0.79x off at 16
-        streams, probes in the tails capturing)."""
+        streams, probes in the tails capturing). More than MAX_STREAMS: plain steps."""
         self.num_calls += 1
+        if len(ids) > MAX_STREAMS:
+            return 0
         choice = self._better(len(ids))
         if len(ids) > 1 and self.driver.use_graphs and tokens_left < CAPTURE_TOKENS:
             ready = [d for d in (choice, self.depth - choice) if self._has_graph(ids, d)]

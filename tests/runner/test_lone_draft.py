@@ -191,7 +191,7 @@ def test_drafting_is_chosen_while_it_pays(tiny_ckpt):
     """choose(): unmeasured sides first (drafted, then plain), then whichever gives more
     tokens a ms by the landing rate and the measured steps of the nearest session count,
     the slower kind tried again every PROBE_EVERY calls."""
-    from flashlane.runner.lone_draft import PROBE_EVERY
+    from flashlane.runner.lone_draft import MAX_STREAMS, PROBE_EVERY
 
     cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
     s, _ = prefilled(model, cfg, prompts()[0])
@@ -219,3 +219,4 @@ def test_drafting_is_chosen_while_it_pays(tiny_ckpt):
     assert {d.choose([0, 1], 64) for _ in range(PROBE_EVERY)} == {0}
     driver.graphs[("draft", 2, 0, 1)] = object()
     assert [d.choose([0, 1], 64) for _ in range(PROBE_EVERY)].count(2) == PROBE_EVERY - 1
+    assert {d.choose(list(range(MAX_STREAMS + 1)), 500) for _ in range(PROBE_EVERY)} == {0}
