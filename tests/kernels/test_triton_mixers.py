@@ -249,36 +249,6 @@ def test_attention_row_invariance(kind, dtype):
     assert torch.equal(both[1:], full[1:])
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("kind", ["causal", "sparse"])
-def test_attention_token_tiles_give_the_same_bits(kind, dtype, monkeypatch):
-    """The experiment _TOKEN_TILES (one token's heads a tile, so a tile walks only the key
-    blocks its own token may see) against today's 64-row tiles: each row meets the same keys
-    in the same blocks of BLOCK_L in the same order, and a block a row may not see leaves its
-    state unchanged, so the bits should be the same on the GPU (the interpreter's dots are
-    numpy's, whose sums follow the tile's shape: there, within fp32 noise). A GPU failure
-    here means the switch must be global (every T), not that a row's bits depend on its
-    batch. Not run on a GPU yet."""
-    past, t, b = 150, 9, 2
-    l = past + t
-    q, k, v = attn_inputs(b, t, l, dtype, seed=13)
-    mask = causal_mask(b, t, l) if kind == "causal" else sparse_mask(b, t, l, seed=6)
-    def same(a, b):
-        if HAS_CUDA:
-            assert torch.equal(a, b)
-        else:
-            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
-
-    want = attn_tri.attention(q, k, v, mask, scale())
-    monkeypatch.setattr(attn_tri, "_TOKEN_TILES", True)
-    same(attn_tri.attention(q, k, v, mask, scale()), want)
-    lengths = torch.tensor([l - 3, l], device=DEVICE)
-    monkeypatch.setattr(attn_tri, "_TOKEN_TILES", False)
-    cut = attn_tri.attention(q[:, :1], k, v, mask[:, :1], scale(), lengths)
-    monkeypatch.setattr(attn_tri, "_TOKEN_TILES", True)
-    same(attn_tri.attention(q[:, :1], k, v, mask[:, :1], scale(), lengths), cut)
-
-
 def test_attention_row_without_keys_is_nan():
     q, k, v = attn_inputs(1, 2, 70, torch.float32)
     mask = causal_mask(1, 2, 70).clone()

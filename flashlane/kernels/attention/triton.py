@@ -50,9 +50,6 @@ CONFIGS = {
     torch.float16: (32, 8, 2, "tf32"),
     torch.float32: (32, 8, 1, "ieee"),
 }
-# attention tiles of one token's heads (see attention()): an experiment, off; time it with
-# `python benchmarks/attention_tiles.py` (GPU)
-_TOKEN_TILES = False
 # indexer: BLOCK_N block keys per step
 BLOCK_N = 64
 INDEX_WARPS = 4
@@ -80,23 +77,16 @@ def _attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_L: tl.constexpr,
     PRECISION: tl.constexpr,
-    TOKEN_TILE: tl.constexpr = False,
 ):
     i_m = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // HKV
     i_kv = i_bh % HKV
 
-    if TOKEN_TILE:  # token i_m's query heads of this kv head, padded to BLOCK_M rows
-        r = tl.arange(0, BLOCK_M)
-        m_rows = r < REP
-        tok = i_m + r * 0
-        head = i_kv * REP + tl.where(m_rows, r, 0)
-    else:
-        rows = i_m * BLOCK_M + tl.arange(0, BLOCK_M)  # flat (token, head-in-group) index
-        m_rows = rows < REP * T
-        tok = rows // REP
-        head = i_kv * REP + rows % REP
+    rows = i_m * BLOCK_M + tl.arange(0, BLOCK_M)  # flat (token, head-in-group) index
+    m_rows = rows < REP * T
+    tok = rows // REP
+    head = i_kv * REP + rows % REP
     d = tl.arange(0, BD)
     m_d = d < D
 
@@ -209,12 +199,7 @@ def attention(
     o = torch.empty(b, t, hq, d, dtype=out_dtype, device=q.device)
     if t == 0 or b == 0:
         return o
-    # an experiment, off: one token a tile (its heads padded to 16 or more rows), so a tile
-    # walks only the key blocks its own token selected (a 64-row tile holds ~5 tokens, whose
-    # selections together cover nearly every block of a long prompt: dense in effect)
-    token_tiles = _TOKEN_TILES
-    bm = max(16, triton.next_power_of_2(rep)) if token_tiles else BLOCK_M
-    grid = (t if token_tiles else triton.cdiv(rep * t, BLOCK_M), b * hkv)
+    grid = (triton.cdiv(rep * t, BLOCK_M), b * hkv)
     _attention_kernel[grid](
         q,
         k,
@@ -233,11 +218,10 @@ def attention(
         float(scale),
         D=d,
         BD=triton.next_power_of_2(d),
-        BLOCK_M=bm,
+        BLOCK_M=BLOCK_M,
         BLOCK_L=block_l,
         PRECISION=precision,
-        TOKEN_TILE=token_tiles,
-        num_warps=warps if not token_tiles else 4,
+        num_warps=warps,
         num_stages=stages,
     )
     return o
