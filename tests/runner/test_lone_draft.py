@@ -220,3 +220,30 @@ def test_drafting_is_chosen_while_it_pays(tiny_ckpt):
     driver.graphs[("draft", 2, 0, 1)] = object()
     assert [d.choose([0, 1], 64) for _ in range(PROBE_EVERY)].count(2) == PROBE_EVERY - 1
     assert {d.choose(list(range(MAX_STREAMS + 1)), 500) for _ in range(PROBE_EVERY)} == {0}
+
+
+def test_a_row_without_a_finite_logit_ends_its_step(tiny_ckpt, monkeypatch):
+    """A window row whose logits are all NaN: its draw goes to the take marked not finite, no
+    draft after it lands, so it is the step's last token, and the tokens before it are the
+    greedy ones."""
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    prompt = prompts()[2]
+    want, _ = serial(model, cfg, prompt, 30)
+    s, first = prefilled(model, cfg, prompt)
+    drafting = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0)).drafting
+    # draft 1 the true token; draft 2 the id a row of NaN draws (the first): it must not land
+    monkeypatch.setattr(drafting, "_first_drafts", lambda ids, sids, draws: [[want[1], 0]])
+    logits, calls = model.logits, [0]
+
+    def poisoned(r):
+        out = logits(r)
+        calls[0] += 1
+        if calls[0] == 1:
+            out[1] = float("nan")  # the window's second row: the draw after draft 1
+        return out
+
+    monkeypatch.setattr(model, "logits", poisoned)
+    got = []
+    drafting.decode([0], [first], [len(prompt)], 1, 400,
+                    [lambda t, f: bool(got.append((t, f))) or f], [0], [None])
+    assert got == [(want[1], True), (0, False)]
