@@ -149,7 +149,8 @@ class Drafting:
         chain for the first drafts)."""
         drv, carry = self.driver, [self.carry.get(sid) for sid in stream_ids]
         where = list(zip(ids, positions, tokens))
-        if all(c is not None and c[0] == w for c, w in zip(carry, where)):
+        if all(c is not None and c[0] == w and c[1].depth == io.depth
+               for c, w in zip(carry, where)):
             if any(src is not io or row != i for i, (_, src, row) in enumerate(carry)):
                 froms = {id(src): [x.clone() for x in src.inputs()] for _, src, _ in carry}
                 for i, (_, src, row) in enumerate(carry):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from flashlane.drafting.mtp import MtpDrafter
+from flashlane.lanes.records import Draws
 from flashlane.llm import LLM
 from flashlane.models.loader import load_checkpoint
 from flashlane.runner.lone import LoneDriver
@@ -28,13 +29,14 @@ def test_drafted_steps_keep_the_greedy_draws_and_their_state(tiny_ckpt, depth):
     drafting = driver.drafting
     drafting.depth = depth
     got = [first]
+    draws = [Draws(DRAFTING, 0, prompt, got)]  # the host drafter's specs read the reply
 
     def take(token, finite):
         assert finite
         got.append(token)
         return len(got) < 30
 
-    steps = drafting.decode([0], [first], [len(prompt)], 40, 400, [take], [0], [None])
+    steps = drafting.decode([0], [first], [len(prompt)], 40, 400, [take], [0], draws)
     # it stopped after the landed step that reached 30 tokens, with one more in flight
     assert got[:30] == want[:30] and got == want[: len(got)]
     assert len(got) - 1 >= steps and s.length == len(prompt) + len(got) - 1
@@ -44,8 +46,12 @@ def test_drafted_steps_keep_the_greedy_draws_and_their_state(tiny_ckpt, depth):
     assert drafting.num_drafted == steps * depth
     # the next call goes on from the device's own pending token and drafts
     more = drafting.decode([0], [got[-1]], [s.length], 3, 400, [lambda t, f: bool(
-        got.append(t)) or True], [0], [None])
-    assert more == 3 and got == want[: len(got)]
+        got.append(t)) or True], [0], draws)
+    assert more == 3 and got == want[: len(got)] and drafting.num_carried == 1
+    drafting.depth = depth + 1  # another depth: its buffers start from the host
+    drafting.decode([0], [got[-1]], [s.length], 2, 400, [lambda t, f: bool(
+        got.append(t)) or True], [0], draws)
+    assert got == want[: len(got)] and drafting.num_carried == 1
 
 
 def test_no_drafted_step_past_the_room(tiny_ckpt):
