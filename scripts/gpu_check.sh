@@ -15,8 +15,9 @@
 #          streams (benchmarks/bench_lanes_cpu.py --device cuda; DRAFT_ARGS overrides), with
 #          the lone driver taking up to 16 streams and with its default of one
 # serve:   `flashlane serve` (the embedded model) on the GPU, measured by `flashlane bench
-#          serve` (SERVE_ARGS overrides its arguments). Needs fastapi/uvicorn: carry their
-#          wheels in .whl/ (the GPU machine has none).
+#          serve` (SERVE_ARGS overrides its arguments), with the lone driver taking one
+#          stream (the default) and up to SERVE_LONE (16) together. Needs fastapi/uvicorn:
+#          carry their wheels in .whl/ (the GPU machine has none).
 # Wheels in .whl/ (fla-core: the device tool's README says how to fetch them) are installed
 # to /tmp/site first. Logs and each benchmark's JSON go to ${OUT:-benchmarks/results}/.
 # Exits non-zero if any step failed, after running them all.
@@ -82,19 +83,24 @@ fi
 
 if [[ " $steps " == *" serve "* ]]; then
     args="${SERVE_ARGS:---concurrency 1,2,4,8,16 --num-prompts 16 --input-len 64 --output-len 64 --check-alone}"
-    echo "== flashlane serve --device cuda; flashlane bench serve $args"
-    python -m flashlane.cli serve --device cuda --port 8123 > "$out/serve_cuda_$stamp.log" 2>&1 &
-    server=$!
-    for _ in $(seq 240); do
-        python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8123/health')" \
-            2> /dev/null && break
-        sleep 0.5
+    # the lone driver's default (one stream) and up to SERVE_LONE streams, side by side
+    for lone in 1 ${SERVE_LONE:-16}; do
+        tag="lone${lone}_$stamp"
+        echo "== FLASHLANE_LONE_STREAMS=$lone flashlane serve --device cuda; flashlane bench serve $args"
+        FLASHLANE_LONE_STREAMS=$lone python -m flashlane.cli serve --device cuda --port 8123 \
+            > "$out/serve_cuda_$tag.log" 2>&1 &
+        server=$!
+        for _ in $(seq 240); do
+            python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8123/health')" \
+                2> /dev/null && break
+            sleep 0.5
+        done
+        python -m flashlane.cli bench serve --url http://127.0.0.1:8123 $args \
+            --output-json "$out/bench_serve_cuda_$tag.json" 2>&1 \
+            | tee "$out/bench_serve_cuda_$tag.log" || failed+=("bench serve (lone $lone)")
+        kill "$server"
+        wait "$server"
     done
-    python -m flashlane.cli bench serve --url http://127.0.0.1:8123 $args \
-        --output-json "$out/bench_serve_cuda_$stamp.json" 2>&1 | tee "$out/bench_serve_cuda_$stamp.log" \
-        || failed+=("bench serve")
-    kill "$server"
-    wait "$server"
 fi
 
 if ((${#failed[@]})); then

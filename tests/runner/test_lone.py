@@ -133,6 +133,30 @@ def without_lone(llm):
     llm.engine.host.interrupted = lambda: False
 
 
+def with_arrivals(llm, ps, params, at_round: int):
+    """The first request alone, the others submitted at round `at_round` (lone driver
+    on), every round run: (each request's tokens, each request's stream). Turns the lone
+    driver off at the end."""
+    host = llm.engine.host
+    ids = "abcdefgh"[: len(ps)]
+    out: dict[str, list[int]] = {k: [] for k in ids}
+    streams: dict = {}
+    try:
+        host.submit(ids[0], ps[0], params[0])
+        rounds = 0
+        while host.has_work:
+            rounds += 1
+            if rounds == at_round:
+                for rid, p, q in zip(ids[1:], ps[1:], params[1:]):
+                    host.submit(rid, p, q)
+            for u in host.run_once():
+                out[u.stream.request_id] += u.token_ids
+                streams[u.stream.request_id] = u.stream
+    finally:
+        without_lone(llm)
+    return [out[k] for k in ids], streams
+
+
 @pytest.mark.parametrize("steps", [1, 5, 32])
 def test_lone_replies_equal_shared_replies(llm, steps):
     ps = prompts()[:5]
@@ -200,20 +224,8 @@ def test_lone_hands_off_when_work_arrives_and_takes_back(llm):
         return calls[0] % 7 == 0
 
     host.interrupted = interrupted
-    try:
-        host.submit("a", ps[0], params[0])
-        out: dict[str, list[int]] = {"a": [], "b": [], "c": [], "d": []}
-        rounds = 0
-        while host.has_work:
-            rounds += 1
-            if rounds == 6:  # the others come while "a" runs alone
-                for rid, p, q in zip("bcd", ps[1:], params[1:]):
-                    host.submit(rid, p, q)
-            for u in host.run_once():
-                out[u.stream.request_id] += u.token_ids
-    finally:
-        without_lone(llm)
-    assert [out[k] for k in "abcd"] == want
+    got, _ = with_arrivals(llm, ps, params, 6)  # the others come while "a" runs alone
+    assert got == want
     assert driver.num_steps > 0
 
 
@@ -226,22 +238,8 @@ def test_drafting_streams_go_lone_and_draft_again_after_the_hand_off(llm):
     want = [llm.generate(p, dataclasses.replace(q, draft=False))[0].token_ids
             for p, q in zip(ps, params)]
     driver = with_lone(llm, 6)
-    host = llm.engine.host
-    try:
-        host.submit("a", ps[0], params[0])
-        out: dict[str, list[int]] = {"a": [], "b": [], "c": [], "d": []}
-        streams, rounds = {}, 0
-        while host.has_work:
-            rounds += 1
-            if rounds == 3:
-                for rid, p, q in zip("bcd", ps[1:], params[1:]):
-                    host.submit(rid, p, q)
-            for u in host.run_once():
-                out[u.stream.request_id] += u.token_ids
-                streams[u.stream.request_id] = u.stream
-    finally:
-        without_lone(llm)
-    assert [out[k] for k in "abcd"] == want
+    got, streams = with_arrivals(llm, ps, params, 3)
+    assert got == want
     assert driver.num_steps > 0
     assert streams["a"].num_drafted > 0  # its head caught up on the lone cells and drafted
 

@@ -14,7 +14,7 @@ from flashlane.llm import LLM
 from flashlane.models.loader import load_checkpoint
 from flashlane.runner.lone import LoneDriver
 from tests.runner.test_exact import COSTS, prompts, serial
-from tests.runner.test_lone import GREEDY, prefilled, state_of
+from tests.runner.test_lone import GREEDY, prefilled, state_of, with_arrivals, without_lone
 
 DRAFTING = dataclasses.replace(GREEDY, draft=True)
 
@@ -81,11 +81,6 @@ def with_drafting_lone(llm, steps: int, streams: int = 1, depth: int = 2):
     return host.lone
 
 
-def without_lone(llm):
-    llm.engine.host.lone = None
-    llm.engine.host.interrupted = lambda: False
-
-
 def plain(params):
     return [dataclasses.replace(q, draft=False) for q in params]
 
@@ -141,20 +136,7 @@ def test_drafted_lone_hands_off_and_takes_back(llm):
         return calls[0] % 5 == 0
 
     host.interrupted = interrupted
-    try:
-        host.submit("a", ps[0], params[0])
-        out: dict[str, list[int]] = {"a": [], "b": [], "c": [], "d": []}
-        rounds = 0
-        while host.has_work:
-            rounds += 1
-            if rounds == 4:
-                for rid, p, q in zip("bcd", ps[1:], params[1:]):
-                    host.submit(rid, p, q)
-            for u in host.run_once():
-                out[u.stream.request_id] += u.token_ids
-    finally:
-        without_lone(llm)
-    assert [out[k] for k in "abcd"] == want
+    assert with_arrivals(llm, ps, params, 4)[0] == want
     assert driver.drafting.num_drafted > 0
 
 
