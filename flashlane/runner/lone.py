@@ -187,22 +187,15 @@ class LoneDriver:
         io.pos.copy_(pinned[1], non_blocking=True)
         io.k.zero_()
         got = [[t] for t in tokens]
-        run = self.runner(tuple(session_ids), io)
-        launched = landed = 0
-        going, t0 = True, time.perf_counter()
-        while landed < launched or (going and launched < budget):
-            if going and launched < budget and launched - landed < 2:
-                run()
-                self.post(io, launched)
-                launched += 1
-                if launched - landed < 2 and launched < budget:
-                    continue  # put a second step in flight before reading the first
-            ids = self.read(io, landed)
-            landed += 1
-            for i, (token_id, finite) in enumerate(ids):
+
+        def land(rows: list[list[int]]) -> bool:
+            going = True
+            for i, (token_id, finite) in enumerate(rows):
                 got[i].append(token_id)
                 going = takes[i](token_id, bool(finite)) and going
-        self.note(0, time.perf_counter() - t0, launched, len(session_ids))
+            return going
+
+        launched = self.run_steps(tuple(session_ids), io, budget, land)
         for i, sid in enumerate(session_ids):
             self.sessions[sid].length = positions[i] + launched
         drafter = self.drafter
@@ -212,14 +205,33 @@ class LoneDriver:
                 drafter.absorb_later(stream_ids[i], rows, got[i][:launched], got[i][launched], d)
         return launched
 
-    def note(self, depth: int, seconds: float, steps: int, b: int) -> None:
-        """A call's steps: counted, and their mean wall time folded into step_ms (calls of
-        four steps or more: two in flight hide the host's work only past the first)."""
-        self.num_steps += steps
+    def run_steps(self, ids: tuple[int, ...], io, budget: int,
+                  land: Callable[[list[list[int]]], bool]) -> int:
+        """Up to `budget` steps of these sessions with io, two in flight: each landed step's
+        ring rows (one per session) go to land(), and once it says stop, the step in flight
+        lands too. Counts the steps and folds their mean wall time into step_ms by
+        (sessions, io.depth) (calls of four steps or more: two in flight hide the host's
+        work only past the first). Returns the steps launched."""
+        run = self.runner(ids, io)
+        launched = landed = 0
+        going, t0 = True, time.perf_counter()
+        while landed < launched or (going and launched < budget):
+            if going and launched < budget and launched - landed < 2:
+                run()
+                self._post(io, launched)
+                launched += 1
+                if launched - landed < 2 and launched < budget:
+                    continue  # put a second step in flight before reading the first
+            rows = self._read(io, landed)
+            landed += 1
+            going = land(rows) and going
+        seconds, b = time.perf_counter() - t0, len(ids)
+        self.num_steps += launched
         self.widest = max(self.widest, b)
-        if steps >= 4:
-            ms, old = 1e3 * seconds / steps, self.step_ms.get((b, depth))
-            self.step_ms[(b, depth)] = ms if old is None else 0.75 * old + 0.25 * ms
+        if launched >= 4:
+            ms, old = 1e3 * seconds / launched, self.step_ms.get((b, io.depth))
+            self.step_ms[(b, io.depth)] = ms if old is None else 0.75 * old + 0.25 * ms
+        return launched
 
     def capture_all(self) -> int:
         """Capture every session's one-session step now (engine start), so no request pays
@@ -246,13 +258,13 @@ class LoneDriver:
             self.io[(b, depth)] = io
         return self.io[(b, depth)]
 
-    def post(self, io: _Buffers, i: int) -> None:
+    def _post(self, io: _Buffers, i: int) -> None:
         """Step i's (id, finite) rows into its ring slot, without waiting for them."""
         io.ring[i % RING].copy_(io.out, non_blocking=True)
         if self.is_cuda:
             self.events[i % RING].record()
 
-    def read(self, io: _Buffers, i: int) -> list[list[int]]:
+    def _read(self, io: _Buffers, i: int) -> list[list[int]]:
         """Step i's ring slot, once it has landed: a row per session."""
         if self.is_cuda:
             self.events[i % RING].synchronize()
@@ -332,6 +344,7 @@ class _Buffers:
         self.rows = torch.zeros(max_steps, b, width, dtype=dtype, device=device)
         self.ring = torch.zeros(RING, b, 2, dtype=torch.long, pin_memory=device.type == "cuda")
         self.warm = False
+        self.depth = 0  # no drafts (runner/lone_draft.DraftBuffers carry some)
 
     def key(self, ids: tuple[int, ...]) -> tuple:
         """The step's graph's key: the sessions' ids."""

@@ -21,7 +21,6 @@ one plain steps give (tests/runner/test_lone_draft.py, tests/gpu/test_lone_gpu.p
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import torch
@@ -111,20 +110,11 @@ class Drafting:
             return None
         io = drv.buffers(len(ids), depth)
         self._load(io, ids, tokens, positions, stream_ids, draws)
-        run = drv.runner(tuple(ids), io)
         kept, last = [0] * len(ids), list(tokens)
         self.landed = [0] * len(ids)
-        launched = landed = 0
-        going, t0 = True, time.perf_counter()
-        while landed < launched or (going and launched < budget):
-            if going and launched < budget and launched - landed < 2:
-                run()
-                drv.post(io, launched)
-                launched += 1
-                if launched - landed < 2 and launched < budget:
-                    continue
-            rows = drv.read(io, landed)
-            landed += 1
+
+        def land(rows: list[list[int]]) -> bool:
+            going = True
             for i, row in enumerate(rows):
                 n = row[2 * t]
                 self.stats.record([1.0] * depth, n - 1)
@@ -135,7 +125,9 @@ class Drafting:
                 last[i] = row[n - 1]
                 for j in range(n):
                     going = takes[i](row[j], bool(row[t + j])) and going
-        drv.note(depth, time.perf_counter() - t0, launched, len(ids))
+            return going
+
+        launched = drv.run_steps(tuple(ids), io, budget, land)
         after = [p + n for p, n in zip(positions, kept)]
         self.carry = {sid: c for sid, c in self.carry.items() if c[1] is not io}
         self.carry.update({sid: ((ids[i], after[i], last[i]), io, i)
@@ -263,8 +255,8 @@ def draft_step(model: FlashNext, sessions: list[SessionState], io: DraftBuffers,
     lands = (io.drafts == ids[:, :k]) & finite[:, :k]
     kept = 1 + lands.long().cumprod(dim=1).sum(dim=1)  # [B] rows kept, 1..T
     last = kept - 1
-    _commit(pending, kept)
     every = torch.arange(b, device=ids.device)
+    _commit(pending, kept, every)
     io.out[:, :t] = ids
     io.out[:, t : 2 * t] = finite
     io.out[:, 2 * t] = kept
@@ -285,8 +277,7 @@ def _ple(ple, r3, states, window, kernels, pending) -> torch.Tensor:
 def _gdn(gdn, a3, states, kernels, pending) -> torch.Tensor:
     b, t = a3.shape[:2]
     qkv, decay, beta, z = gdn.project(a3.flatten(0, 1))
-    unflat = (x.unflatten(0, (b, t)) for x in (qkv, decay, beta))
-    qkv, decay, beta = unflat
+    qkv, decay, beta = (x.unflatten(0, (b, t)) for x in (qkv, decay, beta))
     q, k, v, xfull = gdn.conv_qkv(qkv, lone._stacked([g.conv for g in states]), kernels)
     o, after = kernels.recurrent_gdn(q, k, v, decay, beta,
                                      lone._stacked([g.recurrent for g in states]))
@@ -295,11 +286,10 @@ def _gdn(gdn, a3, states, kernels, pending) -> torch.Tensor:
     return gdn.finish(o.flatten(0, 1), z)
 
 
-def _commit(pending, kept: torch.Tensor) -> None:
+def _commit(pending, kept: torch.Tensor, every: torch.Tensor) -> None:
     """Each session's state after its kept rows: a tail of inputs (conv windows, PLE ids)
-    from index kept on, or the recurrent state after row kept-1."""
+    from index kept on, or the recurrent state after row kept-1 (`every`: arange(B))."""
     dsts, srcs = [], []
-    every = torch.arange(kept.shape[0], device=kept.device)
     for states, inputs, after in pending:
         if after is not None:
             chosen = after[every, kept - 1]
@@ -316,18 +306,19 @@ def _draft_next(model, sessions, io, r, next_ids, at, cos, sin, rows, tables) ->
     """The MTP head absorbs the window's cells (row i with the draw after it, at row i's
     position) and chains K drafts from the cell of each session's last kept row (`rows`)."""
     mtp, k = model.mtp, io.drafts.shape[1]
+    heads = range(len(mtp.layers))
     x = _cells(model, r, next_ids, [[s.mtp[j] for s in sessions for _ in range(k + 1)]
-                                    for j in range(len(mtp.layers))],
-               at, cos, sin, [tables.get(("mtp", j)) for j in range(len(mtp.layers))])
+                                    for j in heads],
+               at, cos, sin, [tables.get(("mtp", j)) for j in heads])
     x, pos = x[rows], io.pos + io.out[:, 2 * (k + 1)]  # the pending token's new position
+    caches = [[s.mtp[j] for s in sessions] for j in heads]
+    chain = [tables.get(("chain", j)) for j in heads]
     for d in range(k):
         top = model.lm_head(mtp.hyper_connection_mixer.read(x)[0]).float()
         io.drafts[:, d] = top.argmax(dim=1)
         if d + 1 < k:  # cell at the pending token's position: the head's residual with draft d
             c, s = model.rotary.cos_sin(pos + d, x.dtype)
-            caches = [[sess.mtp[j] for sess in sessions] for j in range(len(mtp.layers))]
-            x = _cells(model, x, io.drafts[:, d], caches, pos + d, c, s,
-                       [tables.get(("chain", j)) for j in range(len(mtp.layers))])
+            x = _cells(model, x, io.drafts[:, d], caches, pos + d, c, s, chain)
 
 
 def _cells(model, residual, next_ids, caches, at, cos, sin, tables) -> torch.Tensor:

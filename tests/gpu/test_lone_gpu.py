@@ -22,19 +22,29 @@ pytestmark = [
 ]
 
 
+def copy_of(cfg, base):
+    """A new session holding base's state."""
+    s = new_session(cfg)
+    copy_session(base, s, cfg.indexer_block)
+    return s
+
+
+def greedy_rounds(model, ref, n: int) -> list[int]:
+    """n one-row shared rounds from token 3, committed in ref: the reference tokens."""
+    want = [3]
+    for _ in range(n):
+        want.append(int(run_windows(model, [(ref, want[-1:])], keep=True)[0][0].argmax()))
+    return want
+
+
 @pytest.mark.parametrize("graphed", [True, False])
 @pytest.mark.parametrize("which", [3, 8])  # 130 and 200 prompt tokens
 def test_lone_steps_equal_shared_rounds_bitwise(gpu_model, graphed, which):  # noqa: F811
     cfg, model = gpu_model
     base = prefilled(cfg, model, prompts(cfg.vocab_size, 9)[which])
-    ref = new_session(cfg)
-    copy_session(base, ref, cfg.indexer_block)
-    want = [3]
-    for _ in range(24):  # one-row shared rounds, committed: the reference
-        lg = run_windows(model, [(ref, want[-1:])], keep=True)[0][0]
-        want.append(int(lg.argmax()))
-    s = new_session(cfg)
-    copy_session(base, s, cfg.indexer_block)
+    ref = copy_of(cfg, base)
+    want = greedy_rounds(model, ref, 24)
+    s = copy_of(cfg, base)
     driver = LoneDriver(model, [s], graphs=graphed)
     got = [3]
 
@@ -84,16 +94,10 @@ def test_sessions_together_equal_shared_rounds_bitwise(gpu_model, graphed):  # n
     sessions, refs, wants = [], [], []
     for which in (3, 8, 5):
         base = prefilled(cfg, model, prompts(cfg.vocab_size, 9)[which])
-        ref = new_session(cfg)
-        copy_session(base, ref, cfg.indexer_block)
-        want = [3]
-        for _ in range(12):
-            want.append(int(run_windows(model, [(ref, want[-1:])], keep=True)[0][0].argmax()))
-        s = new_session(cfg)
-        copy_session(base, s, cfg.indexer_block)
-        sessions.append(s)
+        ref = copy_of(cfg, base)
+        wants.append(greedy_rounds(model, ref, 12))
+        sessions.append(copy_of(cfg, base))
         refs.append(ref)
-        wants.append(want)
     driver = LoneDriver(model, sessions, graphs=graphed)
     got = [[3], [3], [3]]
     takes = [lambda t, f, i=i: bool(got[i].append(t)) or True for i in range(3)]
@@ -119,17 +123,9 @@ def test_drafted_steps_equal_shared_rounds_bitwise(gpu_model, graphed, depth, b,
     bases, wants = [], []
     for which in (3, 8)[:b]:
         base = prefilled(cfg, model, prompts(cfg.vocab_size, 9)[which])
-        ref = new_session(cfg)
-        copy_session(base, ref, cfg.indexer_block)
-        want = [3]
-        for _ in range(48):
-            want.append(int(run_windows(model, [(ref, want[-1:])], keep=True)[0][0].argmax()))
+        wants.append(greedy_rounds(model, copy_of(cfg, base), 48))
         bases.append(base)
-        wants.append(want)
-    sessions = []
-    for base in bases:
-        sessions.append(new_session(cfg))
-        copy_session(base, sessions[-1], cfg.indexer_block)
+    sessions = [copy_of(cfg, base) for base in bases]
     driver = LoneDriver(model, sessions, graphs=graphed, drafter=MtpDrafter(model, 0.0))
     drafting = driver.drafting
     drafting.depth = depth
@@ -144,8 +140,7 @@ def test_drafted_steps_equal_shared_rounds_bitwise(gpu_model, graphed, depth, b,
     assert drafting.num_landed >= depth
     for i, s in enumerate(sessions):
         assert got[i] == wants[i][: len(got[i])]
-        ref = new_session(cfg)
-        copy_session(bases[i], ref, cfg.indexer_block)
+        ref = copy_of(cfg, bases[i])
         for token in got[i][:-1]:
             run_windows(model, [(ref, [token])], keep=True)
         assert s.length == ref.length

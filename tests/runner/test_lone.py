@@ -121,9 +121,9 @@ def llm(tiny_ckpt):
     return LLM(str(tiny_ckpt), costs=COSTS, parallel=8, max_rows=16)
 
 
-def with_lone(llm, steps: int, streams: int = 1):
+def with_lone(llm, steps: int, streams: int = 1, drafter=None):
     host = llm.engine.host
-    host.lone = LoneDriver(llm.engine.model, llm.engine.sessions)
+    host.lone = LoneDriver(llm.engine.model, llm.engine.sessions, drafter=drafter)
     host.config = dataclasses.replace(host.config, lone_steps=steps, lone_streams=streams)
     return host.lone
 
@@ -133,11 +133,20 @@ def without_lone(llm):
     llm.engine.host.interrupted = lambda: False
 
 
-def with_arrivals(llm, ps, params, at_round: int):
+def with_arrivals(llm, ps, params, at_round: int, interrupt_every: int | None = None):
     """The first request alone, the others submitted at round `at_round` (lone driver
-    on), every round run: (each request's tokens, each request's stream). Turns the lone
-    driver off at the end."""
+    on), every round run: (each request's tokens, each request's stream). With
+    `interrupt_every`, work "arrives" at every that many landed tokens (the host is
+    interrupted). Turns the lone driver off at the end."""
     host = llm.engine.host
+    if interrupt_every:
+        calls = [0]
+
+        def interrupted():
+            calls[0] += 1
+            return calls[0] % interrupt_every == 0
+
+        host.interrupted = interrupted
     ids = "abcdefgh"[: len(ps)]
     out: dict[str, list[int]] = {k: [] for k in ids}
     streams: dict = {}
@@ -217,14 +226,8 @@ def test_lone_hands_off_when_work_arrives_and_takes_back(llm):
     without_lone(llm)
     want = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
     driver = with_lone(llm, 4)
-    host, calls = llm.engine.host, [0]
-
-    def interrupted():  # every seventh landed step, work "arrives"
-        calls[0] += 1
-        return calls[0] % 7 == 0
-
-    host.interrupted = interrupted
-    got, _ = with_arrivals(llm, ps, params, 6)  # the others come while "a" runs alone
+    # the others come while "a" runs alone; every seventh landed step, work "arrives"
+    got, _ = with_arrivals(llm, ps, params, 6, interrupt_every=7)
     assert got == want
     assert driver.num_steps > 0
 

@@ -14,7 +14,14 @@ from flashlane.llm import LLM
 from flashlane.models.loader import load_checkpoint
 from flashlane.runner.lone import LoneDriver
 from tests.runner.test_exact import COSTS, prompts, serial
-from tests.runner.test_lone import GREEDY, prefilled, state_of, with_arrivals, without_lone
+from tests.runner.test_lone import (
+    GREEDY,
+    prefilled,
+    state_of,
+    with_arrivals,
+    with_lone,
+    without_lone,
+)
 
 DRAFTING = dataclasses.replace(GREEDY, draft=True)
 
@@ -72,13 +79,10 @@ def llm(tiny_ckpt):
 
 
 def with_drafting_lone(llm, steps: int, streams: int = 1, depth: int = 2):
-    host = llm.engine.host
-    host.lone = LoneDriver(llm.engine.model, llm.engine.sessions,
-                           drafter=llm.engine.backend.drafter)
-    host.lone.drafting.depth = depth
-    host.lone.drafting.choose = lambda ids, left: depth  # drafted always (CPU timings)
-    host.config = dataclasses.replace(host.config, lone_steps=steps, lone_streams=streams)
-    return host.lone
+    driver = with_lone(llm, steps, streams, drafter=llm.engine.backend.drafter)
+    driver.drafting.depth = depth
+    driver.drafting.choose = lambda ids, left: depth  # drafted always (CPU timings)
+    return driver
 
 
 def plain(params):
@@ -129,14 +133,8 @@ def test_drafted_lone_hands_off_and_takes_back(llm):
     without_lone(llm)
     want = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, plain(params))]
     driver = with_drafting_lone(llm, 4)
-    host, calls = llm.engine.host, [0]
-
-    def interrupted():  # every fifth landed token, work "arrives"
-        calls[0] += 1
-        return calls[0] % 5 == 0
-
-    host.interrupted = interrupted
-    assert with_arrivals(llm, ps, params, 4)[0] == want
+    # every fifth landed token, work "arrives"
+    assert with_arrivals(llm, ps, params, 4, interrupt_every=5)[0] == want
     assert driver.drafting.num_drafted > 0
 
 
