@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections import Counter
 
 import torch
 
 from flashlane.kernels import select_kernels
+from flashlane.kernels.pdl import enabled as pdl_enabled
 from flashlane.models.layers.norms import Linear, Stacked
 from flashlane.models.presets import preset
 from flashlane.models.random_weights import build_random
@@ -93,9 +95,11 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--pdl", action="store_true",
                     help="also time each linear at the first row count with programmatic "
-                         "dependent launch (linear._PDL, an experiment; CUDA only)")
+                         "dependent launch switched the other way (kernels/pdl.py, "
+                         "FLASHLANE_PDL; CUDA only)")
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
+    pdl_on = pdl_enabled()
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     cfg, model = build_random(preset(args.config), dtype, args.device, 0)
     kernels = select_kernels(args.device)
@@ -116,15 +120,14 @@ def main() -> None:
                               gbps=gbps, of_copy=gbps * 1e9 / copy_bps,
                               ms_a_token=per_token * us[rows[0]] / 1e3))
             if args.pdl and args.device == "cuda":
-                from flashlane.kernels.linear import triton as tlin
-
                 x = torch.randn(rows[0], k, device=args.device).to(w.dtype)
-                tlin._PDL = True
+                was = os.environ.get("FLASHLANE_PDL", "1")
+                os.environ["FLASHLANE_PDL"] = "0" if pdl_on else "1"
                 try:
-                    pdl = 1e6 * timed(product(kernels, x, w, kind), args.device, args.calls)
+                    other = 1e6 * timed(product(kernels, x, w, kind), args.device, args.calls)
                 finally:
-                    tlin._PDL = False
-                table[-1]["us_pdl"] = {rows[0]: pdl}
+                    os.environ["FLASHLANE_PDL"] = was
+                table[-1]["us_other_pdl"] = {rows[0]: other}
         moe = model.layers[0].mlp
         e = moe.experts
         us = {}
@@ -146,14 +149,14 @@ def main() -> None:
               + " ".join(f"{r['us'][m]:8.1f}" for m in rows)
               + f" {gb} {r['ms_a_token']:8.3f}  {r['example']}")
     for r in table:
-        if "us_pdl" in r:
-            pdl = r["us_pdl"][rows[0]]
-            print(f"{'x'.join(map(str, r['shape'])):>16} with PDL at {rows[0]} row(s): "
-                  f"{pdl:7.1f} us ({r['us'][rows[0]] / pdl:.2f}x)")
+        if "us_other_pdl" in r:
+            other = r["us_other_pdl"][rows[0]]
+            print(f"{'x'.join(map(str, r['shape'])):>16} PDL {'off' if pdl_on else 'on'} at "
+                  f"{rows[0]} row(s): {other:7.1f} us ({r['us'][rows[0]] / other:.2f}x)")
     total = sum(r["ms_a_token"] for r in table)
     print(f"all of these at {rows[0]} row(s): {total:.3f} ms a token")
     print(json.dumps({"bench": "linears", "config": args.config, "device": args.device,
-                      "copy_gbps": copy_bps / 1e9, "rows": rows, "table": table,
+                      "pdl": pdl_on, "copy_gbps": copy_bps / 1e9, "rows": rows, "table": table,
                       "ms_a_token": total}))
 
 

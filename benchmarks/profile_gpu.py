@@ -32,6 +32,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument("--host", action="store_true",
                     help="also cProfile the decode: Python functions by their own host time")
+    ap.add_argument("--timeline", default="",
+                    help="write one decode step's kernels in order (name, grid, time, the "
+                         "gap before each) to this file, from the profiler's trace")
     args = ap.parse_args()
     cfg, model = build_random(preset(args.config), torch.bfloat16, "cuda", 0)
     config = EngineConfig.resolve(device="cuda", parallel=max(2, args.streams),
@@ -78,6 +81,8 @@ def main() -> None:
           " a token (kernels of 9 tokens less 1)")
     for k, (t, n) in sorted(diff.items(), key=lambda kv: -kv[1][0])[: args.rows]:
         print(f"{t / 8e3:9.3f} ms {n / 8:7.1f} calls  {k[:90]}")
+    if args.timeline:
+        timeline(llm, short, args.timeline)
     if args.host:
         torch.cuda.synchronize()
         prof = cProfile.Profile()
@@ -88,6 +93,52 @@ def main() -> None:
         print("\n=== decode, host: Python functions by own time (cProfile)")
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.rows * 2)
         pstats.Stats(prof).sort_stats("cumulative").print_stats(args.rows * 2)
+
+
+def timeline(llm, prompts, path: str) -> None:
+    """The kernels of one decode step in order, from a 9-token reply's trace: the step is the
+    last run of kernels as long as a step's share of the reply's kernels; busy is the sum
+    of kernel times, span the first start to the last end."""
+    import json
+    import os
+    import tempfile
+
+    params = SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, draft=False)
+    counts = []
+    for tokens in (1, 9):
+        p = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, draft=False)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            llm.generate(prompts, p if tokens == 1 else params)
+            torch.cuda.synchronize()
+        with tempfile.TemporaryDirectory() as d:
+            trace = os.path.join(d, "trace.json")
+            prof.export_chrome_trace(trace)
+            with open(trace) as f:
+                events = json.load(f)["traceEvents"]
+        kernels = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy",
+                                                                 "gpu_memset")),
+                         key=lambda e: e["ts"])
+        counts.append(kernels)
+    per_step = (len(counts[1]) - len(counts[0])) // 8
+    step = counts[1][-2 * per_step: -per_step]  # one whole step before the last
+    busy = sum(e["dur"] for e in step)
+    span = step[-1]["ts"] + step[-1]["dur"] - step[0]["ts"]
+    with open(path, "w") as f:
+        f.write(f"# one decode step of {len(prompts)} stream(s): {len(step)} kernels, busy "
+                f"{busy:.1f} us, span {span:.1f} us, gaps {span - busy:.1f} us\n")
+        f.write("# i  start_us   dur_us  gap_us  own_us  grid  name   (own: its end less the "
+                "latest end before it, the time it adds to the step)\n")
+        prev = last = step[0]["ts"]
+        for i, e in enumerate(step):
+            grid = e.get("args", {}).get("grid", "")
+            end = e["ts"] + e["dur"]
+            f.write(f"{i:4d} {e['ts'] - step[0]['ts']:9.1f} {e['dur']:8.2f} "
+                    f"{e['ts'] - prev:7.2f} {max(0.0, end - last):7.2f}  {grid}  "
+                    f"{e['name'][:60]}\n")
+            prev, last = end, max(last, end)
+    print(f"timeline: {len(step)} kernels a step, busy {busy:.1f} us, span {span:.1f} us "
+          f"-> {path}")
 
 
 if __name__ == "__main__":

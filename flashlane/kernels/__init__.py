@@ -35,7 +35,7 @@ class Kernels:
     gated_rms_norm: Callable
     row_sum: Callable
     # the layers' row-wise tails (kernels/rowwise)
-    hc_up: Callable
+    hc_down: Callable
     hc_mix: Callable
     hc_write: Callable
     hc_write_norm: Callable
@@ -64,7 +64,7 @@ REFERENCE = Kernels(
     rms_norm=norms_ref.rms_norm,
     gated_rms_norm=norms_ref.gated_rms_norm,
     row_sum=norms_ref.row_sum,
-    hc_up=rowwise_ref.hc_up,
+    hc_down=rowwise_ref.hc_down,
     hc_mix=rowwise_ref.hc_mix,
     hc_write=rowwise_ref.hc_write,
     hc_write_norm=rowwise_ref.hc_write_norm,

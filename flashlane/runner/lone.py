@@ -98,7 +98,9 @@ def _ple(ple, r: torch.Tensor, states: list[PleState], tok: torch.Tensor, kernel
 
 def _gdn(gdn, a: torch.Tensor, states: list[GdnState], kernels, table) -> torch.Tensor:
     qkv, decay, beta, z = gdn.project(a)
-    q, k, v, xfull = gdn.conv_qkv(qkv[:, None], _stacked([g.conv for g in states]), kernels)
+    one = len(states) == 1  # its conv window is a view: the conv moves it in place
+    q, k, v, xfull = gdn.conv_qkv(qkv[:, None], _stacked([g.conv for g in states]), kernels,
+                                  shift=one)
     if len(states) == 1:  # its state updated in place (the kernel reads each tile first)
         s = states[0].recurrent
         o, _ = kernels.recurrent_gdn(q, k, v, decay[:, None], beta[:, None], s[None],
@@ -106,7 +108,8 @@ def _gdn(gdn, a: torch.Tensor, states: list[GdnState], kernels, table) -> torch.
     else:  # each session's state read and written where it lies
         o = kernels.gdn_sessions(q, k, v, decay[:, None], beta[:, None],
                                  [g.recurrent for g in states], table)
-    copy_all([g.conv for g in states], [*xfull[:, 1:]])
+    if not one:
+        copy_all([g.conv for g in states], [*xfull[:, 1:]])
     return gdn.finish(o[:, 0], z)
 
 

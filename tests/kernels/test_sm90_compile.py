@@ -99,7 +99,7 @@ def launch(tile: dict) -> dict:
 
 # the kernels that have run on the H200 too, at the launch options they use there
 LINEAR = dict(x_ptr=BF, w_ptr=BF, y_ptr=BF, ws_ptr="*fp32", count_ptr="*i32", M="i32",
-              N="i32", K="i32", stride_x="i32")
+              N="i32", K="i32", stride_x="i32", prefetch="i32", squash_cols="i32")
 TILE = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64)
 DRAW = dict(logits_ptr="*fp32", stride="i32", V="i32", ws_ptr="*i64", n="i32", C="i32")
 EXPERTS = dict(slot_pair_ptr="*i32", block_expert_ptr="*i32", H="i32", I="i32")
@@ -131,22 +131,29 @@ KERNELS.update({
                                              FIXUP=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
                                              FP32_PRODUCTS=False, SQUASH=0),
                                         dict(num_warps=4, num_stages=3)),
-    "linear PDL (experiment)": (linear._linear_kernel, LINEAR,
-                                dict(PARTS=40, BLOCKS_PER_PART=2, SPLIT=True, FIXUP=True,
-                                     BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
-                                     FP32_PRODUCTS=False, SQUASH=0, PDL=True),
-                                dict(num_warps=4, num_stages=3, launch_pdl=True)),
-    "linear squash (hc up)": (linear._linear_kernel, LINEAR,
-                              dict(PARTS=1, BLOCKS_PER_PART=5, SPLIT=False, FIXUP=False, **TILE,
-                                   FP32_PRODUCTS=False, SQUASH=4),
-                              dict(num_warps=4, num_stages=3)),
+    "linear PDL": (linear._linear_kernel, LINEAR,
+                   dict(PARTS=40, BLOCKS_PER_PART=2, SPLIT=True, FIXUP=True,
+                        BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
+                        FP32_PRODUCTS=False, SQUASH=0, PDL=1),
+                   dict(num_warps=4, num_stages=3, launch_pdl=True)),
+    "linear PDL in program": (linear._linear_kernel, LINEAR,
+                              dict(PARTS=1, BLOCKS_PER_PART=20, SPLIT=False, FIXUP=False,
+                                   BLOCK_M=64, BLOCK_N=64, BLOCK_K=128,
+                                   FP32_PRODUCTS=False, SQUASH=0, PDL=1),
+                              dict(num_warps=4, num_stages=3, launch_pdl=True)),
+    "linear squash out (hc down)": (linear._linear_kernel, LINEAR,
+                                    dict(PARTS=40, BLOCKS_PER_PART=2, SPLIT=True, FIXUP=True,
+                                         BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
+                                         FP32_PRODUCTS=False, SQUASH=4),
+                                    dict(num_warps=4, num_stages=3)),
     "linear router fp32": (linear._linear_kernel, {**LINEAR, "y_ptr": "*fp32"},
                            dict(PARTS=16, BLOCKS_PER_PART=5, SPLIT=True, FIXUP=True,
                                 BLOCK_M=16, BLOCK_N=64, BLOCK_K=32, FP32_PRODUCTS=True,
                                 SQUASH=0),
                            dict(num_warps=4, num_stages=2)),
-    "sum_parts": (linear._sum_parts_kernel, dict(ws_ptr="*fp32", y_ptr=BF, numel="i32"),
-                  dict(PARTS=4, BLOCK=1024), {}),
+    "sum_parts": (linear._sum_parts_kernel, dict(ws_ptr="*fp32", y_ptr=BF, numel="i32",
+                                                 n="i32", squash_cols="i32"),
+                  dict(PARTS=4, SQUASH=4, BLOCK=1024), {}),
     "moe gate_up": (moe._gate_up_kernel,
                     dict(x_ptr=BF, gate_ptr=BF, up_ptr=BF, act_ptr=BF, **EXPERTS),
                     dict(TOP_K=10, BLOCK_M=16, **blocks(moe.GATE_UP_TILE), PRECISION="tf32"),
@@ -197,6 +204,14 @@ KERNELS.update({
                                                    "stride_wc", "stride_wk"], "i32")),
                     dict(K=4, DIL=1, SILU=True, BLOCK_T=1, BLOCK_C=conv.MAX_BLOCK_C,
                          BLOCK_W=4), dict(enable_fp_fusion=False)),
+    "causal_conv shift": (conv._causal_conv_kernel,
+                          dict(x_ptr=BF, win_ptr=BF, w_ptr=BF, y_ptr=BF, xfull_ptr=BF, T="i32",
+                               C="i32", **dict.fromkeys(["stride_xb", "stride_xt", "stride_xc",
+                                                         "stride_winb", "stride_wint",
+                                                         "stride_winc", "stride_wc",
+                                                         "stride_wk"], "i32")),
+                          dict(K=4, DIL=1, SILU=True, BLOCK_T=1, BLOCK_C=conv.MAX_BLOCK_C,
+                               BLOCK_W=4, SHIFT=True), dict(enable_fp_fusion=False)),
     "draw stats": (triton_draw._stats_kernel, DRAW, dict(BLOCK=4096, K=16, KP=4),
                    dict(num_warps=triton_draw.WARPS)),
     "draw score": (triton_draw._score_kernel, DRAW,
@@ -251,21 +266,64 @@ def test_fp32_products_are_one_fma_chain_in_k_order(tile):
 
 
 def test_pdl_linear_waits_before_any_memory_access():
-    """The PDL experiment (linear._PDL, off): the kernel's griddepcontrol.wait comes before
-    its first global load, store, async copy or atomic, so an early launch reads and writes
-    nothing before the kernel before it has finished; without PDL no such instruction."""
+    """Under PDL (kernels/pdl.py) the linear's griddepcontrol.wait comes before its first
+    global load, store, async copy or atomic, so an early launch reads and writes nothing
+    before the kernel before it has finished; the only memory instructions before it are
+    its weights' L2 prefetches. Without PDL, no such instruction."""
     import re
 
-    def ptx(pdl: bool) -> str:
-        c = dict(PARTS=40, BLOCKS_PER_PART=2, SPLIT=True, FIXUP=True, BLOCK_M=16, BLOCK_N=64,
-                 BLOCK_K=128, FP32_PRODUCTS=False, SQUASH=0, PDL=pdl)
+    def ptx(pdl: int, split: bool) -> str:
+        c = dict(PARTS=40 if split else 1, BLOCKS_PER_PART=2 if split else 20, SPLIT=split,
+                 FIXUP=split, BLOCK_M=16 if split else 64, BLOCK_N=64, BLOCK_K=128,
+                 FP32_PRODUCTS=False, SQUASH=0, PDL=pdl)
         signature = {**LINEAR, **dict.fromkeys(c, "constexpr")}
-        options = dict(num_warps=4, num_stages=3, launch_pdl=pdl)
+        options = dict(num_warps=4, num_stages=3, launch_pdl=bool(pdl))
         return triton.compile(ASTSource(fn=linear._linear_kernel, signature=signature,
                                         constexprs=c), target=H200, options=options).asm["ptx"]
 
-    code = ptx(True)
+    for split in (True, False):
+        code = ptx(1, split)
+        wait = code.index("griddepcontrol.wait")
+        first = re.search(r"\b(ld\.global|st\.global|cp\.async(?!\.bulk\.prefetch)|atom\.|red\.)",
+                          code)
+        assert first is not None and wait < first.start()
+        assert 0 <= code.index("cp.async.bulk.prefetch.L2.global") < wait
+        assert code.index("griddepcontrol.launch_dependents") > wait
+        assert "griddepcontrol" not in ptx(0, split)
+        assert "prefetch" not in ptx(0, split)
+
+
+PDL_KERNELS = sorted(name for name, (fn, *_) in KERNELS.items() if "PDL" in fn.arg_names)
+
+
+def test_the_step_kernels_take_pdl():
+    """Every kernel of a decode step has the PDL parameter (kernels/pdl.py): one without it,
+    between two that have it, would end the overlap there."""
+    assert len(PDL_KERNELS) >= 30
+    assert not {"linear split fixup", "hc_mix", "rms_norm", "recurrent_gdn", "moe gate_up",
+                "attention", "causal_conv", "moe route"} - set(PDL_KERNELS)
+
+
+@pytest.mark.parametrize("name", PDL_KERNELS)
+def test_pdl_kernel_waits_before_it_touches_memory(name):
+    """Launched early under PDL, a kernel's griddepcontrol.wait comes before its first global
+    load, store, async copy or atomic (L2 prefetches of weights aside), and it lets the next
+    launch go only after the wait; with PDL 0 it has neither instruction."""
+    import re
+
+    fn, args, constexprs, *options = KERNELS[name]
+
+    def ptx(pdl: int) -> str:
+        c = {**constexprs, "PDL": pdl}
+        signature = {**args, **dict.fromkeys(c, "constexpr")}
+        opts = dict(options[0] if options else {}, launch_pdl=bool(pdl))
+        return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=c),
+                              target=H200, options=opts).asm["ptx"]
+
+    code = ptx(1)
     wait = code.index("griddepcontrol.wait")
-    first = re.search(r"\b(ld\.global|st\.global|cp\.async|atom\.|red\.)", code)
-    assert first is not None and wait < first.start()
-    assert "griddepcontrol" not in ptx(False)
+    first = re.search(r"\b(ld\.global|st\.global|cp\.async(?!\.bulk\.prefetch)|atom\.|red\.)",
+                      code)
+    assert first is None or wait < first.start()
+    assert code.index("griddepcontrol.launch_dependents") > wait
+    assert "griddepcontrol" not in ptx(0)

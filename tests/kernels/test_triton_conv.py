@@ -134,3 +134,27 @@ def test_causal_conv_bf16(shape, silu, weight_dtype):
     y_ref, xfull_ref = conv_ref.causal_conv(x, window, weight, dilation, silu)
     assert y.dtype == y_ref.dtype and torch.equal(xfull, xfull_ref)
     torch.testing.assert_close(y, y_ref, rtol=2**-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("b, t, c, k, dilation", [(1, 1, 40, 4, 1), (2, 1, 300, 4, 1),
+                                                  (2, 2, 40, 4, 1), (1, 5, 40, 4, 1),
+                                                  (2, 3, 24, 4, 3), (1, 16, 24, 4, 3)])
+def test_shift_moves_the_window_in_place(b, t, c, k, dilation):
+    """shift=True writes xfull's last W rows into the window (rows from the old window and
+    from x alike), with y and xfull as without it; the reference does the same."""
+    x, window, weight = _inputs(b, t, c, k, dilation)
+    w2 = weight[:, 0, :]
+    y, xfull = conv_tri.causal_conv(x, window.clone(), w2, dilation)
+    moved = window.clone()
+    y2, xfull2 = conv_tri.causal_conv(x, moved, w2, dilation, shift=True)
+    assert torch.equal(y2, y) and torch.equal(xfull2, xfull)
+    assert torch.equal(moved, xfull[:, t:])
+    ref_window = window.clone()
+    conv_ref.causal_conv(x, ref_window, w2, dilation, shift=True)
+    assert torch.equal(ref_window, moved)
+
+
+def test_shift_refuses_more_rows_than_one_block():
+    x, window, weight = _inputs(1, conv_tri.MAX_BLOCK_T + 1, 8, 4, 1)
+    with pytest.raises(ValueError, match="shift"):
+        conv_tri.causal_conv(x, window, weight[:, 0, :], shift=True)

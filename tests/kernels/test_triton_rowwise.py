@@ -151,18 +151,23 @@ def test_ngram_ids_bit_for_bit():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_hc_up_squashes_in_the_linear_loads(dtype):
-    """hc_up is bit for bit the linear of hc_squash's output, from a column slice."""
-    from flashlane.kernels.linear.triton import linear
+@pytest.mark.parametrize("k", [128, 1024])  # one partition; four, split over programs
+@pytest.mark.parametrize("fixup", [True, False])  # partials added in the launch / a second
+def test_hc_down_squashes_its_columns_as_it_stores_them(monkeypatch, dtype, k, fixup):
+    """hc_down is bit for bit the linear with hc_squash on its first `low` columns and the
+    rest (the inject columns) as the linear stored them, in each of the linear's paths."""
+    from flashlane.kernels.linear import triton as lin
 
-    m, hc, low, n = 9, 4, 40, 70
-    wide = _rand(m, low + hc + 3, dtype=dtype, seed=31)
-    d = wide[:, :low]  # the down projection's columns of the stacked down + inject
-    w = _rand(n, low, dtype=dtype, seed=32, scale=0.2)
-    got = trh.hc_up(d, w, hc)
-    assert torch.equal(got, linear(trh.hc_squash(d, hc), w))
-    _close(got, ref.hc_up(d, w, hc), dtype)
-    _rows_invariant(lambda x: trh.hc_up(x, w, hc), d)
+    monkeypatch.setattr(lin, "_FIXUP", fixup)
+    m, hc, low = 9, 4, 40
+    xn = _rand(m, k, dtype=dtype, seed=31)
+    w = _rand(low + hc, k, dtype=dtype, seed=32, scale=0.2)
+    got = trh.hc_down(xn, w, low, hc)
+    plain = lin.linear(xn, w)
+    assert torch.equal(got[:, :low], trh.hc_squash(plain[:, :low], hc))
+    assert torch.equal(got[:, low:], plain[:, low:])
+    _close(got, ref.hc_down(xn, w, low, hc), dtype)
+    _rows_invariant(lambda x: trh.hc_down(x, w, low, hc), xn)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

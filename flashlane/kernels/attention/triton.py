@@ -35,6 +35,7 @@ import triton.language as tl
 from flashlane.kernels.attention import reference as attention_ref
 from flashlane.kernels.attention import triton_blocks as blocks_tr
 from flashlane.kernels.attention.triton_select import select_from_scores
+from flashlane.kernels.pdl import enter, pdl
 from flashlane.kernels.tables import BLOCKS_COL, K_COL, NB_COL, TABLE_WIDTH, V_COL, no_table
 from flashlane.models import state
 
@@ -77,7 +78,9 @@ def _attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_L: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     i_m = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // HKV
@@ -223,6 +226,7 @@ def attention(
         PRECISION=precision,
         num_warps=warps,
         num_stages=stages,
+        **pdl(q.device),
     )
     return o
 
@@ -241,7 +245,9 @@ def _index_scores_kernel(
     DI: tl.constexpr,
     BDI: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     i_bt = tl.program_id(0)  # the (b, t) query row
     i_b = i_bt // T
     d = tl.arange(0, BDI)
@@ -298,6 +304,7 @@ def index_scores(
         BDI=triton.next_power_of_2(di),
         BLOCK_N=BLOCK_N,
         num_warps=INDEX_WARPS,
+        **pdl(scores.device),
     )
     return scores
 

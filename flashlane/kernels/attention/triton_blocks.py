@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from flashlane.kernels.norms.triton import rms_factor
+from flashlane.kernels.pdl import enter, pdl
 from flashlane.kernels.tables import BLOCKS_COL, INDEX_COL, NB_COL, TABLE_WIDTH, no_table
 from flashlane.models import state
 
@@ -49,7 +50,8 @@ def _block_key(raw_ptr, cos_ptr, sin_ptr, w_ptr, out_ptr, eps,
 @triton.jit(do_not_specialize=["stride_raw", "stride_out"])
 def _block_keys_kernel(raw_ptr, cos_ptr, sin_ptr, w_ptr, out_ptr, stride_raw, stride_out, eps,
                        BLOCK: tl.constexpr, DI: tl.constexpr, R: tl.constexpr,
-                       BDI: tl.constexpr):
+                       BDI: tl.constexpr, PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     b = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1).to(tl.int64)
     _block_key(raw_ptr + b * stride_raw + n * BLOCK * DI, cos_ptr + n * R, sin_ptr + n * R,
@@ -59,9 +61,10 @@ def _block_keys_kernel(raw_ptr, cos_ptr, sin_ptr, w_ptr, out_ptr, stride_raw, st
 @triton.jit(do_not_specialize=["nb", "has_table"])
 def _pool_block_at_kernel(keys_ptr, cos_ptr, sin_ptr, w_ptr, out_ptr, pos_ptr, tab_ptr, nb,
                           has_table, eps, BLOCK: tl.constexpr, DI: tl.constexpr,
-                          R: tl.constexpr, BDI: tl.constexpr):
+                          R: tl.constexpr, BDI: tl.constexpr, PDL: tl.constexpr = 0):
     # with a table, program i pools session i's block (state.attn_table) at its position,
     # with its cos / sin; a runtime flag, so one compiled kernel serves both uses
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     i = tl.program_id(0)
     keys_off, out_off, count = i.to(tl.int64) * 0, i.to(tl.int64) * 0, nb.to(tl.int64)
     if has_table != 0:
@@ -91,7 +94,7 @@ def block_keys(raw_keys, cos, sin, weight, eps: float, block: int) -> torch.Tens
     if b and nb:
         _block_keys_kernel[(b, nb)](
             raw, cos.contiguous(), sin.contiguous(), weight.contiguous(), out, raw.stride(0),
-            out.stride(0), eps, **_meta(block, di, cos),
+            out.stride(0), eps, **_meta(block, di, cos), **pdl(out.device),
         )
     return out
 
@@ -108,13 +111,15 @@ def pool_block_at(index_keys, out, pos, cos, sin, weight, eps: float, block: int
         no_table(pos.device) if table is None else table, out.shape[0], int(table is not None),
         eps,
         **_meta(block, index_keys.shape[-1], cos),
+        **pdl(out.device),
     )
 
 
 @triton.jit
 def _put_rows_kernel(src_ptr, dst_ptr, tab_ptr, pos_ptr, W, COL: tl.constexpr,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
     """Row i of src (W values) to session i's buffer (table column COL) at row pos[i]."""
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     i = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < W
@@ -131,4 +136,5 @@ def put_rows(dst: torch.Tensor, column: str, table: torch.Tensor, pos: torch.Ten
     block = min(1024, triton.next_power_of_2(w))
     _put_rows_kernel[(src.shape[0], triton.cdiv(w, block))](
         src, dst, table, pos, w, COL=state.TABLE_COLUMNS.index(column), BLOCK=block,
+        **pdl(dst.device),
     )

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from flashlane.kernels.pdl import enter, pdl
+
 CHUNK = 1024
 
 
@@ -32,7 +34,9 @@ def _order_key(s):
 
 @triton.jit(do_not_specialize=["nb", "num_keys"])
 def _select_kernel(scores_ptr, pos_ptr, keep_ptr, mask_ptr, nb, num_keys,
-                   BLOCK: tl.constexpr, TOP: tl.constexpr, CHUNK: tl.constexpr):
+                   BLOCK: tl.constexpr, TOP: tl.constexpr, CHUNK: tl.constexpr,
+                   PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + row).to(tl.int64)
     zero = pos * 0
@@ -94,6 +98,6 @@ def select_from_scores(scores: torch.Tensor, positions: torch.Tensor, num_keys: 
     if rows and num_keys:
         _select_kernel[(rows,)](
             scores.contiguous(), positions.contiguous(), keep, mask, nb, num_keys,
-            BLOCK=block, TOP=top_blocks, CHUNK=CHUNK,
+            BLOCK=block, TOP=top_blocks, CHUNK=CHUNK, **pdl(mask.device),
         )
     return mask.view(torch.bool)

@@ -12,12 +12,15 @@ def causal_conv(
     weight: torch.Tensor,
     dilation: int = 1,
     silu: bool = True,
+    shift: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """y_t = act(sum_j w[:, j] * xfull[t + j * dilation]), xfull = cat(window, x).
 
     x: [B, T, C] new inputs; window: [B, (k-1)*dilation, C] the inputs before them (zeros at
     the start of a sequence); weight: [C, k]. Returns (y [B, T, C], xfull [B, W+T, C]): the
     caller keeps the last W rows of xfull up to the kept length, which is the rollback.
+    shift: also write xfull's last W rows into `window`, in place (the window after all T
+    rows: a step that keeps its one row, without a copy after it).
     """
     k = weight.shape[-1]
     t = x.shape[1]
@@ -25,4 +28,6 @@ def causal_conv(
     y = xfull[:, 0:t] * weight[:, 0]
     for j in range(1, k):
         y = y + xfull[:, j * dilation : j * dilation + t] * weight[:, j]
+    if shift:
+        window.copy_(xfull[:, t:])
     return (F.silu(y) if silu else y), xfull

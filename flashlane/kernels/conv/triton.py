@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from flashlane.kernels.pdl import enter, pdl
+
 # rows per tile stop at 16 (prompts); channels per tile at 256: a decode step (T = 1) over
 # C = 10240 channels still spreads over 40 programs per sequence
 MAX_BLOCK_T = 16
@@ -51,7 +53,10 @@ def _causal_conv_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    SHIFT: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     i_c, i_t, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     W: tl.constexpr = (K - 1) * DIL
     dt = y_ptr.dtype.element_ty
@@ -94,6 +99,18 @@ def _causal_conv_kernel(
         b_y = b_y / (1.0 + tl.exp(-b_y))
     mask = mask_t[:, None] & mask_c[None, :]
     tl.store(y_ptr + i_b * T * C + o_t[:, None] * C + o_c[None, :], b_y.to(dt), mask=mask)
+    if SHIFT:  # the window after the T rows, in place: its row r is xfull row T + r
+        # one row block (causal_conv checks): every read of these channels' window is this
+        # program's, and the barrier orders them all before the writes
+        src = o_w.to(tl.int64) + T
+        mask_r = (o_w < W)[:, None] & mask_c[None, :]
+        from_win = (src < W)[:, None] & mask_r
+        from_x = (src >= W)[:, None] & mask_r
+        b_win = tl.load(p_win + src[:, None] * stride_wint, mask=from_win, other=0.0)
+        b_x = tl.load(p_x + (src - W)[:, None] * stride_xt, mask=from_x, other=0.0)
+        b_new = tl.where(from_win, b_win, b_x.to(win_ptr.dtype.element_ty))
+        tl.debug_barrier()
+        tl.store(p_win + o_w[:, None] * stride_wint, b_new, mask=mask_r)
 
 
 def causal_conv(
@@ -102,12 +119,15 @@ def causal_conv(
     weight: torch.Tensor,
     dilation: int = 1,
     silu: bool = True,
+    shift: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """y_t = act(sum_j w[:, j] * xfull[t + j * dilation]), xfull = cat(window, x).
 
     x: [B, T, C] new inputs; window: [B, (k-1)*dilation, C] the inputs before them; weight:
     [C, k] (any strides: the model passes a view of its [C, 1, k] parameter). Returns
     (y [B, T, C] in x's dtype promoted with the weight's, xfull [B, W+T, C] in x's dtype).
+    shift: also write the window after the T rows (xfull's last W) into `window` in place,
+    in the same launch (T up to MAX_BLOCK_T: one row block reads each channel's window).
     """
     b, t, c = x.shape
     k = weight.shape[-1]
@@ -122,8 +142,12 @@ def causal_conv(
         raise ValueError(f"causal_conv: computes in fp32, cannot give {out_dtype}")
     y = x.new_empty(b, t, c, dtype=out_dtype)
     xfull = x.new_empty(b, w + t, c)
+    if shift and t > MAX_BLOCK_T:
+        raise ValueError(f"causal_conv: shift takes up to {MAX_BLOCK_T} rows, not {t}")
     if b * t * c == 0:
         xfull.copy_(window)
+        if shift and t:
+            window.copy_(xfull[:, t:])
         return y, xfull
     block_t = min(MAX_BLOCK_T, triton.next_power_of_2(t))
     block_c = min(MAX_BLOCK_C, triton.next_power_of_2(c))
@@ -145,7 +169,9 @@ def causal_conv(
         BLOCK_T=block_t,
         BLOCK_C=block_c,
         BLOCK_W=triton.next_power_of_2(max(w, 1)),
+        SHIFT=shift and w > 0,
         num_warps=4,
         enable_fp_fusion=False,
+        **pdl(y.device),
     )
     return y, xfull

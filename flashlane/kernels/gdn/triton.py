@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from flashlane.kernels.gdn import reference
+from flashlane.kernels.pdl import enter, pdl
 from flashlane.kernels.tables import TABLE_WIDTH, no_table
 from flashlane.models import state
 
@@ -49,7 +50,9 @@ def _recurrent_gdn_kernel(
     keep_states,
     use_table,
     HAS_STATE: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     i_v = tl.program_id(0)
     i_bh = tl.program_id(1)
     i_b = i_bh // H
@@ -152,6 +155,7 @@ def recurrent_gdn(
         BV=BV,
         HAS_STATE=state is not None,
         num_warps=NUM_WARPS,
+        **pdl(o.device),
     )
     return o, states
 
@@ -222,6 +226,7 @@ def gdn_sessions(q, k, v, g, beta, states: list[torch.Tensor],
     _recurrent_gdn_kernel[(triton.cdiv(dv, BV), b * h)](
         q, k, v, g, beta, first, o, first, table, t, h, keep_states=0, use_table=1, DK=dk,
         DV=dv, BK=triton.next_power_of_2(dk), BV=BV, HAS_STATE=True, num_warps=NUM_WARPS,
+        **pdl(o.device),
     )
     return o
 

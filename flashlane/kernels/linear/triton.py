@@ -37,10 +37,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from flashlane.kernels.linear.tiles import DECODE_ROWS, prefill_tile, tile_config
 from flashlane.kernels.partials import add_partials, counters, last_to_arrive
+from flashlane.kernels.pdl import enter, pdl
 
 __all__ = ["DECODE_ROWS", "linear", "prefill_tile", "tile_config"]
 
@@ -48,10 +48,12 @@ __all__ = ["DECODE_ROWS", "linear", "prefill_tile", "tile_config"]
 _IN_PROGRAM_TILES = 128
 # split partitions added by each tile's last program (`kernels/partials.py`), not a 2nd kernel
 _FIXUP = True
-# programmatic dependent launch (Hopper), an experiment that is off: each launch may begin
-# while the kernel before it drains, and waits for it (gdc_wait) before touching memory;
-# `python benchmarks/bench_linears.py --device cuda --pdl` times it. Not run on a GPU yet.
-_PDL = False
+# under programmatic dependent launch (`kernels/pdl.py`) a decode call's programs prefetch
+# their weights into L2 before they wait for the kernel before them: at most this many bytes
+# a launch (the H200's L2 holds 50 MB), and none when a program's share is under 128 bytes a
+# row. The weights are read, never written, by every kernel of a step.
+_PREFETCH_BYTES = 16 << 20
+_PREFETCH_MIN = 64
 # bf16 / fp16 inputs with fp32 out (the router) on the tensor cores: exact bf16 products
 # summed in fp32 by the bf16 tiles, row-invariant like every bf16 product, within 3.4e-7 of
 # the largest logit of the FMA chains' exact fp32 sums, and 7.5x faster at 2,048 rows on the
@@ -60,10 +62,8 @@ _TENSOR_CORE_FP32_OUT = True
 
 
 @triton.jit
-def _k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K: tl.constexpr,
-             SQUASH: tl.constexpr):
-    """K block kb of x's rows and w's columns: a [BLOCK_M, BLOCK_K], b [BLOCK_K, BLOCK_N].
-    With SQUASH = hc, each x value first becomes silu(x / hc) as rowwise hc_squash rounds it."""
+def _k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K: tl.constexpr):
+    """K block kb of x's rows and w's columns: a [BLOCK_M, BLOCK_K], b [BLOCK_K, BLOCK_N]."""
     rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
     k_mask = rk < K
     a = tl.load(
@@ -71,16 +71,25 @@ def _k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K: tl.
         mask=m_mask[:, None] & k_mask[None, :],
         other=0.0,
     )
-    if SQUASH > 0:
-        dt: tl.constexpr = a.dtype
-        h = (a.to(tl.float32) / SQUASH).to(dt).to(tl.float32)
-        a = (h / (1.0 + tl.exp(-h))).to(dt)
     b = tl.load(
         w_ptr + rn[None, :].to(tl.int64) * K + rk[:, None],
         mask=n_mask[None, :] & k_mask[:, None],
         other=0.0,
     )
     return a, b
+
+
+@triton.jit
+def _prefetch_rows(w_ptr, rn, N, K, k0, count, ELEM: tl.constexpr):
+    """L2 prefetch of w[rn, k0 : k0 + count] (count values, clipped at K): one bulk prefetch
+    a row (the rows past N repeat row N - 1). Addresses and sizes are multiples of 16 bytes
+    (`linear` checks the weight's alignment and K)."""
+    rows = tl.minimum(rn, N - 1).to(tl.int64)
+    addr = (w_ptr + rows * K + k0).to(tl.int64, bitcast=True)
+    size = tl.zeros_like(rn) + tl.minimum(count, K - k0) * ELEM
+    tl.inline_asm_elementwise(
+        "cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;",
+        "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -107,7 +116,6 @@ def _partition(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     FP32_PRODUCTS: tl.constexpr,
-    SQUASH: tl.constexpr,
 ):
     """Sum over partition `part`'s K blocks, in ascending order, from zero, in fp32."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -115,7 +123,7 @@ def _partition(
     start = part * BLOCKS_PER_PART
     end = tl.minimum(start + BLOCKS_PER_PART, k_blocks)
     for kb in range(start, end):
-        a, b = _k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K, SQUASH)
+        a, b = _k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K)
         acc = _product(a, b, acc, FP32_PRODUCTS)
     return acc
 
@@ -135,7 +143,6 @@ def _all_partitions(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     FP32_PRODUCTS: tl.constexpr,
-    SQUASH: tl.constexpr,
 ):
     """((p0 + p1) + p2) + ... over every partition in one loop over all K blocks (one
     software pipeline, not one a partition: partitions of 2-4 blocks spent most of their
@@ -147,7 +154,7 @@ def _all_partitions(
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_blocks = tl.cdiv(K, BLOCK_K)
     for kb in range(0, k_blocks):
-        a, b = _k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K, SQUASH)
+        a, b = _k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K)
         acc = _product(a, b, acc, FP32_PRODUCTS)
         edge = ((kb + 1) % BLOCKS_PER_PART == 0) | (kb == k_blocks - 1)
         total = total + tl.where(edge, acc, 0.0)
@@ -155,7 +162,20 @@ def _all_partitions(
     return total
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit
+def _stored(total, cols, squash_cols, SQUASH: tl.constexpr, dt: tl.constexpr):
+    """The value stored for fp32 sums `total` in columns `cols`: rounded to dt, and with
+    SQUASH = hc, in columns under squash_cols, silu(y / hc) of the rounded y y, each op
+    rounded as rowwise hc_squash rounds it (a hyper-connection's down projection, whose up
+    projection reads it)."""
+    y = total.to(dt)
+    if SQUASH > 0:
+        h = (y.to(tl.float32) / SQUASH).to(dt).to(tl.float32)
+        y = tl.where(cols < squash_cols, (h / (1.0 + tl.exp(-h))).to(dt), y)
+    return y
+
+
+@triton.jit(do_not_specialize=["M", "prefetch", "squash_cols"])
 def _linear_kernel(
     x_ptr,
     w_ptr,
@@ -166,6 +186,8 @@ def _linear_kernel(
     N,
     K,
     stride_x,
+    prefetch,
+    squash_cols,
     PARTS: tl.constexpr,
     BLOCKS_PER_PART: tl.constexpr,
     SPLIT: tl.constexpr,
@@ -175,59 +197,82 @@ def _linear_kernel(
     BLOCK_K: tl.constexpr,
     FP32_PRODUCTS: tl.constexpr,
     SQUASH: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
     FLAT: tl.constexpr = False,
 ):
-    if PDL:  # every load and store after the kernel before has finished and flushed
-        gdc_wait()
-        gdc_launch_dependents()
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # a constexpr and a runtime test in one `and` would not fold the constexpr away
+    if PDL:  # noqa: SIM102 (the weights nothing writes, into L2 while the kernel before runs)
+        if prefetch > 0:
+            k0 = tl.program_id(2) * BLOCKS_PER_PART * BLOCK_K if SPLIT else 0
+            elem: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+            _prefetch_rows(w_ptr, rn, N, K, k0, prefetch, elem)
+    enter(PDL)  # then nothing is read or written before the kernel before has finished
     m_mask = rm < M
     n_mask = rn < N
     out_mask = m_mask[:, None] & n_mask[None, :]
     offs = rm[:, None].to(tl.int64) * N + rn[None, :]
+    dt: tl.constexpr = y_ptr.dtype.element_ty
     if SPLIT:
         part = tl.program_id(2)
         acc = _partition(x_ptr, w_ptr, rm, rn, m_mask, n_mask, part, K, stride_x, BLOCKS_PER_PART,
-            BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS, SQUASH)
+            BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
         plane = M.to(tl.int64) * N
         tl.store(ws_ptr + part * plane + offs, acc, mask=out_mask)
         # a constexpr and a runtime test in one `and` would not fold the constexpr away
         if FIXUP:  # noqa: SIM102
             if last_to_arrive(count_ptr + pid_m * tl.num_programs(1) + pid_n, PARTS):
                 total = add_partials(ws_ptr, offs, out_mask, plane, PARTS, ".cg")
-                tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
+                tl.store(y_ptr + offs, _stored(total, rn[None, :], squash_cols, SQUASH, dt),
+                         mask=out_mask)
     elif FLAT:
         total = _all_partitions(x_ptr, w_ptr, rm, rn, m_mask, n_mask, K, stride_x,
-                                BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS,
-                                SQUASH)
-        tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
+                                BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
+        tl.store(y_ptr + offs, _stored(total, rn[None, :], squash_cols, SQUASH, dt),
+                 mask=out_mask)
     else:
         total = _partition(x_ptr, w_ptr, rm, rn, m_mask, n_mask, 0, K, stride_x,
-                           BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS, SQUASH)
+                           BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
         for p in range(1, PARTS):  # a loop, not unrolled: PARTS may be 40
             acc = _partition(x_ptr, w_ptr, rm, rn, m_mask, n_mask, p, K, stride_x,
-                             BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS, SQUASH)
+                             BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
             total = total + acc
-        tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=out_mask)
+        tl.store(y_ptr + offs, _stored(total, rn[None, :], squash_cols, SQUASH, dt),
+                 mask=out_mask)
 
 
-@triton.jit(do_not_specialize=["numel"])
-def _sum_parts_kernel(ws_ptr, y_ptr, numel, PARTS: tl.constexpr, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["numel", "n", "squash_cols"])
+def _sum_parts_kernel(ws_ptr, y_ptr, numel, n, squash_cols, PARTS: tl.constexpr,
+                      SQUASH: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     total = add_partials(ws_ptr, offs, mask, numel.to(tl.int64), PARTS, "")
-    tl.store(y_ptr + offs, total.to(y_ptr.dtype.element_ty), mask=mask)
+    y = _stored(total, offs % n, squash_cols, SQUASH, y_ptr.dtype.element_ty)
+    tl.store(y_ptr + offs, y, mask=mask)
+
+
+def _prefetch(w: torch.Tensor, cfg: dict, m: int, n_tiles: int, programs_k: int) -> int:
+    """The K values a program prefetches under PDL (0: none): a decode call's whole span of
+    K, cut to _PREFETCH_BYTES a launch, in 16-byte multiples; none where a row's address is
+    not 16-byte aligned."""
+    k = w.shape[1]
+    elem = w.element_size()
+    if m > DECODE_ROWS or w.data_ptr() % 16 or (k * elem) % 16:
+        return 0
+    span = cfg["BLOCKS_PER_PART"] * cfg["BLOCK_K"] if programs_k > 1 else k
+    share = _PREFETCH_BYTES // (n_tiles * cfg["BLOCK_N"] * programs_k * elem)
+    ahead = min(span, share) // (16 // elem) * (16 // elem)
+    return ahead if ahead >= _PREFETCH_MIN else 0
 
 
 def linear(
     x: torch.Tensor,
     w: torch.Tensor,
     out_dtype: torch.dtype | None = None,
-    squash: int = 0,
+    squash: tuple[int, int] | None = None,
     tile: dict | None = None,
 ) -> torch.Tensor:
     """x @ w.T. x: [..., K] (bf16 / fp16 / fp32); w: [N, K] of x's dtype -> [..., N].
@@ -236,10 +281,11 @@ def linear(
     None, x's dtype, or torch.float32: then x and w are read in their dtype and the fp32 sums
     stored unrounded (bf16 / fp16 on the tensor cores; with _TENSOR_CORE_FP32_OUT off, FMAs
     in fp32, bitwise `linear(x.float(), w.float())`).
-    squash = hc > 0: the product of rowwise hc_squash(x, hc) (a hyper-connection's up
-    projection), bitwise, with x's values squashed as they are loaded: one launch, and a
-    2-D x may be a column slice (its rows strided). tile: tile_config's keys, to time or
-    check another tile than (N, K)'s own (benchmarks/tune_linears.py).
+    squash = (cols, hc): the output's first `cols` columns stored as rowwise
+    hc_squash(y, hc) of the rounded product y, bitwise (a hyper-connection's down
+    projection, `rowwise.triton_hc.hc_down`), in the same launch. A 2-D x may be a column
+    slice (its rows strided). tile: tile_config's keys, to time or check another tile than
+    (N, K)'s own (benchmarks/tune_linears.py).
     """
     k = x.shape[-1]
     n, kw = w.shape
@@ -250,6 +296,9 @@ def linear(
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if out_dtype not in (x.dtype, torch.float32):
         raise ValueError(f"linear: out_dtype {out_dtype} for {x.dtype} inputs")
+    squash_cols, hc = squash or (0, 0)
+    if squash is not None and (hc <= 0 or not 0 <= squash_cols <= n):
+        raise ValueError(f"linear: squash {squash} for {n} columns")
     lead = x.shape[:-1]
     x2 = x if x.dim() == 2 and x.stride(-1) == 1 else x.reshape(-1, k).contiguous()
     w = w.contiguous()
@@ -278,24 +327,28 @@ def linear(
         BLOCK_N=bn,
         BLOCK_K=cfg["BLOCK_K"],
         FP32_PRODUCTS=fp32_products,
-        SQUASH=squash,
+        SQUASH=hc,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
-    if _PDL and x.is_cuda:
-        meta.update(PDL=True, launch_pdl=True)
+    launch = pdl(x.device)
+    meta.update(launch)
+    ahead = _prefetch(w, cfg, m, n_tiles, parts if split else 1) if launch else 0
     if not split:
         if cfg.get("FLAT", False):  # prefill_tile's one loop over every partition
             meta.update(FLAT=True)
-        _linear_kernel[(m_tiles, n_tiles, 1)](x2, w, y, y, y, m, n, k, x2.stride(0), **meta)
+        _linear_kernel[(m_tiles, n_tiles, 1)](
+            x2, w, y, y, y, m, n, k, x2.stride(0), ahead, squash_cols, **meta
+        )
         return y.reshape(*lead, n)
     ws = torch.empty((parts, m, n), dtype=torch.float32, device=x.device)
     _linear_kernel[(m_tiles, n_tiles, parts)](
-        x2, w, y, ws, ws if count is None else count, m, n, k, x2.stride(0), **meta
+        x2, w, y, ws, ws if count is None else count, m, n, k, x2.stride(0), ahead,
+        squash_cols, **meta
     )
     if count is None:
         block = 1024
         _sum_parts_kernel[(triton.cdiv(m * n, block),)](
-            ws, y, m * n, PARTS=parts, BLOCK=block, num_warps=4
+            ws, y, m * n, n, squash_cols, PARTS=parts, SQUASH=hc, BLOCK=block, num_warps=4
         )
     return y.reshape(*lead, n)

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from flashlane.kernels.pdl import enter, pdl
+
 # most pairs laid out by the one-program kernel: it walks them in order on one SM
 FUSED_DISPATCH_MAX_PAIRS = 1024
 # pairs per step of that walk ([PAIR_CHUNK, experts] one-hot tiles)
@@ -35,7 +37,9 @@ def _route_kernel(
     NORMALIZE: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     i_row = tl.program_id(0).to(tl.int64)
     o_e = tl.arange(0, BLOCK_E)
     mask_e = o_e < E
@@ -91,6 +95,7 @@ def pick_experts(
             BLOCK_E=triton.next_power_of_2(e),
             BLOCK_K=triton.next_power_of_2(top_k),
             num_warps=4,
+            **pdl(ids.device),
         )
     return weights, ids
 
@@ -106,7 +111,9 @@ def _dispatch_kernel(
     BLOCK_E: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     o_e = tl.arange(0, BLOCK_E)
     o_p = tl.arange(0, BLOCK_P)
     o_c = tl.arange(0, BLOCK_C)
@@ -187,6 +194,7 @@ def dispatch_fused(ids: torch.Tensor, n_experts: int, block_m: int):
             BLOCK_P=PAIR_CHUNK,
             BLOCK_C=CLEAR_CHUNK,
             num_warps=4,
+            **pdl(flat.device),
         )
     return slot_pair, block_expert
 

@@ -31,6 +31,7 @@ import triton.language as tl
 
 from flashlane.kernels.linear.triton import DECODE_ROWS, linear
 from flashlane.kernels.moe.routing import dispatch, pick_experts
+from flashlane.kernels.pdl import enter, pdl
 
 # pairs a tile at decode (up to DECODE_ROWS rows, and every fp32 call)
 BLOCK_M = 16
@@ -72,7 +73,9 @@ def _gate_up_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     blk = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(block_expert_ptr + blk)
@@ -126,7 +129,9 @@ def _down_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     blk = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(block_expert_ptr + blk)
@@ -162,7 +167,8 @@ def _down_kernel(
 
 @triton.jit
 def _combine_kernel(y_ptr, w_ptr, out_ptr, gate_ptr, s_ptr, H, stride_gate, TOP_K: tl.constexpr,
-                    SHARED: tl.constexpr, BLOCK: tl.constexpr):
+                    SHARED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < H
@@ -222,6 +228,7 @@ def experts(
         BLOCK_M=bm,
         PRECISION=precision,
         **gu,
+        **pdl(x.device),
     )
     y = torch.empty((n * top_k, h), dtype=x.dtype, device=x.device)
     _down_kernel[(blocks, triton.cdiv(h, dn["BLOCK_N"]))](
@@ -235,12 +242,13 @@ def experts(
         BLOCK_M=bm,
         PRECISION=precision,
         **dn,
+        **pdl(y.device),
     )
     g, s = shared if shared is not None else (out, out)  # unread without SHARED
     s = s.contiguous()
     _combine_kernel[(n, triton.cdiv(h, COMBINE_BLOCK))](
         y, weights.contiguous(), out, g, s, h, g.stride(0), TOP_K=top_k,
-        SHARED=shared is not None, BLOCK=COMBINE_BLOCK, num_warps=4,
+        SHARED=shared is not None, BLOCK=COMBINE_BLOCK, num_warps=4, **pdl(out.device),
     )  # fmt: skip
     return out
 

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from flashlane.kernels.pdl import enter, pdl
+
 
 @triton.jit
 def rms_factor(x, n, eps):
@@ -32,9 +34,11 @@ def _warps(block: int) -> int:
 
 @triton.jit(do_not_specialize=["rows"])
 def _rms_norm_kernel(
-    x_ptr, w_ptr, y_ptr, rows, eps, D: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr
+    x_ptr, w_ptr, y_ptr, rows, eps, D: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
     # program = one (row, group) of G values; the weight is indexed across the whole row D
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < G
@@ -71,6 +75,7 @@ def rms_norm(
             G=g,
             BLOCK=block,
             num_warps=_warps(block),
+            **pdl(xc.device),
         )
     return y
 
@@ -87,7 +92,9 @@ def _gated_rms_norm_kernel(
     SIGMOID: tl.constexpr,
     ROUND_PROD: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < D
@@ -136,12 +143,15 @@ def gated_rms_norm(
             ROUND_PROD=round_prod,
             BLOCK=block,
             num_warps=_warps(block),
+            **pdl(xc.device),
         )
     return y
 
 
 @triton.jit(do_not_specialize=["rows"])
-def _l2norm_kernel(x_ptr, y_ptr, rows, eps, D: tl.constexpr, BLOCK: tl.constexpr):
+def _l2norm_kernel(x_ptr, y_ptr, rows, eps, D: tl.constexpr, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < D
@@ -158,5 +168,6 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     rows = xc.numel() // d if d else 0
     if rows:
         block = triton.next_power_of_2(d)
-        _l2norm_kernel[(rows,)](xc, y, rows, eps, D=d, BLOCK=block, num_warps=_warps(block))
+        _l2norm_kernel[(rows,)](xc, y, rows, eps, D=d, BLOCK=block, num_warps=_warps(block),
+                                    **pdl(xc.device))
     return y

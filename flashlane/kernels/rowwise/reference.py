@@ -21,9 +21,11 @@ def hc_squash(d: torch.Tensor, hc: int) -> torch.Tensor:
     return F.silu(d / hc)
 
 
-def hc_up(d: torch.Tensor, w: torch.Tensor, hc: int) -> torch.Tensor:
-    """The mix logits: the up projection w [hc*H, L] of hc_squash(d) (d [N, L])."""
-    return linear(hc_squash(d, hc), w)
+def hc_down(xn: torch.Tensor, w: torch.Tensor, lowrank: int, hc: int) -> torch.Tensor:
+    """The down projection w [L + extra, hc*H] of the normed streams xn, its first L columns
+    squashed (hc_squash) for the up projection to read: [N, L + extra]."""
+    y = linear(xn, w)
+    return torch.cat([hc_squash(y[..., :lowrank], hc), y[..., lowrank:]], dim=-1)
 
 
 def hc_mix(

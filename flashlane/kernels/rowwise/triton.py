@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from flashlane.kernels.norms.triton import l2_factor
+from flashlane.kernels.pdl import enter, pdl
 
 BLOCK = 1024
 
@@ -33,7 +34,8 @@ def sigmoid(x):
 
 @triton.jit(do_not_specialize=["stride_a", "stride_b"])
 def _gdn_gates_kernel(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, stride_a, stride_b,
-                      HV: tl.constexpr, BLOCK: tl.constexpr):
+                      HV: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < HV
@@ -53,7 +55,7 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: to
     if m and hv:
         _gdn_gates_kernel[(m,)](
             a, b, a_log.contiguous(), dt_bias.contiguous(), g, beta, a.stride(0), b.stride(0),
-            HV=hv, BLOCK=triton.next_power_of_2(hv),
+            HV=hv, BLOCK=triton.next_power_of_2(hv), **pdl(a.device),
         )
     return g, beta
 
@@ -66,7 +68,8 @@ def _l2(x, dt: tl.constexpr):
 
 @triton.jit(do_not_specialize=["stride"])
 def _gdn_qk_kernel(y_ptr, q_ptr, k_ptr, stride, scale, HEADS: tl.constexpr, DIM: tl.constexpr,
-                   REP: tl.constexpr, BLOCK: tl.constexpr):
+                   REP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     cols = tl.arange(0, BLOCK)
@@ -92,14 +95,15 @@ def gdn_qk(y: torch.Tensor, heads: int, dim: int, rep: int, scale: float):
     if m:
         _gdn_qk_kernel[(m, heads)](
             y2, q, k, y2.stride(0), scale, HEADS=heads, DIM=dim, REP=rep,
-            BLOCK=triton.next_power_of_2(dim),
+            BLOCK=triton.next_power_of_2(dim), **pdl(y2.device),
         )
     return q, k
 
 
 @triton.jit
 def _cos_sin_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, R: tl.constexpr, BLOCK: tl.constexpr,
-                    RP2: tl.constexpr):
+                    RP2: tl.constexpr, PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, RP2)
     mask = cols < R
@@ -120,13 +124,14 @@ def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
     sin = torch.empty_like(cos)
     if n:
         _cos_sin_kernel[(n,)](positions.contiguous(), inv_freq, cos, sin, R=r, BLOCK=block,
-                              RP2=triton.next_power_of_2(r))  # fmt: skip
+                              RP2=triton.next_power_of_2(r), **pdl(cos.device))  # fmt: skip
     return cos, sin
 
 
 @triton.jit(do_not_specialize=["heads", "stride_n", "stride_h", "stride_c"])
 def _rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, heads, stride_n, stride_h, stride_c,
-                 D: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr):
+                 D: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     cols = tl.arange(0, BLOCK)
@@ -154,14 +159,15 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     if n and heads:
         _rope_kernel[(n, heads)](
             x, cos, sin, y, heads, x.stride(0), x.stride(1), cos.stride(0), D=d,
-            R=cos.shape[-1], BLOCK=triton.next_power_of_2(d),
+            R=cos.shape[-1], BLOCK=triton.next_power_of_2(d), **pdl(x.device),
         )
     return y
 
 
 @triton.jit(do_not_specialize=["t", "stride"])
 def _ngram_kernel(hist_ptr, mult_ptr, size_ptr, off_ptr, out_ptr, t, stride, eos,
-                  N: tl.constexpr, HEADS: tl.constexpr, HP2: tl.constexpr):
+                  N: tl.constexpr, HEADS: tl.constexpr, HP2: tl.constexpr, PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     b = tl.program_id(0).to(tl.int64)
     row = tl.program_id(1).to(tl.int64)
     src = hist_ptr + b * stride + (N - 1) + row  # this row's id; the earlier ones before it
@@ -189,14 +195,15 @@ def ngram_ids(history, multipliers, sizes, offsets, n: int, heads: int, eos: int
     if b and t:
         _ngram_kernel[(b, t)](
             hist, multipliers, sizes, offsets, out, t, hist.stride(0), eos, N=n, HEADS=heads,
-            HP2=triton.next_power_of_2(heads),
+            HP2=triton.next_power_of_2(heads), **pdl(out.device),
         )
     return out
 
 
 @triton.jit(do_not_specialize=["heads", "stride_n", "stride_h"])
 def _gated_heads_kernel(o_ptr, g_ptr, y_ptr, heads, stride_n, stride_h, D: tl.constexpr,
-                        BLOCK: tl.constexpr):
+                        BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     cols = tl.arange(0, BLOCK)
@@ -217,13 +224,15 @@ def gated_heads(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     if n and heads:
         _gated_heads_kernel[(n, heads)](
             o, gate, y, heads, gate.stride(0), gate.stride(1), D=d,
-            BLOCK=triton.next_power_of_2(d),
+            BLOCK=triton.next_power_of_2(d), **pdl(y.device),
         )  # fmt: skip
     return y
 
 
 @triton.jit(do_not_specialize=["n", "stride_g", "stride_u"])
-def _swiglu_kernel(g_ptr, u_ptr, y_ptr, n, stride_g, stride_u, BLOCK: tl.constexpr):
+def _swiglu_kernel(g_ptr, u_ptr, y_ptr, n, stride_g, stride_u, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n
@@ -238,6 +247,6 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     y = torch.empty((m, n), dtype=gate.dtype, device=gate.device)
     if m and n:
         _swiglu_kernel[(m, triton.cdiv(n, BLOCK))](
-            gate, up, y, n, gate.stride(0), up.stride(0), BLOCK=BLOCK
+            gate, up, y, n, gate.stride(0), up.stride(0), BLOCK=BLOCK, **pdl(y.device)
         )
     return y

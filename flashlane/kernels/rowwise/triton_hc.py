@@ -11,11 +11,14 @@ import triton.language as tl
 
 from flashlane.kernels.linear.triton import linear
 from flashlane.kernels.norms.triton import rms_factor
+from flashlane.kernels.pdl import enter, pdl
 from flashlane.kernels.rowwise.triton import BLOCK, rounded, sigmoid
 
 
 @triton.jit(do_not_specialize=["stride", "n"])
-def _squash_kernel(d_ptr, y_ptr, stride, n, HC: tl.constexpr, BLOCK: tl.constexpr):
+def _squash_kernel(d_ptr, y_ptr, stride, n, HC: tl.constexpr, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n
@@ -24,18 +27,21 @@ def _squash_kernel(d_ptr, y_ptr, stride, n, HC: tl.constexpr, BLOCK: tl.constexp
     tl.store(y_ptr + row * n + cols, (x / (1.0 + tl.exp(-x))).to(dt), mask=mask)
 
 
-def hc_up(d: torch.Tensor, w: torch.Tensor, hc: int) -> torch.Tensor:
-    """One launch: the linear kernel squashes d's values as it loads them (same bits as
-    hc_squash then linear)."""
-    return linear(d, w, squash=hc)
+def hc_down(xn: torch.Tensor, w: torch.Tensor, lowrank: int, hc: int) -> torch.Tensor:
+    """One launch: the linear kernel squashes the first `lowrank` columns as it stores them
+    (same bits as linear then hc_squash). Squashing in the up projection's loads instead
+    cost 5 us a call on the H200 (benchmarks/cold_linears.py)."""
+    return linear(xn, w, squash=(lowrank, hc))
 
 
 def hc_squash(d: torch.Tensor, hc: int) -> torch.Tensor:
-    """The squash alone (hc_up squashes in the linear's loads; tests hold the two equal)."""
+    """The squash alone (hc_down squashes in the linear's stores; tests hold the two
+    equal)."""
     m, n = d.shape
     y = torch.empty((m, n), dtype=d.dtype, device=d.device)
     if m and n:
-        _squash_kernel[(m, triton.cdiv(n, BLOCK))](d, y, d.stride(0), n, HC=hc, BLOCK=BLOCK)
+        _squash_kernel[(m, triton.cdiv(n, BLOCK))](d, y, d.stride(0), n, HC=hc, BLOCK=BLOCK,
+                                                  **pdl(d.device))
     return y
 
 
@@ -50,7 +56,8 @@ def _mixed(u_ptr, xn_ptr, offs, mask, dt: tl.constexpr):
 @triton.jit(do_not_specialize=["h", "stride_inj"])
 def _hc_mix_kernel(u_ptr, xn_ptr, inj_ptr, a_ptr, w_ptr, h, stride_inj,
                    HC: tl.constexpr, HC_P2: tl.constexpr, INJECT: tl.constexpr,
-                   BLOCK: tl.constexpr):
+                   BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < h
@@ -81,12 +88,15 @@ def hc_mix(u: torch.Tensor, xn: torch.Tensor, inject: torch.Tensor | None, hc: i
             0 if inject is None else inject.stride(0), HC=hc, HC_P2=triton.next_power_of_2(hc),
             INJECT=inject is not None,
             BLOCK=BLOCK,
+            **pdl(u.device),
         )
     return a, w
 
 
 @triton.jit(do_not_specialize=["h"])
-def _hc_write_kernel(r_ptr, y_ptr, w_ptr, out_ptr, h, HC: tl.constexpr, BLOCK: tl.constexpr):
+def _hc_write_kernel(r_ptr, y_ptr, w_ptr, out_ptr, h, HC: tl.constexpr, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < HC * h
@@ -103,13 +113,14 @@ def hc_write(r: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(r)
     if m and r.shape[1]:
         grid = (m, triton.cdiv(r.shape[1], BLOCK))
-        _hc_write_kernel[grid](r, y, w, out, y.shape[1], HC=hc, BLOCK=BLOCK)
+        _hc_write_kernel[grid](r, y, w, out, y.shape[1], HC=hc, BLOCK=BLOCK, **pdl(r.device))
     return out
 
 
 @triton.jit(do_not_specialize=["eps"])
 def _hc_write_norm_kernel(r_ptr, y_ptr, w_ptr, nw_ptr, out_ptr, xn_ptr, eps, H: tl.constexpr,
-                          HC: tl.constexpr, BLOCK: tl.constexpr):
+                          HC: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)  # one stream: the norm's group
     cols = tl.arange(0, BLOCK)
@@ -135,6 +146,6 @@ def hc_write_norm(r, y, w, weight, eps: float):
         block = triton.next_power_of_2(h)
         _hc_write_norm_kernel[(m, hc)](
             r, y, w, weight.contiguous(), out, xn, eps, H=h, HC=hc, BLOCK=block,
-            num_warps=max(1, min(16, block // 256)),
+            num_warps=max(1, min(16, block // 256)), **pdl(r.device),
         )
     return out, xn

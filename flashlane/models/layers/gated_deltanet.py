@@ -90,12 +90,13 @@ class GatedDeltaNet(nn.Module):
             states = final.unsqueeze(1)
         return o, xfull, states
 
-    def conv_qkv(self, qkv, window, kernels: Kernels) -> tuple[torch.Tensor, ...]:
+    def conv_qkv(self, qkv, window, kernels: Kernels, shift: bool = False) -> tuple:
         """The conv over [B, T, C] inputs after their window -> (q scaled, k: L2-normed, value
-        heads matched [B, T, HV, Dk]; v [B, T, HV, Dv]; the conv inputs [B, k-1+T, C])."""
+        heads matched [B, T, HV, Dk]; v [B, T, HV, Dv]; the conv inputs [B, k-1+T, C]).
+        shift: the window moves past the T rows in place (causal_conv)."""
         cfg = self.cfg
         b, t, _ = qkv.shape
-        y, xfull = kernels.causal_conv(qkv, window, self.conv1d.weight[:, 0, :])
+        y, xfull = kernels.causal_conv(qkv, window, self.conv1d.weight[:, 0, :], shift=shift)
         kd, vd = cfg.linear_key_dim, cfg.linear_value_dim
         v = y[..., 2 * kd : 2 * kd + vd].reshape(b, t, cfg.linear_num_v_heads, -1)
         rep = cfg.linear_num_v_heads // cfg.linear_num_k_heads

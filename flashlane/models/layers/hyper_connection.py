@@ -3,7 +3,8 @@
 R: [N, hc*H]. Per block: xn = grouped_rmsnorm(R); mix = sigmoid(up(silu(down(xn) / hc)));
 the block reads a = mean_c(mix_c * xn_c); its output y is added to every stream with its own
 weight w = 2 sigmoid(inject(xn) / hc): R = R + y (x) w. down and inject read the same xn, so
-they run as one product; the row-wise tails are the kernels' hc_squash, hc_mix and hc_write.
+they run as one product (the kernels' hc_down, which squashes down's columns as it stores
+them); the row-wise tails are the kernels' hc_mix and hc_write.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from flashlane.models.layers.norms import RMSNorm, Stacked, linear
 class HyperConnection(nn.Module):
     def __init__(self, hidden: int, hc: int, lowrank: int, eps: float, inject: bool = True):
         super().__init__()
-        self.hidden, self.hc = hidden, hc
+        self.hidden, self.hc, self.lowrank = hidden, hc, lowrank
         self.hc_norm = RMSNorm(hc * hidden, eps, group=hidden)
         self.input_mix_weight_down = linear(hc * hidden, lowrank)
         self.input_mix_weight_up = linear(lowrank, hc * hidden)
@@ -33,11 +34,18 @@ class HyperConnection(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """R [N, hc*H] -> (block input a [N, H], write weights w [N, hc] or None for the mixer).
         xn: R's norm when the write before made it (write_norm)."""
-        ops = self.ops
+        ops, low = self.ops, self.lowrank
         xn = self.hc_norm(r) if xn is None else xn
-        down, *inject = self.down(xn)
-        u = ops.hc_up(down, self.input_mix_weight_up.weight, self.hc)
-        return ops.hc_mix(u, xn, inject[0] if inject else None, self.hc)
+        w = self.down.stacked(xn)
+        if w is not None:  # down and inject as one product
+            both = ops.hc_down(xn, w, low, self.hc)
+            squashed, inject = both[:, :low], (both[:, low:] if both.shape[1] > low else None)
+        else:
+            squashed = ops.hc_down(xn, self.input_mix_weight_down.weight, low, self.hc)
+            inj = self.block_inject_weight
+            inject = None if inj is None else inj(xn)
+        u = ops.linear(squashed, self.input_mix_weight_up.weight)
+        return ops.hc_mix(u, xn, inject, self.hc)
 
     def write(self, r: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """R + y (x) w: y [N, H] added to each stream c with weight w[:, c]."""

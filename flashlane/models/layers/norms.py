@@ -72,11 +72,18 @@ class Stacked:
             m.weight.data = part
         self.weight = w
 
+    def stacked(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The one weight, if it still holds the linears' weights on x's device."""
+        w = self.weight
+        if w is None or w.data_ptr() != self.linears[0].weight.data_ptr() or w.device != x.device:
+            return None
+        return w
+
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        w, first = self.weight, self.linears[0]
-        if w is None or w.data_ptr() != first.weight.data_ptr() or w.device != x.device:
+        w = self.stacked(x)
+        if w is None:
             return tuple(m(x) for m in self.linears)
-        return first.op(x, w).split(self.sizes, dim=-1)
+        return self.linears[0].op(x, w).split(self.sizes, dim=-1)
 
 
 def linear(dim_in: int, dim_out: int) -> Linear:
