@@ -24,6 +24,7 @@ class Kernels:
     recurrent_gdn: Callable
     gdn_sessions: Callable
     causal_conv: Callable
+    conv_sessions: Callable
     select_mask: Callable
     block_keys: Callable
     pool_block_at: Callable
@@ -54,6 +55,7 @@ REFERENCE = Kernels(
     recurrent_gdn=gdn_ref.recurrent_gdn,
     gdn_sessions=gdn_ref.gdn_sessions,
     causal_conv=conv_ref.causal_conv,
+    conv_sessions=conv_ref.conv_sessions,
     select_mask=attention_ref.select_mask,
     block_keys=attention_ref.block_keys,
     pool_block_at=attention_ref.pool_block_at,

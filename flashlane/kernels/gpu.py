@@ -38,6 +38,7 @@ TRITON = Kernels(
     recurrent_gdn=gdn_tr.recurrent_gdn,
     gdn_sessions=gdn_tr.gdn_sessions,  # each session's state in place
     causal_conv=conv_tr.causal_conv,  # one launch for y and xfull (the reference makes ~9)
+    conv_sessions=conv_tr.conv_sessions,  # each session's window in place
     select_mask=attention_tr.select_mask,
     block_keys=blocks_tr.block_keys,
     pool_block_at=blocks_tr.pool_block_at,

@@ -44,22 +44,23 @@ TABLE_COLUMNS = ("k", "v", "index_keys", "block_keys", "blocks")
 TABLE_WIDTH = 8
 
 
-def offsets_table(columns: list[list[torch.Tensor]], counts: list[list[int]] | None = None
-                  ) -> torch.Tensor:
+def offsets_table(columns: list[list[torch.Tensor]], counts: list[list[int]] | None = None,
+                  align: list[int] | None = None) -> torch.Tensor:
     """[B, TABLE_WIDTH] int64 on the tensors' device: row b holds the element offset of
     columns[c][b] from columns[c][0] for each column c, then counts[b], so one kernel reads
     and writes B sessions' buffers in place (the lone driver's steps of several sessions).
-    Offsets are whole multiples of 16 elements (the allocator's buffers are aligned)."""
+    Offsets are whole multiples of align[c] elements, 16 unless given (the allocator's
+    buffers are aligned; a kernel may rely on it)."""
     b = len(columns[0])
     rows = [[] for _ in range(b)]
-    for tensors in columns:
+    for tensors, step in zip(columns, align or [16] * len(columns)):
         t0 = tensors[0]
         for row, t in zip(rows, tensors):
             if t.dtype != t0.dtype or not t.is_contiguous():
                 raise ValueError(f"offsets_table: a buffer of {t.dtype} (first {t0.dtype}), "
                                  f"contiguous {t.is_contiguous()}")
             off, rem = divmod(t.data_ptr() - t0.data_ptr(), t.element_size())
-            if rem or off % 16:
+            if rem or off % step:
                 raise ValueError(f"offsets_table: a buffer {off} elements (+{rem} bytes) away")
             row.append(off)
     for row, extra in zip(rows, counts or [[]] * b):
@@ -79,9 +80,14 @@ class GdnState:
     recurrent: torch.Tensor  # [HV, Dk, Dv] in the state dtype (fp32 on GPU, fp64 on CPU)
 
 
+# the GDN table's columns: the recurrent state, then the conv window
+GDN_CONV_COLUMN = 1
+
+
 def gdn_table(states: list[GdnState]) -> torch.Tensor:
-    """offsets_table of the sessions' recurrent states for one GDN layer."""
-    return offsets_table([[g.recurrent for g in states]])
+    """offsets_table of the sessions' recurrent states and conv windows for one GDN layer."""
+    return offsets_table([[g.recurrent for g in states], [g.conv for g in states]],
+                         align=[16, 1])  # small windows: the CPU allocator's 64 bytes
 
 
 @dataclass(slots=True)

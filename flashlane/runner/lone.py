@@ -98,9 +98,12 @@ def _ple(ple, r: torch.Tensor, states: list[PleState], tok: torch.Tensor, kernel
 
 def _gdn(gdn, a: torch.Tensor, states: list[GdnState], kernels, table) -> torch.Tensor:
     qkv, decay, beta, z = gdn.project(a)
-    one = len(states) == 1  # its conv window is a view: the conv moves it in place
-    q, k, v, xfull = gdn.conv_qkv(qkv[:, None], _stacked([g.conv for g in states]), kernels,
-                                  shift=one)
+    # the conv moves each window past the row in place (one session: its window as a view)
+    if len(states) == 1:
+        q, k, v, _ = gdn.conv_qkv(qkv[:, None], states[0].conv[None], kernels, shift=True)
+    else:
+        q, k, v, _ = gdn.conv_qkv(qkv[:, None], None, kernels,
+                                  windows=[g.conv for g in states], table=table)
     if len(states) == 1:  # its state updated in place (the kernel reads each tile first)
         s = states[0].recurrent
         o, _ = kernels.recurrent_gdn(q, k, v, decay[:, None], beta[:, None], s[None],
@@ -108,8 +111,6 @@ def _gdn(gdn, a: torch.Tensor, states: list[GdnState], kernels, table) -> torch.
     else:  # each session's state read and written where it lies
         o = kernels.gdn_sessions(q, k, v, decay[:, None], beta[:, None],
                                  [g.recurrent for g in states], table)
-    if not one:
-        copy_all([g.conv for g in states], [*xfull[:, 1:]])
     return gdn.finish(o[:, 0], z)
 
 

@@ -158,3 +158,24 @@ def test_shift_refuses_more_rows_than_one_block():
     x, window, weight = _inputs(1, conv_tri.MAX_BLOCK_T + 1, 8, 4, 1)
     with pytest.raises(ValueError, match="shift"):
         conv_tri.causal_conv(x, window, weight[:, 0, :], shift=True)
+
+
+@pytest.mark.parametrize("b, t", [(2, 1), (3, 1), (3, 4)])
+def test_conv_sessions_reads_and_moves_each_window_in_place(b, t):
+    """Batch b reads session b's window where it lies (separate buffers, through the
+    table) and moves it past its rows: y and xfull bitwise those of causal_conv over the
+    stacked windows, each window then xfull's last rows; the reference agrees."""
+    c, k = 300, 4
+    x, window, weight = _inputs(b, t, c, k, 1)
+    w2 = weight[:, 0, :]
+    windows = [window[i].clone() for i in range(b)]  # each its own buffer
+    y_want, xfull_want = conv_tri.causal_conv(x, window.clone(), w2)
+    y, xfull = conv_tri.conv_sessions(x, windows, w2)
+    assert torch.equal(y, y_want) and torch.equal(xfull, xfull_want)
+    for i in range(b):
+        assert torch.equal(windows[i], xfull_want[i, t:])
+    ref_windows = [window[i].clone() for i in range(b)]
+    _, xfull_ref = conv_ref.conv_sessions(x, ref_windows, w2)
+    assert torch.equal(xfull_ref, xfull_want)
+    for i in range(b):
+        assert torch.equal(ref_windows[i], windows[i])

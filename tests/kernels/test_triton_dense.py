@@ -344,6 +344,23 @@ def test_norms_match_reference(m, d, dtype):
     assert _rel_err(out, l2norm_ref(x.float())) < tol
 
 
+@pytest.mark.parametrize("n", [1, 3])
+def test_gated_norm_reads_a_strided_gate_where_it_lies(n):
+    """The GDN's output gate is a column slice of its input projection ([N, HV, Dv] in rows
+    of a wider tensor): the norm reads it in place, bitwise as from a contiguous copy, and
+    so a 2-D gate of strided rows."""
+    hv, dv = 6, 32
+    x = _rand(n, hv, dv, seed=21)
+    wide = _rand(n, hv * dv + 40, seed=22)
+    gate = wide[:, 8 : 8 + hv * dv].reshape(n, hv, dv)
+    w = _rand(dv, scale=0.1, seed=23)
+    want = tnorm.gated_rms_norm(x, gate.contiguous(), w, 1e-6, "sigmoid")
+    assert torch.equal(tnorm.gated_rms_norm(x, gate, w, 1e-6, "sigmoid"), want)
+    flat_x, flat_g = x.reshape(n * hv, dv), wide[:, 8 : 8 + dv]
+    want2 = tnorm.gated_rms_norm(flat_x[:n], flat_g.contiguous(), w, 1e-6, "silu")
+    assert torch.equal(tnorm.gated_rms_norm(flat_x[:n], flat_g, w, 1e-6, "silu"), want2)
+
+
 def test_norms_leading_dims():
     x = _rand(2, 3, 4, 64, seed=13)
     g = _rand(2, 3, 4, 64, seed=14)

@@ -99,6 +99,26 @@ def test_recurrent_gdn_state_in_place(t, keep, dtype):
         gdn_tri.recurrent_gdn(q, k, v, g, beta, s0, keep_states=keep, out=s0[:1, None])
 
 
+@pytest.mark.parametrize("b, t", [(1, 1), (3, 1), (2, 3)])
+def test_recurrent_gdn_reads_strided_values_where_they_lie(b, t):
+    """v as the conv output's column slice ([B, T, H, Dv] rows of a wider tensor): read in
+    place, o and states bitwise those of a contiguous v; gdn_sessions the same."""
+    h, dk, dv = GDN_SHAPES[0]
+    q, k, v, g, beta, s0 = gdn_inputs(b, t, h, dk, dv, torch.float32, seed=12)
+    wide = torch.zeros(b, t, h * dv + 24, device=v.device, dtype=v.dtype)
+    wide[..., 16 : 16 + h * dv] = v.reshape(b, t, h * dv)
+    strided = wide[..., 16 : 16 + h * dv].reshape(b, t, h, dv)
+    assert not strided.is_contiguous() or b * t == 1
+    o, states = gdn_tri.recurrent_gdn(q, k, v, g, beta, s0)
+    o2, states2 = gdn_tri.recurrent_gdn(q, k, strided, g, beta, s0)
+    assert torch.equal(o2, o) and torch.equal(states2, states)
+    sessions = [s0[i].clone() for i in range(b)]
+    o3 = gdn_tri.gdn_sessions(q, k, strided, g, beta, sessions)
+    assert torch.equal(o3, o)
+    for i in range(b):
+        assert torch.equal(sessions[i], states[i, -1])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_recurrent_gdn_without_state(dtype):
     h, dk, dv = GDN_SHAPES[0]

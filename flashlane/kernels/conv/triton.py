@@ -22,21 +22,27 @@ import torch
 import triton
 import triton.language as tl
 
+from flashlane.kernels.conv import reference
 from flashlane.kernels.pdl import enter, pdl
+from flashlane.kernels.tables import TABLE_WIDTH, no_table
+from flashlane.models import state
 
+CONV_COL = tl.constexpr(state.GDN_CONV_COLUMN)
 # rows per tile stop at 16 (prompts); channels per tile at 256: a decode step (T = 1) over
 # C = 10240 channels still spreads over 40 programs per sequence
 MAX_BLOCK_T = 16
 MAX_BLOCK_C = 256
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "use_table"])
 def _causal_conv_kernel(
     x_ptr,
     win_ptr,
     w_ptr,
     y_ptr,
     xfull_ptr,
+    tab_ptr,
+    use_table,
     T,
     C,
     stride_xb,
@@ -67,7 +73,12 @@ def _causal_conv_kernel(
     mask_c = o_c < C
     mask_t = o_t < T
     p_x = x_ptr + i_b * stride_xb + o_c[None, :] * stride_xc
-    p_win = win_ptr + i_b * stride_winb + o_c[None, :] * stride_winc
+    # batch b's window: row b of the input, or session b's conv window where it lies
+    # (state.gdn_table's conv column: elements from the first session's)
+    win_b = i_b * stride_winb
+    if use_table != 0:
+        win_b = tl.load(tab_ptr + i_b * TABLE_WIDTH + CONV_COL)
+    p_win = win_ptr + win_b + o_c[None, :] * stride_winc
     # xfull and y are made contiguous: [B, W+T, C] and [B, T, C]
     p_xfull = xfull_ptr + i_b * (W + T) * C + o_c[None, :]
 
@@ -120,6 +131,7 @@ def causal_conv(
     dilation: int = 1,
     silu: bool = True,
     shift: bool = False,
+    table: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """y_t = act(sum_j w[:, j] * xfull[t + j * dilation]), xfull = cat(window, x).
 
@@ -128,11 +140,13 @@ def causal_conv(
     (y [B, T, C] in x's dtype promoted with the weight's, xfull [B, W+T, C] in x's dtype).
     shift: also write the window after the T rows (xfull's last W) into `window` in place,
     in the same launch (T up to MAX_BLOCK_T: one row block reads each channel's window).
+    table: window is the first of B sessions' [1, W, C] windows, batch b's at the offset
+    of table row b's conv column (conv_sessions).
     """
     b, t, c = x.shape
     k = weight.shape[-1]
     w = (k - 1) * dilation
-    if weight.shape != (c, k) or window.shape != (b, w, c):
+    if weight.shape != (c, k) or window.shape != (1 if table is not None else b, w, c):
         raise ValueError(
             f"causal_conv: x {tuple(x.shape)}, window {tuple(window.shape)}, weight "
             f"{tuple(weight.shape)} do not fit a [B, T, C] conv of {k} taps, dilation {dilation}"
@@ -145,6 +159,8 @@ def causal_conv(
     if shift and t > MAX_BLOCK_T:
         raise ValueError(f"causal_conv: shift takes up to {MAX_BLOCK_T} rows, not {t}")
     if b * t * c == 0:
+        if table is not None:
+            raise ValueError("causal_conv: no rows for the sessions' windows")
         xfull.copy_(window)
         if shift and t:
             window.copy_(xfull[:, t:])
@@ -158,6 +174,8 @@ def causal_conv(
         weight,
         y,
         xfull,
+        no_table(x.device) if table is None else table,
+        int(table is not None),
         t,
         c,
         *x.stride(),
@@ -175,3 +193,17 @@ def causal_conv(
         **pdl(y.device),
     )
     return y, xfull
+
+
+def conv_sessions(x: torch.Tensor, windows: list[torch.Tensor], weight: torch.Tensor,
+                  table: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """reference.conv_sessions in one launch: batch b reads session b's window where it lies
+    (through `table`, state.gdn_table of the sessions, made here when not given; a CUDA
+    graph needs it made before its capture) and moves it past its rows in place: no
+    stacked copy and no copy back. The same arithmetic as causal_conv."""
+    if x.shape[1] == 0 or x.shape[2] == 0:
+        return reference.conv_sessions(x, windows, weight)
+    if table is None:
+        # the conv column (1): the windows' offsets
+        table = state.offsets_table([windows, windows], align=[1, 1])
+    return causal_conv(x, windows[0][None], weight, shift=True, table=table)

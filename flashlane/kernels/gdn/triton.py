@@ -30,7 +30,7 @@ BV = 32
 NUM_WARPS = 4
 
 
-@triton.jit(do_not_specialize=["T", "keep_states", "use_table"])
+@triton.jit(do_not_specialize=["T", "keep_states", "use_table", "stride_v"])
 def _recurrent_gdn_kernel(
     q_ptr,
     k_ptr,
@@ -43,6 +43,7 @@ def _recurrent_gdn_kernel(
     tab_ptr,
     T,
     H,
+    stride_v,
     DK: tl.constexpr,
     DV: tl.constexpr,
     BK: tl.constexpr,
@@ -79,7 +80,9 @@ def _recurrent_gdn_kernel(
         row = (i_b.to(tl.int64) * T + r) * H + i_h  # index of (b, r, h) in [B, T, H]
         b_q = tl.load(q_ptr + row * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
         b_k = tl.load(k_ptr + row * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
-        b_v = tl.load(v_ptr + row * DV + o_v, mask=m_v, other=0.0).to(tl.float32)
+        # v's rows (b, r) stride_v apart, heads DV apart: a column slice of the conv output
+        v_row = (i_b.to(tl.int64) * T + r) * stride_v + i_h * DV
+        b_v = tl.load(v_ptr + v_row + o_v, mask=m_v, other=0.0).to(tl.float32)
         b_g = tl.load(g_ptr + row).to(tl.float32)
         b_beta = tl.load(beta_ptr + row).to(tl.float32)
 
@@ -96,6 +99,21 @@ def _recurrent_gdn_kernel(
         tl.store(s0_ptr + base_s0 + tile, s, mask=m_kv)
     elif keep_states == 0:
         tl.store(states_ptr + i_bh.to(tl.int64) * DK * DV + tile, s, mask=m_kv)
+
+
+def _value_rows(v: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(v, stride_v): v [B, T, H, Dv] read where it lies when its (b, t) rows are evenly
+    strided with each row's H * Dv values contiguous (the conv output's column slice of a
+    batch of sessions), else a contiguous copy; stride_v is the rows' stride."""
+    b, t, h, dv = v.shape
+    try:
+        rows = v.view(b * t, h * dv)
+    except RuntimeError:
+        rows = None
+    if rows is None or (rows.stride(-1) != 1 and h * dv > 1):
+        v = v.contiguous()
+        return v, h * dv
+    return v, rows.stride(0)
 
 
 def recurrent_gdn(
@@ -119,7 +137,8 @@ def recurrent_gdn(
     """
     b, t, h, dk = k.shape
     dv = v.shape[-1]
-    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    q, k, g, beta = (x.contiguous() for x in (q, k, g, beta))
+    v, stride_v = _value_rows(v)
     o = torch.empty(b, t, h, dv, dtype=v.dtype, device=v.device)
     shape = (b, t if keep_states else 1, h, dk, dv)
     if out is None:
@@ -147,6 +166,7 @@ def recurrent_gdn(
         no_table(v.device),
         t,
         h,
+        stride_v,
         keep_states=int(keep_states),
         use_table=0,
         DK=dk,
@@ -219,12 +239,14 @@ def gdn_sessions(q, k, v, g, beta, states: list[torch.Tensor],
     first = states[0]
     if first.dtype != torch.float32 or tuple(first.shape) != (h, dk, dv):
         raise ValueError(f"gdn_sessions: states of {first.dtype} {tuple(first.shape)}")
-    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    q, k, g, beta = (x.contiguous() for x in (q, k, g, beta))
+    v, stride_v = _value_rows(v)
     o = torch.empty(b, t, h, dv, dtype=v.dtype, device=v.device)
     if t == 0:
         return o
     _recurrent_gdn_kernel[(triton.cdiv(dv, BV), b * h)](
-        q, k, v, g, beta, first, o, first, table, t, h, keep_states=0, use_table=1, DK=dk,
+        q, k, v, g, beta, first, o, first, table, t, h, stride_v, keep_states=0, use_table=1,
+        DK=dk,
         DV=dv, BK=triton.next_power_of_2(dk), BV=BV, HAS_STATE=True, num_warps=NUM_WARPS,
         **pdl(o.device),
     )

@@ -80,7 +80,7 @@ def rms_norm(
     return y
 
 
-@triton.jit(do_not_specialize=["rows"])
+@triton.jit(do_not_specialize=["rows", "per", "stride_g"])
 def _gated_rms_norm_kernel(
     x_ptr,
     gate_ptr,
@@ -88,6 +88,8 @@ def _gated_rms_norm_kernel(
     y_ptr,
     rows,
     eps,
+    per,
+    stride_g,
     D: tl.constexpr,
     SIGMOID: tl.constexpr,
     ROUND_PROD: tl.constexpr,
@@ -107,12 +109,35 @@ def _gated_rms_norm_kernel(
     h = (x * r).to(dt).to(tl.float32) * w.to(tl.float32)
     if ROUND_PROD:
         h = h.to(dt).to(tl.float32)
-    g = tl.load(gate_ptr + pid * D + cols, mask=mask, other=0.0).to(tl.float32)
+    # row pid of the gate: row pid % per of its group pid // per, groups stride_g apart
+    g_row = (pid // per) * stride_g + (pid % per) * D
+    g = tl.load(gate_ptr + g_row + cols, mask=mask, other=0.0).to(tl.float32)
     if SIGMOID:
         act = 1.0 / (1.0 + tl.exp(-g))
     else:
         act = g / (1.0 + tl.exp(-g))
     tl.store(y_ptr + pid * D + cols, (h * act).to(dt), mask=mask)
+
+
+def _gate_rows(gate: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """(gate, per, stride_g): the gate's rows of D contiguous in groups of `per` rows,
+    groups stride_g apart, read where they lie: the GDN's output gate [N, HV, Dv] is a
+    column slice of the input projection, so a batch of N > 1 rows is strided. Else a
+    contiguous copy, read as one group."""
+    d = gate.shape[-1]
+    if gate.dim() == 2 and gate.stride(-1) == 1:  # rows of D, evenly strided
+        return gate, 1, gate.stride(0)
+    if gate.dim() > 2 and gate.stride(-1) == 1 and gate.stride(-2) == d:
+        lead = gate.shape[:-2]
+        per = gate.shape[-2]
+        try:
+            groups = gate.view(-1, per * d) if lead else gate.view(1, per * d)
+        except RuntimeError:
+            groups = None
+        if groups is not None and groups.stride(-1) == 1:
+            return gate, per, groups.stride(0)
+    gc = gate.contiguous()
+    return gc, max(1, gc.numel() // max(d, 1)), 0
 
 
 def gated_rms_norm(
@@ -125,7 +150,8 @@ def gated_rms_norm(
     if activation not in ("sigmoid", "silu"):
         raise ValueError(f"gated_rms_norm: unknown activation {activation!r}")
     d = x.shape[-1]
-    xc, gc = x.contiguous(), gate.contiguous()
+    xc = x.contiguous()
+    gc, per, stride_g = _gate_rows(gate)
     y = torch.empty_like(xc)
     rows = xc.numel() // d if d else 0
     if rows:
@@ -138,6 +164,8 @@ def gated_rms_norm(
             y,
             rows,
             eps,
+            per,
+            stride_g,
             D=d,
             SIGMOID=activation == "sigmoid",
             ROUND_PROD=round_prod,

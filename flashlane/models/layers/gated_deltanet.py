@@ -90,13 +90,19 @@ class GatedDeltaNet(nn.Module):
             states = final.unsqueeze(1)
         return o, xfull, states
 
-    def conv_qkv(self, qkv, window, kernels: Kernels, shift: bool = False) -> tuple:
+    def conv_qkv(self, qkv, window, kernels: Kernels, shift: bool = False,
+                 windows: list | None = None, table=None) -> tuple:
         """The conv over [B, T, C] inputs after their window -> (q scaled, k: L2-normed, value
         heads matched [B, T, HV, Dk]; v [B, T, HV, Dv]; the conv inputs [B, k-1+T, C]).
-        shift: the window moves past the T rows in place (causal_conv)."""
+        shift: the window moves past the T rows in place (causal_conv). windows: instead of
+        window, B sessions' windows, each moved in place (conv_sessions, with `table`)."""
         cfg = self.cfg
         b, t, _ = qkv.shape
-        y, xfull = kernels.causal_conv(qkv, window, self.conv1d.weight[:, 0, :], shift=shift)
+        weight = self.conv1d.weight[:, 0, :]
+        if windows is not None:
+            y, xfull = kernels.conv_sessions(qkv, windows, weight, table)
+        else:
+            y, xfull = kernels.causal_conv(qkv, window, weight, shift=shift)
         kd, vd = cfg.linear_key_dim, cfg.linear_value_dim
         v = y[..., 2 * kd : 2 * kd + vd].reshape(b, t, cfg.linear_num_v_heads, -1)
         rep = cfg.linear_num_v_heads // cfg.linear_num_k_heads
