@@ -3,7 +3,7 @@
 # machine from the repository root:
 #
 #     bash scripts/gpu_check.sh                      # everything
-#     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, benches, model, serve
+#     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, benches, model, drafts, diag, serve
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
 #          exactness of the engine on the GPU, the GPU sampler), then 10,000 full-width rows
@@ -14,6 +14,9 @@
 # drafts:  drafts on against off with the embedded model on code prompts at 1, 4 and 16
 #          streams (benchmarks/bench_lanes_cpu.py --device cuda; DRAFT_ARGS overrides), with
 #          the lone driver taking up to 16 streams and with its default of one
+# diag:    where a decode step's time goes: one lone step's kernels in order with their own
+#          time at 1 and 4 streams (benchmarks/profile_gpu.py --timeline), and the small
+#          decode products with cold weights (benchmarks/cold_linears.py)
 # serve:   `flashlane serve` (the embedded model) on the GPU, measured by `flashlane bench
 #          serve` (SERVE_ARGS overrides its arguments), with the lone driver taking one
 #          stream (the default) and up to SERVE_LONE (16) together. Needs fastapi/uvicorn:
@@ -79,6 +82,20 @@ if [[ " $steps " == *" drafts "* ]]; then
             failed+=("drafts (lone streams $lone)")
         fi
     done
+fi
+
+if [[ " $steps " == *" diag "* ]]; then
+    for n in 1 4; do
+        echo "== python benchmarks/profile_gpu.py --config flashnext-12l --streams $n --timeline"
+        FLASHLANE_LONE_STREAMS=$n python benchmarks/profile_gpu.py --config flashnext-12l \
+            --streams "$n" --prefill 128 --rows 30 \
+            --timeline "$out/timeline_flashnext-12l_${n}streams_$stamp.txt" \
+            > "$out/profile_flashnext-12l_${n}streams_$stamp.txt" 2>&1 || failed+=("profile $n")
+        tail -n 1 "$out/profile_flashnext-12l_${n}streams_$stamp.txt"
+    done
+    echo "== python benchmarks/cold_linears.py"
+    python benchmarks/cold_linears.py 2>&1 | tee "$out/cold_linears_$stamp.log" \
+        || failed+=("cold_linears")
 fi
 
 if [[ " $steps " == *" serve "* ]]; then
