@@ -164,10 +164,10 @@ def _all_partitions(
 
 @triton.jit
 def _stored(total, cols, squash_cols, SQUASH: tl.constexpr, dt: tl.constexpr):
-    """The value stored for fp32 sums `total` in columns `cols`: rounded to dt, and with
-    SQUASH = hc, in columns under squash_cols, silu(y / hc) of the rounded y y, each op
-    rounded as rowwise hc_squash rounds it (a hyper-connection's down projection, whose up
-    projection reads it)."""
+    """The value stored for fp32 sums `total` in columns `cols`: y, the sums rounded to dt,
+    and with SQUASH = hc, in columns under squash_cols, silu(y / hc), each op rounded as
+    rowwise hc_squash rounds it (a hyper-connection's down projection, whose up projection
+    reads it)."""
     y = total.to(dt)
     if SQUASH > 0:
         h = (y.to(tl.float32) / SQUASH).to(dt).to(tl.float32)
