@@ -98,17 +98,19 @@ def _ple(ple, r: torch.Tensor, states: list[PleState], tok: torch.Tensor, kernel
 
 def _gdn(gdn, a: torch.Tensor, states: list[GdnState], kernels, table) -> torch.Tensor:
     qkv, decay, beta, z = gdn.project(a)
-    # the conv moves each window past the row in place (one session: its window as a view)
+    # the conv moves each window past the row, and the rule updates each recurrent state,
+    # in place: one session's as views, several through the layer's table
     if len(states) == 1:
-        q, k, v, _ = gdn.conv_qkv(qkv[:, None], states[0].conv[None], kernels, shift=True)
-    else:
-        q, k, v, _ = gdn.conv_qkv(qkv[:, None], None, kernels,
-                                  windows=[g.conv for g in states], table=table)
-    if len(states) == 1:  # its state updated in place (the kernel reads each tile first)
-        s = states[0].recurrent
+        y, _ = kernels.causal_conv(qkv[:, None], states[0].conv[None], gdn.conv_weight,
+                                   shift=True)
+        q, k, v = gdn.heads(y, kernels)
+        s = states[0].recurrent  # the kernel reads each tile before it writes it
         o, _ = kernels.recurrent_gdn(q, k, v, decay[:, None], beta[:, None], s[None],
                                      out=s[None, None])
-    else:  # each session's state read and written where it lies
+    else:
+        y, _ = kernels.conv_sessions(qkv[:, None], [g.conv for g in states], gdn.conv_weight,
+                                     table)
+        q, k, v = gdn.heads(y, kernels)
         o = kernels.gdn_sessions(q, k, v, decay[:, None], beta[:, None],
                                  [g.recurrent for g in states], table)
     return gdn.finish(o[:, 0], z)

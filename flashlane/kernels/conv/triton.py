@@ -203,7 +203,7 @@ def conv_sessions(x: torch.Tensor, windows: list[torch.Tensor], weight: torch.Te
     stacked copy and no copy back. The same arithmetic as causal_conv."""
     if x.shape[1] == 0 or x.shape[2] == 0:
         return reference.conv_sessions(x, windows, weight)
-    if table is None:
-        # the conv column (1): the windows' offsets
-        table = state.offsets_table([windows, windows], align=[1, 1])
+    if table is None:  # the windows' offsets in the GDN table's conv column
+        cols = state.GDN_CONV_COLUMN + 1
+        table = state.offsets_table([windows] * cols, align=[1] * cols)
     return causal_conv(x, windows[0][None], weight, shift=True, table=table)

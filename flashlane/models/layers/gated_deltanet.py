@@ -90,25 +90,28 @@ class GatedDeltaNet(nn.Module):
             states = final.unsqueeze(1)
         return o, xfull, states
 
-    def conv_qkv(self, qkv, window, kernels: Kernels, shift: bool = False,
-                 windows: list | None = None, table=None) -> tuple:
+    def conv_qkv(self, qkv, window, kernels: Kernels) -> tuple[torch.Tensor, ...]:
         """The conv over [B, T, C] inputs after their window -> (q scaled, k: L2-normed, value
-        heads matched [B, T, HV, Dk]; v [B, T, HV, Dv]; the conv inputs [B, k-1+T, C]).
-        shift: the window moves past the T rows in place (causal_conv). windows: instead of
-        window, B sessions' windows, each moved in place (conv_sessions, with `table`)."""
+        heads matched [B, T, HV, Dk]; v [B, T, HV, Dv]; the conv inputs [B, k-1+T, C])."""
+        y, xfull = kernels.causal_conv(qkv, window, self.conv_weight)
+        return (*self.heads(y, kernels), xfull)
+
+    @property
+    def conv_weight(self) -> torch.Tensor:
+        """The conv's [C, k] taps (a view of the checkpoint's [C, 1, k])."""
+        return self.conv1d.weight[:, 0, :]
+
+    def heads(self, y: torch.Tensor, kernels: Kernels) -> tuple[torch.Tensor, ...]:
+        """The conv's output [B, T, C] -> (q scaled, k: L2-normed, value heads matched
+        [B, T, HV, Dk]; v [B, T, HV, Dv], a view of y)."""
         cfg = self.cfg
-        b, t, _ = qkv.shape
-        weight = self.conv1d.weight[:, 0, :]
-        if windows is not None:
-            y, xfull = kernels.conv_sessions(qkv, windows, weight, table)
-        else:
-            y, xfull = kernels.causal_conv(qkv, window, weight, shift=shift)
+        b, t, _ = y.shape
         kd, vd = cfg.linear_key_dim, cfg.linear_value_dim
         v = y[..., 2 * kd : 2 * kd + vd].reshape(b, t, cfg.linear_num_v_heads, -1)
         rep = cfg.linear_num_v_heads // cfg.linear_num_k_heads
         dk = cfg.linear_k_head_dim
         q, k = kernels.gdn_qk(y, cfg.linear_num_k_heads, dk, rep, dk**-0.5)
-        return q, k, v, xfull
+        return q, k, v
 
     def record(self, group, xfull: torch.Tensor, states: torch.Tensor) -> None:
         """What commit() needs per piece: its conv inputs and its states, padding rows cut
