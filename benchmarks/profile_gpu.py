@@ -35,6 +35,9 @@ def main() -> None:
     ap.add_argument("--timeline", default="",
                     help="write one decode step's kernels in order (name, grid, time, the "
                          "gap before each) to this file, from the profiler's trace")
+    ap.add_argument("--prefill-timeline", default="",
+                    help="write the prefill's kernels in order, and its largest idle gaps, "
+                         "to this file")
     args = ap.parse_args()
     cfg, model = build_random(preset(args.config), torch.bfloat16, "cuda", 0)
     config = EngineConfig.resolve(device="cuda", parallel=max(2, args.streams),
@@ -65,6 +68,9 @@ def main() -> None:
         print(ka.table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=60))
         print(ka.table(sort_by="self_cpu_time_total", row_limit=args.rows,
                        max_name_column_width=60))
+        if name == "prefill" and args.prefill_timeline:
+            _write_timeline(args.prefill_timeline, _trace_kernels(prof),
+                            f"the prefill of {args.prefill} tokens, wall {wall * 1e3:.1f} ms")
     # decode alone: the kernels of a 9-token reply less those of a 1-token reply (its prompt)
     totals = []
     for tokens in (1, 9):
@@ -93,40 +99,39 @@ def main() -> None:
         print("\n=== decode, host: Python functions by own time (cProfile)")
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.rows * 2)
         pstats.Stats(prof).sort_stats("cumulative").print_stats(args.rows * 2)
+        prof = cProfile.Profile()
+        prof.enable()
+        llm.generate(long, one)
+        torch.cuda.synchronize()
+        prof.disable()
+        print("\n=== prefill, host: Python functions by own time (cProfile)")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(args.rows * 2)
 
 
-def timeline(llm, prompts, path: str) -> None:
-    """The kernels of one decode step in order, from a 9-token reply's trace: the step is the
-    last run of kernels as long as a step's share of the reply's kernels; busy is the sum
-    of kernel times, span the first start to the last end."""
+def _trace_kernels(prof) -> list[dict]:
+    """The profiled GPU work (kernels, copies, sets) in start order, from the chrome trace."""
     import json
     import os
     import tempfile
 
-    params = SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, draft=False)
-    counts = []
-    for tokens in (1, 9):
-        p = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, draft=False)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            llm.generate(prompts, p if tokens == 1 else params)
-            torch.cuda.synchronize()
-        with tempfile.TemporaryDirectory() as d:
-            trace = os.path.join(d, "trace.json")
-            prof.export_chrome_trace(trace)
-            with open(trace) as f:
-                events = json.load(f)["traceEvents"]
-        kernels = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy",
-                                                                 "gpu_memset")),
-                         key=lambda e: e["ts"])
-        counts.append(kernels)
-    per_step = (len(counts[1]) - len(counts[0])) // 8
-    step = counts[1][-2 * per_step: -per_step]  # one whole step before the last
+    with tempfile.TemporaryDirectory() as d:
+        trace = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(trace)
+        with open(trace) as f:
+            events = json.load(f)["traceEvents"]
+    return sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                  key=lambda e: e["ts"])
+
+
+def _write_timeline(path: str, step: list[dict], title: str) -> None:
+    """Each kernel's start, duration, the gap before it and the time it adds (its end less
+    the latest end before it); then the largest idle gaps with the kernels around them."""
     busy = sum(e["dur"] for e in step)
     span = step[-1]["ts"] + step[-1]["dur"] - step[0]["ts"]
+    idle = []
     with open(path, "w") as f:
-        f.write(f"# one decode step of {len(prompts)} stream(s): {len(step)} kernels, busy "
-                f"{busy:.1f} us, span {span:.1f} us, gaps {span - busy:.1f} us\n")
+        f.write(f"# {title}: {len(step)} kernels, busy {busy:.1f} us, span {span:.1f} us, "
+                f"gaps {span - busy:.1f} us\n")
         f.write("# i  start_us   dur_us  gap_us  own_us  grid  name   (own: its end less the "
                 "latest end before it, the time it adds to the step)\n")
         prev = last = step[0]["ts"]
@@ -136,9 +141,33 @@ def timeline(llm, prompts, path: str) -> None:
             f.write(f"{i:4d} {e['ts'] - step[0]['ts']:9.1f} {e['dur']:8.2f} "
                     f"{e['ts'] - prev:7.2f} {max(0.0, end - last):7.2f}  {grid}  "
                     f"{e['name'][:60]}\n")
+            if e["ts"] > last:
+                idle.append((e["ts"] - last, i))
             prev, last = end, max(last, end)
-    print(f"timeline: {len(step)} kernels a step, busy {busy:.1f} us, span {span:.1f} us "
-          f"-> {path}")
+        total = sum(g for g, _ in idle)
+        f.write(f"# idle (no kernel running): {total:.1f} us in {len(idle)} gaps; largest:\n")
+        for g, i in sorted(idle, reverse=True)[:25]:
+            f.write(f"#   {g:9.1f} us before {i}: {step[i - 1]['name'][:40]} -> "
+                    f"{step[i]['name'][:40]}\n")
+    print(f"timeline: {len(step)} kernels, busy {busy:.1f} us, span {span:.1f} us -> {path}")
+
+
+def timeline(llm, prompts, path: str) -> None:
+    """The kernels of one decode step in order, from a 9-token reply's trace: the step is the
+    last run of kernels as long as a step's share of the reply's kernels; busy is the sum
+    of kernel times, span the first start to the last end."""
+    params = SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, draft=False)
+    counts = []
+    for tokens in (1, 9):
+        p = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, draft=False)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            llm.generate(prompts, p if tokens == 1 else params)
+            torch.cuda.synchronize()
+        counts.append(_trace_kernels(prof))
+    per_step = (len(counts[1]) - len(counts[0])) // 8
+    step = counts[1][-2 * per_step: -per_step]  # one whole step before the last
+    _write_timeline(path, step, f"one decode step of {len(prompts)} stream(s)")
 
 
 if __name__ == "__main__":

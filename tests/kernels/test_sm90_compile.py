@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 triton = pytest.importorskip("triton")
 pytestmark = pytest.mark.skipif(
@@ -39,9 +40,10 @@ BLOCK_KEY = dict(BLOCK=4, DI=128, R=32, BDI=128)  # the indexer: blocks of 4, 12
 POOL_AT = dict(keys_ptr=BF, cos_ptr=BF, sin_ptr=BF, w_ptr=BF, out_ptr=BF, pos_ptr="*i64",
                tab_ptr="*i64", nb="i32", has_table="i32", eps="fp32")
 ATTENTION = dict(q_ptr=BF, k_ptr=BF, v_ptr=BF, mask_ptr="*u8", o_ptr=BF, len_ptr="*i64",
-                 tab_ptr="*i64", HAS_LEN="i32", HAS_TABLE="i32", T="i32", L="i32", HQ="i32",
-                 HKV="i32", REP="i32", scale="fp32")
-ATTENTION_TILE = dict(D=256, BD=256, BLOCK_M=attention.BLOCK_M, BLOCK_L=32, PRECISION="tf32")
+                 tab_ptr="*i64", pos_ptr="*i64", HAS_LEN="i32", HAS_TABLE="i32", HAS_POS="i32",
+                 T="i32", L="i32", HQ="i32", HKV="i32", REP="i32", scale="fp32")
+_BM, _BL, _WARPS, _STAGES, _PREC, _SKIP = attention.CONFIGS[torch.bfloat16]
+ATTENTION_TILE = dict(D=256, BD=256, BLOCK_M=_BM, BLOCK_L=_BL, PRECISION=_PREC, SKIP=_SKIP)
 INDEX = dict(iq_ptr=BF, keys_ptr=BF, scores_ptr="*fp32", tab_ptr="*i64", HAS_TABLE="i32",
              T="i32", NB="i32", HI="i32", sqrt_di="fp32")
 
@@ -186,12 +188,17 @@ KERNELS.update({
     "gated_rms_norm": (norms._gated_rms_norm_kernel,
                        dict(x_ptr=BF, gate_ptr=BF, w_ptr=BF, y_ptr=BF, rows="i32", eps="fp32",
                             per="i32", stride_g="i32"),
-                       dict(D=128, SIGMOID=True, ROUND_PROD=True, BLOCK=128),
-                       dict(num_warps=1)),
+                       dict(D=128, SIGMOID=True, ROUND_PROD=True, BLOCK=128,
+                            ROWS=norms._gated_rows(128)[0]),
+                       dict(num_warps=norms._gated_rows(128)[1])),
     "attention": (attention._attention_kernel, ATTENTION, ATTENTION_TILE,
-                  dict(num_warps=8, num_stages=2)),
+                  dict(num_warps=_WARPS, num_stages=_STAGES)),
     "index_scores": (attention._index_scores_kernel, INDEX,
                      dict(DI=128, BDI=128, BLOCK_N=attention.BLOCK_N), {}),
+    "index_dots": (attention._index_dots_kernel, INDEX,
+                   dict(DI=128, BDI=128, BLOCK_T=attention.INDEX_TILE[0],
+                        BLOCK_N=attention.INDEX_TILE[1], PRECISION="tf32"),
+                   dict(num_warps=attention.INDEX_TILE[2])),
     "recurrent_gdn": (gdn._recurrent_gdn_kernel,
                       dict(q_ptr=BF, k_ptr=BF, v_ptr=BF, g_ptr="*fp32", beta_ptr=BF,
                            s0_ptr="*fp32", o_ptr=BF, states_ptr="*fp32", tab_ptr="*i64",

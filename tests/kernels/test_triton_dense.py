@@ -386,11 +386,18 @@ def test_norms_row_invariant(dtype):
     ):
         _check_rows(fn, full)
         _check_other_rows(fn, full)
-    # the gated norm takes the gate rows alongside
+    # the gated norm takes the gate rows alongside; rows of 128 (the GDN's heads) go several
+    # to a program
     both = torch.cat([full, gate], dim=-1)
     fn = lambda xg: tnorm.gated_rms_norm(xg[:, :d], xg[:, d:], w, 1e-6, "silu")  # noqa: E731
     _check_rows(fn, both)
     _check_other_rows(fn, both)
+    hd = min(128, d // 2)
+    heads = torch.cat([full[:, :hd], gate[:, :hd]], dim=-1)
+    fn = lambda xg: tnorm.gated_rms_norm(  # noqa: E731
+        xg[:, :hd], xg[:, hd:], w[:hd], 1e-6, "sigmoid")
+    _check_rows(fn, heads)
+    _check_other_rows(fn, heads)
 
 
 # -------------------------------------------------------------------------------------- moe

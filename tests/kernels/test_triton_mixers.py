@@ -269,6 +269,53 @@ def test_attention_row_invariance(kind, dtype):
     assert torch.equal(both[1:], full[1:])
 
 
+def _positions(b, t, l):
+    return torch.arange(l - t, l, device=DEVICE).expand(b, t)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["causal", "sparse"])
+def test_attention_positions_and_skip_keep_the_bits(kind, dtype):
+    """Ending each tile's walk at its last row's position, and loading the blocks no row of
+    the tile may see (SKIP off), change no bit of any row; the rows stay invariant."""
+    past, t, b = 180, 70, 2
+    l = past + t
+    q, k, v = attn_inputs(b, t, l, dtype, seed=3)
+    mask = causal_mask(b, t, l) if kind == "causal" else sparse_mask(b, t, l, seed=9)
+    pos = _positions(b, t, l)
+    plain = attn_tri.attention(q, k, v, mask, scale())
+    bound = attn_tri.attention(q, k, v, mask, scale(), positions=pos)
+    assert torch.equal(bound, plain)
+    cfg = attn_tri.CONFIGS[k.dtype]
+    for skip in (True, False):
+        cfg = (*cfg[:5], skip)
+        full = attn_tri.attention(q, k, v, mask, scale(), positions=pos, config=cfg)
+        assert torch.equal(full, plain), skip
+        for a, w in ((0, 1), (5, 3), (69, 1), (10, 40)):
+            n = past + a + w
+            part = attn_tri.attention(q[:, a : a + w], k[:, :n], v[:, :n],
+                                      mask[:, a : a + w, :n], scale(),
+                                      positions=pos[:, a : a + w], config=cfg)
+            assert torch.equal(part, full[:, a : a + w]), (skip, a, w)
+
+
+def test_attention_positions_bound_the_walk():
+    """A key past every row's position is never read: NaN there changes nothing."""
+    past, t = 40, 5
+    l = past + t + 60
+    q, k, v = attn_inputs(1, t, l, torch.float32, seed=2)
+    pos = torch.arange(past, past + t, device=DEVICE).view(1, t)
+    mask = torch.arange(l, device=DEVICE).view(1, 1, l) <= pos.view(1, t, 1)
+    want = attn_tri.attention(q, k[:, : past + t], v[:, : past + t], mask[..., : past + t],
+                              scale())
+    k2, v2 = k.clone(), v.clone()
+    k2[:, past + t + 32 :] = float("nan")  # past the tile's last position's block of keys
+    v2[:, past + t + 32 :] = float("nan")
+    cfg = (*attn_tri.CONFIGS[torch.float32][:5], False)
+    got = attn_tri.attention(q, k2, v2, mask, scale(), positions=pos, config=cfg)
+    assert torch.equal(got, want)
+
+
 def test_attention_row_without_keys_is_nan():
     q, k, v = attn_inputs(1, 2, 70, torch.float32)
     mask = causal_mask(1, 2, 70).clone()

@@ -118,12 +118,15 @@ def attention(
     mask: torch.Tensor,
     scale: float,
     lengths: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Masked softmax attention with grouped KV heads.
 
     q: [B, T, Hq, D]; k, v: [B, L, Hkv, D]; mask: [B, T, L] bool -> [B, T, Hq, D].
     Scores and softmax in at least fp32. `lengths` ([B]): keys at or past lengths[b] are
     not read, as if the caches ended there (they may hold anything, NaN included).
+    `positions` ([B, T]): each row's position, past which its mask allows nothing; a kernel
+    may stop its walk there (this one reads the mask alone).
     """
     if lengths is not None:
         n = int(lengths.max())

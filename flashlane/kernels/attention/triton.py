@@ -15,9 +15,9 @@ skipping or not skipping a block, and whatever shares the tile, changes nothing 
 A row with no allowed key gets NaN, like the reference's softmax over nothing (it cannot
 happen for a causal mask, whose diagonal is always allowed).
 
-select_mask: the indexer scores come from a kernel with one program per (b, t) query row and
-BLOCK_N block keys that sums relu(q_h . key) over the indexer heads in order; the mask from
-triton_select's ranking without a sort.
+select_mask: the indexer scores come from a kernel with one program per tile of query rows
+and block keys that sums relu(q_h . key) over the indexer heads in order, each head's dots
+on the tensor cores; the mask from triton_select's ranking without a sort.
 
 attend_sessions: a lone step's attention for several sessions in one set of launches, each
 kernel reading and writing every session's own caches through a table of their offsets.
@@ -40,23 +40,71 @@ from flashlane.kernels.tables import BLOCKS_COL, K_COL, NB_COL, TABLE_WIDTH, V_C
 from flashlane.models import state
 
 # attention tiles: BLOCK_M (token, head) rows x BLOCK_L keys, D up to 256. The config depends
-# on the dtype only (never on T, B or L): 16-bit inputs use the tensor cores (wgmma) with
-# 64 x 32 tiles; fp32 (tests) uses exact fp32 dots ("ieee", no tf32). Compiled offline for
-# sm_90 at D = 256: 64 KiB / 104 KiB of shared memory; bf16 uses all 255 registers with ~300
-# bytes of spills (BLOCK_L = 64 spills ~750 bytes), to tune on the hardware.
-BLOCK_M = 64
+# on the dtype only (never on T, B or L), so a row's bits are one function of the row: 16-bit
+# inputs use the tensor cores (wgmma); fp32 (tests) uses exact fp32 dots ("ieee", no tf32).
+# SKIP: a key block that no row of the tile may see is not loaded (the loads then sit behind
+# a branch and do not pipeline); the bits are the same either way. 16-bit: 64 x 32 tiles on 4
+# warps, every block loaded (pipelined): 8k-token prefill 10.6 -> 4.4 ms a layer on the H200,
+# the same bits as 8 warps with SKIP (results/attention_prefill_h200_*.json); an 8k decode row
+# 731 -> 641 us.
 CONFIGS = {
-    # dtype: (BLOCK_L, num_warps, num_stages, dot input precision)
-    torch.bfloat16: (32, 8, 2, "tf32"),  # the precision only applies to fp32 operands
-    torch.float16: (32, 8, 2, "tf32"),
-    torch.float32: (32, 8, 1, "ieee"),
+    # dtype: (BLOCK_M, BLOCK_L, num_warps, num_stages, dot input precision, SKIP)
+    torch.bfloat16: (64, 32, 4, 2, "tf32", False),  # the precision only applies to fp32
+    torch.float16: (64, 32, 4, 2, "tf32", False),
+    torch.float32: (64, 32, 8, 1, "ieee", True),
 }
 # indexer: BLOCK_N block keys per step
 BLOCK_N = 64
 INDEX_WARPS = 4
+# the indexer on the tensor cores: tiles of INDEX_TILE = (query rows, block keys, warps); each
+# head's scores a dot (16-bit products exact in fp32, summed by the MMA), relu'd and added in
+# head order. INDEX_DOTS = False keeps the FMA kernel (one row a program).
+INDEX_DOTS = True
+INDEX_TILE = (64, 64, 4)
 
 
-@triton.jit(do_not_specialize=["T", "L", "HQ", "HKV", "REP", "HAS_LEN", "HAS_TABLE"])
+@triton.jit
+def _block_update(q, k_ptr, v_ptr, mask_ptr, mask_row, m_rows, m_d, d, l0, n_keys, scale,
+                  m_i, l_i, acc, stride_kv, BLOCK_L: tl.constexpr,
+                  PRECISION: tl.constexpr, SKIP: tl.constexpr):
+    """One key block [l0, l0 + BLOCK_L) of the online softmax for the tile's rows. With SKIP a
+    block no row of the tile may see is not loaded; without it every block is (the loads
+    then pipeline). Either way a row's state is bitwise the same: a block it may not see
+    gives it p = 0 and alpha = 1 (or keeps m = -inf, l = 0, acc = 0)."""
+    keys = l0 + tl.arange(0, BLOCK_L)
+    m_keys = keys < n_keys
+    allowed = (
+        tl.load(
+            mask_ptr + mask_row[:, None] + keys[None, :],
+            mask=m_rows[:, None] & m_keys[None, :],
+            other=0,
+        )
+        != 0
+    )
+    go = True
+    if SKIP:
+        go = tl.max(allowed.to(tl.int32)) > 0
+    if go:
+        kv_row = keys * stride_kv  # [BLOCK_L]
+        m_kd = m_keys[:, None] & m_d[None, :]
+        k = tl.load(k_ptr + kv_row[:, None] + d[None, :], mask=m_kd, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # a row that has seen no allowed key keeps m = -inf: subtract 0 instead, so that
+        # exp(-inf - -inf) never makes NaN (p = 0 and alpha = 0 on its zero state)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + kv_row[:, None] + d[None, :], mask=m_kd, other=0.0)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit(do_not_specialize=["T", "L", "HQ", "HKV", "REP", "HAS_LEN", "HAS_TABLE", "HAS_POS"])
 def _attention_kernel(
     q_ptr,
     k_ptr,
@@ -65,8 +113,10 @@ def _attention_kernel(
     o_ptr,
     len_ptr,
     tab_ptr,
+    pos_ptr,
     HAS_LEN,
     HAS_TABLE,
+    HAS_POS,
     T,
     L,
     HQ,
@@ -78,6 +128,7 @@ def _attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_L: tl.constexpr,
     PRECISION: tl.constexpr,
+    SKIP: tl.constexpr,
     PDL: tl.constexpr = 0,
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
@@ -114,39 +165,21 @@ def _attention_kernel(
     n_keys = L
     if HAS_LEN != 0:
         n_keys = tl.minimum(tl.load(len_ptr + i_b).to(tl.int32), L)
+    # With the rows' positions, the walk ends at the tile's last position: no row sees a
+    # key past its own (the mask says so too), so the blocks beyond change no row's bits
+    hi = n_keys
+    if HAS_POS != 0:
+        last = tl.load(pos_ptr + i_b.to(tl.int64) * T + tok, mask=m_rows, other=0)
+        hi = tl.minimum(hi, tl.max(last.to(tl.int32)) + 1)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BD], dtype=tl.float32)
-
-    for l0 in range(0, n_keys, BLOCK_L):
-        keys = l0 + tl.arange(0, BLOCK_L)
-        m_keys = keys < n_keys
-        allowed = (
-            tl.load(
-                mask_ptr + mask_row[:, None] + keys[None, :],
-                mask=m_rows[:, None] & m_keys[None, :],
-                other=0,
-            )
-            != 0
+    for l0 in range(0, hi, BLOCK_L):
+        m_i, l_i, acc = _block_update(
+            q, k_ptr, v_ptr, mask_ptr, mask_row, m_rows, m_d, d, l0, n_keys, scale, m_i, l_i,
+            acc, HKV * D, BLOCK_L, PRECISION, SKIP,
         )
-        if tl.max(allowed.to(tl.int32)) > 0:
-            kv_row = keys * (HKV * D)  # [BLOCK_L]
-            m_kd = m_keys[:, None] & m_d[None, :]
-            k = tl.load(k_ptr + kv_row[:, None] + d[None, :], mask=m_kd, other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-            s = tl.where(allowed, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            # a row that has seen no allowed key keeps m = -inf: subtract 0 instead, so that
-            # exp(-inf - -inf) never makes NaN (p = 0 and alpha = 0 on its zero state)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp(s - m_safe[:, None])
-            alpha = tl.exp(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.load(v_ptr + kv_row[:, None] + d[None, :], mask=m_kd, other=0.0)
-            acc = acc * alpha[:, None]
-            acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
-            m_i = m_new
 
     seen = l_i > 0
     out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], float("nan"))
@@ -172,6 +205,8 @@ def attention(
     scale: float,
     lengths: torch.Tensor | None = None,
     table: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+    config: tuple | None = None,
 ) -> torch.Tensor:
     """Masked softmax attention with grouped KV heads (fp32 scores and softmax).
 
@@ -182,6 +217,9 @@ def attention(
     `table` (state.attn_table of B sessions' caches, with lengths): k and v are the first
     session's cache [1, L0, Hkv, D], batch b reads session b's in place, and mask is
     [B, T, L] for the longest cache; each row's sums are those of its session alone.
+    `positions` ([B, T] on the device): row (b, t) sees no key past positions[b, t] (its mask
+    says so as well); a tile's walk over the keys then ends at its last row's position
+    instead of L, with the same bits. `config` replaces CONFIGS[dtype] (benchmarks).
     """
     b, t, hq, d = q.shape
     l, hkv = k.shape[1], k.shape[2]
@@ -195,14 +233,16 @@ def attention(
         l = mask.shape[-1]
     elif k.dtype not in CONFIGS:
         k = k.float()
-    block_l, warps, stages, precision = CONFIGS[k.dtype]
+    block_m, block_l, warps, stages, precision, skip = config or CONFIGS[k.dtype]
     q = q.to(k.dtype).contiguous()
     k, v = k.contiguous(), v.to(k.dtype).contiguous()
     mask = mask.contiguous().view(torch.uint8)
     o = torch.empty(b, t, hq, d, dtype=out_dtype, device=q.device)
     if t == 0 or b == 0:
         return o
-    grid = (triton.cdiv(rep * t, BLOCK_M), b * hkv)
+    if positions is not None:
+        positions = positions.to(torch.long).expand(b, t).contiguous()
+    grid = (triton.cdiv(rep * t, block_m), b * hkv)
     _attention_kernel[grid](
         q,
         k,
@@ -211,8 +251,10 @@ def attention(
         o,
         _no_lengths(q.device) if lengths is None else lengths,
         no_table(q.device) if table is None else table,
+        _no_lengths(q.device) if positions is None else positions,
         int(lengths is not None),
         int(table is not None),
+        int(positions is not None),
         t,
         l,
         hq,
@@ -221,9 +263,10 @@ def attention(
         float(scale),
         D=d,
         BD=triton.next_power_of_2(d),
-        BLOCK_M=BLOCK_M,
+        BLOCK_M=block_m,
         BLOCK_L=block_l,
         PRECISION=precision,
+        SKIP=skip,
         num_warps=warps,
         num_stages=stages,
         **pdl(q.device),
@@ -274,13 +317,61 @@ def _index_scores_kernel(
     tl.store(scores_ptr + i_bt.to(tl.int64) * NB + n, acc / sqrt_di, mask=m_n)
 
 
+@triton.jit(do_not_specialize=["T", "NB", "HI", "HAS_TABLE"])
+def _index_dots_kernel(
+    iq_ptr,
+    keys_ptr,
+    scores_ptr,
+    tab_ptr,
+    HAS_TABLE,
+    T,
+    NB,
+    HI,
+    sqrt_di,
+    DI: tl.constexpr,
+    BDI: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
+    i_b = tl.program_id(2)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # this program's query rows
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # ... and block keys
+    d = tl.arange(0, BDI)
+    m_d = d < DI
+    m_t = t < T
+    # with a table: session b's block keys and its own count of them (NB: the scores' row)
+    off = i_b.to(tl.int64) * NB * DI
+    nb = NB.to(tl.int64)
+    if HAS_TABLE != 0:
+        off = tl.multiple_of(tl.load(tab_ptr + i_b * TABLE_WIDTH + BLOCKS_COL), 16)
+        nb = tl.load(tab_ptr + i_b * TABLE_WIDTH + NB_COL)
+    keys_ptr += off
+    m_n = n < nb
+    key = tl.load(keys_ptr + n[:, None].to(tl.int64) * DI + d[None, :],
+                  mask=m_n[:, None] & m_d[None, :], other=0.0)
+    q_rows = (i_b.to(tl.int64) * T + t) * HI * DI  # [BLOCK_T]
+    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+    for h in range(0, HI):
+        qh = tl.load(iq_ptr + q_rows[:, None] + h * DI + d[None, :],
+                     mask=m_t[:, None] & m_d[None, :], other=0.0).to(key.dtype)
+        s = tl.dot(qh, tl.trans(key), input_precision=PRECISION)
+        acc += tl.maximum(s, 0.0)
+    out = scores_ptr + (i_b.to(tl.int64) * T + t)[:, None] * NB + n[None, :]
+    tl.store(out, acc / sqrt_di, mask=m_t[:, None] & m_n[None, :])
+
+
 def index_scores(
     index_q: torch.Tensor, block_keys: torch.Tensor, table: torch.Tensor | None = None,
-    nb: int = 0,
+    nb: int = 0, dots: bool | None = None,
 ) -> torch.Tensor:
-    """sum_h relu(index_q[b, t, h] . block_keys[b, n]) / sqrt(Di) in fp32: [B, T, NB]. One
-    program per (query row, BLOCK_N block keys): a decode row over a long cache is spread
-    over the SMs (one program walking 2,112 block keys took 50 us on the H200), and each
+    """sum_h relu(index_q[b, t, h] . block_keys[b, n]) / sqrt(Di) in fp32: [B, T, NB]. With
+    INDEX_DOTS, one program per tile of query rows and block keys (INDEX_TILE), each head's
+    scores a tensor-core dot; else one program per (query row, BLOCK_N block keys) of fp32
+    FMAs. Either way a decode row over a long cache is spread over the SMs (one program
+    walking 2,112 block keys took 50 us on the H200), the tile never depends on T, and each
     score is summed over the heads in order whatever the grid. With `table`
     (state.attn_table): block_keys is the first session's [NB0, Di], batch b scores session
     b's in place, and the scores have nb columns, those past session b's own left unwritten."""
@@ -289,6 +380,28 @@ def index_scores(
         nb = block_keys.shape[1]
     scores = torch.empty(b, t, nb, dtype=torch.float32, device=index_q.device)
     if b * t == 0 or nb == 0:
+        return scores
+    if INDEX_DOTS if dots is None else dots:
+        block_t, block_n, warps = INDEX_TILE
+        keys = block_keys.contiguous()
+        _index_dots_kernel[(triton.cdiv(t, block_t), triton.cdiv(nb, block_n), b)](
+            index_q.to(keys.dtype).contiguous(),
+            keys,
+            scores,
+            no_table(index_q.device) if table is None else table,
+            int(table is not None),
+            t,
+            nb,
+            hi,
+            float(di**0.5),
+            DI=di,
+            BDI=triton.next_power_of_2(di),
+            BLOCK_T=block_t,
+            BLOCK_N=block_n,
+            PRECISION="ieee" if keys.dtype == torch.float32 else "tf32",
+            num_warps=warps,
+            **pdl(scores.device),
+        )
         return scores
     _index_scores_kernel[(b * t, triton.cdiv(nb, BLOCK_N))](
         index_q.contiguous(),
@@ -353,7 +466,8 @@ def attend_sessions(
     num_keys = max(c.k.shape[0] for c in caches)
     scores = index_scores(iq[:, None], first.block_keys[None], table, nb)
     mask = select_from_scores(scores, pos[:, None], num_keys, block, top_blocks)
-    return attention(q[:, None], first.k[None], first.v[None], mask, scale, pos + 1, table)[:, 0]
+    return attention(q[:, None], first.k[None], first.v[None], mask, scale, pos + 1, table,
+                     pos[:, None])[:, 0]
 
 
 # the per-session Triton kernels, for reference.attend_sessions' loop

@@ -1,8 +1,9 @@
 """Row-invariant Triton norms, same signatures as `reference.py` (and `l2norm` of the GDN layer).
 
-One program per row (per group for a grouped RMSNorm); the whole row is one fixed block
-(the next power of two of its width), so a row's sum of squares is reduced in the same
-order whatever the number of rows. Computes in fp32 and returns x's dtype.
+One program per row (per group for a grouped RMSNorm; a fixed count of rows for the GDN's
+gated norm); the whole row is one fixed block (the next power of two of its width), so a
+row's sum of squares is reduced in the same order whatever the number of rows. Computes in
+fp32 and returns x's dtype.
 """
 
 from __future__ import annotations
@@ -26,6 +27,18 @@ def rms_factor(x, n, eps):
 def l2_factor(x, eps):
     """rsqrt(sum(x^2) + eps) of fp32 x: the L2 norm's scale (l2norm, the GDN's q and k)."""
     return tl.rsqrt(tl.sum(x * x, axis=0) + eps)
+
+
+# the gated norm's rows a program: 2048 values' worth (the GDN's rows of 128, one a head: 16
+# on 4 warps; an 8k-token prefill is 393k rows, and one a program took 473 us a layer on the
+# H200). A function of the width alone, never of the row count.
+_GATED_VALUES = 2048
+
+
+def _gated_rows(block: int) -> tuple[int, int]:
+    """(rows a program, warps) for rows of `block` values."""
+    rows = max(1, _GATED_VALUES // block)
+    return rows, (4 if rows > 1 else _warps(block))
 
 
 def _warps(block: int) -> int:
@@ -94,29 +107,31 @@ def _gated_rms_norm_kernel(
     SIGMOID: tl.constexpr,
     ROUND_PROD: tl.constexpr,
     BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
     PDL: tl.constexpr = 0,
 ):
+    # ROWS rows a program (a fixed count: each row's sums are its own, whatever the grid)
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
-    pid = tl.program_id(0).to(tl.int64)
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
-    mask = cols < D
+    mask = (row < rows)[:, None] & (cols < D)[None, :]
     dt = y_ptr.dtype.element_ty
-    x = tl.load(x_ptr + pid * D + cols, mask=mask, other=0.0).to(tl.float32)
-    r = rms_factor(x, D, eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+    x = tl.load(x_ptr + row[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    r = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)  # rms_factor, row by row
+    w = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
     # as the reference: the normalised row back in x's dtype, times w in the promoted dtype
     # (x's dtype when w has it: the product is rounded to it; else fp32)
-    h = (x * r).to(dt).to(tl.float32) * w.to(tl.float32)
+    h = (x * r[:, None]).to(dt).to(tl.float32) * w.to(tl.float32)[None, :]
     if ROUND_PROD:
         h = h.to(dt).to(tl.float32)
-    # row pid of the gate: row pid % per of its group pid // per, groups stride_g apart
-    g_row = (pid // per) * stride_g + (pid % per) * D
-    g = tl.load(gate_ptr + g_row + cols, mask=mask, other=0.0).to(tl.float32)
+    # gate row i: row i % per of its group i // per, groups stride_g apart
+    g_row = (row // per) * stride_g + (row % per) * D
+    g = tl.load(gate_ptr + g_row[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if SIGMOID:
         act = 1.0 / (1.0 + tl.exp(-g))
     else:
         act = g / (1.0 + tl.exp(-g))
-    tl.store(y_ptr + pid * D + cols, (h * act).to(dt), mask=mask)
+    tl.store(y_ptr + row[:, None] * D + cols[None, :], (h * act).to(dt), mask=mask)
 
 
 def _gate_rows(gate: torch.Tensor) -> tuple[torch.Tensor, int, int]:
@@ -157,7 +172,8 @@ def gated_rms_norm(
     if rows:
         block = triton.next_power_of_2(d)
         round_prod = torch.promote_types(weight.dtype, x.dtype) == x.dtype
-        _gated_rms_norm_kernel[(rows,)](
+        per_program, warps = _gated_rows(block)
+        _gated_rms_norm_kernel[(triton.cdiv(rows, per_program),)](
             xc,
             gc,
             weight.contiguous(),
@@ -170,7 +186,8 @@ def gated_rms_norm(
             SIGMOID=activation == "sigmoid",
             ROUND_PROD=round_prod,
             BLOCK=block,
-            num_warps=_warps(block),
+            ROWS=per_program,
+            num_warps=warps,
             **pdl(xc.device),
         )
     return y

@@ -1,0 +1,140 @@
+"""The QSA attention and indexer at prefill, tile configs side by side (issue 9: prefill at 8k).
+
+At Flash Next's sizes (24 q heads over 2 kv heads of 256, indexer 4 x 128, blocks of 4, top
+512), bf16, T query rows at positions 0..T-1 over their own T keys, a sparse mask from the
+Triton indexer on random keys. For each attention config (BLOCK_M, BLOCK_L, warps, stages,
+SKIP) with and without the rows' positions: the time at T rows, its rate on the dense causal
+work, one decode row over all T keys, and its bits: rows of the full call against the same
+rows in windows of 1, 7 and 64 rows (each must be equal), and the largest difference from the
+first config. Then the indexer scores, FMA kernel against tensor-core dots.
+
+    python benchmarks/attention_prefill.py [--tokens 8192] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from flashlane.kernels.attention import triton as attn
+
+HQ, HKV, D, HI, DI, BLOCK, TOP = 24, 2, 256, 4, 128, 4, 512
+
+CONFIGS = [  # (BLOCK_M, BLOCK_L, warps, stages, SKIP), positions
+    ((64, 32, 8, 2, True), False),  # before this session
+    ((64, 32, 8, 2, True), True),
+    ((64, 32, 8, 2, False), True),
+    ((64, 32, 8, 3, False), True),
+    ((64, 32, 4, 2, False), True),
+    ((64, 32, 4, 3, False), True),
+    ((64, 64, 4, 2, False), True),
+    ((64, 64, 8, 2, False), True),
+    ((64, 64, 8, 3, False), True),
+    ((64, 64, 8, 2, True), True),
+    ((128, 32, 8, 2, False), True),
+    ((128, 32, 8, 3, False), True),
+    ((128, 64, 8, 2, False), True),
+    ((128, 64, 8, 2, True), True),
+    ((64, 128, 8, 2, False), True),
+    ((64, 16, 4, 3, False), True),
+]
+
+
+def timed(fn, reps: int = 5) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    t = args.tokens
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, device="cuda").to(torch.bfloat16)
+
+    q, k, v = rnd(1, t, HQ, D), rnd(1, t, HKV, D), rnd(1, t, HKV, D)
+    iq, keys = rnd(1, t, HI, DI), rnd(1, t // BLOCK, DI)
+    pos = torch.arange(t, device="cuda").view(1, t)
+    mask = attn.select_mask(iq, keys, pos, t, BLOCK, TOP)
+    scale = D**-0.5
+    dense_flops = 4 * HQ * D * t * (t + 1) / 2  # causal QK^T and PV, 2 per multiply-add
+    rows = []
+    first = None
+    print(f"attention at {t} rows (dense causal work {dense_flops / 1e12:.2f} TFLOP); mask "
+          f"density {mask.float().mean().item() * 2:.3f} of causal")
+    print(f"{'BM':>4} {'BL':>4} {'w':>2} {'st':>2} {'skip':>5} {'pos':>4} {'ms':>8} "
+          f"{'TF/s':>6} {'dec us':>7} {'bits':>5} {'vs first':>9}")
+    for cfg5, with_pos in CONFIGS:
+        cfg = (*cfg5[:4], "tf32", cfg5[4])
+        p = pos if with_pos else None
+        row = dict(config=list(cfg5), positions=with_pos)
+        try:
+            full = attn.attention(q, k, v, mask, scale, positions=p, config=cfg)
+            sec = timed(lambda p=p, cfg=cfg: attn.attention(q, k, v, mask, scale, positions=p,
+                                                            config=cfg))
+            pl = None if p is None else p[:, t - 1:]
+            dec = timed(lambda pl=pl, cfg=cfg: attn.attention(
+                q[:, t - 1:], k, v, mask[:, t - 1:], scale, positions=pl, config=cfg), 20)
+            same = True
+            for a, w in ((0, 1), (t // 2, 7), (t - 64, 64), (t - 1, 1), (1234 % t, 1)):
+                n = a + w
+                part = attn.attention(q[:, a:n], k[:, :n], v[:, :n], mask[:, a:n, :n], scale,
+                                      positions=None if p is None else p[:, a:n], config=cfg)
+                same &= torch.equal(part, full[:, a:n])
+            if first is None:
+                first = full
+            diff = (full.float() - first.float()).abs().max().item()
+            row.update(ms=sec * 1e3, tflops=dense_flops / sec / 1e12, decode_us=dec * 1e6,
+                       row_invariant=same, max_diff_vs_first=diff)
+            print(f"{cfg5[0]:4d} {cfg5[1]:4d} {cfg5[2]:2d} {cfg5[3]:2d} {cfg5[4]!s:>5} "
+                  f"{with_pos!s:>4} {sec * 1e3:8.3f} {dense_flops / sec / 1e12:6.1f} "
+                  f"{dec * 1e6:7.1f} {same!s:>5} {diff:9.2e}")
+        except Exception as e:  # out of shared memory or registers: say so and go on
+            row.update(error=f"{type(e).__name__}: {str(e)[:120]}")
+            print(f"{cfg5} positions={with_pos}: {row['error']}")
+        rows.append(row)
+
+    # the indexer's scores: FMA rows against tensor-core tiles
+    idx = {}
+    fma = attn.index_scores(iq, keys, dots=False)
+    dots = attn.index_scores(iq, keys, dots=True)
+    for name, flag in (("fma", False), ("dots", True)):
+        idx[name + "_ms"] = timed(lambda f=flag: attn.index_scores(iq, keys, dots=f)) * 1e3
+    idx["max_rel_diff"] = ((dots - fma).abs().max() / fma.abs().max()).item()
+    inv = all(torch.equal(attn.index_scores(iq[:, a:a + w], keys, dots=True), dots[:, a:a + w])
+              for a, w in ((0, 1), (t // 2, 7), (t - 64, 64), (t - 1, 1)))
+    idx["dots_row_invariant"] = inv
+    s_mask = attn.select_from_scores(dots, pos, t, BLOCK, TOP)
+    idx["masks_equal"] = torch.equal(s_mask, mask)
+    idx["mask_rows_differing"] = int((s_mask != mask).any(-1).sum().item())
+    idx["select_ms"] = timed(lambda: attn.select_from_scores(dots, pos, t, BLOCK, TOP)) * 1e3
+    print(f"indexer scores at {t} rows: FMA {idx['fma_ms']:.3f} ms, dots {idx['dots_ms']:.3f} ms"
+          f" (largest difference {idx['max_rel_diff']:.1e} of the largest score; dots row "
+          f"invariant {inv}; masks equal {idx['masks_equal']}, rows differing "
+          f"{idx['mask_rows_differing']}); select {idx['select_ms']:.3f} ms")
+    result = dict(bench="attention_prefill", tokens=t, device=torch.cuda.get_device_name(),
+                  torch=torch.__version__, date=time.strftime("%Y-%m-%d"), attention=rows,
+                  indexer=idx)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
