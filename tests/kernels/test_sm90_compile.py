@@ -101,7 +101,8 @@ def launch(tile: dict) -> dict:
 
 # the kernels that have run on the H200 too, at the launch options they use there
 LINEAR = dict(x_ptr=BF, w_ptr=BF, y_ptr=BF, ws_ptr="*fp32", count_ptr="*i32", M="i32",
-              N="i32", K="i32", stride_x="i32", prefetch="i32", squash_cols="i32")
+              N="i32", K="i32", stride_x="i32", stride_y="i32", prefetch="i32",
+              squash_cols="i32")
 TILE = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64)
 DRAW = dict(logits_ptr="*fp32", stride="i32", V="i32", ws_ptr="*i64", n="i32", C="i32")
 EXPERTS = dict(slot_pair_ptr="*i32", block_expert_ptr="*i32", H="i32", I="i32")
@@ -154,7 +155,8 @@ KERNELS.update({
                                 SQUASH=0),
                            dict(num_warps=4, num_stages=2)),
     "sum_parts": (linear._sum_parts_kernel, dict(ws_ptr="*fp32", y_ptr=BF, numel="i32",
-                                                 n="i32", squash_cols="i32"),
+                                                 n="i32", stride_y="i32",
+                                                 squash_cols="i32"),
                   dict(PARTS=4, SQUASH=4, BLOCK=1024), {}),
     "moe gate_up": (moe._gate_up_kernel,
                     dict(x_ptr=BF, gate_ptr=BF, up_ptr=BF, act_ptr=BF, **EXPERTS),

@@ -163,6 +163,7 @@ def test_hc_down_squashes_its_columns_as_it_stores_them(monkeypatch, dtype, k, f
     xn = _rand(m, k, dtype=dtype, seed=31)
     w = _rand(low + hc, k, dtype=dtype, seed=32, scale=0.2)
     got = trh.hc_down(xn, w, low, hc)
+    assert got.stride(0) % 16 == 0  # rows padded: the up projection reads aligned rows
     plain = lin.linear(xn, w)
     assert torch.equal(got[:, :low], trh.hc_squash(plain[:, :low], hc))
     assert torch.equal(got[:, low:], plain[:, low:])

@@ -44,6 +44,8 @@ from flashlane.kernels.pdl import enter, pdl
 
 __all__ = ["DECODE_ROWS", "linear", "prefill_tile", "tile_config"]
 
+# a squashed product's rows are padded to a multiple of this many values
+_ALIGN = 16
 # row tiles x column tiles from which one program runs all partitions
 _IN_PROGRAM_TILES = 128
 # split partitions added by each tile's last program (`kernels/partials.py`), not a 2nd kernel
@@ -186,6 +188,7 @@ def _linear_kernel(
     N,
     K,
     stride_x,
+    stride_y,
     prefetch,
     squash_cols,
     PARTS: tl.constexpr,
@@ -214,7 +217,8 @@ def _linear_kernel(
     m_mask = rm < M
     n_mask = rn < N
     out_mask = m_mask[:, None] & n_mask[None, :]
-    offs = rm[:, None].to(tl.int64) * N + rn[None, :]
+    offs = rm[:, None].to(tl.int64) * N + rn[None, :]  # the partials' planes
+    offs_y = rm[:, None].to(tl.int64) * stride_y + rn[None, :]
     dt: tl.constexpr = y_ptr.dtype.element_ty
     if SPLIT:
         part = tl.program_id(2)
@@ -226,12 +230,12 @@ def _linear_kernel(
         if FIXUP:  # noqa: SIM102
             if last_to_arrive(count_ptr + pid_m * tl.num_programs(1) + pid_n, PARTS):
                 total = add_partials(ws_ptr, offs, out_mask, plane, PARTS, ".cg")
-                tl.store(y_ptr + offs, _stored(total, rn[None, :], squash_cols, SQUASH, dt),
+                tl.store(y_ptr + offs_y, _stored(total, rn[None, :], squash_cols, SQUASH, dt),
                          mask=out_mask)
     elif FLAT:
         total = _all_partitions(x_ptr, w_ptr, rm, rn, m_mask, n_mask, K, stride_x,
                                 BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
-        tl.store(y_ptr + offs, _stored(total, rn[None, :], squash_cols, SQUASH, dt),
+        tl.store(y_ptr + offs_y, _stored(total, rn[None, :], squash_cols, SQUASH, dt),
                  mask=out_mask)
     else:
         total = _partition(x_ptr, w_ptr, rm, rn, m_mask, n_mask, 0, K, stride_x,
@@ -240,18 +244,18 @@ def _linear_kernel(
             acc = _partition(x_ptr, w_ptr, rm, rn, m_mask, n_mask, p, K, stride_x,
                              BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
             total = total + acc
-        tl.store(y_ptr + offs, _stored(total, rn[None, :], squash_cols, SQUASH, dt),
+        tl.store(y_ptr + offs_y, _stored(total, rn[None, :], squash_cols, SQUASH, dt),
                  mask=out_mask)
 
 
 @triton.jit(do_not_specialize=["numel", "n", "squash_cols"])
-def _sum_parts_kernel(ws_ptr, y_ptr, numel, n, squash_cols, PARTS: tl.constexpr,
+def _sum_parts_kernel(ws_ptr, y_ptr, numel, n, stride_y, squash_cols, PARTS: tl.constexpr,
                       SQUASH: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     total = add_partials(ws_ptr, offs, mask, numel.to(tl.int64), PARTS, "")
     y = _stored(total, offs % n, squash_cols, SQUASH, y_ptr.dtype.element_ty)
-    tl.store(y_ptr + offs, y, mask=mask)
+    tl.store(y_ptr + (offs // n) * stride_y + offs % n, y, mask=mask)
 
 
 def _prefetch(w: torch.Tensor, cfg: dict, m: int, n_tiles: int, programs_k: int) -> int:
@@ -283,9 +287,12 @@ def linear(
     in fp32, bitwise `linear(x.float(), w.float())`).
     squash = (cols, hc): the output's first `cols` columns stored as rowwise
     hc_squash(y, hc) of the rounded product y, bitwise (a hyper-connection's down
-    projection, `rowwise.triton_hc.hc_down`), in the same launch. A 2-D x may be a column
-    slice (its rows strided). tile: tile_config's keys, to time or check another tile than
-    (N, K)'s own (benchmarks/tune_linears.py).
+    projection, `rowwise.triton_hc.hc_down`), in the same launch; its rows are then padded
+    to a multiple of 16 values (y is a column slice of a wider buffer), so that the up
+    projection, which reads the squashed columns as a slice, gets 16-byte aligned rows (a
+    row stride of 324 values made it load 2-byte scalars: 353 against 128 us at 8,192 rows
+    on the H200). A 2-D x may be a column slice (its rows strided). tile: tile_config's
+    keys, to time or check another tile than (N, K)'s own (benchmarks/tune_linears.py).
     """
     k = x.shape[-1]
     n, kw = w.shape
@@ -303,7 +310,8 @@ def linear(
     x2 = x if x.dim() == 2 and x.stride(-1) == 1 else x.reshape(-1, k).contiguous()
     w = w.contiguous()
     m = x2.shape[0]
-    y = torch.empty((m, n), dtype=out_dtype, device=x.device)
+    width = -(-n // _ALIGN) * _ALIGN if squash is not None else n
+    y = torch.empty((m, width), dtype=out_dtype, device=x.device)[:, :n]
     if m == 0 or n == 0:
         return y.reshape(*lead, n)
     if k == 0:
@@ -338,17 +346,18 @@ def linear(
         if cfg.get("FLAT", False):  # prefill_tile's one loop over every partition
             meta.update(FLAT=True)
         _linear_kernel[(m_tiles, n_tiles, 1)](
-            x2, w, y, y, y, m, n, k, x2.stride(0), ahead, squash_cols, **meta
+            x2, w, y, y, y, m, n, k, x2.stride(0), y.stride(0), ahead, squash_cols, **meta
         )
         return y.reshape(*lead, n)
     ws = torch.empty((parts, m, n), dtype=torch.float32, device=x.device)
     _linear_kernel[(m_tiles, n_tiles, parts)](
-        x2, w, y, ws, ws if count is None else count, m, n, k, x2.stride(0), ahead,
-        squash_cols, **meta
+        x2, w, y, ws, ws if count is None else count, m, n, k, x2.stride(0), y.stride(0),
+        ahead, squash_cols, **meta
     )
     if count is None:
         block = 1024
         _sum_parts_kernel[(triton.cdiv(m * n, block),)](
-            ws, y, m * n, n, squash_cols, PARTS=parts, SQUASH=hc, BLOCK=block, num_warps=4
+            ws, y, m * n, n, y.stride(0), squash_cols, PARTS=parts, SQUASH=hc, BLOCK=block,
+            num_warps=4
         )
     return y.reshape(*lead, n)
