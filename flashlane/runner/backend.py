@@ -114,14 +114,18 @@ class ModelBackend:
                 self.drafter.forget(w.stream_id)
         self.fed.clear()
         specs = [
-            (self.sessions[w.session_id], torch.tensor(w.tokens), w.start, w.kind == "decode")
+            (self.sessions[w.session_id], w.tokens, w.start, w.kind == "decode")
             for w in windows
         ]
         with torch.no_grad():
             rows = Rows.of(specs, self.device)
             r = self.model.residual(rows)
             draw_at = [i for w, p in zip(windows, rows.pieces) for i in _drawing_rows(w, p)]
-            logits = self.model.logits(r[draw_at]) if draw_at else None
+            # the rows through pinned memory, not a list index: that copies from pageable
+            # memory, and the host waits there for the whole forward before it launches the
+            # head's kernels one by one
+            at = rows.longs("draw_at", lambda: draw_at) if draw_at else None
+            logits = self.model.logits(r.index_select(0, at)) if draw_at else None
         specs = [_spec(w, i) for w in windows for i in range(w.num_draws)]
         picks = _draw_all(logits, specs)
         verdicts, row = [], 0
