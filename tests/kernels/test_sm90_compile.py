@@ -51,7 +51,7 @@ KERNELS = {
     "select": (triton_select._select_kernel,
                dict(scores_ptr="*fp32", pos_ptr="*i64", keep_ptr="*i8", mask_ptr="*i8",
                     nb="i32", num_keys="i32"),
-               dict(BLOCK=4, TOP=512, CHUNK=1024)),
+               dict(BLOCK=4, TOP=512, CHUNK=1024, WHOLE=triton_select.WHOLE)),
     "block_keys": (triton_blocks._block_keys_kernel,
                    dict(raw_ptr=BF, cos_ptr=BF, sin_ptr=BF, w_ptr=BF, out_ptr=BF,
                         stride_raw="i32", stride_out="i32", eps="fp32"), BLOCK_KEY),

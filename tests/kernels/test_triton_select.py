@@ -17,7 +17,17 @@ from tests.kernels.triton_env import DEVICE, needs_triton
 pytestmark = needs_triton
 pytest.importorskip("triton")
 
+from flashlane.kernels.attention import triton_select  # noqa: E402
 from flashlane.kernels.attention.triton_select import select_from_scores  # noqa: E402
+
+
+@pytest.fixture(params=["whole", "chunks"], autouse=True)
+def ranking(request, monkeypatch):
+    """Every test twice: rows ranked from one load (up to WHOLE blocks), and every row
+    through the loops over chunks (WHOLE smaller than any row here that ranks)."""
+    if request.param == "chunks":
+        monkeypatch.setattr(triton_select, "WHOLE", 2)
+    return request.param
 
 
 def _want(scores, pos, num_keys, block, top):

@@ -19,6 +19,10 @@ import triton.language as tl
 from flashlane.kernels.pdl import enter, pdl
 
 CHUNK = 1024
+# a row of up to WHOLE complete blocks is ranked from one load of its scores, in registers
+# (an 8k-token prompt's rows have up to 2,048: 661 us a layer on the H200 reloading them in
+# every pass); longer rows take the loops over chunks. The same kept blocks either way.
+WHOLE = 2048
 
 
 @triton.jit
@@ -32,10 +36,29 @@ def _order_key(s):
     return tl.where(s != s, 4294967296, key)
 
 
+@triton.jit
+def _keep_whole(base, keep_row, complete, zero, TOP: tl.constexpr, WHOLE: tl.constexpr):
+    """The kept flags of a row's `complete` (<= WHOLE) blocks: the ranking of the loops
+    below, its scores loaded once."""
+    ids = tl.arange(0, WHOLE)
+    ok = ids < complete
+    key = _order_key(tl.load(base + ids, mask=ok, other=0.0))
+    thresh = zero
+    for i in range(33):
+        cand = thresh | ((zero + 1) << (zero + 32 - i))  # int64 on both sides
+        if tl.sum((ok & (key >= cand)).to(tl.int64), axis=0) >= TOP:
+            thresh = cand
+    need = TOP - tl.sum((ok & (key > thresh)).to(tl.int64), axis=0)
+    tie = ok & (key == thresh)
+    rank = tl.cumsum(tie.to(tl.int64), axis=0)  # 1-based among the ties
+    keep = ok & ((key > thresh) | (tie & (rank <= need)))
+    tl.store(keep_row + ids, keep.to(tl.int8), mask=ok)
+
+
 @triton.jit(do_not_specialize=["nb", "num_keys"])
 def _select_kernel(scores_ptr, pos_ptr, keep_ptr, mask_ptr, nb, num_keys,
                    BLOCK: tl.constexpr, TOP: tl.constexpr, CHUNK: tl.constexpr,
-                   PDL: tl.constexpr = 0):
+                   WHOLE: tl.constexpr, PDL: tl.constexpr = 0):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + row).to(tl.int64)
@@ -43,7 +66,9 @@ def _select_kernel(scores_ptr, pos_ptr, keep_ptr, mask_ptr, nb, num_keys,
     reach = (pos + 1) // BLOCK  # the blocks complete at this position
     complete = tl.minimum(reach, nb).to(tl.int32)  # ... that have a block key: the ranked
     base = scores_ptr + row * nb
-    if complete > TOP:
+    if (complete > TOP) & (complete <= WHOLE):
+        _keep_whole(base, keep_ptr + row * nb, complete, zero, TOP, WHOLE)
+    elif complete > TOP:
         # the TOP-th highest key among them, bit by bit from the top
         thresh = zero
         for i in range(33):
@@ -98,6 +123,6 @@ def select_from_scores(scores: torch.Tensor, positions: torch.Tensor, num_keys: 
     if rows and num_keys:
         _select_kernel[(rows,)](
             scores.contiguous(), positions.contiguous(), keep, mask, nb, num_keys,
-            BLOCK=block, TOP=top_blocks, CHUNK=CHUNK, **pdl(mask.device),
+            BLOCK=block, TOP=top_blocks, CHUNK=CHUNK, WHOLE=WHOLE, **pdl(mask.device),
         )
     return mask.view(torch.bool)
