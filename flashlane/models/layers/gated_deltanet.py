@@ -82,7 +82,8 @@ class GatedDeltaNet(nn.Module):
         """Conv and the gated delta rule over B sequences of T rows: qkv [B, T, C] ->
         (o [B, T, HV, Dv], conv inputs xfull [B, k-1+T, C], states: the state after every row
         [B, T, HV, Dk, Dv] (recurrent) or the final one [B, 1, ...] (chunked))."""
-        q, k, v, xfull = self.conv_qkv(qkv, window, kernels)
+        # the chunked rule reads v contiguous: gdn_qk copies it in its launch
+        q, k, v, xfull = self.conv_qkv(qkv, window, kernels, contiguous_v=not recurrent)
         if recurrent:
             o, states = kernels.recurrent_gdn(q, k, v, g, beta, state)
         else:
@@ -90,26 +91,29 @@ class GatedDeltaNet(nn.Module):
             states = final.unsqueeze(1)
         return o, xfull, states
 
-    def conv_qkv(self, qkv, window, kernels: Kernels) -> tuple[torch.Tensor, ...]:
+    def conv_qkv(self, qkv, window, kernels: Kernels, contiguous_v: bool = False):
         """The conv over [B, T, C] inputs after their window -> (q scaled, k: L2-normed, value
         heads matched [B, T, HV, Dk]; v [B, T, HV, Dv]; the conv inputs [B, k-1+T, C])."""
         y, xfull = kernels.causal_conv(qkv, window, self.conv_weight)
-        return (*self.heads(y, kernels), xfull)
+        return (*self.heads(y, kernels, contiguous_v), xfull)
 
     @property
     def conv_weight(self) -> torch.Tensor:
         """The conv's [C, k] taps (a view of the checkpoint's [C, 1, k])."""
         return self.conv1d.weight[:, 0, :]
 
-    def heads(self, y: torch.Tensor, kernels: Kernels) -> tuple[torch.Tensor, ...]:
+    def heads(self, y: torch.Tensor, kernels: Kernels, contiguous_v: bool = False):
         """The conv's output [B, T, C] -> (q scaled, k: L2-normed, value heads matched
-        [B, T, HV, Dk]; v [B, T, HV, Dv], a view of y)."""
+        [B, T, HV, Dk]; v [B, T, HV, Dv], a view of y, or with contiguous_v a copy made in
+        gdn_qk's launch where the value and key heads are as wide)."""
         cfg = self.cfg
         b, t, _ = y.shape
         kd, vd = cfg.linear_key_dim, cfg.linear_value_dim
-        v = y[..., 2 * kd : 2 * kd + vd].reshape(b, t, cfg.linear_num_v_heads, -1)
         rep = cfg.linear_num_v_heads // cfg.linear_num_k_heads
         dk = cfg.linear_k_head_dim
+        if contiguous_v and cfg.linear_v_head_dim == dk:
+            return kernels.gdn_qk(y, cfg.linear_num_k_heads, dk, rep, dk**-0.5, with_v=True)
+        v = y[..., 2 * kd : 2 * kd + vd].reshape(b, t, cfg.linear_num_v_heads, -1)
         q, k = kernels.gdn_qk(y, cfg.linear_num_k_heads, dk, rep, dk**-0.5)
         return q, k, v
 
