@@ -15,9 +15,8 @@ skipping or not skipping a block, and whatever shares the tile, changes nothing 
 A row with no allowed key gets NaN, like the reference's softmax over nothing (it cannot
 happen for a causal mask, whose diagonal is always allowed).
 
-select_mask: the indexer scores come from a kernel with one program per tile of query rows
-and block keys that sums relu(q_h . key) over the indexer heads in order, each head's dots
-on the tensor cores; the mask from triton_select's ranking without a sort.
+select_mask, index_scores: the indexer (triton_select.py): its scores on the tensor cores,
+its mask ranked without a sort.
 
 attend_sessions: a lone step's attention for several sessions in one set of launches, each
 kernel reading and writing every session's own caches through a table of their offsets.
@@ -34,9 +33,13 @@ import triton.language as tl
 
 from flashlane.kernels.attention import reference as attention_ref
 from flashlane.kernels.attention import triton_blocks as blocks_tr
-from flashlane.kernels.attention.triton_select import select_from_scores
+from flashlane.kernels.attention.triton_select import (  # the indexer
+    index_scores,
+    select_from_scores,
+    select_mask,
+)
 from flashlane.kernels.pdl import enter, pdl
-from flashlane.kernels.tables import BLOCKS_COL, K_COL, NB_COL, TABLE_WIDTH, V_COL, no_table
+from flashlane.kernels.tables import K_COL, TABLE_WIDTH, V_COL, no_table
 from flashlane.models import state
 
 # attention tiles: BLOCK_M (token, head) rows x BLOCK_L keys, D up to 256. The config depends
@@ -53,14 +56,6 @@ CONFIGS = {
     torch.float16: (64, 32, 4, 2, "tf32", False),
     torch.float32: (64, 32, 8, 1, "ieee", True),
 }
-# indexer: BLOCK_N block keys per step
-BLOCK_N = 64
-INDEX_WARPS = 4
-# the indexer on the tensor cores: tiles of INDEX_TILE = (query rows, block keys, warps); each
-# head's scores a dot (16-bit products exact in fp32, summed by the MMA), relu'd and added in
-# head order. INDEX_DOTS = False keeps the FMA kernel (one row a program).
-INDEX_DOTS = True
-INDEX_TILE = (64, 64, 4)
 
 
 @triton.jit
@@ -272,171 +267,6 @@ def attention(
         **pdl(q.device),
     )
     return o
-
-
-@triton.jit(do_not_specialize=["T", "NB", "HI", "HAS_TABLE"])
-def _index_scores_kernel(
-    iq_ptr,
-    keys_ptr,
-    scores_ptr,
-    tab_ptr,
-    HAS_TABLE,
-    T,
-    NB,
-    HI,
-    sqrt_di,
-    DI: tl.constexpr,
-    BDI: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PDL: tl.constexpr = 0,
-):
-    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
-    i_bt = tl.program_id(0)  # the (b, t) query row
-    i_b = i_bt // T
-    d = tl.arange(0, BDI)
-    m_d = d < DI
-    q_base = i_bt.to(tl.int64) * HI * DI
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # this program's block keys
-    # with a table: session b's block keys and its own count of them (NB: the scores' row)
-    off = i_b.to(tl.int64) * NB * DI
-    nb = NB.to(tl.int64)
-    if HAS_TABLE != 0:
-        off = tl.multiple_of(tl.load(tab_ptr + i_b * TABLE_WIDTH + BLOCKS_COL), 16)
-        nb = tl.load(tab_ptr + i_b * TABLE_WIDTH + NB_COL)
-    keys_ptr += off
-    m_n = n < nb
-    key = tl.load(
-        keys_ptr + n[:, None].to(tl.int64) * DI + d[None, :],
-        mask=m_n[:, None] & m_d[None, :],
-        other=0.0,
-    ).to(tl.float32)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for h in range(0, HI):
-        qh = tl.load(iq_ptr + q_base + h * DI + d, mask=m_d, other=0.0).to(tl.float32)
-        acc += tl.maximum(tl.sum(key * qh[None, :], axis=1), 0.0)
-    tl.store(scores_ptr + i_bt.to(tl.int64) * NB + n, acc / sqrt_di, mask=m_n)
-
-
-@triton.jit(do_not_specialize=["T", "NB", "HI", "HAS_TABLE"])
-def _index_dots_kernel(
-    iq_ptr,
-    keys_ptr,
-    scores_ptr,
-    tab_ptr,
-    HAS_TABLE,
-    T,
-    NB,
-    HI,
-    sqrt_di,
-    DI: tl.constexpr,
-    BDI: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
-    PDL: tl.constexpr = 0,
-):
-    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
-    i_b = tl.program_id(2)
-    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # this program's query rows
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # ... and block keys
-    d = tl.arange(0, BDI)
-    m_d = d < DI
-    m_t = t < T
-    # with a table: session b's block keys and its own count of them (NB: the scores' row)
-    off = i_b.to(tl.int64) * NB * DI
-    nb = NB.to(tl.int64)
-    if HAS_TABLE != 0:
-        off = tl.multiple_of(tl.load(tab_ptr + i_b * TABLE_WIDTH + BLOCKS_COL), 16)
-        nb = tl.load(tab_ptr + i_b * TABLE_WIDTH + NB_COL)
-    keys_ptr += off
-    m_n = n < nb
-    key = tl.load(keys_ptr + n[:, None].to(tl.int64) * DI + d[None, :],
-                  mask=m_n[:, None] & m_d[None, :], other=0.0)
-    q_rows = (i_b.to(tl.int64) * T + t) * HI * DI  # [BLOCK_T]
-    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-    for h in range(0, HI):
-        qh = tl.load(iq_ptr + q_rows[:, None] + h * DI + d[None, :],
-                     mask=m_t[:, None] & m_d[None, :], other=0.0).to(key.dtype)
-        s = tl.dot(qh, tl.trans(key), input_precision=PRECISION)
-        acc += tl.maximum(s, 0.0)
-    out = scores_ptr + (i_b.to(tl.int64) * T + t)[:, None] * NB + n[None, :]
-    tl.store(out, acc / sqrt_di, mask=m_t[:, None] & m_n[None, :])
-
-
-def index_scores(
-    index_q: torch.Tensor, block_keys: torch.Tensor, table: torch.Tensor | None = None,
-    nb: int = 0, dots: bool | None = None,
-) -> torch.Tensor:
-    """sum_h relu(index_q[b, t, h] . block_keys[b, n]) / sqrt(Di) in fp32: [B, T, NB]. With
-    INDEX_DOTS, one program per tile of query rows and block keys (INDEX_TILE), each head's
-    scores a tensor-core dot; else one program per (query row, BLOCK_N block keys) of fp32
-    FMAs. Either way a decode row over a long cache is spread over the SMs (one program
-    walking 2,112 block keys took 50 us on the H200), the tile never depends on T, and each
-    score is summed over the heads in order whatever the grid. With `table`
-    (state.attn_table): block_keys is the first session's [NB0, Di], batch b scores session
-    b's in place, and the scores have nb columns, those past session b's own left unwritten."""
-    b, t, hi, di = index_q.shape
-    if table is None:
-        nb = block_keys.shape[1]
-    scores = torch.empty(b, t, nb, dtype=torch.float32, device=index_q.device)
-    if b * t == 0 or nb == 0:
-        return scores
-    if INDEX_DOTS if dots is None else dots:
-        block_t, block_n, warps = INDEX_TILE
-        keys = block_keys.contiguous()
-        _index_dots_kernel[(triton.cdiv(t, block_t), triton.cdiv(nb, block_n), b)](
-            index_q.to(keys.dtype).contiguous(),
-            keys,
-            scores,
-            no_table(index_q.device) if table is None else table,
-            int(table is not None),
-            t,
-            nb,
-            hi,
-            float(di**0.5),
-            DI=di,
-            BDI=triton.next_power_of_2(di),
-            BLOCK_T=block_t,
-            BLOCK_N=block_n,
-            PRECISION="ieee" if keys.dtype == torch.float32 else "tf32",
-            num_warps=warps,
-            **pdl(scores.device),
-        )
-        return scores
-    _index_scores_kernel[(b * t, triton.cdiv(nb, BLOCK_N))](
-        index_q.contiguous(),
-        block_keys.contiguous(),
-        scores,
-        no_table(index_q.device) if table is None else table,
-        int(table is not None),
-        t,
-        nb,
-        hi,
-        float(di**0.5),
-        DI=di,
-        BDI=triton.next_power_of_2(di),
-        BLOCK_N=BLOCK_N,
-        num_warps=INDEX_WARPS,
-        **pdl(scores.device),
-    )
-    return scores
-
-
-def select_mask(
-    index_q: torch.Tensor,
-    block_keys: torch.Tensor,
-    positions: torch.Tensor,
-    num_keys: int,
-    block: int,
-    top_blocks: int,
-    dense_check: bool = True,
-) -> torch.Tensor:
-    """reference.select_mask: the indexer scores and the mask each in one Triton launch
-    (triton_select.py ranks without a sort), always without the dense shortcut (the same
-    mask): its host read of a device value waits for the GPU, which costs a host-bound round
-    more than the scores do. `dense_check` is accepted for the signature and ignored."""
-    scores = index_scores(index_q, block_keys)
-    return select_from_scores(scores, positions, num_keys, block, top_blocks)
 
 
 def attend_sessions(
