@@ -90,22 +90,16 @@ def main() -> None:
     if args.timeline:
         timeline(llm, short, args.timeline)
     if args.host:
-        torch.cuda.synchronize()
-        prof = cProfile.Profile()
-        prof.enable()
-        llm.generate(short, dec)
-        torch.cuda.synchronize()
-        prof.disable()
-        print("\n=== decode, host: Python functions by own time (cProfile)")
-        pstats.Stats(prof).sort_stats("tottime").print_stats(args.rows * 2)
-        pstats.Stats(prof).sort_stats("cumulative").print_stats(args.rows * 2)
-        prof = cProfile.Profile()
-        prof.enable()
-        llm.generate(long, one)
-        torch.cuda.synchronize()
-        prof.disable()
-        print("\n=== prefill, host: Python functions by own time (cProfile)")
-        pstats.Stats(prof).sort_stats("tottime").print_stats(args.rows * 2)
+        for name, prompts, params in (("decode", short, dec), ("prefill", long, one)):
+            torch.cuda.synchronize()
+            prof = cProfile.Profile()
+            prof.enable()
+            llm.generate(prompts, params)
+            torch.cuda.synchronize()
+            prof.disable()
+            print(f"\n=== {name}, host: Python functions by own time (cProfile)")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(args.rows * 2)
+            pstats.Stats(prof).sort_stats("cumulative").print_stats(args.rows * 2)
 
 
 def _trace_kernels(prof) -> list[dict]:

@@ -16,11 +16,11 @@ from flashlane.kernels.pdl import enter, pdl
 
 
 @triton.jit
-def rms_factor(x, n, eps):
-    """rsqrt(mean(x^2) + eps) of fp32 x over its n values: the scale every Triton RMSNorm here
-    applies (these kernels, the hyper-connections' write_norm, the indexer's block keys), so
-    fused and separate norms do the same arithmetic."""
-    return tl.rsqrt(tl.sum(x * x, axis=0) / n + eps)
+def rms_factor(x, n, eps, AXIS: tl.constexpr = 0):
+    """rsqrt(mean(x^2) + eps) of fp32 x over its n values along AXIS: the scale every Triton
+    RMSNorm here applies (these kernels, the hyper-connections' write_norm, the indexer's
+    block keys), so fused and separate norms do the same arithmetic."""
+    return tl.rsqrt(tl.sum(x * x, axis=AXIS) / n + eps)
 
 
 @triton.jit
@@ -117,7 +117,7 @@ def _gated_rms_norm_kernel(
     mask = (row < rows)[:, None] & (cols < D)[None, :]
     dt = y_ptr.dtype.element_ty
     x = tl.load(x_ptr + row[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    r = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)  # rms_factor, row by row
+    r = rms_factor(x, D, eps, 1)  # row by row
     w = tl.load(w_ptr + cols, mask=cols < D, other=0.0)
     # as the reference: the normalised row back in x's dtype, times w in the promoted dtype
     # (x's dtype when w has it: the product is rounded to it; else fp32)
