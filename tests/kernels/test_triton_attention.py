@@ -1,0 +1,263 @@
+"""Triton QSA attention and indexer kernels vs the torch references, and their row invariance.
+
+A row's output must be bitwise the same whatever the call's width T, the row's offset in it,
+and whatever the other rows and batch entries hold. On the CPU the interpreter runs small
+shapes in fp32; on a GPU the model's (24 q heads over 2 kv heads of 256) in fp32 and bf16.
+Tolerances against the fp32 reference: fp32 1e-5 (the reductions run in another order);
+bf16 2e-2 (outputs, and the probabilities for the tensor cores, rounded to bf16).
+(The GDN kernels: test_triton_mixers.py.)
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.kernels.triton_env import DEVICE, DTYPES, HAS_CUDA, needs_triton
+
+pytest.importorskip("triton")
+
+from flashlane.kernels.attention import reference as attn_ref
+from flashlane.kernels.attention import triton as attn_tri
+
+pytestmark = needs_triton
+
+# (Hq, Hkv, D)
+ATTN_SHAPE = (24, 2, 256) if HAS_CUDA else (6, 2, 32)
+
+
+def tols(dtype):
+    if dtype == torch.float32:
+        return {"rtol": 1e-5, "atol": 1e-5}
+    return {"rtol": 2e-2, "atol": 2e-2}
+
+
+# ---------------------------------------------------------------------------- attention
+
+
+def attn_inputs(b, t, l, dtype, seed=0):
+    hq, hkv, d = ATTN_SHAPE
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, t, hq, d, generator=gen)
+    k = torch.randn(b, l, hkv, d, generator=gen)
+    v = torch.randn(b, l, hkv, d, generator=gen)
+    return [x.to(DEVICE, dtype) for x in (q, k, v)]
+
+
+def causal_mask(b, t, l):
+    """Queries at positions l - t .. l - 1 over keys 0 .. l - 1."""
+    pos = torch.arange(l - t, l, device=DEVICE).view(1, t, 1)
+    return (torch.arange(l, device=DEVICE).view(1, 1, l) <= pos).expand(b, t, l).contiguous()
+
+
+def sparse_mask(b, t, l, seed=0):
+    """Causal with random holes, and whole 64-key blocks cut for every other row."""
+    gen = torch.Generator().manual_seed(seed)
+    m = causal_mask(b, t, l).clone()
+    m &= (torch.rand(b, t, l, generator=gen) < 0.6).to(DEVICE)
+    m[:, ::2, 64:128] = False
+    if l > 200:
+        m[:, 1::3, :200] = False  # rows that see nothing in the first key blocks
+    pos = torch.arange(l - t, l, device=DEVICE)
+    m[:, torch.arange(t, device=DEVICE), pos] = True  # the diagonal is always allowed
+    return m
+
+
+def scale():
+    return ATTN_SHAPE[2] ** -0.5
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t", [1, 3, 16, 70])
+@pytest.mark.parametrize("l", [150, 257])
+@pytest.mark.parametrize("kind", ["causal", "sparse"])
+def test_attention_matches_reference(kind, l, t, dtype):
+    b = 2
+    q, k, v = attn_inputs(b, t, l, dtype, seed=l + t)
+    mask = causal_mask(b, t, l) if kind == "causal" else sparse_mask(b, t, l, seed=t)
+    o = attn_tri.attention(q, k, v, mask, scale())
+    o_ref = attn_ref.attention(q.float(), k.float(), v.float(), mask, scale())
+    assert o.dtype == dtype and o.shape == q.shape
+    torch.testing.assert_close(o.float(), o_ref, **tols(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["causal", "sparse"])
+def test_attention_row_invariance(kind, dtype):
+    """A row is bitwise the same in windows of any width and offset, alone or in a batch."""
+    past, t, b = 180, 16, 3
+    l = past + t
+    q, k, v = attn_inputs(b, t, l, dtype, seed=11)
+    mask = causal_mask(b, t, l) if kind == "causal" else sparse_mask(b, t, l, seed=5)
+    full = attn_tri.attention(q, k, v, mask, scale())
+    # windows of rows [a, a + w) see the keys up to their last row only
+    for a, w in ((0, 1), (0, 5), (3, 1), (3, 9), (15, 1), (7, 9)):
+        n = past + a + w
+        part = attn_tri.attention(
+            q[:, a : a + w], k[:, :n], v[:, :n], mask[:, a : a + w, :n], scale()
+        )
+        assert torch.equal(part, full[:, a : a + w]), (a, w)
+    # each stream alone equals the same stream in the batch
+    for i in range(b):
+        alone = attn_tri.attention(
+            q[i : i + 1], k[i : i + 1], v[i : i + 1], mask[i : i + 1], scale()
+        )
+        assert torch.equal(alone, full[i : i + 1])
+    # a shorter stream padded with garbage keys (masked out) in a batch with longer ones
+    short = 100
+    alone = attn_tri.attention(q[:1], k[:1, :short], v[:1, :short], mask[:1, :, :short], scale())
+    padded_mask = mask.clone()
+    padded_mask[0, :, short:] = False
+    kk, vv = k.clone(), v.clone()
+    kk[0, short:] = 1e4
+    vv[0, short:] = -1e4
+    both = attn_tri.attention(q, kk, vv, padded_mask, scale())
+    assert torch.equal(both[:1], alone)
+    assert torch.equal(both[1:], full[1:])
+
+
+def _positions(b, t, l):
+    return torch.arange(l - t, l, device=DEVICE).expand(b, t)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["causal", "sparse"])
+def test_attention_positions_and_skip_keep_the_bits(kind, dtype):
+    """Ending each tile's walk at its last row's position, and loading the blocks no row of
+    the tile may see (SKIP off), change no bit of any row; the rows stay invariant."""
+    past, t, b = 180, 70, 2
+    l = past + t
+    q, k, v = attn_inputs(b, t, l, dtype, seed=3)
+    mask = causal_mask(b, t, l) if kind == "causal" else sparse_mask(b, t, l, seed=9)
+    pos = _positions(b, t, l)
+    plain = attn_tri.attention(q, k, v, mask, scale())
+    bound = attn_tri.attention(q, k, v, mask, scale(), positions=pos)
+    assert torch.equal(bound, plain)
+    cfg = attn_tri.CONFIGS[k.dtype]
+    for skip in (True, False):
+        cfg = (*cfg[:5], skip)
+        full = attn_tri.attention(q, k, v, mask, scale(), positions=pos, config=cfg)
+        assert torch.equal(full, plain), skip
+        for a, w in ((0, 1), (5, 3), (69, 1), (10, 40)):
+            n = past + a + w
+            part = attn_tri.attention(q[:, a : a + w], k[:, :n], v[:, :n],
+                                      mask[:, a : a + w, :n], scale(),
+                                      positions=pos[:, a : a + w], config=cfg)
+            assert torch.equal(part, full[:, a : a + w]), (skip, a, w)
+
+
+def test_attention_positions_bound_the_walk():
+    """A key past every row's position is never read: NaN there changes nothing."""
+    past, t = 40, 5
+    l = past + t + 60
+    q, k, v = attn_inputs(1, t, l, torch.float32, seed=2)
+    pos = torch.arange(past, past + t, device=DEVICE).view(1, t)
+    mask = torch.arange(l, device=DEVICE).view(1, 1, l) <= pos.view(1, t, 1)
+    want = attn_tri.attention(q, k[:, : past + t], v[:, : past + t], mask[..., : past + t],
+                              scale())
+    k2, v2 = k.clone(), v.clone()
+    k2[:, past + t + 32 :] = float("nan")  # past the tile's last position's block of keys
+    v2[:, past + t + 32 :] = float("nan")
+    cfg = (*attn_tri.CONFIGS[torch.float32][:5], False)
+    got = attn_tri.attention(q, k2, v2, mask, scale(), positions=pos, config=cfg)
+    assert torch.equal(got, want)
+
+
+def test_attention_row_without_keys_is_nan():
+    q, k, v = attn_inputs(1, 2, 70, torch.float32)
+    mask = causal_mask(1, 2, 70).clone()
+    mask[0, 0] = False
+    o = attn_tri.attention(q, k, v, mask, scale())
+    assert torch.isnan(o[0, 0]).all() and torch.isfinite(o[0, 1]).all()
+
+
+# ---------------------------------------------------------------------------- indexer
+
+
+def index_inputs(b, t, hi, di, nb, seed=0, positive=False):
+    gen = torch.Generator().manual_seed(seed)
+    rnd = torch.rand if positive else torch.randn
+    iq = rnd(b, t, hi, di, generator=gen)
+    keys = rnd(b, nb, di, generator=gen)
+    return iq.to(DEVICE), keys.to(DEVICE)
+
+
+def ref_scores(iq, keys):
+    b, t, hi, di = iq.shape
+    s = iq.reshape(b, t * hi, di) @ keys.transpose(1, 2)
+    return s.reshape(b, t, hi, -1).relu().sum(2) / di**0.5
+
+
+@pytest.mark.parametrize("nb", [1, 7, 70])
+def test_index_scores_match_reference(nb):
+    iq, keys = index_inputs(2, 3, 2, 32, nb, seed=nb)
+    s = attn_tri.index_scores(iq, keys)
+    torch.testing.assert_close(s, ref_scores(iq, keys), rtol=1e-5, atol=1e-5)
+    # per row: a row alone equals the same row in the call
+    assert torch.equal(attn_tri.index_scores(iq[1:, 2:], keys[1:]), s[1:, 2:])
+    # a block key's score does not depend on how many follow it (the lone driver scores whole
+    # caches, shared rounds caches cut at the length)
+    cut = max(1, nb - 5)
+    assert torch.equal(attn_tri.index_scores(iq, keys[:, :cut].contiguous()), s[..., :cut])
+
+
+def test_select_mask_dense_region():
+    iq, keys = index_inputs(2, 4, 2, 32, 3, seed=1)
+    pos = torch.tensor([[8, 9, 10, 11], [0, 1, 2, 3]], device=DEVICE)  # at most 3 complete blocks
+    got = attn_tri.select_mask(iq, keys, pos, 12, block=4, top_blocks=3)
+    want = attn_ref.select_mask(iq, keys, pos, 12, block=4, top_blocks=3)
+    assert torch.equal(got, want)
+    assert torch.equal(got[0], torch.ones(12, 12, dtype=torch.bool, device=DEVICE).tril()[8:])
+
+
+@pytest.mark.parametrize("hi,di", [(2, 32), (4, 24)])
+def test_select_mask_sparse_region(hi, di):
+    b, t, block, nb = 2, 5, 4, 20
+    iq, keys = index_inputs(b, t, hi, di, nb, seed=hi)
+    num_keys = nb * block + 3
+    pos = torch.tensor([[60, 61, 62, 63, 64], [79, 80, 81, 82, 30]], device=DEVICE)
+    got = attn_tri.select_mask(iq, keys, pos, num_keys, block=block, top_blocks=4)
+    want = attn_ref.select_mask(iq, keys, pos, num_keys, block=block, top_blocks=4)
+    assert torch.equal(got, want)
+    assert (got.sum(-1) < pos + 1).all()  # the selection did cut something
+
+
+def test_select_mask_ties_go_to_lower_blocks():
+    block, nb = 4, 8
+    iq, keys = index_inputs(1, 1, 2, 32, nb, seed=4, positive=True)
+    keys[0, 5] = keys[0, 2]
+    keys[0, 7] = keys[0, 2]
+    s = attn_tri.index_scores(iq, keys)[0, 0]
+    assert s[2] == s[5] == s[7]  # repeated keys give bitwise equal scores
+    top = int((s > s[2]).sum()) + 2  # the cut falls inside the three-way tie
+    pos = torch.tensor([[nb * block + 1]], device=DEVICE)
+    got = attn_tri.select_mask(iq, keys, pos, nb * block + 2, block=block, top_blocks=top)
+    want = attn_ref.select_mask(iq, keys, pos, nb * block + 2, block=block, top_blocks=top)
+    assert torch.equal(got, want)
+    kept = got[0, 0, : nb * block].view(nb, block).all(-1)
+    assert kept[2] and kept[5] and not kept[7]
+    assert int(kept.sum()) == top
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("t", [1, 3])
+def test_attention_with_lengths_equals_the_cut_caches_bitwise(t, dtype):
+    """Whole caches with the lengths on the device (the lone driver) give the bits of caches
+    cut at those lengths; what lies past a length (NaN here) is never read."""
+    b, l = 2, 257
+    q, k, v = attn_inputs(b, t, l, dtype, seed=9)
+    lengths = [200, 37]
+    for i, n in enumerate(lengths):
+        k[i, n:], v[i, n:] = float("nan"), float("nan")
+    mask = sparse_mask(b, t, l, seed=5)
+    for i, n in enumerate(lengths):  # queries at the last t positions before each length
+        pos = torch.arange(n - t, n, device=DEVICE).view(t, 1)
+        mask[i] = mask[i] & (torch.arange(l, device=DEVICE).view(1, l) <= pos)
+        mask[i, torch.arange(t, device=DEVICE), pos[:, 0]] = True
+    got = attn_tri.attention(q, k, v, mask, scale(), torch.tensor(lengths, device=DEVICE))
+    for i, n in enumerate(lengths):
+        cut = attn_tri.attention(
+            q[i : i + 1], k[i : i + 1, :n], v[i : i + 1, :n], mask[i : i + 1, :, :n].contiguous(),
+            scale(),
+        )  # fmt: skip
+        assert torch.equal(got[i : i + 1], cut)
