@@ -91,10 +91,8 @@ class Rows:
             pos.append(torch.arange(start, start + t))
             offset += t
         both = torch.cat([torch.cat(ids), torch.cat(pos)]) if pieces else torch.zeros(0).long()
-        device = torch.device(device)
-        if device.type == "cuda":
-            pinned = torch.empty(both.shape, dtype=torch.long, pin_memory=True)
-            both = pinned.copy_(both).to(device, non_blocking=True)
+        if torch.device(device).type == "cuda":  # see device_longs: pinned, no wait
+            both = both.pin_memory().to(device, non_blocking=True)
         else:
             both = both.to(device)
         return cls(both[:offset], both[offset:], out)
