@@ -40,10 +40,11 @@ BLOCK_M = 16
 # 4, 16 and 64 rows; down + combine equal at 1 row, faster at 4-64)
 GATE_UP_TILE = dict(BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=4)
 DOWN_TILE = dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
-# above DECODE_ROWS rows (prompt chunks): 64 pairs a tile on wgmma
+# above DECODE_ROWS rows (prompt chunks): 64 pairs a tile on wgmma, a block's column tiles
+# launched together (`_tile_ids`)
 PREFILL_BLOCK_M = 64
-GATE_UP_PREFILL = dict(BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3)
-DOWN_PREFILL = dict(BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3)
+GATE_UP_PREFILL = dict(BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
+DOWN_PREFILL = dict(BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
 COMBINE_BLOCK = 1024
 
 
@@ -56,6 +57,17 @@ def route(
     """
     logits = linear(x, router, out_dtype=torch.float32)
     return pick_experts(logits, top_k, normalize, x.dtype)
+
+
+@triton.jit
+def _tile_ids(BLOCK_MAJOR: tl.constexpr):
+    """(pair block, column tile) of this program. The launch order is the grid's first axis
+    fastest: column tiles first under BLOCK_MAJOR (a block's x rows are read once from DRAM
+    and its expert's weights by its neighbouring blocks at once), else pair blocks first.
+    Which program computes a tile never changes its bits."""
+    if BLOCK_MAJOR:
+        return tl.program_id(1), tl.program_id(0)
+    return tl.program_id(0), tl.program_id(1)
 
 
 @triton.jit
@@ -73,11 +85,11 @@ def _gate_up_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
+    BLOCK_MAJOR: tl.constexpr = False,
     PDL: tl.constexpr = 0,
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
-    blk = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    blk, pid_n = _tile_ids(BLOCK_MAJOR)
     e = tl.load(block_expert_ptr + blk)
     if e < 0:
         return
@@ -129,11 +141,11 @@ def _down_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
+    BLOCK_MAJOR: tl.constexpr = False,
     PDL: tl.constexpr = 0,
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
-    blk = tl.program_id(0)
-    pid_n = tl.program_id(1)
+    blk, pid_n = _tile_ids(BLOCK_MAJOR)
     e = tl.load(block_expert_ptr + blk)
     if e < 0:
         return
@@ -188,6 +200,10 @@ def _combine_kernel(y_ptr, w_ptr, out_ptr, gate_ptr, s_ptr, H, stride_gate, TOP_
     tl.store(out_ptr + row * H + cols, out, mask=mask)
 
 
+def _grid(blocks: int, n_tiles: int, tile: dict) -> tuple[int, int]:
+    return (n_tiles, blocks) if tile.get("BLOCK_MAJOR") else (blocks, n_tiles)
+
+
 def experts(
     x: torch.Tensor,
     weights: torch.Tensor,
@@ -215,7 +231,7 @@ def experts(
     blocks = block_expert.numel()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     act = torch.empty((blocks * bm, i), dtype=x.dtype, device=x.device)
-    _gate_up_kernel[(blocks, triton.cdiv(i, gu["BLOCK_N"]))](
+    _gate_up_kernel[_grid(blocks, triton.cdiv(i, gu["BLOCK_N"]), gu)](
         x,
         gate,
         up,
@@ -231,7 +247,7 @@ def experts(
         **pdl(x.device),
     )
     y = torch.empty((n * top_k, h), dtype=x.dtype, device=x.device)
-    _down_kernel[(blocks, triton.cdiv(h, dn["BLOCK_N"]))](
+    _down_kernel[_grid(blocks, triton.cdiv(h, dn["BLOCK_N"]), dn)](
         act,
         down,
         y,
