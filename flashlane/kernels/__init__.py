@@ -38,6 +38,7 @@ class Kernels:
     # the layers' row-wise tails (kernels/rowwise)
     hc_down: Callable
     hc_mix: Callable
+    hc_up_mix: Callable
     hc_write: Callable
     hc_write_norm: Callable
     gdn_gates: Callable
@@ -47,6 +48,7 @@ class Kernels:
     ngram_ids: Callable
     swiglu: Callable
     gated_heads: Callable
+    greedy_step: Callable
 
 
 REFERENCE = Kernels(
@@ -68,6 +70,7 @@ REFERENCE = Kernels(
     row_sum=norms_ref.row_sum,
     hc_down=rowwise_ref.hc_down,
     hc_mix=rowwise_ref.hc_mix,
+    hc_up_mix=rowwise_ref.hc_up_mix,
     hc_write=rowwise_ref.hc_write,
     hc_write_norm=rowwise_ref.hc_write_norm,
     gdn_gates=rowwise_ref.gdn_gates,
@@ -77,6 +80,7 @@ REFERENCE = Kernels(
     ngram_ids=rowwise_ref.ngram_ids,
     swiglu=rowwise_ref.swiglu,
     gated_heads=rowwise_ref.gated_heads,
+    greedy_step=rowwise_ref.greedy_step,
 )
 
 

@@ -19,6 +19,7 @@ from flashlane.kernels.linear.triton import linear
 from flashlane.kernels.moe import triton as moe_tr
 from flashlane.kernels.norms import triton as norms_tr
 from flashlane.kernels.rowwise import triton as rowwise_tr
+from flashlane.kernels.rowwise import triton_greedy as greedy_tr
 from flashlane.kernels.rowwise import triton_hc as hc_tr
 
 
@@ -51,6 +52,7 @@ TRITON = Kernels(
     row_sum=row_sum,
     hc_down=hc_tr.hc_down,
     hc_mix=hc_tr.hc_mix,
+    hc_up_mix=hc_tr.hc_up_mix,  # the up projection with the mix in its tile
     hc_write=hc_tr.hc_write,
     hc_write_norm=hc_tr.hc_write_norm,
     gdn_gates=rowwise_tr.gdn_gates,
@@ -60,4 +62,5 @@ TRITON = Kernels(
     ngram_ids=rowwise_tr.ngram_ids,
     swiglu=rowwise_tr.swiglu,
     gated_heads=rowwise_tr.gated_heads,
+    greedy_step=greedy_tr.greedy_step,  # a lone step's first maximum, flag, token, position
 )

@@ -76,11 +76,8 @@ def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos:
         r = layer.mlp_half(r, y, w, kernels)
     record[0].index_copy_(0, record[1], r[None])
     record[1].add_(1)
-    top, ids = model.logits(r).max(dim=1)  # the first maximum: ties to the lower id
-    out[:, 0] = ids
-    out[:, 1] = torch.isfinite(top)
-    tok.copy_(ids)
-    pos.add_(1)
+    # the first maximum (ties to the lower id), its finite flag, the next token, position
+    kernels.greedy_step(model.head_logits(r), out, tok, pos)
 
 
 def _stacked(xs: list[torch.Tensor]) -> torch.Tensor:

@@ -31,6 +31,7 @@ from flashlane.kernels.moe import routing  # noqa: E402
 from flashlane.kernels.moe import triton as moe  # noqa: E402
 from flashlane.kernels.norms import triton as norms  # noqa: E402
 from flashlane.kernels.rowwise import triton as rowwise  # noqa: E402
+from flashlane.kernels.rowwise import triton_greedy as rowwise_greedy  # noqa: E402
 from flashlane.kernels.rowwise import triton_hc as rowwise_hc  # noqa: E402
 from flashlane.sampling import triton_draw, triton_top_p  # noqa: E402
 
@@ -76,6 +77,27 @@ KERNELS = {
     "hc_mix": (rowwise_hc._hc_mix_kernel,
                dict(u_ptr=BF, xn_ptr=BF, inj_ptr=BF, a_ptr=BF, w_ptr=BF, h="i32",
                     stride_inj="i32"), dict(HC=4, HC_P2=4, INJECT=True, BLOCK=1024)),
+    "hc_up_mix decode": (rowwise_hc._hc_up_mix_kernel,
+                         dict(x_ptr=BF, w_ptr=BF, xn_ptr=BF, inj_ptr=BF, a_ptr=BF, wo_ptr=BF,
+                              M="i32", H="i32", K="i32", stride_x="i32", stride_inj="i32",
+                              prefetch="i32"),
+                         dict(HC=4, HC_P2=4, INJECT=True, PARTS=1, BLOCKS_PER_PART=3,
+                              BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, FP32_PRODUCTS=False,
+                              PDL=1),
+                         dict(num_warps=4, num_stages=3, launch_pdl=True)),
+    "hc_up_mix prefill": (rowwise_hc._hc_up_mix_kernel,
+                          dict(x_ptr=BF, w_ptr=BF, xn_ptr=BF, inj_ptr=BF, a_ptr=BF, wo_ptr=BF,
+                               M="i32", H="i32", K="i32", stride_x="i32", stride_inj="i32",
+                               prefetch="i32"),
+                          dict(HC=4, HC_P2=4, INJECT=True, PARTS=1, BLOCKS_PER_PART=6,
+                               BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, FP32_PRODUCTS=False),
+                          dict(num_warps=8, num_stages=3)),
+    "greedy_step": (rowwise_greedy._greedy_kernel,
+                    dict(l_ptr=BF, best_ptr="*fp32", at_ptr="*i32", nan_ptr="*i32",
+                         count_ptr="*i32", out_ptr="*i64", tok_ptr="*i64", pos_ptr="*i64",
+                         v="i32", stride_l="i32", stride_out="i32"),
+                    dict(PARTS=61, PARTS_P2=64, CHUNK=4096, BLOCK=1024, PDL=1),
+                    dict(num_warps=4, launch_pdl=True)),
     "hc_write": (rowwise_hc._hc_write_kernel, dict(r_ptr=BF, y_ptr=BF, w_ptr=BF, out_ptr=BF,
                                                  h="i32"), dict(HC=4, BLOCK=1024)),
     "hc_write_norm": (rowwise_hc._hc_write_norm_kernel,

@@ -91,6 +91,28 @@ def test_hc_mix(dtype, inject):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hc", [4, 3, 2])
+@pytest.mark.parametrize("m", [9, 70])  # the decode tile; the prefill tile (over 64 rows)
+def test_hc_up_mix_is_the_up_projection_then_the_mix(dtype, hc, m):
+    """hc_up_mix is bit for bit linear(squashed, up) then hc_mix, with the write weights;
+    the squashed columns a slice of a wider row, as hc_down leaves them; H ragged against
+    the tile; rows alone give the same bits."""
+    from flashlane.kernels.linear.triton import linear
+
+    h, low = 44, 40
+    both = _rand(m, low + hc + 4, dtype=dtype, seed=40, scale=1.0)
+    s, inj = both[:, :low], both[:, low:low + hc]
+    up = _rand(hc * h, low, dtype=dtype, seed=41, scale=0.3)
+    xn = _rand(m, hc * h, dtype=dtype, seed=42)
+    got = trh.hc_up_mix(s, up, xn, inj, hc)
+    want = trh.hc_mix(linear(s, up), xn, inj, hc)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert trh.hc_up_mix(s, up, xn, None, hc)[1] is None
+    _close(got[0], ref.hc_mix(ref.linear(s, up), xn, inj, hc)[0], dtype)
+    _rows_invariant(lambda a, b, c: trh.hc_up_mix(a, up, b, c, hc), s, xn, inj)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_gdn_gates(dtype):
     m, hv = 9, 6
     proj = _rand(m, 2 * hv + 5, dtype=dtype, seed=8, scale=8.0)  # a and b: column slices

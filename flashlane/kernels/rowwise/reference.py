@@ -39,6 +39,14 @@ def hc_mix(
     return a, (None if inject is None else 2 * torch.sigmoid(inject / hc))
 
 
+def hc_up_mix(
+    squashed: torch.Tensor, up: torch.Tensor, xn: torch.Tensor, inject: torch.Tensor | None,
+    hc: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The up projection up [hc*H, L] of the squashed low-rank columns, then hc_mix."""
+    return hc_mix(linear(squashed, up), xn, inject, hc)
+
+
 def mean_of_streams(x: torch.Tensor) -> torch.Tensor:
     """[N, hc, H] -> [N, H]: the streams added in order, then divided. Elementwise adds, so a
     row's result does not depend on the row count (a reduction kernel may change its order)."""
@@ -146,6 +154,18 @@ def gated_heads(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up."""
     return F.silu(gate) * up
+
+
+def greedy_step(logits: torch.Tensor, out: torch.Tensor, tok: torch.Tensor,
+                pos: torch.Tensor) -> None:
+    """A greedy step's tail, in place: logits [B, V] -> out[:, 0] the first maximum of each
+    row (ties to the lower id), out[:, 1] 1 if that maximum is finite (0 for a NaN row), tok
+    the ids, pos moved on by one."""
+    top, ids = logits.float().max(dim=1)
+    out[:, 0] = ids
+    out[:, 1] = torch.isfinite(top)
+    tok.copy_(ids)
+    pos.add_(1)
 
 
 def gated_add(base: torch.Tensor, gate: torch.Tensor, s: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ R: [N, hc*H]. Per block: xn = grouped_rmsnorm(R); mix = sigmoid(up(silu(down(xn)
 the block reads a = mean_c(mix_c * xn_c); its output y is added to every stream with its own
 weight w = 2 sigmoid(inject(xn) / hc): R = R + y (x) w. down and inject read the same xn, so
 they run as one product (the kernels' hc_down, which squashes down's columns as it stores
-them); the row-wise tails are the kernels' hc_mix and hc_write.
+them); up and the mix are one launch too (hc_up_mix); the write is hc_write.
 """
 
 from __future__ import annotations
@@ -44,8 +44,7 @@ class HyperConnection(nn.Module):
             squashed = ops.hc_down(xn, self.input_mix_weight_down.weight, low, self.hc)
             inj = self.block_inject_weight
             inject = None if inj is None else inj(xn)
-        u = ops.linear(squashed, self.input_mix_weight_up.weight)
-        return ops.hc_mix(u, xn, inject, self.hc)
+        return ops.hc_up_mix(squashed, self.input_mix_weight_up.weight, xn, inject, self.hc)
 
     def write(self, r: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """R + y (x) w: y [N, H] added to each stream c with weight w[:, c]."""

@@ -1,0 +1,66 @@
+"""The greedy step's tail in one launch (kernels/rowwise/triton_greedy.py) against the torch
+ops it replaces (reference.greedy_step): the first maximum of each row across the kernel's
+chunks, its finite flag, the token and the position.
+
+CPU: `TRITON_INTERPRET=1 python -m pytest -m triton tests/kernels/test_triton_greedy.py`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashlane.kernels.rowwise import reference as ref
+from tests.kernels.triton_env import DEVICE, DTYPES, needs_triton
+
+pytestmark = needs_triton
+pytest.importorskip("triton")
+
+from flashlane.kernels.rowwise import triton_greedy as tg  # noqa: E402
+
+
+def _both(logits):
+    """(out, tok, pos) of the kernel and of the reference from the same starting buffers."""
+    b = logits.shape[0]
+    runs = []
+    for fn in (tg.greedy_step, ref.greedy_step):
+        out = torch.full((b, 2), -7, dtype=torch.long, device=DEVICE)
+        tok = torch.full((b,), -7, dtype=torch.long, device=DEVICE)
+        pos = torch.arange(b, dtype=torch.long, device=DEVICE) * 10
+        fn(logits, out, tok, pos)
+        runs.append((out, tok, pos))
+    return runs
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_greedy_step_is_the_first_maximum_with_its_flag(dtype):
+    v = 3 * tg.CHUNK + 100  # a ragged last chunk
+    g = torch.Generator(device=DEVICE).manual_seed(3)
+    logits = torch.randn(7, v, generator=g, device=DEVICE).to(dtype)
+    logits[1, [5, 2 * tg.CHUNK + 7, v - 1]] = 50.0  # ties in three chunks: the first wins
+    logits[2, [3, tg.BLOCK + 9, tg.BLOCK + 12]] = 50.0  # ties in one chunk, two loads
+    logits[2, 0] = -float("inf")  # a -inf logit, the maximum still finite
+    logits[3, v - 1] = 60.0  # the maximum in the ragged chunk
+    logits[4, 17] = float("nan")  # a NaN: flag 0
+    logits[5, 100] = float("inf")  # an infinite maximum: flag 0
+    logits[6] = -float("inf")  # nothing finite: flag 0
+    (out, tok, pos), (want_out, want_tok, want_pos) = _both(logits)
+    assert torch.equal(out[:, 1], want_out[:, 1])
+    assert out[:, 1].tolist() == [1, 1, 1, 1, 0, 0, 0]
+    finite = want_out[:, 1] == 1
+    assert torch.equal(out[finite, 0], want_out[finite, 0])
+    assert out[1:4, 0].tolist() == [5, 3, v - 1]
+    assert torch.equal(tok, out[:, 0]) and torch.equal(want_tok, want_out[:, 0])
+    assert torch.equal(pos, want_pos) and pos.tolist() == [1, 11, 21, 31, 41, 51, 61]
+    assert out[5, 0].item() == 100  # the infinite maximum's id, as torch's
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_greedy_step_runs_again_on_its_counters(dtype):
+    """The row counters are left at zero: a second call (a replayed step) is right too."""
+    v = 2 * tg.CHUNK
+    g = torch.Generator(device=DEVICE).manual_seed(4)
+    for _ in range(2):
+        logits = torch.randn(2, v, generator=g, device=DEVICE).to(dtype)
+        (out, _, _), (want, _, _) = _both(logits)
+        assert torch.equal(out, want)
