@@ -98,15 +98,17 @@ def hc_mix(u: torch.Tensor, xn: torch.Tensor, inject: torch.Tensor | None, hc: i
 def _streams(acc, BLOCK_M: tl.constexpr, HB: tl.constexpr, HC_P2: tl.constexpr):
     """The up projection's tile [BLOCK_M, HB * HC_P2], column j = h * HC_P2 + c, as HC_P2
     tiles [BLOCK_M, HB], one a stream (a reshape and splits: the values moved, not touched)."""
+    # one return after constexpr branches: Triton compiles the code after a branch's return
     if HC_P2 == 1:  # (the streams past HC are never read)
         u0 = tl.reshape(acc, (BLOCK_M, HB))
-        return u0, u0, u0, u0
-    if HC_P2 == 2:
+        u1, u2, u3 = u0, u0, u0
+    elif HC_P2 == 2:
         u0, u1 = tl.split(tl.reshape(acc, (BLOCK_M, HB, 2)))
-        return u0, u1, u0, u1
-    even, odd = tl.split(tl.reshape(acc, (BLOCK_M, HB, 2, 2)))  # c = 2 * c1 + c0: c0 split
-    u0, u2 = tl.split(even)
-    u1, u3 = tl.split(odd)
+        u2, u3 = u0, u1
+    else:
+        even, odd = tl.split(tl.reshape(acc, (BLOCK_M, HB, 2, 2)))  # c = 2 * c1 + c0
+        u0, u2 = tl.split(even)
+        u1, u3 = tl.split(odd)
     return u0, u1, u2, u3
 
 
