@@ -52,9 +52,8 @@ def add_partials(ws_ptr, offs, mask, plane, PARTS: tl.constexpr, CACHE: tl.const
 
 
 @triton.jit
-def last_to_arrive(count_ptr, parts):
-    """True in the program that is the last of its tile's `parts` to get here (partial
-    stored; `parts` a constant or a runtime value).
+def last_to_arrive(count_ptr, PARTS: tl.constexpr):
+    """True in the program that is the last of its tile's PARTS to get here (partial stored).
 
     The barrier orders every thread's partial store before the count's release; the acquire
     makes the other programs' partials visible to the last one, which resets the counter for
@@ -62,7 +61,7 @@ def last_to_arrive(count_ptr, parts):
     the partials through L2 (CACHE=".cg" in `add_partials`): its L1 is not coherent."""
     tl.debug_barrier()
     old = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
-    is_last = old == parts - 1
+    is_last = old == PARTS - 1
     if is_last:
         tl.store(count_ptr, 0)
     tl.debug_barrier()

@@ -165,30 +165,3 @@ def test_moe_same_through_either_dispatch(monkeypatch):
     fused = tmoe.moe(x, router, gate, up, down, k, True)
     monkeypatch.setattr(routing, "FUSED_DISPATCH_MAX_PAIRS", 0)
     assert torch.equal(tmoe.moe(x, router, gate, up, down, k, True), fused)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows, k, e", [(1, 10, 512), (4, 10, 512), (7, 3, 8), (102, 10, 512)])
-@pytest.mark.parametrize("block_m", [tmoe.BLOCK_M, 2])
-def test_route_dispatch_is_the_pick_then_the_layout(rows, k, e, block_m, dtype):
-    """One launch (the last row's program lays the pairs out) gives pick_experts' weights
-    and ids and dispatch's layout of them, bitwise, with repeated rows (duplicate experts
-    across rows) and for two calls in a row (the counter is left at zero)."""
-    g = torch.Generator(device=DEVICE).manual_seed(rows * 7 + e)
-    logits = torch.randn(rows, e, generator=g, device=DEVICE) * 3
-    logits[1::3] = logits[0]
-    for _ in range(2):
-        got = routing.route_dispatch(logits, k, True, dtype, block_m)
-        weights, ids = routing.pick_experts(logits, k, True, dtype)
-        want = (weights, ids, *routing.dispatch_by_sort(ids, e, block_m))
-        for a, b in zip(got, want, strict=True):
-            assert a.dtype == b.dtype and torch.equal(a, b)
-
-
-def test_route_dispatch_above_the_fused_pairs_takes_two_launches(monkeypatch):
-    monkeypatch.setattr(routing, "FUSED_DISPATCH_MAX_PAIRS", 8)
-    logits = torch.randn(5, 16, device=DEVICE)
-    got = routing.route_dispatch(logits, 2, False, torch.float32, 4)
-    weights, ids = routing.pick_experts(logits, 2, False, torch.float32)
-    want = (weights, ids, *routing.dispatch_by_sort(ids, 16, 4))
-    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

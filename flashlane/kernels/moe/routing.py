@@ -9,8 +9,6 @@
   expert, in worst-case-sized buffers (no host sync). Up to FUSED_DISPATCH_MAX_PAIRS pairs
   (decode, verify rounds) one single-program kernel lays them out; beyond that (prefill)
   about 25 torch launches do it with a sort. Both give the same tensors; the tests check it.
-* `route_dispatch`: both in one launch at those sizes: the last row's program to finish
-  lays the pairs out.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlane.kernels.partials import counters, last_to_arrive
 from flashlane.kernels.pdl import enter, pdl
 
 # most pairs laid out by the one-program kernel: it walks them in order on one SM
@@ -43,13 +40,6 @@ def _route_kernel(
     PDL: tl.constexpr = 0,
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
-    _route_row(l_ptr, w_ptr, ids_ptr, E, TOP_K, NORMALIZE, BLOCK_E, BLOCK_K)
-
-
-@triton.jit
-def _route_row(l_ptr, w_ptr, ids_ptr, E: tl.constexpr, TOP_K: tl.constexpr,
-               NORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Row program_id(0)'s softmax, top k and renormalisation, stored."""
     i_row = tl.program_id(0).to(tl.int64)
     o_e = tl.arange(0, BLOCK_E)
     mask_e = o_e < E
@@ -124,16 +114,6 @@ def _dispatch_kernel(
     PDL: tl.constexpr = 0,
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
-    _lay_out(ids_ptr, slot_pair_ptr, block_expert_ptr, num_pairs, num_blocks, BLOCK_M, BLOCK_E,
-             BLOCK_P, BLOCK_C, "")
-
-
-@triton.jit
-def _lay_out(ids_ptr, slot_pair_ptr, block_expert_ptr, num_pairs, num_blocks,
-             BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr,
-             BLOCK_C: tl.constexpr, CACHE: tl.constexpr):
-    """The expert-sorted layout of the pairs' ids, in one program (CACHE: the ids' loads'
-    cache modifier, ".cg" where other programs of the launch wrote them)."""
     o_e = tl.arange(0, BLOCK_E)
     o_p = tl.arange(0, BLOCK_P)
     o_c = tl.arange(0, BLOCK_C)
@@ -145,8 +125,8 @@ def _lay_out(ids_ptr, slot_pair_ptr, block_expert_ptr, num_pairs, num_blocks,
     b_count = tl.zeros([BLOCK_E], dtype=tl.int32)
     for p0 in range(0, num_pairs, BLOCK_P):
         mask_p = p0 + o_p < num_pairs
-        b_e = tl.load(ids_ptr + p0 + o_p, mask=mask_p, other=0, cache_modifier=CACHE)
-        b_count += tl.histogram(b_e.to(tl.int32), BLOCK_E, mask=mask_p)
+        b_e = tl.load(ids_ptr + p0 + o_p, mask=mask_p, other=0).to(tl.int32)
+        b_count += tl.histogram(b_e, BLOCK_E, mask=mask_p)
     b_blocks = (b_count + BLOCK_M - 1) // BLOCK_M
     # each expert's next free slot: its segment starts after the padded earlier experts
     b_next = (tl.cumsum(b_blocks, axis=0) - b_blocks) * BLOCK_M
@@ -156,8 +136,7 @@ def _lay_out(ids_ptr, slot_pair_ptr, block_expert_ptr, num_pairs, num_blocks,
     for p0 in range(0, num_pairs, BLOCK_P):
         mask_p = p0 + o_p < num_pairs
         # a masked pair reads expert 0: never stored, and after every real pair of the chunk
-        b_e = tl.load(ids_ptr + p0 + o_p, mask=mask_p, other=0, cache_modifier=CACHE)
-        b_e = b_e.to(tl.int32)
+        b_e = tl.load(ids_ptr + p0 + o_p, mask=mask_p, other=0).to(tl.int32)
         is_e = b_e[:, None] == o_e[None, :]
         mates = (b_e[:, None] == b_e[None, :]) & (o_p[None, :] < o_p[:, None])
         # b_next of each pair's expert (a one-hot sum gathers from registers), plus its rank
@@ -168,47 +147,6 @@ def _lay_out(ids_ptr, slot_pair_ptr, block_expert_ptr, num_pairs, num_blocks,
         # every pair of a block writes the block's one expert
         tl.store(block_expert_ptr + b_dest // BLOCK_M, b_e, mask=mask_p)
         b_next += tl.histogram(b_e, BLOCK_E, mask=mask_p)
-
-
-@triton.jit(do_not_specialize=["num_rows", "num_blocks"])
-def _route_dispatch_kernel(
-    l_ptr, w_ptr, ids_ptr, slot_pair_ptr, block_expert_ptr, count_ptr, num_rows, num_blocks,
-    E: tl.constexpr, TOP_K: tl.constexpr, NORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_C: tl.constexpr, PDL: tl.constexpr = 0,
-):
-    # one program a row picks its experts; the last row's program to finish lays them out
-    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
-    _route_row(l_ptr, w_ptr, ids_ptr, E, TOP_K, NORMALIZE, BLOCK_E, BLOCK_K)
-    if last_to_arrive(count_ptr, num_rows):
-        _lay_out(ids_ptr, slot_pair_ptr, block_expert_ptr, num_rows * TOP_K, num_blocks,
-                 BLOCK_M, BLOCK_E, BLOCK_P, BLOCK_C, ".cg")
-
-
-def route_dispatch(logits: torch.Tensor, top_k: int, normalize: bool, dtype: torch.dtype,
-                   block_m: int):
-    """pick_experts then dispatch (weights, ids, slot_pair, block_expert), the same tensors,
-    in one launch where dispatch would take its one-program kernel: the last row's program
-    to finish (`kernels/partials.py`'s counter) lays the pairs out. Else, or while a graph
-    is captured before the counters exist, the two launches."""
-    n, e = logits.shape
-    pairs = n * top_k
-    count = counters(logits.device, 1) if 0 < pairs <= FUSED_DISPATCH_MAX_PAIRS else None
-    if count is None or top_k > e:
-        weights, ids = pick_experts(logits, top_k, normalize, dtype)
-        return weights, ids, *dispatch(ids, e, block_m)
-    weights = torch.empty((n, top_k), dtype=dtype, device=logits.device)
-    ids = torch.empty((n, top_k), dtype=torch.int64, device=logits.device)
-    num_blocks = triton.cdiv(pairs, block_m) + min(e, pairs)
-    slot_pair = torch.empty(num_blocks * block_m, dtype=torch.int32, device=logits.device)
-    block_expert = torch.empty(num_blocks, dtype=torch.int32, device=logits.device)
-    _route_dispatch_kernel[(n,)](
-        logits.contiguous(), weights, ids, slot_pair, block_expert, count, n, num_blocks,
-        E=e, TOP_K=top_k, NORMALIZE=normalize, BLOCK_E=triton.next_power_of_2(e),
-        BLOCK_K=triton.next_power_of_2(top_k), BLOCK_M=block_m, BLOCK_P=PAIR_CHUNK,
-        BLOCK_C=CLEAR_CHUNK, num_warps=4, **pdl(ids.device),
-    )
-    return weights, ids, slot_pair, block_expert
 
 
 def dispatch_by_sort(ids: torch.Tensor, n_experts: int, block_m: int):

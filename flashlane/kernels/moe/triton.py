@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from flashlane.kernels.linear.triton import DECODE_ROWS, linear
-from flashlane.kernels.moe.routing import dispatch, pick_experts, route_dispatch
+from flashlane.kernels.moe.routing import dispatch, pick_experts
 from flashlane.kernels.pdl import enter, pdl
 
 # pairs a tile at decode (up to DECODE_ROWS rows, and every fp32 call)
@@ -200,13 +200,6 @@ def _combine_kernel(y_ptr, w_ptr, out_ptr, gate_ptr, s_ptr, H, stride_gate, TOP_
     tl.store(out_ptr + row * H + cols, out, mask=mask)
 
 
-def _tiles(x: torch.Tensor) -> tuple[int, dict, dict]:
-    """(pairs a tile, gate/up tile, down tile) for x's rows."""
-    if x.shape[0] > DECODE_ROWS and x.dtype != torch.float32:  # a prompt chunk: wgmma tiles
-        return PREFILL_BLOCK_M, GATE_UP_PREFILL, DOWN_PREFILL
-    return BLOCK_M, GATE_UP_TILE, DOWN_TILE
-
-
 def _grid(blocks: int, n_tiles: int, tile: dict) -> tuple[int, int]:
     return (n_tiles, blocks) if tile.get("BLOCK_MAJOR") else (blocks, n_tiles)
 
@@ -219,11 +212,9 @@ def experts(
     up: torch.Tensor,
     down: torch.Tensor,
     shared: tuple[torch.Tensor, torch.Tensor] | None = None,
-    layout: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """sum_j weights[:, j] * swiglu_{ids[:, j]}(x), added in rank order, then with `shared`
-    (gate logit [N, 1], s [N, H]) + sigmoid(gate logit) * s in the same launch. x: [N, H].
-    layout: dispatch(ids, E, _tiles(x)[0]) where the caller made it (route_dispatch)."""
+    (gate logit [N, 1], s [N, H]) + sigmoid(gate logit) * s in the same launch. x: [N, H]."""
     n, h = x.shape
     e, i, _ = gate.shape
     top_k = ids.shape[1]
@@ -232,8 +223,11 @@ def experts(
         return out
     x = x.contiguous()
     gate, up, down = gate.contiguous(), up.contiguous(), down.contiguous()
-    bm, gu, dn = _tiles(x)
-    slot_pair, block_expert = layout if layout is not None else dispatch(ids, e, bm)
+    if n > DECODE_ROWS and x.dtype != torch.float32:  # a prompt chunk: wgmma tiles
+        bm, gu, dn = PREFILL_BLOCK_M, GATE_UP_PREFILL, DOWN_PREFILL
+    else:
+        bm, gu, dn = BLOCK_M, GATE_UP_TILE, DOWN_TILE
+    slot_pair, block_expert = dispatch(ids, e, bm)
     blocks = block_expert.numel()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     act = torch.empty((blocks * bm, i), dtype=x.dtype, device=x.device)
@@ -286,8 +280,6 @@ def moe(
     shared: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """reference.moe: x: [N, H]; gate, up: [E, I, H]; down: [E, H, I] -> [N, H]; with
-    `shared` (gate logit [N, 1], the shared expert's output) its gated add too. The experts'
-    pick and their layout in one launch at decode sizes (routing.route_dispatch)."""
-    logits = linear(x, router, out_dtype=torch.float32)
-    weights, ids, *layout = route_dispatch(logits, top_k, normalize, x.dtype, _tiles(x)[0])
-    return experts(x, weights, ids, gate, up, down, shared, tuple(layout))
+    `shared` (gate logit [N, 1], the shared expert's output) its gated add too."""
+    weights, ids = route(x, router, top_k, normalize)
+    return experts(x, weights, ids, gate, up, down, shared)
