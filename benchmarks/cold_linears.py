@@ -44,6 +44,10 @@ def variants(n: int, k: int) -> dict[str, dict]:
     for stages in (2, 4):
         out[f"s{stages}"] = dict(today, num_stages=stages)
     out["w8"] = dict(today, num_warps=8)
+    if today["PARTS"] > 1:  # every partition in one program: no partial sums to add after
+        for bn in (16, 32):
+            out[f"one program n{bn}"] = dict(today, BLOCK_N=bn, SPLIT=False)
+            out[f"one program n{bn} w8"] = dict(today, BLOCK_N=bn, SPLIT=False, num_warps=8)
     out["m64"] = dict(today, BLOCK_M=64)
     k_blocks = -(-k // 128)
     for parts in (today["PARTS"] // 2, today["PARTS"] * 2):

@@ -31,6 +31,7 @@ class Kernels:
     attention: Callable
     attend_sessions: Callable
     moe: Callable
+    moe_shared: Callable
     linear: Callable
     rms_norm: Callable
     gated_rms_norm: Callable
@@ -64,6 +65,7 @@ REFERENCE = Kernels(
     attention=attention_ref.attention,
     attend_sessions=attention_ref.attend_sessions,
     moe=moe_ref.moe,
+    moe_shared=moe_ref.moe_shared,
     linear=linear_ref.linear,
     rms_norm=norms_ref.rms_norm,
     gated_rms_norm=norms_ref.gated_rms_norm,

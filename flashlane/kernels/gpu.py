@@ -46,6 +46,7 @@ TRITON = Kernels(
     attention=attention_tr.attention,
     attend_sessions=attention_tr.attend_sessions,  # B sessions in six launches
     moe=moe_tr.moe,
+    moe_shared=moe_tr.moe_shared,  # the shared expert as one more expert of the launches
     linear=linear,
     rms_norm=norms_tr.rms_norm,
     gated_rms_norm=norms_tr.gated_rms_norm,

@@ -55,6 +55,8 @@ class FlashNext(nn.Module):
                 m.op = kernels.rms_norm
             elif isinstance(m, GatedRMSNorm):
                 m.op = kernels.gated_rms_norm
+        if self.embed_tokens.weight.is_cuda:  # the stacks' old tensors (WithShared's experts)
+            torch.cuda.empty_cache()
         return self
 
     @property

@@ -109,6 +109,33 @@ def test_moe_with_the_shared_expert_added_in_the_combine(case):
 
 
 @pytest.mark.parametrize("case", MOE_CASES, ids=str)
+@pytest.mark.parametrize("m", [1, 7, 70])
+def test_moe_shared_is_one_more_expert_of_the_launches(case, m):
+    """moe_shared (the shared expert stacked last) is bit for bit the routed experts over E
+    plus the gated add of the shared expert's grouped output (top 1 of expert E with weight
+    1) and its logit (the router product's last column in x's dtype); near the reference;
+    row-invariant."""
+    (h, e, i, k), dtype = case
+    router, gate, up, down = _moe_weights(h, e, i, dtype)
+    sr = _rand(1, h, dtype=dtype, scale=h**-0.5, seed=30)
+    sg, su = (_rand(1, i, h, dtype=dtype, scale=h**-0.5, seed=s) for s in (31, 32))
+    sd = _rand(1, h, i, dtype=dtype, scale=i**-0.5, seed=33)
+    r1, g1, u1, d1 = (torch.cat(p) for p in ((router, sr), (gate, sg), (up, su), (down, sd)))
+    x = _rand(m, h, dtype=dtype, seed=34)
+    got = tmoe.moe_shared(x, r1, g1, u1, d1, k, True)
+    from flashlane.kernels.linear.triton import linear
+
+    logit = linear(x, r1, out_dtype=torch.float32)[:, e:].to(dtype)
+    one = torch.ones(m, 1, dtype=dtype, device=DEVICE)
+    s = tmoe.experts(x, one, torch.full((m, 1), e, device=DEVICE), g1, u1, d1)
+    assert torch.equal(got, tmoe.moe(x, router, gate, up, down, k, True, (logit, s)))
+    want = moe_ref.moe_shared(x, r1, g1, u1, d1, k, True)
+    assert got.dtype == dtype and _rel_err(got, want) < MOE_TOL[dtype]
+    if m > 1:
+        _check_rows(lambda x: tmoe.moe_shared(x, r1, g1, u1, d1, k, True), x)
+
+
+@pytest.mark.parametrize("case", MOE_CASES, ids=str)
 def test_moe_row_invariant(case):
     (h, e, i, k), dtype = case
     router, gate, up, down = _moe_weights(h, e, i, dtype)

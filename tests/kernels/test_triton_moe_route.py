@@ -140,11 +140,14 @@ def _pair_ids(kind, rows, k, e, seed):
 @pytest.mark.parametrize("rows, k", [(1, 1), (1, 8), (2, 3), (7, 8), (64, 10)])
 def test_dispatch_fused_matches_sort(rows, k, e, kind):
     ids = _pair_ids(kind, rows, k, e, seed=rows * 31 + k)
-    for block_m in (tmoe.BLOCK_M, 2):
-        got = routing.dispatch_fused(ids, e, block_m)
-        want = routing.dispatch_by_sort(ids, e, block_m)
-        assert torch.equal(got[0], want[0]), (rows, k, block_m)
-        assert torch.equal(got[1], want[1]), (rows, k, block_m)
+    for block_m, shared in ((tmoe.BLOCK_M, 0), (2, 0), (tmoe.BLOCK_M, rows), (2, rows)):
+        got = routing.dispatch_fused(ids, e, block_m, shared)
+        want = routing.dispatch_by_sort(ids, e, block_m, shared)
+        assert torch.equal(got[0], want[0]), (rows, k, block_m, shared)
+        assert torch.equal(got[1], want[1]), (rows, k, block_m, shared)
+        if shared:  # every row once as a pair of expert e, after the routed pairs
+            taken = got[0][(got[1] == e).repeat_interleave(block_m)]
+            assert taken[taken >= 0].tolist() == list(range(rows * k, rows * k + rows))
 
 
 def test_dispatch_fused_at_the_threshold():

@@ -323,7 +323,8 @@ def linear(
     cfg = tile or (tile_config if m <= DECODE_ROWS else prefill_tile)(n, k, tile_dtype)
     bm, bn, parts = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["PARTS"]
     m_tiles, n_tiles = triton.cdiv(m, bm), triton.cdiv(n, bn)
-    split = parts > 1 and m_tiles * n_tiles < _IN_PROGRAM_TILES
+    # a tile's SPLIT (False: every partition in its program) overrides the row-tile count's
+    split = parts > 1 and cfg.get("SPLIT", m_tiles * n_tiles < _IN_PROGRAM_TILES)
     # None while a graph is captured before the counters exist: the second kernel adds
     count = counters(x.device, m_tiles * n_tiles) if split and _FIXUP else None
     meta = dict(

@@ -61,3 +61,22 @@ def moe(
     for k in range(1, top_k):
         out = out + out_slots[:, k] * weights[:, k : k + 1]
     return out if shared is None else gated_add(out, *shared)
+
+
+def moe_shared(
+    x: torch.Tensor,
+    router: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    down: torch.Tensor,
+    top_k: int,
+    normalize: bool,
+) -> torch.Tensor:
+    """moe with the shared expert stacked last: router [E+1, H] (row E: the shared expert's
+    gate), gate, up [E+1, I, H], down [E+1, H, I] (expert E: the shared expert) -> the routed
+    experts over E, plus sigmoid(x . router[E]) * swiglu_E(x), the logit in x's dtype."""
+    e = router.shape[0] - 1
+    dt = torch.promote_types(x.dtype, torch.float32)
+    logit = F.linear(x.to(dt), router[e:].to(dt)).to(x.dtype)
+    shared = swiglu(x, gate[e], up[e], down[e])
+    return moe(x, router[:e], gate[:e], up[:e], down[:e], top_k, normalize, (logit, shared))

@@ -27,11 +27,12 @@ PAIR_CHUNK = 16
 CLEAR_CHUNK = 1024
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_l"])
 def _route_kernel(
     l_ptr,
     w_ptr,
     ids_ptr,
+    stride_l,
     E: tl.constexpr,
     TOP_K: tl.constexpr,
     NORMALIZE: tl.constexpr,
@@ -44,7 +45,7 @@ def _route_kernel(
     o_e = tl.arange(0, BLOCK_E)
     mask_e = o_e < E
     # the softmax of the previous separate kernel, op for op: the same fp32 probabilities
-    b_l = tl.load(l_ptr + i_row * E + o_e, mask=mask_e, other=-float("inf"))
+    b_l = tl.load(l_ptr + i_row * stride_l + o_e, mask=mask_e, other=-float("inf"))
     b_z = tl.exp(b_l - tl.max(b_l, axis=0))
     b_z = tl.where(mask_e, b_z, 0.0)
     b_p = b_z / tl.sum(b_z, axis=0)
@@ -76,19 +77,23 @@ def _route_kernel(
 def pick_experts(
     logits: torch.Tensor, top_k: int, normalize: bool, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax, top k and renormalisation of fp32 router logits [N, E] in one launch.
+    """Softmax, top k and renormalisation of fp32 router logits [N, E] in one launch (the
+    rows may be strided: the first E columns of a wider product).
 
     Returns (weights [N, k] in dtype, ids [N, k] int64), ids in rank order.
     """
     n, e = logits.shape
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
     assert top_k <= e, f"top_k {top_k} > {e} experts"
     weights = torch.empty((n, top_k), dtype=dtype, device=logits.device)
     ids = torch.empty((n, top_k), dtype=torch.int64, device=logits.device)
     if n:
         _route_kernel[(n,)](
-            logits.contiguous(),
+            logits,
             weights,
             ids,
+            logits.stride(0),
             E=e,
             TOP_K=top_k,
             NORMALIZE=normalize,
@@ -100,13 +105,16 @@ def pick_experts(
     return weights, ids
 
 
-@triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks", "shared_rows", "routed_blocks"])
 def _dispatch_kernel(
     ids_ptr,
     slot_pair_ptr,
     block_expert_ptr,
     num_pairs,
     num_blocks,
+    shared_rows,
+    routed_blocks,
+    E: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_P: tl.constexpr,
@@ -147,14 +155,25 @@ def _dispatch_kernel(
         # every pair of a block writes the block's one expert
         tl.store(block_expert_ptr + b_dest // BLOCK_M, b_e, mask=mask_p)
         b_next += tl.histogram(b_e, BLOCK_E, mask=mask_p)
+    # the shared expert (id E): row r's pair num_pairs + r, in blocks after the routed ones
+    for c0 in range(0, shared_rows, BLOCK_C):
+        s = c0 + o_c
+        at = routed_blocks * BLOCK_M + s
+        tl.store(slot_pair_ptr + at, num_pairs + s, mask=s < shared_rows)
+        tl.store(block_expert_ptr + at // BLOCK_M, E, mask=s < shared_rows)
 
 
-def dispatch_by_sort(ids: torch.Tensor, n_experts: int, block_m: int):
+def _routed_blocks(pairs: int, n_experts: int, block_m: int) -> int:
+    """The routed pairs' worst-case blocks: each expert's segment padded to block_m."""
+    return triton.cdiv(pairs, block_m) + min(n_experts, pairs)
+
+
+def dispatch_by_sort(ids: torch.Tensor, n_experts: int, block_m: int, shared_rows: int = 0):
     """The torch layout (`dispatch`'s contract) through a stable sort, for any pair count."""
     flat = ids.flatten()
     pairs = flat.numel()
     dev = flat.device
-    max_blocks = triton.cdiv(pairs, block_m) + min(n_experts, pairs)
+    max_blocks = _routed_blocks(pairs, n_experts, block_m)
     # bincount reads the largest id back to the host; a scatter of ones does not
     counts = torch.zeros(n_experts, dtype=torch.long, device=dev).scatter_add_(
         0, flat, torch.ones_like(flat)
@@ -172,14 +191,21 @@ def dispatch_by_sort(ids: torch.Tensor, n_experts: int, block_m: int):
     dest = blk_start[sorted_e] * block_m + rank
     slot_pair = torch.full((max_blocks * block_m,), -1, dtype=torch.int32, device=dev)
     slot_pair[dest] = order.to(torch.int32)
+    if shared_rows:
+        shared = torch.arange(pairs, pairs + triton.cdiv(shared_rows, block_m) * block_m,
+                              dtype=torch.int32, device=dev)
+        slot_pair = torch.cat([slot_pair, torch.where(shared < pairs + shared_rows, shared, -1)])
+        block_expert = torch.cat([block_expert, torch.full(
+            (triton.cdiv(shared_rows, block_m),), n_experts, dtype=torch.int32, device=dev)])
     return slot_pair, block_expert
 
 
-def dispatch_fused(ids: torch.Tensor, n_experts: int, block_m: int):
+def dispatch_fused(ids: torch.Tensor, n_experts: int, block_m: int, shared_rows: int = 0):
     """The same layout from one single-program launch; for up to a few thousand pairs."""
     flat = ids.flatten()
     pairs = flat.numel()
-    num_blocks = triton.cdiv(pairs, block_m) + min(n_experts, pairs)
+    routed = _routed_blocks(pairs, n_experts, block_m)
+    num_blocks = routed + triton.cdiv(shared_rows, block_m)
     slot_pair = torch.empty(num_blocks * block_m, dtype=torch.int32, device=flat.device)
     block_expert = torch.empty(num_blocks, dtype=torch.int32, device=flat.device)
     if pairs:
@@ -189,6 +215,9 @@ def dispatch_fused(ids: torch.Tensor, n_experts: int, block_m: int):
             block_expert,
             pairs,
             num_blocks,
+            shared_rows,
+            routed,
+            E=n_experts,
             BLOCK_M=block_m,
             BLOCK_E=triton.next_power_of_2(n_experts),
             BLOCK_P=PAIR_CHUNK,
@@ -199,11 +228,13 @@ def dispatch_fused(ids: torch.Tensor, n_experts: int, block_m: int):
     return slot_pair, block_expert
 
 
-def dispatch(ids: torch.Tensor, n_experts: int, block_m: int):
+def dispatch(ids: torch.Tensor, n_experts: int, block_m: int, shared_rows: int = 0):
     """(slot_pair [blocks*block_m] int32: the pair in each slot or -1, block_expert [blocks]
     int32: the expert of each block or -1). ids: [N, k]. Pairs p = row*k + slot sorted by
     expert (stable), each expert's segment padded to block_m; blocks is the worst case
-    cdiv(pairs, block_m) + min(E, pairs), so no host sync."""
+    cdiv(pairs, block_m) + min(E, pairs), so no host sync. shared_rows = N: then a shared
+    expert (id E) takes every row, row r as pair N*k + r, in cdiv(N, block_m) blocks after
+    those."""
     if ids.numel() <= FUSED_DISPATCH_MAX_PAIRS:
-        return dispatch_fused(ids, n_experts, block_m)
-    return dispatch_by_sort(ids, n_experts, block_m)
+        return dispatch_fused(ids, n_experts, block_m, shared_rows)
+    return dispatch_by_sort(ids, n_experts, block_m, shared_rows)

@@ -70,7 +70,7 @@ def _tile_ids(BLOCK_MAJOR: tl.constexpr):
     return tl.program_id(0), tl.program_id(1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_routed"])
 def _gate_up_kernel(
     x_ptr,
     gate_ptr,
@@ -80,6 +80,7 @@ def _gate_up_kernel(
     block_expert_ptr,
     H,
     I,
+    num_routed,
     TOP_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -96,7 +97,9 @@ def _gate_up_kernel(
     slots = blk * BLOCK_M + tl.arange(0, BLOCK_M)
     pair = tl.load(slot_pair_ptr + slots)
     valid = pair >= 0
-    row = tl.where(valid, pair // TOP_K, 0).to(tl.int64)
+    # a routed pair is row * TOP_K + slot; the shared expert's pairs follow, one a row
+    row = tl.where(pair < num_routed, pair // TOP_K, pair - num_routed)
+    row = tl.where(valid, row, 0).to(tl.int64)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < I
     w_base = e.to(tl.int64) * I * H
@@ -193,7 +196,8 @@ def _combine_kernel(y_ptr, w_ptr, out_ptr, gate_ptr, s_ptr, H, stride_gate, TOP_
         yj = tl.load(y_ptr + (base + j) * H + cols, mask=mask, other=0.0).to(tl.float32)
         out = (out.to(tl.float32) + (yj * wj).to(dt).to(tl.float32)).to(dt)
     if SHARED:  # + sigmoid(gate) * s, each op rounded as rowwise gated_add's
-        g = tl.load(gate_ptr + row * stride_gate).to(tl.float32)
+        # (a logit in fp32, the router's column, is rounded to dt first: the model's logit)
+        g = tl.load(gate_ptr + row * stride_gate).to(dt).to(tl.float32)
         g = (1.0 / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
         s = tl.load(s_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
         out = (out.to(tl.float32) + (g * s).to(dt).to(tl.float32)).to(dt)
@@ -212,12 +216,17 @@ def experts(
     up: torch.Tensor,
     down: torch.Tensor,
     shared: tuple[torch.Tensor, torch.Tensor] | None = None,
+    shared_logit: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """sum_j weights[:, j] * swiglu_{ids[:, j]}(x), added in rank order, then with `shared`
-    (gate logit [N, 1], s [N, H]) + sigmoid(gate logit) * s in the same launch. x: [N, H]."""
+    (gate logit [N, 1], s [N, H]) + sigmoid(gate logit) * s in the same launch. x: [N, H].
+    shared_logit [N, 1] (fp32 or x's dtype) in place of `shared`: the last expert of gate,
+    up, down is the shared expert, which every row takes in the same grouped launches, and
+    its output s is added so."""
     n, h = x.shape
     e, i, _ = gate.shape
     top_k = ids.shape[1]
+    routed = e - (shared_logit is not None)
     out = torch.empty_like(x)
     if n == 0:
         return out
@@ -227,7 +236,8 @@ def experts(
         bm, gu, dn = PREFILL_BLOCK_M, GATE_UP_PREFILL, DOWN_PREFILL
     else:
         bm, gu, dn = BLOCK_M, GATE_UP_TILE, DOWN_TILE
-    slot_pair, block_expert = dispatch(ids, e, bm)
+    shared_rows = n if shared_logit is not None else 0
+    slot_pair, block_expert = dispatch(ids, routed, bm, shared_rows)
     blocks = block_expert.numel()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     act = torch.empty((blocks * bm, i), dtype=x.dtype, device=x.device)
@@ -240,13 +250,14 @@ def experts(
         block_expert,
         h,
         i,
+        n * top_k,
         TOP_K=top_k,
         BLOCK_M=bm,
         PRECISION=precision,
         **gu,
         **pdl(x.device),
     )
-    y = torch.empty((n * top_k, h), dtype=x.dtype, device=x.device)
+    y = torch.empty((n * top_k + shared_rows, h), dtype=x.dtype, device=x.device)
     _down_kernel[_grid(blocks, triton.cdiv(h, dn["BLOCK_N"]), dn)](
         act,
         down,
@@ -260,6 +271,8 @@ def experts(
         **dn,
         **pdl(y.device),
     )
+    if shared_logit is not None:
+        shared = (shared_logit, y[n * top_k :])
     g, s = shared if shared is not None else (out, out)  # unread without SHARED
     s = s.contiguous()
     _combine_kernel[(n, triton.cdiv(h, COMBINE_BLOCK))](
@@ -283,3 +296,23 @@ def moe(
     `shared` (gate logit [N, 1], the shared expert's output) its gated add too."""
     weights, ids = route(x, router, top_k, normalize)
     return experts(x, weights, ids, gate, up, down, shared)
+
+
+def moe_shared(
+    x: torch.Tensor,
+    router: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    down: torch.Tensor,
+    top_k: int,
+    normalize: bool,
+) -> torch.Tensor:
+    """reference.moe_shared: the routed experts and the gated shared expert in the same
+    launches. router [E+1, H] (its last row the shared expert's gate), gate, up [E+1, I, H],
+    down [E+1, H, I] (the last expert the shared one). The router's product gives the
+    shared gate's logit as its last column; the shared expert is one more block of every
+    grouped launch (each row a pair of expert E), so it costs no launch of its own."""
+    e = router.shape[0] - 1
+    logits = linear(x, router, out_dtype=torch.float32)
+    weights, ids = pick_experts(logits[:, :e], top_k, normalize, x.dtype)
+    return experts(x, weights, ids, gate, up, down, shared_logit=logits[:, e:])

@@ -32,6 +32,41 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class WithShared(Stacked):
+    """The router and the shared expert's gate as one [E+1, H] weight, and the shared expert
+    as expert E of the experts' stacks ([E+1, I, H] gate and up, [E+1, H, I] down), so that
+    one set of grouped launches serves both (kernels.moe_shared). As Stacked: after
+    `stack()` the checkpoint's tensors are views of these; if they were moved since,
+    `stacked` gives None and the layer runs the shared expert on its own."""
+
+    def __init__(self, moe: SparseMoe):
+        super().__init__(moe.gate, moe.shared_expert_gate)
+        self.moe = moe
+        self.experts: tuple[torch.Tensor, ...] = ()
+
+    def stack(self) -> None:
+        if self.moe.cfg.shared_expert_intermediate_size != self.moe.cfg.moe_intermediate_size:
+            return  # the shared expert is not an expert's shape: it runs on its own
+        super().stack()
+        e, se = self.moe.experts, self.moe.shared_expert
+        stacks = []
+        for p, lin in ((e.gate_proj, se.gate_proj), (e.up_proj, se.up_proj),
+                       (e.down_proj, se.down_proj)):
+            w = torch.cat([p.detach(), lin.weight.detach()[None]])
+            p.data, lin.weight.data = w[:-1], w[-1]
+            stacks.append(w)
+        self.experts = tuple(stacks)
+
+    def stacked(self, x: torch.Tensor) -> torch.Tensor | None:
+        w = super().stacked(x)
+        e = self.moe.experts
+        if w is None or not self.experts or any(
+            s.data_ptr() != p.data_ptr() for s, p in zip(self.experts, (e.gate_proj, e.up_proj,
+                                                                          e.down_proj))):
+            return None
+        return w
+
+
 class SparseMoe(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -41,16 +76,20 @@ class SparseMoe(nn.Module):
         self.experts = Experts(cfg.num_experts, h, cfg.moe_intermediate_size)
         self.shared_expert = MLP(h, cfg.shared_expert_intermediate_size)
         self.shared_expert_gate = linear(h, 1)
-        se = self.shared_expert
-        self.shared_in = Stacked(se.gate_proj, se.up_proj, self.shared_expert_gate)
+        self.with_shared = WithShared(self)
 
     def forward(self, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
         """x: [N, H] -> [N, H]: the routed experts, plus the shared expert gated by its
-        logit (added in the routed experts' last launch)."""
-        gate, up, shared_gate = self.shared_in(x)
-        shared = self.shared_expert.down_proj(kernels.swiglu(gate, up))
-        e = self.experts
+        logit: as one more expert of the routed experts' launches once the weights are
+        stacked (WithShared), else on its own and added in their last launch."""
+        cfg, e = self.cfg, self.experts
+        router = self.with_shared.stacked(x)
+        if router is not None:
+            return kernels.moe_shared(x, router, *self.with_shared.experts,
+                                      cfg.num_experts_per_tok, cfg.norm_topk_prob)
+        se = self.shared_expert
+        shared = se.down_proj(kernels.swiglu(se.gate_proj(x), se.up_proj(x)))
         return kernels.moe(
             x, self.gate.weight, e.gate_proj, e.up_proj, e.down_proj,
-            self.cfg.num_experts_per_tok, self.cfg.norm_topk_prob, (shared_gate, shared),
+            cfg.num_experts_per_tok, cfg.norm_topk_prob, (self.shared_expert_gate(x), shared),
         )  # fmt: skip

@@ -1,0 +1,74 @@
+"""The hyper-connections' reads at one row, chained as a decode step chains them (issue 9).
+
+A flashnext-12l step makes 24 reads, each with its own weights: grouped norm, the down
+projection (324 x 10240, its 320 low-rank columns squashed as stored), the up projection
+with the mix (hc_up_mix), then the write. Here 24 such reads with 24 weight sets run in one
+CUDA graph (every weight read from DRAM, each launch after the one it depends on, as in a
+step), with the down projection in today's decode tile (its K partitions split over
+programs, the last program of each tile adding them) and in tiles with the same spans of K
+(every partition in one program; the same bits, checked against today's). GPU only; a
+table and one JSON line.
+
+    python benchmarks/hc_read_chain.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.bench_linears import timed
+from flashlane.kernels.linear.tiles import tile_config
+from flashlane.kernels.linear.triton import linear
+from flashlane.kernels.norms.triton import rms_norm
+from flashlane.kernels.rowwise.triton_hc import hc_up_mix, hc_write
+
+H, HC, LOW, READS = 2560, 4, 320, 24
+
+
+def main() -> None:
+    d, bf = "cuda", torch.bfloat16
+    torch.manual_seed(0)
+    reads = [dict(norm=(torch.randn(HC * H, device=d) * 0.1).to(bf),
+                  down=(torch.randn(LOW + HC, HC * H, device=d) * (HC * H) ** -0.5).to(bf),
+                  up=(torch.randn(HC * H, LOW, device=d) * LOW**-0.5).to(bf))
+             for _ in range(READS)]
+    r0 = torch.randn(1, HC * H, device=d).to(bf)
+    today = tile_config(LOW + HC, HC * H, bf)
+    variants = {"today": None}
+    for bn in (16, 32):
+        for warps in (4, 8):
+            variants[f"one program n{bn} w{warps}"] = dict(today, BLOCK_N=bn, SPLIT=False,
+                                                           num_warps=warps)
+
+    def chain(tile):
+        r = r0
+        for w in reads:
+            xn = rms_norm(r, w["norm"], 1e-6, H)
+            both = linear(xn, w["down"], squash=(LOW, HC), tile=tile)
+            a, mix = hc_up_mix(both[:, :LOW], w["up"], xn, both[:, LOW:], HC)
+            r = hc_write(r, a, mix)
+        return r
+
+    want = chain(None)
+    print(f"{READS} reads at one row in one graph; today's down tile: {today}")
+    results = []
+    for name, tile in variants.items():
+        try:
+            same = bool(torch.equal(chain(tile), want))
+            us = 1e6 * timed(lambda tile=tile: chain(tile), d, 2) / READS
+        except Exception as e:  # a tile the compiler refuses: say so, go on
+            print(f"  {name:<24} {type(e).__name__}: {e}")
+            continue
+        results.append(dict(down_tile=name, us_a_read=us, same_bits=same))
+        print(f"  {name:<24} {us:7.2f} us a read  {'same bits' if same else 'OTHER BITS'}")
+    print(json.dumps(dict(bench="hc_read_chain", reads=READS, results=results)))
+
+
+if __name__ == "__main__":
+    main()
