@@ -7,7 +7,8 @@ CUDA graph (every weight read from DRAM, each launch after the one it depends on
 step), with the down projection in today's decode tile (its K partitions split over
 programs, the last program of each tile adding them) and in tiles with the same spans of K
 (every partition in one program; the same bits, checked against today's). GPU only; a
-table and one JSON line.
+table and one JSON line. Then, at 8,192 rows (a prompt piece), the up projection with the
+mix in one launch (hc_up_mix) against the linear then hc_mix, eagerly.
 
     python benchmarks/hc_read_chain.py
 """
@@ -23,10 +24,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.bench_linears import timed
+from benchmarks.prefill_tiles import eager
 from flashlane.kernels.linear.tiles import tile_config
 from flashlane.kernels.linear.triton import linear
 from flashlane.kernels.norms.triton import rms_norm
-from flashlane.kernels.rowwise.triton_hc import hc_up_mix, hc_write
+from flashlane.kernels.rowwise.triton_hc import hc_mix, hc_up_mix, hc_write
 
 H, HC, LOW, READS = 2560, 4, 320, 24
 
@@ -67,7 +69,19 @@ def main() -> None:
             continue
         results.append(dict(down_tile=name, us_a_read=us, same_bits=same))
         print(f"  {name:<24} {us:7.2f} us a read  {'same bits' if same else 'OTHER BITS'}")
-    print(json.dumps(dict(bench="hc_read_chain", reads=READS, results=results)))
+    rows = 8192
+    both = torch.randn(rows, LOW + HC + 12, device=d).to(bf)  # hc_down's padded rows
+    xn = torch.randn(rows, HC * H, device=d).to(bf)
+    s, inj, up = both[:, :LOW], both[:, LOW:LOW + HC], reads[0]["up"]
+    fused = hc_up_mix(s, up, xn, inj, HC)
+    two = hc_mix(linear(s, up), xn, inj, HC)
+    same = all(bool(torch.equal(a, b)) for a, b in zip(fused, two))
+    prompt = dict(rows=rows, same_bits=same,
+                  us_up_mix=eager(lambda: hc_up_mix(s, up, xn, inj, HC)),
+                  us_linear_then_mix=eager(lambda: hc_mix(linear(s, up), xn, inj, HC)))
+    print(f"  {rows} rows: hc_up_mix {prompt['us_up_mix']:.1f} us, linear + hc_mix "
+          f"{prompt['us_linear_then_mix']:.1f} us  {'same bits' if same else 'OTHER BITS'}")
+    print(json.dumps(dict(bench="hc_read_chain", reads=READS, results=results, prompt=prompt)))
 
 
 if __name__ == "__main__":

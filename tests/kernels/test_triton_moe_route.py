@@ -168,3 +168,14 @@ def test_moe_same_through_either_dispatch(monkeypatch):
     fused = tmoe.moe(x, router, gate, up, down, k, True)
     monkeypatch.setattr(routing, "FUSED_DISPATCH_MAX_PAIRS", 0)
     assert torch.equal(tmoe.moe(x, router, gate, up, down, k, True), fused)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_pick_from_a_wider_aligned_row_is_the_pick_from_its_copy(dtype):
+    """moe_shared routes on the first 512 columns of the router's 513 (its rows padded to
+    528): the same weights and ids, bitwise, as from a contiguous copy."""
+    g = torch.Generator(device=DEVICE).manual_seed(5)
+    wide = torch.randn(9, 528, generator=g, device=DEVICE) * 3
+    got = routing.pick_experts(wide[:, :512], 10, True, dtype)
+    want = routing.pick_experts(wide[:, :512].contiguous(), 10, True, dtype)
+    assert torch.equal(_bits(got[0]), _bits(want[0])) and torch.equal(got[1], want[1])

@@ -278,6 +278,7 @@ def linear(
     out_dtype: torch.dtype | None = None,
     squash: tuple[int, int] | None = None,
     tile: dict | None = None,
+    aligned: bool = False,
 ) -> torch.Tensor:
     """x @ w.T. x: [..., K] (bf16 / fp16 / fp32); w: [N, K] of x's dtype -> [..., N].
 
@@ -291,7 +292,9 @@ def linear(
     to a multiple of 16 values (y is a column slice of a wider buffer), so that the up
     projection, which reads the squashed columns as a slice, gets 16-byte aligned rows (a
     row stride of 324 values made it load 2-byte scalars: 353 against 128 us at 8,192 rows
-    on the H200). A 2-D x may be a column slice (its rows strided). tile: tile_config's
+    on the H200). aligned: rows so padded without a squash (the MoE's router with its
+    shared gate column: the route kernel's loads keep the layout, and its sums the order,
+    of a 512-wide row). A 2-D x may be a column slice (its rows strided). tile: tile_config's
     keys, to time or check another tile than (N, K)'s own (benchmarks/tune_linears.py).
     """
     k = x.shape[-1]
@@ -310,7 +313,7 @@ def linear(
     x2 = x if x.dim() == 2 and x.stride(-1) == 1 else x.reshape(-1, k).contiguous()
     w = w.contiguous()
     m = x2.shape[0]
-    width = -(-n // _ALIGN) * _ALIGN if squash is not None else n
+    width = -(-n // _ALIGN) * _ALIGN if squash is not None or aligned else n
     y = torch.empty((m, width), dtype=out_dtype, device=x.device)[:, :n]
     if m == 0 or n == 0:
         return y.reshape(*lead, n)

@@ -313,6 +313,6 @@ def moe_shared(
     shared gate's logit as its last column; the shared expert is one more block of every
     grouped launch (each row a pair of expert E), so it costs no launch of its own."""
     e = router.shape[0] - 1
-    logits = linear(x, router, out_dtype=torch.float32)
+    logits = linear(x, router, out_dtype=torch.float32, aligned=True)
     weights, ids = pick_experts(logits[:, :e], top_k, normalize, x.dtype)
     return experts(x, weights, ids, gate, up, down, shared_logit=logits[:, e:])

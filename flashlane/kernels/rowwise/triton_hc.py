@@ -179,11 +179,13 @@ def hc_up_mix(squashed: torch.Tensor, up: torch.Tensor, xn: torch.Tensor,
     """hc_mix(linear(squashed, up), xn, inject, hc) in one launch, bit for bit: a tile holds
     every stream of its outputs (the up projection's columns c * H + h for each c), so the
     mix runs on the sums before they are stored; the mix logits never go to memory. The
-    linear's tile and partitions of the up projection, in one program each. Up to 4 streams
-    (else the two launches)."""
+    linear's tile and partitions of the up projection, in one program each. Up to 4 streams,
+    else the two launches; fp32 on a GPU too (its compiler may contract a product and a sum
+    into one FMA in one kernel and not in the other: H200, 3 streams, 70 rows)."""
     m, k = squashed.shape
     n = up.shape[0]
-    if hc > 4 or squashed.stride(-1) != 1 or n % hc:
+    fp32_gpu = squashed.dtype == torch.float32 and squashed.is_cuda
+    if hc > 4 or squashed.stride(-1) != 1 or n % hc or fp32_gpu:
         return hc_mix(linear(squashed, up), xn, inject, hc)
     h = n // hc
     up, xn = up.contiguous(), xn.contiguous()
