@@ -92,7 +92,7 @@ def test_hc_mix(dtype, inject):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hc", [4, 3, 2])
-@pytest.mark.parametrize("m", [9, 70])  # the decode tile; the prefill tile (over 64 rows)
+@pytest.mark.parametrize("m", [9, 70])  # one launch; over 64 rows the two
 def test_hc_up_mix_is_the_up_projection_then_the_mix(dtype, hc, m):
     """hc_up_mix is bit for bit linear(squashed, up) then hc_mix, with the write weights;
     the squashed columns a slice of a wider row, as hc_down leaves them; H ragged against

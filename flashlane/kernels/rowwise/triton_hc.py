@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlane.kernels.linear.tiles import DECODE_ROWS, prefill_tile, tile_config
+from flashlane.kernels.linear.tiles import DECODE_ROWS, tile_config
 from flashlane.kernels.linear.triton import _partition, _prefetch, _prefetch_rows, linear
 from flashlane.kernels.norms.triton import rms_factor
 from flashlane.kernels.pdl import enter, pdl
@@ -179,13 +179,16 @@ def hc_up_mix(squashed: torch.Tensor, up: torch.Tensor, xn: torch.Tensor,
     """hc_mix(linear(squashed, up), xn, inject, hc) in one launch, bit for bit: a tile holds
     every stream of its outputs (the up projection's columns c * H + h for each c), so the
     mix runs on the sums before they are stored; the mix logits never go to memory. The
-    linear's tile and partitions of the up projection, in one program each. Up to 4 streams,
-    else the two launches; fp32 on a GPU too (its compiler may contract a product and a sum
-    into one FMA in one kernel and not in the other: H200, 3 streams, 70 rows)."""
+    linear's tile and partitions of the up projection, in one program each. At decode rows
+    (up to DECODE_ROWS; on the H200 6.0 us a read against 8.0 + 3.9 at one row) and up to
+    4 streams; else the two launches, with the same bits: above DECODE_ROWS (at 8,192 rows
+    431 against 266 us, benchmarks/hc_read_chain.py), and fp32 on a GPU (its compiler may
+    contract a product and a sum into one FMA in one kernel and not the other: 3 streams,
+    70 rows)."""
     m, k = squashed.shape
     n = up.shape[0]
     fp32_gpu = squashed.dtype == torch.float32 and squashed.is_cuda
-    if hc > 4 or squashed.stride(-1) != 1 or n % hc or fp32_gpu:
+    if hc > 4 or squashed.stride(-1) != 1 or n % hc or fp32_gpu or m > DECODE_ROWS:
         return hc_mix(linear(squashed, up), xn, inject, hc)
     h = n // hc
     up, xn = up.contiguous(), xn.contiguous()
@@ -193,7 +196,7 @@ def hc_up_mix(squashed: torch.Tensor, up: torch.Tensor, xn: torch.Tensor,
     w = None if inject is None else torch.empty((m, hc), dtype=xn.dtype, device=xn.device)
     if m == 0 or h == 0:
         return a, w
-    cfg = (tile_config if m <= DECODE_ROWS else prefill_tile)(n, k, squashed.dtype)
+    cfg = tile_config(n, k, squashed.dtype)
     hc_p2 = triton.next_power_of_2(hc)
     hb = cfg["BLOCK_N"] // hc_p2
     launch = pdl(xn.device)
