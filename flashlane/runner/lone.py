@@ -87,9 +87,12 @@ def _stacked(xs: list[torch.Tensor]) -> torch.Tensor:
 
 def _ple(ple, r: torch.Tensor, states: list[PleState], tok: torch.Tensor, kernels):
     history = torch.cat([_stacked([p.ids for p in states]), tok[:, None]], dim=1)
-    add, xfull = ple.stacked(r[:, None], history, _stacked([p.conv for p in states]), kernels)
-    copy_all([p.ids for p in states] + [p.conv for p in states],
-             [*history[:, 1:], *xfull[:, 1:]])
+    # one session: the conv moves its window in place (a view); several: stacked copies
+    one = len(states) == 1
+    add, xfull = ple.stacked(r[:, None], history, _stacked([p.conv for p in states]), kernels,
+                             shift=one)
+    convs = [] if one else [p.conv for p in states]
+    copy_all([p.ids for p in states] + convs, [*history[:, 1:], *([] if one else xfull[:, 1:])])
     return (r[:, None] + add)[:, 0]
 
 

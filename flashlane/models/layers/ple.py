@@ -108,16 +108,18 @@ class PLELayer(nn.Module):
         ]
         return gated + rows.join(convs, True)
 
-    def stacked(self, r3: torch.Tensor, history: torch.Tensor, window: torch.Tensor, kernels):
+    def stacked(self, r3: torch.Tensor, history: torch.Tensor, window: torch.Tensor, kernels,
+                shift: bool = False):
         """forward for B windows of T rows, from tensors alone (a CUDA graph replays it):
         r3 [B, T, hc*H], history [B, n-1+T] ids, window [B, tail, hc*H] ->
-        (the addition [B, T, hc*H], the conv inputs [B, tail+T, hc*H])."""
+        (the addition [B, T, hc*H], the conv inputs [B, tail+T, hc*H]). shift: the conv
+        also moves `window` past the rows in place (a session's own window)."""
         b, t = r3.shape[:2]
         table_rows = self.ple_embedding.row_ids(history).flatten(0, 1)
         gated = self._gated(r3.flatten(0, 1), table_rows, kernels)
         y, xfull = kernels.causal_conv(
             self.norm_conv(gated).unflatten(0, (b, t)), window, self.conv1d.weight[:, 0, :],
-            dilation=self.cfg.ple_conv_dilation,
+            dilation=self.cfg.ple_conv_dilation, shift=shift,
         )  # fmt: skip
         return gated.unflatten(0, (b, t)) + y, xfull
 
