@@ -26,7 +26,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.bench_linears import timed
 from flashlane.kernels.linear import triton as tlin
-from flashlane.kernels.linear.tiles import few_rows_tile
 from flashlane.kernels.pdl import enabled as pdl_enabled
 
 COLD_BYTES = 256 << 20
@@ -34,7 +33,7 @@ COLD_BYTES = 256 << 20
 
 def variants(n: int, k: int) -> dict[str, dict]:
     """Today's decode tile and others: same spans of K unless the name says new bits."""
-    today = few_rows_tile(n, k, torch.bfloat16)  # one row's tile
+    today = tlin.tile_config(n, k, torch.bfloat16)
     span = today["BLOCK_K"] * today["BLOCKS_PER_PART"]
     out = {"today": today}
     for bk in (32, 64):

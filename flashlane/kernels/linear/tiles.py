@@ -15,8 +15,6 @@ _TARGET_PROGRAMS = 264
 _MIN_BLOCKS_PER_PART = 2
 # rows up to which a call takes the decode tile (tile_config), above it prefill_tile
 DECODE_ROWS = 64
-# rows up to which a call takes few_rows_tile (mma.sync rows of 16 for every weight)
-FEW_ROWS = 16
 # outputs up to this wide, split in six partitions or more, take decode tiles of 32 columns
 _NARROW = 512
 
@@ -55,22 +53,6 @@ def tile_config(n: int, k: int, dtype: torch.dtype) -> dict:
         num_warps=warps,
         num_stages=stages,
     )
-
-
-@functools.cache
-def few_rows_tile(n: int, k: int, dtype: torch.dtype) -> dict:
-    """The tile for up to FEW_ROWS rows (one stream's step, a few streams' verify rows):
-    tile_config's partitions (the same spans of K, the same bits) in rows of 16 on mma.sync
-    where tile_config takes wgmma rows of 64 (weights over 4M values), in columns of 32
-    (one partition) or 64 (split), 4 stages. The H200 sweep at 1-16 rows
-    (results/tune_decode_kernels_h200.log: rows of 16 against 64): the GDN's qkv 15.2
-    against 21.0 us, the attention's q + gate 17.2 against 21.4, the head 288 against 316,
-    the out projection 8.5-9.5 against 13-21 (its other partition counts); at 64 rows rows
-    of 16 were slower (36 against 21 us), so 17-64 rows keep tile_config's."""
-    t = tile_config(n, k, dtype)
-    if dtype == torch.float32 or t["BLOCK_M"] == 16:
-        return t
-    return dict(t, BLOCK_M=16, BLOCK_N=32 if t["PARTS"] == 1 else 64, num_stages=4)
 
 
 @functools.cache

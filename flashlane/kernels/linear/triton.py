@@ -6,10 +6,9 @@ Row invariance (a row's output is bitwise the same whatever M, its offset and th
   (N, K, dtype); each partition accumulates its K in ascending order from zero in fp32, and
   the partitions are added in ascending order: `((p0 + p1) + p2) + ...`;
 * the tile's shape (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) follows the call's row count
-  (`tiles.py`: `few_rows_tile` up to FEW_ROWS rows, `tile_config` up to DECODE_ROWS,
-  `prefill_tile` above), never the partitions. A product's bits depend on the partitions
-  and on the tensor cores' k-steps of 16, which run in the same order in every tile: on
-  the H200 every tile of
+  (`tiles.py`: `tile_config` up to DECODE_ROWS rows, `prefill_tile` above), never the
+  partitions. A product's bits depend on the partitions and on the tensor cores' k-steps of
+  16, which run in the same order in every tile: on the H200 every tile of
   `benchmarks/tune_linears.py` (BLOCK_M 16 on mma.sync, 64 and 128 on wgmma, BLOCK_N
   64/128, BLOCK_K 64/128, 4/8 warps) gave the same bits for the same spans, normal and
   exponent-spread inputs, and
@@ -39,13 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlane.kernels.linear.tiles import (
-    DECODE_ROWS,
-    FEW_ROWS,
-    few_rows_tile,
-    prefill_tile,
-    tile_config,
-)
+from flashlane.kernels.linear.tiles import DECODE_ROWS, prefill_tile, tile_config
 from flashlane.kernels.partials import add_partials, counters, last_to_arrive
 from flashlane.kernels.pdl import enter, pdl
 
@@ -330,9 +323,7 @@ def linear(
     fp32_products = x.dtype == torch.float32 or (
         out_dtype == torch.float32 and not _TENSOR_CORE_FP32_OUT)
     tile_dtype = torch.float32 if fp32_products else x.dtype
-    by_rows = (few_rows_tile if m <= FEW_ROWS else tile_config if m <= DECODE_ROWS
-               else prefill_tile)
-    cfg = tile or by_rows(n, k, tile_dtype)
+    cfg = tile or (tile_config if m <= DECODE_ROWS else prefill_tile)(n, k, tile_dtype)
     bm, bn, parts = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["PARTS"]
     m_tiles, n_tiles = triton.cdiv(m, bm), triton.cdiv(n, bn)
     # a tile's SPLIT (False: every partition in its program) overrides the row-tile count's
