@@ -38,7 +38,6 @@ class Kernels:
     row_sum: Callable
     # the layers' row-wise tails (kernels/rowwise)
     hc_down: Callable
-    hc_mix: Callable
     hc_up_mix: Callable
     hc_write: Callable
     hc_write_norm: Callable
@@ -71,7 +70,6 @@ REFERENCE = Kernels(
     gated_rms_norm=norms_ref.gated_rms_norm,
     row_sum=norms_ref.row_sum,
     hc_down=rowwise_ref.hc_down,
-    hc_mix=rowwise_ref.hc_mix,
     hc_up_mix=rowwise_ref.hc_up_mix,
     hc_write=rowwise_ref.hc_write,
     hc_write_norm=rowwise_ref.hc_write_norm,

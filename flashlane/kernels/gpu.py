@@ -52,7 +52,6 @@ TRITON = Kernels(
     gated_rms_norm=norms_tr.gated_rms_norm,
     row_sum=row_sum,
     hc_down=hc_tr.hc_down,
-    hc_mix=hc_tr.hc_mix,
     hc_up_mix=hc_tr.hc_up_mix,  # the up projection with the mix in its tile
     hc_write=hc_tr.hc_write,
     hc_write_norm=hc_tr.hc_write_norm,

@@ -42,7 +42,10 @@ from flashlane.kernels.linear.tiles import DECODE_ROWS, prefill_tile, tile_confi
 from flashlane.kernels.partials import add_partials, counters, last_to_arrive
 from flashlane.kernels.pdl import enter, pdl
 
-__all__ = ["DECODE_ROWS", "linear", "prefill_tile", "tile_config"]
+__all__ = [
+    "DECODE_ROWS", "linear", "partition_sum", "prefetch_rows", "prefetch_span", "prefill_tile",
+    "tile_config",
+]
 
 # a squashed product's rows are padded to a multiple of this many values
 _ALIGN = 16
@@ -82,7 +85,7 @@ def _k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K: tl.
 
 
 @triton.jit
-def _prefetch_rows(w_ptr, rn, N, K, k0, count, ELEM: tl.constexpr):
+def prefetch_rows(w_ptr, rn, N, K, k0, count, ELEM: tl.constexpr):
     """L2 prefetch of w[rn, k0 : k0 + count] (count values, clipped at K): one bulk prefetch
     a row (the rows past N repeat row N - 1). Addresses and sizes are multiples of 16 bytes
     (`linear` checks the weight's alignment and K)."""
@@ -103,7 +106,7 @@ def _product(a, b, acc, FP32_PRODUCTS: tl.constexpr):
 
 
 @triton.jit
-def _partition(
+def partition_sum(
     x_ptr,
     w_ptr,
     rm,
@@ -212,7 +215,7 @@ def _linear_kernel(
         if prefetch > 0:
             k0 = tl.program_id(2) * BLOCKS_PER_PART * BLOCK_K if SPLIT else 0
             elem: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-            _prefetch_rows(w_ptr, rn, N, K, k0, prefetch, elem)
+            prefetch_rows(w_ptr, rn, N, K, k0, prefetch, elem)
     enter(PDL)  # then nothing is read or written before the kernel before has finished
     m_mask = rm < M
     n_mask = rn < N
@@ -222,8 +225,8 @@ def _linear_kernel(
     dt: tl.constexpr = y_ptr.dtype.element_ty
     if SPLIT:
         part = tl.program_id(2)
-        acc = _partition(x_ptr, w_ptr, rm, rn, m_mask, n_mask, part, K, stride_x, BLOCKS_PER_PART,
-            BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
+        acc = partition_sum(x_ptr, w_ptr, rm, rn, m_mask, n_mask, part, K, stride_x,
+                            BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
         plane = M.to(tl.int64) * N
         tl.store(ws_ptr + part * plane + offs, acc, mask=out_mask)
         # a constexpr and a runtime test in one `and` would not fold the constexpr away
@@ -238,10 +241,10 @@ def _linear_kernel(
         tl.store(y_ptr + offs_y, _stored(total, rn[None, :], squash_cols, SQUASH, dt),
                  mask=out_mask)
     else:
-        total = _partition(x_ptr, w_ptr, rm, rn, m_mask, n_mask, 0, K, stride_x,
+        total = partition_sum(x_ptr, w_ptr, rm, rn, m_mask, n_mask, 0, K, stride_x,
                            BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
         for p in range(1, PARTS):  # a loop, not unrolled: PARTS may be 40
-            acc = _partition(x_ptr, w_ptr, rm, rn, m_mask, n_mask, p, K, stride_x,
+            acc = partition_sum(x_ptr, w_ptr, rm, rn, m_mask, n_mask, p, K, stride_x,
                              BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
             total = total + acc
         tl.store(y_ptr + offs_y, _stored(total, rn[None, :], squash_cols, SQUASH, dt),
@@ -258,7 +261,7 @@ def _sum_parts_kernel(ws_ptr, y_ptr, numel, n, stride_y, squash_cols, PARTS: tl.
     tl.store(y_ptr + (offs // n) * stride_y + offs % n, y, mask=mask)
 
 
-def _prefetch(w: torch.Tensor, cfg: dict, m: int, n_tiles: int, programs_k: int) -> int:
+def prefetch_span(w: torch.Tensor, cfg: dict, m: int, n_tiles: int, programs_k: int) -> int:
     """The K values a program prefetches under PDL (0: none): a decode call's whole span of
     K, cut to _PREFETCH_BYTES a launch, in 16-byte multiples; none where a row's address is
     not 16-byte aligned."""
@@ -345,7 +348,7 @@ def linear(
     )
     launch = pdl(x.device)
     meta.update(launch)
-    ahead = _prefetch(w, cfg, m, n_tiles, parts if split else 1) if launch else 0
+    ahead = prefetch_span(w, cfg, m, n_tiles, parts if split else 1) if launch else 0
     if not split:
         if cfg.get("FLAT", False):  # prefill_tile's one loop over every partition
             meta.update(FLAT=True)

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from flashlane.kernels.linear.tiles import DECODE_ROWS, tile_config
-from flashlane.kernels.linear.triton import _partition, _prefetch, _prefetch_rows, linear
+from flashlane.kernels.linear.triton import linear, partition_sum, prefetch_rows, prefetch_span
 from flashlane.kernels.norms.triton import rms_factor
 from flashlane.kernels.pdl import enter, pdl
 from flashlane.kernels.rowwise.triton import BLOCK, rounded, sigmoid
@@ -139,15 +139,15 @@ def _hc_up_mix_kernel(
     if PDL:  # noqa: SIM102 (the weights nothing writes, into L2 while the kernel before runs)
         if prefetch > 0:
             elem: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-            _prefetch_rows(w_ptr, rn, HC * H, K, 0, prefetch, elem)
+            prefetch_rows(w_ptr, rn, HC * H, K, 0, prefetch, elem)
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = rm < M
     # the linear's in-program partitions: ((p0 + p1) + p2) + ..., the same bits as `linear`
-    total = _partition(x_ptr, w_ptr, rm, rn, m_mask, n_mask, 0, K, stride_x, BLOCKS_PER_PART,
+    total = partition_sum(x_ptr, w_ptr, rm, rn, m_mask, n_mask, 0, K, stride_x, BLOCKS_PER_PART,
                        BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
     for p in range(1, PARTS):
-        total += _partition(x_ptr, w_ptr, rm, rn, m_mask, n_mask, p, K, stride_x,
+        total += partition_sum(x_ptr, w_ptr, rm, rn, m_mask, n_mask, p, K, stride_x,
                             BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
     dt: tl.constexpr = a_ptr.dtype.element_ty
     u0, u1, u2, u3 = _streams(total, BLOCK_M, HB, HC_P2)
@@ -201,7 +201,7 @@ def hc_up_mix(squashed: torch.Tensor, up: torch.Tensor, xn: torch.Tensor,
     hb = cfg["BLOCK_N"] // hc_p2
     launch = pdl(xn.device)
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(h, hb))
-    ahead = _prefetch(up, cfg, m, grid[1], 1) if launch else 0
+    ahead = prefetch_span(up, cfg, m, grid[1], 1) if launch else 0
     _hc_up_mix_kernel[grid](
         squashed, up, xn, a if inject is None else inject, a, a if w is None else w, m, h, k,
         squashed.stride(0), 0 if inject is None else inject.stride(0), ahead, HC=hc,
