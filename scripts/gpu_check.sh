@@ -15,8 +15,10 @@
 #          streams (benchmarks/bench_lanes_cpu.py --device cuda; DRAFT_ARGS overrides), with
 #          the lone driver taking up to 16 streams and with its default of one
 # diag:    where a decode step's time goes: one lone step's kernels in order with their own
-#          time at 1 and 4 streams (benchmarks/profile_gpu.py --timeline), and the small
-#          decode products with cold weights (benchmarks/cold_linears.py)
+#          time at 1 and 4 streams (benchmarks/profile_gpu.py --timeline), an 8k prefill's
+#          kernels and idle gaps (--prefill-timeline), the small decode products with cold
+#          weights (benchmarks/cold_linears.py) and 24 chained hyper-connection reads
+#          (benchmarks/hc_read_chain.py)
 # serve:   `flashlane serve` (the embedded model) on the GPU, measured by `flashlane bench
 #          serve` (SERVE_ARGS overrides its arguments), with the lone driver taking one
 #          stream (the default) and up to SERVE_LONE (16) together. Needs fastapi/uvicorn:
@@ -93,9 +95,16 @@ if [[ " $steps " == *" diag "* ]]; then
             > "$out/profile_flashnext-12l_${n}streams_$stamp.txt" 2>&1 || failed+=("profile $n")
         tail -n 1 "$out/profile_flashnext-12l_${n}streams_$stamp.txt"
     done
+    echo "== python benchmarks/profile_gpu.py --config flashnext-12l --prefill 8192 --prefill-timeline"
+    python benchmarks/profile_gpu.py --config flashnext-12l --streams 1 --prefill 8192 --rows 2 \
+        --prefill-timeline "$out/timeline_prefill_8k_flashnext-12l_$stamp.txt" \
+        > "$out/profile_prefill_8k_flashnext-12l_$stamp.txt" 2>&1 || failed+=("profile prefill")
     echo "== python benchmarks/cold_linears.py"
     python benchmarks/cold_linears.py 2>&1 | tee "$out/cold_linears_$stamp.log" \
         || failed+=("cold_linears")
+    echo "== python benchmarks/hc_read_chain.py"
+    python benchmarks/hc_read_chain.py 2>&1 | tee "$out/hc_read_chain_$stamp.log" \
+        || failed+=("hc_read_chain")
 fi
 
 if [[ " $steps " == *" serve "* ]]; then
