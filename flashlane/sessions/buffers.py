@@ -104,12 +104,13 @@ def activation_bytes(cfg: ModelConfig, max_rows: int, device: str, prompt_rows: 
 
 def prompt_row_bytes(cfg: ModelConfig, device: str, context: int) -> int:
     """What one prompt row adds to a round's transient memory, estimated with room to spare:
-    the residual and its hyper-connection copies (8 of hc x H), the MoE's routed pairs (k
-    rows of H out and 3I in), the GDN's chunk states (an fp32 state a value head every 64
-    rows) and its projections (4 of the conv width), the indexer's mask over the context."""
+    the residual and its hyper-connection copies (8 of hc x H), the MoE's pairs (k routed and
+    the shared expert's, kernels.moe_shared: rows of H out and 3I in), the GDN's chunk states
+    (an fp32 state a value head every 64 rows) and its projections (4 of the conv width), the
+    indexer's mask over the context."""
     c = ELEMENT_BYTES[device][0]
     residual = 8 * cfg.hc_count * cfg.hidden_size * c
-    moe = cfg.num_experts_per_tok * (cfg.hidden_size + 3 * cfg.moe_intermediate_size) * c
+    moe = (cfg.num_experts_per_tok + 1) * (cfg.hidden_size + 3 * cfg.moe_intermediate_size) * c
     state = cfg.linear_num_v_heads * cfg.linear_k_head_dim * cfg.linear_v_head_dim * 4 // 64
     return residual + moe + state + 4 * cfg.linear_conv_dim * c + context
 
