@@ -242,10 +242,10 @@ def _linear_kernel(
                  mask=out_mask)
     else:
         total = partition_sum(x_ptr, w_ptr, rm, rn, m_mask, n_mask, 0, K, stride_x,
-                           BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
+                              BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
         for p in range(1, PARTS):  # a loop, not unrolled: PARTS may be 40
             acc = partition_sum(x_ptr, w_ptr, rm, rn, m_mask, n_mask, p, K, stride_x,
-                             BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
+                                BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
             total = total + acc
         tl.store(y_ptr + offs_y, _stored(total, rn[None, :], squash_cols, SQUASH, dt),
                  mask=out_mask)

@@ -47,11 +47,25 @@ def hc_squash(d: torch.Tensor, hc: int) -> torch.Tensor:
 
 
 @triton.jit
-def _mixed(u_ptr, xn_ptr, offs, mask, dt: tl.constexpr):
-    """One stream's sigmoid(u) * xn, each op rounded to dt."""
-    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+def _stream_mixed(u, xn_ptr, offs, mask, dt: tl.constexpr):
+    """One stream's sigmoid(u) * xn from its fp32 mix logits u (rounded to dt first, as the
+    up projection stores them), each op rounded to dt."""
     xn = tl.load(xn_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    return rounded(rounded(sigmoid(u), dt) * xn, dt)
+    return rounded(rounded(sigmoid(rounded(u, dt)), dt) * xn, dt)
+
+
+@triton.jit
+def _mixed(u_ptr, xn_ptr, offs, mask, dt: tl.constexpr):
+    """One stream's sigmoid(u) * xn from the stored mix logits."""
+    u = tl.load(u_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    return _stream_mixed(u, xn_ptr, offs, mask, dt)
+
+
+@triton.jit
+def _write_weights(inj, HC: tl.constexpr, dt: tl.constexpr):
+    """The write weights 2 sigmoid(inject / hc) of the inject columns, each op rounded."""
+    s = rounded(sigmoid(rounded(inj.to(tl.float32) / HC, dt)), dt)
+    return (2.0 * s).to(dt)
 
 
 @triton.jit(do_not_specialize=["h", "stride_inj"])
@@ -73,8 +87,7 @@ def _hc_mix_kernel(u_ptr, xn_ptr, inj_ptr, a_ptr, w_ptr, h, stride_inj,
         if tl.program_id(1) == 0:
             ch = tl.arange(0, HC_P2)
             inj = tl.load(inj_ptr + row * stride_inj + ch, mask=ch < HC, other=0.0)
-            s = rounded(sigmoid(rounded(inj.to(tl.float32) / HC, dt)), dt)
-            tl.store(w_ptr + row * HC + ch, (2.0 * s).to(dt), mask=ch < HC)
+            tl.store(w_ptr + row * HC + ch, _write_weights(inj, HC, dt), mask=ch < HC)
 
 
 def hc_mix(u: torch.Tensor, xn: torch.Tensor, inject: torch.Tensor | None, hc: int):
@@ -112,14 +125,6 @@ def _streams(acc, BLOCK_M: tl.constexpr, HB: tl.constexpr, HC_P2: tl.constexpr):
     return u0, u1, u2, u3
 
 
-@triton.jit
-def _stream_mixed(u, xn_ptr, offs, mask, dt: tl.constexpr):
-    """One stream's sigmoid(u) * xn from its fp32 sums u, as hc_mix computes it from the up
-    projection's stored (rounded) values."""
-    xn = tl.load(xn_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    return rounded(rounded(sigmoid(rounded(u, dt)), dt) * xn, dt)
-
-
 @triton.jit(do_not_specialize=["M", "prefetch", "stride_x", "stride_inj"])
 def _hc_up_mix_kernel(
     x_ptr, w_ptr, xn_ptr, inj_ptr, a_ptr, wo_ptr, M, H, K, stride_x, stride_inj, prefetch,
@@ -144,11 +149,11 @@ def _hc_up_mix_kernel(
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = rm < M
     # the linear's in-program partitions: ((p0 + p1) + p2) + ..., the same bits as `linear`
-    total = partition_sum(x_ptr, w_ptr, rm, rn, m_mask, n_mask, 0, K, stride_x, BLOCKS_PER_PART,
-                       BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
+    total = partition_sum(x_ptr, w_ptr, rm, rn, m_mask, n_mask, 0, K, stride_x,
+                          BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
     for p in range(1, PARTS):
         total += partition_sum(x_ptr, w_ptr, rm, rn, m_mask, n_mask, p, K, stride_x,
-                            BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
+                               BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
     dt: tl.constexpr = a_ptr.dtype.element_ty
     u0, u1, u2, u3 = _streams(total, BLOCK_M, HB, HC_P2)
     h = tl.program_id(1) * HB + tl.arange(0, HB)
@@ -169,9 +174,8 @@ def _hc_up_mix_kernel(
             at = m_mask[:, None] & (ch < HC)[None, :]
             inj = tl.load(inj_ptr + rm[:, None].to(tl.int64) * stride_inj + ch[None, :],
                           mask=at, other=0.0)
-            s = rounded(sigmoid(rounded(inj.to(tl.float32) / HC, dt)), dt)
-            tl.store(wo_ptr + rm[:, None].to(tl.int64) * HC + ch[None, :], (2.0 * s).to(dt),
-                     mask=at)
+            tl.store(wo_ptr + rm[:, None].to(tl.int64) * HC + ch[None, :],
+                     _write_weights(inj, HC, dt), mask=at)
 
 
 def hc_up_mix(squashed: torch.Tensor, up: torch.Tensor, xn: torch.Tensor,
