@@ -75,9 +75,10 @@ class FlashNext(nn.Module):
         """Pre-mixer residual rows [M, hc*H] -> fp32 logits [M, V]."""
         return self.head_logits(r).float()
 
-    def head_logits(self, r: torch.Tensor) -> torch.Tensor:
-        """The head's logits [M, V] in the model's dtype (`logits` without the fp32 copy)."""
-        return self.lm_head(self.hyper_connection_mixer.read(r)[0])
+    def head_logits(self, r: torch.Tensor, xn: torch.Tensor | None = None) -> torch.Tensor:
+        """The head's logits [M, V] in the model's dtype (`logits` without the fp32 copy);
+        xn: the mixer's norm of r, where the last write made it."""
+        return self.lm_head(self.hyper_connection_mixer.read(r, xn)[0])
 
     def mtp_cells(
         self, residual: torch.Tensor, next_ids: torch.Tensor, rows: Rows

@@ -62,10 +62,11 @@ def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos:
     tables = tables or {}
     r = model.embed_tokens(tok).repeat(1, cfg.hc_count)
     cos, sin = model.rotary.cos_sin(pos, r.dtype)
+    xn = None  # the next read's norm, where the write before it made it
     for idx, layer in enumerate(model.layers):
         if layer.ple is not None:
             r = _ple(layer.ple, r, [s.ple[idx] for s in sessions], tok, kernels)
-        a, w = layer.attn_hyper_connection.read(r)
+        a, w = layer.attn_hyper_connection.read(r, xn)
         if layer.kind == "linear":
             y = _gdn(layer.linear_attn, a, [s.gdn[idx] for s in sessions], kernels,
                      tables.get(idx))
@@ -73,11 +74,25 @@ def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos:
             caches = [s.attn[idx] for s in sessions]
             y = _attention(layer.self_attn, a, caches, pos, cos, sin, model.rotary, kernels,
                            tables.get(idx))
-        r = layer.mlp_half(r, y, w, kernels)
+        then = _next_read(model, idx)
+        if then is None:
+            r, xn = layer.mlp_half(r, y, w, kernels), None
+        else:
+            r, xn = layer.mlp_half(r, y, w, kernels, then)
     record[0].index_copy_(0, record[1], r[None])
     record[1].add_(1)
     # the first maximum (ties to the lower id), its finite flag, the next token, position
-    kernels.greedy_step(model.head_logits(r), out, tok, pos)
+    kernels.greedy_step(model.head_logits(r, xn), out, tok, pos)
+
+
+def _next_read(model: FlashNext, idx: int):
+    """The hyper-connection that reads layer idx's output next (the next layer's, or the
+    head's mixer), whose norm the layer's last write makes; None before a PLE layer, which
+    adds to the streams first."""
+    layers = model.layers
+    if idx + 1 == len(layers):
+        return model.hyper_connection_mixer
+    return layers[idx + 1].attn_hyper_connection if layers[idx + 1].ple is None else None
 
 
 def _stacked(xs: list[torch.Tensor]) -> torch.Tensor:

@@ -17,6 +17,7 @@ from tests.kernels.triton_env import DEVICE, DTYPES, needs_triton
 pytestmark = needs_triton
 pytest.importorskip("triton")
 
+from flashlane.kernels.norms import triton as trn  # noqa: E402
 from flashlane.kernels.rowwise import triton as tr  # noqa: E402
 from flashlane.kernels.rowwise import triton_hc as trh  # noqa: E402
 
@@ -70,6 +71,8 @@ def test_hc_write_norm(dtype):
     weight = _rand(hc * h, dtype=dtype, seed=30, scale=0.1)
     got, want = trh.hc_write_norm(r, y, w, weight, 1e-6), ref.hc_write_norm(r, y, w, weight, 1e-6)
     assert torch.equal(got[0], trh.hc_write(r, y, w))  # the write's bits, the norm on them
+    # the next read's norm, bit for bit: the lone step takes it across layers (runner/lone.py)
+    assert torch.equal(got[1], trn.rms_norm(got[0], weight, 1e-6, h))
     _close(got[0], want[0], dtype)
     _close(got[1], want[1], dtype)
     _rows_invariant(lambda a, b, c: trh.hc_write_norm(a, b, c, weight, 1e-6), r, y, w)

@@ -17,6 +17,8 @@ _MIN_BLOCKS_PER_PART = 2
 DECODE_ROWS = 64
 # outputs up to this wide, split in six partitions or more, take decode tiles of 32 columns
 _NARROW = 512
+# and over this many K blocks or more, partitions of at least this many blocks
+_LONG_K_BLOCKS, _LONG_K_PER_PART = 64, 4
 
 
 @functools.cache
@@ -41,9 +43,13 @@ def tile_config(n: int, k: int, dtype: torch.dtype) -> dict:
     parts = -(-k_blocks // per_part)  # no empty partition
     if dtype != torch.float32 and n <= _NARROW and parts >= 6:
         # narrow outputs over long K (the hyper-connections' 324 x 10240): columns of 32 in
-        # the partitions made for 64, the same spans and bits (cold_linears_h200_*.log:
-        # 8.2 -> 6.6 us a call cold)
+        # the partitions made for 64 (cold_linears_h200_*.log: 8.2 -> 6.6 us a call cold)
         bn = 32
+        if k_blocks >= _LONG_K_BLOCKS and per_part < _LONG_K_PER_PART:
+            # and half as many partitions, twice as long: 24 chained reads took 14.4 us a
+            # read against 16.3 (hc_read_chain_cfeb84c.log); other bits than 40 of 2 blocks
+            per_part = _LONG_K_PER_PART
+            parts = -(-k_blocks // per_part)
     return dict(
         BLOCK_M=bm,
         BLOCK_N=bn,

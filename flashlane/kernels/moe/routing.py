@@ -25,6 +25,8 @@ FUSED_DISPATCH_MAX_PAIRS = 1024
 PAIR_CHUNK = 16
 # slots set to -1 per store while clearing the layout
 CLEAR_CHUNK = 1024
+# warps of a row's pick and of the layout's one program: their reductions are serial steps
+ROUTE_WARPS, DISPATCH_WARPS = 4, 4
 
 
 @triton.jit  # stride_l specialised: a multiple of 16 loads as E = 512 did (the same sums)
@@ -99,7 +101,7 @@ def pick_experts(
             NORMALIZE=normalize,
             BLOCK_E=triton.next_power_of_2(e),
             BLOCK_K=triton.next_power_of_2(top_k),
-            num_warps=4,
+            num_warps=ROUTE_WARPS,
             **pdl(ids.device),
         )
     return weights, ids
@@ -222,7 +224,7 @@ def dispatch_fused(ids: torch.Tensor, n_experts: int, block_m: int, shared_rows:
             BLOCK_E=triton.next_power_of_2(n_experts),
             BLOCK_P=PAIR_CHUNK,
             BLOCK_C=CLEAR_CHUNK,
-            num_warps=4,
+            num_warps=DISPATCH_WARPS,
             **pdl(flat.device),
         )
     return slot_pair, block_expert

@@ -148,9 +148,13 @@ class DecoderLayer(nn.Module):
 
         return {**out, "read": read, "conv": conv, "mlp": mlp}
 
-    def mlp_half(self, r, y, w, kernels: Kernels) -> torch.Tensor:
+    def mlp_half(self, r, y, w, kernels: Kernels, then: HyperConnection | None = None):
         """The mixer's output written to the streams, then the MLP block behind its own
-        hyper-connection."""
+        hyper-connection. With `then` (the hyper-connection that reads the result next),
+        (the residual, then's norm of it) from one launch (the same bits as its read's)."""
         r, xn = self.attn_hyper_connection.write_norm(r, y, w, self.mlp_hyper_connection)
-        a, w = self.mlp_hyper_connection.read(r, xn)
-        return self.mlp_hyper_connection.write(r, self.mlp(a, kernels), w)
+        hc = self.mlp_hyper_connection
+        a, w = hc.read(r, xn)
+        if then is None:
+            return hc.write(r, self.mlp(a, kernels), w)
+        return hc.write_norm(r, self.mlp(a, kernels), w, then)
