@@ -35,7 +35,6 @@ class Kernels:
     linear: Callable
     rms_norm: Callable
     gated_rms_norm: Callable
-    row_sum: Callable
     # the layers' row-wise tails (kernels/rowwise)
     hc_down: Callable
     hc_up_mix: Callable
@@ -45,7 +44,8 @@ class Kernels:
     gdn_qk: Callable
     rope: Callable
     cos_sin: Callable
-    ngram_ids: Callable
+    ngram_embed: Callable
+    ple_gate: Callable
     swiglu: Callable
     gated_heads: Callable
     greedy_step: Callable
@@ -68,7 +68,6 @@ REFERENCE = Kernels(
     linear=linear_ref.linear,
     rms_norm=norms_ref.rms_norm,
     gated_rms_norm=norms_ref.gated_rms_norm,
-    row_sum=norms_ref.row_sum,
     hc_down=rowwise_ref.hc_down,
     hc_up_mix=rowwise_ref.hc_up_mix,
     hc_write=rowwise_ref.hc_write,
@@ -77,7 +76,8 @@ REFERENCE = Kernels(
     gdn_qk=rowwise_ref.gdn_qk,
     rope=rowwise_ref.rope,
     cos_sin=rowwise_ref.cos_sin,
-    ngram_ids=rowwise_ref.ngram_ids,
+    ngram_embed=rowwise_ref.ngram_embed,
+    ple_gate=rowwise_ref.ple_gate,
     swiglu=rowwise_ref.swiglu,
     gated_heads=rowwise_ref.gated_heads,
     greedy_step=rowwise_ref.greedy_step,

@@ -6,10 +6,6 @@ this import fails. fla-core's chunked GDN serves prompt pieces where it is insta
 
 from __future__ import annotations
 
-from functools import cache
-
-import torch
-
 from flashlane.kernels import Kernels
 from flashlane.kernels.attention import triton as attention_tr
 from flashlane.kernels.attention import triton_blocks as blocks_tr
@@ -21,17 +17,7 @@ from flashlane.kernels.norms import triton as norms_tr
 from flashlane.kernels.rowwise import triton as rowwise_tr
 from flashlane.kernels.rowwise import triton_greedy as greedy_tr
 from flashlane.kernels.rowwise import triton_hc as hc_tr
-
-
-@cache
-def _ones(d: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.ones(1, d, dtype=dtype, device=device)
-
-
-def row_sum(x: torch.Tensor) -> torch.Tensor:
-    """Sum over the last dim through the row-invariant GEMM (a product with ones)."""
-    return linear(x, _ones(x.shape[-1], x.dtype, x.device)).squeeze(-1)
-
+from flashlane.kernels.rowwise import triton_ple as ple_tr
 
 TRITON = Kernels(
     name="triton",
@@ -50,7 +36,6 @@ TRITON = Kernels(
     linear=linear,
     rms_norm=norms_tr.rms_norm,
     gated_rms_norm=norms_tr.gated_rms_norm,
-    row_sum=row_sum,
     hc_down=hc_tr.hc_down,
     hc_up_mix=hc_tr.hc_up_mix,  # the up projection with the mix in its tile
     hc_write=hc_tr.hc_write,
@@ -59,7 +44,8 @@ TRITON = Kernels(
     gdn_qk=rowwise_tr.gdn_qk,
     rope=rowwise_tr.rope,
     cos_sin=rowwise_tr.cos_sin,
-    ngram_ids=rowwise_tr.ngram_ids,
+    ngram_embed=ple_tr.ngram_embed,  # the n-gram rows and their embeddings
+    ple_gate=ple_tr.ple_gate,  # two norms, the streams' sums, the gate and the conv's norm
     swiglu=rowwise_tr.swiglu,
     gated_heads=rowwise_tr.gated_heads,
     greedy_step=greedy_tr.greedy_step,  # a lone step's first maximum, flag, token, position

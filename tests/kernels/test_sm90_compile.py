@@ -33,6 +33,7 @@ from flashlane.kernels.norms import triton as norms  # noqa: E402
 from flashlane.kernels.rowwise import triton as rowwise  # noqa: E402
 from flashlane.kernels.rowwise import triton_greedy as rowwise_greedy  # noqa: E402
 from flashlane.kernels.rowwise import triton_hc as rowwise_hc  # noqa: E402
+from flashlane.kernels.rowwise import triton_ple as rowwise_ple  # noqa: E402
 from flashlane.sampling import triton_draw, triton_top_p  # noqa: E402
 
 H200 = GPUTarget("cuda", 90, 32)
@@ -64,6 +65,15 @@ KERNELS = {
                   dict(hist_ptr="*i64", mult_ptr="*i64", size_ptr="*i64", off_ptr="*i64",
                        out_ptr="*i64", t="i32", stride="i32", eos="i32"),
                   dict(N=3, HEADS=8, HP2=8)),
+    "ngram_embed": (rowwise_ple._ngram_embed_kernel,
+                    dict(hist_ptr="*i64", mult_ptr="*i64", size_ptr="*i64", off_ptr="*i64",
+                         table_ptr=BF, out_ptr=BF, t="i32", stride="i32", eos="i32"),
+                    dict(N=3, HEADS=8, HP2=8, D=160, DP2=256)),
+    "ple_gate": (rowwise_ple._ple_gate_kernel,
+                 dict(k_ptr=BF, r_ptr=BF, v_ptr=BF, wk_ptr=BF, wq_ptr=BF, wc_ptr=BF, g_ptr=BF,
+                      n_ptr=BF, eps="fp32", root="fp32", stride_k="i32", stride_r="i32",
+                      stride_v="i32"),
+                 dict(H=2560, HC=4, BLOCK=4096)),
     "gdn_qk": (rowwise._gdn_qk_kernel,
                dict(y_ptr=BF, q_ptr=BF, k_ptr=BF, v_ptr=BF, stride="i32", scale="fp32"),
                dict(HEADS=16, DIM=128, REP=3, BLOCK=128, WITH_V=True)),
@@ -127,7 +137,10 @@ LINEAR = dict(x_ptr=BF, w_ptr=BF, y_ptr=BF, ws_ptr="*fp32", count_ptr="*i32", M=
               squash_cols="i32")
 TILE = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64)
 DRAW = dict(logits_ptr="*fp32", stride="i32", V="i32", ws_ptr="*i64", n="i32", C="i32")
-EXPERTS = dict(slot_pair_ptr="*i32", block_expert_ptr="*i32", H="i32", I="i32")
+EXPERTS = dict(slot_pair_ptr="*i32", block_expert_ptr="*i32", H="i32", I="i32",
+               num_routed="i32", shared_id="i32")
+# the down kernel's combine arguments, unread without COMBINE
+DOWN_ARGS = dict(EXPERTS, rw_ptr=BF, out_ptr=BF, gate_ptr=BF, stride_gate="i32", count_ptr=BF)
 KERNELS.update({
     "linear split fixup": (linear._linear_kernel, LINEAR,
                            dict(PARTS=4, BLOCKS_PER_PART=10, SPLIT=True, FIXUP=True, **TILE,
@@ -181,19 +194,32 @@ KERNELS.update({
                                                  squash_cols="i32"),
                   dict(PARTS=4, SQUASH=4, BLOCK=1024), {}),
     "moe gate_up": (moe._gate_up_kernel,
-                    dict(x_ptr=BF, gate_ptr=BF, up_ptr=BF, act_ptr=BF, num_routed="i32", **EXPERTS),
+                    dict(x_ptr=BF, gate_ptr=BF, up_ptr=BF, act_ptr=BF, **EXPERTS),
                     dict(TOP_K=10, BLOCK_M=16, **blocks(moe.GATE_UP_TILE), PRECISION="tf32"),
                     launch(moe.GATE_UP_TILE)),
-    "moe down": (moe._down_kernel, dict(act_ptr=BF, down_ptr=BF, y_ptr=BF, **EXPERTS),
+    "moe gate_up one row": (moe._gate_up_kernel,
+                            dict(x_ptr=BF, gate_ptr=BF, up_ptr=BF, act_ptr=BF,
+                                 **dict(EXPERTS, slot_pair_ptr="*i64", block_expert_ptr="*i64")),
+                            dict(TOP_K=10, BLOCK_M=16, **blocks(moe.GATE_UP_TILE),
+                                 PRECISION="tf32", ONE_ROW=True),
+                            launch(moe.GATE_UP_TILE)),
+    "moe down one row + combine": (
+        moe._down_kernel,
+        dict(act_ptr=BF, down_ptr=BF, y_ptr=BF, rw_ptr=BF, out_ptr=BF, gate_ptr="*fp32",
+             stride_gate="i32", count_ptr="*i32",
+             **dict(EXPERTS, slot_pair_ptr="*i64", block_expert_ptr="*i64")),
+        dict(BLOCK_M=16, **blocks(moe.DOWN_TILE), PRECISION="tf32", ONE_ROW=True, COMBINE=11,
+             TOP_K=10, SHARED=True),
+        launch(moe.DOWN_TILE)),
+    "moe down": (moe._down_kernel, dict(act_ptr=BF, down_ptr=BF, y_ptr=BF, **DOWN_ARGS),
                  dict(BLOCK_M=16, **blocks(moe.DOWN_TILE), PRECISION="tf32"),
                  launch(moe.DOWN_TILE)),
     "moe gate_up prefill": (moe._gate_up_kernel,
-                            dict(x_ptr=BF, gate_ptr=BF, up_ptr=BF, act_ptr=BF,
-                                 num_routed="i32", **EXPERTS),
+                            dict(x_ptr=BF, gate_ptr=BF, up_ptr=BF, act_ptr=BF, **EXPERTS),
                             dict(TOP_K=10, BLOCK_M=64, **blocks(moe.GATE_UP_PREFILL),
                                  PRECISION="tf32"),
                             launch(moe.GATE_UP_PREFILL)),
-    "moe down prefill": (moe._down_kernel, dict(act_ptr=BF, down_ptr=BF, y_ptr=BF, **EXPERTS),
+    "moe down prefill": (moe._down_kernel, dict(act_ptr=BF, down_ptr=BF, y_ptr=BF, **DOWN_ARGS),
                          dict(BLOCK_M=64, **blocks(moe.DOWN_PREFILL), PRECISION="tf32"),
                          launch(moe.DOWN_PREFILL)),
     "moe combine + shared": (moe._combine_kernel,

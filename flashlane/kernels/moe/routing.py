@@ -25,8 +25,11 @@ FUSED_DISPATCH_MAX_PAIRS = 1024
 PAIR_CHUNK = 16
 # slots set to -1 per store while clearing the layout
 CLEAR_CHUNK = 1024
-# warps of a row's pick and of the layout's one program: their reductions are serial steps
-ROUTE_WARPS, DISPATCH_WARPS = 4, 4
+# warps of a row's pick and of the layout's one program: their reductions are serial steps,
+# shuffles alone on one warp (route_warps_acbb0d2_h200.log: a decode layer's router, pick and
+# layout 10.88 us on 4 and 4 warps, 10.13 on 1 and 2; the layout 11.3 on 1). The pick's
+# softmax sum follows its warps (tests/kernels/test_triton_moe_route.py's oracle takes them)
+ROUTE_WARPS, DISPATCH_WARPS = 1, 2
 
 
 @triton.jit  # stride_l specialised: a multiple of 16 loads as E = 512 did (the same sums)

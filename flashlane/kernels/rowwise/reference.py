@@ -1,5 +1,6 @@
 """Row-wise tails of the layers, as torch ops: the hyper-connections' squash, mix and write,
-the GDN gates and q/k, RoPE, the PLE's n-gram rows, the shared expert's SwiGLU and gated add.
+the GDN gates and q/k, RoPE, the PLE's n-gram rows and gate, the shared expert's SwiGLU and
+gated add.
 
 Each is the model's arithmetic written once, with torch's rounding to the inputs' dtype after
 every op; `triton.py` fuses each into one launch with the same roundings (the gated add is
@@ -8,6 +9,8 @@ alone.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -143,6 +146,32 @@ def ngram_ids(
         head = slice((order - 2) * heads, (order - 1) * heads)
         ids.append(torch.remainder(mixed.unsqueeze(-1), sizes[head]) + offsets[head])
     return torch.cat(ids, dim=-1)
+
+
+def ngram_embed(
+    history: torch.Tensor, multipliers: torch.Tensor, sizes: torch.Tensor,
+    offsets: torch.Tensor, n: int, heads: int, eos: int, table: torch.Tensor,
+) -> torch.Tensor:
+    """ngram_ids' rows of `table` [R, D], each row's side by side: [B, T, (n-1) * heads * D]."""
+    return F.embedding(ngram_ids(history, multipliers, sizes, offsets, n, heads, eos),
+                       table).flatten(-2)
+
+
+def ple_gate(
+    key: torch.Tensor, r: torch.Tensor, value: torch.Tensor, w_key: torch.Tensor,
+    w_query: torch.Tensor, w_conv: torch.Tensor, eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The PLE's gate: stream c of r [N, hc*H] takes value [N, H] times
+    sigmoid(signed sqrt(<norm_key(key)_c, norm_query(r)_c> / sqrt(H))), key [N, hc*H] the
+    embedding's key projection; returns (that [N, hc*H], its conv norm): grouped RMSNorms of
+    H values with the weights w_key, w_query and w_conv [hc*H]."""
+    n, h = value.shape
+    k = rms_norm(key, w_key, eps, h).reshape(n, -1, h)
+    q = rms_norm(r, w_query, eps, h).reshape(n, -1, h)
+    gate = (k * q).sum(-1, keepdim=True) / math.sqrt(h)
+    gate = gate.abs().clamp_min(1e-6).sqrt() * gate.sign()
+    gated = (torch.sigmoid(gate) * value.unsqueeze(-2)).flatten(-2)
+    return gated, rms_norm(gated, w_conv, eps, h)
 
 
 def gated_heads(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

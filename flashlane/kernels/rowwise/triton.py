@@ -186,14 +186,25 @@ def _ngram_kernel(hist_ptr, mult_ptr, size_ptr, off_ptr, out_ptr, t, stride, eos
     mixed = tl.load(src) * tl.load(mult_ptr)
     broken = mixed != mixed  # False
     for s in tl.static_range(1, N):
-        prev = tl.load(src - s)
-        mixed = mixed ^ (tl.where(broken, eos, prev) * tl.load(mult_ptr + s))
-        broken = broken | (prev == eos)
-        size = tl.load(size_ptr + (s - 1) * HEADS + heads, mask=hmask, other=1)
-        rem = mixed % size
-        rem = tl.where(rem < 0, rem + size, rem)  # torch.remainder: the divisor's sign
-        off = tl.load(off_ptr + (s - 1) * HEADS + heads, mask=hmask, other=0)
-        tl.store(out + (s - 1) * HEADS + heads, rem + off, mask=hmask)
+        rows, mixed, broken = ngram_rows(src, mult_ptr, size_ptr, off_ptr, eos, mixed, broken,
+                                          s, heads, HEADS)
+        tl.store(out + (s - 1) * HEADS + heads, rows, mask=hmask)
+
+
+@triton.jit
+def ngram_rows(src, mult_ptr, size_ptr, off_ptr, eos, mixed, broken, s: tl.constexpr, heads,
+                HEADS: tl.constexpr):
+    """Order s+1's table rows of the row at src (its heads'; a padded head reads row 0), and
+    the hash and EOS flag carried to the next order."""
+    hmask = heads < HEADS
+    prev = tl.load(src - s)
+    mixed = mixed ^ (tl.where(broken, eos, prev) * tl.load(mult_ptr + s))
+    broken = broken | (prev == eos)
+    size = tl.load(size_ptr + (s - 1) * HEADS + heads, mask=hmask, other=1)
+    rem = mixed % size
+    rem = tl.where(rem < 0, rem + size, rem)  # torch.remainder: the divisor's sign
+    off = tl.load(off_ptr + (s - 1) * HEADS + heads, mask=hmask, other=0)
+    return tl.where(hmask, rem + off, 0), mixed, broken
 
 
 def ngram_ids(history, multipliers, sizes, offsets, n: int, heads: int, eos: int):

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from flashlane.kernels import REFERENCE, Kernels
+from flashlane.kernels.rowwise.reference import ngram_ids
 from flashlane.models.config import ModelConfig
 from flashlane.models.layers.gated_deltanet import ConvWeight
 from flashlane.models.layers.norms import RMSNorm, linear
@@ -72,11 +73,21 @@ class NGramEmbedding(nn.Module):
         self.ops: Kernels = REFERENCE  # FlashNext.use_kernels points it at the device's
 
     def row_ids(self, history: torch.Tensor) -> torch.Tensor:
-        """history: [B, n-1+T] ids (the n-1 before the rows first) -> [B, T, heads] table rows."""
+        """history: [B, n-1+T] ids -> [B, T, heads] table rows (the ones `embed` reads)."""
         cfg = self.cfg
-        return self.ops.ngram_ids(
+        return ngram_ids(
             history, self.layer_multipliers, self.ngram_heads_vocab_sizes,
             self.ngram_heads_offsets, cfg.ngram_size, cfg.heads_per_ngram, cfg.ple_eos,
+        )  # fmt: skip
+
+    def embed(self, history: torch.Tensor) -> torch.Tensor:
+        """history: [B, n-1+T] ids (the n-1 before the rows first) -> [B, T, heads * D]: each
+        row's heads' table rows side by side."""
+        cfg = self.cfg
+        return self.ops.ngram_embed(
+            history, self.layer_multipliers, self.ngram_heads_vocab_sizes,
+            self.ngram_heads_offsets, cfg.ngram_size, cfg.heads_per_ngram, cfg.ple_eos,
+            self.ngram_embedding.weight,
         )  # fmt: skip
 
 
@@ -99,9 +110,8 @@ class PLELayer(nn.Module):
             self._history(group, ids)
             for group, ids in zip(rows.groups(True), rows.split(rows.token_ids, True))
         ]
-        table_rows = rows.join([self.ple_embedding.row_ids(hist) for hist in histories], True)
-        gated = self._gated(r, table_rows, kernels)
-        normed = self.norm_conv(gated)
+        emb = rows.join([self.ple_embedding.embed(hist) for hist in histories], True)
+        gated, normed = self._gated(r, emb, kernels)
         convs = [
             self._conv(x, group, hist, kernels)
             for x, group, hist in zip(rows.split(normed, True), rows.groups(True), histories)
@@ -115,24 +125,21 @@ class PLELayer(nn.Module):
         (the addition [B, T, hc*H], the conv inputs [B, tail+T, hc*H]). shift: the conv
         also moves `window` past the rows in place (a session's own window)."""
         b, t = r3.shape[:2]
-        table_rows = self.ple_embedding.row_ids(history).flatten(0, 1)
-        gated = self._gated(r3.flatten(0, 1), table_rows, kernels)
+        emb = self.ple_embedding.embed(history).flatten(0, 1)
+        gated, normed = self._gated(r3.flatten(0, 1), emb, kernels)
         y, xfull = kernels.causal_conv(
-            self.norm_conv(gated).unflatten(0, (b, t)), window, self.conv1d.weight[:, 0, :],
+            normed.unflatten(0, (b, t)), window, self.conv1d.weight[:, 0, :],
             dilation=self.cfg.ple_conv_dilation, shift=shift,
         )  # fmt: skip
         return gated.unflatten(0, (b, t)) + y, xfull
 
-    def _gated(self, r: torch.Tensor, table_rows: torch.Tensor, kernels: Kernels) -> torch.Tensor:
-        """The table rows' embedding, gated by each stream's query: [N, hc*H]."""
-        cfg, n = self.cfg, r.shape[0]
-        hc, h = cfg.hc_count, cfg.hidden_size
-        emb = self.ple_embedding.ngram_embedding(table_rows).flatten(-2).to(r.dtype)
-        key = self.norm_key(self.key_proj(emb)).reshape(n, hc, h)
-        query = self.norm_query(r).reshape(n, hc, h)
-        gate = kernels.row_sum(key * query).unsqueeze(-1) / math.sqrt(h)
-        gate = gate.abs().clamp_min(1e-6).sqrt() * gate.sign()
-        return (torch.sigmoid(gate) * self.value_proj(emb).unsqueeze(-2)).flatten(-2)
+    def _gated(self, r: torch.Tensor, emb: torch.Tensor, kernels: Kernels):
+        """The rows' embeddings emb [N, heads * D], gated by each stream's query, and the
+        conv's norm of that: ([N, hc*H], [N, hc*H]) (kernels.ple_gate)."""
+        emb = emb.to(r.dtype)
+        norms = (self.norm_key.weight, self.norm_query.weight, self.norm_conv.weight)
+        return kernels.ple_gate(self.key_proj(emb), r, self.value_proj(emb), *norms,
+                                self.norm_key.eps)
 
     def record(self, pieces, xfull: torch.Tensor, history: torch.Tensor) -> None:
         """What commit() needs per piece: its conv inputs and ids up to its length."""
