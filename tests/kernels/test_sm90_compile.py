@@ -139,8 +139,6 @@ TILE = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64)
 DRAW = dict(logits_ptr="*fp32", stride="i32", V="i32", ws_ptr="*i64", n="i32", C="i32")
 EXPERTS = dict(slot_pair_ptr="*i32", block_expert_ptr="*i32", H="i32", I="i32",
                num_routed="i32", shared_id="i32")
-# the down kernel's combine arguments, unread without COMBINE
-DOWN_ARGS = dict(EXPERTS, rw_ptr=BF, out_ptr=BF, gate_ptr=BF, stride_gate="i32", count_ptr=BF)
 KERNELS.update({
     "linear split fixup": (linear._linear_kernel, LINEAR,
                            dict(PARTS=4, BLOCKS_PER_PART=10, SPLIT=True, FIXUP=True, **TILE,
@@ -203,15 +201,7 @@ KERNELS.update({
                             dict(TOP_K=10, BLOCK_M=16, **blocks(moe.GATE_UP_TILE),
                                  PRECISION="tf32", ONE_ROW=True),
                             launch(moe.GATE_UP_TILE)),
-    "moe down one row + combine": (
-        moe._down_kernel,
-        dict(act_ptr=BF, down_ptr=BF, y_ptr=BF, rw_ptr=BF, out_ptr=BF, gate_ptr="*fp32",
-             stride_gate="i32", count_ptr="*i32",
-             **dict(EXPERTS, slot_pair_ptr="*i64", block_expert_ptr="*i64")),
-        dict(BLOCK_M=16, **blocks(moe.DOWN_TILE), PRECISION="tf32", ONE_ROW=True, COMBINE=11,
-             TOP_K=10, SHARED=True),
-        launch(moe.DOWN_TILE)),
-    "moe down": (moe._down_kernel, dict(act_ptr=BF, down_ptr=BF, y_ptr=BF, **DOWN_ARGS),
+    "moe down": (moe._down_kernel, dict(act_ptr=BF, down_ptr=BF, y_ptr=BF, **EXPERTS),
                  dict(BLOCK_M=16, **blocks(moe.DOWN_TILE), PRECISION="tf32"),
                  launch(moe.DOWN_TILE)),
     "moe gate_up prefill": (moe._gate_up_kernel,
@@ -219,7 +209,7 @@ KERNELS.update({
                             dict(TOP_K=10, BLOCK_M=64, **blocks(moe.GATE_UP_PREFILL),
                                  PRECISION="tf32"),
                             launch(moe.GATE_UP_PREFILL)),
-    "moe down prefill": (moe._down_kernel, dict(act_ptr=BF, down_ptr=BF, y_ptr=BF, **DOWN_ARGS),
+    "moe down prefill": (moe._down_kernel, dict(act_ptr=BF, down_ptr=BF, y_ptr=BF, **EXPERTS),
                          dict(BLOCK_M=64, **blocks(moe.DOWN_PREFILL), PRECISION="tf32"),
                          launch(moe.DOWN_PREFILL)),
     "moe combine + shared": (moe._combine_kernel,

@@ -5,7 +5,9 @@ Router: fp32 logits through the row-invariant `linear` kernel (exact fp32 produc
 renormalisation with the k weights added in rank order. `routing.dispatch` sorts the
 (row, slot) pairs by expert (stable) and pads each expert to BLOCK_M, in one launch at decode
 sizes, without a host sync: the buffers are sized by the worst case (cdiv(pairs, BLOCK_M) +
-min(E, pairs) blocks) and unused blocks exit at once.
+min(E, pairs) blocks) and unused blocks exit at once. A call of one row (a lone step) skips
+that launch: its k experts differ, so block b holds pair b alone in its first slot, as the
+layout would put it (`_block`), and the tiles and bits are the same.
 
 Experts as a grouped GEMM over those expert-sorted pairs:
 
@@ -31,7 +33,6 @@ import triton.language as tl
 
 from flashlane.kernels.linear.triton import DECODE_ROWS, linear
 from flashlane.kernels.moe.routing import dispatch, pick_experts
-from flashlane.kernels.partials import counters, last_to_arrive
 from flashlane.kernels.pdl import enter, pdl
 
 # pairs a tile at decode (up to DECODE_ROWS rows, and every fp32 call)
@@ -164,20 +165,12 @@ def _down_kernel(
     I,
     num_routed,
     shared_id,
-    rw_ptr,
-    out_ptr,
-    gate_ptr,
-    stride_gate,
-    count_ptr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_MAJOR: tl.constexpr = False,
     ONE_ROW: tl.constexpr = False,
-    COMBINE: tl.constexpr = 0,
-    TOP_K: tl.constexpr = 1,
-    SHARED: tl.constexpr = False,
     PDL: tl.constexpr = 0,
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
@@ -189,23 +182,6 @@ def _down_kernel(
     valid = pair >= 0
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < H
-    _down_tile(act_ptr, down_ptr, y_ptr, e, slots, pair, valid, rn, n_mask, H, I, BLOCK_M,
-               BLOCK_N, BLOCK_K, PRECISION)
-    # a constexpr and a runtime test in one `and` would not fold the constexpr away
-    if COMBINE:  # noqa: SIM102 (one row: the column tile's last block combines it)
-        if last_to_arrive(count_ptr + pid_n, COMBINE):
-            dt: tl.constexpr = out_ptr.dtype.element_ty
-            out = _combined(y_ptr, rw_ptr, gate_ptr, y_ptr + num_routed * H, 0, rn, n_mask, H,
-                            stride_gate, TOP_K, SHARED, dt, ".cg")
-            tl.store(out_ptr + rn, out, mask=n_mask)
-
-
-@triton.jit
-def _down_tile(act_ptr, down_ptr, y_ptr, e, slots, pair, valid, rn, n_mask, H, I,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               PRECISION: tl.constexpr):
-    """The block's pairs' act times expert e's down weights in columns rn, stored to y by
-    pair: one ascending K loop."""
     w_base = e.to(tl.int64) * H * I
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(I, BLOCK_K)):
@@ -230,38 +206,26 @@ def _down_tile(act_ptr, down_ptr, y_ptr, e, slots, pair, valid, rn, n_mask, H, I
 
 
 @triton.jit
-def _combined(y_ptr, w_ptr, gate_ptr, s_ptr, row, cols, mask, H, stride_gate,
-              TOP_K: tl.constexpr, SHARED: tl.constexpr, dt: tl.constexpr, CACHE: tl.constexpr):
-    """Row `row`'s output in columns `cols`: its pairs' y weighted and added in rank order,
-    then with SHARED + sigmoid(gate) * s, each op rounded to dt (CACHE: the y loads' cache
-    modifier, ".cg" where other programs of the launch wrote them)."""
-    base = row * TOP_K
-    w0 = tl.load(w_ptr + base).to(tl.float32)
-    y0 = tl.load(y_ptr + base * H + cols, mask=mask, other=0.0, cache_modifier=CACHE)
-    out = (y0.to(tl.float32) * w0).to(dt)
-    for j in tl.static_range(1, TOP_K):
-        wj = tl.load(w_ptr + base + j).to(tl.float32)
-        yj = tl.load(y_ptr + (base + j) * H + cols, mask=mask, other=0.0, cache_modifier=CACHE)
-        out = (out.to(tl.float32) + (yj.to(tl.float32) * wj).to(dt).to(tl.float32)).to(dt)
-    if SHARED:  # + sigmoid(gate) * s, each op rounded as rowwise gated_add's
-        # (a logit in fp32, the router's column, is rounded to dt first: the model's logit)
-        g = tl.load(gate_ptr + row * stride_gate).to(dt).to(tl.float32)
-        g = (1.0 / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
-        s = tl.load(s_ptr + row * H + cols, mask=mask, other=0.0, cache_modifier=CACHE)
-        out = (out.to(tl.float32) + (g * s.to(tl.float32)).to(dt).to(tl.float32)).to(dt)
-    return out
-
-
-@triton.jit
 def _combine_kernel(y_ptr, w_ptr, out_ptr, gate_ptr, s_ptr, H, stride_gate, TOP_K: tl.constexpr,
                     SHARED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < H
-    dt: tl.constexpr = out_ptr.dtype.element_ty
-    out = _combined(y_ptr, w_ptr, gate_ptr, s_ptr, row, cols, mask, H, stride_gate, TOP_K,
-                    SHARED, dt, "")
+    dt = out_ptr.dtype.element_ty
+    base = row * TOP_K
+    w0 = tl.load(w_ptr + base).to(tl.float32)
+    out = (tl.load(y_ptr + base * H + cols, mask=mask, other=0.0).to(tl.float32) * w0).to(dt)
+    for j in tl.static_range(1, TOP_K):
+        wj = tl.load(w_ptr + base + j).to(tl.float32)
+        yj = tl.load(y_ptr + (base + j) * H + cols, mask=mask, other=0.0).to(tl.float32)
+        out = (out.to(tl.float32) + (yj * wj).to(dt).to(tl.float32)).to(dt)
+    if SHARED:  # + sigmoid(gate) * s, each op rounded as rowwise gated_add's
+        # (a logit in fp32, the router's column, is rounded to dt first: the model's logit)
+        g = tl.load(gate_ptr + row * stride_gate).to(dt).to(tl.float32)
+        g = (1.0 / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+        s = tl.load(s_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)
+        out = (out.to(tl.float32) + (g * s).to(dt).to(tl.float32)).to(dt)
     tl.store(out_ptr + row * H + cols, out, mask=mask)
 
 
@@ -326,15 +290,7 @@ def experts(
         **pdl(x.device),
     )
     y = torch.empty((n * top_k + shared_rows, h), dtype=x.dtype, device=x.device)
-    n_tiles = triton.cdiv(h, dn["BLOCK_N"])
-    # one row with the shared expert in the launches: each column tile's last block adds the
-    # row's pairs (the combine's arithmetic, `_combined`), where the counters exist; not in
-    # fp32, where the compiler may contract a product and a sum into one FMA in one kernel
-    # and not the other (bf16 rounds every product first)
-    fused = one_row and shared_logit is not None and x.dtype != torch.float32
-    count = counters(x.device, n_tiles) if fused else None
-    weights = weights.contiguous()
-    _down_kernel[_grid(blocks, n_tiles, dn)](
+    _down_kernel[_grid(blocks, triton.cdiv(h, dn["BLOCK_N"]), dn)](
         act,
         down,
         y,
@@ -344,28 +300,18 @@ def experts(
         i,
         n * top_k,
         routed,
-        weights,
-        out,
-        out if shared_logit is None else shared_logit,
-        0 if shared_logit is None else shared_logit.stride(0),
-        out if count is None else count,
         BLOCK_M=bm,
         PRECISION=precision,
         ONE_ROW=one_row,
-        COMBINE=0 if count is None else blocks,
-        TOP_K=top_k,
-        SHARED=shared_logit is not None,
         **dn,
         **pdl(y.device),
     )
-    if count is not None:
-        return out
     if shared_logit is not None:
         shared = (shared_logit, y[n * top_k :])
     g, s = shared if shared is not None else (out, out)  # unread without SHARED
     s = s.contiguous()
     _combine_kernel[(n, triton.cdiv(h, COMBINE_BLOCK))](
-        y, weights, out, g, s, h, g.stride(0), TOP_K=top_k,
+        y, weights.contiguous(), out, g, s, h, g.stride(0), TOP_K=top_k,
         SHARED=shared is not None, BLOCK=COMBINE_BLOCK, num_warps=4, **pdl(out.device),
     )  # fmt: skip
     return out
