@@ -17,8 +17,9 @@
 # diag:    where a decode step's time goes: one lone step's kernels in order with their own
 #          time at 1 and 4 streams (benchmarks/profile_gpu.py --timeline), an 8k prefill's
 #          kernels and idle gaps (--prefill-timeline), the small decode products with cold
-#          weights (benchmarks/cold_linears.py) and 24 chained hyper-connection reads
-#          (benchmarks/hc_read_chain.py)
+#          weights (benchmarks/cold_linears.py), 24 chained hyper-connection reads
+#          (benchmarks/hc_read_chain.py) and the MoE's router, pick and layout by warps
+#          (benchmarks/route_warps.py)
 # serve:   `flashlane serve` (the embedded model) on the GPU, measured by `flashlane bench
 #          serve` (SERVE_ARGS overrides its arguments), with the lone driver taking one
 #          stream (the default) and up to SERVE_LONE (16) together. Needs fastapi/uvicorn:
@@ -105,6 +106,9 @@ if [[ " $steps " == *" diag "* ]]; then
     echo "== python benchmarks/hc_read_chain.py"
     python benchmarks/hc_read_chain.py 2>&1 | tee "$out/hc_read_chain_$stamp.log" \
         || failed+=("hc_read_chain")
+    echo "== python benchmarks/route_warps.py"
+    python benchmarks/route_warps.py 2>&1 | tee "$out/route_warps_$stamp.log" \
+        || failed+=("route_warps")
 fi
 
 if [[ " $steps " == *" serve "* ]]; then
