@@ -196,3 +196,26 @@ def test_the_driver_reports_a_failed_row_with_its_code(tiny_ckpt, monkeypatch):
                                   lambda t, f: bool(got.append((t, f))) or f, -1, draws)
     assert [f for _, f in got] == [True, True, False, True]
     assert str(failure(got[2][0])) == "NaN logit at id 6"
+
+
+def test_bad_input_is_refused_as_before_with_the_lone_driver_on(llm):
+    """Bad params fail at once (no state touched); a logit_bias id outside the vocabulary
+    fails its stream in a shared round (bias keeps it off the lone driver) with the same
+    error, and a sampled request after it goes lone as usual."""
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingParams(top_k=-1)
+    with pytest.raises(ValueError, match="min_p"):
+        SamplingParams(min_p=1.5)
+    bad = SamplingParams(max_tokens=8, seed=1, logit_bias={10**6: 1.0}, draft=False)
+    want = shared(llm, [prompts()[0]], [bad])[0]
+    assert want.finish_reason == "error" and "logit_bias id 1000000" in want.error
+    driver = with_lone(llm, 8)
+    try:
+        got = llm.generate(prompts()[0], bad)[0]
+        after = llm.generate(prompts()[0], SAMPLED[0])[0]
+    finally:
+        without_lone(llm)
+    assert (got.token_ids, got.finish_reason, got.error) == (
+        want.token_ids, want.finish_reason, want.error)
+    assert after.token_ids == shared(llm, [prompts()[0]], [SAMPLED[0]])[0].token_ids
+    assert driver.num_steps > 0
