@@ -206,11 +206,13 @@ class LoneDriver:
         io.pos.copy_(pinned[1], non_blocking=True)
         io.k.zero_()
         got = [[t] for t in tokens]
+        failed = [False] * len(tokens)
 
         def land(rows: list[list[int]]) -> bool:
             going = True
             for i, (token_id, finite) in enumerate(rows):
                 got[i].append(token_id)
+                failed[i] = failed[i] or not finite
                 going = takes[i](token_id, bool(finite)) and going
             return going
 
@@ -219,7 +221,9 @@ class LoneDriver:
             self.sessions[sid].length = positions[i] + launched
         drafter = self.drafter
         for i, d in enumerate(draws):
-            if d is not None and d.params.draft and drafter is not None and drafter.enabled:
+            # a failed stream keeps no cells (as a failed shared round): its ids may be codes
+            if (d is not None and d.params.draft and drafter is not None and drafter.enabled
+                    and not failed[i]):
                 rows = io.rows[:launched, i].clone()  # the next call overwrites the buffer
                 drafter.absorb_later(stream_ids[i], rows, got[i][:launched], got[i][launched], d)
         return launched
