@@ -62,10 +62,9 @@ def failure(code: int) -> SampleError:
 
 def failure_code(row: torch.Tensor) -> int:
     """The code of a row without a token: its first NaN, else its first +inf, else none."""
-    for word, bad in (("NaN", torch.isnan(row)), ("+inf", torch.isposinf(row))):
+    for code, bad in ((NAN_AT, torch.isnan(row)), (INF_AT, torch.isposinf(row))):
         if bad.any():
-            token_id = int(bad.nonzero()[0, 0])
-            return NAN_AT - 2 * token_id if word == "NaN" else INF_AT - 2 * token_id
+            return code - 2 * int(bad.nonzero()[0, 0])
     return NO_CANDIDATE
 
 
@@ -106,7 +105,7 @@ class KeyedDraw:
             widest = self._launches([PLAIN, TOP_K], [MAX_TOP_K])
             self.ws = torch.zeros(widest.words, dtype=torch.long, device=device)
             self.table = self.ws[: b * NPARAM].view(b, NPARAM)
-            self.positions = self.table[:, 6]
+            self.positions = self.table[:, 6]  # NPARAM's columns end with seed, position
 
     @property
     def key(self) -> tuple:
