@@ -233,8 +233,8 @@ class LoneDriver:
         """Up to `budget` steps of these sessions with io, two in flight: each landed step's
         ring rows (one per session) go to land(), and once it says stop, the step in flight
         lands too. Counts the steps and folds their mean wall time into step_ms by
-        (sessions, io.depth) (calls of four steps or more: two in flight hide the host's
-        work only past the first). Returns the steps launched."""
+        (sessions, io.depth) (greedy calls of four steps or more: two in flight hide the
+        host's work only past the first). Returns the steps launched."""
         run = self.runner(ids, io)
         launched = landed = 0
         going, t0 = True, time.perf_counter()
@@ -251,7 +251,9 @@ class LoneDriver:
         seconds, b = time.perf_counter() - t0, len(ids)
         self.num_steps += launched
         self.widest = max(self.widest, b)
-        if launched >= 4:
+        # drafting weighs greedy steps against drafted ones: keyed steps (more launches) are
+        # not folded in
+        if launched >= 4 and getattr(io, "draw", None) is None:
             ms, old = 1e3 * seconds / launched, self.step_ms.get((b, io.depth))
             self.step_ms[(b, io.depth)] = ms if old is None else 0.75 * old + 0.25 * ms
         return launched
