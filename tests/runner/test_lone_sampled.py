@@ -219,3 +219,18 @@ def test_bad_input_is_refused_as_before_with_the_lone_driver_on(llm):
         want.token_ids, want.finish_reason, want.error)
     assert after.token_ids == shared(llm, [prompts()[0]], [SAMPLED[0]])[0].token_ids
     assert driver.num_steps > 0
+
+
+def test_greedy_calls_keep_the_one_launch_greedy_step(llm):
+    """Only calls with a sampled stream take the keyed buffers: greedy-only calls run as
+    before (kernels.greedy_step), and each kind keeps its own buffers."""
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, draft=False)
+    driver = with_lone(llm, 6)
+    try:
+        llm.generate(prompts()[0], greedy)
+        assert driver.io and not any(keyed for _, _, keyed in driver.io)
+        llm.generate(prompts()[0], SAMPLED[0])
+    finally:
+        without_lone(llm)
+    assert sorted(driver.io) == [(1, 0, False), (1, 0, True)]
+    assert driver.io[(1, 0, True)].key((0,))[0] == "keyed"
