@@ -132,36 +132,55 @@ def test_lone_streams_admits_the_rows_the_device_settles(llm, params, lone):
     assert is_always_settled(params) == (lone or params.logprobs is not None)
 
 
-def poison_argmax(model, token_id: int, monkeypatch):
-    """Every logits row whose greedy token is `token_id` gets a NaN at id 3 and +inf at id 9,
-    in shared rounds and lone steps alike (both read model.head_logits)."""
+POISONS = {  # what a poisoned row gets, and the error shared rounds give for it
+    "nan": ({9: float("inf"), 3: float("nan")}, "NaN logit at id 3"),
+    "inf": ({9: float("inf"), 12: float("inf")}, "+inf logit at id 9"),
+    "none": (None, "no finite candidate logit"),
+}
+
+
+def poison_rows(model, token_id: int, poison: dict | None, monkeypatch):
+    """Every logits row whose greedy token is `token_id` gets `poison` (id -> value; None:
+    every id -inf), in shared rounds and lone steps alike (both read model.head_logits)."""
     head = model.head_logits
 
     def poisoned(r):
         out = head(r).clone()
         hit = out.argmax(1) == token_id
-        out[hit, 9] = float("inf")
-        out[hit, 3] = float("nan")
+        for i, v in (poison or {}).items():
+            out[hit, i] = v
+        if poison is None:
+            out[hit] = -float("inf")
         return out
 
     monkeypatch.setattr(model, "head_logits", poisoned)
 
 
-def test_a_failed_row_ends_the_reply_with_the_shared_rounds_error(llm, monkeypatch):
-    params = SAMPLED[0]
-    prompt = prompts()[4]
-    clean = shared(llm, [prompt], [params])[0]
-    model = llm.engine.model
-    r_argmax = []
-    head = model.head_logits
-    monkeypatch.setattr(model, "head_logits", lambda r: r_argmax.append(
-        int(head(r)[-1].argmax())) or head(r))
+def greedy_tokens_of_rows(llm, prompt, params, monkeypatch) -> list[int]:
+    """The greedy token of each logits row a shared-rounds reply reads, in order."""
+    model, head, seen = llm.engine.model, llm.engine.model.head_logits, []
+
+    def watched(r):
+        out = head(r)
+        seen.append(int(out[-1].argmax()))
+        return out
+
+    monkeypatch.setattr(model, "head_logits", watched)
     shared(llm, [prompt], [params])
     monkeypatch.setattr(model, "head_logits", head)
-    poison_argmax(model, r_argmax[8], monkeypatch)  # the greedy token of a later row
+    return seen
+
+
+@pytest.mark.parametrize("poison", list(POISONS))
+def test_a_failed_row_ends_the_reply_with_the_shared_rounds_error(llm, monkeypatch, poison):
+    params, prompt = SAMPLED[0], prompts()[4]
+    clean = shared(llm, [prompt], [params])[0]
+    seen = greedy_tokens_of_rows(llm, prompt, params, monkeypatch)
+    values, error = POISONS[poison]
+    poison_rows(llm.engine.model, seen[8], values, monkeypatch)  # a later row's greedy token
     want = shared(llm, [prompt], [params])[0]
     assert want.finish_reason == "error" and 2 < len(want.token_ids) < len(clean.token_ids)
-    assert want.error == "sampling failed: NaN logit at id 3"
+    assert want.error == f"sampling failed: {error}"
     driver = with_lone(llm, 32)
     try:
         got = llm.generate(prompt, params)[0]
