@@ -1,9 +1,13 @@
 """A host round given to the lone driver (runner/lone.py) instead of the lane core.
 
-When one stream is live (or up to `lone_streams`), nothing waits, and each decodes greedily
-without logprobs or a thinking budget, the host lets the lone driver run the next steps on
-the device. Each landed
-token goes through the same stop rules as a shared round's; the driver stops after a landed
+When one stream is live (or up to `lone_streams`), nothing waits, and each draws rows the
+device settles alone (greedy, or sampled: plain, min_p, top_k up to MAX_TOP_K; no logit_bias
+or penalties, no top_p: sampling/kinds.is_always_settled), without logprobs or a thinking
+budget, the host lets the lone driver run the next steps on the device. A sampled step keys
+its draw by the stream's seed and the position drawn, as a shared round's decode window does
+(runner/backend._spec), so the tokens are the shared rounds'. Each landed token goes through
+the same stop rules as a shared round's; a row without a token ends the stream with the
+error a shared round gives (sampling/lone_draw.failure). The driver stops after a landed
 step when the reply ends, its budget or room is spent, or the host is interrupted (work
 arrived), and the stream is then exactly where shared rounds would have left it.
 """
@@ -17,6 +21,8 @@ from flashlane.lanes.core import RoundFailed
 from flashlane.lanes.stops import conclude
 from flashlane.lanes.stream import Stream
 from flashlane.sampling.choose import DrawSpec, is_plain_greedy
+from flashlane.sampling.kinds import is_always_settled
+from flashlane.sampling.lone_draw import failure
 
 if TYPE_CHECKING:
     from flashlane.lanes.host import LaneHost
@@ -24,18 +30,24 @@ if TYPE_CHECKING:
 
 def lone_streams(host: LaneHost, running: Sequence[Stream]) -> list[Stream]:
     """The streams the lone driver may take this round: every live one, when nothing waits,
-    there are at most `lone_streams` of them and each decodes greedily (no logprobs,
-    thinking budget or forced tokens, room for a step); else none."""
+    there are at most `lone_streams` of them and each draws rows the device always settles
+    (greedy or sampled, greedy and sampled together too; no logprobs, thinking budget or
+    forced tokens, room for a step); else none. top_p < 1 streams stay on shared rounds: a
+    cut within rounding needs the host while the next step is already in flight. Sampled
+    streams only where the driver takes them (`LoneDriver.sampled`: the CPU by default, CUDA
+    with FLASHLANE_LONE_SAMPLED=1 until its GPU test has passed)."""
     if (host.lone is None or host.waiting or not running or len(host.live) != len(running)
             or len(running) > host.config.lone_streams):
         return []
     # A drafting stream too: a lone step costs less than a drafted shared round gains (tiny
     # model on the H200: 6.3x one stream's shared rounds), and drafts change no token. Its
     # steps' cells are queued for its MTP head, so drafting resumes in shared rounds.
+    sampled = host.lone.sampled
     for s in running:
         if (s.is_filling or s.is_finished or s.forced or s.is_thinking
                 or s.logprobs is not None or s.room < 1
-                or not is_plain_greedy(DrawSpec(s.params, s.seed, s.start))):
+                or not (is_plain_greedy(DrawSpec(s.params, s.seed, s.start))
+                        or (sampled and is_always_settled(s.params)))):
             return []
     return list(running)
 
@@ -48,8 +60,8 @@ def run_lone(host: LaneHost, streams: list[Stream]) -> None:
         def take(token: int, finite: bool) -> bool:
             if s.is_finished:
                 return False  # a step launched before the end was read: not the reply's
-            if not finite:
-                s.end("error", "sampling failed: the row has no finite logit")
+            if not finite:  # the token's place holds why (greedy steps: a generic reason)
+                s.end("error", f"sampling failed: {failure(token)}")
                 return False
             conclude(s, [token], host.rules)
             s.num_rounds += 1
@@ -76,11 +88,13 @@ def run_lone(host: LaneHost, streams: list[Stream]) -> None:
 
 
 def _drafted(host: LaneHost, streams: list[Stream], take_for) -> bool:
-    """Drafted lone steps (runner/lone_draft.py) for streams that all draft, when the driver
-    has them and finds they pay; False where plain steps should run instead."""
+    """Drafted lone steps (runner/lone_draft.py) for streams that all draft greedily, when
+    the driver has them and finds they pay; False where plain steps should run instead
+    (sampled streams: drafted steps draw greedily)."""
     drafting, drafter = host.lone.drafting, host.lone.drafter
     if (drafting is None or not drafter.enabled
-            or not all(s.params.draft and s.draws is not None for s in streams)):
+            or not all(s.params.draft and s.draws is not None for s in streams)
+            or not all(is_plain_greedy(DrawSpec(s.params, s.seed, s.start)) for s in streams)):
         return False
     left = min(s.params.max_tokens - len(s.reply_ids) for s in streams)
     depth = drafting.choose([s.session_id for s in streams], left)

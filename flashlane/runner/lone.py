@@ -1,30 +1,37 @@
 """The lone driver: one stream (or a few) decoding on device-side rounds (issue 9).
 
-While a single plain-greedy stream is live and nothing waits (or, with `lone_streams` > 1,
-up to that many, all plain-greedy), the host hands their rounds here; several streams step
+While a single stream is live and nothing waits (or, with `lone_streams` > 1, up to that
+many), each drawing rows the device settles alone (greedy, or sampled without top_p, logit_bias
+or penalties: lanes/lone_turn.py), the host hands their rounds here; several streams step
 in lockstep, one row each, their attention, pooling and state commits per session inside
 the step and the rest batched. A step feeds the pending token at its position through the
-model, reading and writing the session's state in place, takes the greedy draw on the
-device, writes it back as the next step's token and advances the position there: no host
-value enters a step, so on CUDA one graph per session (or tuple of sessions) replays it
-(captured at engine start for one session, at first use for a tuple). The host launches
-step n+1 before it reads step n's tokens from a small pinned ring (two rounds in flight),
-hands each landed token to the stop rules, and stops after a landed round when a reply
-ends, a budget or room is spent, or the host has new work. The sessions then hold the
-streams' state as shared rounds would have left it (every fed token committed), and the
-lane core takes the streams on.
+model, reading and writing the session's state in place, draws the next token on the device
+(greedy: kernels.greedy_step; sampled, or greedy beside sampled: the keyed draw of
+sampling/lone_draw.py, the shared rounds' fused kernels keyed by the stream's seed and the
+position drawn, whose parameter table is written when the driver takes the streams), writes
+it back as the next step's token and advances the position there: no host value enters a
+step, so on CUDA one graph per session (or tuple of sessions; keyed steps per shape of their
+draw's kernels too) replays it (greedy one-session graphs captured at engine start, the rest
+at first use). The host launches step n+1 before it reads step n's tokens from a small
+pinned ring (two rounds in flight), hands each landed token to the stop rules (a row without
+a token, to the stream's error), and stops after a landed round when a reply ends, a budget
+or room is spent, or the host has new work. The sessions then hold the streams' state as
+shared rounds would have left it (every fed token committed), and the lane core takes the
+streams on.
 
 A step launched before the reply's end was read feeds a token the reply does not have; the
 stream has ended and its session is released, so nothing reads that state. Attention reads the
 whole caches with the length on the device, select_mask ranks without its host-side shortcut
 (the same mask), and a block's pooled key is recomputed whenever a key is written into it
 (the indexer reads it only once the block is complete). Each op is the one the shared rounds
-run, on the same row, so the bits are the same (tests/runner/test_lone.py on the CPU,
-tests/gpu/test_lone_gpu.py with graphs).
+run, on the same row, so the bits are the same, and so are sampled tokens
+(tests/runner/test_lone.py and test_lone_sampled.py on the CPU, tests/gpu/test_lone_gpu.py
+and test_lone_sampled_gpu.py with graphs).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
@@ -40,6 +47,7 @@ from flashlane.models.state import (
     attn_table,
     gdn_table,
 )
+from flashlane.sampling.lone_draw import KeyedDraw, keyed_specs
 
 RING = 4  # landed tokens waiting to be read (two in flight need two)
 # graphs of several sessions kept (the oldest goes; one-session graphs stay): streams of a
@@ -50,14 +58,16 @@ MAX_TUPLES = 128
 @torch.no_grad()
 def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos: torch.Tensor,
          out: torch.Tensor, record: tuple[torch.Tensor, torch.Tensor],
-         tables: dict[int, torch.Tensor] | None = None) -> None:
-    """Feed tok [B] at pos [B], one row per session, commit them, and draw greedily: out
-    [B, 2] gets (the id, 1 if the row's maximum is finite), tok the ids, and pos moves on by
-    one. The rows' residuals go to record = (rows [n, B, hc*H], k [1]) at rows[k], and k
-    moves on (the MTP head's cells, absorbed when a stream drafts again). Every op is the
-    shared rounds' on the same rows (batched ops are row-invariant; attention, pooling and
-    state commits read and write each session's own buffers: kernels.attend_sessions, with
-    `tables` from session_tables, made where not given), so the bits are theirs."""
+         tables: dict[int, torch.Tensor] | None = None, draw: KeyedDraw | None = None) -> None:
+    """Feed tok [B] at pos [B], one row per session, commit them, and draw the tokens for
+    pos + 1, greedily or with `draw` (the streams' keyed draw, sampling/lone_draw.py): out
+    [B, 2] gets (the id, 1 if the row's maximum is finite; keyed: 1 for a token, else 0 and
+    a failure code in the id's place), tok the ids, and pos moves on by one. The rows'
+    residuals go to record = (rows [n, B, hc*H], k [1]) at rows[k], and k moves on (the MTP
+    head's cells, absorbed when a stream drafts again). Every op is the shared rounds' on the
+    same rows (batched ops are row-invariant; attention, pooling and state commits read and
+    write each session's own buffers: kernels.attend_sessions, with `tables` from
+    session_tables, made where not given), so the bits are theirs."""
     cfg, kernels = model.cfg, model.kernels
     tables = tables or {}
     r = model.embed_tokens(tok).repeat(1, cfg.hc_count)
@@ -81,8 +91,8 @@ def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos:
             r, xn = layer.mlp_half(r, y, w, kernels, then)
     record[0].index_copy_(0, record[1], r[None])
     record[1].add_(1)
-    # the first maximum (ties to the lower id), its finite flag, the next token, position
-    kernels.greedy_step(model.head_logits(r, xn), out, tok, pos)
+    # the draw for pos + 1 (greedy: the first maximum), its flag, the next token, position
+    (draw or kernels.greedy_step)(model.head_logits(r, xn), out, tok, pos)
 
 
 def _next_read(model: FlashNext, idx: int):
@@ -165,9 +175,14 @@ class LoneDriver:
         self.max_steps = max_steps
         self.device = model.embed_tokens.weight.device
         self.is_cuda = self.device.type == "cuda"
+        # sampled streams too (lanes/lone_turn.py): on by default on the CPU, where the tests
+        # hold them to shared rounds; on CUDA only with FLASHLANE_LONE_SAMPLED=1 until
+        # tests/gpu/test_lone_sampled_gpu.py has passed on a GPU
+        self.sampled = os.environ.get("FLASHLANE_LONE_SAMPLED", "0" if self.is_cuda else "1") == "1"
         self.use_graphs = graphs and self.is_cuda
         self.events = [torch.cuda.Event() for _ in range(RING)] if self.is_cuda else []
-        self.io: dict[tuple[int, int], _Buffers] = {}  # per (sessions, depth): static buffers
+        # per (sessions, depth, keyed): static buffers
+        self.io: dict[tuple[int, int, bool], _Buffers] = {}
         self.graphs: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}  # session ids -> step
         self.tables: dict[tuple[int, ...], dict] = {}  # a graph's session_tables, while it lives
         # one memory pool for every graph: they never run at once, and a step's results go to
@@ -202,17 +217,22 @@ class LoneDriver:
         budget = min(budget, self.max_steps)
         if budget <= 0:
             return 0
-        io = self.buffers(len(session_ids))
+        specs = keyed_specs(draws, positions)
+        io = self.buffers(len(session_ids), keyed=specs is not None)
+        if specs is not None:
+            io.draw.load(specs)  # the streams' parameter table, before any step reads it
         pinned = torch.tensor([tokens, positions], pin_memory=self.is_cuda)
         io.tok.copy_(pinned[0], non_blocking=True)
         io.pos.copy_(pinned[1], non_blocking=True)
         io.k.zero_()
         got = [[t] for t in tokens]
+        failed = [False] * len(tokens)
 
         def land(rows: list[list[int]]) -> bool:
             going = True
             for i, (token_id, finite) in enumerate(rows):
                 got[i].append(token_id)
+                failed[i] = failed[i] or not finite
                 going = takes[i](token_id, bool(finite)) and going
             return going
 
@@ -221,7 +241,9 @@ class LoneDriver:
             self.sessions[sid].length = positions[i] + launched
         drafter = self.drafter
         for i, d in enumerate(draws):
-            if d is not None and d.params.draft and drafter is not None and drafter.enabled:
+            # a failed stream keeps no cells (as a failed shared round): its ids may be codes
+            if (d is not None and d.params.draft and drafter is not None and drafter.enabled
+                    and not failed[i]):
                 rows = io.rows[:launched, i].clone()  # the next call overwrites the buffer
                 drafter.absorb_later(stream_ids[i], rows, got[i][:launched], got[i][launched], d)
         return launched
@@ -231,8 +253,8 @@ class LoneDriver:
         """Up to `budget` steps of these sessions with io, two in flight: each landed step's
         ring rows (one per session) go to land(), and once it says stop, the step in flight
         lands too. Counts the steps and folds their mean wall time into step_ms by
-        (sessions, io.depth) (calls of four steps or more: two in flight hide the host's
-        work only past the first). Returns the steps launched."""
+        (sessions, io.depth) (greedy calls of four steps or more: two in flight hide the
+        host's work only past the first). Returns the steps launched."""
         run = self.runner(ids, io)
         launched = landed = 0
         going, t0 = True, time.perf_counter()
@@ -249,7 +271,9 @@ class LoneDriver:
         seconds, b = time.perf_counter() - t0, len(ids)
         self.num_steps += launched
         self.widest = max(self.widest, b)
-        if launched >= 4:
+        # drafting weighs greedy steps against drafted ones: keyed steps (more launches) are
+        # not folded in
+        if launched >= 4 and getattr(io, "draw", None) is None:
             ms, old = 1e3 * seconds / launched, self.step_ms.get((b, io.depth))
             self.step_ms[(b, io.depth)] = ms if old is None else 0.75 * old + 0.25 * ms
         return launched
@@ -267,17 +291,19 @@ class LoneDriver:
                     self._give_up(err)
         return len(self.graphs)
 
-    def buffers(self, b: int, depth: int = 0):
-        """The static buffers of a step of b sessions (depth > 0: a drafted step's)."""
-        if (b, depth) not in self.io:
+    def buffers(self, b: int, depth: int = 0, keyed: bool = False):
+        """The static buffers of a step of b sessions (depth > 0: a drafted step's; keyed: a
+        plain step's with the keyed draw)."""
+        if (b, depth, keyed) not in self.io:
             width = self.model.cfg.hc_count * self.model.cfg.hidden_size
             if depth:
                 from flashlane.runner.lone_draft import DraftBuffers
                 io = DraftBuffers(b, depth, width, self.model.dtype, self.device)
             else:
-                io = _Buffers(b, self.max_steps, width, self.model.dtype, self.device)
-            self.io[(b, depth)] = io
-        return self.io[(b, depth)]
+                draw = KeyedDraw(b, self.model.cfg.vocab_size, self.device) if keyed else None
+                io = _Buffers(b, self.max_steps, width, self.model.dtype, self.device, draw)
+            self.io[(b, depth, keyed)] = io
+        return self.io[(b, depth, keyed)]
 
     def _post(self, io: _Buffers, i: int) -> None:
         """Step i's (id, finite) rows into its ring slot, without waiting for them."""
@@ -356,20 +382,36 @@ class LoneDriver:
 
 
 class _Buffers:
-    """A step's static inputs and outputs for B sessions, and the pinned ring the host reads."""
+    """A step's static inputs and outputs for B sessions, and the pinned ring the host reads;
+    with `draw`, the keyed draw of the streams (its kernels' shape is part of a graph's key,
+    and a step of each shape runs once outside a capture first: `warm`)."""
 
-    def __init__(self, b: int, max_steps: int, width: int, dtype, device: torch.device):
+    def __init__(self, b: int, max_steps: int, width: int, dtype, device: torch.device,
+                 draw: KeyedDraw | None = None):
         on = dict(dtype=torch.long, device=device)
         self.tok, self.pos = torch.zeros(b, **on), torch.zeros(b, **on)
         self.out, self.k = torch.zeros(b, 2, **on), torch.zeros(1, **on)
         self.rows = torch.zeros(max_steps, b, width, dtype=dtype, device=device)
         self.ring = torch.zeros(RING, b, 2, dtype=torch.long, pin_memory=device.type == "cuda")
-        self.warm = False
+        self.draw = draw
+        self.warmed: set[tuple] = set()  # the draw shapes a step has run with outside a capture
         self.depth = 0  # no drafts (runner/lone_draft.DraftBuffers carry some)
 
+    @property
+    def warm(self) -> bool:
+        return self._shape() in self.warmed
+
+    @warm.setter
+    def warm(self, value: bool) -> None:
+        if value:
+            self.warmed.add(self._shape())
+
+    def _shape(self) -> tuple:
+        return () if self.draw is None else self.draw.key
+
     def key(self, ids: tuple[int, ...]) -> tuple:
-        """The step's graph's key: the sessions' ids."""
-        return ids
+        """The step's graph's key: the sessions' ids (keyed: after the draw's shape)."""
+        return ids if self.draw is None else ("keyed", *self.draw.key, *ids)
 
     def inputs(self) -> tuple[torch.Tensor, ...]:
         """What a step reads and moves on (a warm-up step puts them back)."""
@@ -379,4 +421,5 @@ class _Buffers:
         return session_tables(sessions)
 
     def step(self, model: FlashNext, sessions: list[SessionState], tables) -> None:
-        step(model, sessions, self.tok, self.pos, self.out, (self.rows, self.k), tables)
+        step(model, sessions, self.tok, self.pos, self.out, (self.rows, self.k), tables,
+             self.draw)

@@ -155,9 +155,9 @@ def _to_numpy(logits: torch.Tensor) -> np.ndarray:
 def _check_logits(row: np.ndarray) -> None:
     top = row.max()  # NaN propagates through max, so one pass finds both problems
     if np.isnan(top):
-        raise SampleError(f"NaN logit at id {int(np.flatnonzero(np.isnan(row))[0])}")
+        raise bad_logit("NaN", int(np.flatnonzero(np.isnan(row))[0]))
     if top == np.inf:
-        raise SampleError(f"+inf logit at id {int(np.flatnonzero(row == np.inf)[0])}")
+        raise bad_logit("+inf", int(np.flatnonzero(row == np.inf)[0]))
 
 
 def checked_ids(ids: Sequence[int] | np.ndarray, vocab: int, what: str) -> np.ndarray:
@@ -167,6 +167,12 @@ def checked_ids(ids: Sequence[int] | np.ndarray, vocab: int, what: str) -> np.nd
         bad = int(arr[(arr < 0) | (arr >= vocab)][0])
         raise SampleError(f"{what} id {bad} is outside the vocabulary of {vocab} ids")
     return arr
+
+
+def bad_logit(word: str, token_id: int) -> SampleError:
+    """The error for a row whose first NaN (word "NaN"), or else first +inf ("+inf"), logit
+    is at `token_id`: every path names it the same way."""
+    return SampleError(f"{word} logit at id {token_id}")
 
 
 def no_candidate(top: float) -> SampleError:

@@ -28,6 +28,7 @@ from flashlane.sampling.choose import (
     GREEDY_TEMPERATURE,
     DrawSpec,
     SampleError,
+    bad_logit,
     checked_ids,
     draw_rows,
     no_candidate,
@@ -49,7 +50,7 @@ def draw_rows_gpu(
     imports); the rest, and rows they cannot settle, take the torch path below."""
     if fused is None:
         fused = logits.is_cuda
-    kernels = _triton_draw() if fused else None
+    kernels = fused_kernels() if fused else None
     if kernels is None:
         return _draw_rows_torch(logits, specs)
     out = kernels.draw_rows_fused(logits, specs)
@@ -63,7 +64,8 @@ def draw_rows_gpu(
 _TRITON: list = []  # the triton_draw module, or None where Triton does not import
 
 
-def _triton_draw():
+def fused_kernels():
+    """The triton_draw module, or None where Triton does not import (imported once)."""
     if not _TRITON:
         try:
             from flashlane.sampling import triton_draw
@@ -148,7 +150,7 @@ def _mark_bad_logits(logits: torch.Tensor, out: list) -> None:
             word, bad = "+inf", torch.isposinf(logits[i])
         else:
             continue
-        out[i] = SampleError(f"{word} logit at id {int(bad.nonzero()[0, 0])}")
+        out[i] = bad_logit(word, int(bad.nonzero()[0, 0]))
 
 
 def _adjust(l: torch.Tensor, specs: Sequence[DrawSpec], out: list) -> None:

@@ -34,30 +34,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from flashlane.sampling.choose import GREEDY_TEMPERATURE, DrawSpec, SampleError, no_candidate
+from flashlane.sampling.choose import DrawSpec, SampleError, no_candidate
+from flashlane.sampling.kinds import OTHER, PLAIN, TOP_K, TOP_P, row_kind
 from flashlane.sampling.triton_keyed import (
     BAD,
     BEST,
     BID,
     BIG_ID,
-    GREEDY,
     IDX,
     KEY_PAD,
     KEYS,
     MAX,
     NOISE_BOUND,
     NPARAM,
-    OTHER,
     OUT,
-    PLAIN,
-    TOP_K,
-    TOP_P,
     as_f64,
     as_words,
     best_of,
@@ -73,7 +70,6 @@ from flashlane.sampling.triton_keyed import (
 from flashlane.sampling.triton_top_p import TOP_P_SCORES, launch_mass, top_p_scores, top_p_token
 
 BLOCK = 4096  # ids per program in the launches on rows x chunks
-MAX_TOP_K = 128  # larger top_k rows take the torch path
 WARPS = 8
 # Statuses in the output (a token is >= 0).
 NO_CANDIDATE, BAD_LOGIT, UNSETTLED = -1, -2, -3
@@ -238,21 +234,7 @@ def _finish_kernel(
         tl.store(region(ws_ptr, n, C, OUT, KP) + r, res)
 
 
-def _kind(spec: DrawSpec, vocab: int) -> int:
-    p = spec.params
-    if p.logit_bias or p.repetition_penalty != 1.0:
-        return OTHER
-    if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
-        return OTHER
-    if p.temperature < GREEDY_TEMPERATURE:
-        return GREEDY
-    top_k = p.top_k if p.top_k < vocab else 0
-    if top_k > 0:
-        return TOP_K if top_k <= MAX_TOP_K else OTHER
-    return PLAIN if p.top_p >= 1.0 else TOP_P
-
-
-def _table(specs: Sequence[DrawSpec], kinds: list[int], vocab: int) -> torch.Tensor:
+def param_table(specs: Sequence[DrawSpec], kinds: list[int], vocab: int) -> torch.Tensor:
     """The kernels' parameter rows [n, NPARAM] int64 on the host (floats as their bits); the
     kernels hash seed and position into the row key themselves."""
     ints, floats = [], []
@@ -266,6 +248,57 @@ def _table(specs: Sequence[DrawSpec], kinds: list[int], vocab: int) -> torch.Ten
     return torch.from_numpy(table)
 
 
+@dataclass(frozen=True, slots=True)
+class Launches:
+    """What the launches of a call are compiled for and how its workspace is laid out."""
+
+    n: int  # rows
+    vocab: int
+    block: int  # ids per program, a power of two
+    k: int  # candidates each chunk keeps for top_k rows (>= their largest top_k; 16 if none)
+    has_top_k: bool  # the workspace holds KEYS (some row is a top_k row)
+    plain_rows: bool  # the score launch runs for plain and min_p rows
+    top_p_rows: bool  # the mass launch runs, and the finish takes top_p rows
+
+    @staticmethod
+    def of(n: int, vocab: int, kinds: Sequence[int], top_ks: Sequence[int],
+           block: int = BLOCK) -> Launches:
+        """The launches for rows of these kinds; `top_ks` are the top_k rows' top_k."""
+        max_k = max(top_ks, default=0)
+        k = min(max(16, triton.next_power_of_2(max_k)), block) if max_k else 16
+        return Launches(n, vocab, block, k, max_k > 0, PLAIN in kinds, TOP_P in kinds)
+
+    @property
+    def chunks(self) -> int:
+        return triton.cdiv(self.vocab, self.block)
+
+    @property
+    def kp(self) -> int:
+        return TOP_P_SCORES if self.top_p_rows else 1
+
+    @property
+    def words(self) -> int:
+        """The workspace's size in int64 words (triton_keyed)."""
+        return workspace_words(self.n, self.chunks, self.kp, self.k if self.has_top_k else 0)
+
+
+def launch(logits: torch.Tensor, ws: torch.Tensor, shape: Launches) -> None:
+    """The three or four launches over logits [n, V] (unit stride along V) and a workspace
+    whose PARAMS hold the rows' table: each row's token or status lands in its OUT word. No
+    host value is read and nothing is allocated, so a CUDA graph can hold them."""
+    n, chunks, kp, k = shape.n, shape.chunks, shape.kp, shape.k
+    cp = triton.next_power_of_2(chunks)
+    rows = (logits, logits.stride(0), shape.vocab, ws, n, chunks)
+    grid = (n, chunks)
+    _stats_kernel[grid](*rows, shape.block, k, kp, num_warps=WARPS)
+    if shape.plain_rows or shape.top_p_rows:
+        _score_kernel[grid](*rows, shape.block, cp, kp, shape.plain_rows, shape.top_p_rows,
+                            num_warps=WARPS)
+    if shape.top_p_rows:
+        launch_mass(logits, ws, n, chunks, shape.block, kp, WARPS)
+    _finish_kernel[(n,)](*rows, cp, k, kp, shape.top_p_rows, num_warps=WARPS)
+
+
 def draw_rows_fused(
     logits: torch.Tensor, specs: Sequence[DrawSpec], block: int = BLOCK
 ) -> list[int | SampleError | None]:
@@ -273,29 +306,17 @@ def draw_rows_fused(
     or fp16, on CUDA or, under TRITON_INTERPRET=1, the CPU). `block`: ids per program, a power
     of two (tests shrink it to cover many chunks)."""
     n, vocab = logits.shape
-    kinds = [_kind(s, vocab) for s in specs]
+    kinds = [row_kind(s.params, vocab) for s in specs]
     if logits.dtype not in DTYPES or not any(kinds):
         return [None] * n
     if logits.stride(1) != 1:
         logits = logits.contiguous()
-    chunks = triton.cdiv(vocab, block)
-    cp = triton.next_power_of_2(chunks)
-    max_k = max((s.params.top_k for s, k in zip(specs, kinds) if k == TOP_K), default=0)
-    k = min(max(16, triton.next_power_of_2(max_k)), block) if max_k else 16
-    plain_rows, top_p_rows = PLAIN in kinds, TOP_P in kinds
-    kp = TOP_P_SCORES if top_p_rows else 1
+    top_ks = [s.params.top_k for s, k in zip(specs, kinds) if k == TOP_K]
+    shape = Launches.of(n, vocab, kinds, top_ks, block)
     # The one allocation: every launch's scratch, the parameters and the output (triton_keyed).
-    words = workspace_words(n, chunks, kp, k if max_k else 0)
-    ws = torch.empty(words, dtype=torch.int64, device=logits.device)
-    ws[: n * NPARAM].copy_(_table(specs, kinds, vocab).view(-1))
-    rows = (logits, logits.stride(0), vocab, ws, n, chunks)
-    grid = (n, chunks)
-    _stats_kernel[grid](*rows, block, k, kp, num_warps=WARPS)
-    if plain_rows or top_p_rows:
-        _score_kernel[grid](*rows, block, cp, kp, plain_rows, top_p_rows, num_warps=WARPS)
-    if top_p_rows:
-        launch_mass(logits, ws, n, chunks, block, kp, WARPS)
-    _finish_kernel[(n,)](*rows, cp, k, kp, top_p_rows, num_warps=WARPS)
+    ws = torch.empty(shape.words, dtype=torch.int64, device=logits.device)
+    ws[: n * NPARAM].copy_(param_table(specs, kinds, vocab).view(-1))
+    launch(logits, ws, shape)
     out = ws[n * NPARAM : n * (NPARAM + 1)].tolist()  # the one transfer
     results: list[int | SampleError | None] = []
     for kind, v in zip(kinds, out):

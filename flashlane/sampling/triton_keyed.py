@@ -19,11 +19,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# Row kinds in the parameter table (kinds.py, which needs no Triton, defines them).
+from flashlane.sampling.kinds import GREEDY, OTHER, PLAIN, TOP_K, TOP_P  # noqa: F401
+
 NPARAM = 7  # kind, T, top_k, top_p, min_p, seed, position (floats as their int64 bits)
 # Workspace regions, in order (constexprs, so kernels name them too).
 PARAMS, OUT, MAX, IDX, BAD, BEST, BID, MASS, KEYS = (tl.constexpr(i) for i in range(9))
-# Row kinds in the parameter table.
-OTHER, GREEDY, PLAIN, TOP_K, TOP_P = 0, 1, 2, 3, 4
 BIG_ID = tl.constexpr(2147483647)
 KEY_PAD = tl.constexpr(-9223372036854775807)  # below every order key
 LOW32 = tl.constexpr(4294967295)

@@ -34,7 +34,7 @@ from flashlane.kernels.rowwise import triton as rowwise  # noqa: E402
 from flashlane.kernels.rowwise import triton_greedy as rowwise_greedy  # noqa: E402
 from flashlane.kernels.rowwise import triton_hc as rowwise_hc  # noqa: E402
 from flashlane.kernels.rowwise import triton_ple as rowwise_ple  # noqa: E402
-from flashlane.sampling import triton_draw, triton_top_p  # noqa: E402
+from flashlane.sampling import triton_draw, triton_lone, triton_top_p  # noqa: E402
 
 H200 = GPUTarget("cuda", 90, 32)
 BF = "*bf16"
@@ -273,6 +273,11 @@ KERNELS.update({
                     dict(CP=64, K=16, KP=4, TOP_P_ROWS=True), dict(num_warps=triton_draw.WARPS)),
     "draw top_p mass": (triton_top_p._mass_kernel, DRAW, dict(BLOCK=4096, CP=64, KP=4),
                         dict(num_warps=triton_draw.WARPS)),
+    "lone draw land": (triton_lone._land_kernel,
+                       dict(ws_ptr="*i64", n="i32", C="i32", logits_ptr="*fp32", stride="i32",
+                            V="i32", out_ptr="*i64", stride_out="i32", tok_ptr="*i64",
+                            pos_ptr="*i64"),
+                       dict(KP=4, SCAN=4096), {}),
 })  # fmt: skip
 
 

@@ -1,0 +1,158 @@
+"""The keyed draw that ends a lone step (runner/lone.py) for sampled streams, on the device.
+
+`KeyedDraw` belongs to one set of the lone driver's buffers (B streams, one row each). `load`
+writes the streams' parameter table once, when the driver takes them; each step then draws
+the token for position pos + 1 (the row holds the token at pos, DESIGN.md section 3: the
+position shared rounds key the same token with) and, as kernels.greedy_step does for greedy
+steps, writes out [B, 2] (token, flag), tok the token and pos + 1.
+
+On CUDA a step is triton_draw's launches (`launch`, the shared rounds' kernels) over a
+workspace this object owns, after a copy of pos + 1 into the table's positions and before
+triton_lone's landing: no host value is read and nothing is allocated, so the driver's CUDA
+graph holds the step. It takes only rows the kernels always settle (kinds.is_always_settled:
+greedy, plain, min_p, top_k up to MAX_TOP_K). top_p rows stay on shared rounds: a cut within
+rounding comes back UNSETTLED and needs the host, while the step in flight would already have
+fed a token; settling it exactly needs a rollback of that step (notes/helper_sampled.md).
+The tokens are the shared rounds': the same launches on the same logits bits (draw_rows_gpu
+sends these rows to them as well), and a row's result does not depend on the other rows, the
+chunk count or K. Elsewhere (the CPU, no Triton, fp64 logits) a step calls the shared rounds'
+draw for the logits' device, reading pos on the host; the CPU has no graphs.
+
+A row without a token (no finite candidate, a NaN or +inf logit) gets flag 0 and in the
+token's place a negative code; `failure` turns it into the SampleError shared rounds give.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+
+from flashlane.request import SamplingParams
+from flashlane.sampling.choose import (
+    DrawSpec,
+    SampleError,
+    bad_logit,
+    draw_rows,
+    is_plain_greedy,
+    no_candidate,
+)
+from flashlane.sampling.gpu import draw_rows_gpu, fused_kernels
+from flashlane.sampling.kinds import MAX_TOP_K, PLAIN, TOP_K, is_always_settled, row_kind
+
+GREEDY = SamplingParams(temperature=0.0)
+# Failure codes in out[:, 0] where the flag is 0 (a token is >= 0).
+NO_CANDIDATE, UNSETTLED = -1, -3  # triton_draw's statuses
+NAN_AT, INF_AT = -4, -5  # -4 - 2 id: the first NaN is at id; -5 - 2 id: the first +inf
+
+
+def failure(code: int) -> SampleError:
+    """The shared rounds' error for a failed row's code. A code >= 0 comes from a greedy
+    step (kernels.greedy_step flags the row's maximum only)."""
+    if code >= 0:
+        return SampleError("the row has no finite logit")
+    if code == NO_CANDIDATE:
+        return no_candidate(-float("inf"))
+    if code <= NAN_AT:
+        token_id, which = divmod(NAN_AT - code, 2)
+        return bad_logit("+inf" if which else "NaN", token_id)
+    return SampleError("the draw was not settled on the device")
+
+
+def failure_code(row: torch.Tensor) -> int:
+    """The code of a row without a token: its first NaN, else its first +inf, else none."""
+    for code, bad in ((NAN_AT, torch.isnan(row)), (INF_AT, torch.isposinf(row))):
+        if bad.any():
+            return code - 2 * int(bad.nonzero()[0, 0])
+    return NO_CANDIDATE
+
+
+def keyed_specs(draws: Sequence, positions: Sequence[int]) -> list[DrawSpec] | None:
+    """The streams' specs for a keyed step from their lanes.records.Draws (params, seed) and
+    pending positions (each step sets its own), or None when every stream draws plain-greedy
+    (kernels.greedy_step serves them in one launch). No `draws` (tests): greedy."""
+    specs = [DrawSpec(d.params, d.seed, p + 1) if d is not None else DrawSpec(GREEDY, 0, p + 1)
+             for d, p in zip(draws, positions)]
+    return None if all(is_plain_greedy(s) for s in specs) else specs
+
+
+class KeyedDraw:
+    """The keyed draw of a lone step of B streams, with its workspace (module docstring)."""
+
+    def __init__(
+        self,
+        b: int,
+        vocab: int,
+        device: torch.device,
+        fused: bool | None = None,
+        block: int | None = None,
+    ):
+        """`fused`: steps run triton_draw's kernels (default: on CUDA, where Triton imports;
+        tests ask for them on the CPU under TRITON_INTERPRET=1). `block`: their ids per
+        program (tests shrink it so rows span many chunks)."""
+        self.b, self.vocab, self.device, self.block = b, vocab, device, block
+        self.specs: list[DrawSpec] = []
+        self.launches = None  # triton_draw.Launches of the loaded rows (fused steps)
+        if fused is None:
+            fused = device.type == "cuda"
+        self.fused = fused and fused_kernels() is not None
+        if self.fused:
+            from flashlane.sampling.triton_keyed import NPARAM
+
+            # sized for the largest call (top_k rows up to MAX_TOP_K) and never reallocated:
+            # a graph holds its address. KEYS is the last region, so a smaller K fits.
+            widest = self._launches([PLAIN, TOP_K], [MAX_TOP_K])
+            self.ws = torch.zeros(widest.words, dtype=torch.long, device=device)
+            self.table = self.ws[: b * NPARAM].view(b, NPARAM)
+            self.positions = self.table[:, 6]  # NPARAM's columns end with seed, position
+
+    @property
+    def key(self) -> tuple:
+        """What a graph of the step is compiled for besides the buffers (Launches' flags)."""
+        shape = self.launches
+        return () if shape is None else (shape.k, shape.has_top_k, shape.plain_rows)
+
+    def load(self, specs: Sequence[DrawSpec]) -> None:
+        """The streams' draws, one per row (positions are set by each step): the table goes
+        to the device now, outside any step."""
+        if len(specs) != self.b or not all(is_always_settled(s.params, self.vocab) for s in specs):
+            raise ValueError("a lone keyed draw takes B rows the kernels always settle")
+        self.specs = list(specs)
+        if self.fused:
+            tdraw = fused_kernels()
+            kinds = [row_kind(s.params, self.vocab) for s in specs]
+            top_ks = [s.params.top_k for s, k in zip(specs, kinds) if k == TOP_K]
+            self.launches = self._launches(kinds, top_ks)
+            self.table.copy_(tdraw.param_table(specs, kinds, self.vocab))
+
+    def __call__(
+        self, logits: torch.Tensor, out: torch.Tensor, tok: torch.Tensor, pos: torch.Tensor
+    ) -> None:
+        """logits [B, V] -> out [B, 2] (token or failure code, flag), tok, pos + 1."""
+        tdraw = fused_kernels()
+        if self.fused and logits.dtype in tdraw.DTYPES and logits.stride(1) == 1:
+            from flashlane.sampling.triton_lone import land
+
+            shape = self.launches
+            torch.add(pos, 1, out=self.positions)
+            tdraw.launch(logits, self.ws, shape)
+            land(self.ws, self.b, shape.chunks, shape.kp, logits, out, tok, pos)
+            return
+        self._on_host(logits, out, tok, pos)
+
+    def _launches(self, kinds: list[int], top_ks: list[int]):
+        tdraw = fused_kernels()
+        return tdraw.Launches.of(self.b, self.vocab, kinds, top_ks, self.block or tdraw.BLOCK)
+
+    def _on_host(self, logits, out, tok, pos) -> None:
+        """The shared rounds' draw for the logits' device (backend._draw_all), pos read here."""
+        specs = [dataclasses.replace(s, position=p + 1) for s, p in zip(self.specs, pos.tolist())]
+        logits = logits.float()  # what shared rounds draw from (model.logits)
+        got = (draw_rows_gpu if logits.is_cuda else draw_rows)(logits, specs)
+        codes = [g if isinstance(g, int) else failure_code(logits[i]) for i, g in enumerate(got)]
+        codes_t = torch.tensor(codes, dtype=torch.long, device=out.device)
+        out[:, 0] = codes_t
+        out[:, 1] = codes_t >= 0
+        tok.copy_(codes_t.clamp(min=0))
+        pos.add_(1)

@@ -1,0 +1,119 @@
+"""lone_draw.KeyedDraw: a lone step's keyed draw gives the shared rounds' tokens and errors.
+
+Over random logits and several steps, its positions moving on the device: the host path (the
+CPU's, in every run) and the fused path (triton_draw's launches and the landing kernel, on a
+GPU or under TRITON_INTERPRET=1) each equal choose.draw_rows at position pos + 1, and the
+fused one draw_rows_fused too."""
+
+import numpy as np
+import pytest
+import torch
+
+from flashlane.request import SamplingParams
+from flashlane.sampling.choose import DrawSpec, SampleError, draw_rows
+from flashlane.sampling.kinds import is_always_settled
+from flashlane.sampling.lone_draw import KeyedDraw, failure
+from tests.kernels.triton_env import DEVICE, HAS_CUDA, needs_triton
+from tests.sampling.rows import random_row
+
+VOCAB = 3001
+BLOCK = 4096 if HAS_CUDA else 1024  # the interpreter: rows span several chunks
+ADMITTED = [
+    SamplingParams(temperature=0.0),
+    SamplingParams(),
+    SamplingParams(temperature=0.3),
+    SamplingParams(temperature=3.0, min_p=0.05),
+    SamplingParams(min_p=1.0),
+    SamplingParams(top_k=1),
+    SamplingParams(top_k=20, temperature=0.7),
+    SamplingParams(top_k=128, temperature=1.5, min_p=0.01),
+    SamplingParams(top_k=VOCAB + 5),  # every id: a plain row
+]
+
+
+def specs_of(rng, params):
+    return [DrawSpec(p, int(rng.integers(0, 2**63)), 0) for p in params]
+
+
+def run_steps(draw: KeyedDraw, specs, rng, num_steps: int, device, bad: bool = False):
+    """num_steps steps over fresh random logits; each step's out equals draw_rows at
+    position pos + 1, tok the token (0 where none) and pos moves on by one."""
+    b = len(specs)
+    draw.load(specs)
+    start = rng.integers(0, 300_000, b)
+    pos = torch.tensor(start, dtype=torch.long, device=device)
+    tok = torch.zeros(b, dtype=torch.long, device=device)
+    out = torch.full((b, 2), -99, dtype=torch.long, device=device)
+    num_failed = 0
+    for step in range(num_steps):
+        logits = torch.stack([random_row(rng, VOCAB) for _ in range(b)])
+        if bad:  # a NaN, a +inf after a NaN-free prefix, no finite candidate
+            logits[0, 7] = logits[0, 2000] = torch.nan
+            logits[0, 5] = torch.inf
+            logits[1, 1500] = logits[1, 2900] = torch.inf
+            logits[2] = -torch.inf
+        at = [int(p) + 1 for p in start + step]
+        want = draw_rows(logits, [DrawSpec(s.params, s.seed, p) for s, p in zip(specs, at)])
+        draw(logits.to(device), out, tok, pos)
+        got = out.cpu().tolist()
+        for (code, flag), w, t in zip(got, want, tok.cpu().tolist()):
+            if isinstance(w, SampleError):
+                num_failed += 1
+                assert flag == 0 and t == 0 and str(failure(code)) == str(w)
+            else:
+                assert (code, flag, t) == (w, 1, w)
+        assert pos.cpu().tolist() == (start + step + 1).tolist()
+    return num_failed
+
+
+def test_host_path_equals_the_cpu_draws():
+    rng = np.random.default_rng(1)
+    specs = specs_of(rng, ADMITTED)
+    draw = KeyedDraw(len(specs), VOCAB, torch.device("cpu"), fused=False)
+    run_steps(draw, specs, rng, 3, "cpu")
+    assert run_steps(draw, specs, rng, 1, "cpu", bad=True) == 3
+
+
+def test_load_refuses_rows_the_kernels_may_not_settle():
+    draw = KeyedDraw(1, VOCAB, torch.device("cpu"), fused=False)
+    for p in (SamplingParams(top_p=0.9), SamplingParams(top_k=129),
+              SamplingParams(repetition_penalty=1.1), SamplingParams(logit_bias={3: 1.0})):
+        assert not is_always_settled(p)
+        with pytest.raises(ValueError, match="always settle"):
+            draw.load([DrawSpec(p, 1, 0)])
+    with pytest.raises(ValueError):
+        draw.load([])  # one row per stream
+
+
+def triton_test(f):
+    for mark in needs_triton:
+        f = mark(f)
+    return f
+
+
+@triton_test
+@pytest.mark.parametrize("num_rows", [1, len(ADMITTED)])
+def test_fused_steps_equal_the_cpu_draws(num_rows):
+    from flashlane.sampling.triton_draw import draw_rows_fused
+
+    rng = np.random.default_rng(num_rows)
+    specs = specs_of(rng, ADMITTED[-num_rows:])
+    draw = KeyedDraw(num_rows, VOCAB, torch.device(DEVICE), fused=True, block=BLOCK)
+    assert draw.fused
+    run_steps(draw, specs, rng, 3 if num_rows == 1 else 2, DEVICE)
+    if num_rows >= 3:
+        assert run_steps(draw, specs, rng, 1, DEVICE, bad=True) == 3
+    # the shared rounds' fused call on one more step's logits: the same tokens
+    logits = torch.stack([random_row(rng, VOCAB) for _ in range(num_rows)]).to(DEVICE)
+    pos = torch.arange(num_rows, device=DEVICE) * 1000
+    out = torch.zeros(num_rows, 2, dtype=torch.long, device=DEVICE)
+    draw(logits, out, torch.zeros_like(pos), pos.clone())
+    at = [DrawSpec(s.params, s.seed, int(p) + 1) for s, p in zip(specs, pos.tolist())]
+    assert out[:, 0].cpu().tolist() == draw_rows_fused(logits, at, block=BLOCK)
+
+
+def test_failure_codes_name_the_shared_rounds_errors():
+    messages = [str(failure(c)) for c in (-1, -4, -5, -4 - 2 * 17, -5 - 2 * 3, 0)]
+    assert messages == [
+        "no finite candidate logit", "NaN logit at id 0", "+inf logit at id 0",
+        "NaN logit at id 17", "+inf logit at id 3", "the row has no finite logit"]
