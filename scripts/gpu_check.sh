@@ -3,11 +3,13 @@
 # machine from the repository root:
 #
 #     bash scripts/gpu_check.sh                      # everything
-#     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, benches, model, drafts, diag, serve
+#     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, exact, benches, model, drafts, diag, serve
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
 #          exactness of the engine on the GPU, the GPU sampler), then 10,000 full-width rows
 #          of the GPU keyed draw against the CPU path (benchmarks/check_gpu_draw.py);
+# exact:   the engine's bitwise tests alone (lone greedy and sampled steps against shared
+#          rounds, shared rows against each stream alone, the PLE kernels; over 2 minutes);
 # benches: every benchmarks/bench_*.py that takes `--device`, run with `--device cuda`;
 # model:   `flashlane bench model` on a random flashnext-12l against transformers
 #          (MODEL_ARGS overrides its arguments);
@@ -50,6 +52,16 @@ if [[ " $steps " == *" tests "* ]]; then
     echo "== python benchmarks/check_gpu_draw.py"
     python benchmarks/check_gpu_draw.py 2>&1 | tee -a "$out/gpu_tests_$stamp.log" \
         || failed+=("check_gpu_draw")
+fi
+
+if [[ " $steps " == *" exact "* ]]; then
+    # the engine's exactness on the GPU first, in one short call: lone steps (greedy and
+    # sampled) against shared rounds, shared rows against each stream alone, the PLE kernels
+    exact_tests="tests/gpu/test_lone_gpu.py tests/gpu/test_lone_sampled_gpu.py"
+    exact_tests+=" tests/gpu/test_exact_gpu.py tests/kernels/test_triton_ple.py"
+    echo "== python -m pytest -m 'cuda or triton' $exact_tests"
+    python -m pytest -m "cuda or triton" -q -rf --tb=short -p no:cacheprovider $exact_tests \
+        2>&1 | tee "$out/gpu_exact_$stamp.log" || failed+=("exact")
 fi
 
 if [[ " $steps " == *" benches "* ]]; then
