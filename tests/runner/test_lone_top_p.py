@@ -6,15 +6,18 @@ top_p row made UNSETTLED (the CPU's draw always settles, so the device's answer 
 """
 
 import dataclasses
+import functools
 
 import pytest
 import torch
 
 from flashlane.lanes.records import Draws
 from flashlane.request import SamplingParams
+from flashlane.runner import lone
 from flashlane.runner.lone import LoneDriver
 from flashlane.sampling.choose import SampleError
 from flashlane.sampling.lone_draw import UNSETTLED, KeyedDraw
+from tests.kernels.triton_env import needs_triton
 from tests.runner.test_exact import prompts
 from tests.runner.test_lone import prefilled, with_arrivals, with_lone, without_lone
 from tests.runner.test_lone_sampled import llm, shared  # noqa: F401
@@ -133,3 +136,36 @@ def test_top_p_calls_run_one_step_in_flight(tiny_ckpt, params, ahead):
     assert len(got) == 5 + ahead and launched == 5 + ahead == driver.num_steps
     assert s.length == len(prompts()[2]) + launched
     assert not any(isinstance(t, SampleError) for t in got)
+
+
+def fused_test(f):
+    for mark in needs_triton:
+        f = mark(f)
+    return f
+
+
+@fused_test
+def test_fused_lone_steps_settle_flat_top_p_cuts_on_the_host(llm, monkeypatch):  # noqa: F811
+    """Through the fused keyed draw (triton_draw's launches and the landing kernel; on the
+    CPU under TRITON_INTERPRET=1): flat fp32 logits put a top_k 128, top_p 0.5 cut's running
+    sum exactly on top_p * S, which the kernels never call. The host settles each such row
+    from the logits the step kept and the replies equal shared rounds'."""
+    model, unsettled = llm.engine.model, [0]
+    head = model.head_logits
+    monkeypatch.setattr(model, "head_logits", lambda r, xn=None: head(r, xn).float() * 0)
+    monkeypatch.setattr(lone, "KeyedDraw", functools.partial(KeyedDraw, fused=True, block=256))
+
+    def counted(self, rows, tok, pos):
+        assert self.fused and self.logits is self.held
+        unsettled[0] += sum(r == [UNSETTLED, 0] for r in rows)
+        return SETTLE(self, rows, tok, pos)
+
+    monkeypatch.setattr(KeyedDraw, "settle", counted)
+    params = [SamplingParams(max_tokens=12, top_k=128, top_p=0.5, seed=1, draft=False),
+              SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=2, draft=False),
+              SamplingParams(max_tokens=8, temperature=0.0, draft=False)]
+    ps = prompts()[:3]
+    want = [o.token_ids for o in shared(llm, ps, params)]
+    got, driver = lone_replies(llm, ps, params, 6, streams=3)
+    assert got == want and driver.num_steps > 0
+    assert unsettled[0] > 0  # every lone step of the first stream
