@@ -2,7 +2,8 @@
 flight, and a row the device leaves UNSETTLED is drawn on the host from the step's logits
 (lone_draw.KeyedDraw.settle) and fed to the next step before it is launched. Replies equal
 shared rounds' token for token: alone, greedy beside top_p, across hand-offs, and with every
-top_p row made UNSETTLED (the CPU's draw always settles, so the device's answer is injected).
+top_p row made UNSETTLED (the CPU's draw always settles, so the device's answer is injected);
+under TRITON_INTERPRET=1 also through the fused kernels, on rows they cannot call.
 """
 
 import dataclasses
