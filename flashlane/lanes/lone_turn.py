@@ -1,15 +1,17 @@
 """A host round given to the lone driver (runner/lone.py) instead of the lane core.
 
 When one stream is live (or up to `lone_streams`), nothing waits, and each draws rows the
-device settles alone (greedy, or sampled: plain, min_p, top_k up to MAX_TOP_K; no logit_bias
-or penalties, no top_p: sampling/kinds.is_always_settled), without logprobs or a thinking
-budget, the host lets the lone driver run the next steps on the device. A sampled step keys
-its draw by the stream's seed and the position drawn, as a shared round's decode window does
-(runner/backend._spec), so the tokens are the shared rounds'. Each landed token goes through
-the same stop rules as a shared round's; a row without a token ends the stream with the
-error a shared round gives (sampling/lone_draw.failure). The driver stops after a landed
-step when the reply ends, its budget or room is spent, or the host is interrupted (work
-arrived), and the stream is then exactly where shared rounds would have left it.
+fused keyed draw takes (greedy, or sampled: plain, min_p, top_k up to MAX_TOP_K, top_p; no
+logit_bias or penalties: sampling/kinds.is_lone_drawn), without logprobs or a thinking
+budget, the host lets the lone driver run the next steps on the device (with a top_p stream,
+one step in flight: a cut the device cannot call is settled on the host between steps). A
+sampled step keys its draw by the stream's seed and the position drawn, as a shared round's
+decode window does (runner/backend._spec), so the tokens are the shared rounds'. Each landed
+token goes through the same stop rules as a shared round's; a row without a token ends the
+stream with the error a shared round gives (sampling/lone_draw.failure). The driver stops
+after a landed step when the reply ends, its budget or room is spent, or the host is
+interrupted (work arrived), and the stream is then exactly where shared rounds would have
+left it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from flashlane.lanes.core import RoundFailed
 from flashlane.lanes.stops import conclude
 from flashlane.lanes.stream import Stream
 from flashlane.sampling.choose import DrawSpec, is_plain_greedy
-from flashlane.sampling.kinds import is_always_settled
+from flashlane.sampling.kinds import is_lone_drawn
 from flashlane.sampling.lone_draw import failure
 
 if TYPE_CHECKING:
@@ -30,12 +32,11 @@ if TYPE_CHECKING:
 
 def lone_streams(host: LaneHost, running: Sequence[Stream]) -> list[Stream]:
     """The streams the lone driver may take this round: every live one, when nothing waits,
-    there are at most `lone_streams` of them and each draws rows the device always settles
-    (greedy or sampled, greedy and sampled together too; no logprobs, thinking budget or
-    forced tokens, room for a step); else none. top_p < 1 streams stay on shared rounds: a
-    cut within rounding needs the host while the next step is already in flight. Sampled
-    streams only where the driver takes them (`LoneDriver.sampled`: the CPU by default, CUDA
-    with FLASHLANE_LONE_SAMPLED=1 until its GPU test has passed)."""
+    there are at most `lone_streams` of them and each draws rows the fused keyed draw takes
+    (greedy or sampled, top_p too, greedy and sampled together too; no logprobs, thinking
+    budget or forced tokens, room for a step); else none. Sampled streams only where the
+    driver takes them (`LoneDriver.sampled`: the CPU by default, CUDA with
+    FLASHLANE_LONE_SAMPLED=1 until its GPU test has passed)."""
     if (host.lone is None or host.waiting or not running or len(host.live) != len(running)
             or len(running) > host.config.lone_streams):
         return []
@@ -47,7 +48,7 @@ def lone_streams(host: LaneHost, running: Sequence[Stream]) -> list[Stream]:
         if (s.is_filling or s.is_finished or s.forced or s.is_thinking
                 or s.logprobs is not None or s.room < 1
                 or not (is_plain_greedy(DrawSpec(s.params, s.seed, s.start))
-                        or (sampled and is_always_settled(s.params)))):
+                        or (sampled and is_lone_drawn(s.params)))):
             return []
     return list(running)
 

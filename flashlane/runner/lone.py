@@ -1,7 +1,7 @@
 """The lone driver: one stream (or a few) decoding on device-side rounds (issue 9).
 
 While a single stream is live and nothing waits (or, with `lone_streams` > 1, up to that
-many), each drawing rows the device settles alone (greedy, or sampled without top_p, logit_bias
+many), each drawing rows the fused keyed draw takes (greedy, or sampled without logit_bias
 or penalties: lanes/lone_turn.py), the host hands their rounds here; several streams step
 in lockstep, one row each, their attention, pooling and state commits per session inside
 the step and the rest batched. A step feeds the pending token at its position through the
@@ -19,14 +19,20 @@ or room is spent, or the host has new work. The sessions then hold the streams' 
 shared rounds would have left it (every fed token committed), and the lane core takes the
 streams on.
 
+A top_p row's cut may be too close to call on the device (UNSETTLED, as shared rounds' fused
+draw returns None for it); a call with such a row runs one step in flight instead: the host
+reads step n, settles an unsettled row from the logits the step kept with the shared rounds'
+own fallback, and writes the token where step n+1 reads it before launching it
+(lone_draw.KeyedDraw.settle). No step ever feeds a provisional token, so nothing rolls back.
+
 A step launched before the reply's end was read feeds a token the reply does not have; the
 stream has ended and its session is released, so nothing reads that state. Attention reads the
 whole caches with the length on the device, select_mask ranks without its host-side shortcut
 (the same mask), and a block's pooled key is recomputed whenever a key is written into it
 (the indexer reads it only once the block is complete). Each op is the one the shared rounds
 run, on the same row, so the bits are the same, and so are sampled tokens
-(tests/runner/test_lone.py and test_lone_sampled.py on the CPU, tests/gpu/test_lone_gpu.py
-and test_lone_sampled_gpu.py with graphs).
+(tests/runner/test_lone.py, test_lone_sampled.py and test_lone_top_p.py on the CPU,
+tests/gpu/test_lone_gpu.py and test_lone_sampled_gpu.py with graphs).
 """
 
 from __future__ import annotations
@@ -165,7 +171,7 @@ def session_tables(sessions: list[SessionState]) -> dict[int, torch.Tensor]:
 
 class LoneDriver:
     """Runs `step` for one session, or a few together, graphed on CUDA (one graph per tuple
-    of sessions), with two steps in flight."""
+    of sessions), with two steps in flight (one for calls with a top_p stream)."""
 
     def __init__(self, model: FlashNext, sessions: list[SessionState], graphs: bool = True,
                  drafter=None, max_steps: int = 64):
@@ -203,8 +209,9 @@ class LoneDriver:
                take: Callable[[int, bool], bool], stream_id: int = -1, draws=None) -> int:
         """Up to `budget` steps from the pending `token` at `position`. After each landed step
         take(id, finite) says whether to go on; once it says no, the step still in flight
-        lands and is handed over too. Returns the steps whose tokens the session now holds.
-        With `draws` of a drafting stream, the steps' cells are queued for its MTP head."""
+        (if any: a top_p stream's call has none) lands and is handed over too. Returns the
+        steps whose tokens the session now holds. With `draws` of a drafting stream, the
+        steps' cells are queued for its MTP head."""
         return self.decode_many([session_id], [token], [position], budget, [take],
                                 [stream_id], [draws])
 
@@ -213,7 +220,8 @@ class LoneDriver:
                     stream_ids: list[int], draws: list) -> int:
         """decode() for several sessions in lockstep: every step feeds each its pending
         token; each landed step's tokens go to their takes, and once any take says no, the
-        step in flight lands and is handed over too. Returns the steps every session holds."""
+        step in flight (if any) lands and is handed over too. Returns the steps every session
+        holds."""
         budget = min(budget, self.max_steps)
         if budget <= 0:
             return 0
@@ -252,20 +260,28 @@ class LoneDriver:
                   land: Callable[[list[list[int]]], bool]) -> int:
         """Up to `budget` steps of these sessions with io, two in flight: each landed step's
         ring rows (one per session) go to land(), and once it says stop, the step in flight
-        lands too. Counts the steps and folds their mean wall time into step_ms by
-        (sessions, io.depth) (greedy calls of four steps or more: two in flight hide the
-        host's work only past the first). Returns the steps launched."""
+        lands too. A keyed draw whose rows may land unsettled (top_p) runs one in flight: a
+        landed step's unsettled rows are settled on the host, their tokens written where the
+        next step reads them, before it is launched (lone_draw.KeyedDraw.settle). Counts the
+        steps and folds their mean wall time into step_ms by (sessions, io.depth) (greedy
+        calls of four steps or more: two in flight hide the host's work only past the
+        first). Returns the steps launched."""
         run = self.runner(ids, io)
+        draw = getattr(io, "draw", None)
+        settle = draw is not None and draw.may_need_host
+        in_flight = 1 if settle else 2
         launched = landed = 0
         going, t0 = True, time.perf_counter()
         while landed < launched or (going and launched < budget):
-            if going and launched < budget and launched - landed < 2:
+            if going and launched < budget and launched - landed < in_flight:
                 run()
                 self._post(io, launched)
                 launched += 1
-                if launched - landed < 2 and launched < budget:
+                if launched - landed < in_flight and launched < budget:
                     continue  # put a second step in flight before reading the first
             rows = self._read(io, landed)
+            if settle:
+                rows = draw.settle(rows, io.tok, io.pos)
             landed += 1
             going = land(rows) and going
         seconds, b = time.perf_counter() - t0, len(ids)
@@ -273,7 +289,7 @@ class LoneDriver:
         self.widest = max(self.widest, b)
         # drafting weighs greedy steps against drafted ones: keyed steps (more launches) are
         # not folded in
-        if launched >= 4 and getattr(io, "draw", None) is None:
+        if launched >= 4 and draw is None:
             ms, old = 1e3 * seconds / launched, self.step_ms.get((b, io.depth))
             self.step_ms[(b, io.depth)] = ms if old is None else 0.75 * old + 0.25 * ms
         return launched

@@ -2,7 +2,8 @@
 
 The lane host asks this when it hands streams to the lone driver (lanes/lone_turn.py), and
 triton_draw when it writes a call's parameter table; one definition serves both, so a stream
-admitted as lone is one whose rows the kernels take.
+admitted as lone is one whose rows the kernels take. The lone driver asks `is_always_settled`
+too: a call with a row that may come back unsettled (a top_p cut) runs one step in flight.
 """
 
 from __future__ import annotations
@@ -38,3 +39,10 @@ def is_always_settled(params: SamplingParams, vocab: int | None = None) -> bool:
     only when an error bound proves it; the rest come back UNSETTLED.)"""
     kind = row_kind(params, vocab)
     return kind in (GREEDY, PLAIN) or (kind == TOP_K and params.top_p >= 1.0)
+
+
+def is_lone_drawn(params: SamplingParams, vocab: int | None = None) -> bool:
+    """Whether a lone step's keyed draw takes rows drawn with `params`: every row the kernels
+    take (not OTHER). Those that are not `is_always_settled` (top_p cuts) may need the host,
+    which settles them between steps (sampling/lone_draw.KeyedDraw.settle)."""
+    return row_kind(params, vocab) != OTHER

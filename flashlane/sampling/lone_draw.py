@@ -9,14 +9,19 @@ steps, writes out [B, 2] (token, flag), tok the token and pos + 1.
 On CUDA a step is triton_draw's launches (`launch`, the shared rounds' kernels) over a
 workspace this object owns, after a copy of pos + 1 into the table's positions and before
 triton_lone's landing: no host value is read and nothing is allocated, so the driver's CUDA
-graph holds the step. It takes only rows the kernels always settle (kinds.is_always_settled:
-greedy, plain, min_p, top_k up to MAX_TOP_K). top_p rows stay on shared rounds: a cut within
-rounding comes back UNSETTLED and needs the host, while the step in flight would already have
-fed a token; settling it exactly needs a rollback of that step (notes/helper_sampled.md).
-The tokens are the shared rounds': the same launches on the same logits bits (draw_rows_gpu
-sends these rows to them as well), and a row's result does not depend on the other rows, the
-chunk count or K. Elsewhere (the CPU, no Triton, fp64 logits) a step calls the shared rounds'
-draw for the logits' device, reading pos on the host; the CPU has no graphs.
+graph holds the step. It takes every row the kernels take (kinds.is_lone_drawn: greedy, plain,
+min_p, top_k up to MAX_TOP_K, top_p). The tokens are the shared rounds': the same launches on
+the same logits bits (draw_rows_gpu sends these rows to them as well), and a row's result does
+not depend on the other rows, the chunk count or K. Elsewhere (the CPU, no Triton, fp64
+logits) a step calls the shared rounds' draw for the logits' device, reading pos on the host;
+the CPU has no graphs.
+
+A top_p cut the kernels cannot prove (sums within rounding of top_p * S) lands UNSETTLED, as
+it comes back None to draw_rows_gpu. A call with rows that may (`may_need_host`) keeps the
+step's logits (fp32, as shared rounds draw from: model.logits) in a buffer of its own, where
+the next step has not yet overwritten them: the driver runs such calls one step in flight and
+`settle` draws an unsettled row on the host as draw_rows_gpu does (its torch path, then the
+CPU's) and writes the token into tok before the next step is launched.
 
 A row without a token (no finite candidate, a NaN or +inf logit) gets flag 0 and in the
 token's place a negative code; `failure` turns it into the SampleError shared rounds give.
@@ -39,7 +44,14 @@ from flashlane.sampling.choose import (
     no_candidate,
 )
 from flashlane.sampling.gpu import draw_rows_gpu, fused_kernels
-from flashlane.sampling.kinds import MAX_TOP_K, PLAIN, TOP_K, is_always_settled, row_kind
+from flashlane.sampling.kinds import (
+    MAX_TOP_K,
+    PLAIN,
+    TOP_K,
+    is_always_settled,
+    is_lone_drawn,
+    row_kind,
+)
 
 GREEDY = SamplingParams(temperature=0.0)
 # Failure codes in out[:, 0] where the flag is 0 (a token is >= 0).
@@ -94,6 +106,12 @@ class KeyedDraw:
         self.b, self.vocab, self.device, self.block = b, vocab, device, block
         self.specs: list[DrawSpec] = []
         self.launches = None  # triton_draw.Launches of the loaded rows (fused steps)
+        # some loaded row may land UNSETTLED (a top_p cut): the step keeps its logits
+        self.may_need_host = False
+        # the last step's logits [B, V] while may_need_host: fused, `held` (fp32, made at the
+        # first such load; graphs hold its address); on the host path the step's own tensor
+        self.logits: torch.Tensor | None = None
+        self.held: torch.Tensor | None = None
         if fused is None:
             fused = device.type == "cuda"
         self.fused = fused and fused_kernels() is not None
@@ -109,22 +127,28 @@ class KeyedDraw:
 
     @property
     def key(self) -> tuple:
-        """What a graph of the step is compiled for besides the buffers (Launches' flags)."""
+        """What a graph of the step is compiled for besides the buffers (Launches' flags, and
+        whether the step keeps its logits)."""
         shape = self.launches
-        return () if shape is None else (shape.k, shape.has_top_k, shape.plain_rows)
+        if shape is None:
+            return ()
+        return (shape.k, shape.has_top_k, shape.plain_rows, shape.top_p_rows, self.may_need_host)
 
     def load(self, specs: Sequence[DrawSpec]) -> None:
         """The streams' draws, one per row (positions are set by each step): the table goes
         to the device now, outside any step."""
-        if len(specs) != self.b or not all(is_always_settled(s.params, self.vocab) for s in specs):
-            raise ValueError("a lone keyed draw takes B rows the kernels always settle")
+        if len(specs) != self.b or not all(is_lone_drawn(s.params, self.vocab) for s in specs):
+            raise ValueError("a lone keyed draw takes B rows the fused kernels take")
         self.specs = list(specs)
+        self.may_need_host = not all(is_always_settled(s.params, self.vocab) for s in specs)
         if self.fused:
             tdraw = fused_kernels()
             kinds = [row_kind(s.params, self.vocab) for s in specs]
             top_ks = [s.params.top_k for s, k in zip(specs, kinds) if k == TOP_K]
             self.launches = self._launches(kinds, top_ks)
             self.table.copy_(tdraw.param_table(specs, kinds, self.vocab))
+            if self.may_need_host and self.held is None:
+                self.held = torch.empty(self.b, self.vocab, device=self.device)
 
     def __call__(
         self, logits: torch.Tensor, out: torch.Tensor, tok: torch.Tensor, pos: torch.Tensor
@@ -134,12 +158,42 @@ class KeyedDraw:
         if self.fused and logits.dtype in tdraw.DTYPES and logits.stride(1) == 1:
             from flashlane.sampling.triton_lone import land
 
+            if self.may_need_host:
+                # fp32 widens exactly: the kernels read the bits shared rounds draw from
+                self.held.copy_(logits)
+                logits = self.logits = self.held
             shape = self.launches
             torch.add(pos, 1, out=self.positions)
             tdraw.launch(logits, self.ws, shape)
             land(self.ws, self.b, shape.chunks, shape.kp, logits, out, tok, pos)
             return
+        if self.may_need_host:
+            self.logits = logits
         self._on_host(logits, out, tok, pos)
+
+    def settle(
+        self, rows: list[list[int]], tok: torch.Tensor, pos: torch.Tensor
+    ) -> list[list[int]]:
+        """The last step's landed rows [token or code, flag], with each row the device left
+        UNSETTLED drawn from the logits the step kept, as shared rounds draw a row the kernels
+        return None for (draw_rows_gpu's torch path on CUDA, the CPU's draw elsewhere), at the
+        position the step drew (pos [B] has moved on to it). Its token goes into tok [B], the
+        next step's input: the driver settles before it launches that step."""
+        for i, (code, flag) in enumerate(rows):
+            if flag or code != UNSETTLED:
+                continue
+            spec = dataclasses.replace(self.specs[i], position=int(pos[i]))
+            row = self.logits[i : i + 1].float()
+            if row.is_cuda:
+                got = draw_rows_gpu(row, [spec], fused=False)[0]
+            else:
+                got = draw_rows(row, [spec])[0]
+            if isinstance(got, int):
+                tok[i] = got
+                rows[i] = [got, 1]
+            else:  # a failed row keeps tok 0 (the reply ends)
+                rows[i] = [failure_code(row[0]), 0]
+        return rows
 
     def _launches(self, kinds: list[int], top_ks: list[int]):
         tdraw = fused_kernels()

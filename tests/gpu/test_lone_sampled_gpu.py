@@ -2,7 +2,9 @@
 (sampling/lone_draw.KeyedDraw: triton_draw's launches inside the step's graph) draw the
 tokens one-row shared rounds draw (draw_rows_gpu at the same positions) and leave the
 session bit for bit where those rounds leave it; through the engine, sampled replies with
-the lone driver equal replies through shared rounds, alone, together and across hand-offs."""
+the lone driver equal replies through shared rounds, alone, together and across hand-offs.
+top_p streams too: their calls run one step in flight, and a row the kernels leave UNSETTLED
+(forced here by flat logits) is settled on the host between graphed steps."""
 
 import dataclasses
 
@@ -15,6 +17,7 @@ from flashlane.request import SamplingParams
 from flashlane.runner.lone import LoneDriver
 from flashlane.sampling.choose import DrawSpec
 from flashlane.sampling.gpu import draw_rows_gpu
+from flashlane.sampling.lone_draw import KeyedDraw
 from tests.gpu.test_exact_gpu import gpu_model, prefilled, prompts, run_windows  # noqa: F401
 from tests.gpu.test_lone_gpu import copy_of
 from tests.runner.test_lone import state_of
@@ -29,6 +32,13 @@ PARAMS = [
     SamplingParams(temperature=1.4, min_p=0.05),
     SamplingParams(temperature=0.0),  # a greedy stream beside sampled ones
 ]
+TOP_P = [  # one step in flight; rows the kernels cannot call are settled on the host
+    SamplingParams(temperature=0.9, top_p=0.8),
+    SamplingParams(temperature=0.7, top_k=40, top_p=0.5, min_p=0.02),
+    SamplingParams(temperature=1.3, top_p=0.95),
+    SamplingParams(temperature=0.0),
+]
+MIXES = {"settled": PARAMS, "top_p": TOP_P}
 
 
 def sampled_rounds(model, ref, params, seed: int, n: int) -> list[int]:
@@ -42,12 +52,11 @@ def sampled_rounds(model, ref, params, seed: int, n: int) -> list[int]:
     return want
 
 
-@pytest.mark.parametrize("graphed", [True, False])
-@pytest.mark.parametrize("b", [1, 3])
-def test_keyed_lone_steps_equal_shared_rounds_bitwise(gpu_model, graphed, b):  # noqa: F811
-    cfg, model = gpu_model
-    bases = [prefilled(cfg, model, prompts(cfg.vocab_size, 9)[w]) for w in (3, 8, 5)[:b]]
-    params, seeds = PARAMS[-b:] if b > 1 else PARAMS[:1], [11, 2**62 + 3, 5][:b]
+def lone_equals_rounds(cfg, model, params, seeds, graphed: bool, prompt_ids=(3, 8, 5)):
+    """Two decode_many calls (8 + 12 steps) of len(params) streams equal one-row shared
+    rounds token for token, and the sessions end bit for bit where those rounds leave them."""
+    b = len(params)
+    bases = [prefilled(cfg, model, prompts(cfg.vocab_size, 9)[w]) for w in prompt_ids[:b]]
     refs = [copy_of(cfg, base) for base in bases]
     wants = [sampled_rounds(model, r, p, s, 20) for r, p, s in zip(refs, params, seeds)]
     sessions = [copy_of(cfg, base) for base in bases]
@@ -67,7 +76,37 @@ def test_keyed_lone_steps_equal_shared_rounds_bitwise(gpu_model, graphed, b):  #
             assert torch.equal(x, y)
 
 
-def test_engine_sampled_replies_lone_and_shared_agree(tiny_ckpt, monkeypatch):
+@pytest.mark.parametrize("mix", list(MIXES))
+@pytest.mark.parametrize("graphed", [True, False])
+@pytest.mark.parametrize("b", [1, 3])
+def test_keyed_lone_steps_equal_shared_rounds_bitwise(gpu_model, graphed, b, mix):  # noqa: F811
+    cfg, model = gpu_model
+    params = MIXES[mix][-b:] if b > 1 else MIXES[mix][:1]
+    lone_equals_rounds(cfg, model, params, [11, 2**62 + 3, 5][:b], graphed)
+
+
+@pytest.mark.parametrize("graphed", [True, False])
+def test_unsettled_top_p_rows_are_settled_between_steps(gpu_model, graphed, monkeypatch):  # noqa: F811
+    """Flat logits: a top_k 128, top_p 0.5 cut's running sum is exactly top_p * S, which the
+    kernels never call; such rows are settled on the host from the logits the (graphed) step
+    kept, and the next step feeds the token, as shared rounds draw it."""
+    cfg, model = gpu_model
+    head, settle, unsettled = model.head_logits, KeyedDraw.settle, [0]
+    monkeypatch.setattr(model, "head_logits", lambda r, xn=None: head(r, xn) * 0)
+
+    def counted(self, rows, tok, pos):
+        unsettled[0] += sum(r[1] == 0 for r in rows)
+        return settle(self, rows, tok, pos)
+
+    monkeypatch.setattr(KeyedDraw, "settle", counted)
+    params = [SamplingParams(temperature=1.0, top_k=128, top_p=0.5),
+              SamplingParams(temperature=0.8, top_p=0.9)]
+    lone_equals_rounds(cfg, model, params, [3, 2**61], graphed)
+    assert unsettled[0] >= 20  # every step's first row, at least
+
+
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_engine_sampled_replies_lone_and_shared_agree(tiny_ckpt, monkeypatch, mix):
     monkeypatch.setenv("FLASHLANE_LONE_SAMPLED", "1")  # off on CUDA by default until this passes
     costs = CostTable({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3,
                       overhead_ms=0.2)
@@ -77,7 +116,7 @@ def test_engine_sampled_replies_lone_and_shared_agree(tiny_ckpt, monkeypatch):
     lone = host.lone
     assert lone is not None and lone.use_graphs
     ps = prompts(500, 6)
-    params = [dataclasses.replace(PARAMS[i % 4], max_tokens=m, seed=100 + i, draft=False)
+    params = [dataclasses.replace(MIXES[mix][i % 4], max_tokens=m, seed=100 + i, draft=False)
               for i, m in enumerate((40, 9, 33, 1, 25, 60))]
     host.lone = None
     want = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]

@@ -1,7 +1,8 @@
 """Sampled streams on the lone driver (runner/lone.py with sampling/lone_draw.KeyedDraw) on
 the CPU: their replies equal shared rounds' replies token for token, alone, several together
-(greedy beside sampled), across hand-offs; lone_streams admits exactly the rows the device
-settles alone; a row without a token ends the stream with the shared rounds' error."""
+(greedy beside sampled), across hand-offs; lone_streams admits exactly the rows the fused
+keyed draw takes (top_p too: tests/runner/test_lone_top_p.py); a row without a token ends the
+stream with the shared rounds' error."""
 
 import dataclasses
 
@@ -12,7 +13,7 @@ from flashlane.lanes.records import Draws
 from flashlane.llm import LLM
 from flashlane.request import SamplingParams
 from flashlane.runner.lone import LoneDriver
-from flashlane.sampling.kinds import is_always_settled
+from flashlane.sampling.kinds import is_lone_drawn
 from tests.runner.test_exact import COSTS, prompts
 from tests.runner.test_lone import prefilled, with_arrivals, with_lone, without_lone
 
@@ -110,8 +111,8 @@ def test_drafting_sampled_stream_runs_plain_keyed_steps(tiny_ckpt):
     (SamplingParams(temperature=0.0), True),
     (SamplingParams(temperature=0.8, seed=1), True),
     (SamplingParams(top_k=128, min_p=0.2, seed=1), True),
-    (SamplingParams(top_p=0.9, seed=1), False),  # a cut the device may not settle
-    (SamplingParams(top_k=5, top_p=0.5, seed=1), False),
+    (SamplingParams(top_p=0.9, seed=1), True),  # one step in flight: the host may settle it
+    (SamplingParams(top_k=5, top_p=0.5, seed=1), True),
     (SamplingParams(top_k=129, seed=1), False),  # beyond the kernels' top_k
     (SamplingParams(repetition_penalty=1.2, seed=1), False),
     (SamplingParams(presence_penalty=0.5, seed=1), False),
@@ -119,7 +120,7 @@ def test_drafting_sampled_stream_runs_plain_keyed_steps(tiny_ckpt):
     (SamplingParams(logprobs=2, seed=1), False),
     (SamplingParams(temperature=0.0, logprobs=0), False),
 ])
-def test_lone_streams_admits_the_rows_the_device_settles(llm, params, lone):
+def test_lone_streams_admits_the_rows_the_fused_draw_takes(llm, params, lone):
     params = dataclasses.replace(params, max_tokens=12, draft=False)
     want = shared(llm, [prompts()[0]], [params])[0]
     driver = with_lone(llm, 8)
@@ -129,7 +130,7 @@ def test_lone_streams_admits_the_rows_the_device_settles(llm, params, lone):
         without_lone(llm)
     assert got.token_ids == want.token_ids
     assert (driver.num_steps > 0) == lone
-    assert is_always_settled(params) == (lone or params.logprobs is not None)
+    assert is_lone_drawn(params) == (lone or params.logprobs is not None)
 
 
 POISONS = {  # what a poisoned row gets, and the error shared rounds give for it

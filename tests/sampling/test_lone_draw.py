@@ -3,7 +3,8 @@
 Over random logits and several steps, its positions moving on the device: the host path (the
 CPU's, in every run) and the fused path (triton_draw's launches and the landing kernel, on a
 GPU or under TRITON_INTERPRET=1) each equal choose.draw_rows at position pos + 1, and the
-fused one draw_rows_fused too."""
+fused one draw_rows_fused too. A top_p row the kernels leave UNSETTLED is settled from the
+logits the step kept, to the shared rounds' token, which goes into the next step's input."""
 
 import numpy as np
 import pytest
@@ -11,8 +12,8 @@ import torch
 
 from flashlane.request import SamplingParams
 from flashlane.sampling.choose import DrawSpec, SampleError, draw_rows
-from flashlane.sampling.kinds import is_always_settled
-from flashlane.sampling.lone_draw import KeyedDraw, failure
+from flashlane.sampling.kinds import is_always_settled, is_lone_drawn
+from flashlane.sampling.lone_draw import UNSETTLED, KeyedDraw, failure
 from tests.kernels.triton_env import DEVICE, HAS_CUDA, needs_triton
 from tests.sampling.rows import random_row
 
@@ -28,6 +29,12 @@ ADMITTED = [
     SamplingParams(top_k=20, temperature=0.7),
     SamplingParams(top_k=128, temperature=1.5, min_p=0.01),
     SamplingParams(top_k=VOCAB + 5),  # every id: a plain row
+]
+TOP_P = [  # rows a lone step takes that the kernels may leave unsettled
+    SamplingParams(top_p=0.5),
+    SamplingParams(top_p=0.9, temperature=0.7, min_p=0.02),
+    SamplingParams(top_k=40, top_p=0.8, temperature=1.3),
+    SamplingParams(top_k=128, top_p=0.95, temperature=0.5),
 ]
 
 
@@ -68,21 +75,55 @@ def run_steps(draw: KeyedDraw, specs, rng, num_steps: int, device, bad: bool = F
 
 def test_host_path_equals_the_cpu_draws():
     rng = np.random.default_rng(1)
-    specs = specs_of(rng, ADMITTED)
+    specs = specs_of(rng, ADMITTED + TOP_P)
     draw = KeyedDraw(len(specs), VOCAB, torch.device("cpu"), fused=False)
     run_steps(draw, specs, rng, 3, "cpu")
     assert run_steps(draw, specs, rng, 1, "cpu", bad=True) == 3
 
 
-def test_load_refuses_rows_the_kernels_may_not_settle():
+def test_load_refuses_rows_the_kernels_do_not_take():
     draw = KeyedDraw(1, VOCAB, torch.device("cpu"), fused=False)
-    for p in (SamplingParams(top_p=0.9), SamplingParams(top_k=129),
+    for p in (SamplingParams(top_k=129), SamplingParams(top_k=129, top_p=0.5),
               SamplingParams(repetition_penalty=1.1), SamplingParams(logit_bias={3: 1.0})):
-        assert not is_always_settled(p)
-        with pytest.raises(ValueError, match="always settle"):
+        assert not is_lone_drawn(p)
+        with pytest.raises(ValueError, match="fused kernels take"):
             draw.load([DrawSpec(p, 1, 0)])
     with pytest.raises(ValueError):
         draw.load([])  # one row per stream
+    for p in ADMITTED:
+        draw.load([DrawSpec(p, 1, 0)])
+        assert is_always_settled(p, VOCAB) and not draw.may_need_host
+    for p in TOP_P:
+        draw.load([DrawSpec(p, 1, 0)])
+        assert is_lone_drawn(p) and not is_always_settled(p) and draw.may_need_host
+
+
+def test_settle_draws_an_unsettled_row_as_shared_rounds_and_feeds_it():
+    """The device's UNSETTLED (injected here: the CPU's draw always settles) is drawn on the
+    host from the logits the step kept, at the position the step drew; tok gets the token."""
+    rng = np.random.default_rng(5)
+    specs = specs_of(rng, [TOP_P[0], ADMITTED[1], TOP_P[2]])
+    draw = KeyedDraw(3, VOCAB, torch.device("cpu"), fused=False)
+    draw.load(specs)
+    pos = torch.tensor([40, 7, 2**40])
+    tok, out = torch.zeros(3, dtype=torch.long), torch.zeros(3, 2, dtype=torch.long)
+    for step in range(3):
+        logits = torch.stack([random_row(rng, VOCAB) for _ in range(3)])
+        if step == 2:
+            logits[2, 9] = torch.nan  # a row without a token stays failed
+        draw(logits, out, tok, pos)
+        assert draw.logits is logits
+        at = [DrawSpec(s.params, s.seed, int(p)) for s, p in zip(specs, pos)]
+        want = draw_rows(logits, at)
+        rows = out.tolist()
+        landed = [list(r) for r in rows]
+        for i in (0, 2):  # what the landing kernel writes for an unsettled row
+            rows[i], tok[i] = [UNSETTLED, 0], 0
+        assert draw.settle(rows, tok, pos) == landed
+        assert tok.tolist() == [r[0] if r[1] else 0 for r in landed]
+        assert isinstance(want[2], SampleError) == (step == 2)
+        assert [r[0] for r in landed[:2]] == want[:2]
+    assert str(failure(landed[2][0])) == "NaN logit at id 9"
 
 
 def triton_test(f):
@@ -117,3 +158,49 @@ def test_failure_codes_name_the_shared_rounds_errors():
     assert messages == [
         "no finite candidate logit", "NaN logit at id 0", "+inf logit at id 0",
         "NaN logit at id 17", "+inf logit at id 3", "the row has no finite logit"]
+
+
+def degenerate_rows(vocab: int) -> torch.Tensor:
+    """Rows whose top_p cut sits exactly on top_p * S, too close for the kernels to call:
+    row 0 all equal (top_k 128, top_p 0.5: the cut's running sum is exactly the target),
+    row 1 two equal candidates (top_p 0.5: the second one's mass ahead is exactly the target;
+    unsettled whenever it scores best). Row 2 is random, a plain row beside them."""
+    rows = torch.full((3, vocab), -torch.inf)
+    rows[0] = 0.0
+    rows[1, [100, 2500]] = 0.25
+    rows[2] = random_row(np.random.default_rng(0), vocab)
+    return rows
+
+
+@triton_test
+def test_fused_unsettled_rows_are_settled_as_shared_rounds_do():
+    """The kernels leave degenerate top_p cuts UNSETTLED; settle draws them from the logits
+    the step kept, equal to the CPU's draw and to the shared rounds' cascade (draw_rows_gpu:
+    the same kernels, then the torch path), and the next step's input holds the token."""
+    from flashlane.sampling.gpu import draw_rows_gpu
+
+    rng = np.random.default_rng(3)
+    params = [SamplingParams(top_k=128, top_p=0.5), SamplingParams(top_p=0.5),
+              SamplingParams(temperature=0.8)]
+    specs = specs_of(rng, params)
+    draw = KeyedDraw(3, VOCAB, torch.device(DEVICE), fused=True, block=BLOCK)
+    draw.load(specs)
+    assert draw.fused and draw.may_need_host and draw.key[-1]
+    pos = torch.tensor([5, 6005, 77], device=DEVICE)  # row 1 unsettled at 6006 and 6008
+    tok, out = torch.zeros_like(pos), torch.zeros(3, 2, dtype=torch.long, device=DEVICE)
+    logits = degenerate_rows(VOCAB).to(DEVICE)
+    num_unsettled = 0
+    for _ in range(4):
+        draw(logits, out, tok, pos)
+        assert draw.logits is draw.held and torch.equal(draw.held, logits)
+        rows = out.cpu().tolist()
+        assert rows[0] == [UNSETTLED, 0] and rows[2][1] == 1
+        num_unsettled += sum(r == [UNSETTLED, 0] for r in rows)
+        at = [DrawSpec(s.params, s.seed, int(p)) for s, p in zip(specs, pos.tolist())]
+        want = draw_rows(logits.cpu(), at)
+        assert want[1] == 100  # the first candidate alone reaches top_p * S
+        settled = draw.settle(rows, tok, pos)
+        assert settled == [[w, 1] for w in want]
+        assert tok.cpu().tolist() == want
+        assert want == draw_rows_gpu(logits, at, fused=True)
+    assert num_unsettled >= 5
