@@ -25,14 +25,8 @@ reads step n, settles an unsettled row from the logits the step kept with the sh
 own fallback, and writes the token where step n+1 reads it before launching it
 (lone_draw.KeyedDraw.settle). No step ever feeds a provisional token, so nothing rolls back.
 
-A step launched before the reply's end was read feeds a token the reply does not have; the
-stream has ended and its session is released, so nothing reads that state. Attention reads the
-whole caches with the length on the device, select_mask ranks without its host-side shortcut
-(the same mask), and a block's pooled key is recomputed whenever a key is written into it
-(the indexer reads it only once the block is complete). Each op is the one the shared rounds
-run, on the same row, so the bits are the same, and so are sampled tokens
-(tests/runner/test_lone.py, test_lone_sampled.py and test_lone_top_p.py on the CPU,
-tests/gpu/test_lone_gpu.py and test_lone_sampled_gpu.py with graphs).
+The step itself (what each layer runs, and why its bits are the shared rounds') is
+runner/lone_step.py.
 """
 
 from __future__ import annotations
@@ -44,129 +38,16 @@ from collections.abc import Callable
 import torch
 
 from flashlane.models.flashnext import FlashNext
-from flashlane.models.rows import copy_all
-from flashlane.models.state import (
-    AttnCache,
-    GdnState,
-    PleState,
-    SessionState,
-    attn_table,
-    gdn_table,
-)
+from flashlane.models.state import SessionState
+from flashlane.runner.lone_step import session_tables, step
 from flashlane.sampling.lone_draw import KeyedDraw, keyed_specs
+
+__all__ = ["LoneDriver", "session_tables", "step"]
 
 RING = 4  # landed tokens waiting to be read (two in flight need two)
 # graphs of several sessions kept (the oldest goes; one-session graphs stay): streams of a
 # batch that end at different steps leave a tuple each, drafted and plain (32 thrashed at 16)
 MAX_TUPLES = 128
-
-
-@torch.no_grad()
-def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos: torch.Tensor,
-         out: torch.Tensor, record: tuple[torch.Tensor, torch.Tensor],
-         tables: dict[int, torch.Tensor] | None = None, draw: KeyedDraw | None = None) -> None:
-    """Feed tok [B] at pos [B], one row per session, commit them, and draw the tokens for
-    pos + 1, greedily or with `draw` (the streams' keyed draw, sampling/lone_draw.py): out
-    [B, 2] gets (the id, 1 if the row's maximum is finite; keyed: 1 for a token, else 0 and
-    a failure code in the id's place), tok the ids, and pos moves on by one. The rows'
-    residuals go to record = (rows [n, B, hc*H], k [1]) at rows[k], and k moves on (the MTP
-    head's cells, absorbed when a stream drafts again). Every op is the shared rounds' on the
-    same rows (batched ops are row-invariant; attention, pooling and state commits read and
-    write each session's own buffers: kernels.attend_sessions, with `tables` from
-    session_tables, made where not given), so the bits are theirs."""
-    cfg, kernels = model.cfg, model.kernels
-    tables = tables or {}
-    r = model.embed_tokens(tok).repeat(1, cfg.hc_count)
-    cos, sin = model.rotary.cos_sin(pos, r.dtype)
-    xn = None  # the next read's norm, where the write before it made it
-    for idx, layer in enumerate(model.layers):
-        if layer.ple is not None:
-            r = _ple(layer.ple, r, [s.ple[idx] for s in sessions], tok, kernels)
-        a, w = layer.attn_hyper_connection.read(r, xn)
-        if layer.kind == "linear":
-            y = _gdn(layer.linear_attn, a, [s.gdn[idx] for s in sessions], kernels,
-                     tables.get(idx))
-        else:
-            caches = [s.attn[idx] for s in sessions]
-            y = _attention(layer.self_attn, a, caches, pos, cos, sin, model.rotary, kernels,
-                           tables.get(idx))
-        then = _next_read(model, idx)
-        if then is None:
-            r, xn = layer.mlp_half(r, y, w, kernels), None
-        else:
-            r, xn = layer.mlp_half(r, y, w, kernels, then)
-    record[0].index_copy_(0, record[1], r[None])
-    record[1].add_(1)
-    # the draw for pos + 1 (greedy: the first maximum), its flag, the next token, position
-    (draw or kernels.greedy_step)(model.head_logits(r, xn), out, tok, pos)
-
-
-def _next_read(model: FlashNext, idx: int):
-    """The hyper-connection that reads layer idx's output next (the next layer's, or the
-    head's mixer), whose norm the layer's last write makes; None before a PLE layer, which
-    adds to the streams first."""
-    layers = model.layers
-    if idx + 1 == len(layers):
-        return model.hyper_connection_mixer
-    return layers[idx + 1].attn_hyper_connection if layers[idx + 1].ple is None else None
-
-
-def _stacked(xs: list[torch.Tensor]) -> torch.Tensor:
-    """[B, ...] of the sessions' tensors (one session: a view, no copy)."""
-    return xs[0][None] if len(xs) == 1 else torch.stack(xs)
-
-
-def _ple(ple, r: torch.Tensor, states: list[PleState], tok: torch.Tensor, kernels):
-    history = torch.cat([_stacked([p.ids for p in states]), tok[:, None]], dim=1)
-    # one session: the conv moves its window in place (a view); several: stacked copies
-    one = len(states) == 1
-    add, xfull = ple.stacked(r[:, None], history, _stacked([p.conv for p in states]), kernels,
-                             shift=one)
-    convs = [] if one else [p.conv for p in states]
-    copy_all([p.ids for p in states] + convs, [*history[:, 1:], *([] if one else xfull[:, 1:])])
-    return (r[:, None] + add)[:, 0]
-
-
-def _gdn(gdn, a: torch.Tensor, states: list[GdnState], kernels, table) -> torch.Tensor:
-    qkv, decay, beta, z = gdn.project(a)
-    # the conv moves each window past the row, and the rule updates each recurrent state,
-    # in place: one session's as views, several through the layer's table
-    if len(states) == 1:
-        y, _ = kernels.causal_conv(qkv[:, None], states[0].conv[None], gdn.conv_weight,
-                                   shift=True)
-        q, k, v = gdn.heads(y, kernels)
-        s = states[0].recurrent  # the kernel reads each tile before it writes it
-        o, _ = kernels.recurrent_gdn(q, k, v, decay[:, None], beta[:, None], s[None],
-                                     out=s[None, None])
-    else:
-        y, _ = kernels.conv_sessions(qkv[:, None], [g.conv for g in states], gdn.conv_weight,
-                                     table)
-        q, k, v = gdn.heads(y, kernels)
-        o = kernels.gdn_sessions(q, k, v, decay[:, None], beta[:, None],
-                                 [g.recurrent for g in states], table)
-    return gdn.finish(o[:, 0], z)
-
-
-def _attention(attn, a, caches: list[AttnCache], pos, cos, sin, rotary, kernels, table):
-    cfg, norm = attn.cfg, attn.indexer.k_layernorm
-    q, gate, k, v, iq, raw = attn.project(a, cos, sin)
-    # cos / sin of each row's block's first position, for pooling the block again
-    bcos, bsin = rotary.cos_sin(pos, caches[0].block_keys.dtype, cfg.indexer_block)
-    o = kernels.attend_sessions(q, k, v, iq, raw, caches, pos, bcos, bsin, norm.weight,
-                                norm.eps, cfg.indexer_block, cfg.indexer_top_blocks,
-                                cfg.head_dim**-0.5, table)
-    return attn.output(o, gate)
-
-
-def session_tables(sessions: list[SessionState]) -> dict[int, torch.Tensor]:
-    """Each layer's table of these sessions' buffers (state.attn_table, state.gdn_table), by
-    layer index, for two sessions or more: a graph of their step needs them made before its
-    capture, and kept while it lives."""
-    if len(sessions) < 2:
-        return {}
-    tables = {idx: attn_table([s.attn[idx] for s in sessions]) for idx in sessions[0].attn}
-    tables.update({idx: gdn_table([s.gdn[idx] for s in sessions]) for idx in sessions[0].gdn})
-    return tables
 
 
 class LoneDriver:

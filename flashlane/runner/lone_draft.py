@@ -30,7 +30,7 @@ from flashlane.lanes.stream import DraftStats
 from flashlane.models.flashnext import FlashNext
 from flashlane.models.rows import copy_all
 from flashlane.models.state import SessionState, attn_table
-from flashlane.runner import lone
+from flashlane.runner import lone, lone_step
 
 DEPTH = 2  # drafts a drafted step carries (the embedded model lands ~3 in 4 at depth 1)
 PROBE_EVERY = 8  # calls between tries of the kind measured slower
@@ -247,8 +247,8 @@ def draft_step(model: FlashNext, sessions: list[SessionState], io: DraftBuffers,
                      kernels, pending)
         else:
             caches = [s.attn[idx] for s in sessions for _ in range(t)]
-            y = lone._attention(layer.self_attn, a, caches, at, cos, sin, model.rotary, kernels,
-                                tables.get(("w", idx)))
+            y = lone_step.attention_step(layer.self_attn, a, caches, at, cos, sin,
+                                         model.rotary, kernels, tables.get(("w", idx)))
         r = layer.mlp_half(r, y, w, kernels)
     top, ids = model.logits(r).max(dim=1)  # the first maximum: ties to the lower id
     ids, finite = ids.view(b, t), torch.isfinite(top).view(b, t)
@@ -267,8 +267,8 @@ def draft_step(model: FlashNext, sessions: list[SessionState], io: DraftBuffers,
 
 
 def _ple(ple, r3, states, window, kernels, pending) -> torch.Tensor:
-    history = torch.cat([lone._stacked([p.ids for p in states]), window], dim=1)
-    add, xfull = ple.stacked(r3, history, lone._stacked([p.conv for p in states]), kernels)
+    history = torch.cat([lone_step.stacked([p.ids for p in states]), window], dim=1)
+    add, xfull = ple.stacked(r3, history, lone_step.stacked([p.conv for p in states]), kernels)
     pending.append(([p.conv for p in states], xfull, None))
     pending.append(([p.ids for p in states], history, None))
     return (r3 + add).flatten(0, 1)
@@ -278,9 +278,9 @@ def _gdn(gdn, a3, states, kernels, pending) -> torch.Tensor:
     b, t = a3.shape[:2]
     qkv, decay, beta, z = gdn.project(a3.flatten(0, 1))
     qkv, decay, beta = (x.unflatten(0, (b, t)) for x in (qkv, decay, beta))
-    q, k, v, xfull = gdn.conv_qkv(qkv, lone._stacked([g.conv for g in states]), kernels)
+    q, k, v, xfull = gdn.conv_qkv(qkv, lone_step.stacked([g.conv for g in states]), kernels)
     o, after = kernels.recurrent_gdn(q, k, v, decay, beta,
-                                     lone._stacked([g.recurrent for g in states]))
+                                     lone_step.stacked([g.recurrent for g in states]))
     pending.append(([g.conv for g in states], xfull, None))
     pending.append(([g.recurrent for g in states], None, after))
     return gdn.finish(o.flatten(0, 1), z)
@@ -330,7 +330,7 @@ def _cells(model, residual, next_ids, caches, at, cos, sin, tables) -> torch.Ten
     x = (mtp.fc_hidden(hn) + e.unsqueeze(-2)).flatten(-2)
     for layer, layer_caches, table in zip(mtp.layers, caches, tables):
         a, w = layer.attn_hyper_connection.read(x)
-        y = lone._attention(layer.self_attn, a, layer_caches, at, cos, sin, model.rotary,
-                            kernels, table)
+        y = lone_step.attention_step(layer.self_attn, a, layer_caches, at, cos, sin,
+                                     model.rotary, kernels, table)
         x = layer.mlp_half(x, y, w, kernels)
     return x
