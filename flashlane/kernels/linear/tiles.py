@@ -47,7 +47,7 @@ def tile_config(n: int, k: int, dtype: torch.dtype) -> dict:
         bn = 32
         if k_blocks >= _LONG_K_BLOCKS and per_part < _LONG_K_PER_PART:
             # and half as many partitions, twice as long: 24 chained reads took 14.4 us a
-            # read against 16.3 (hc_read_chain_cfeb84c.log); other bits than 40 of 2 blocks
+            # read against 16.3 (hc_read_chain_cfeb84c_h200.log); other bits than 40 of 2 blocks
             per_part = _LONG_K_PER_PART
             parts = -(-k_blocks // per_part)
     return dict(
