@@ -133,6 +133,15 @@ def without_lone(llm):
     llm.engine.host.interrupted = lambda: False
 
 
+def lone_run(llm, fn, steps: int, streams: int = 1, drafter=None):
+    """(fn() with the lone driver on, the driver); the driver is off again after."""
+    driver = with_lone(llm, steps, streams, drafter)
+    try:
+        return fn(), driver
+    finally:
+        without_lone(llm)
+
+
 def with_arrivals(llm, ps, params, at_round: int, interrupt_every: int | None = None):
     """The first request alone, the others submitted at round `at_round` (lone driver
     on), every round run: (each request's tokens, each request's stream). With
@@ -194,11 +203,8 @@ def test_streams_together_on_the_lone_driver_reply_as_shared_rounds(llm, tiny_ck
     without_lone(llm)
     want = [o.token_ids for o in llm.generate(ps, [dataclasses.replace(q, draft=False)
                                                     for q in params])]
-    driver = with_lone(llm, 6, streams=4)
-    try:
-        got = [o.token_ids for o in llm.generate(ps, params)]
-    finally:
-        without_lone(llm)
+    got, driver = lone_run(llm, lambda: [o.token_ids for o in llm.generate(ps, params)], 6,
+                           streams=4)
     assert got == want
     assert driver.num_steps > 10 and driver.widest == 4
 

@@ -15,7 +15,13 @@ from flashlane.request import SamplingParams
 from flashlane.runner.lone import LoneDriver
 from flashlane.sampling.kinds import is_lone_drawn
 from tests.runner.test_exact import COSTS, prompts
-from tests.runner.test_lone import prefilled, with_arrivals, with_lone, without_lone
+from tests.runner.test_lone import (
+    lone_run,
+    prefilled,
+    with_arrivals,
+    with_lone,
+    without_lone,
+)
 
 SAMPLED = [
     SamplingParams(max_tokens=30, seed=7, draft=False),
@@ -41,11 +47,8 @@ def shared(llm, ps, params):
 def test_sampled_lone_replies_equal_shared_replies(llm, steps):
     ps = prompts()[: len(SAMPLED)]
     want = shared(llm, ps, SAMPLED)
-    driver = with_lone(llm, steps)
-    try:
-        got = [llm.generate(p, q)[0] for p, q in zip(ps, SAMPLED)]
-    finally:
-        without_lone(llm)
+    got, driver = lone_run(llm, lambda: [llm.generate(p, q)[0] for p, q in zip(ps, SAMPLED)],
+                           steps)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert [g.finish_reason for g in got] == [w.finish_reason for w in want]
     assert [g.seed for g in got] == [w.seed for w in want]
@@ -71,11 +74,8 @@ def test_greedy_and_sampled_streams_together_reply_as_shared_rounds(llm):
     greedy = SamplingParams(max_tokens=26, temperature=0.0, draft=False)
     params = [greedy, *SAMPLED[:4]]
     want = [o.token_ids for o in shared(llm, ps, params)]
-    driver = with_lone(llm, 5, streams=4)
-    try:
-        got = [o.token_ids for o in llm.generate(ps, params)]
-    finally:
-        without_lone(llm)
+    got, driver = lone_run(llm, lambda: [o.token_ids for o in llm.generate(ps, params)], 5,
+                           streams=4)
     assert got == want
     assert driver.num_steps > 10 and driver.widest == 4
 
@@ -98,11 +98,8 @@ def test_drafting_sampled_stream_runs_plain_keyed_steps(tiny_ckpt):
     want = shared(llm, [prompts()[1]], [dataclasses.replace(params, draft=False)])[0]
     from flashlane.drafting.mtp import MtpDrafter
 
-    driver = with_lone(llm, 6, drafter=MtpDrafter(llm.engine.model, 0.0))
-    try:
-        got = llm.generate(prompts()[1], params)[0]
-    finally:
-        without_lone(llm)
+    got, driver = lone_run(llm, lambda: llm.generate(prompts()[1], params)[0], 6,
+                           drafter=MtpDrafter(llm.engine.model, 0.0))
     assert got.token_ids == want.token_ids
     assert driver.num_steps > 0 and driver.drafting.num_calls == 0
 
@@ -123,11 +120,7 @@ def test_drafting_sampled_stream_runs_plain_keyed_steps(tiny_ckpt):
 def test_lone_streams_admits_the_rows_the_fused_draw_takes(llm, params, lone):
     params = dataclasses.replace(params, max_tokens=12, draft=False)
     want = shared(llm, [prompts()[0]], [params])[0]
-    driver = with_lone(llm, 8)
-    try:
-        got = llm.generate(prompts()[0], params)[0]
-    finally:
-        without_lone(llm)
+    got, driver = lone_run(llm, lambda: llm.generate(prompts()[0], params)[0], 8)
     assert got.token_ids == want.token_ids
     assert (driver.num_steps > 0) == lone
     assert is_lone_drawn(params) == (lone or params.logprobs is not None)
@@ -182,11 +175,7 @@ def test_a_failed_row_ends_the_reply_with_the_shared_rounds_error(llm, monkeypat
     want = shared(llm, [prompt], [params])[0]
     assert want.finish_reason == "error" and 2 < len(want.token_ids) < len(clean.token_ids)
     assert want.error == f"sampling failed: {error}"
-    driver = with_lone(llm, 32)
-    try:
-        got = llm.generate(prompt, params)[0]
-    finally:
-        without_lone(llm)
+    got, driver = lone_run(llm, lambda: llm.generate(prompt, params)[0], 32)
     assert (got.token_ids, got.finish_reason, got.error) == (
         want.token_ids, want.finish_reason, want.error)
     assert driver.num_steps > 0

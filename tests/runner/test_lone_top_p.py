@@ -20,7 +20,7 @@ from flashlane.sampling.choose import SampleError
 from flashlane.sampling.lone_draw import UNSETTLED, KeyedDraw
 from tests.kernels.triton_env import needs_triton
 from tests.runner.test_exact import prompts
-from tests.runner.test_lone import prefilled, with_arrivals, with_lone, without_lone
+from tests.runner.test_lone import lone_run, prefilled, with_arrivals, with_lone
 from tests.runner.test_lone_sampled import llm, shared  # noqa: F401
 
 SETTLE = KeyedDraw.settle
@@ -37,13 +37,12 @@ TOP_P = [
 
 
 def lone_replies(llm, ps, params, steps: int, streams: int = 1):  # noqa: F811
-    driver = with_lone(llm, steps, streams)
-    try:
-        if streams > 1:
-            return [o.token_ids for o in llm.generate(ps, params)], driver
-        return [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)], driver
-    finally:
-        without_lone(llm)
+    """The replies' tokens with the lone driver on (several streams: together), the driver."""
+    if streams > 1:
+        return lone_run(llm, lambda: [o.token_ids for o in llm.generate(ps, params)], steps,
+                        streams)
+    return lone_run(llm, lambda: [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)],
+                    steps)
 
 
 @pytest.mark.parametrize("steps", [1, 6, 32])
