@@ -51,6 +51,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="also time a TOKENS-long prompt cold, resent and extended by a turn")
     p.add_argument("--peer", choices=["none", "transformers"], default="none")
     p.add_argument("--peer-prefill", type=_ints, default=[2048])
+    p.add_argument("--sampled", action="store_true",
+                   help="also time one sampled stream (top_k 40) and one top_p stream (0.9) "
+                        "beside one greedy stream")
     p.add_argument("--json", default=None, help="also write the result here")
     return p.parse_args(argv)
 
@@ -95,6 +98,9 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
                 llm.generate(random_prompts(1, args.prompt_len, cfg.vocab_size, 96), warm)
             finally:
                 llm.engine.host.lone = lone
+    if args.sampled:
+        for params in _sampled(args).values():
+            llm.generate(random_prompts(1, args.prompt_len, cfg.vocab_size, 95), params)
     for length in args.prefill:
         replies(llm.generate(random_prompts(1, length, cfg.vocab_size, 98), one))
     out = {"build_s": built_s, "warm_s": time.perf_counter() - t0,
@@ -103,6 +109,10 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
     lone = host.lone
     for n in args.streams:
         out["decode"][n] = decode_figures(args, llm, cfg, n, greedy, ceilings)
+    if args.sampled:  # one stream each, greedy again beside them
+        runs = {"greedy": greedy, **_sampled(args)}
+        out["decode_sampled"] = {k: decode_figures(args, llm, cfg, 1, p, ceilings)
+                                 for k, p in runs.items()}
     if cuda:
         out["launches_per_token"] = launches_per_token(llm, cfg)
     if lone is not None and 1 in args.streams:
@@ -141,6 +151,14 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
     if cuda:
         torch.cuda.empty_cache()
     return out
+
+
+def _sampled(args) -> dict[str, SamplingParams]:
+    """The sampled streams --sampled times: a keyed top_k draw and a top_p one."""
+    common = dict(max_tokens=args.decode_tokens + 1, temperature=0.8, seed=7, ignore_eos=True,
+                  draft=False)
+    return {"top_k 40": SamplingParams(top_k=40, **common),
+            "top_p 0.9": SamplingParams(top_p=0.9, **common)}
 
 
 def replies(outs: list) -> list:
@@ -228,6 +246,10 @@ def table(result: dict) -> str:
             f"{shared['of_roofline'] or 0:10.0%}   lone / shared "
             f"{ours['lone']['over_shared_rounds']:.2f}x"
         )
+    for kind, r in (ours.get("decode_sampled") or {}).items():
+        greedy = ours["decode_sampled"]["greedy"]["tok_s"]
+        lines.append(f"{'decode 1 stream, ' + kind:24}{r['tok_s']:12.1f}{'-':>14}{'-':>8}"
+                     f"{r['of_roofline'] or 0:10.0%}   over greedy {r['tok_s'] / greedy:.2f}x")
     if "launches_per_token" in ours:
         lines.append(f"launches per token, one stream: {ours['launches_per_token']:.1f}"
                      f" (shared rounds {ours.get('launches_per_token_shared_rounds', 0):.1f})")

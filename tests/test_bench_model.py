@@ -17,7 +17,7 @@ def test_bench_model_smoke_on_cpu(tmp_path, capsys):
     out = tmp_path / "r.json"
     argv = ["--config", "flashnext-tiny", "--random-weights", "--device", "cpu", "--streams",
             "1,2", "--prefill", "128", "--decode-tokens", "4", "--peer", "transformers",
-            "--peer-prefill", "128", "--prompt-cache", "300", "--json", str(out)]
+            "--peer-prefill", "128", "--prompt-cache", "300", "--sampled", "--json", str(out)]
     assert bench_model_main(argv) == 0
     result = json.loads(out.read_text())
     assert set(result["ours"]["decode"]) == {"1", "2"}
@@ -25,7 +25,9 @@ def test_bench_model_smoke_on_cpu(tmp_path, capsys):
     assert result["peer"]["decode"]["2"]["tok_s"] > 0
     cache = result["ours"]["prompt_cache"]
     assert cache["resent"]["cached_tokens"] > 0 and cache["cold"]["cached_tokens"] == 0
-    assert "decode 2 streams" in capsys.readouterr().out
+    assert set(result["ours"]["decode_sampled"]) == {"greedy", "top_k 40", "top_p 0.9"}
+    printed = capsys.readouterr().out
+    assert "decode 2 streams" in printed and "decode 1 stream, top_p 0.9" in printed
 
 
 def test_a_failed_reply_is_an_error_not_a_figure():

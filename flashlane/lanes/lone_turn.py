@@ -35,8 +35,7 @@ def lone_streams(host: LaneHost, running: Sequence[Stream]) -> list[Stream]:
     there are at most `lone_streams` of them and each draws rows the fused keyed draw takes
     (greedy or sampled, top_p too, greedy and sampled together too; no logprobs, thinking
     budget or forced tokens, room for a step); else none. Sampled streams only where the
-    driver takes them (`LoneDriver.sampled`: the CPU by default, CUDA with
-    FLASHLANE_LONE_SAMPLED=1 until its GPU test has passed)."""
+    driver takes them (`LoneDriver.sampled`; FLASHLANE_LONE_SAMPLED=0 turns them off)."""
     if (host.lone is None or host.waiting or not running or len(host.live) != len(running)
             or len(running) > host.config.lone_streams):
         return []

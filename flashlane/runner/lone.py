@@ -62,10 +62,10 @@ class LoneDriver:
         self.max_steps = max_steps
         self.device = model.embed_tokens.weight.device
         self.is_cuda = self.device.type == "cuda"
-        # sampled streams too (lanes/lone_turn.py): on by default on the CPU, where the tests
-        # hold them to shared rounds; on CUDA only with FLASHLANE_LONE_SAMPLED=1 until
-        # tests/gpu/test_lone_sampled_gpu.py has passed on a GPU
-        self.sampled = os.environ.get("FLASHLANE_LONE_SAMPLED", "0" if self.is_cuda else "1") == "1"
+        # sampled streams too (lanes/lone_turn.py), the shared rounds' replies (tests/runner
+        # on the CPU; tests/gpu/test_lone_sampled_gpu.py passed on the H200 2026-11-30);
+        # FLASHLANE_LONE_SAMPLED=0 holds them to shared rounds
+        self.sampled = os.environ.get("FLASHLANE_LONE_SAMPLED", "1") == "1"
         self.use_graphs = graphs and self.is_cuda
         self.events = [torch.cuda.Event() for _ in range(RING)] if self.is_cuda else []
         # per (sessions, depth, keyed): static buffers

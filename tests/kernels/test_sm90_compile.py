@@ -37,6 +37,7 @@ from flashlane.kernels.rowwise import triton_ple as rowwise_ple  # noqa: E402
 from flashlane.sampling import triton_draw, triton_lone, triton_top_p  # noqa: E402
 
 H200 = GPUTarget("cuda", 90, 32)
+H200_SHARED = 232448  # the shared memory one program may take on the H200, bytes
 BF = "*bf16"
 BLOCK_KEY = dict(BLOCK=4, DI=128, R=32, BDI=128)  # the indexer: blocks of 4, 128 dims
 POOL_AT = dict(keys_ptr=BF, cos_ptr=BF, sin_ptr=BF, w_ptr=BF, out_ptr=BF, pos_ptr="*i64",
@@ -288,6 +289,7 @@ def test_compiles_for_sm90(name):
     compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
                               target=H200, options=options[0] if options else None)
     assert len(compiled.asm["cubin"]) > 0  # through ptxas: a binary the H200 would load
+    assert compiled.metadata.shared <= H200_SHARED  # else the launch fails (out of resources)
 
 
 @pytest.mark.parametrize("tile", ["tile_config", "prefill_tile"])
