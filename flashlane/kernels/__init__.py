@@ -49,6 +49,8 @@ class Kernels:
     swiglu: Callable
     gated_heads: Callable
     greedy_step: Callable
+    embed_rows: Callable
+    record_row: Callable
 
 
 REFERENCE = Kernels(
@@ -81,6 +83,8 @@ REFERENCE = Kernels(
     swiglu=rowwise_ref.swiglu,
     gated_heads=rowwise_ref.gated_heads,
     greedy_step=rowwise_ref.greedy_step,
+    embed_rows=rowwise_ref.embed_rows,
+    record_row=rowwise_ref.record_row,
 )
 
 

@@ -18,6 +18,7 @@ from flashlane.kernels.rowwise import triton as rowwise_tr
 from flashlane.kernels.rowwise import triton_greedy as greedy_tr
 from flashlane.kernels.rowwise import triton_hc as hc_tr
 from flashlane.kernels.rowwise import triton_ple as ple_tr
+from flashlane.kernels.rowwise import triton_rows as rows_tr
 
 TRITON = Kernels(
     name="triton",
@@ -49,4 +50,6 @@ TRITON = Kernels(
     swiglu=rowwise_tr.swiglu,
     gated_heads=rowwise_tr.gated_heads,
     greedy_step=greedy_tr.greedy_step,  # a lone step's first maximum, flag, token, position
+    embed_rows=rows_tr.embed_rows,  # a lone step's first rows, PDL launches (torch's are not)
+    record_row=rows_tr.record_row,
 )

@@ -27,7 +27,8 @@ from flashlane.models.state import (
 )
 from flashlane.sampling.lone_draw import KeyedDraw
 
-__all__ = ["attention_step", "gdn_step", "ple_step", "session_tables", "stacked", "step"]
+__all__ = ["attention_once", "attention_step", "gdn_step", "ple_step", "session_tables", "stacked",
+           "step"]
 
 
 @torch.no_grad()
@@ -45,8 +46,9 @@ def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos:
     session_tables, made where not given), so the bits are theirs."""
     cfg, kernels = model.cfg, model.kernels
     tables = tables or {}
-    r = model.embed_tokens(tok).repeat(1, cfg.hc_count)
+    r = kernels.embed_rows(model.embed_tokens.weight, tok, cfg.hc_count)
     cos, sin = model.rotary.cos_sin(pos, r.dtype)
+    once = None  # attention_once, at the first attention layer
     xn = None  # the next read's norm, where the write before it made it
     for idx, layer in enumerate(model.layers):
         if layer.ple is not None:
@@ -57,15 +59,15 @@ def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos:
                          tables.get(idx))
         else:
             caches = [s.attn[idx] for s in sessions]
+            once = once or attention_once(cfg, model.rotary, pos, caches[0].block_keys.dtype)
             y = attention_step(layer.self_attn, a, caches, pos, cos, sin, model.rotary,
-                               kernels, tables.get(idx))
+                               kernels, tables.get(idx), once)
         then = _next_read(model, idx)
         if then is None:
             r, xn = layer.mlp_half(r, y, w, kernels), None
         else:
             r, xn = layer.mlp_half(r, y, w, kernels, then)
-    record[0].index_copy_(0, record[1], r[None])
-    record[1].add_(1)
+    kernels.record_row(record[0], record[1], r)
     # the draw for pos + 1 (greedy: the first maximum), its flag, the next token, position
     (draw or kernels.greedy_step)(model.head_logits(r, xn), out, tok, pos)
 
@@ -116,23 +118,34 @@ def gdn_step(gdn, a: torch.Tensor, states: list[GdnState], kernels, table) -> to
     return gdn.finish(o[:, 0], z)
 
 
-def attention_step(attn, a, caches: list[AttnCache], pos, cos, sin, rotary, kernels, table):
+def attention_step(attn, a, caches: list[AttnCache], pos, cos, sin, rotary, kernels, table,
+                   once: tuple | None = None):
+    """once: `attention_once`'s tensors, made once for every attention layer of the step."""
     cfg, norm = attn.cfg, attn.indexer.k_layernorm
     q, gate, k, v, iq, raw = attn.project(a, cos, sin)
-    # cos / sin of each row's block's first position, for pooling the block again
-    bcos, bsin = rotary.cos_sin(pos, caches[0].block_keys.dtype, cfg.indexer_block)
+    bcos, bsin, lengths = once or attention_once(attn.cfg, rotary, pos, caches[0].block_keys.dtype)
     o = kernels.attend_sessions(q, k, v, iq, raw, caches, pos, bcos, bsin, norm.weight,
                                 norm.eps, cfg.indexer_block, cfg.indexer_top_blocks,
-                                cfg.head_dim**-0.5, table)
+                                cfg.head_dim**-0.5, table, lengths=lengths)
     return attn.output(o, gate)
+
+
+def attention_once(cfg, rotary, pos: torch.Tensor, dtype: torch.dtype) -> tuple:
+    """What every attention layer of a step reads alike: cos / sin of each row's block's
+    first position (for pooling the block again) and the rows' cache lengths pos + 1."""
+    return (*rotary.cos_sin(pos, dtype, cfg.indexer_block), pos + 1)
 
 
 def session_tables(sessions: list[SessionState]) -> dict[int, torch.Tensor]:
     """Each layer's table of these sessions' buffers (state.attn_table, state.gdn_table), by
-    layer index, for two sessions or more: a graph of their step needs them made before its
-    capture, and kept while it lives."""
-    if len(sessions) < 2:
+    layer index: a graph of their step needs them made before its capture, and kept while it
+    lives. Attention layers get one for a single session too (the Triton kernels then write
+    its rows in their own launches, not three index_copy_ launches and their waits); GDN
+    layers only for two sessions or more (one session's state is read as views)."""
+    if not sessions:
         return {}
     tables = {idx: attn_table([s.attn[idx] for s in sessions]) for idx in sessions[0].attn}
-    tables.update({idx: gdn_table([s.gdn[idx] for s in sessions]) for idx in sessions[0].gdn})
+    if len(sessions) > 1:
+        tables.update({idx: gdn_table([s.gdn[idx] for s in sessions])
+                       for idx in sessions[0].gdn})
     return tables

@@ -98,6 +98,25 @@ def test_one_session_without_a_table_runs_the_per_session_kernels():
     assert torch.equal(attn_tri.attend_sessions(q, k, v, iq, raw, copies(base), *args), want)
 
 
+@pytest.mark.parametrize("position", [0, 17, 31])
+def test_one_session_with_a_table_matches_the_per_session_kernels(position):
+    """A lone step of one session passes its attention table (runner/lone_step.py
+    session_tables): the batched launches give the per-session kernels' bits, output and
+    cache."""
+    dtype = torch.float32
+    base = sessions([32], dtype, seed=7)
+    q, k, v, iq, raw, cos, sin, w = row_inputs(1, dtype, seed=8)
+    args = (torch.tensor([position], device=DEVICE), cos, sin, w, 1e-6, BLOCK, TOP, 0.125)
+    alone = copies(base)
+    want = attn_ref.attend_sessions(q, k, v, iq, raw, alone, *args, ops=attn_tri._PER_SESSION)
+    one = copies(base)
+    got = attn_tri.attend_sessions(q, k, v, iq, raw, one, *args, table=attn_table(one))
+    assert torch.equal(got, want)
+    for x, y in zip((alone[0].k, alone[0].v, alone[0].index_keys, alone[0].block_keys),
+                    (one[0].k, one[0].v, one[0].index_keys, one[0].block_keys)):
+        assert torch.equal(x, y)
+
+
 def test_table_offsets_and_bad_buffers():
     caches = sessions([8, 16], torch.float32, seed=1)
     table = attn_table(caches).cpu()

@@ -34,6 +34,7 @@ from flashlane.kernels.rowwise import triton as rowwise  # noqa: E402
 from flashlane.kernels.rowwise import triton_greedy as rowwise_greedy  # noqa: E402
 from flashlane.kernels.rowwise import triton_hc as rowwise_hc  # noqa: E402
 from flashlane.kernels.rowwise import triton_ple as rowwise_ple  # noqa: E402
+from flashlane.kernels.rowwise import triton_rows as rowwise_rows  # noqa: E402
 from flashlane.sampling import triton_draw, triton_lone, triton_top_p  # noqa: E402
 
 H200 = GPUTarget("cuda", 90, 32)
@@ -70,6 +71,12 @@ KERNELS = {
                     dict(hist_ptr="*i64", mult_ptr="*i64", size_ptr="*i64", off_ptr="*i64",
                          table_ptr=BF, out_ptr=BF, t="i32", stride="i32", eos="i32"),
                     dict(N=3, HEADS=8, HP2=8, D=160, DP2=256)),
+    "embed_rows": (rowwise_rows._embed_rows_kernel,
+                   dict(w_ptr=BF, tok_ptr="*i64", out_ptr=BF, h="i32", width="i32"),
+                   dict(BLOCK=2048, PDL=1), dict(launch_pdl=True)),
+    "record_row": (rowwise_rows._record_row_kernel,
+                   dict(src_ptr=BF, rows_ptr=BF, k_ptr="*i64", count_ptr="*i32", width="i32"),
+                   dict(PROGRAMS=5, BLOCK=2048, PDL=1), dict(launch_pdl=True)),
     "ple_gate": (rowwise_ple._ple_gate_kernel,
                  dict(k_ptr=BF, r_ptr=BF, v_ptr=BF, wk_ptr=BF, wq_ptr=BF, wc_ptr=BF, g_ptr=BF,
                       n_ptr=BF, eps="fp32", root="fp32", stride_k="i32", stride_r="i32",
@@ -227,7 +234,7 @@ KERNELS.update({
                      dict(E=512, BLOCK_M=16, BLOCK_E=512, BLOCK_P=routing.PAIR_CHUNK,
                           BLOCK_C=routing.CLEAR_CHUNK), {}),
     "rms_norm": (norms._rms_norm_kernel, dict(x_ptr=BF, w_ptr=BF, y_ptr=BF, rows="i32",
-                                               eps="fp32"),
+                                               eps="fp32", stride_x="i32"),
                  dict(D=10240, G=2560, BLOCK=4096), dict(num_warps=16)),
     "gated_rms_norm": (norms._gated_rms_norm_kernel,
                        dict(x_ptr=BF, gate_ptr=BF, w_ptr=BF, y_ptr=BF, rows="i32", eps="fp32",

@@ -361,6 +361,24 @@ def test_gated_norm_reads_a_strided_gate_where_it_lies(n):
     assert torch.equal(tnorm.gated_rms_norm(flat_x[:n], flat_g, w, 1e-6, "silu"), want2)
 
 
+@pytest.mark.parametrize("n", [1, 3])
+def test_rms_norm_reads_evenly_spaced_rows_where_they_lie(n):
+    """The attention's queries are a column slice of the projection (each head's first half
+    of 2 * D values): the norm reads them in place (no copy launch), bitwise as from a
+    contiguous copy, with or without groups; rows not evenly spaced are copied first."""
+    heads, d = 3, 64
+    qg = _rand(n, heads, 2 * d, seed=24)
+    q = qg[..., :d]
+    w = _rand(d, scale=0.1, seed=25)
+    for group in (None, d // 2):
+        got = tnorm.rms_norm(q, w, 1e-6, group)
+        assert got.is_contiguous() and got.shape == q.shape
+        assert torch.equal(got, tnorm.rms_norm(q.contiguous(), w, 1e-6, group))
+    uneven = _rand(n, 2, 5, d, seed=26)[:, :, 1:4]  # rows 0-2 then 5-7 of each head pair
+    assert torch.equal(tnorm.rms_norm(uneven, w, 1e-6),
+                       tnorm.rms_norm(uneven.contiguous(), w, 1e-6))
+
+
 def test_norms_leading_dims():
     x = _rand(2, 3, 4, 64, seed=13)
     g = _rand(2, 3, 4, 64, seed=14)

@@ -151,7 +151,7 @@ def attention(
 
 def attend_sessions(
     q, k, v, iq, raw, caches, pos, cos, sin, weight, eps: float, block: int, top_blocks: int,
-    scale: float, table=None, ops=None,
+    scale: float, table=None, ops=None, lengths=None,
 ) -> torch.Tensor:
     """One row for each of B sessions (a lone step): session i's k[i], v[i] and raw indexer
     key raw[i] written at pos[i], the block holding pos[i] pooled again (cos, sin [B, R] of
@@ -161,7 +161,8 @@ def attend_sessions(
 
     Session by session with `ops` (a module or Kernels with pool_block_at, select_mask and
     attention; these references by default): the bits each row would get alone. `table`
-    (models.state.attn_table) is for the batched kernels and is not needed here."""
+    (models.state.attn_table) is for the batched kernels and is not needed here, nor
+    `lengths` (pos + 1, made once by the caller for the batched kernels)."""
     ops = ops or _REFERENCES
     outs = []
     for i, c in enumerate(caches):

@@ -271,7 +271,7 @@ def attention(
 
 def attend_sessions(
     q, k, v, iq, raw, caches, pos, cos, sin, weight, eps: float, block: int, top_blocks: int,
-    scale: float, table: torch.Tensor | None = None,
+    scale: float, table: torch.Tensor | None = None, lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """reference.attend_sessions for B sessions in six launches whatever B (three row
     writes, the pooling, the scores, the mask and the attention: each reads and writes the
@@ -279,7 +279,8 @@ def attend_sessions(
     given; a CUDA graph needs it built before the capture). Every row runs the arithmetic of
     the per-session kernels on its own session's values, so its bits are those of one
     session alone (tests/kernels/test_attend_sessions.py). One session without a table
-    runs the per-session kernels."""
+    runs the per-session kernels. lengths: pos + 1 where the caller made it once for every
+    layer (else one launch more here)."""
     if table is None:
         if len(caches) == 1:
             return attention_ref.attend_sessions(
@@ -296,7 +297,8 @@ def attend_sessions(
     num_keys = max(c.k.shape[0] for c in caches)
     scores = index_scores(iq[:, None], first.block_keys[None], table, nb)
     mask = select_from_scores(scores, pos[:, None], num_keys, block, top_blocks)
-    return attention(q[:, None], first.k[None], first.v[None], mask, scale, pos + 1, table,
+    lengths = pos + 1 if lengths is None else lengths
+    return attention(q[:, None], first.k[None], first.v[None], mask, scale, lengths, table,
                      pos[:, None])[:, 0]
 
 

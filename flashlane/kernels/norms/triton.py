@@ -45,19 +45,20 @@ def _warps(block: int) -> int:
     return max(1, min(16, block // 256))
 
 
-@triton.jit(do_not_specialize=["rows"])
+@triton.jit(do_not_specialize=["rows", "stride_x"])
 def _rms_norm_kernel(
-    x_ptr, w_ptr, y_ptr, rows, eps, D: tl.constexpr, G: tl.constexpr, BLOCK: tl.constexpr,
-    PDL: tl.constexpr = 0,
+    x_ptr, w_ptr, y_ptr, rows, eps, stride_x, D: tl.constexpr, G: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr = 0,
 ):
-    # program = one (row, group) of G values; the weight is indexed across the whole row D
+    # program = one (row, group) of G values; the weight is indexed across the whole row D;
+    # x's rows of D values lie stride_x apart (y's are contiguous)
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < G
     groups: tl.constexpr = D // G
     wcols = (pid % groups) * G + cols
-    x = tl.load(x_ptr + pid * G + cols, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + (pid // groups) * stride_x + wcols, mask=mask, other=0.0).to(tl.float32)
     r = rms_factor(x, G, eps)
     w = tl.load(w_ptr + wcols, mask=mask, other=0.0).to(tl.float32)
     y = (x * r) * (1.0 + w)
@@ -73,8 +74,8 @@ def rms_norm(
     g = d if group is None else group
     if d % g:
         raise ValueError(f"rms_norm: width {d} is not a multiple of group {g}")
-    xc = x.contiguous()
-    y = torch.empty_like(xc)
+    xc = _rows(x, d)  # a view where x's rows are evenly spaced (a column slice): no copy
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     programs = xc.numel() // g
     if programs:
         block = triton.next_power_of_2(g)
@@ -84,6 +85,7 @@ def rms_norm(
             y,
             programs,
             eps,
+            xc.stride(0),
             D=d,
             G=g,
             BLOCK=block,
@@ -91,6 +93,17 @@ def rms_norm(
             **pdl(xc.device),
         )
     return y
+
+
+def _rows(x: torch.Tensor, d: int) -> torch.Tensor:
+    """x as [rows, d] with unit column stride: a view where its rows are evenly spaced (the
+    attention's queries, a column slice of the projection), else a contiguous copy."""
+    if x.stride(-1) == 1:
+        try:
+            return x.view(-1, d)
+        except RuntimeError:  # rows not evenly spaced
+            pass
+    return x.reshape(-1, d).contiguous()
 
 
 @triton.jit(do_not_specialize=["rows", "per", "stride_g"])

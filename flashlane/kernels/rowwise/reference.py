@@ -197,6 +197,19 @@ def greedy_step(logits: torch.Tensor, out: torch.Tensor, tok: torch.Tensor,
     pos.add_(1)
 
 
+def embed_rows(weight: torch.Tensor, tok: torch.Tensor, copies: int) -> torch.Tensor:
+    """A lone step's first residual streams: each token's embedding row, `copies` times
+    side by side, [B, copies * H]."""
+    return F.embedding(tok, weight).repeat(1, copies)
+
+
+def record_row(rows: torch.Tensor, k: torch.Tensor, r: torch.Tensor) -> None:
+    """A lone step's residual rows r [B, W] kept for the MTP head, in place: rows[k] = r
+    (rows [n, B, W], k [1] on the device), then k moves on by one."""
+    rows.index_copy_(0, k, r[None])
+    k.add_(1)
+
+
 def gated_add(base: torch.Tensor, gate: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """base + sigmoid(gate) * s: gate [N, 1] scales each row of s [N, H]."""
     return base + torch.sigmoid(gate) * s

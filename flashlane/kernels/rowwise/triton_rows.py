@@ -1,0 +1,73 @@
+"""A lone step's first and last row copies as Triton launches (`reference.embed_rows`,
+`reference.record_row`): torch's embedding gather and repeat, and its index_copy_ and add,
+were four launches without PDL (kernels/pdl.py), each a wait for the kernel before to end
+(5 and 4.9 us of a step on the H200 timeline at 8a5229a). Both copy values: the same bits.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flashlane.kernels.partials import counters, last_to_arrive
+from flashlane.kernels.pdl import enter, pdl
+from flashlane.kernels.rowwise import reference as ref
+
+__all__ = ["embed_rows", "record_row"]
+
+BLOCK = 2048
+
+
+@triton.jit(do_not_specialize=["h", "width"])
+def _embed_rows_kernel(w_ptr, tok_ptr, out_ptr, h, width, BLOCK: tl.constexpr,
+                       PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < width
+    t = tl.load(tok_ptr + row)
+    tl.store(out_ptr + row * width + cols, tl.load(w_ptr + t * h + cols % h, mask=mask),
+             mask=mask)
+
+
+def embed_rows(weight: torch.Tensor, tok: torch.Tensor, copies: int) -> torch.Tensor:
+    """reference.embed_rows in one launch: row b is weight[tok[b]], `copies` times."""
+    b, h = tok.shape[0], weight.shape[1]
+    out = torch.empty((b, copies * h), dtype=weight.dtype, device=weight.device)
+    if b and h and copies:
+        _embed_rows_kernel[(b, triton.cdiv(copies * h, BLOCK))](
+            weight.contiguous(), tok.contiguous(), out, h, copies * h, BLOCK=BLOCK,
+            **pdl(weight.device),
+        )
+    return out
+
+
+@triton.jit(do_not_specialize=["width"])
+def _record_row_kernel(src_ptr, rows_ptr, k_ptr, count_ptr, width, PROGRAMS: tl.constexpr,
+                       BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
+    b = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < width
+    k = tl.load(k_ptr)
+    per = tl.num_programs(0).to(tl.int64) * width  # values a recorded step
+    tl.store(rows_ptr + k * per + b * width + cols,
+             tl.load(src_ptr + b * width + cols, mask=mask), mask=mask)
+    # the last program to get here (every program has read k) moves k on
+    if last_to_arrive(count_ptr, PROGRAMS):
+        tl.store(k_ptr, k + 1)
+
+
+def record_row(rows: torch.Tensor, k: torch.Tensor, r: torch.Tensor) -> None:
+    """reference.record_row in one launch: rows[k] = r, then k += 1. The torch ops where the
+    partials' counters are not made yet (a capture before any split product)."""
+    b, width = r.shape
+    grid = (b, triton.cdiv(width, BLOCK))
+    count = counters(r.device, 1)
+    if count is None or grid[0] * grid[1] == 0 or not r.is_contiguous() \
+            or rows.shape[1:] != r.shape or not rows.is_contiguous():
+        ref.record_row(rows, k, r)
+        return
+    _record_row_kernel[grid](r, rows, k, count, width, PROGRAMS=grid[0] * grid[1], BLOCK=BLOCK,
+                             **pdl(r.device))

@@ -1,0 +1,46 @@
+"""A lone step's first and last row copies (kernels/rowwise/triton_rows.py) against the
+references: the embedding rows repeated for the streams, and the recorded residual rows with
+their counter moved on; both copies, so bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashlane.kernels.rowwise import reference as ref
+from tests.kernels.triton_env import DEVICE, DTYPES, needs_triton
+
+pytestmark = needs_triton
+pytest.importorskip("triton")
+
+from flashlane.kernels.rowwise import triton_rows as trr  # noqa: E402
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b", [1, 3])
+@pytest.mark.parametrize("copies", [1, 4])
+def test_embed_rows_are_the_embedding_repeated(dtype, b, copies):
+    g = torch.Generator().manual_seed(b * copies)
+    weight = torch.randn(50, 1200, generator=g).to(dtype).to(DEVICE)
+    tok = torch.tensor([7, 49, 0][:b], device=DEVICE)
+    got = trr.embed_rows(weight, tok, copies)
+    assert got.shape == (b, copies * 1200)
+    assert torch.equal(got, ref.embed_rows(weight, tok, copies))
+    assert torch.equal(got[:, :1200], weight[tok])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b", [1, 3])
+def test_record_row_writes_row_k_and_moves_k_on(dtype, b):
+    g = torch.Generator().manual_seed(b)
+    width = 5000  # three blocks, the last one partial
+    rows = torch.zeros(4, b, width, dtype=dtype, device=DEVICE)
+    want_rows = rows.clone()
+    k, want_k = torch.tensor([1], device=DEVICE), torch.tensor([1], device=DEVICE)
+    for step in range(3):  # k = 1, 2, 3: each launch reads the k the one before left
+        r = torch.randn(b, width, generator=g).to(dtype).to(DEVICE)
+        trr.record_row(rows, k, r)
+        ref.record_row(want_rows, want_k, r)
+        assert int(k) == 2 + step and torch.equal(k, want_k)
+        assert torch.equal(rows, want_rows)
+    assert torch.equal(rows[0], torch.zeros_like(rows[0]))  # never written
