@@ -51,6 +51,7 @@ class Kernels:
     greedy_step: Callable
     embed_rows: Callable
     record_row: Callable
+    step_angles: Callable
 
 
 REFERENCE = Kernels(
@@ -85,6 +86,7 @@ REFERENCE = Kernels(
     greedy_step=rowwise_ref.greedy_step,
     embed_rows=rowwise_ref.embed_rows,
     record_row=rowwise_ref.record_row,
+    step_angles=rowwise_ref.step_angles,
 )
 
 

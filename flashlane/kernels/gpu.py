@@ -52,4 +52,5 @@ TRITON = Kernels(
     greedy_step=greedy_tr.greedy_step,  # a lone step's first maximum, flag, token, position
     embed_rows=rows_tr.embed_rows,  # a lone step's first rows, PDL launches (torch's are not)
     record_row=rows_tr.record_row,
+    step_angles=rows_tr.step_angles,  # the rows' and their blocks' cos / sin, and lengths
 )

@@ -47,8 +47,9 @@ def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos:
     cfg, kernels = model.cfg, model.kernels
     tables = tables or {}
     r = kernels.embed_rows(model.embed_tokens.weight, tok, cfg.hc_count)
-    cos, sin = model.rotary.cos_sin(pos, r.dtype)
-    once = None  # attention_once, at the first attention layer
+    # the rows' cos / sin, and attention_once's tensors, in one launch
+    cos, sin, *once = kernels.step_angles(pos, model.rotary.inv(pos.device), r.dtype,
+                                          cfg.indexer_block)
     xn = None  # the next read's norm, where the write before it made it
     for idx, layer in enumerate(model.layers):
         if layer.ple is not None:
@@ -59,7 +60,6 @@ def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos:
                          tables.get(idx))
         else:
             caches = [s.attn[idx] for s in sessions]
-            once = once or attention_once(cfg, model.rotary, pos, caches[0].block_keys.dtype)
             y = attention_step(layer.self_attn, a, caches, pos, cos, sin, model.rotary,
                                kernels, tables.get(idx), once)
         then = _next_read(model, idx)

@@ -1,6 +1,7 @@
-"""A lone step's first and last row copies (kernels/rowwise/triton_rows.py) against the
-references: the embedding rows repeated for the streams, and the recorded residual rows with
-their counter moved on; both copies, so bit for bit."""
+"""A lone step's own small launches (kernels/rowwise/triton_rows.py) against the references:
+the embedding rows repeated for the streams, the recorded residual rows with their counter
+moved on (copies), and the rows' and blocks' rotary angles with the lengths (cos_sin's
+arithmetic): bit for bit."""
 
 from __future__ import annotations
 
@@ -44,3 +45,18 @@ def test_record_row_writes_row_k_and_moves_k_on(dtype, b):
         assert int(k) == 2 + step and torch.equal(k, want_k)
         assert torch.equal(rows, want_rows)
     assert torch.equal(rows[0], torch.zeros_like(rows[0]))  # never written
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_step_angles_are_cos_sin_twice_and_the_lengths(dtype):
+    from flashlane.kernels.rowwise import triton as tr
+
+    pos = torch.tensor([0, 5, 63, 64, 1000, 131071], device=DEVICE)
+    inv = 1.0 / (1e7 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64)).to(DEVICE)
+    got = trr.step_angles(pos, inv, dtype, 64)
+    want = (*tr.cos_sin(pos, inv, dtype), *tr.cos_sin(pos, inv, dtype, 64), pos + 1)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and torch.equal(g, w)
+    for g, w in zip(got, ref.step_angles(pos.cpu(), inv.cpu(), dtype, 64), strict=True):
+        tol = 2e-6 if dtype == torch.float32 else 1e-2
+        torch.testing.assert_close(g.cpu(), w, rtol=0, atol=tol)

@@ -203,6 +203,14 @@ def embed_rows(weight: torch.Tensor, tok: torch.Tensor, copies: int) -> torch.Te
     return F.embedding(tok, weight).repeat(1, copies)
 
 
+def step_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
+                block: int):
+    """A lone step's rotary inputs at once: cos, sin of the rows' positions; cos, sin of
+    their blocks' first positions (`block`); the rows' cache lengths positions + 1."""
+    return (*cos_sin(positions, inv_freq, dtype), *cos_sin(positions, inv_freq, dtype, block),
+            positions + 1)
+
+
 def record_row(rows: torch.Tensor, k: torch.Tensor, r: torch.Tensor) -> None:
     """A lone step's residual rows r [B, W] kept for the MTP head, in place: rows[k] = r
     (rows [n, B, W], k [1] on the device), then k moves on by one."""

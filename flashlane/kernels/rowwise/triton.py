@@ -110,20 +110,26 @@ def gdn_qk(y: torch.Tensor, heads: int, dim: int, rep: int, scale: float,
 
 
 @triton.jit
+def angles(pos, inv_ptr, cos_ptr, sin_ptr, R: tl.constexpr, RP2: tl.constexpr):
+    """One row's cos and sin [R] at cos_ptr, sin_ptr for the (int) position pos."""
+    cols = tl.arange(0, RP2)
+    mask = cols < R
+    dt: tl.constexpr = cos_ptr.dtype.element_ty
+    inv = tl.load(inv_ptr + cols % (R // 2), mask=mask, other=0.0)
+    angle = pos.to(tl.float32) * inv
+    tl.store(cos_ptr + cols, tl.cos(angle).to(dt), mask=mask)
+    tl.store(sin_ptr + cols, tl.sin(angle).to(dt), mask=mask)
+
+
+@triton.jit
 def _cos_sin_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, R: tl.constexpr, BLOCK: tl.constexpr,
                     RP2: tl.constexpr, PDL: tl.constexpr = 0):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, RP2)
-    mask = cols < R
-    dt: tl.constexpr = cos_ptr.dtype.element_ty
     pos = tl.load(pos_ptr + row)
     if BLOCK != 1:
         pos = (pos // BLOCK) * BLOCK  # positions are never negative: floor
-    inv = tl.load(inv_ptr + cols % (R // 2), mask=mask, other=0.0)
-    angle = pos.to(tl.float32) * inv
-    tl.store(cos_ptr + row * R + cols, tl.cos(angle).to(dt), mask=mask)
-    tl.store(sin_ptr + row * R + cols, tl.sin(angle).to(dt), mask=mask)
+    angles(pos, inv_ptr, cos_ptr + row * R, sin_ptr + row * R, R, RP2)
 
 
 def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,

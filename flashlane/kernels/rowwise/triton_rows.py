@@ -1,7 +1,9 @@
-"""A lone step's first and last row copies as Triton launches (`reference.embed_rows`,
-`reference.record_row`): torch's embedding gather and repeat, and its index_copy_ and add,
-were four launches without PDL (kernels/pdl.py), each a wait for the kernel before to end
-(5 and 4.9 us of a step on the H200 timeline at 8a5229a). Both copy values: the same bits.
+"""A lone step's own small launches (`reference.embed_rows`, `record_row`, `step_angles`):
+torch's embedding gather and repeat, its index_copy_ and add, and the rows' lengths were
+launches without PDL (kernels/pdl.py), each a wait for the kernel before to end (5 and 4.9 us
+of a step on the H200 timeline at 8a5229a); the rotary angles of the rows and of their
+blocks were two launches. The copies copy, and the angles are `triton.cos_sin`'s arithmetic:
+the same bits.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import triton.language as tl
 from flashlane.kernels.partials import counters, last_to_arrive
 from flashlane.kernels.pdl import enter, pdl
 from flashlane.kernels.rowwise import reference as ref
+from flashlane.kernels.rowwise.triton import angles
 
-__all__ = ["embed_rows", "record_row"]
+__all__ = ["embed_rows", "record_row", "step_angles"]
 
 BLOCK = 2048
 
@@ -71,3 +74,32 @@ def record_row(rows: torch.Tensor, k: torch.Tensor, r: torch.Tensor) -> None:
         return
     _record_row_kernel[grid](r, rows, k, count, width, PROGRAMS=grid[0] * grid[1], BLOCK=BLOCK,
                              **pdl(r.device))
+
+
+@triton.jit
+def _step_angles_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, len_ptr, n, R: tl.constexpr,
+                        RP2: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
+    row = tl.program_id(0).to(tl.int64)
+    blocks = tl.program_id(1)  # 0: the rows' positions; 1: their blocks' first positions
+    pos = tl.load(pos_ptr + row)
+    if blocks == 1:
+        pos = (pos // BLOCK) * BLOCK  # positions are never negative: floor
+    else:
+        tl.store(len_ptr + row, pos + 1)
+    at = (blocks * n + row) * R
+    angles(pos, inv_ptr, cos_ptr + at, sin_ptr + at, R, RP2)
+
+
+def step_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
+                block: int):
+    """reference.step_angles in one launch."""
+    n, r = positions.shape[0], 2 * inv_freq.shape[0]
+    cos = torch.empty((2, n, r), dtype=dtype, device=positions.device)
+    sin = torch.empty_like(cos)
+    lengths = torch.empty_like(positions)
+    if n:
+        _step_angles_kernel[(n, 2)](positions.contiguous(), inv_freq, cos, sin, lengths, n, R=r,
+                                    RP2=triton.next_power_of_2(r), BLOCK=block,
+                                    **pdl(cos.device))
+    return cos[0], sin[0], cos[1], sin[1], lengths

@@ -25,10 +25,14 @@ class Rotary:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [N] (each rounded down to a multiple of `block` first) -> cos, sin
         [N, rotary_dim], through `op` (the kernels' cos_sin; FlashNext.use_kernels sets it)."""
-        inv = self._on.get(positions.device)
+        return self.op(positions, self.inv(positions.device), dtype, block)
+
+    def inv(self, device: torch.device) -> torch.Tensor:
+        """inv_freq on `device` (copied there once)."""
+        inv = self._on.get(device)
         if inv is None:
-            inv = self._on[positions.device] = self.inv_freq.to(positions.device)
-        return self.op(positions, inv, dtype, block)
+            inv = self._on[device] = self.inv_freq.to(device)
+        return inv
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
