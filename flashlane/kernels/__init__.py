@@ -52,6 +52,7 @@ class Kernels:
     embed_rows: Callable
     record_row: Callable
     step_angles: Callable
+    post_ring: Callable
 
 
 REFERENCE = Kernels(
@@ -87,6 +88,7 @@ REFERENCE = Kernels(
     embed_rows=rowwise_ref.embed_rows,
     record_row=rowwise_ref.record_row,
     step_angles=rowwise_ref.step_angles,
+    post_ring=rowwise_ref.post_ring,
 )
 
 

@@ -53,4 +53,5 @@ TRITON = Kernels(
     embed_rows=rows_tr.embed_rows,  # a lone step's first rows, PDL launches (torch's are not)
     record_row=rows_tr.record_row,
     step_angles=rows_tr.step_angles,  # the rows' and their blocks' cos / sin, and lengths
+    post_ring=rows_tr.post_ring,  # a lone step's verdict stored into the pinned ring
 )

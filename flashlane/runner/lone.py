@@ -68,6 +68,7 @@ class LoneDriver:
         self.sampled = os.environ.get("FLASHLANE_LONE_SAMPLED", "1") == "1"
         self.use_graphs = graphs and self.is_cuda
         self.events = [torch.cuda.Event() for _ in range(RING)] if self.is_cuda else []
+        self._posts: bool | None = None  # `posts`, found with the first buffers
         # per (sessions, depth, keyed): static buffers
         self.io: dict[tuple[int, int, bool], _Buffers] = {}
         self.graphs: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}  # session ids -> step
@@ -188,6 +189,15 @@ class LoneDriver:
                     self._give_up(err)
         return len(self.graphs)
 
+    @property
+    def posts(self) -> bool:
+        """Whether a plain step stores its verdict into the pinned ring itself
+        (kernels.post_ring) where the GPU can write host memory: then no copy is launched
+        after each graph."""
+        if self._posts is None:
+            self._posts = not self.is_cuda or _posts_to_pinned(self.model, self.device)
+        return self._posts
+
     def buffers(self, b: int, depth: int = 0, keyed: bool = False):
         """The static buffers of a step of b sessions (depth > 0: a drafted step's; keyed: a
         plain step's with the keyed draw)."""
@@ -199,12 +209,15 @@ class LoneDriver:
             else:
                 draw = KeyedDraw(b, self.model.cfg.vocab_size, self.device) if keyed else None
                 io = _Buffers(b, self.max_steps, width, self.model.dtype, self.device, draw)
+                io.posts = self.posts
             self.io[(b, depth, keyed)] = io
         return self.io[(b, depth, keyed)]
 
     def _post(self, io: _Buffers, i: int) -> None:
-        """Step i's (id, finite) rows into its ring slot, without waiting for them."""
-        io.ring[i % RING].copy_(io.out, non_blocking=True)
+        """Step i's (id, finite) rows into its ring slot, without waiting for them (a step
+        that stores them itself, `posts`, needs no copy)."""
+        if not getattr(io, "posts", False):
+            io.ring[i % RING].copy_(io.out, non_blocking=True)
         if self.is_cuda:
             self.events[i % RING].record()
 
@@ -278,6 +291,15 @@ class LoneDriver:
         io.warm = True
 
 
+def _posts_to_pinned(model: FlashNext, device: torch.device) -> bool:
+    """Whether the model's kernels' post_ring stores into pinned memory here (the Triton
+    one, once probed; FLASHLANE_LONE_POST=0: never)."""
+    if os.environ.get("FLASHLANE_LONE_POST", "1") == "0" or model.kernels.name != "triton":
+        return False
+    from flashlane.kernels.rowwise.triton_rows import posts_to_pinned
+    return posts_to_pinned(device)
+
+
 class _Buffers:
     """A step's static inputs and outputs for B sessions, and the pinned ring the host reads;
     with `draw`, the keyed draw of the streams (its kernels' shape is part of a graph's key,
@@ -293,6 +315,7 @@ class _Buffers:
         self.draw = draw
         self.warmed: set[tuple] = set()  # the draw shapes a step has run with outside a capture
         self.depth = 0  # no drafts (runner/lone_draft.DraftBuffers carry some)
+        self.posts = False  # whether its step stores out into the ring (LoneDriver.posts)
 
     @property
     def warm(self) -> bool:
@@ -319,4 +342,4 @@ class _Buffers:
 
     def step(self, model: FlashNext, sessions: list[SessionState], tables) -> None:
         step(model, sessions, self.tok, self.pos, self.out, (self.rows, self.k), tables,
-             self.draw)
+             self.draw, self.ring if self.posts else None)

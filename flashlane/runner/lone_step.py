@@ -34,13 +34,16 @@ __all__ = ["attention_once", "attention_step", "gdn_step", "ple_step", "session_
 @torch.no_grad()
 def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos: torch.Tensor,
          out: torch.Tensor, record: tuple[torch.Tensor, torch.Tensor],
-         tables: dict[int, torch.Tensor] | None = None, draw: KeyedDraw | None = None) -> None:
+         tables: dict[int, torch.Tensor] | None = None, draw: KeyedDraw | None = None,
+         ring: torch.Tensor | None = None) -> None:
     """Feed tok [B] at pos [B], one row per session, commit them, and draw the tokens for
     pos + 1, greedily or with `draw` (the streams' keyed draw, sampling/lone_draw.py): out
     [B, 2] gets (the id, 1 if the row's maximum is finite; keyed: 1 for a token, else 0 and
     a failure code in the id's place), tok the ids, and pos moves on by one. The rows'
     residuals go to record = (rows [n, B, hc*H], k [1]) at rows[k], and k moves on (the MTP
-    head's cells, absorbed when a stream drafts again). Every op is the shared rounds' on the
+    head's cells, absorbed when a stream drafts again). With `ring` [RING, B, 2] the step also
+    stores out into its slot, ring[(k - 1) % RING] (kernels.post_ring; the caller's slot for
+    step k - 1 of a call that set k to 0). Every op is the shared rounds' on the
     same rows (batched ops are row-invariant; attention, pooling and state commits read and
     write each session's own buffers: kernels.attend_sessions, with `tables` from
     session_tables, made where not given), so the bits are theirs."""
@@ -70,6 +73,8 @@ def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos:
     kernels.record_row(record[0], record[1], r)
     # the draw for pos + 1 (greedy: the first maximum), its flag, the next token, position
     (draw or kernels.greedy_step)(model.head_logits(r, xn), out, tok, pos)
+    if ring is not None:
+        kernels.post_ring(out, ring, record[1])
 
 
 def _next_read(model: FlashNext, idx: int):

@@ -60,3 +60,21 @@ def test_step_angles_are_cos_sin_twice_and_the_lengths(dtype):
     for g, w in zip(got, ref.step_angles(pos.cpu(), inv.cpu(), dtype, 64), strict=True):
         tol = 2e-6 if dtype == torch.float32 else 1e-2
         torch.testing.assert_close(g.cpu(), w, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("b", [1, 16])
+def test_post_ring_stores_the_verdict_in_slot_k_minus_one(b):
+    """On a GPU the ring is pinned host memory the kernel stores into (where the probe says
+    it can); under the interpreter, a CPU tensor."""
+    pinned = DEVICE == "cuda"
+    if pinned and not trr.posts_to_pinned(torch.device(DEVICE)):
+        pytest.skip("this GPU's launcher does not store into pinned memory")
+    for k in (1, 4, 6):
+        ring = torch.full((4, b, 2), -1, dtype=torch.long, pin_memory=pinned)
+        out = torch.arange(2 * b, device=DEVICE).view(b, 2) + 100 * k
+        trr.post_ring(out, ring, torch.tensor([k], device=DEVICE))
+        if pinned:
+            torch.cuda.synchronize()
+        want = torch.full((4, b, 2), -1, dtype=torch.long)
+        ref.post_ring(out.cpu(), want, torch.tensor([k]))
+        assert torch.equal(ring, want) and torch.equal(ring[(k - 1) % 4], out.cpu())

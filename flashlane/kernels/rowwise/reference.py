@@ -211,6 +211,12 @@ def step_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dt
             positions + 1)
 
 
+def post_ring(out: torch.Tensor, ring: torch.Tensor, k: torch.Tensor) -> None:
+    """A lone step's verdict out [B, 2] into its ring slot: ring[(k - 1) % len(ring)] (k:
+    the recorded steps, this one's included)."""
+    ring[(int(k) - 1) % ring.shape[0]].copy_(out)
+
+
 def record_row(rows: torch.Tensor, k: torch.Tensor, r: torch.Tensor) -> None:
     """A lone step's residual rows r [B, W] kept for the MTP head, in place: rows[k] = r
     (rows [n, B, W], k [1] on the device), then k moves on by one."""

@@ -17,7 +17,7 @@ from flashlane.kernels.pdl import enter, pdl
 from flashlane.kernels.rowwise import reference as ref
 from flashlane.kernels.rowwise.triton import angles
 
-__all__ = ["embed_rows", "record_row", "step_angles"]
+__all__ = ["embed_rows", "post_ring", "posts_to_pinned", "record_row", "step_angles"]
 
 BLOCK = 2048
 
@@ -103,3 +103,35 @@ def step_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dt
                                     RP2=triton.next_power_of_2(r), BLOCK=block,
                                     **pdl(cos.device))
     return cos[0], sin[0], cos[1], sin[1], lengths
+
+
+@triton.jit
+def _post_ring_kernel(out_ptr, ring_ptr, k_ptr, n, RING: tl.constexpr, BLOCK: tl.constexpr,
+                      PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    slot = (tl.load(k_ptr) - 1) % RING
+    tl.store(ring_ptr + slot * n + cols, tl.load(out_ptr + cols, mask=mask), mask=mask)
+
+
+def post_ring(out: torch.Tensor, ring: torch.Tensor, k: torch.Tensor) -> None:
+    """reference.post_ring in one launch that stores straight into the pinned ring (host
+    memory the GPU writes: `posts_to_pinned` says whether it can), so a step's verdict needs
+    no copy launched after its graph."""
+    n = out.numel()
+    _post_ring_kernel[(1,)](out.contiguous(), ring, k, n, RING=ring.shape[0],
+                            BLOCK=triton.next_power_of_2(max(n, 16)), **pdl(out.device))
+
+
+def posts_to_pinned(device: torch.device) -> bool:
+    """Whether `post_ring` can store into pinned host memory on this device: one launch on a
+    small ring, checked on the host after a sync (any error: no)."""
+    try:
+        ring = torch.zeros(4, 1, 2, dtype=torch.long, pin_memory=True)
+        out = torch.tensor([[7, 1]], device=device)
+        post_ring(out, ring, torch.tensor([3], device=device))
+        torch.cuda.synchronize(device)
+        return ring[2].tolist() == [[7, 1]] and not ring[[0, 1, 3]].any()
+    except Exception:  # a launcher that refuses host pointers, a driver without UVA
+        return False
