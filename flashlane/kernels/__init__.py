@@ -53,6 +53,8 @@ class Kernels:
     record_row: Callable
     step_angles: Callable
     post_ring: Callable
+    ple_add: Callable
+    push_history: Callable
 
 
 REFERENCE = Kernels(
@@ -89,6 +91,8 @@ REFERENCE = Kernels(
     record_row=rowwise_ref.record_row,
     step_angles=rowwise_ref.step_angles,
     post_ring=rowwise_ref.post_ring,
+    ple_add=rowwise_ref.ple_add,
+    push_history=rowwise_ref.push_history,
 )
 
 

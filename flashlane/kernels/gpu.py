@@ -54,4 +54,6 @@ TRITON = Kernels(
     record_row=rows_tr.record_row,
     step_angles=rows_tr.step_angles,  # the rows' and their blocks' cos / sin, and lengths
     post_ring=rows_tr.post_ring,  # a lone step's verdict stored into the pinned ring
+    ple_add=ple_tr.ple_add,  # a lone step's r + (gated + conv) in one launch
+    push_history=ple_tr.push_history,  # its n-gram ids moved on in place, in one launch
 )

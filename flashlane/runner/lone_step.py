@@ -49,11 +49,17 @@ def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos:
     session_tables, made where not given), so the bits are theirs."""
     cfg, kernels = model.cfg, model.kernels
     tables = tables or {}
-    r = kernels.embed_rows(model.embed_tokens.weight, tok, cfg.hc_count)
+    first = model.layers[0]
+    if first.ple is None:  # the first read's norm in the embedding's launch
+        norm = first.attn_hyper_connection.hc_norm
+        r, xn = kernels.embed_rows(model.embed_tokens.weight, tok, cfg.hc_count,
+                                   (norm.weight, norm.eps))
+    else:
+        r, xn = kernels.embed_rows(model.embed_tokens.weight, tok, cfg.hc_count), None
     # the rows' cos / sin, and attention_once's tensors, in one launch
     cos, sin, *once = kernels.step_angles(pos, model.rotary.inv(pos.device), r.dtype,
                                           cfg.indexer_block)
-    xn = None  # the next read's norm, where the write before it made it
+    # xn: the next read's norm, where the launch before it made it
     for idx, layer in enumerate(model.layers):
         if layer.ple is not None:
             r = ple_step(layer.ple, r, [s.ple[idx] for s in sessions], tok, kernels)
@@ -93,14 +99,19 @@ def stacked(xs: list[torch.Tensor]) -> torch.Tensor:
 
 
 def ple_step(ple, r: torch.Tensor, states: list[PleState], tok: torch.Tensor, kernels):
-    history = torch.cat([stacked([p.ids for p in states]), tok[:, None]], dim=1)
-    # one session: the conv moves its window in place (a view); several: stacked copies
+    # one session: its ids move on and the conv moves its window in place (views); several:
+    # stacked copies, copied back
     one = len(states) == 1
-    add, xfull = ple.stacked(r[:, None], history, stacked([p.conv for p in states]), kernels,
-                             shift=one)
-    convs = [] if one else [p.conv for p in states]
-    copy_all([p.ids for p in states] + convs, [*history[:, 1:], *([] if one else xfull[:, 1:])])
-    return (r[:, None] + add)[:, 0]
+    if one:
+        history = kernels.push_history(states[0].ids[None], tok)
+    else:
+        history = torch.cat([stacked([p.ids for p in states]), tok[:, None]], dim=1)
+    added, xfull = ple.stacked(r[:, None], history, stacked([p.conv for p in states]), kernels,
+                               shift=one, added=True)
+    if not one:
+        copy_all([p.ids for p in states] + [p.conv for p in states],
+                 [*history[:, 1:], *xfull[:, 1:]])
+    return added[:, 0]
 
 
 def gdn_step(gdn, a: torch.Tensor, states: list[GdnState], kernels, table) -> torch.Tensor:

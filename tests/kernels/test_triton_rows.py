@@ -78,3 +78,42 @@ def test_post_ring_stores_the_verdict_in_slot_k_minus_one(b):
         want = torch.full((4, b, 2), -1, dtype=torch.long)
         ref.post_ring(out.cpu(), want, torch.tensor([k]))
         assert torch.equal(ring, want) and torch.equal(ring[(k - 1) % 4], out.cpu())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b", [1, 3])
+def test_embed_rows_with_the_first_norm_is_rms_norm_of_the_rows(dtype, b):
+    from flashlane.kernels.norms import triton as trn
+
+    g = torch.Generator().manual_seed(b)
+    h, copies = 96, 4
+    weight = torch.randn(50, h, generator=g).to(dtype).to(DEVICE)
+    norm_w = (0.1 * torch.randn(copies * h, generator=g)).to(dtype).to(DEVICE)
+    tok = torch.tensor([7, 49, 0][:b], device=DEVICE)
+    r, xn = trr.embed_rows(weight, tok, copies, (norm_w, 1e-6))
+    assert torch.equal(r, trr.embed_rows(weight, tok, copies))
+    assert torch.equal(xn, trn.rms_norm(r, norm_w, 1e-6, h))
+    want = ref.embed_rows(weight.cpu(), tok.cpu(), copies, (norm_w.cpu(), 1e-6))
+    torch.testing.assert_close(xn.cpu().float(), want[1].float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ple_add_is_torchs_two_adds(dtype):
+    from flashlane.kernels.rowwise import triton_ple as trp
+
+    g = torch.Generator().manual_seed(3)
+    r, gated, y = (torch.randn(2, 1, 3000, generator=g).to(dtype).to(DEVICE) for _ in range(3))
+    assert torch.equal(trp.ple_add(r, gated, y), r + (gated + y))
+
+
+@pytest.mark.parametrize("b", [1, 2])
+def test_push_history_moves_the_ids_on_in_place(b):
+    from flashlane.kernels.rowwise import triton_ple as trp
+
+    ids = torch.tensor([[5, 6], [7, 8]][:b], device=DEVICE)
+    want_ids = ids.clone()
+    tok = torch.tensor([9, 10][:b], device=DEVICE)
+    hist = trp.push_history(ids, tok)
+    want = ref.push_history(want_ids, tok)
+    assert torch.equal(hist, want) and torch.equal(ids, want_ids)
+    assert ids[0].tolist() == [6, 9] and hist[0].tolist() == [5, 6, 9]

@@ -197,10 +197,25 @@ def greedy_step(logits: torch.Tensor, out: torch.Tensor, tok: torch.Tensor,
     pos.add_(1)
 
 
-def embed_rows(weight: torch.Tensor, tok: torch.Tensor, copies: int) -> torch.Tensor:
+def embed_rows(weight: torch.Tensor, tok: torch.Tensor, copies: int, norm=None):
     """A lone step's first residual streams: each token's embedding row, `copies` times
-    side by side, [B, copies * H]."""
-    return F.embedding(tok, weight).repeat(1, copies)
+    side by side, [B, copies * H]; with norm = (weight [copies * H], eps), also their grouped
+    RMSNorm by H (the first read's norm): (rows, normed)."""
+    r = F.embedding(tok, weight).repeat(1, copies)
+    return r if norm is None else (r, rms_norm(r, norm[0], norm[1], weight.shape[1]))
+
+
+def ple_add(r: torch.Tensor, gated: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A lone step's PLE addition to its streams: r + (gated + y)."""
+    return r + (gated + y)
+
+
+def push_history(ids: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+    """A lone step's n-gram ids: history = [ids, tok] per row [B, ctx + 1], and ids (its
+    sessions' own, [B, ctx]) moved on to history[:, 1:] in place."""
+    history = torch.cat([ids, tok[:, None]], dim=1)
+    ids.copy_(history[:, 1:])
+    return history
 
 
 def step_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,

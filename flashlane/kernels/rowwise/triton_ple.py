@@ -113,3 +113,52 @@ def ple_gate(key, r, value, w_key, w_query, w_conv, eps: float):
             num_warps=max(1, min(16, block // 256)), **pdl(r.device),
         )
     return gated, normed
+
+
+@triton.jit(do_not_specialize=["n"])
+def _ple_add_kernel(r_ptr, g_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    dt: tl.constexpr = out_ptr.dtype.element_ty
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    r = tl.load(r_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, (r + rounded(g + y, dt)).to(dt), mask=mask)
+
+
+def ple_add(r: torch.Tensor, gated: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """reference.ple_add in one launch (torch's two adds, each rounded to the dtype)."""
+    r, gated, y = r.contiguous(), gated.contiguous(), y.contiguous()
+    out = torch.empty_like(r)
+    n = r.numel()
+    if n:
+        _ple_add_kernel[(triton.cdiv(n, 1024),)](r, gated, y, out, n, BLOCK=1024,
+                                                 **pdl(r.device))
+    return out
+
+
+@triton.jit
+def _push_history_kernel(ids_ptr, tok_ptr, hist_ptr, CTX: tl.constexpr, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
+    b = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    tok = tl.load(tok_ptr + b)
+    old = tl.load(ids_ptr + b * CTX + cols, mask=cols < CTX, other=0)
+    nxt = tl.load(ids_ptr + b * CTX + cols + 1, mask=cols + 1 < CTX, other=0)
+    tl.store(hist_ptr + b * (CTX + 1) + cols, tl.where(cols == CTX, tok, old), mask=cols <= CTX)
+    tl.debug_barrier()  # every old id read before any is overwritten
+    tl.store(ids_ptr + b * CTX + cols, tl.where(cols + 1 == CTX, tok, nxt), mask=cols < CTX)
+
+
+def push_history(ids: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+    """reference.push_history in one launch (ids [B, ctx] contiguous, written in place)."""
+    b, ctx = ids.shape
+    hist = torch.empty((b, ctx + 1), dtype=ids.dtype, device=ids.device)
+    if not ids.is_contiguous():
+        raise ValueError("push_history: ids must be contiguous (they are written in place)")
+    if b:
+        _push_history_kernel[(b,)](ids, tok.contiguous(), hist, CTX=ctx,
+                                   BLOCK=triton.next_power_of_2(ctx + 1), **pdl(ids.device))
+    return hist

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from flashlane.kernels.norms.triton import _warps as norm_warps
+from flashlane.kernels.norms.triton import rms_factor
 from flashlane.kernels.partials import counters, last_to_arrive
 from flashlane.kernels.pdl import enter, pdl
 from flashlane.kernels.rowwise import reference as ref
@@ -34,10 +36,41 @@ def _embed_rows_kernel(w_ptr, tok_ptr, out_ptr, h, width, BLOCK: tl.constexpr,
              mask=mask)
 
 
-def embed_rows(weight: torch.Tensor, tok: torch.Tensor, copies: int) -> torch.Tensor:
-    """reference.embed_rows in one launch: row b is weight[tok[b]], `copies` times."""
+@triton.jit
+def _embed_norm_kernel(w_ptr, tok_ptr, nw_ptr, out_ptr, xn_ptr, eps, H: tl.constexpr,
+                       COPIES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    # program (row, copy c): the embedding row into stream c, and its grouped RMSNorm with
+    # stream c's weights: `_rms_norm_kernel`'s arithmetic, block and warps (the same bits)
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < H
+    t = tl.load(tok_ptr + row)
+    e = tl.load(w_ptr + t * H + cols, mask=mask, other=0.0)
+    at = row * COPIES * H + c * H + cols
+    tl.store(out_ptr + at, e, mask=mask)
+    x = e.to(tl.float32)
+    w = tl.load(nw_ptr + c * H + cols, mask=mask, other=0.0).to(tl.float32)
+    y = (x * rms_factor(x, H, eps)) * (1.0 + w)
+    tl.store(xn_ptr + at, y.to(xn_ptr.dtype.element_ty), mask=mask)
+
+
+def embed_rows(weight: torch.Tensor, tok: torch.Tensor, copies: int, norm=None):
+    """reference.embed_rows in one launch: row b is weight[tok[b]], `copies` times; with
+    norm = (weight [copies * H], eps), (rows, their grouped RMSNorm by H) in that launch."""
     b, h = tok.shape[0], weight.shape[1]
     out = torch.empty((b, copies * h), dtype=weight.dtype, device=weight.device)
+    if norm is not None:
+        xn = torch.empty_like(out)
+        if b and h and copies:
+            block = triton.next_power_of_2(h)
+            _embed_norm_kernel[(b, copies)](
+                weight.contiguous(), tok.contiguous(), norm[0].contiguous(), out, xn, norm[1],
+                H=h, COPIES=copies, BLOCK=block, num_warps=norm_warps(block),
+                **pdl(weight.device),
+            )
+        return out, xn
     if b and h and copies:
         _embed_rows_kernel[(b, triton.cdiv(copies * h, BLOCK))](
             weight.contiguous(), tok.contiguous(), out, h, copies * h, BLOCK=BLOCK,

@@ -119,11 +119,12 @@ class PLELayer(nn.Module):
         return gated + rows.join(convs, True)
 
     def stacked(self, r3: torch.Tensor, history: torch.Tensor, window: torch.Tensor, kernels,
-                shift: bool = False):
+                shift: bool = False, added: bool = False):
         """forward for B windows of T rows, from tensors alone (a CUDA graph replays it):
         r3 [B, T, hc*H], history [B, n-1+T] ids, window [B, tail, hc*H] ->
         (the addition [B, T, hc*H], the conv inputs [B, tail+T, hc*H]). shift: the conv
-        also moves `window` past the rows in place (a session's own window)."""
+        also moves `window` past the rows in place (a session's own window). added: r3 plus
+        the addition in its place (kernels.ple_add: one launch, the same bits)."""
         b, t = r3.shape[:2]
         emb = self.ple_embedding.embed(history).flatten(0, 1)
         gated, normed = self._gated(r3.flatten(0, 1), emb, kernels)
@@ -131,6 +132,8 @@ class PLELayer(nn.Module):
             normed.unflatten(0, (b, t)), window, self.conv1d.weight[:, 0, :],
             dilation=self.cfg.ple_conv_dilation, shift=shift,
         )  # fmt: skip
+        if added:
+            return kernels.ple_add(r3, gated.unflatten(0, (b, t)), y), xfull
         return gated.unflatten(0, (b, t)) + y, xfull
 
     def _gated(self, r: torch.Tensor, emb: torch.Tensor, kernels: Kernels):
