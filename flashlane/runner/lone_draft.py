@@ -276,11 +276,12 @@ def _ple(ple, r3, states, window, kernels, pending) -> torch.Tensor:
 
 def _gdn(gdn, a3, states, kernels, pending) -> torch.Tensor:
     b, t = a3.shape[:2]
-    qkv, decay, beta, z = gdn.project(a3.flatten(0, 1))
-    qkv, decay, beta = (x.unflatten(0, (b, t)) for x in (qkv, decay, beta))
+    qkv, gate_a, gate_b, z = gdn.project(a3.flatten(0, 1))
+    qkv, gate_a, gate_b = (x.unflatten(0, (b, t)) for x in (qkv, gate_a, gate_b))
     q, k, v, xfull = gdn.conv_qkv(qkv, lone_step.stacked([g.conv for g in states]), kernels)
-    o, after = kernels.recurrent_gdn(q, k, v, decay, beta,
-                                     lone_step.stacked([g.recurrent for g in states]))
+    o, after = kernels.recurrent_gdn(q, k, v, None, None,
+                                     lone_step.stacked([g.recurrent for g in states]),
+                                     gates=gdn.gates(gate_a, gate_b))
     pending.append(([g.conv for g in states], xfull, None))
     pending.append(([g.recurrent for g in states], None, after))
     return gdn.finish(o.flatten(0, 1), z)

@@ -115,7 +115,8 @@ def ple_step(ple, r: torch.Tensor, states: list[PleState], tok: torch.Tensor, ke
 
 
 def gdn_step(gdn, a: torch.Tensor, states: list[GdnState], kernels, table) -> torch.Tensor:
-    qkv, decay, beta, z = gdn.project(a)
+    qkv, gate_a, gate_b, z = gdn.project(a)
+    gates = gdn.gates(gate_a[:, None], gate_b[:, None])  # computed in the rule's programs
     # the conv moves each window past the row, and the rule updates each recurrent state,
     # in place: one session's as views, several through the layer's table
     if len(states) == 1:
@@ -123,14 +124,14 @@ def gdn_step(gdn, a: torch.Tensor, states: list[GdnState], kernels, table) -> to
                                    shift=True)
         q, k, v = gdn.heads(y, kernels)
         s = states[0].recurrent  # the kernel reads each tile before it writes it
-        o, _ = kernels.recurrent_gdn(q, k, v, decay[:, None], beta[:, None], s[None],
-                                     out=s[None, None])
+        o, _ = kernels.recurrent_gdn(q, k, v, None, None, s[None], out=s[None, None],
+                                     gates=gates)
     else:
         y, _ = kernels.conv_sessions(qkv[:, None], [g.conv for g in states], gdn.conv_weight,
                                      table)
         q, k, v = gdn.heads(y, kernels)
-        o = kernels.gdn_sessions(q, k, v, decay[:, None], beta[:, None],
-                                 [g.recurrent for g in states], table)
+        o = kernels.gdn_sessions(q, k, v, None, None, [g.recurrent for g in states], table,
+                                 gates=gates)
     return gdn.finish(o[:, 0], z)
 
 

@@ -4,8 +4,9 @@ import pytest
 import torch
 from transformers.models.qwen4_exp import modeling_qwen4_exp as hf
 
-from flashlane.kernels.gdn.reference import chunk_gdn, recurrent_gdn
+from flashlane.kernels.gdn.reference import chunk_gdn, gdn_sessions, recurrent_gdn
 from flashlane.kernels.norms.reference import l2norm
+from flashlane.kernels.rowwise.reference import gdn_gates
 
 
 def inputs(b, t, h=3, dk=16, dv=8, seed=0):
@@ -77,3 +78,27 @@ def test_no_unwritten_outputs():
     q, k, v, g, beta, _ = inputs(2, 65, seed=3)
     o, s = chunk_gdn(*ours_inputs(q, k), v, g, beta, None)
     assert torch.isfinite(o).all() and torch.isfinite(s).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gates_inside_are_gdn_gates_then_the_rule(dtype):
+    """gates=(a, b, A_log, dt_bias): the references compute gdn_gates, then the rule, so the
+    values are those of the gates passed in, bit for bit (a, b column slices of one
+    projection; softplus's linear branch and a very negative a among them)."""
+    b, t, h = 2, 3, 3
+    q, k, v, _, _, s0 = inputs(b, t, h=h, seed=4)
+    q, k, v = (x.to(dtype) for x in (*ours_inputs(q, k), v))
+    gen = torch.Generator().manual_seed(5)
+    proj = (torch.randn(b * t, 2 * h + 4, generator=gen) * 4).to(dtype)
+    proj[0, 2 + h], proj[1, 2 + h] = 30.0, -90.0
+    bb, a = (proj[:, 2 + i * h : 2 + (i + 1) * h].unflatten(0, (b, t)) for i in range(2))
+    a_log, dt_bias = torch.rand(h, generator=gen) * 2.77, torch.randn(h, generator=gen).to(dtype)
+    g, beta = gdn_gates(a, bb, a_log, dt_bias)
+    gates = (a, bb, a_log, dt_bias)
+    want = recurrent_gdn(q, k, v, g, beta, s0)
+    got = recurrent_gdn(q, k, v, None, None, s0, gates=gates)
+    assert all(torch.equal(x, y) for x, y in zip(got, want))
+    states, want_states = list(s0.clone()), list(s0.clone())
+    want_o = gdn_sessions(q, k, v, g, beta, want_states)
+    assert torch.equal(gdn_sessions(q, k, v, None, None, states, gates=gates), want_o)
+    assert all(torch.equal(x, y) for x, y in zip(states, want_states))

@@ -161,6 +161,11 @@ LINEAR = dict(x_ptr=BF, w_ptr=BF, y_ptr=BF, ws_ptr="*fp32", count_ptr="*i32", M=
               squash_cols="i32")
 TILE = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64)
 DRAW = dict(logits_ptr="*fp32", stride="i32", V="i32", ws_ptr="*i64", n="i32", C="i32")
+# the recurrent GDN's arguments; with GATES, g_ptr and beta_ptr hold a and b (unused)
+RECURRENT = dict(q_ptr=BF, k_ptr=BF, v_ptr=BF, g_ptr="*fp32", beta_ptr=BF, a_ptr="*fp32",
+                 b_ptr=BF, alog_ptr="*fp32", dtb_ptr="*fp32", s0_ptr="*fp32", o_ptr=BF,
+                 states_ptr="*fp32", tab_ptr="*i64", T="i32", H="i32", stride_v="i32",
+                 stride_a="i32", stride_b="i32", keep_states="i32", use_table="i32")
 EXPERTS = dict(slot_pair_ptr="*i32", block_expert_ptr="*i32", H="i32", I="i32",
                num_routed="i32", shared_id="i32")
 KERNELS.update({
@@ -264,13 +269,14 @@ KERNELS.update({
                      dict(DI=128, BDI=128, BLOCK_T=triton_select.INDEX_TILE[0],
                           BLOCK_N=triton_select.INDEX_TILE[1], PRECISION="tf32"),
                      dict(num_warps=triton_select.INDEX_TILE[2])),
-    "recurrent_gdn": (gdn._recurrent_gdn_kernel,
-                      dict(q_ptr=BF, k_ptr=BF, v_ptr=BF, g_ptr="*fp32", beta_ptr=BF,
-                           s0_ptr="*fp32", o_ptr=BF, states_ptr="*fp32", tab_ptr="*i64",
-                           T="i32", H="i32", stride_v="i32", keep_states="i32",
-                           use_table="i32"),
+    "recurrent_gdn": (gdn._recurrent_gdn_kernel, RECURRENT,
                       dict(DK=128, DV=128, BK=128, BV=gdn.BV, HAS_STATE=True),
                       dict(num_warps=gdn.NUM_WARPS)),
+    "recurrent_gdn gates inside": (gdn._recurrent_gdn_kernel,
+                                   dict(RECURRENT, g_ptr=BF, a_ptr=BF, dtb_ptr=BF),
+                                   dict(DK=128, DV=128, BK=128, BV=gdn.BV, HAS_STATE=True,
+                                        GATES=1, PDL=1),
+                                   dict(num_warps=gdn.NUM_WARPS, launch_pdl=True)),
     "causal_conv": (conv._causal_conv_kernel,
                     dict(x_ptr=BF, win_ptr=BF, w_ptr=BF, y_ptr=BF, xfull_ptr=BF, tab_ptr="*i64",
                          use_table="i32", T="i32",

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from flashlane.kernels.rowwise.reference import gdn_gates
+
 CHUNK = 64
 
 
@@ -75,6 +77,7 @@ def recurrent_gdn(
     state: torch.Tensor | None,
     keep_states: bool = True,
     out: torch.Tensor | None = None,
+    gates: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-by-token gated delta rule that returns the state after every row.
 
@@ -82,7 +85,11 @@ def recurrent_gdn(
     is the state after row r, so keeping r + 1 rows of a verify window is an index
     (with keep_states=False, states is [B, 1, H, Dk, Dv]: only the last). out: a tensor of
     the states' shape to write them in (it may be `state` itself, viewed [B, 1, ...]).
+    gates: (a, b [B, T, H], A_log, dt_bias [H]) in place of g and beta, which gdn_gates
+    makes of them (the Triton kernel computes them in its programs).
     """
+    if gates is not None:
+        g, beta = gdn_gates(*gates)
     b, t, h, dk = k.shape
     dt = torch.promote_types(v.dtype, torch.float32)
     s = state.to(dt) if state is not None else q.new_zeros(b, h, dk, v.shape[-1], dtype=dt)
@@ -105,11 +112,14 @@ def recurrent_gdn(
     return torch.stack(outs, dim=1).to(v.dtype), kept
 
 
-def gdn_sessions(q, k, v, g, beta, states: list[torch.Tensor], table=None) -> torch.Tensor:
+def gdn_sessions(q, k, v, g, beta, states: list[torch.Tensor], table=None,
+                 gates: tuple | None = None) -> torch.Tensor:
     """B sessions' rows (a lone step of several sessions), batch b from session b's
     recurrent state states[b] [H, Dk, Dv], which ends holding the state after b's last row
     -> o [B, T, H, Dv]. Here the states are stacked, run together and copied back (a row's
-    bits do not depend on its batch); `table` is for the in-place kernel and unused here."""
-    o, after = recurrent_gdn(q, k, v, g, beta, torch.stack(states), keep_states=False)
+    bits do not depend on its batch); `table` is for the in-place kernel and unused here.
+    gates: as recurrent_gdn's."""
+    o, after = recurrent_gdn(q, k, v, g, beta, torch.stack(states), keep_states=False,
+                             gates=gates)
     torch._foreach_copy_(states, list(after[:, -1]))
     return o

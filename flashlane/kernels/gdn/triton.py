@@ -11,9 +11,16 @@ result of a row is bitwise the same whatever T, B or the other sequences hold. B
 keep_states is a runtime flag, not a constexpr: two compiled variants were seen on the H200
 to lay out the state tile differently in bf16, so the sums over Dk ran in another order and
 the last state of keep_states=False differed in its low bits from the kept one.
+
+gates=(a, b, A_log, dt_bias) in place of g and beta: each program computes its head's g and
+beta per row from a and b (column slices of the input projection, read where they lie) with
+gdn_gates' own arithmetic (rowwise/triton.py gdn_gate_values), so the bits of gdn_gates then
+the kernel, without the gates' launch (a decode step's GDN layers ran it 9 times).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -21,6 +28,7 @@ import triton.language as tl
 
 from flashlane.kernels.gdn import reference
 from flashlane.kernels.pdl import enter, pdl
+from flashlane.kernels.rowwise.triton import gdn_gate_values
 from flashlane.kernels.tables import TABLE_WIDTH, no_table
 from flashlane.models import state
 
@@ -30,13 +38,18 @@ BV = 32
 NUM_WARPS = 4
 
 
-@triton.jit(do_not_specialize=["T", "keep_states", "use_table", "stride_v"])
+@triton.jit(do_not_specialize=["T", "keep_states", "use_table", "stride_v", "stride_a",
+                             "stride_b"])
 def _recurrent_gdn_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
     g_ptr,
     beta_ptr,
+    a_ptr,
+    b_ptr,
+    alog_ptr,
+    dtb_ptr,
     s0_ptr,
     o_ptr,
     states_ptr,
@@ -44,6 +57,8 @@ def _recurrent_gdn_kernel(
     T,
     H,
     stride_v,
+    stride_a,
+    stride_b,
     DK: tl.constexpr,
     DV: tl.constexpr,
     BK: tl.constexpr,
@@ -51,6 +66,7 @@ def _recurrent_gdn_kernel(
     keep_states,
     use_table,
     HAS_STATE: tl.constexpr,
+    GATES: tl.constexpr = 0,
     PDL: tl.constexpr = 0,
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
@@ -75,6 +91,9 @@ def _recurrent_gdn_kernel(
         s = tl.load(s0_ptr + base_s0 + tile, mask=m_kv, other=0.0).to(tl.float32)
     else:
         s = tl.zeros([BK, BV], dtype=tl.float32)
+    if GATES:  # this head's gate weights, for every row
+        a_log = tl.load(alog_ptr + i_h).to(tl.float32)
+        dt_bias = tl.load(dtb_ptr + i_h).to(tl.float32)
 
     for r in range(0, T):
         row = (i_b.to(tl.int64) * T + r) * H + i_h  # index of (b, r, h) in [B, T, H]
@@ -83,8 +102,15 @@ def _recurrent_gdn_kernel(
         # v's rows (b, r) stride_v apart, heads DV apart: a column slice of the conv output
         v_row = (i_b.to(tl.int64) * T + r) * stride_v + i_h * DV
         b_v = tl.load(v_ptr + v_row + o_v, mask=m_v, other=0.0).to(tl.float32)
-        b_g = tl.load(g_ptr + row).to(tl.float32)
-        b_beta = tl.load(beta_ptr + row).to(tl.float32)
+        if GATES:  # gdn_gates' arithmetic on row (b, r)'s a and b, rows stride_a/b apart
+            ab_row = i_b.to(tl.int64) * T + r
+            raw_a = tl.load(a_ptr + ab_row * stride_a + i_h).to(tl.float32)
+            raw_b = tl.load(b_ptr + ab_row * stride_b + i_h).to(tl.float32)
+            b_g, b_beta = gdn_gate_values(raw_a, raw_b, a_log, dt_bias, b_ptr.dtype.element_ty)
+            b_beta = b_beta.to(tl.float32)
+        else:
+            b_g = tl.load(g_ptr + row).to(tl.float32)
+            b_beta = tl.load(beta_ptr + row).to(tl.float32)
 
         s = s * tl.exp(b_g)
         mem = tl.sum(s * b_k[:, None], axis=0)  # S^T k: [BV]
@@ -101,19 +127,32 @@ def _recurrent_gdn_kernel(
         tl.store(states_ptr + i_bh.to(tl.int64) * DK * DV + tile, s, mask=m_kv)
 
 
-def _value_rows(v: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(v, stride_v): v [B, T, H, Dv] read where it lies when its (b, t) rows are evenly
-    strided with each row's H * Dv values contiguous (the conv output's column slice of a
-    batch of sessions), else a contiguous copy; stride_v is the rows' stride."""
-    b, t, h, dv = v.shape
+def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(x, stride): x [B, T, ...] read where it lies when its (b, t) rows are evenly strided
+    with each row's values contiguous (v: the conv output's column slice of a batch of
+    sessions; a, b: the input projection's), else a contiguous copy; stride is the rows'."""
+    b, t = x.shape[:2]
+    width = math.prod(x.shape[2:])
     try:
-        rows = v.view(b * t, h * dv)
+        rows = x.view(b * t, width)
     except RuntimeError:
         rows = None
-    if rows is None or (rows.stride(-1) != 1 and h * dv > 1):
-        v = v.contiguous()
-        return v, h * dv
-    return v, rows.stride(0)
+    if rows is None or (rows.stride(-1) != 1 and width > 1):
+        return x.contiguous(), width
+    return x, rows.stride(0)
+
+
+def _gate_args(g, beta, gates) -> dict:
+    """The kernel's gate arguments: g and beta [B, T, H] (contiguous), or with
+    gates=(a, b, A_log, dt_bias) (a, b [B, T, H]) those, GATES=1, and g, beta unused."""
+    if gates is None:
+        g, beta = g.contiguous(), beta.contiguous()
+        return dict(g_ptr=g, beta_ptr=beta, a_ptr=g, b_ptr=beta, alog_ptr=g, dtb_ptr=g,
+                    stride_a=0, stride_b=0)
+    a, b, a_log, dt_bias = gates
+    (a, stride_a), (b, stride_b) = _rows(a), _rows(b)
+    return dict(g_ptr=a, beta_ptr=b, a_ptr=a, b_ptr=b, alog_ptr=a_log.contiguous(),
+                dtb_ptr=dt_bias.contiguous(), stride_a=stride_a, stride_b=stride_b, GATES=1)
 
 
 def recurrent_gdn(
@@ -125,6 +164,7 @@ def recurrent_gdn(
     state: torch.Tensor | None,
     keep_states: bool = True,
     out: torch.Tensor | None = None,
+    gates: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-by-token gated delta rule that returns the state after every row (fp32 math).
 
@@ -134,11 +174,13 @@ def recurrent_gdn(
     keep_states=False). out: a contiguous fp32 tensor of the states' shape to write them in;
     with one row (or keep_states=False) it may be `state` itself, viewed [B, 1, H, Dk, Dv]:
     each program reads its state tile before it writes it (the lone step's state in place).
+    gates: (a, b [B, T, H], A_log, dt_bias [H]) in place of g and beta (None): the kernel
+    computes them as gdn_gates does.
     """
     b, t, h, dk = k.shape
     dv = v.shape[-1]
-    q, k, g, beta = (x.contiguous() for x in (q, k, g, beta))
-    v, stride_v = _value_rows(v)
+    q, k = q.contiguous(), k.contiguous()
+    v, stride_v = _rows(v)
     o = torch.empty(b, t, h, dv, dtype=v.dtype, device=v.device)
     shape = (b, t if keep_states else 1, h, dk, dv)
     if out is None:
@@ -155,18 +197,17 @@ def recurrent_gdn(
     s0 = state.to(torch.float32).contiguous() if state is not None else o  # dummy when absent
     grid = (triton.cdiv(dv, BV), b * h)
     _recurrent_gdn_kernel[grid](
-        q,
-        k,
-        v,
-        g,
-        beta,
-        s0,
-        o,
-        states,
-        no_table(v.device),
-        t,
-        h,
-        stride_v,
+        q_ptr=q,
+        k_ptr=k,
+        v_ptr=v,
+        s0_ptr=s0,
+        o_ptr=o,
+        states_ptr=states,
+        tab_ptr=no_table(v.device),
+        T=t,
+        H=h,
+        stride_v=stride_v,
+        **_gate_args(g, beta, gates),
         keep_states=int(keep_states),
         use_table=0,
         DK=dk,
@@ -226,12 +267,12 @@ def chunk_gdn(
 
 
 def gdn_sessions(q, k, v, g, beta, states: list[torch.Tensor],
-                 table: torch.Tensor | None = None) -> torch.Tensor:
+                 table: torch.Tensor | None = None, gates: tuple | None = None) -> torch.Tensor:
     """reference.gdn_sessions in one launch: batch b's rows run from session b's state, which
     the kernel reads and writes in place through `table` (state.gdn_table of the sessions,
     made here when not given; a CUDA graph needs it made before its capture): no stacked
     copy and no copy back. The same arithmetic per (b, h) tile as recurrent_gdn, so the bits
-    of a session alone."""
+    of a session alone. gates: as recurrent_gdn's."""
     if table is None:
         table = state.offsets_table([states])
     b, t, h, dk = k.shape
@@ -239,16 +280,16 @@ def gdn_sessions(q, k, v, g, beta, states: list[torch.Tensor],
     first = states[0]
     if first.dtype != torch.float32 or tuple(first.shape) != (h, dk, dv):
         raise ValueError(f"gdn_sessions: states of {first.dtype} {tuple(first.shape)}")
-    q, k, g, beta = (x.contiguous() for x in (q, k, g, beta))
-    v, stride_v = _value_rows(v)
+    q, k = q.contiguous(), k.contiguous()
+    v, stride_v = _rows(v)
     o = torch.empty(b, t, h, dv, dtype=v.dtype, device=v.device)
     if t == 0:
         return o
     _recurrent_gdn_kernel[(triton.cdiv(dv, BV), b * h)](
-        q, k, v, g, beta, first, o, first, table, t, h, stride_v, keep_states=0, use_table=1,
-        DK=dk,
-        DV=dv, BK=triton.next_power_of_2(dk), BV=BV, HAS_STATE=True, num_warps=NUM_WARPS,
-        **pdl(o.device),
+        q_ptr=q, k_ptr=k, v_ptr=v, s0_ptr=first, o_ptr=o, states_ptr=first, tab_ptr=table,
+        T=t, H=h, stride_v=stride_v, **_gate_args(g, beta, gates), keep_states=0,
+        use_table=1, DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=BV, HAS_STATE=True,
+        num_warps=NUM_WARPS, **pdl(o.device),
     )
     return o
 

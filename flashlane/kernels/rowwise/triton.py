@@ -32,6 +32,18 @@ def sigmoid(x):
     return 1.0 / (1.0 + tl.exp(-x))
 
 
+@triton.jit
+def gdn_gate_values(a, b, a_log, dt_bias, dt: tl.constexpr):
+    """The GDN's gates from a, b, A_log, dt_bias (fp32, per head or a row's vector): (log
+    decay g = -exp(A_log) softplus(a + dt_bias) in fp32, beta = sigmoid(b) in dt, b's
+    dtype). The one copy of this arithmetic: _gdn_gates_kernel and the recurrent GDN kernel
+    (kernels/gdn/triton.py) both call it, so their g and beta have the same bits."""
+    x = a + dt_bias
+    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
+    decay = tl.exp(a_log)
+    return -decay * softplus, sigmoid(b).to(dt)
+
+
 @triton.jit(do_not_specialize=["stride_a", "stride_b"])
 def _gdn_gates_kernel(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, stride_a, stride_b,
                       HV: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
@@ -39,13 +51,13 @@ def _gdn_gates_kernel(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, stride_a
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < HV
-    x = tl.load(a_ptr + row * stride_a + cols, mask=mask, other=0.0).to(tl.float32)
-    x = x + tl.load(dtb_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(x)))
-    decay = tl.exp(tl.load(alog_ptr + cols, mask=mask, other=0.0).to(tl.float32))
-    tl.store(g_ptr + row * HV + cols, -decay * softplus, mask=mask)
+    a = tl.load(a_ptr + row * stride_a + cols, mask=mask, other=0.0).to(tl.float32)
+    dt_bias = tl.load(dtb_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    a_log = tl.load(alog_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + row * stride_b + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(beta_ptr + row * HV + cols, sigmoid(b).to(beta_ptr.dtype.element_ty), mask=mask)
+    g, beta = gdn_gate_values(a, b, a_log, dt_bias, beta_ptr.dtype.element_ty)
+    tl.store(g_ptr + row * HV + cols, g, mask=mask)
+    tl.store(beta_ptr + row * HV + cols, beta, mask=mask)
 
 
 def gdn_gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):

@@ -83,15 +83,16 @@ class DecoderLayer(nn.Module):
             return graphs.run((id(self), "mlp"), parts["mlp"], r, o, gate, w)[0]
         gdn = self.linear_attn
         if t is None:
-            w, qkv, g, beta, z = graphs.run((id(self), "read"), parts["read"], r, views=5)
-            o = gdn.mix(qkv, g, beta, rows, kernels)
+            w, qkv, gate_a, gate_b, z = graphs.run((id(self), "read"), parts["read"], r, views=5)
+            o = gdn.mix(qkv, gate_a, gate_b, rows, kernels)
             return graphs.run((id(self), "mlp"), parts["mlp"], r, o, z, w)[0]
         b = len(rows.pieces)
         window, state = gdn.state_of([p.session for p in rows.pieces])
-        w, z, g, beta, q, k, v, xfull = graphs.run(
+        w, z, gate_a, gate_b, q, k, v, xfull = graphs.run(
             (id(self), "conv"), parts["conv"], r.view(b, t, -1), window, views=7
         )
-        o, states = kernels.recurrent_gdn(q, k, v, g, beta, state)
+        gates = gdn.gates(gate_a, gate_b)  # computed in the rule's programs
+        o, states = kernels.recurrent_gdn(q, k, v, None, None, state, gates=gates)
         gdn.record(rows.pieces, xfull, states)
         flat = (x.flatten(0, 1) for x in (o, z, w))
         return graphs.run((id(self), "mlp"), parts["mlp"], r, *flat)[0]
@@ -109,8 +110,8 @@ class DecoderLayer(nn.Module):
         projections) and "mlp" (the attention's output -> the residual after the block).
         GDN: "read" (r -> write weights and the input projections), "conv" (B windows of T
         rows [B, T, hc*H] and their conv windows -> per [B, T]: write weights, output gate,
-        g, beta, q, k, v after the conv and norms; and the conv inputs) and "mlp" (the
-        mixer's output -> the residual).
+        the gates' inputs a and b, q, k, v after the conv and norms; and the conv inputs) and
+        "mlp" (the mixer's output -> the residual).
         "ple" (a PLE layer; B windows of T rows): r3, ids, conv window -> r3 + PLE, conv inputs."""
         out = {}
         if self.ple is not None:
@@ -139,9 +140,9 @@ class DecoderLayer(nn.Module):
 
         def conv(r3, window):
             b, t = r3.shape[:2]
-            w, qkv, g, beta, z = (x.unflatten(0, (b, t)) for x in read(r3.flatten(0, 1)))
+            w, qkv, gate_a, gate_b, z = (x.unflatten(0, (b, t)) for x in read(r3.flatten(0, 1)))
             q, k, v, xfull = gdn.conv_qkv(qkv, window, kernels)
-            return w, z, g, beta, q, k, v, xfull
+            return w, z, gate_a, gate_b, q, k, v, xfull
 
         def mlp(r, o, z, w):
             return (self.mlp_half(r, gdn.finish(o, z), w, kernels),)

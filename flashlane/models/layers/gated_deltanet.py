@@ -36,23 +36,33 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, rows: Rows, kernels: Kernels) -> torch.Tensor:
         """x: [N, H] -> [N, H]; records per piece ("gdn", idx): (conv inputs, states)."""
-        qkv, g, beta, z = self.project(x)
-        return self.finish(self.mix(qkv, g, beta, rows, kernels), z)
+        qkv, a, b, z = self.project(x)
+        return self.finish(self.mix(qkv, a, b, rows, kernels), z)
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The row-wise input projections: (qkv, log decay g, beta, output gate z)."""
+        """The row-wise input projections: (qkv, the gates' inputs a and b, output gate z), a
+        and b [N, HV] column slices of the product. The gates are computed where they are
+        read: in the recurrent rule's programs (gates), or by gdn_gates for the chunked rule."""
         qkv, z, b, a = self.in_proj(x)
-        g, beta = self.ops.gdn_gates(a, b, self.A_log, self.dt_bias)
-        return qkv, g, beta, z
+        return qkv, a, b, z
 
-    def mix(self, qkv, g, beta, rows: Rows, kernels: Kernels) -> torch.Tensor:
+    def gates(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The recurrent rule's `gates` argument for a, b [B, T, HV]: it computes the log
+        decay and beta as gdn_gates does, without gdn_gates' launch."""
+        return a, b, self.A_log, self.dt_bias
+
+    def gate_values(self, a, b, kernels: Kernels) -> tuple[torch.Tensor, torch.Tensor]:
+        """gdn_gates of a, b [B, T, HV] -> (log decay g, beta) [B, T, HV], for the chunked rule."""
+        g, beta = kernels.gdn_gates(a.flatten(0, 1), b.flatten(0, 1), self.A_log, self.dt_bias)
+        return g.view(a.shape), beta.view(b.shape)
+
+    def mix(self, qkv, a, b, rows: Rows, kernels: Kernels) -> torch.Tensor:
         """Conv and the gated delta rule over each piece's session state -> o [N, HV, Dv]."""
         cfg, n = self.cfg, qkv.shape[0]
         # verify windows of equal width run stacked: one recurrent call for all of them
-        parts = zip(
-            rows.split(qkv, True), rows.split(g, True), rows.split(beta, True), rows.groups(True)
-        )
-        outs = [self._mix(qkv, g_p, b_p, group, kernels) for qkv, g_p, b_p, group in parts]
+        parts = zip(rows.split(qkv, True), rows.split(a, True), rows.split(b, True),
+                    rows.groups(True))
+        outs = [self._mix(qkv, a_p, b_p, group, kernels) for qkv, a_p, b_p, group in parts]
         return rows.join(outs, True).reshape(n, cfg.linear_num_v_heads, cfg.linear_v_head_dim)
 
     def finish(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -60,7 +70,7 @@ class GatedDeltaNet(nn.Module):
         n = o.shape[0]
         return self.out_proj(self.norm(o, z.reshape(o.shape)).reshape(n, -1))
 
-    def _mix(self, qkv, g, beta, group, kernels: Kernels) -> torch.Tensor:
+    def _mix(self, qkv, a, b, group, kernels: Kernels) -> torch.Tensor:
         cfg = self.cfg
         sessions = [p.session for p in group]
         if sessions[0] is None:
@@ -68,7 +78,7 @@ class GatedDeltaNet(nn.Module):
             state = None
         else:
             window, state = self.state_of(sessions)
-        o, xfull, states = self.rule(qkv, g, beta, window, state, group[0].recurrent, kernels)
+        o, xfull, states = self.rule(qkv, a, b, window, state, group[0].recurrent, kernels)
         if sessions[0] is not None:
             self.record(group, xfull, states)
         return o
@@ -78,15 +88,16 @@ class GatedDeltaNet(nn.Module):
         mine = [s.gdn[self.layer_idx] for s in sessions]
         return torch.stack([m.conv for m in mine]), torch.stack([m.recurrent for m in mine])
 
-    def rule(self, qkv, g, beta, window, state, recurrent: bool, kernels: Kernels):
-        """Conv and the gated delta rule over B sequences of T rows: qkv [B, T, C] ->
+    def rule(self, qkv, a, b, window, state, recurrent: bool, kernels: Kernels):
+        """Conv and the gated delta rule over B sequences of T rows: qkv, a, b [B, T, ...] ->
         (o [B, T, HV, Dv], conv inputs xfull [B, k-1+T, C], states: the state after every row
         [B, T, HV, Dk, Dv] (recurrent) or the final one [B, 1, ...] (chunked))."""
         # the chunked rule reads v contiguous: gdn_qk copies it in its launch
         q, k, v, xfull = self.conv_qkv(qkv, window, kernels, contiguous_v=not recurrent)
-        if recurrent:
-            o, states = kernels.recurrent_gdn(q, k, v, g, beta, state)
+        if recurrent:  # the gates in the rule's programs
+            o, states = kernels.recurrent_gdn(q, k, v, None, None, state, gates=self.gates(a, b))
         else:
+            g, beta = self.gate_values(a, b, kernels)
             o, final = kernels.chunk_gdn(q, k, v, g, beta, state)
             states = final.unsqueeze(1)
         return o, xfull, states
