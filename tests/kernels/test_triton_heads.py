@@ -135,7 +135,7 @@ def test_attention_project_is_the_separate_launches():
     x = _rand(n, cfg.hidden_size, dtype=torch.float32, seed=80)
     cos, sin = _cos_sin(n, cfg.rotary_dim, torch.float32)
     q, gate, k, v, iq, raw = attn.project(x, cos, sin)
-    qg, kk, _, iqk = attn.in_proj(x)
+    qg, kk, vv, iqk = attn.in_proj(x)
     want = [
         (qg.reshape(n, -1, 2 * d)[..., :d], attn.q_norm),
         (kk.reshape(n, -1, d), attn.k_norm),
@@ -143,4 +143,5 @@ def test_attention_project_is_the_separate_launches():
     ]
     for got, (part, norm) in zip((q, k, iq), want):
         assert torch.equal(got, tr.rope(trn.rms_norm(part, norm.weight, norm.eps), cos, sin))
-    assert torch.equal(raw, iqk[:, -di:])
+    assert torch.equal(raw, iqk[:, -di:]) and torch.equal(v, vv.reshape(n, -1, d))
+    assert torch.equal(gate, qg.reshape(n, -1, 2 * d)[..., d:])
