@@ -43,6 +43,7 @@ class Kernels:
     gdn_gates: Callable
     gdn_qk: Callable
     rope: Callable
+    norm_rope_heads: Callable
     cos_sin: Callable
     ngram_embed: Callable
     ple_gate: Callable
@@ -81,6 +82,7 @@ REFERENCE = Kernels(
     gdn_gates=rowwise_ref.gdn_gates,
     gdn_qk=rowwise_ref.gdn_qk,
     rope=rowwise_ref.rope,
+    norm_rope_heads=rowwise_ref.norm_rope_heads,
     cos_sin=rowwise_ref.cos_sin,
     ngram_embed=rowwise_ref.ngram_embed,
     ple_gate=rowwise_ref.ple_gate,

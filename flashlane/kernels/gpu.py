@@ -17,6 +17,7 @@ from flashlane.kernels.norms import triton as norms_tr
 from flashlane.kernels.rowwise import triton as rowwise_tr
 from flashlane.kernels.rowwise import triton_greedy as greedy_tr
 from flashlane.kernels.rowwise import triton_hc as hc_tr
+from flashlane.kernels.rowwise import triton_heads as heads_tr
 from flashlane.kernels.rowwise import triton_ple as ple_tr
 from flashlane.kernels.rowwise import triton_rows as rows_tr
 
@@ -44,6 +45,7 @@ TRITON = Kernels(
     gdn_gates=rowwise_tr.gdn_gates,
     gdn_qk=rowwise_tr.gdn_qk,
     rope=rowwise_tr.rope,
+    norm_rope_heads=heads_tr.norm_rope_heads,  # an attention's q, k, indexer q: one launch
     cos_sin=rowwise_tr.cos_sin,
     ngram_embed=ple_tr.ngram_embed,  # the n-gram rows and their embeddings
     ple_gate=ple_tr.ple_gate,  # two norms, the streams' sums, the gate and the conv's norm

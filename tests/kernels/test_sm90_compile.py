@@ -33,6 +33,7 @@ from flashlane.kernels.norms import triton as norms  # noqa: E402
 from flashlane.kernels.rowwise import triton as rowwise  # noqa: E402
 from flashlane.kernels.rowwise import triton_greedy as rowwise_greedy  # noqa: E402
 from flashlane.kernels.rowwise import triton_hc as rowwise_hc  # noqa: E402
+from flashlane.kernels.rowwise import triton_heads as rowwise_heads  # noqa: E402
 from flashlane.kernels.rowwise import triton_ple as rowwise_ple  # noqa: E402
 from flashlane.kernels.rowwise import triton_rows as rowwise_rows  # noqa: E402
 from flashlane.sampling import triton_draw, triton_lone, triton_top_p  # noqa: E402
@@ -50,6 +51,12 @@ _BM, _BL, _WARPS, _STAGES, _PREC, _SKIP = attention.CONFIGS[torch.bfloat16]
 ATTENTION_TILE = dict(D=256, BD=256, BLOCK_M=_BM, BLOCK_L=_BL, PRECISION=_PREC, SKIP=_SKIP)
 INDEX = dict(iq_ptr=BF, keys_ptr=BF, scores_ptr="*fp32", tab_ptr="*i64", HAS_TABLE="i32",
              T="i32", NB="i32", HI="i32", sqrt_di="fp32")
+# the attention's q, k and indexer q: 24 + 2 heads of 256, 4 of 128, 64 rotated
+HEADS = {f"{k}{i}": v for i in range(3) for k, v in
+         dict(x=BF, w=BF, y=BF, sn="i32", sh="i32", eps="fp32").items()}
+HEADS.update(cos_ptr=BF, sin_ptr=BF, stride_c="i32")
+HEADS_SIZES = dict(H0=24, H1=2, H2=4, D0=256, D1=256, D2=128, B0=256, B1=256, B2=128, R=64,
+                   PDL=1)
 
 KERNELS = {
     "select": (triton_select._select_kernel,
@@ -104,6 +111,8 @@ KERNELS = {
     "rope": (rowwise._rope_kernel,
              dict(x_ptr=BF, cos_ptr=BF, sin_ptr=BF, y_ptr=BF, heads="i32", stride_n="i32",
                   stride_h="i32", stride_c="i32"), dict(D=256, R=64, BLOCK=256)),
+    "norm_rope_heads": (rowwise_heads._norm_rope_heads_kernel, HEADS, HEADS_SIZES,
+                        dict(num_warps=1, launch_pdl=True)),
     "cos_sin": (rowwise._cos_sin_kernel, dict(pos_ptr="*i64", inv_ptr="*fp32", cos_ptr=BF,
                                                sin_ptr=BF), dict(R=64, BLOCK=4, RP2=64)),
     "hc_squash": (rowwise_hc._squash_kernel, dict(d_ptr=BF, y_ptr=BF, stride="i32", n="i32"),
@@ -415,3 +424,31 @@ def test_pdl_kernel_waits_before_it_touches_memory(name):
     assert first is None or wait < first.start()
     assert code.index("griddepcontrol.launch_dependents") > wait
     assert "griddepcontrol" not in ptx(0)
+
+
+def test_norm_rope_heads_sums_squares_as_rms_norm():
+    """norm_rope_heads reduces each head's sum of squares in the layout rms_norm does at that
+    width (values a thread, threads, warps; pointers 16-byte aligned as at a launch), so the
+    sums, and the bits after them, are rms_norm's."""
+    import re
+
+    def reduced(fn, args, constexprs, warps):
+        signature = {**args, **dict.fromkeys(constexprs, "constexpr")}
+        names = list(signature)
+        attrs = {(names.index(k),): [["tt.divisibility", 16]] for k, v in args.items()
+                 if v.startswith("*")}
+        ttgir = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs,
+                                         attrs=attrs),
+                               target=H200, options=dict(num_warps=warps)).asm["ttgir"]
+        layouts = dict(re.findall(r"^(#\w+) = (#ttg\.blocked<.*>)$", ttgir, re.M))
+        return [(int(w), layouts[name]) for w, name in
+                re.findall(r"\(tensor<(\d+)xf32, (#\w+)>\) -> f32", ttgir)]
+
+    fused = reduced(rowwise_heads._norm_rope_heads_kernel, HEADS, HEADS_SIZES, 1)
+    assert [w for w, _ in fused] == [256, 256, 128]
+    for width, layout in fused:
+        alone = reduced(norms._rms_norm_kernel,
+                        dict(x_ptr=BF, w_ptr=BF, y_ptr=BF, rows="i32", eps="fp32",
+                             stride_x="i32"),
+                        dict(D=width, G=width, BLOCK=width, PDL=1), norms._warps(width))
+        assert alone == [(width, layout)]

@@ -1,6 +1,6 @@
 """Row-wise tails of the layers, as torch ops: the hyper-connections' squash, mix and write,
-the GDN gates and q/k, RoPE, the PLE's n-gram rows and gate, the shared expert's SwiGLU and
-gated add.
+the GDN gates and q/k, RoPE (alone, and after the attention heads' norms), the PLE's n-gram
+rows and gate, the shared expert's SwiGLU and gated add.
 
 Each is the model's arithmetic written once, with torch's rounding to the inputs' dtype after
 every op; `triton.py` fuses each into one launch with the same roundings (the gated add is
@@ -123,6 +123,15 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = r // 2
     rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
     return torch.cat([xr * cos + rotated * sin, rest], dim=-1)
+
+
+def norm_rope_heads(
+    parts: list[tuple[torch.Tensor, torch.Tensor, float]], cos: torch.Tensor, sin: torch.Tensor
+) -> list[torch.Tensor]:
+    """The attention's heads made ready: each part (x [N, heads, D], weight [D], eps) through
+    the zero-centred rms_norm over each head's D values, then rope (cos, sin [N, R]) -> the
+    parts' [N, heads, D] (the queries, keys and indexer queries of a QSA layer)."""
+    return [rope(rms_norm(x, w, eps), cos, sin) for x, w, eps in parts]
 
 
 def ngram_ids(
