@@ -42,8 +42,9 @@ def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos:
     a failure code in the id's place), tok the ids, and pos moves on by one. The rows'
     residuals go to record = (rows [n, B, hc*H], k [1]) at rows[k], and k moves on (the MTP
     head's cells, absorbed when a stream drafts again). With `ring` [RING, B, 2] the step also
-    stores out into its slot, ring[(k - 1) % RING] (kernels.post_ring; the caller's slot for
-    step k - 1 of a call that set k to 0). Every op is the shared rounds' on the
+    stores out into its slot, ring[(k - 1) % RING] for the k it leaves (kernels.record_row
+    with post_ring's slot: the caller's for step k - 1 of a call that set k to 0). Every op
+    is the shared rounds' on the
     same rows (batched ops are row-invariant; attention, pooling and state commits read and
     write each session's own buffers: kernels.attend_sessions, with `tables` from
     session_tables, made where not given), so the bits are theirs."""
@@ -76,11 +77,10 @@ def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos:
             r, xn = layer.mlp_half(r, y, w, kernels), None
         else:
             r, xn = layer.mlp_half(r, y, w, kernels, then)
-    kernels.record_row(record[0], record[1], r)
     # the draw for pos + 1 (greedy: the first maximum), its flag, the next token, position
     (draw or kernels.greedy_step)(model.head_logits(r, xn), out, tok, pos)
-    if ring is not None:
-        kernels.post_ring(out, ring, record[1])
+    # the rows recorded for the MTP head, and the verdict posted, in one launch at the end
+    kernels.record_row(record[0], record[1], r, out, ring)
 
 
 def _next_read(model: FlashNext, idx: int):

@@ -47,6 +47,24 @@ def test_record_row_writes_row_k_and_moves_k_on(dtype, b):
     assert torch.equal(rows[0], torch.zeros_like(rows[0]))  # never written
 
 
+@pytest.mark.parametrize("b", [1, 3])
+def test_record_row_posts_the_verdict_in_the_slot_of_the_k_it_leaves(b):
+    pinned = DEVICE == "cuda"
+    if pinned and not trr.posts_to_pinned(torch.device(DEVICE)):
+        pytest.skip("this GPU's launcher does not store into pinned memory")
+    rows = torch.zeros(6, b, 3000, device=DEVICE)
+    k = torch.tensor([0], device=DEVICE)
+    ring = torch.full((4, b, 2), -1, dtype=torch.long, pin_memory=pinned)
+    for step in range(6):  # slots 0, 1, 2, 3, 0, 1
+        out = torch.arange(2 * b, device=DEVICE).view(b, 2) + 100 * step
+        r = torch.full((b, 3000), float(step), device=DEVICE)
+        trr.record_row(rows, k, r, out, ring)
+        if pinned:
+            torch.cuda.synchronize()
+        assert int(k) == step + 1 and torch.equal(rows[step], r)
+        assert torch.equal(ring[step % 4], out.cpu())
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_step_angles_are_cos_sin_twice_and_the_lengths(dtype):
     from flashlane.kernels.rowwise import triton as tr

@@ -273,8 +273,8 @@ def attend_sessions(
     q, k, v, iq, raw, caches, pos, cos, sin, weight, eps: float, block: int, top_blocks: int,
     scale: float, table: torch.Tensor | None = None, lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """reference.attend_sessions for B sessions in six launches whatever B (three row
-    writes, the pooling, the scores, the mask and the attention: each reads and writes the
+    """reference.attend_sessions for B sessions in five launches whatever B (the row writes,
+    the pooling, the scores, the mask and the attention: each reads and writes the
     sessions' caches in place through `table`, models.state.attn_table, built here when not
     given; a CUDA graph needs it built before the capture). Every row runs the arithmetic of
     the per-session kernels on its own session's values, so its bits are those of one
@@ -288,9 +288,8 @@ def attend_sessions(
                 scale, ops=_PER_SESSION)
         table = state.attn_table(caches)
     first = caches[0]
-    for dst, column, src in ((first.k, "k", k), (first.v, "v", v),
-                             (first.index_keys, "index_keys", raw)):
-        blocks_tr.put_rows(dst, column, table, pos, src)
+    blocks_tr.put_rows_three([first.k, first.v, first.index_keys], ["k", "v", "index_keys"],
+                             table, pos, [k, v, raw])
     blocks_tr.pool_block_at(first.index_keys, first.block_keys, pos, cos, sin, weight, eps,
                             block, table=table)
     nb = max(c.block_keys.shape[0] for c in caches)

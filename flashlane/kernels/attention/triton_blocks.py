@@ -116,15 +116,55 @@ def pool_block_at(index_keys, out, pos, cos, sin, weight, eps: float, block: int
 
 
 @triton.jit
-def _put_rows_kernel(src_ptr, dst_ptr, tab_ptr, pos_ptr, W, COL: tl.constexpr,
-                     BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
-    """Row i of src (W values) to session i's buffer (table column COL) at row pos[i]."""
-    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
-    i = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+def _put_row(src_ptr, dst_ptr, tab_ptr, pos_ptr, i, chunk, W, COL: tl.constexpr,
+             BLOCK: tl.constexpr):
+    """Chunk `chunk` of row i of src (W values) to session i's buffer (table column COL) at
+    row pos[i]."""
+    cols = chunk * BLOCK + tl.arange(0, BLOCK)
     m = cols < W
     at = tl.load(pos_ptr + i) * W + tl.load(tab_ptr + i * TABLE_WIDTH + COL)
     tl.store(dst_ptr + at + cols, tl.load(src_ptr + i * W + cols, mask=m), mask=m)
+
+
+@triton.jit
+def _put_rows_kernel(src_ptr, dst_ptr, tab_ptr, pos_ptr, W, COL: tl.constexpr,
+                     BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
+    _put_row(src_ptr, dst_ptr, tab_ptr, pos_ptr, tl.program_id(0), tl.program_id(1), W, COL,
+             BLOCK)
+
+
+@triton.jit
+def _put_three_kernel(s0, d0, s1, d1, s2, d2, tab_ptr, pos_ptr, W0, W1, W2,
+                      C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr,
+                      BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
+    i = tl.program_id(0)
+    which = tl.program_id(1)
+    if which == 0:
+        _put_row(s0, d0, tab_ptr, pos_ptr, i, 0, W0, C0, BLOCK)
+    elif which == 1:
+        _put_row(s1, d1, tab_ptr, pos_ptr, i, 0, W1, C1, BLOCK)
+    else:
+        _put_row(s2, d2, tab_ptr, pos_ptr, i, 0, W2, C2, BLOCK)
+
+
+def put_rows_three(dsts: list, columns: list[str], table: torch.Tensor, pos: torch.Tensor,
+                   srcs: list) -> None:
+    """put_rows for three buffers (the attention's keys, values and raw indexer keys) in one
+    launch where each row fits a block; else three launches. Copies: the same values."""
+    ws = [d[0].numel() for d in dsts]
+    if len(dsts) != 3 or max(ws) > 1024:
+        for dst, column, src in zip(dsts, columns, srcs, strict=True):
+            put_rows(dst, column, table, pos, src)
+        return
+    srcs = [s.reshape(s.shape[0], w).to(d.dtype).contiguous()
+            for s, w, d in zip(srcs, ws, dsts, strict=True)]
+    cols = [state.TABLE_COLUMNS.index(c) for c in columns]
+    _put_three_kernel[(srcs[0].shape[0], 3)](
+        srcs[0], dsts[0], srcs[1], dsts[1], srcs[2], dsts[2], table, pos, *ws, C0=cols[0],
+        C1=cols[1], C2=cols[2], BLOCK=triton.next_power_of_2(max(ws)), **pdl(dsts[0].device),
+    )
 
 
 def put_rows(dst: torch.Tensor, column: str, table: torch.Tensor, pos: torch.Tensor,

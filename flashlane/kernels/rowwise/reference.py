@@ -241,11 +241,15 @@ def post_ring(out: torch.Tensor, ring: torch.Tensor, k: torch.Tensor) -> None:
     ring[(int(k) - 1) % ring.shape[0]].copy_(out)
 
 
-def record_row(rows: torch.Tensor, k: torch.Tensor, r: torch.Tensor) -> None:
+def record_row(rows: torch.Tensor, k: torch.Tensor, r: torch.Tensor,
+               out: torch.Tensor | None = None, ring: torch.Tensor | None = None) -> None:
     """A lone step's residual rows r [B, W] kept for the MTP head, in place: rows[k] = r
-    (rows [n, B, W], k [1] on the device), then k moves on by one."""
+    (rows [n, B, W], k [1] on the device), then k moves on by one; with out and ring, then
+    post_ring(out, ring, k)."""
     rows.index_copy_(0, k, r[None])
     k.add_(1)
+    if ring is not None:
+        post_ring(out, ring, k)
 
 
 def gated_add(base: torch.Tensor, gate: torch.Tensor, s: torch.Tensor) -> torch.Tensor:

@@ -79,9 +79,10 @@ def embed_rows(weight: torch.Tensor, tok: torch.Tensor, copies: int, norm=None):
     return out
 
 
-@triton.jit(do_not_specialize=["width"])
-def _record_row_kernel(src_ptr, rows_ptr, k_ptr, count_ptr, width, PROGRAMS: tl.constexpr,
-                       BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+@triton.jit(do_not_specialize=["width", "n_out"])
+def _record_row_kernel(src_ptr, rows_ptr, k_ptr, count_ptr, out_ptr, ring_ptr, width, n_out,
+                       PROGRAMS: tl.constexpr, BLOCK: tl.constexpr, RING: tl.constexpr = 0,
+                       OUT_BLOCK: tl.constexpr = 16, PDL: tl.constexpr = 0):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     b = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -90,23 +91,34 @@ def _record_row_kernel(src_ptr, rows_ptr, k_ptr, count_ptr, width, PROGRAMS: tl.
     per = tl.num_programs(0).to(tl.int64) * width  # values a recorded step
     tl.store(rows_ptr + k * per + b * width + cols,
              tl.load(src_ptr + b * width + cols, mask=mask), mask=mask)
-    # the last program to get here (every program has read k) moves k on
+    # the last program to get here (every program has read k) moves k on, and with a RING
+    # posts the step's verdict into slot k (post_ring's, for the k it leaves)
     if last_to_arrive(count_ptr, PROGRAMS):
         tl.store(k_ptr, k + 1)
+        if RING:
+            at = tl.arange(0, OUT_BLOCK)
+            tl.store(ring_ptr + (k % RING) * n_out + at,
+                     tl.load(out_ptr + at, mask=at < n_out), mask=at < n_out)
 
 
-def record_row(rows: torch.Tensor, k: torch.Tensor, r: torch.Tensor) -> None:
-    """reference.record_row in one launch: rows[k] = r, then k += 1. The torch ops where the
-    partials' counters are not made yet (a capture before any split product)."""
+def record_row(rows: torch.Tensor, k: torch.Tensor, r: torch.Tensor,
+               out: torch.Tensor | None = None, ring: torch.Tensor | None = None) -> None:
+    """reference.record_row in one launch: rows[k] = r, then k += 1, and with out and ring
+    post_ring(out, ring, k) in that launch. The torch ops where the partials' counters are
+    not made yet (a capture before any split product)."""
     b, width = r.shape
     grid = (b, triton.cdiv(width, BLOCK))
     count = counters(r.device, 1)
     if count is None or grid[0] * grid[1] == 0 or not r.is_contiguous() \
             or rows.shape[1:] != r.shape or not rows.is_contiguous():
-        ref.record_row(rows, k, r)
+        ref.record_row(rows, k, r, out, ring)
         return
-    _record_row_kernel[grid](r, rows, k, count, width, PROGRAMS=grid[0] * grid[1], BLOCK=BLOCK,
-                             **pdl(r.device))
+    post = dict(RING=ring.shape[0], OUT_BLOCK=triton.next_power_of_2(max(out.numel(), 16))) \
+        if ring is not None else {}
+    _record_row_kernel[grid](r, rows, k, count, r if out is None else out.contiguous(),
+                             r if ring is None else ring, width,
+                             0 if out is None else out.numel(), PROGRAMS=grid[0] * grid[1],
+                             BLOCK=BLOCK, **post, **pdl(r.device))
 
 
 @triton.jit
