@@ -53,7 +53,6 @@ class Kernels:
     embed_rows: Callable
     record_row: Callable
     step_angles: Callable
-    post_ring: Callable
     ple_add: Callable
     push_history: Callable
 
@@ -92,7 +91,6 @@ REFERENCE = Kernels(
     embed_rows=rowwise_ref.embed_rows,
     record_row=rowwise_ref.record_row,
     step_angles=rowwise_ref.step_angles,
-    post_ring=rowwise_ref.post_ring,
     ple_add=rowwise_ref.ple_add,
     push_history=rowwise_ref.push_history,
 )

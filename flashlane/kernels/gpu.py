@@ -53,9 +53,8 @@ TRITON = Kernels(
     gated_heads=rowwise_tr.gated_heads,
     greedy_step=greedy_tr.greedy_step,  # a lone step's first maximum, flag, token, position
     embed_rows=rows_tr.embed_rows,  # a lone step's first rows, PDL launches (torch's are not)
-    record_row=rows_tr.record_row,
+    record_row=rows_tr.record_row,  # with the step's verdict stored into the pinned ring
     step_angles=rows_tr.step_angles,  # the rows' and their blocks' cos / sin, and lengths
-    post_ring=rows_tr.post_ring,  # a lone step's verdict stored into the pinned ring
     ple_add=ple_tr.ple_add,  # a lone step's r + (gated + conv) in one launch
     push_history=ple_tr.push_history,  # its n-gram ids moved on in place, in one launch
 )

@@ -192,8 +192,8 @@ class LoneDriver:
     @property
     def posts(self) -> bool:
         """Whether a plain step stores its verdict into the pinned ring itself
-        (kernels.post_ring) where the GPU can write host memory: then no copy is launched
-        after each graph."""
+        (kernels.record_row with the ring) where the GPU can write host memory: then no copy
+        is launched after each graph."""
         if self._posts is None:
             self._posts = not self.is_cuda or _posts_to_pinned(self.model, self.device)
         return self._posts
@@ -292,8 +292,8 @@ class LoneDriver:
 
 
 def _posts_to_pinned(model: FlashNext, device: torch.device) -> bool:
-    """Whether the model's kernels' post_ring stores into pinned memory here (the Triton
-    one, once probed; FLASHLANE_LONE_POST=0: never)."""
+    """Whether the model's kernels store a step's verdict into pinned memory here (the
+    Triton ones, once probed: `triton_rows.posts_to_pinned`; FLASHLANE_LONE_POST=0: never)."""
     if os.environ.get("FLASHLANE_LONE_POST", "1") == "0" or model.kernels.name != "triton":
         return False
     from flashlane.kernels.rowwise.triton_rows import posts_to_pinned
