@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 
 from flashlane.kernels.gdn import reference
+from flashlane.kernels.norms.triton import rows_view
 from flashlane.kernels.pdl import enter, pdl
 from flashlane.kernels.rowwise.triton import gdn_gate_values
 from flashlane.kernels.tables import TABLE_WIDTH, no_table
@@ -129,17 +130,10 @@ def _recurrent_gdn_kernel(
 
 def _rows(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(x, stride): x [B, T, ...] read where it lies when its (b, t) rows are evenly strided
-    with each row's values contiguous (v: the conv output's column slice of a batch of
-    sessions; a, b: the input projection's), else a contiguous copy; stride is the rows'."""
-    b, t = x.shape[:2]
-    width = math.prod(x.shape[2:])
-    try:
-        rows = x.view(b * t, width)
-    except RuntimeError:
-        rows = None
-    if rows is None or (rows.stride(-1) != 1 and width > 1):
-        return x.contiguous(), width
-    return x, rows.stride(0)
+    (v: the conv output's column slice of a batch of sessions; a, b: the input projection's),
+    else its rows copied (`rows_view`); stride is the rows'."""
+    rows = rows_view(x, math.prod(x.shape[2:]))
+    return (x if rows.data_ptr() == x.data_ptr() else rows), rows.stride(0)
 
 
 def _gate_args(g, beta, gates) -> dict:

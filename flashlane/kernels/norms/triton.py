@@ -74,7 +74,7 @@ def rms_norm(
     g = d if group is None else group
     if d % g:
         raise ValueError(f"rms_norm: width {d} is not a multiple of group {g}")
-    xc = _rows(x, d)  # a view where x's rows are evenly spaced (a column slice): no copy
+    xc = rows_view(x, d)  # a view where x's rows are evenly spaced (a column slice): no copy
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     programs = xc.numel() // g
     if programs:
@@ -95,9 +95,10 @@ def rms_norm(
     return y
 
 
-def _rows(x: torch.Tensor, d: int) -> torch.Tensor:
+def rows_view(x: torch.Tensor, d: int) -> torch.Tensor:
     """x as [rows, d] with unit column stride: a view where its rows are evenly spaced (the
-    attention's queries, a column slice of the projection), else a contiguous copy."""
+    attention's queries, a column slice of the projection; the GDN's v, a and b), else a
+    contiguous copy. A kernel then reads row i at rows_view(x, d).stride(0) * i."""
     if x.stride(-1) == 1:
         try:
             return x.view(-1, d)

@@ -155,6 +155,19 @@ def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
     return cos, sin
 
 
+@triton.jit
+def rotated(x, other, cols, row, cos_ptr, sin_ptr, stride_c, R: tl.constexpr,
+            dt: tl.constexpr):
+    """Rotate-half RoPE of a head's fp32 values x (columns `cols`), `other` holding each
+    rotated column's partner value (col +- R / 2) as read: `rope`'s arithmetic, each product
+    rounded to dt; the columns past R are x."""
+    rot = cols < R
+    other = tl.where(cols < R // 2, -other, other)
+    c = tl.load(cos_ptr + row * stride_c + cols, mask=rot, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + row * stride_c + cols, mask=rot, other=0.0).to(tl.float32)
+    return tl.where(rot, rounded(x * c, dt) + rounded(other * s, dt), x)
+
+
 @triton.jit(do_not_specialize=["heads", "stride_n", "stride_h", "stride_c"])
 def _rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, heads, stride_n, stride_h, stride_c,
                  D: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
@@ -170,10 +183,7 @@ def _rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, heads, stride_n, stride_h, stri
     x = tl.load(src + cols, mask=mask, other=0.0).to(tl.float32)
     partner = tl.where(cols < half, cols + half, cols - half)
     other = tl.load(src + partner, mask=rot, other=0.0).to(tl.float32)
-    other = tl.where(cols < half, -other, other)
-    c = tl.load(cos_ptr + row * stride_c + cols, mask=rot, other=0.0).to(tl.float32)
-    s = tl.load(sin_ptr + row * stride_c + cols, mask=rot, other=0.0).to(tl.float32)
-    y = tl.where(rot, rounded(x * c, dt) + rounded(other * s, dt), x)
+    y = rotated(x, other, cols, row, cos_ptr, sin_ptr, stride_c, R, dt)
     tl.store(y_ptr + (row * heads + head) * D + cols, y.to(dt), mask=mask)
 
 

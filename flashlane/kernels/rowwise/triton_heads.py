@@ -17,7 +17,7 @@ import triton.language as tl
 
 from flashlane.kernels.norms.triton import _warps, rms_factor
 from flashlane.kernels.pdl import enter, pdl
-from flashlane.kernels.rowwise.triton import rounded
+from flashlane.kernels.rowwise.triton import rotated, rounded
 
 PARTS = 3  # parts a launch (q, k, the indexer's q); more take more launches
 
@@ -42,10 +42,7 @@ def _norm_rope_head(x_ptr, w_ptr, y_ptr, row, head, heads, stride_n, stride_h, c
     other = tl.load(src + partner, mask=rot, other=0.0).to(tl.float32)
     wp = tl.load(w_ptr + partner, mask=rot, other=0.0).to(tl.float32)
     other = rounded((other * r) * (1.0 + wp), dt)
-    other = tl.where(cols < half, -other, other)
-    c = tl.load(cos_ptr + row * stride_c + cols, mask=rot, other=0.0).to(tl.float32)
-    s = tl.load(sin_ptr + row * stride_c + cols, mask=rot, other=0.0).to(tl.float32)
-    y = tl.where(rot, rounded(x * c, dt) + rounded(other * s, dt), x)
+    y = rotated(x, other, cols, row, cos_ptr, sin_ptr, stride_c, R, dt)
     tl.store(y_ptr + (row * heads + head) * D + cols, y.to(dt), mask=mask)
 
 
