@@ -104,7 +104,8 @@ SUMS = {"fixup": True, "sum-kernel": False}
 
 @pytest.mark.parametrize("sums", SUMS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("nk", LINEAR_NK[:3] + ([(2560, 2560), (512, 2560)] if HAS_CUDA else []))
+@pytest.mark.parametrize("nk", LINEAR_NK[:3] + ([(2560, 2560), (512, 2560), (2560, 6144)]
+                                               if HAS_CUDA else []))
 def test_linear_row_invariant(nk, dtype, sums, monkeypatch):
     monkeypatch.setattr(tlin, "_FIXUP", SUMS[sums])
     n, k = nk

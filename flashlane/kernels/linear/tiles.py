@@ -15,6 +15,11 @@ _TARGET_PROGRAMS = 264
 _MIN_BLOCKS_PER_PART = 2
 # rows up to which a call takes the decode tile (tile_config), above it prefill_tile
 DECODE_ROWS = 64
+# rows up to which a decode tile runs on mma.sync rows of 16 whatever the weight's size:
+# wgmma's rows of 64 computed 63 empty rows at one row (tune_linears_h200.log, 1 / 16 / 64
+# rows: the output projections' 2560 x 6144 7.5 / 8.0 / 28.7 us on rows of 16 against
+# 9.8 / 10.6 / 12.9 on rows of 64; 16480 x 2560 22.3 / 22.8 / 41.1 against 22.7 / 23.1 / 23.8)
+FEW_ROWS = 16
 # outputs up to this wide, split in six partitions or more, take decode tiles of 32 columns
 _NARROW = 512
 # and over this many K blocks or more, partitions of at least this many blocks
@@ -59,6 +64,15 @@ def tile_config(n: int, k: int, dtype: torch.dtype) -> dict:
         num_warps=warps,
         num_stages=stages,
     )
+
+
+def row_tile(m: int, n: int, k: int, dtype: torch.dtype) -> dict:
+    """The tile of a call of m rows: prefill_tile above DECODE_ROWS, else tile_config's, in
+    rows of FEW_ROWS up to FEW_ROWS rows. The shapes follow m; the partitions never do."""
+    if m > DECODE_ROWS:
+        return prefill_tile(n, k, dtype)
+    t = tile_config(n, k, dtype)
+    return dict(t, BLOCK_M=FEW_ROWS) if m <= FEW_ROWS < t["BLOCK_M"] else t
 
 
 @functools.cache

@@ -6,13 +6,13 @@ Row invariance (a row's output is bitwise the same whatever M, its offset and th
   (N, K, dtype); each partition accumulates its K in ascending order from zero in fp32, and
   the partitions are added in ascending order: `((p0 + p1) + p2) + ...`;
 * the tile's shape (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) follows the call's row count
-  (`tiles.py`: `tile_config` up to DECODE_ROWS rows, `prefill_tile` above), never the
-  partitions. A product's bits depend on the partitions and on the tensor cores' k-steps of
-  16, which run in the same order in every tile: on the H200 every tile of
-  `benchmarks/tune_linears.py` (BLOCK_M 16 on mma.sync, 64 and 128 on wgmma, BLOCK_N
-  64/128, BLOCK_K 64/128, 4/8 warps) gave the same bits for the same spans, normal and
-  exponent-spread inputs, and
-  tests/kernels/test_triton_dense.py checks a row alone against the same row in 200.
+  (`tiles.py` `row_tile`: `tile_config` up to DECODE_ROWS rows, in rows of 16 up to 16
+  rows, `prefill_tile` above), never the partitions. A product's bits depend on the
+  partitions and on the tensor cores' k-steps of 16, which run in the same order in every
+  tile: on the H200 every tile of `benchmarks/tune_linears.py` (BLOCK_M 16 on mma.sync, 64
+  and 128 on wgmma, BLOCK_N 64/128, BLOCK_K 64/128, 4/8 warps) gave the same bits for the
+  same spans, normal and exponent-spread inputs, and tests/kernels/test_triton_dense.py
+  checks a row alone against the same row in 200.
 
 Where the partition sums happen is chosen by M too, and does not change a bit: with few row
 tiles (decode) each partition is its own program writing an fp32 partial, and the last
@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlane.kernels.linear.tiles import DECODE_ROWS, prefill_tile, tile_config
+from flashlane.kernels.linear.tiles import DECODE_ROWS, prefill_tile, row_tile, tile_config
 from flashlane.kernels.partials import add_partials, counters, last_to_arrive
 from flashlane.kernels.pdl import enter, pdl
 
@@ -326,7 +326,7 @@ def linear(
     fp32_products = x.dtype == torch.float32 or (
         out_dtype == torch.float32 and not _TENSOR_CORE_FP32_OUT)
     tile_dtype = torch.float32 if fp32_products else x.dtype
-    cfg = tile or (tile_config if m <= DECODE_ROWS else prefill_tile)(n, k, tile_dtype)
+    cfg = tile or row_tile(m, n, k, tile_dtype)
     bm, bn, parts = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["PARTS"]
     m_tiles, n_tiles = triton.cdiv(m, bm), triton.cdiv(n, bn)
     # a tile's SPLIT (False: every partition in its program) overrides the row-tile count's
