@@ -42,30 +42,33 @@ def main() -> None:
              for _ in range(READS)]
     r0 = torch.randn(1, HC * H, device=d).to(bf)
     today = tile_config(LOW + HC, HC * H, bf)
-    variants = {"today": None}
-    for bn in (16, 32):  # on the H200 (9f368f2): 49-74 us a read against today's 16.3
-        for warps in (4, 8):
-            variants[f"one program n{bn} w{warps}"] = dict(today, BLOCK_N=bn, SPLIT=False,
-                                                           num_warps=warps)
-    for bn in (32, 64):  # other partitions of K: other bits ("new bits" in the table)
-        for per in (1, 4, 8):
-            k_blocks = -(-HC * H // today["BLOCK_K"])
-            variants[f"p{-(-k_blocks // per)} n{bn} new bits"] = dict(
-                today, BLOCK_N=bn, PARTS=-(-k_blocks // per), BLOCKS_PER_PART=per)
-    variants["today s2"] = dict(today, num_stages=2)
-    variants["today n64"] = dict(today, BLOCK_N=64)
+    up_today = tile_config(HC * H, LOW, bf)
+    # (down tile, up tile): None is today's; every variant keeps the partitions, so the bits
+    variants = {"today": (None, None)}
+    for warps in (2, 8):
+        variants[f"down w{warps}"] = (dict(today, num_warps=warps), None)
+        variants[f"up w{warps}"] = (None, dict(up_today, num_warps=warps))
+    variants["down k64 s4"] = (dict(today, BLOCK_K=64, BLOCKS_PER_PART=2 * today["BLOCKS_PER_PART"],
+                                    num_stages=4), None)
+    variants["down s4"] = (dict(today, num_stages=4), None)
+    variants["up k64 s4"] = (None, dict(up_today, BLOCK_K=64, BLOCKS_PER_PART=5, num_stages=4))
+    variants["up k64 s2"] = (None, dict(up_today, BLOCK_K=64, BLOCKS_PER_PART=5, num_stages=2))
+    variants["up n128"] = (None, dict(up_today, BLOCK_N=128))
+    variants["up k64 s4 n128"] = (None, dict(up_today, BLOCK_K=64, BLOCKS_PER_PART=5,
+                                             num_stages=4, BLOCK_N=128))
 
-    def chain(tile):
+    def chain(tiles):
+        down_tile, up_tile = tiles
         r = r0
         for w in reads:
             xn = rms_norm(r, w["norm"], 1e-6, H)
-            both = linear(xn, w["down"], squash=(LOW, HC), tile=tile)
-            a, mix = hc_up_mix(both[:, :LOW], w["up"], xn, both[:, LOW:], HC)
+            both = linear(xn, w["down"], squash=(LOW, HC), tile=down_tile)
+            a, mix = hc_up_mix(both[:, :LOW], w["up"], xn, both[:, LOW:], HC, tile=up_tile)
             r = hc_write(r, a, mix)
         return r
 
-    want = chain(None)
-    print(f"{READS} reads at one row in one graph; today's down tile: {today}")
+    want = chain((None, None))
+    print(f"{READS} reads at one row in one graph; today's down tile: {today}, up: {up_today}")
     results = []
     for name, tile in variants.items():
         try:
@@ -74,7 +77,7 @@ def main() -> None:
         except Exception as e:  # a tile the compiler refuses: say so, go on
             print(f"  {name:<24} {type(e).__name__}: {e}")
             continue
-        results.append(dict(down_tile=name, us_a_read=us, same_bits=same))
+        results.append(dict(tiles=name, us_a_read=us, same_bits=same))
         print(f"  {name:<24} {us:7.2f} us a read  {'same bits' if same else 'other bits'}")
     rows = 8192
     both = torch.randn(rows, LOW + HC + 12, device=d).to(bf)  # hc_down's padded rows

@@ -179,7 +179,7 @@ def _hc_up_mix_kernel(
 
 
 def hc_up_mix(squashed: torch.Tensor, up: torch.Tensor, xn: torch.Tensor,
-              inject: torch.Tensor | None, hc: int):
+              inject: torch.Tensor | None, hc: int, tile: dict | None = None):
     """hc_mix(linear(squashed, up), xn, inject, hc) in one launch, bit for bit: a tile holds
     every stream of its outputs (the up projection's columns c * H + h for each c), so the
     mix runs on the sums before they are stored; the mix logits never go to memory. The
@@ -188,7 +188,7 @@ def hc_up_mix(squashed: torch.Tensor, up: torch.Tensor, xn: torch.Tensor,
     4 streams; else the two launches, with the same bits: above DECODE_ROWS (at 8,192 rows
     431 against 266 us, benchmarks/hc_read_chain.py), and fp32 on a GPU (its compiler may
     contract a product and a sum into one FMA in one kernel and not the other: 3 streams,
-    70 rows)."""
+    70 rows). tile: tile_config's keys, to time another tile (benchmarks/hc_read_chain.py)."""
     m, k = squashed.shape
     n = up.shape[0]
     fp32_gpu = squashed.dtype == torch.float32 and squashed.is_cuda
@@ -200,7 +200,7 @@ def hc_up_mix(squashed: torch.Tensor, up: torch.Tensor, xn: torch.Tensor,
     w = None if inject is None else torch.empty((m, hc), dtype=xn.dtype, device=xn.device)
     if m == 0 or h == 0:
         return a, w
-    cfg = tile_config(n, k, squashed.dtype)
+    cfg = tile or tile_config(n, k, squashed.dtype)
     hc_p2 = triton.next_power_of_2(hc)
     hb = cfg["BLOCK_N"] // hc_p2
     launch = pdl(xn.device)
