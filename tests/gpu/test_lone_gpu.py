@@ -14,7 +14,7 @@ from flashlane.request import SamplingParams
 from flashlane.runner.backend import copy_session
 from flashlane.runner.lone import LoneDriver
 from tests.gpu.test_exact_gpu import gpu_model, new_session, prefilled, prompts, run_windows  # noqa: F401
-from tests.runner.test_lone import state_of
+from tests.runner.test_lone import assert_same_states
 
 pytestmark = [
     pytest.mark.cuda,
@@ -57,9 +57,7 @@ def test_lone_steps_equal_shared_rounds_bitwise(gpu_model, graphed, which):  # n
     n += driver.decode(0, got[-1], s.length, 14, take)  # a second call replays the same graph
     assert n == 24 and got == want
     assert len(driver.graphs) == (1 if graphed else 0)
-    assert s.length == ref.length
-    for a, b in zip(state_of(s), state_of(ref)):
-        assert torch.equal(a, b)
+    assert_same_states([s], [ref])
 
 
 def test_engine_replies_lone_and_shared_agree(tiny_ckpt):
@@ -105,10 +103,7 @@ def test_sessions_together_equal_shared_rounds_bitwise(gpu_model, graphed):  # n
     n = driver.decode_many([0, 1, 2], [3, 3, 3], starts, 12, takes, [-1] * 3, [None] * 3)
     assert n == 12 and got == wants
     assert len(driver.graphs) == (1 if graphed else 0)
-    for s, ref in zip(sessions, refs):
-        assert s.length == ref.length
-        for a, b in zip(state_of(s), state_of(ref)):
-            assert torch.equal(a, b)
+    assert_same_states(sessions, refs)
 
 
 @pytest.mark.parametrize("graphed", [True, False])
@@ -143,9 +138,7 @@ def test_drafted_steps_equal_shared_rounds_bitwise(gpu_model, graphed, depth, b,
         ref = copy_of(cfg, bases[i])
         for token in got[i][:-1]:
             run_windows(model, [(ref, [token])], keep=True)
-        assert s.length == ref.length
-        for x, y in zip(state_of(s), state_of(ref)):
-            assert torch.equal(x, y)
+        assert_same_states([s], [ref])
 
 
 def test_engine_drafted_lone_replies_equal_plain_replies():

@@ -20,7 +20,7 @@ from flashlane.sampling.gpu import draw_rows_gpu
 from flashlane.sampling.lone_draw import KeyedDraw
 from tests.gpu.test_exact_gpu import gpu_model, prefilled, prompts, run_windows  # noqa: F401
 from tests.gpu.test_lone_gpu import copy_of
-from tests.runner.test_lone import state_of
+from tests.runner.test_lone import assert_same_states
 
 pytestmark = [
     pytest.mark.cuda,
@@ -70,10 +70,7 @@ def lone_equals_rounds(cfg, model, params, seeds, graphed: bool, prompt_ids=(3, 
                             12, takes, [-1] * b, draws)  # a second call replays the graph
     assert n == 20 and got == wants
     assert len(driver.graphs) == (1 if graphed else 0)
-    for s, ref in zip(sessions, refs):
-        assert s.length == ref.length
-        for x, y in zip(state_of(s), state_of(ref)):
-            assert torch.equal(x, y)
+    assert_same_states(sessions, refs)
 
 
 @pytest.mark.parametrize("mix", list(MIXES))

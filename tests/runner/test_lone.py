@@ -40,6 +40,14 @@ def state_of(s: SessionState) -> list[torch.Tensor]:
     return out
 
 
+def assert_same_states(sessions, refs) -> None:
+    """Each session bitwise its reference's: its length and every tensor it reads back."""
+    for s, ref in zip(sessions, refs):
+        assert s.length == ref.length
+        for a, b in zip(state_of(s), state_of(ref)):
+            assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("which", [1, 3])  # 70 and 130 prompt tokens: sparse blocks chosen
 def test_lone_steps_equal_shared_rounds_bit_for_bit(tiny_ckpt, which):
     cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
@@ -60,8 +68,7 @@ def test_lone_steps_equal_shared_rounds_bit_for_bit(tiny_ckpt, which):
     n += driver.decode(0, got[-1], len(prompt) + n, 17, take)
     assert n == 29 and got == want
     assert s.length == ref.length == len(prompt) + 29
-    for a, b in zip(state_of(s), state_of(ref)):
-        assert torch.equal(a, b)
+    assert_same_states([s], [ref])
 
 
 def test_sessions_decoded_together_equal_each_alone(tiny_ckpt):

@@ -80,14 +80,19 @@ def test_greedy_and_sampled_streams_together_reply_as_shared_rounds(llm):
     assert driver.num_steps > 10 and driver.widest == 4
 
 
-def test_sampled_lone_hands_off_when_work_arrives_and_takes_back(llm):
+def hands_off_and_takes_back(llm, params) -> None:
+    """Four streams with these params on the lone driver, interrupted by arriving work every
+    6 steps: the replies of shared rounds."""
     ps = prompts()[:4]
-    params = SAMPLED[:4]
     want = [o.token_ids for o in shared(llm, ps, params)]
     driver = with_lone(llm, 4)
     got, _ = with_arrivals(llm, ps, params, 5, interrupt_every=6)
     assert got == want
     assert driver.num_steps > 0
+
+
+def test_sampled_lone_hands_off_when_work_arrives_and_takes_back(llm):
+    hands_off_and_takes_back(llm, SAMPLED[:4])
 
 
 def test_drafting_sampled_stream_runs_plain_keyed_steps(tiny_ckpt):

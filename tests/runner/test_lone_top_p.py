@@ -21,7 +21,7 @@ from flashlane.sampling.lone_draw import UNSETTLED, KeyedDraw
 from tests.kernels.triton_env import needs_triton
 from tests.runner.test_exact import prompts
 from tests.runner.test_lone import lone_run, prefilled, with_arrivals, with_lone
-from tests.runner.test_lone_sampled import llm, shared  # noqa: F401
+from tests.runner.test_lone_sampled import hands_off_and_takes_back, llm, shared  # noqa: F401
 
 SETTLE = KeyedDraw.settle
 
@@ -67,13 +67,7 @@ def test_greedy_and_top_p_streams_together_reply_as_shared_rounds(llm):  # noqa:
 
 
 def test_top_p_lone_hands_off_mid_reply_and_takes_back(llm):  # noqa: F811
-    ps = prompts()[:4]
-    params = TOP_P[:4]
-    want = [o.token_ids for o in shared(llm, ps, params)]
-    driver = with_lone(llm, 4)
-    got, _ = with_arrivals(llm, ps, params, 5, interrupt_every=6)
-    assert got == want
-    assert driver.num_steps > 0
+    hands_off_and_takes_back(llm, TOP_P[:4])
 
 
 def unsettle_top_p_rows(monkeypatch) -> list[int]:

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlane.kernels.linear.tiles import DECODE_ROWS, tile_config
+from flashlane.kernels.linear.tiles import DECODE_ROWS, row_tile
 from flashlane.kernels.linear.triton import linear, partition_sum, prefetch_rows, prefetch_span
 from flashlane.kernels.norms.triton import rms_factor
 from flashlane.kernels.pdl import enter, pdl
@@ -200,7 +200,7 @@ def hc_up_mix(squashed: torch.Tensor, up: torch.Tensor, xn: torch.Tensor,
     w = None if inject is None else torch.empty((m, hc), dtype=xn.dtype, device=xn.device)
     if m == 0 or h == 0:
         return a, w
-    cfg = tile or tile_config(n, k, squashed.dtype)
+    cfg = tile or row_tile(m, n, k, squashed.dtype)
     hc_p2 = triton.next_power_of_2(hc)
     hb = cfg["BLOCK_N"] // hc_p2
     launch = pdl(xn.device)
