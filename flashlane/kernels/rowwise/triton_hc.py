@@ -185,14 +185,19 @@ def hc_up_mix(squashed: torch.Tensor, up: torch.Tensor, xn: torch.Tensor,
     mix runs on the sums before they are stored; the mix logits never go to memory. The
     linear's tile and partitions of the up projection, in one program each. At decode rows
     (up to DECODE_ROWS; on the H200 6.0 us a read against 8.0 + 3.9 at one row) and up to
-    4 streams; else the two launches, with the same bits: above DECODE_ROWS (at 8,192 rows
-    431 against 266 us, benchmarks/hc_read_chain.py), and fp32 on a GPU (its compiler may
-    contract a product and a sum into one FMA in one kernel and not the other: 3 streams,
-    70 rows). tile: tile_config's keys, to time another tile (benchmarks/hc_read_chain.py)."""
+    4 streams, a power of two (3 did not give the two launches' bits on the H200: the
+    issue-26 shape sweep); else the two launches, with the same bits: above DECODE_ROWS
+    (at 8,192 rows 431 against 266 us, benchmarks/hc_read_chain.py), and fp32 on a GPU
+    (its compiler may contract a product and a sum into one FMA in one kernel and not the
+    other: 3 streams, 70 rows). tile: tile_config's keys, to time another tile
+    (benchmarks/hc_read_chain.py)."""
     m, k = squashed.shape
     n = up.shape[0]
     fp32_gpu = squashed.dtype == torch.float32 and squashed.is_cuda
-    if hc > 4 or squashed.stride(-1) != 1 or n % hc or fp32_gpu or m > DECODE_ROWS:
+    # 3 streams (a tile of 4 with one masked) gave other bits than the two launches on the
+    # H200 at every row count, so a batch on one path and a lone row on the other differed
+    if hc not in (1, 2, 4) or squashed.stride(-1) != 1 or n % hc or fp32_gpu \
+            or m > DECODE_ROWS:
         return hc_mix(linear(squashed, up), xn, inject, hc)
     h = n // hc
     up, xn = up.contiguous(), xn.contiguous()
