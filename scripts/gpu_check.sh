@@ -3,7 +3,7 @@
 # machine from the repository root:
 #
 #     bash scripts/gpu_check.sh                      # everything
-#     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, exact, benches, model, drafts, diag, serve
+#     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, exact, sweep, benches, model, drafts, diag, serve
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
 #          exactness of the engine on the GPU, the GPU sampler), then 10,000 full-width rows
@@ -22,6 +22,9 @@
 #          weights (benchmarks/cold_linears.py), 24 chained hyper-connection reads
 #          (benchmarks/hc_read_chain.py) and the MoE's router, pick and layout by warps
 #          (benchmarks/route_warps.py)
+# sweep:   issue 26's shape sweep: 20 seeded random small qwen4_exp configs, each served
+#          alone, batched with 2 and 15 others, drafted, resumed and moved, replies compared
+#          token for token (benchmarks/shape_sweep.py; SWEEP_ARGS overrides its arguments)
 # serve:   `flashlane serve` (the embedded model) on the GPU, measured by `flashlane bench
 #          serve` (SERVE_ARGS overrides its arguments), with the lone driver taking one
 #          stream (the default) and up to SERVE_LONE (16) together. Needs fastapi/uvicorn:
@@ -62,6 +65,14 @@ if [[ " $steps " == *" exact "* ]]; then
     echo "== python -m pytest -m 'cuda or triton' $exact_tests"
     python -m pytest -m "cuda or triton" -q -rf --tb=short -p no:cacheprovider $exact_tests \
         2>&1 | tee "$out/gpu_exact_$stamp.log" || failed+=("exact")
+fi
+
+if [[ " $steps " == *" sweep "* ]]; then
+    echo "== python benchmarks/shape_sweep.py ${SWEEP_ARGS:---device cuda}"
+    # shellcheck disable=SC2086
+    python benchmarks/shape_sweep.py ${SWEEP_ARGS:---device cuda} \
+        --json "$out/shape_sweep_$stamp.json" 2>&1 | tee "$out/shape_sweep_$stamp.log" \
+        || failed+=("sweep")
 fi
 
 if [[ " $steps " == *" benches "* ]]; then

@@ -1,3 +1,4 @@
+import gc
 import os
 
 import pytest
@@ -33,3 +34,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords and not (interpret and "triton" in item.keywords):
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_gpu_memory_after_module():
+    """On a GPU, what a module's tests and fixtures built (models, CUDA graphs and their
+    pools, engines in reference cycles) is collected and returned to the device before the
+    next module, so that tests/gpu runs in one process (it held 101 GiB by test_pdl_gpu)."""
+    yield
+    if torch.cuda.is_available():
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+@pytest.fixture(autouse=True)
+def _free_gpu_memory_after_test():
+    yield
+    if torch.cuda.is_available():
+        gc.collect()
+        torch.cuda.empty_cache()

@@ -5,7 +5,13 @@ checkpoint (random weights: near-flat rows) on random ids. Both are also set aga
 model in bf16 on the CPU (the reference kernels): random weights amplify bf16 rounding layer
 after layer (the CPU's own bf16 logits differ from its fp32 ones by 2.2 on logits up to 3.2),
 so there the GPU is held to the CPU's bf16 error, not to a fraction of the logits. The figures
-are printed and, when $OUT is set (the GPU machine), written to $OUT/gpu_vs_cpu_logits.json."""
+are printed and, when $OUT is set (the GPU machine), written to $OUT/gpu_vs_cpu_logits.json.
+
+The bounds are set from those figures, measured on the H200 on 2026-12-01 (torch 2.11,
+triton 3.6), with about twice the measured error as margin, so that a kernel that loses
+precision fails here instead of passing a bound 19 times too loose: the default model's
+top-1 agreement 1.0, largest error 0.097 and mean error 0.0109 (its largest logit 18.5); the
+tiny oracle's GPU error 1.07x (largest) and 1.004x (mean) the CPU's own bf16 error."""
 
 import json
 import os
@@ -69,8 +75,9 @@ def compare(name: str, folder, ids: list[int]) -> dict:
 def test_default_model_bf16_gpu_against_fp32_cpu():
     ids = Tokenizer.from_file(str(DEFAULT / "tokenizer.json")).encode(TEXT).ids
     fig = compare("default_model", DEFAULT, ids)
-    assert fig["top1_agreement"] >= 0.9
-    assert fig["max_abs_error"] <= 0.1 * fig["max_abs_logit"]
+    assert fig["top1_agreement"] >= 0.97  # measured 1.0 over 89 tokens
+    assert fig["max_abs_error"] <= 0.2  # measured 0.097
+    assert fig["mean_abs_error"] <= 0.022  # measured 0.0109
 
 
 def test_tiny_oracle_bf16_gpu_against_fp32_cpu(tiny_ckpt):
@@ -79,5 +86,5 @@ def test_tiny_oracle_bf16_gpu_against_fp32_cpu(tiny_ckpt):
     fig = compare("tiny_oracle_random_weights", tiny_ckpt, ids)
     # near-flat random rows: bf16 itself moves the top-1 (0.70 on the CPU)
     assert fig["top1_agreement"] >= 0.5
-    assert fig["max_abs_error"] <= 1.5 * fig["cpu_bf16_max_abs_error"]
-    assert fig["mean_abs_error"] <= 1.5 * fig["cpu_bf16_mean_abs_error"]
+    assert fig["max_abs_error"] <= 1.25 * fig["cpu_bf16_max_abs_error"]  # measured 1.07x
+    assert fig["mean_abs_error"] <= 1.1 * fig["cpu_bf16_mean_abs_error"]  # measured 1.004x
