@@ -22,9 +22,11 @@ from flashlane.models.config import ModelConfig
 from flashlane.models.flashnext import FlashNext
 from flashlane.models.loader import load_checkpoint
 from flashlane.models.state import SessionState
+from flashlane.request import SeedSource
 from flashlane.runner.backend import ModelBackend
 from flashlane.runner.costs import describe, time_costs
 from flashlane.sessions import memory
+from flashlane.sessions.limits import read_ram_bytes
 from flashlane.sessions.slots import parse_slot_contexts
 
 
@@ -75,7 +77,10 @@ class Engine:
             self.model_config, self.model = built
             self.tokenizer, self.generation_defaults, self.chat_template = None, {}, None
             self.name = "a model built in memory"
+        if config.chat_template is not None:
+            self.chat_template = read_template(config.chat_template)
         cfg = self.model_config
+        self.seeds = SeedSource(config.seed)
         self.kernels = select_kernels(self.device, log=self.log)
         self.model.use_kernels(self.kernels)
         self.max_rows = config.max_rows or (64 if self.device.startswith("cuda") else 16)
@@ -170,7 +175,11 @@ class Engine:
         gpu_total = (
             torch.cuda.get_device_properties(self.device).total_memory if kind == "cuda" else None
         )
-        limit = memory.resolve_limit_bytes(c.memory_limit_gb, {}, kind, gpu_total)
+        limit_gb = c.memory_limit_gb
+        if limit_gb is None and c.gpu_memory_utilization is not None:
+            total = gpu_total if kind == "cuda" else read_ram_bytes()
+            limit_gb = c.gpu_memory_utilization * total / memory.GIB
+        limit = memory.resolve_limit_bytes(limit_gb, {}, kind, gpu_total)
         cache_bytes = memory.resolve_prompt_cache_bytes(c.prompt_cache_gb, kind, limit)
         wbytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         return memory.plan(
@@ -224,3 +233,11 @@ def _chat_template(path: Path) -> str | None:
     if (path / "chat_template.jinja").exists():
         return (path / "chat_template.jinja").read_text()
     return _json(path / "tokenizer_config.json").get("chat_template")
+
+
+def read_template(given: str) -> str:
+    """--chat-template: a file's text, or the template itself (vLLM takes either)."""
+    file = Path(given)
+    if "{" not in given and not file.is_file():
+        raise ValueError(f"--chat-template {given!r}: no such file (nor a jinja template)")
+    return file.read_text() if "{" not in given else given

@@ -166,7 +166,7 @@ async def _tokenize(request: Request) -> Response:
             template_messages(req.messages),
             tools=[t.model_dump(exclude_none=True) for t in req.tools or ()],
             add_generation_prompt=req.add_generation_prompt,
-            template_kwargs=req.chat_template_kwargs,
+            template_kwargs=state.template_kwargs(req.chat_template_kwargs),
         )
         ids = state.encode(text, special=False, param="messages")
     else:

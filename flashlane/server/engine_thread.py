@@ -46,6 +46,8 @@ class AsyncEngine:
         self.context_len = max(e.plan.capacities)
         self.generation_defaults = e.generation_defaults
         self.chat_template = e.chat_template
+        self.seeds = e.seeds
+        self.chat_template_kwargs = self.config.chat_template_kwargs
         self.eos_token_ids = sorted(e.host.rules.eos_ids)
         self._inbox: queue.Queue = queue.Queue()
         # a lone stream returns to shared rounds after its next step when requests or aborts
@@ -65,6 +67,9 @@ class AsyncEngine:
         request_id: str,
         boundaries: Sequence[int] = (),
     ) -> AsyncIterator[RequestOutput]:
+        if params.n != 1:
+            raise ValueError("AsyncEngine.stream runs one choice: stream n requests, choice j "
+                             "with seed + j (LLM.generate gathers them)")
         loop = asyncio.get_running_loop()
         sink: asyncio.Queue = asyncio.Queue()
         accepted: Future = Future()
@@ -183,9 +188,9 @@ class AsyncEngine:
 
 def start_engine(args) -> AsyncEngine:
     """The engine `flashlane serve` runs, from its parsed flags."""
-    from flashlane.cli import engine_options
+    from flashlane.flags import engine_options, model_of
 
     opts = engine_options(args)
     return AsyncEngine(
-        model=args.model, served_model_name=getattr(args, "served_model_name", None), **opts
+        model=model_of(args), served_model_name=getattr(args, "served_model_name", None), **opts
     )
