@@ -110,8 +110,10 @@ def build_parser() -> FlagParser:
 
     gen = sub.add_parser("generate", help="generate a reply to one prompt")
     engine_flags(gen)
-    gen.add_argument("--prompt", default=None, help="the prompt text, or --prompt-ids (default: none)")
-    gen.add_argument("--prompt-ids", default=None, help="the prompt as token ids: 1,2,3 (default: none)")
+    gen.add_argument("--prompt", default=None,
+                     help="the prompt text, or --prompt-ids (default: none)")
+    gen.add_argument("--prompt-ids", default=None,
+                     help="the prompt as token ids: 1,2,3 (default: none)")
     gen.add_argument("--max-tokens", type=int, default=64, help="reply tokens (default: 64)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default: 0)")
     gen.add_argument("--top-k", type=int, default=0, help="0: no limit (default: 0)")
@@ -121,7 +123,8 @@ def build_parser() -> FlagParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object (default: text)")
 
     info = sub.add_parser("info", help="config, parameter counts and memory plan of a model")
-    info.add_argument("model_path", help="checkpoint folder or config.json (default: none, required)")
+    info.add_argument("model_path",
+                      help="checkpoint folder or config.json (default: none, required)")
     info.add_argument("--device", default=None, choices=["cuda", "cpu"],
                       help="the device to plan for (default: cuda)")
     info.add_argument("--context", type=int, default=None,
@@ -143,8 +146,10 @@ def build_parser() -> FlagParser:
     _serve_flags(serve)
 
     bench = sub.add_parser("bench", help="benchmarks: serve (a client) or model")
-    bench.add_argument("what", choices=["serve", "model"], help="which benchmark (default: none, required)")
-    bench.add_argument("rest", nargs=argparse.REMAINDER, help="its flags, see its --help (default: none)")
+    bench.add_argument("what", choices=["serve", "model"],
+                       help="which benchmark (default: none, required)")
+    bench.add_argument("rest", nargs=argparse.REMAINDER,
+                       help="its flags, see its --help (default: none)")
     return parser
 
 

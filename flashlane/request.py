@@ -141,6 +141,8 @@ class RequestStats:
     cached_tokens: int = 0  # prompt tokens resumed from the prompt cache
     moves: int = 0  # moves to a larger session
     pauses: int = 0  # rounds spent waiting for a session with room
+    preemptions: int = 0  # times it began such a wait (vLLM's preemptions)
+    queue_seconds: float = 0.0  # from submission to a session (vLLM's queue time)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
 

@@ -54,7 +54,10 @@ class AsyncEngine:
         # wait in the inbox, instead of after its lone driver's whole call
         e.host.interrupted = lambda: not self._inbox.empty()
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self._counters = {"drafted": 0, "accepted": 0, "rounds": 0}
+        # cumulative; the per-request ones are counted when a request ends
+        self._counters = dict.fromkeys(
+            ("drafted", "accepted", "rounds", "moves", "pauses", "preemptions"), 0
+        )
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="flashlane-engine", daemon=True)
         self._thread.start()
@@ -97,10 +100,19 @@ class AsyncEngine:
             "prompt_cache_queries": host.cache.num_queries,
             "prompt_cache_hits": host.cache.num_hits,
             "prompt_cache_hit_tokens": host.cache.num_hit_tokens,
+            "prompt_cache_query_tokens": host.cache.num_query_tokens,
+            "kv_cache_usage": self._kv_cache_usage(),
             "prompt_cache_bytes": host.cache.num_bytes,
             "prompt_cache_capacity_bytes": host.cache.capacity_bytes,
             **self._counters,
         }
+
+    def _kv_cache_usage(self) -> float:
+        """The share of all sessions' positions that live streams hold (0..1), vLLM's
+        kv_cache_usage_perc (our sessions are allocated whole, so this is their fill)."""
+        total = sum(self.engine.plan.capacities)
+        held = sum(s.start for s in list(self.engine.host.live))
+        return held / total if total else 0.0
 
     def prompt_logprobs(self, ids: list[int], top: int) -> list[dict[int, float] | None]:
         """Teacher-forced logprobs of each prompt token (None for the first), on a scratch
@@ -178,6 +190,9 @@ class AsyncEngine:
             del self._sinks[rid]
             self._counters["drafted"] += out.stats.drafted
             self._counters["accepted"] += out.stats.accepted
+            self._counters["moves"] += out.stats.moves
+            self._counters["pauses"] += out.stats.pauses
+            self._counters["preemptions"] += out.stats.preemptions
         try:
             loop.call_soon_threadsafe(q.put_nowait, out)
             if done:

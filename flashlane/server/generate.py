@@ -149,6 +149,7 @@ class ReplyRun:
         self._arrival = time.perf_counter()
         self._deadline = None if timeout is None else self._arrival + timeout
         self._first_token: float | None = None
+        self._last_token: float | None = None  # when the latest tokens arrived
         self._iter: AsyncIterator[RequestOutput] | None = None
         self._next: RequestOutput | None = None
         self.last: RequestOutput | None = None
@@ -215,8 +216,14 @@ class ReplyRun:
 
     def _piece(self, out: RequestOutput) -> Piece:
         self.last = out
+        now = time.perf_counter()
         if out.token_ids and self._first_token is None:
-            self._first_token = time.perf_counter()
+            self._first_token = now
+        num_new = len(out.token_ids) - self._sent_tokens
+        if num_new > 0 and self._last_token is not None:
+            self.metrics.tokens_arrived(now - self._last_token, num_new)
+        if num_new > 0:
+            self._last_token = now
         if out.finish_reason is not None:
             visible = len(out.text)
         else:
@@ -241,6 +248,9 @@ class ReplyRun:
             generation_tokens=len(out.token_ids) if out is not None else 0,
             ttft=ttft,
             e2e=now - self._arrival,
+            phases=None if out is None else (
+                out.stats.queue_seconds, out.stats.prefill_seconds, out.stats.decode_seconds
+            ),
         )
 
     def close(self) -> None:
