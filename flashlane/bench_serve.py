@@ -278,7 +278,8 @@ def bench_serve_main(argv: list[str]) -> int:
     result = asyncio.run(bench(args))
     print_table(result["levels"])
     if args.plot and not plot(result["levels"], args.plot):
-        print("matplotlib is not installed: no plot", file=sys.stderr)
+        print("matplotlib is not installed: no plot (pip install 'flashlane[bench]')",
+              file=sys.stderr)
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(result, f, indent=2)

@@ -125,6 +125,7 @@ class EngineConfig:
 
     @property
     def model_path(self) -> Path:
+        """The local folder `model` names (a hub id: see models.hub.resolve_model)."""
         return Path(self.model) if self.model else DEFAULT_MODEL
 
     def resolved_device(self) -> str:

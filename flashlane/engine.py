@@ -20,6 +20,7 @@ from flashlane.lanes.records import CostTable
 from flashlane.lanes.stops import StopRules
 from flashlane.models.config import ModelConfig
 from flashlane.models.flashnext import FlashNext
+from flashlane.models.hub import resolve_model
 from flashlane.models.loader import load_checkpoint
 from flashlane.models.state import SessionState
 from flashlane.request import SeedSource
@@ -65,14 +66,13 @@ class Engine:
             # Small CPU forwards are bound by Python, not arithmetic, and a second OpenMP
             # thread that waits for a busy core stalls every op (seen: 60 ms -> 2 s a round).
             torch.set_num_threads(1)
-        path = config.model_path
         weights, cache, state = compute_dtypes(self.device, config.dtype)
         if built is None:
+            path, self.name = resolve_model(config.model)
             self.model_config, self.model = load_checkpoint(path, weights, self.device)
             self.tokenizer = _tokenizer(path)
             self.generation_defaults = _json(path / "generation_config.json")
             self.chat_template = _chat_template(path)
-            self.name = path.name
         else:
             self.model_config, self.model = built
             self.tokenizer, self.generation_defaults, self.chat_template = None, {}, None
@@ -214,7 +214,7 @@ class Engine:
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
-            raise ValueError(f"{self.config.model_path} has no tokenizer.json: pass token ids")
+            raise ValueError(f"{self.name} has no tokenizer.json: pass token ids")
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
 

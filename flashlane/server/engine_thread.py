@@ -42,7 +42,7 @@ class AsyncEngine:
         self.engine = Engine(self.config, costs=costs)
         e = self.engine
         self.tokenizer = e.tokenizer
-        self.model_name = served_model_name or self.config.model_path.name
+        self.model_name = served_model_name or e.name
         self.context_len = max(e.plan.capacities)
         self.generation_defaults = e.generation_defaults
         self.chat_template = e.chat_template
