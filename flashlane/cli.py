@@ -40,7 +40,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         draft=not args.no_drafts,
     )
-    llm = LLM(model=model_of(args), **engine_options(args))
+    llm = LLM(model=_checked_model(args, needs_tokenizer=args.prompt is not None),
+              **engine_options(args))
     out = llm.generate(prompt, params)[0]
     if args.json:
         print(
@@ -62,6 +63,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if out.error:
             print(f"error: {out.error}", file=sys.stderr)
     return 1 if out.error else 0
+
+
+def _checked_model(args: argparse.Namespace, *, needs_tokenizer: bool) -> str | None:
+    """The model to load, checked before anything heavy (raises ValueError: one line)."""
+    from flashlane.preflight import preflight
+
+    model = model_of(args)
+    folder, name = preflight(model, device=args.device, needs_tokenizer=needs_tokenizer)
+    if getattr(args, "served_model_name", "") is None:
+        args.served_model_name = name if model is not None else None
+    return None if model is None else str(folder)
 
 
 def _stats(stats) -> dict:
@@ -163,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             from flashlane.server.serve import serve_main
 
+            # checked before the port is bound: a bad model or device is one line, exit 2
+            args.model, args.model_tag = _checked_model(args, needs_tokenizer=True), None
             serve_main(args)
             return 0
         if args.command == "bench":

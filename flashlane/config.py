@@ -129,11 +129,17 @@ class EngineConfig:
         return Path(self.model) if self.model else DEFAULT_MODEL
 
     def resolved_device(self) -> str:
-        if self.device != "auto":
-            return self.device
         import torch
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else "no GPU visible"
+            raise ValueError(
+                f"--device {self.device}: torch {torch.__version__} is {build}; use --device cpu"
+                " (or auto), or install a CUDA build of torch"
+            )
+        return self.device
 
 
 # vLLM's LLM(...) keyword -> ours

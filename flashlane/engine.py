@@ -6,8 +6,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -60,8 +62,12 @@ class Engine:
         """`built` serves a model made elsewhere (a random checkpoint on the GPU) instead of
         loading config.model_path; it has no tokenizer, so requests pass token ids."""
         self.config = config
-        self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.log = log or _default_log()
         self.device = config.resolved_device()
+        if self.device == "cpu" and config.dtype not in ("auto", "float64"):
+            logger.warning("--dtype %s: the CPU computes in float64 whatever the dtype (its "
+                           "GEMMs are row-invariant only so; README, Exactness on the CPU)",
+                           config.dtype)
         if self.device == "cpu":
             # Small CPU forwards are bound by Python, not arithmetic, and a second OpenMP
             # thread that waits for a busy core stalls every op (seen: 60 ms -> 2 s a round).
@@ -127,13 +133,28 @@ class Engine:
             grow=config.slot_grow if config.slot_contexts else None,
             lone=self._lone_driver(),
         )
-        self.log(
-            f"flashlane: {self.name} on {self.device} ({weights}, {self.kernels.name} kernels), "
-            f"{len(self.sessions)} session(s) of {sorted(set(self.plan.capacities))} positions, "
-            f"max rows {self.max_rows}, drafts {'on' if drafts else 'off'}, "
-            f"prompt cache {self.plan.prompt_cache_bytes / memory.GIB:.2f} GiB; "
-            + (describe(costs) if costs else "unpriced")
-        )
+        self.log(self.summary(weights, costs))
+
+    def summary(self, weights: torch.dtype, costs: CostTable | None) -> str:
+        """The start-up summary: what runs where, with which sessions, drafts and costs."""
+        p, c = self.plan, self.config
+        counts = Counter(p.capacities)
+        sessions = ", ".join(f"{n} x {cap}" for cap, n in sorted(counts.items(), reverse=True))
+        cpu = " (the CPU's row-invariant path, whatever --dtype)" if self.device == "cpu" else ""
+        mtp = f"MTP up to {c.mtp_drafts} + copy" if self.model.mtp else "copy only (no MTP head)"
+        gib = memory.GIB
+        lines = [
+            f"flashlane: {self.name} on {self.device}",
+            f"  compute   {str(weights).removeprefix('torch.')}{cpu}, {self.kernels.name} kernels",
+            f"  sessions  {sessions} positions; {self.max_rows} rows a round, queue "
+            f"{c.max_queue}",
+            f"  drafts    {mtp if c.drafts else 'off'}",
+            f"  memory    {p.weight_bytes / gib:.2f} GiB weights, {sum(p.session_bytes) / gib:.2f}"
+            f" GiB sessions, {p.prompt_cache_bytes / gib:.2f} GiB prompt cache; limit "
+            f"{p.limit_bytes / gib:.1f} GiB",
+            f"  costs     {describe(costs).removeprefix('costs ') if costs else 'unpriced'}",
+        ]
+        return "\n".join(lines)
 
     def _lone_driver(self):
         """The lone driver on CUDA (graphed unless FLASHLANE_NO_GRAPHS=1), unless `lone` is
@@ -216,6 +237,20 @@ class Engine:
         if self.tokenizer is None:
             raise ValueError(f"{self.name} has no tokenizer.json: pass token ids")
         return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+logger = logging.getLogger("flashlane")
+
+
+def _default_log():
+    """Engine messages go to the "flashlane" logger; when nothing configured logging (a
+    script, `python -c`), it gets a stderr handler so they show, as vLLM's do."""
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    return logger.info
 
 
 def _tokenizer(path: Path):

@@ -28,6 +28,7 @@ from flashlane.server.api import (
     start_draining,
 )
 from flashlane.server.engine_api import EngineLike
+from flashlane.sessions.memory import OverMemoryLimit
 
 logger = logging.getLogger("flashlane.server")
 
@@ -129,7 +130,10 @@ def _load(
     try:
         engine = make_engine()
     except BaseException as e:
-        logger.exception("the engine failed to load")
+        if isinstance(e, ValueError | OSError | OverMemoryLimit):  # its message says it all
+            logger.error("the engine failed to load: %s", e)
+        else:
+            logger.exception("the engine failed to load")
         engine_failed(app, f"{type(e).__name__}: {e}")  # type: ignore[arg-type]
         server.should_exit = True
         return
