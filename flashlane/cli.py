@@ -152,7 +152,7 @@ def build_parser() -> FlagParser:
     serve = sub.add_parser("serve", help="the OpenAI-compatible server")
     serve_positional(serve)
     engine_flags(serve)
-    serve.add_argument("--seed", type=int, default=None, dest="engine_seed",
+    serve.add_argument("--seed", type=int, default=None, dest="engine_seed", metavar="S",
                        help="requests without a seed take seed S, S+1, ... in arrival order, "
                        "so a run is reproducible (default: a fresh random seed each)")
     _serve_flags(serve)

@@ -48,7 +48,8 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--served-model-name", default=None,
-        help="the model id clients send and /v1/models lists (default: the folder's name)",
+        help="the model id clients send and /v1/models lists (default: the hub id or the "
+        "folder's name)",
     )
     parser.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
