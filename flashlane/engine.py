@@ -144,7 +144,7 @@ class Engine:
         mtp = f"MTP up to {c.mtp_drafts} + copy" if self.model.mtp else "copy only (no MTP head)"
         gib = memory.GIB
         lines = [
-            f"flashlane: {self.name} on {self.device}",
+            f"loaded {self.name} on {self.device}",
             f"  compute   {str(weights).removeprefix('torch.')}{cpu}, {self.kernels.name} kernels",
             f"  sessions  {sessions} positions; {self.max_rows} rows a round, queue "
             f"{c.max_queue}",

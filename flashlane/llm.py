@@ -14,7 +14,8 @@ from flashlane.models.flashnext import run_piece
 from flashlane.models.state import SessionState
 from flashlane.request import SEED_MODULUS, CompletionOutput, RequestOutput, SamplingParams
 
-Prompt = str | Sequence[int]
+# text, token ids, or vLLM's {"prompt": text} / {"prompt_token_ids": ids}
+Prompt = str | Sequence[int] | Mapping[str, object]
 Message = Mapping[str, object]  # {"role": ..., "content": ...}
 
 
@@ -144,13 +145,20 @@ class LLM:
         return torch.cat(out).float().cpu()
 
     def _ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, Mapping):
+            if "prompt_token_ids" in prompt:
+                return [int(t) for t in prompt["prompt_token_ids"]]  # type: ignore[union-attr]
+            if isinstance(prompt.get("prompt"), str):
+                return self.engine.encode(prompt["prompt"])  # type: ignore[arg-type]
+            raise ValueError("a prompt dict needs 'prompt' (text) or 'prompt_token_ids'")
         return self.engine.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
 
 
 def _gather(prompt: Prompt, outs: list[RequestOutput]) -> RequestOutput:
     """One RequestOutput for the n streams of a request: choice 0's fields, all in outputs."""
     first = outs[0]
-    first.prompt = prompt if isinstance(prompt, str) else None
+    text = prompt.get("prompt") if isinstance(prompt, Mapping) else prompt
+    first.prompt = text if isinstance(text, str) else None
     first.more = [
         CompletionOutput(j, o.text, o.token_ids, o.finish_reason, o.logprobs, o.seed)
         for j, o in enumerate(outs[1:], start=1)
@@ -159,6 +167,6 @@ def _gather(prompt: Prompt, outs: list[RequestOutput]) -> RequestOutput:
 
 
 def _is_single(prompts) -> bool:
-    return isinstance(prompts, str) or (
+    return isinstance(prompts, str | Mapping) or (
         isinstance(prompts, Sequence) and len(prompts) > 0 and isinstance(prompts[0], int)
     )

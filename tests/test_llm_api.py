@@ -32,6 +32,11 @@ def test_generate_with_sampling_params_and_outputs(llm):
     # the positional second argument and our older keyword say the same
     assert llm.generate("import os\n", GREEDY)[0].text == outs[0].text
     assert llm.generate("import os\n", params=GREEDY)[0].text == outs[0].text
+    # vLLM's prompt dicts, text or token ids
+    ids = outs[0].prompt_token_ids
+    as_dicts = llm.generate([{"prompt": "import os\n"}, {"prompt_token_ids": ids}], GREEDY)
+    assert [o.text for o in as_dicts] == [outs[0].text] * 2
+    assert as_dicts[0].prompt == "import os\n" and as_dicts[1].prompt is None
     with pytest.raises(TypeError, match="not both"):
         llm.generate("x", GREEDY, params=GREEDY)
 
