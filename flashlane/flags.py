@@ -40,12 +40,16 @@ class FlagParser(argparse.ArgumentParser):
 
 def unknown_message(extras: list[str], parser: argparse.ArgumentParser) -> str:
     known = [s for a in parser._actions for s in a.option_strings if s.startswith("--")]
-    notes = []
+    notes: list[str] = []
+    after_flag = False
     for arg in extras:
         flag = arg.split("=", 1)[0]
         if not flag.startswith("-"):
-            notes.append(f"unexpected argument {arg!r}")
+            if not after_flag:  # else it is the unknown flag's value
+                notes.append(f"unexpected argument {arg!r}")
+            after_flag = False
             continue
+        after_flag = "=" not in arg
         near = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
         hint = f"; did you mean {near[0]}?" if near else f"; see `{parser.prog} --help`"
         notes.append(f"unknown flag {flag}{hint}")

@@ -52,10 +52,25 @@ def test_unknown_flag_names_the_nearest(capsys):
         parse("serve", "--max-model-length", "8")
     assert err.value.code == 2
     hint = "unknown flag --max-model-length; did you mean --max-model-len?"
-    assert hint in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert hint in err and "unexpected argument" not in err  # "8" was its value
     with pytest.raises(SystemExit):
         parse("generate", "--temprature", "0.5")
     assert "did you mean --temperature?" in capsys.readouterr().err
+
+
+def test_bench_flags_too(capsys):
+    from flashlane.bench_model import parse
+    from flashlane.bench_serve import build_parser as bench_serve_parser
+
+    with pytest.raises(SystemExit):
+        bench_serve_parser().parse_args(["--concurency", "2"])
+    assert "did you mean --concurrency?" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse(["--random-weights", "--stream", "1"])
+    assert "did you mean --streams?" in capsys.readouterr().err
+    for parser in (bench_serve_parser(),):
+        assert all(a.help for a in parser._actions)
 
 
 def test_no_abbreviations(capsys):
