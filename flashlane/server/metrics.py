@@ -112,6 +112,11 @@ class ServerMetrics:
         self.request_generation = pair(
             Histogram, "request_generation_tokens", "reply tokens a request", buckets=_TOKENS
         )
+        # the most reply tokens among a request's choices (one choice a request here)
+        self.request_max_generation = pair(
+            Histogram, "request_max_num_generation_tokens", "reply tokens, the longest choice",
+            buckets=_TOKENS,
+        )
         self.queue_time = pair(
             Histogram, "request_queue_time_seconds", "waiting for a session", buckets=_PHASE
         )
@@ -141,6 +146,7 @@ class ServerMetrics:
         self.prompt_tokens.inc(prompt_tokens)
         self.request_prompt.observe(prompt_tokens)
         self.request_generation.observe(generation_tokens)
+        self.request_max_generation.observe(generation_tokens)
         if phases is not None:
             for metric, seconds in zip((self.queue_time, self.prefill_time, self.decode_time),
                                        phases):

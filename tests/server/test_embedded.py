@@ -5,6 +5,8 @@ from the start); --seed numbers the seeds of requests that bring none."""
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 
@@ -64,6 +66,28 @@ def test_engine_metrics_mean_what_vllm_means(live):
     assert metric(text, "vllm:prefix_cache_hits_total") - hits == sum(
         u.prompt_tokens_details.cached_tokens for u in usages)
     assert metric(text, "flashlane_session_moves_total") == 0
+
+
+# what vLLM's Grafana dashboard (examples/observability/prometheus_grafana/grafana.json) reads
+DASHBOARD = (
+    "vllm:e2e_request_latency_seconds_count", "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total", "vllm:inter_token_latency_seconds_count",
+    "vllm:num_requests_running", "vllm:num_requests_waiting",
+    "vllm:time_to_first_token_seconds_count", "vllm:kv_cache_usage_perc",
+    "vllm:request_prompt_tokens_count", "vllm:request_generation_tokens_count",
+    "vllm:request_success_total", "vllm:request_queue_time_seconds_sum",
+    "vllm:request_prefill_time_seconds_sum", "vllm:request_decode_time_seconds_sum",
+    "vllm:request_max_num_generation_tokens_sum",
+)
+
+
+def test_what_vllms_dashboard_reads_is_there(live):
+    _, server = live
+    server.client().completions.create(model="default_model", prompt="x", max_tokens=3)
+    text = httpx.get(f"{server.url}/metrics").text
+    for name in DASHBOARD:
+        labels = re.search(rf"^{re.escape(name)}{{([^}}]*)}} ", text, re.M)
+        assert labels and 'model_name="default_model"' in labels.group(1), name
 
 
 def test_seed_flag_numbers_requests_without_one(live):
