@@ -80,8 +80,6 @@ class SamplingParams:
     thinking_budget: int | None = None  # reasoning tokens before the think block is closed
 
     def __post_init__(self) -> None:
-        if self.top_k == -1:  # vLLM's older spelling of "no limit"
-            object.__setattr__(self, "top_k", 0)
         self._check_sampling()
         self._check_counts()
         self._check_lists()

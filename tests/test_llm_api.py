@@ -57,10 +57,6 @@ def test_engine_seed_numbers_requests_without_one(llm):
     assert second.seed == first.seed + 1 and first.seed >= 100
 
 
-def test_top_k_minus_one_means_no_limit():
-    assert SamplingParams(top_k=-1).top_k == 0
-
-
 def test_chat_answers_with_the_think_block_closed(llm):
     messages = [{"role": "user", "content": "Write a function that adds two numbers."}]
     out = llm.chat(messages, SamplingParams(max_tokens=24, temperature=0.0))[0]
