@@ -12,7 +12,8 @@ import os
 import re
 from pathlib import Path
 
-DEFAULT_MODEL = Path(__file__).parents[1] / "default_model"
+from flashlane.config import DEFAULT_MODEL
+
 # what a checkpoint needs: config, weights, tokenizer, generation config, chat template
 PATTERNS = ["*.json", "*.safetensors", "*.jinja"]
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
