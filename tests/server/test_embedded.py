@@ -43,6 +43,13 @@ def test_plain_chat_answers_in_content_and_ends(live):
     assert getattr(choice.message, "reasoning_content", None) in (None, "")
     assert reply.usage.completion_tokens <= 256
     assert choice.finish_reason in ("stop", "length")
+    # streamed too: the deltas carry content, no reasoning
+    chunks = list(server.client().chat.completions.create(
+        model="default_model", messages=[{"role": "user", "content": "Sort a list."}],
+        max_tokens=8, temperature=0, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.content or "" for d in deltas)
+    assert not any(getattr(d, "reasoning_content", None) for d in deltas)
 
 
 def test_engine_metrics_mean_what_vllm_means(live):
