@@ -21,6 +21,7 @@ import torch
 
 from flashlane.config import EngineConfig
 from flashlane.engine import Engine
+from flashlane.flags import FlagParser
 from flashlane.lanes.records import CostTable
 from flashlane.llm import LLM
 from flashlane.models.presets import PRESETS, preset
@@ -37,20 +38,26 @@ def _ints(text: str) -> list[int]:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="flashlane bench model", description=__doc__.split("\n")[0])
-    p.add_argument("--config", default="flashnext-12l", choices=sorted(PRESETS))
+    p = FlagParser(prog="flashlane bench model", description=__doc__.split("\n")[0],
+                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--config", default="flashnext-12l", choices=sorted(PRESETS),
+                   help="the model's preset (flashlane/models/presets.py)")
     p.add_argument("--random-weights", action="store_true", required=True,
                    help="build the config's checkpoint with random weights on the device")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--streams", type=_ints, default=[1, 4, 16])
-    p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--decode-tokens", type=int, default=64)
-    p.add_argument("--prefill", type=_ints, default=[2048, 16384])
+    p.add_argument("--device", default="cuda", help="where the model runs")
+    p.add_argument("--seed", type=int, default=0, help="of the random weights and prompts")
+    p.add_argument("--streams", type=_ints, default=[1, 4, 16],
+                   help="decode concurrencies, comma-separated")
+    p.add_argument("--prompt-len", type=int, default=64, help="each decode stream's prompt")
+    p.add_argument("--decode-tokens", type=int, default=64, help="tokens timed per stream")
+    p.add_argument("--prefill", type=_ints, default=[2048, 16384],
+                   help="prompt lengths timed for prefill, comma-separated")
     p.add_argument("--prompt-cache", type=int, default=0, metavar="TOKENS",
                    help="also time a TOKENS-long prompt cold, resent and extended by a turn")
-    p.add_argument("--peer", choices=["none", "transformers"], default="none")
-    p.add_argument("--peer-prefill", type=_ints, default=[2048])
+    p.add_argument("--peer", choices=["none", "transformers"], default="none",
+                   help="also time transformers' generate on the same weights")
+    p.add_argument("--peer-prefill", type=_ints, default=[2048],
+                   help="the peer's prefill lengths")
     p.add_argument("--sampled", action="store_true",
                    help="also time one sampled stream (top_k 40) and one top_p stream (0.9) "
                         "beside one greedy stream")

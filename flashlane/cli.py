@@ -7,61 +7,14 @@ import json
 import sys
 
 from flashlane import __version__
+from flashlane.flags import (
+    FlagParser,
+    engine_flags,
+    engine_options,
+    model_of,
+    serve_positional,
+)
 from flashlane.sessions.memory import OverMemoryLimit
-
-
-def engine_flags(p: argparse.ArgumentParser) -> None:
-    """The engine options of DESIGN.md section 8 (unset flags fall back to env, then defaults)."""
-    p.add_argument("--model", default=None, help="checkpoint folder (default: the embedded model)")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None)
-    p.add_argument("--parallel", default=None, help="sessions: auto or N")
-    p.add_argument("--context", type=int, default=None)
-    p.add_argument("--slot-contexts", default=None, help='e.g. "65536,32768x3,16384x11"')
-    p.add_argument("--slot-grow", type=int, default=None)
-    p.add_argument("--memory-limit-gb", type=float, default=None)
-    p.add_argument("--max-rows", type=int, default=None)
-    p.add_argument("--max-queue", type=int, default=None)
-    p.add_argument("--no-drafts", action="store_true")
-    p.add_argument("--mtp-drafts", type=int, default=None)
-    p.add_argument("--mtp-confidence", type=float, default=None)
-    p.add_argument(
-        "--prompt-cache-gb", type=float, default=None, help="GiB of kept prompt states; 0: off"
-    )
-    p.add_argument("--unpriced", action="store_true", default=None)
-    p.add_argument("--no-lone", action="store_true")
-    p.add_argument("--lone-streams", type=int, default=None,
-                   help="greedy streams the lone driver may decode together (default 1)")
-
-
-def engine_options(args: argparse.Namespace) -> dict:
-    parallel = args.parallel
-    if parallel not in (None, "auto"):
-        try:
-            parallel = int(parallel)
-        except ValueError:
-            raise SystemExit(f"--parallel must be auto or an int, got {parallel!r}") from None
-    opts = dict(
-        device=args.device,
-        dtype=args.dtype,
-        parallel=parallel,
-        context=args.context,
-        slot_contexts=args.slot_contexts,
-        slot_grow=args.slot_grow,
-        memory_limit_gb=args.memory_limit_gb,
-        max_rows=args.max_rows,
-        max_queue=args.max_queue,
-        mtp_drafts=args.mtp_drafts,
-        mtp_confidence=args.mtp_confidence,
-        prompt_cache_gb=args.prompt_cache_gb,
-        unpriced=args.unpriced,
-        lone_streams=args.lone_streams,
-    )
-    if args.no_drafts:
-        opts["drafts"] = False
-    if args.no_lone:
-        opts["lone"] = False
-    return {k: v for k, v in opts.items() if v is not None}
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -87,7 +40,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         draft=not args.no_drafts,
     )
-    llm = LLM(model=args.model, **{k: v for k, v in engine_options(args).items() if k != "model"})
+    llm = LLM(model=_checked_model(args, needs_tokenizer=args.prompt is not None),
+              **engine_options(args))
     out = llm.generate(prompt, params)[0]
     if args.json:
         print(
@@ -109,6 +63,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if out.error:
             print(f"error: {out.error}", file=sys.stderr)
     return 1 if out.error else 0
+
+
+def _checked_model(args: argparse.Namespace, *, needs_tokenizer: bool) -> str | None:
+    """The model to load, checked before anything heavy (raises ValueError: one line)."""
+    from flashlane.preflight import preflight
+
+    model = model_of(args)
+    folder, name = preflight(model, device=args.device, needs_tokenizer=needs_tokenizer)
+    if getattr(args, "served_model_name", "") is None:
+        args.served_model_name = name if model is not None else None
+    return None if model is None else str(folder)
 
 
 def _stats(stats) -> dict:
@@ -150,41 +115,58 @@ def _info_plan(cfg, args):
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="flashlane", description=__doc__)
+def build_parser() -> FlagParser:
+    parser = FlagParser(prog="flashlane", description=__doc__)
     parser.add_argument("--version", action="version", version=f"flashlane {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate a reply to one prompt")
     engine_flags(gen)
-    gen.add_argument("--prompt", default=None)
-    gen.add_argument("--prompt-ids", default=None)
-    gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--min-p", type=float, default=0.0)
-    gen.add_argument("--seed", type=int, default=None)
-    gen.add_argument("--json", action="store_true")
+    gen.add_argument("--prompt", default=None,
+                     help="the prompt text, or --prompt-ids (default: none)")
+    gen.add_argument("--prompt-ids", default=None,
+                     help="the prompt as token ids: 1,2,3 (default: none)")
+    gen.add_argument("--max-tokens", type=int, default=64, help="reply tokens (default: 64)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default: 0)")
+    gen.add_argument("--top-k", type=int, default=0, help="0: no limit (default: 0)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="(default: 1.0)")
+    gen.add_argument("--min-p", type=float, default=0.0, help="(default: 0.0)")
+    gen.add_argument("--seed", type=int, default=None, help="(default: a fresh random one)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object (default: text)")
 
     info = sub.add_parser("info", help="config, parameter counts and memory plan of a model")
-    info.add_argument("model_path")
-    info.add_argument("--device", default=None, choices=["cuda", "cpu"])
-    info.add_argument("--context", type=int, default=None)
-    info.add_argument("--parallel", default=None)
-    info.add_argument("--slot-contexts", default=None)
-    info.add_argument("--memory-limit-gb", type=float, default=None)
-    info.add_argument("--max-rows", type=int, default=None)
+    info.add_argument("model_path",
+                      help="checkpoint folder or config.json (default: none, required)")
+    info.add_argument("--device", default=None, choices=["cuda", "cpu"],
+                      help="the device to plan for (default: cuda)")
+    info.add_argument("--context", type=int, default=None,
+                      help="positions per session (default: the model's window)")
+    info.add_argument("--parallel", default=None, help="sessions (default: auto)")
+    info.add_argument("--slot-contexts", default=None, help="sessions of different sizes "
+                      "(default: unset)")
+    info.add_argument("--memory-limit-gb", type=float, default=None,
+                      help="GiB ceiling (default: 90%% of 141 GiB on cuda, 70%% of RAM)")
+    info.add_argument("--max-rows", type=int, default=None,
+                      help="rows per round (default: 64 cuda, 16 cpu)")
 
     serve = sub.add_parser("serve", help="the OpenAI-compatible server")
+    serve_positional(serve)
     engine_flags(serve)
+    serve.add_argument("--seed", type=int, default=None, dest="engine_seed", metavar="S",
+                       help="requests without a seed take seed S, S+1, ... in arrival order, "
+                       "so a run is reproducible (default: a fresh random seed each)")
     _serve_flags(serve)
 
     bench = sub.add_parser("bench", help="benchmarks: serve (a client) or model")
-    bench.add_argument("what", choices=["serve", "model"])
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.add_argument("what", choices=["serve", "model"],
+                       help="which benchmark (default: none, required)")
+    bench.add_argument("rest", nargs=argparse.REMAINDER,
+                       help="its flags, see its --help (default: none)")
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         if args.command == "generate":
             return cmd_generate(args)
@@ -193,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "serve":
             from flashlane.server.serve import serve_main
 
+            # checked before the port is bound: a bad model or device is one line, exit 2
+            args.model, args.model_tag = _checked_model(args, needs_tokenizer=True), None
             serve_main(args)
             return 0
         if args.command == "bench":

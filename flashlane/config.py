@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_MODEL = Path(__file__).parent / "default_model"
+# The embedded model was trained on code, not on reasoning traces: a think block it opens
+# never closes, so its chats start with the block closed (a request may still turn it on).
+EMBEDDED_CHAT_KWARGS = {"enable_thinking": False}
 
 # kwarg -> environment variables that may set it
 ENVIRONMENT = {
@@ -33,6 +36,9 @@ class EngineConfig:
     slot_contexts: str | None = None  # "65536,32768x3,16384x11"
     slot_grow: int = 8192
     memory_limit_gb: float | None = None
+    # vLLM's --gpu-memory-utilization: the limit as a fraction of the device's memory (RAM on
+    # the CPU); memory_limit_gb wins when both are given
+    gpu_memory_utilization: float | None = None
     max_rows: int | None = None  # decode rows per round; None: 64 cuda, 16 cpu
     max_queue: int = 256
     drafts: bool = True
@@ -44,10 +50,19 @@ class EngineConfig:
     # up to this many live greedy streams decode together on the lone driver (one graph per
     # tuple of sessions); 1: only a single stream. Not yet measured on a GPU: off by default
     lone_streams: int = 1
+    chat_template: str | None = None  # a jinja file or the template text; None: the checkpoint's
+    # chat_template_kwargs a request's own override; None: {} for a checkpoint, and
+    # {"enable_thinking": False} for the embedded model (EMBEDDED_CHAT_KWARGS)
+    default_chat_template_kwargs: dict[str, Any] | None = None
+    # requests without a seed take seed, seed + 1, ... in submission order; None: fresh random
+    seed: int | None = None
 
     @classmethod
     def resolve(cls, **options: Any) -> EngineConfig:
-        """Options (kwargs) over the environment over defaults; unknown -> TypeError."""
+        """Options (kwargs) over the environment over defaults; unknown -> TypeError.
+        vLLM's keyword names (max_model_len, max_num_seqs, enable_prefix_caching) are
+        accepted for ours."""
+        options = _ours(options)
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - names)
         if unknown:
@@ -85,12 +100,16 @@ class EngineConfig:
             f"must be auto or an int >= 1, got {self.parallel!r}",
         )
         need(self.context is None or self.context >= 1, "context", "must be >= 1")
+        frac = self.gpu_memory_utilization
+        need(frac is None or 0 < frac <= 1, "gpu_memory_utilization", f"must be in (0, 1]: {frac}")
         need(self.max_rows is None or self.max_rows >= 1, "max_rows", "must be >= 1")
         need(self.max_queue >= 0, "max_queue", "must be >= 0")
         need(self.lone_streams >= 1, "lone_streams", f"must be >= 1, got {self.lone_streams}")
         need(0 <= self.mtp_drafts <= 16, "mtp_drafts", "must be in 0..16")
         need(0.0 <= self.mtp_confidence <= 1.0, "mtp_confidence", "must be in [0, 1]")
         need(self.slot_grow >= 1, "slot_grow", "must be >= 1")
+        kw = self.default_chat_template_kwargs
+        need(kw is None or isinstance(kw, dict), "default_chat_template_kwargs", "must be a dict")
         need(
             self.prompt_cache_gb is None or self.prompt_cache_gb >= 0,
             "prompt_cache_gb",
@@ -98,15 +117,52 @@ class EngineConfig:
         )
 
     @property
+    def chat_template_kwargs(self) -> dict[str, Any]:
+        """The chat_template_kwargs every chat starts from (a request's own win)."""
+        if self.default_chat_template_kwargs is not None:
+            return dict(self.default_chat_template_kwargs)
+        return dict(EMBEDDED_CHAT_KWARGS) if self.model is None else {}
+
+    @property
     def model_path(self) -> Path:
+        """The local folder `model` names (a hub id: see models.hub.resolve_model)."""
         return Path(self.model) if self.model else DEFAULT_MODEL
 
     def resolved_device(self) -> str:
-        if self.device != "auto":
-            return self.device
         import torch
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else "no GPU visible"
+            raise ValueError(
+                f"--device {self.device}: torch {torch.__version__} is {build}; use --device cpu"
+                " (or auto), or install a CUDA build of torch"
+            )
+        return self.device
+
+
+# vLLM's LLM(...) keyword -> ours
+VLLM_NAMES = {"max_model_len": "context", "max_num_seqs": "parallel"}
+
+
+def _ours(options: dict[str, Any]) -> dict[str, Any]:
+    out = dict(options)
+    for theirs, name in VLLM_NAMES.items():
+        if theirs not in out:
+            continue
+        value = out.pop(theirs)
+        if out.get(name) is not None and value is not None and out[name] != value:
+            raise TypeError(f"{theirs}={value!r} and {name}={out[name]!r} disagree: give one")
+        if value is not None:
+            out[name] = value
+    if "enable_prefix_caching" in out:
+        on = out.pop("enable_prefix_caching")
+        if on is False:
+            if out.get("prompt_cache_gb") not in (None, 0):
+                raise TypeError("enable_prefix_caching=False and prompt_cache_gb disagree")
+            out["prompt_cache_gb"] = 0.0
+    return out
 
 
 def _from_env(name: str, var: str, raw: str) -> Any:

@@ -6,8 +6,10 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -20,11 +22,14 @@ from flashlane.lanes.records import CostTable
 from flashlane.lanes.stops import StopRules
 from flashlane.models.config import ModelConfig
 from flashlane.models.flashnext import FlashNext
+from flashlane.models.hub import resolve_model
 from flashlane.models.loader import load_checkpoint
 from flashlane.models.state import SessionState
+from flashlane.request import SeedSource
 from flashlane.runner.backend import ModelBackend
 from flashlane.runner.costs import describe, time_costs
 from flashlane.sessions import memory
+from flashlane.sessions.limits import read_ram_bytes
 from flashlane.sessions.slots import parse_slot_contexts
 
 
@@ -57,25 +62,31 @@ class Engine:
         """`built` serves a model made elsewhere (a random checkpoint on the GPU) instead of
         loading config.model_path; it has no tokenizer, so requests pass token ids."""
         self.config = config
-        self.log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.log = log or _default_log()
         self.device = config.resolved_device()
+        if self.device == "cpu" and config.dtype not in ("auto", "float64"):
+            logger.warning("--dtype %s: the CPU computes in float64 whatever the dtype (its "
+                           "GEMMs are row-invariant only so; README, Exactness on the CPU)",
+                           config.dtype)
         if self.device == "cpu":
             # Small CPU forwards are bound by Python, not arithmetic, and a second OpenMP
             # thread that waits for a busy core stalls every op (seen: 60 ms -> 2 s a round).
             torch.set_num_threads(1)
-        path = config.model_path
         weights, cache, state = compute_dtypes(self.device, config.dtype)
         if built is None:
+            path, self.name = resolve_model(config.model)
             self.model_config, self.model = load_checkpoint(path, weights, self.device)
             self.tokenizer = _tokenizer(path)
             self.generation_defaults = _json(path / "generation_config.json")
             self.chat_template = _chat_template(path)
-            self.name = path.name
         else:
             self.model_config, self.model = built
             self.tokenizer, self.generation_defaults, self.chat_template = None, {}, None
             self.name = "a model built in memory"
+        if config.chat_template is not None:
+            self.chat_template = read_template(config.chat_template)
         cfg = self.model_config
+        self.seeds = SeedSource(config.seed)
         self.kernels = select_kernels(self.device, log=self.log)
         self.model.use_kernels(self.kernels)
         self.max_rows = config.max_rows or (64 if self.device.startswith("cuda") else 16)
@@ -122,13 +133,28 @@ class Engine:
             grow=config.slot_grow if config.slot_contexts else None,
             lone=self._lone_driver(),
         )
-        self.log(
-            f"flashlane: {self.name} on {self.device} ({weights}, {self.kernels.name} kernels), "
-            f"{len(self.sessions)} session(s) of {sorted(set(self.plan.capacities))} positions, "
-            f"max rows {self.max_rows}, drafts {'on' if drafts else 'off'}, "
-            f"prompt cache {self.plan.prompt_cache_bytes / memory.GIB:.2f} GiB; "
-            + (describe(costs) if costs else "unpriced")
-        )
+        self.log(self.summary(weights, costs))
+
+    def summary(self, weights: torch.dtype, costs: CostTable | None) -> str:
+        """The start-up summary: what runs where, with which sessions, drafts and costs."""
+        p, c = self.plan, self.config
+        counts = Counter(p.capacities)
+        sessions = ", ".join(f"{n} x {cap}" for cap, n in sorted(counts.items(), reverse=True))
+        cpu = " (the CPU's row-invariant path, whatever --dtype)" if self.device == "cpu" else ""
+        mtp = f"MTP up to {c.mtp_drafts} + copy" if self.model.mtp else "copy only (no MTP head)"
+        gib = memory.GIB
+        lines = [
+            f"loaded {self.name} on {self.device}",
+            f"  compute   {str(weights).removeprefix('torch.')}{cpu}, {self.kernels.name} kernels",
+            f"  sessions  {sessions} positions; {self.max_rows} rows a round, queue "
+            f"{c.max_queue}",
+            f"  drafts    {mtp if c.drafts else 'off'}",
+            f"  memory    {p.weight_bytes / gib:.2f} GiB weights, {sum(p.session_bytes) / gib:.2f}"
+            f" GiB sessions, {p.prompt_cache_bytes / gib:.2f} GiB prompt cache; limit "
+            f"{p.limit_bytes / gib:.1f} GiB",
+            f"  costs     {describe(costs).removeprefix('costs ') if costs else 'unpriced'}",
+        ]
+        return "\n".join(lines)
 
     def _lone_driver(self):
         """The lone driver on CUDA (graphed unless FLASHLANE_NO_GRAPHS=1), unless `lone` is
@@ -170,7 +196,11 @@ class Engine:
         gpu_total = (
             torch.cuda.get_device_properties(self.device).total_memory if kind == "cuda" else None
         )
-        limit = memory.resolve_limit_bytes(c.memory_limit_gb, {}, kind, gpu_total)
+        limit_gb = c.memory_limit_gb
+        if limit_gb is None and c.gpu_memory_utilization is not None:
+            total = gpu_total if kind == "cuda" else read_ram_bytes()
+            limit_gb = c.gpu_memory_utilization * total / memory.GIB
+        limit = memory.resolve_limit_bytes(limit_gb, {}, kind, gpu_total)
         cache_bytes = memory.resolve_prompt_cache_bytes(c.prompt_cache_gb, kind, limit)
         wbytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         return memory.plan(
@@ -205,8 +235,22 @@ class Engine:
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
-            raise ValueError(f"{self.config.model_path} has no tokenizer.json: pass token ids")
+            raise ValueError(f"{self.name} has no tokenizer.json: pass token ids")
         return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+logger = logging.getLogger("flashlane")
+
+
+def _default_log():
+    """Engine messages go to the "flashlane" logger; when nothing configured logging (a
+    script, `python -c`), it gets a stderr handler so they show, as vLLM's do."""
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    return logger.info
 
 
 def _tokenizer(path: Path):
@@ -224,3 +268,11 @@ def _chat_template(path: Path) -> str | None:
     if (path / "chat_template.jinja").exists():
         return (path / "chat_template.jinja").read_text()
     return _json(path / "tokenizer_config.json").get("chat_template")
+
+
+def read_template(given: str) -> str:
+    """--chat-template: a file's text, or the template itself (vLLM takes either)."""
+    file = Path(given)
+    if "{" not in given and not file.is_file():
+        raise ValueError(f"--chat-template {given!r}: no such file (nor a jinja template)")
+    return file.read_text() if "{" not in given else given

@@ -32,6 +32,21 @@ def effective_seed(seed: int | None) -> int:
     return seed % SEED_MODULUS
 
 
+class SeedSource:
+    """The seeds of requests that bring none: fresh random ones, or, with an engine seed S
+    (`--seed`, `LLM(seed=S)`), S, S + 1, ... in submission order, so a run repeats."""
+
+    def __init__(self, base: int | None = None) -> None:
+        self.base = base
+        self._count = 0
+
+    def next(self, requested: int | None) -> int:
+        if requested is not None or self.base is None:
+            return effective_seed(requested)
+        self._count += 1
+        return (self.base + self._count - 1) % SEED_MODULUS
+
+
 def _is_int(value: Any) -> bool:
     # bool is an int subclass, but True as a seed or top_k is a caller's mistake.
     return isinstance(value, int) and not isinstance(value, bool)
@@ -124,13 +139,28 @@ class RequestStats:
     cached_tokens: int = 0  # prompt tokens resumed from the prompt cache
     moves: int = 0  # moves to a larger session
     pauses: int = 0  # rounds spent waiting for a session with room
+    preemptions: int = 0  # times it began such a wait (vLLM's preemptions)
+    queue_seconds: float = 0.0  # from submission to a session (vLLM's queue time)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class CompletionOutput:
+    """One choice of a request, vLLM's `RequestOutput.outputs[i]`."""
+
+    index: int  # the choice j (its seed is the request's + j)
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason | None
+    logprobs: list[dict[int, float]] | None = None
+    seed: int = 0
+
+
 @dataclass(slots=True)
 class RequestOutput:
-    """A reply, complete or (while streaming) so far; finish_reason is None until it ends."""
+    """A reply, complete or (while streaming) so far; finish_reason is None until it ends.
+    Its fields are choice 0's; `outputs` lists every choice, as vLLM's RequestOutput does."""
 
     request_id: str
     prompt_token_ids: list[int]
@@ -142,3 +172,16 @@ class RequestOutput:
     error: str | None = None  # set when finish_reason is "error"
     # One dict per token, id -> logprob: the top `params.logprobs` ids and the sampled one.
     logprobs: list[dict[int, float]] | None = None
+    prompt: str | None = None  # the prompt text, when it was given as text
+    more: list[CompletionOutput] = field(default_factory=list)  # choices 1..n-1 (n > 1)
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        first = CompletionOutput(
+            0, self.text, self.token_ids, self.finish_reason, self.logprobs, self.seed
+        )
+        return [first, *self.more]
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -114,6 +114,7 @@ class LaneHost:
             raise QueueFull(f"{len(self.waiting)} requests are waiting (--max-queue)")
         chosen = effective_seed(params.seed if seed is None else seed)
         stream = Stream(self._next_id, request_id, prompt, params, chosen, -1, 0, 0)
+        stream.submitted_at = time.monotonic()
         if self.cache.is_enabled:
             stream.marks = prompt_marks(len(prompt), boundaries, self.config.mark_every)
         self._next_id += 1

@@ -20,6 +20,8 @@ def output(s: Stream) -> RequestOutput:
         cached_tokens=s.num_cached,
         moves=s.num_moves,
         pauses=s.num_pauses,
+        preemptions=s.num_preempted,
+        queue_seconds=max(0.0, s.admitted_at - s.submitted_at) if s.admitted_at else 0.0,
         prefill_seconds=max(0.0, first - s.admitted_at) if s.admitted_at else 0.0,
         decode_seconds=max(0.0, now - first) if s.first_token_at else 0.0,
     )

@@ -76,7 +76,8 @@ class SessionPool:
         ended: list[tuple[Stream, str]] = []
         for s in decoding:
             room = verdicts[s.stream_id]
-            s.is_paused = room.action == "pause"
+            was_paused, s.is_paused = s.is_paused, room.action == "pause"
+            s.num_preempted += s.is_paused and not was_paused
             s.num_pauses += s.is_paused
             if room.action == "end":
                 ended.append((s, "length"))

@@ -121,6 +121,7 @@ class Stream:
     num_accepted: int = 0
     num_moves: int = 0
     num_pauses: int = 0  # rounds skipped while paused
+    num_preempted: int = 0  # times it began to pause (vLLM's preemptions)
     # The largest session's capacity: a stream whose session is smaller moves or pauses when
     # full instead of ending (0: its own session is the limit).
     max_capacity: int = 0
@@ -128,6 +129,7 @@ class Stream:
     # One dict per reply token (id -> logprob), where the params ask for logprobs.
     logprobs: list[dict[int, float]] | None = None
     # time.monotonic() at admission, at the first reply token and at the end (stats only)
+    submitted_at: float = 0.0
     admitted_at: float = 0.0
     first_token_at: float = 0.0
     ended_at: float = 0.0

@@ -34,6 +34,11 @@ __all__ = [
 
 TEXT_MODEL_TYPES = frozenset({"qwen4_exp_text", "qwen3_8_flash_next"})
 ROOT_MODEL_TYPES = frozenset({"qwen4_exp"})
+SUPPORTED = (
+    "flashlane serves Flash Next: model_type "
+    + ", ".join(sorted(ROOT_MODEL_TYPES | TEXT_MODEL_TYPES))
+    + " (Qwen4ExpForConditionalGeneration, Qwen4ExpForCausalLM)"
+)
 # Siblings that share most parts; their layer files are not written yet.
 KNOWN_SIBLINGS = frozenset(
     {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"}
@@ -154,15 +159,9 @@ def _parse(raw: dict[str, Any], where: str) -> ModelConfig:
             text.setdefault(key, raw.get(key))
         model_type = text.get("model_type", "qwen4_exp_text")
         raw = text
-    if model_type in KNOWN_SIBLINGS:
-        raise ConfigError(
-            f"{where}: field 'model_type' is {model_type!r}, a sibling not supported yet"
-        )
     if model_type not in TEXT_MODEL_TYPES:
-        raise ConfigError(
-            f"{where}: field 'model_type' is {model_type!r}; flashlane serves "
-            f"{sorted(ROOT_MODEL_TYPES | TEXT_MODEL_TYPES)}"
-        )
+        kind = ", a sibling not supported yet" if model_type in KNOWN_SIBLINGS else ""
+        raise ConfigError(f"{where}: field 'model_type' is {model_type!r}{kind}; {SUPPORTED}")
     r = FieldReader(raw, where)
     hidden = r.int("hidden_size")
     num_layers = r.int("num_hidden_layers")

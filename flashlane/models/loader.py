@@ -8,8 +8,8 @@ The vision tower is not loaded. Errors name the tensor, the file and both shapes
 from __future__ import annotations
 
 import json
+import logging
 import re
-import sys
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +20,8 @@ from safetensors.torch import save_file
 
 from flashlane.models.config import ModelConfig
 from flashlane.models.flashnext import FlashNext
+
+logger = logging.getLogger("flashlane")
 
 PREFIXES = ("model.language_model.", "model.")
 IGNORED = (re.compile(r"^(model\.)?visual\."), re.compile(r"^model\.visual\."))
@@ -76,11 +78,8 @@ def read_tensors(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Path]
         if not f.exists():
             raise CheckpointError(f"{f}: listed in the index but missing")
         if loud:
-            print(
-                f"loading {f.name} ({i + 1}/{len(by_file)}, {total / 2**30:.1f} GiB in all)",
-                file=sys.stderr,
-                flush=True,
-            )
+            logger.info("loading %s (%d/%d, %.1f GiB in all)", f.name, i + 1, len(by_file),
+                        total / 2**30)
         handle = _open(f)
         for name in names:
             ours = _our_name(name)
@@ -137,6 +136,8 @@ def load_checkpoint(
     cfg = ModelConfig.from_hf(folder)
     tensors, origin = read_tensors(folder)
     if cfg.num_mtp_layers and not any(n.startswith("mtp.") for n in tensors):
+        logger.warning("%s: config.json has %d MTP layer(s) but no mtp.* weights: MTP drafts "
+                       "off, copy drafts only", folder, cfg.num_mtp_layers)
         cfg = replace(cfg, num_mtp_layers=0)  # no MTP head shipped: copy drafts only
     with torch.device("meta"):
         model = FlashNext(cfg)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
+import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from flashlane import __version__
 from flashlane.server.chat import template_messages
 from flashlane.server.chat_endpoint import chat_completions
 from flashlane.server.completion_endpoint import completions
@@ -56,6 +58,8 @@ def build_app(
     app.add_api_route("/v1/chat/completions", _keyed(chat_completions), methods=["POST"])
     app.add_api_route("/v1/completions", _keyed(completions), methods=["POST"])
     app.add_api_route("/v1/models", _keyed(_models), methods=["GET"])
+    app.add_api_route("/v1/models/{model_id:path}", _keyed(_model), methods=["GET"])
+    app.add_api_route("/version", _version, methods=["GET"])
     app.add_api_route("/health", _health, methods=["GET"])
     app.add_api_route("/metrics", _metrics, methods=["GET"])
     app.add_api_route("/tokenize", _tokenize, methods=["POST"])
@@ -127,10 +131,9 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return error_response(ApiError(500, f"internal error: {exc!r}", type="server_error"))
 
 
-async def _models(request: Request) -> Response:
-    state: ServerState = request.app.state.flashlane
+def _card(state: ServerState) -> dict[str, Any]:
     engine = state.engine()
-    card = {
+    return {
         "id": state.model_name,
         "object": "model",
         "created": int(time.time()),
@@ -138,7 +141,22 @@ async def _models(request: Request) -> Response:
         "root": engine.model_name,
         "max_model_len": engine.context_len,
     }
-    return JSONResponse({"object": "list", "data": [card]})
+
+
+async def _models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [_card(request.app.state.flashlane)]})
+
+
+async def _model(request: Request) -> Response:
+    """GET /v1/models/{id}: the card of the model served under that id, else 404."""
+    state: ServerState = request.app.state.flashlane
+    card = _card(state)
+    state.check_model(request.path_params["model_id"] or "-")
+    return JSONResponse(card)
+
+
+async def _version(request: Request) -> Response:
+    return JSONResponse({"version": __version__})
 
 
 async def _health(request: Request) -> Response:
@@ -166,7 +184,7 @@ async def _tokenize(request: Request) -> Response:
             template_messages(req.messages),
             tools=[t.model_dump(exclude_none=True) for t in req.tools or ()],
             add_generation_prompt=req.add_generation_prompt,
-            template_kwargs=req.chat_template_kwargs,
+            template_kwargs=state.template_kwargs(req.chat_template_kwargs),
         )
         ids = state.encode(text, special=False, param="messages")
     else:
@@ -184,8 +202,9 @@ async def _detokenize(request: Request) -> Response:
 
 
 class _RequestLog:
-    """One log line per request (method, path, status, time, and the reply's id), and the
-    flashlane_http_requests counter."""
+    """One log line per request (method, path, status, time, its X-Request-Id and the reply's
+    id), the flashlane_http_requests counter, and X-Request-Id on every response: the
+    client's own, else a fresh one."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -196,19 +215,22 @@ class _RequestLog:
             return
         start = time.perf_counter()
         status = 500
+        rid = _request_id(scope)
 
         async def send_status(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                headers = [h for h in message.get("headers", ()) if h[0] != _REQUEST_ID]
+                message = {**message, "headers": [*headers, (_REQUEST_ID, rid.encode())]}
             await send(message)
 
         try:
             await self.app(scope, receive, send_status)
         finally:
-            self._log(scope, status, time.perf_counter() - start)
+            self._log(scope, status, time.perf_counter() - start, rid)
 
-    def _log(self, scope: Scope, status: int, seconds: float) -> None:
+    def _log(self, scope: Scope, status: int, seconds: float, rid: str) -> None:
         path = scope["path"]
         state: ServerState = scope["app"].state.flashlane
         if state.metrics is not None:
@@ -217,7 +239,20 @@ class _RequestLog:
         info = scope.get("state", {})
         runs = " ".join(run.summary() for run in info.get("runs", ()))
         reply = f" {info.get('reply_id', '')} {runs}" if runs else ""
-        logger.info("%s %s %d %.3fs%s", scope["method"], path, status, seconds, reply)
+        logger.info("%s %s %d %.3fs %s%s", scope["method"], path, status, seconds, rid, reply)
+
+
+_REQUEST_ID = b"x-request-id"
+
+
+def _request_id(scope: Scope) -> str:
+    """The client's X-Request-Id (printable, at most 128 characters kept), else a new one."""
+    for name, value in scope.get("headers", ()):
+        if name == _REQUEST_ID:
+            text = value.decode("latin-1").strip()[:128]
+            if text and text.isprintable():
+                return text
+    return uuid.uuid4().hex
 
 
 _ROUTES = frozenset(
@@ -229,5 +264,6 @@ _ROUTES = frozenset(
         "/metrics",
         "/tokenize",
         "/detokenize",
+        "/version",
     }
 )

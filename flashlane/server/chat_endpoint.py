@@ -12,7 +12,12 @@ from starlette.responses import JSONResponse, Response
 
 from flashlane.request import FinishReason, RequestOutput
 from flashlane.server.chat import ChatPrompt, build_chat_prompt, message_ends
-from flashlane.server.generate import ReplyRun, reply_budget, sampling_params
+from flashlane.server.generate import (
+    ReplyRun,
+    default_max_tokens,
+    reply_budget,
+    sampling_params,
+)
 from flashlane.server.logprobs import chat_logprobs
 from flashlane.server.protocol import ApiError, ChatRequest, parse_request
 from flashlane.server.reply import ReplyDelta, ReplyParser
@@ -31,10 +36,15 @@ async def chat_completions(request: Request) -> Response:
     engine = state.engine()
     req = parse_request(ChatRequest, await read_json(request, state.max_body_bytes))
     state.check_model(req.model)
+    kwargs = state.template_kwargs(req.chat_template_kwargs)
+    req = req.model_copy(update={"chat_template_kwargs": kwargs})
     template = state.chat_template()
     prompt = build_chat_prompt(template, req)
     ids = state.encode(prompt.text, special=False, param="messages")
-    max_tokens = reply_budget(len(ids), req.reply_limit, engine.context_len, "messages")
+    max_tokens = reply_budget(
+        len(ids), req.reply_limit, engine.context_len, "messages",
+        default=default_max_tokens(engine.generation_defaults),
+    )
     top = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(
         req,
@@ -42,6 +52,7 @@ async def chat_completions(request: Request) -> Response:
         max_tokens=max_tokens,
         logprobs=top,
         vocab_size=state.vocab_size,
+        seeds=state.seeds,
     )
     reply = _ChatReply(state, req, prompt, f"chatcmpl-{secrets.token_hex(12)}", params.seed)
     # where each message ends: the engine keeps prompt states there, so a conversation that

@@ -17,6 +17,7 @@ from flashlane.server.generate import (
     Piece,
     ReplyRun,
     check_token_ids,
+    default_max_tokens,
     reply_budget,
     sampling_params,
 )
@@ -85,7 +86,10 @@ def _prepare(
         check_token_ids(prompt, state.vocab_size, "prompt")
         ids, text = prompt, state.decode(prompt)
     asked = req.max_tokens if req.max_tokens else None
-    max_tokens = reply_budget(len(ids), asked, engine.context_len, "prompt")
+    max_tokens = reply_budget(
+        len(ids), asked, engine.context_len, "prompt",
+        default=default_max_tokens(engine.generation_defaults),
+    )
     if req.max_tokens == 0:
         return _Choice(index, ids, text, None)
     params = sampling_params(
@@ -94,6 +98,7 @@ def _prepare(
         max_tokens=max_tokens,
         logprobs=req.logprobs,
         vocab_size=state.vocab_size,
+        seeds=state.seeds,
     )
     return _Choice(index, ids, text, state.new_run(ids, params, f"{rid}-{index}"))
 

@@ -42,17 +42,22 @@ class AsyncEngine:
         self.engine = Engine(self.config, costs=costs)
         e = self.engine
         self.tokenizer = e.tokenizer
-        self.model_name = served_model_name or self.config.model_path.name
+        self.model_name = served_model_name or e.name
         self.context_len = max(e.plan.capacities)
         self.generation_defaults = e.generation_defaults
         self.chat_template = e.chat_template
+        self.seeds = e.seeds
+        self.chat_template_kwargs = self.config.chat_template_kwargs
         self.eos_token_ids = sorted(e.host.rules.eos_ids)
         self._inbox: queue.Queue = queue.Queue()
         # a lone stream returns to shared rounds after its next step when requests or aborts
         # wait in the inbox, instead of after its lone driver's whole call
         e.host.interrupted = lambda: not self._inbox.empty()
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self._counters = {"drafted": 0, "accepted": 0, "rounds": 0}
+        # cumulative; the per-request ones are counted when a request ends
+        self._counters = dict.fromkeys(
+            ("drafted", "accepted", "rounds", "moves", "pauses", "preemptions"), 0
+        )
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="flashlane-engine", daemon=True)
         self._thread.start()
@@ -65,6 +70,9 @@ class AsyncEngine:
         request_id: str,
         boundaries: Sequence[int] = (),
     ) -> AsyncIterator[RequestOutput]:
+        if params.n != 1:
+            raise ValueError("AsyncEngine.stream runs one choice: stream n requests, choice j "
+                             "with seed + j (LLM.generate gathers them)")
         loop = asyncio.get_running_loop()
         sink: asyncio.Queue = asyncio.Queue()
         accepted: Future = Future()
@@ -92,10 +100,19 @@ class AsyncEngine:
             "prompt_cache_queries": host.cache.num_queries,
             "prompt_cache_hits": host.cache.num_hits,
             "prompt_cache_hit_tokens": host.cache.num_hit_tokens,
+            "prompt_cache_query_tokens": host.cache.num_query_tokens,
+            "kv_cache_usage": self._kv_cache_usage(),
             "prompt_cache_bytes": host.cache.num_bytes,
             "prompt_cache_capacity_bytes": host.cache.capacity_bytes,
             **self._counters,
         }
+
+    def _kv_cache_usage(self) -> float:
+        """The share of all sessions' positions that live streams hold (0..1), vLLM's
+        kv_cache_usage_perc (our sessions are allocated whole, so this is their fill)."""
+        total = sum(self.engine.plan.capacities)
+        held = sum(s.start for s in list(self.engine.host.live))
+        return held / total if total else 0.0
 
     def prompt_logprobs(self, ids: list[int], top: int) -> list[dict[int, float] | None]:
         """Teacher-forced logprobs of each prompt token (None for the first), on a scratch
@@ -173,6 +190,9 @@ class AsyncEngine:
             del self._sinks[rid]
             self._counters["drafted"] += out.stats.drafted
             self._counters["accepted"] += out.stats.accepted
+            self._counters["moves"] += out.stats.moves
+            self._counters["pauses"] += out.stats.pauses
+            self._counters["preemptions"] += out.stats.preemptions
         try:
             loop.call_soon_threadsafe(q.put_nowait, out)
             if done:
@@ -183,9 +203,9 @@ class AsyncEngine:
 
 def start_engine(args) -> AsyncEngine:
     """The engine `flashlane serve` runs, from its parsed flags."""
-    from flashlane.cli import engine_options
+    from flashlane.flags import engine_options, model_of
 
     opts = engine_options(args)
     return AsyncEngine(
-        model=args.model, served_model_name=getattr(args, "served_model_name", None), **opts
+        model=model_of(args), served_model_name=getattr(args, "served_model_name", None), **opts
     )

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashlane.detok import StopMatcher
-from flashlane.request import FinishReason, RequestOutput, SamplingParams, effective_seed
+from flashlane.request import FinishReason, RequestOutput, SamplingParams, SeedSource
 from flashlane.server.engine_api import EngineLike, QueueFull, TokenLogprobs
 from flashlane.server.metrics import ServerMetrics
 from flashlane.server.protocol import ApiError, SamplingFields
@@ -38,8 +38,10 @@ def sampling_params(
     max_tokens: int,
     logprobs: int | None,
     vocab_size: int,
+    seeds: SeedSource | None = None,
 ) -> SamplingParams:
-    """The engine's params for a request; omitted sampling fields come from `defaults`."""
+    """The engine's params for a request; omitted sampling fields come from `defaults`, an
+    omitted seed from `seeds` (the engine's --seed; fresh random ones without it)."""
     kwargs: dict[str, Any] = {}
     for name in _DEFAULTED:
         value = getattr(req, name)
@@ -59,7 +61,7 @@ def sampling_params(
         return SamplingParams(
             **kwargs,
             max_tokens=max_tokens,
-            seed=effective_seed(req.seed),
+            seed=(seeds or SeedSource()).next(req.seed),
             logit_bias=bias or None,
             stop=req.stop_list or None,
             stop_token_ids=req.stop_token_ids,
@@ -80,9 +82,12 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
         )
 
 
-def reply_budget(num_prompt: int, asked: int | None, context_len: int, param: str) -> int:
-    """max_tokens for a prompt: the request's, or what the context leaves; a prompt that does
-    not fit is `context_length_exceeded`."""
+def reply_budget(
+    num_prompt: int, asked: int | None, context_len: int, param: str, default: int | None = None
+) -> int:
+    """max_tokens for a prompt: the request's; else `default` (generation_config.json's
+    max_new_tokens, as vLLM reads it) or what the context leaves, whichever is less. A prompt
+    that does not fit is `context_length_exceeded`."""
     if num_prompt == 0:
         raise ApiError(400, "the prompt is empty", param=param)
     room = context_len - num_prompt
@@ -93,7 +98,15 @@ def reply_budget(num_prompt: int, asked: int | None, context_len: int, param: st
             f"{num_prompt + (asked or 1)} ({wanted}). Shorten the prompt or lower max_tokens."
         )
         raise ApiError(400, msg, param=param, code="context_length_exceeded")
-    return room if asked is None else asked
+    if asked is not None:
+        return asked
+    return room if default is None else min(default, room)
+
+
+def default_max_tokens(defaults: dict[str, Any]) -> int | None:
+    """generation_config.json's max_new_tokens, the reply budget of a request without one."""
+    value = defaults.get("max_new_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 @dataclass(slots=True)
@@ -136,6 +149,7 @@ class ReplyRun:
         self._arrival = time.perf_counter()
         self._deadline = None if timeout is None else self._arrival + timeout
         self._first_token: float | None = None
+        self._last_token: float | None = None  # when the latest tokens arrived
         self._iter: AsyncIterator[RequestOutput] | None = None
         self._next: RequestOutput | None = None
         self.last: RequestOutput | None = None
@@ -202,8 +216,14 @@ class ReplyRun:
 
     def _piece(self, out: RequestOutput) -> Piece:
         self.last = out
+        now = time.perf_counter()
         if out.token_ids and self._first_token is None:
-            self._first_token = time.perf_counter()
+            self._first_token = now
+        num_new = len(out.token_ids) - self._sent_tokens
+        if num_new > 0 and self._last_token is not None:
+            self.metrics.tokens_arrived(now - self._last_token, num_new)
+        if num_new > 0:
+            self._last_token = now
         if out.finish_reason is not None:
             visible = len(out.text)
         else:
@@ -228,6 +248,9 @@ class ReplyRun:
             generation_tokens=len(out.token_ids) if out is not None else 0,
             ttft=ttft,
             e2e=now - self._arrival,
+            phases=None if out is None else (
+                out.stats.queue_seconds, out.stats.prefill_seconds, out.stats.decode_seconds
+            ),
         )
 
     def close(self) -> None:

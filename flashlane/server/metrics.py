@@ -19,7 +19,14 @@ _TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.
 _TPOT = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5)
 _E2E = (0.1, 0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480)
 
-# engine.stats() key -> (flashlane name, vLLM name or None, is a cumulative counter)
+# Token counts per request: 1, 2, 5, 10, 20, 50, ... up to 2**20 (vLLM's 1-2-5 series).
+_TOKENS = tuple(m * 10**e for e in range(7) for m in (1, 2, 5))
+# Phase times (queue, prefill, decode), vLLM's request-time buckets.
+_PHASE = (0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960)
+
+# engine.stats() key -> (flashlane name, vLLM name or None, is a cumulative counter). The
+# vLLM names mean what vLLM's do: prefix-cache queries and hits count tokens, preemptions
+# count the times a stream began to wait for a session with room.
 _ENGINE_KEYS: dict[str, tuple[str, str | None, bool]] = {
     "sessions_busy": ("flashlane_sessions_busy", "vllm:num_requests_running", False),
     "sessions_total": ("flashlane_sessions_total", None, False),
@@ -27,13 +34,20 @@ _ENGINE_KEYS: dict[str, tuple[str, str | None, bool]] = {
     "rounds": ("flashlane_rounds", None, True),
     "drafted": ("flashlane_drafted_tokens", "vllm:spec_decode_num_draft_tokens", True),
     "accepted": ("flashlane_accepted_tokens", "vllm:spec_decode_num_accepted_tokens", True),
-    "prompt_cache_queries": ("flashlane_prompt_cache_queries", "vllm:prefix_cache_queries", True),
-    "prompt_cache_hits": ("flashlane_prompt_cache_hits", "vllm:prefix_cache_hits", True),
-    "prompt_cache_hit_tokens": ("flashlane_prompt_cache_hit_tokens", None, True),
+    "prompt_cache_queries": ("flashlane_prompt_cache_queries", None, True),  # requests
+    "prompt_cache_hits": ("flashlane_prompt_cache_hits", None, True),  # requests
+    "prompt_cache_query_tokens": (
+        "flashlane_prompt_cache_query_tokens", "vllm:prefix_cache_queries", True
+    ),
+    "prompt_cache_hit_tokens": (
+        "flashlane_prompt_cache_hit_tokens", "vllm:prefix_cache_hits", True
+    ),
+    "kv_cache_usage": ("flashlane_kv_cache_usage", "vllm:kv_cache_usage_perc", False),
     "prompt_cache_bytes": ("flashlane_prompt_cache_bytes", None, False),
     "prompt_cache_capacity_bytes": ("flashlane_prompt_cache_capacity_bytes", None, False),
     "moves": ("flashlane_session_moves", None, True),
-    "pauses": ("flashlane_session_pauses", "vllm:num_preemptions", True),
+    "pauses": ("flashlane_session_pause_rounds", None, True),
+    "preemptions": ("flashlane_session_pauses", "vllm:num_preemptions", True),
 }
 
 
@@ -89,6 +103,29 @@ class ServerMetrics:
         self.ttft = pair(Histogram, "time_to_first_token_seconds", "TTFT", buckets=_TTFT)
         self.tpot = pair(Histogram, "time_per_output_token_seconds", "TPOT", buckets=_TPOT)
         self.e2e = pair(Histogram, "e2e_request_latency_seconds", "reply latency", buckets=_E2E)
+        self.itl = pair(
+            Histogram, "inter_token_latency_seconds", "time between tokens", buckets=_TPOT
+        )
+        self.request_prompt = pair(
+            Histogram, "request_prompt_tokens", "prompt tokens a request", buckets=_TOKENS
+        )
+        self.request_generation = pair(
+            Histogram, "request_generation_tokens", "reply tokens a request", buckets=_TOKENS
+        )
+        # the most reply tokens among a request's choices (one choice a request here)
+        self.request_max_generation = pair(
+            Histogram, "request_max_num_generation_tokens", "reply tokens, the longest choice",
+            buckets=_TOKENS,
+        )
+        self.queue_time = pair(
+            Histogram, "request_queue_time_seconds", "waiting for a session", buckets=_PHASE
+        )
+        self.prefill_time = pair(
+            Histogram, "request_prefill_time_seconds", "prompt to first token", buckets=_PHASE
+        )
+        self.decode_time = pair(
+            Histogram, "request_decode_time_seconds", "first token to the end", buckets=_PHASE
+        )
 
     def watch_engine(self, stats: Callable[[], dict[str, float] | None]) -> None:
         self.registry.register(EngineCollector(stats, self.model))
@@ -102,9 +139,18 @@ class ServerMetrics:
         generation_tokens: int,
         ttft: float | None,
         e2e: float,
+        phases: tuple[float, float, float] | None = None,
     ) -> None:
-        """Records one finished reply (any finish reason, errors and aborts included)."""
+        """Records one finished reply (any finish reason, errors and aborts included);
+        `phases`: the engine's (queue, prefill, decode) seconds, where it ran."""
         self.prompt_tokens.inc(prompt_tokens)
+        self.request_prompt.observe(prompt_tokens)
+        self.request_generation.observe(generation_tokens)
+        self.request_max_generation.observe(generation_tokens)
+        if phases is not None:
+            for metric, seconds in zip((self.queue_time, self.prefill_time, self.decode_time),
+                                       phases):
+                metric.observe(seconds)
         self.cached_tokens.inc(cached_tokens)
         self.generation_tokens.inc(generation_tokens)
         self.success.inc(1, reason)
@@ -113,6 +159,12 @@ class ServerMetrics:
             if generation_tokens > 1:
                 self.tpot.observe((e2e - ttft) / (generation_tokens - 1))
         self.e2e.observe(e2e)
+
+    def tokens_arrived(self, seconds: float, count: int) -> None:
+        """`count` tokens arrived `seconds` after the previous ones: each observes its share
+        (a round that lands drafts delivers several at once)."""
+        for _ in range(count):
+            self.itl.observe(seconds / count)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -28,6 +28,7 @@ from flashlane.server.api import (
     start_draining,
 )
 from flashlane.server.engine_api import EngineLike
+from flashlane.sessions.memory import OverMemoryLimit
 
 logger = logging.getLogger("flashlane.server")
 
@@ -36,34 +37,39 @@ EngineFactory = Callable[[], EngineLike]
 
 def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     """The HTTP flags of `flashlane serve` (the engine flags are cli.py's)."""
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on "
+                        "(default: 127.0.0.1; 0.0.0.0 for every interface)")
+    parser.add_argument("--port", type=int, default=8000, help="(default: 8000)")
     parser.add_argument(
         "--api-key",
         action="append",
         default=[],
-        help="accepted Bearer key for /v1 routes (repeatable)",
+        help="accepted Bearer key for /v1 routes, repeatable (default: none, no key needed)",
     )
     parser.add_argument(
-        "--served-model-name", default=None, help="the model id clients send and /v1/models lists"
+        "--served-model-name", default=None,
+        help="the model id clients send and /v1/models lists (default: the hub id or the "
+        "folder's name)",
     )
     parser.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
+        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+        help="(default: info)",
     )
     parser.add_argument(
         "--request-timeout",
         type=float,
         default=None,
-        help="seconds a request may take before it is aborted (408)",
+        help="seconds a request may take before it is aborted, 408 (default: no limit)",
     )
     parser.add_argument(
-        "--max-body-mb", type=float, default=32.0, help="largest request body in MiB (413 beyond)"
+        "--max-body-mb", type=float, default=32.0,
+        help="largest request body in MiB, 413 beyond (default: 32)",
     )
     parser.add_argument(
         "--drain-timeout",
         type=float,
         default=30.0,
-        help="seconds live streams get to finish after SIGTERM",
+        help="seconds live streams get to finish after SIGTERM (default: 30)",
     )
 
 
@@ -125,7 +131,10 @@ def _load(
     try:
         engine = make_engine()
     except BaseException as e:
-        logger.exception("the engine failed to load")
+        if isinstance(e, ValueError | OSError | OverMemoryLimit):  # its message says it all
+            logger.error("the engine failed to load: %s", e)
+        else:
+            logger.exception("the engine failed to load")
         engine_failed(app, f"{type(e).__name__}: {e}")  # type: ignore[arg-type]
         server.should_exit = True
         return

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flashlane.request import FinishReason, RequestOutput, SamplingParams
+from flashlane.request import FinishReason, RequestOutput, SamplingParams, SeedSource
 from flashlane.server.chat import ChatTemplate
 from flashlane.server.engine_api import EngineLike, EngineSlot, TokenLogprobs
 from flashlane.server.generate import ReplyRun
@@ -33,11 +33,17 @@ class ServerState:
     vocab_size: int = 0
     think_end_id: int | None = None
     live_runs: set[ReplyRun] = field(default_factory=set)
+    # seeds of requests without one: the engine's (--seed S gives S, S + 1, ...) or random
+    seeds: SeedSource = field(default_factory=SeedSource)
+    # the engine's chat_template_kwargs, under each request's own
+    template_defaults: dict[str, Any] = field(default_factory=dict)
 
     def attach(self, engine: EngineLike) -> None:
         """Prepares everything that depends on the engine, then publishes it."""
         self.metrics = ServerMetrics(self.served_model_name or engine.model_name)
         self.metrics.watch_engine(engine.stats)
+        self.seeds = getattr(engine, "seeds", None) or SeedSource()
+        self.template_defaults = dict(getattr(engine, "chat_template_kwargs", None) or {})
         tokenizer = engine.tokenizer
         self.token_text = TokenText(tokenizer)
         if tokenizer is not None:
@@ -86,6 +92,12 @@ class ServerState:
                 param="model",
                 code="model_not_found",
             )
+
+    def template_kwargs(self, given: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A request's chat_template_kwargs over the engine's defaults."""
+        if not self.template_defaults:
+            return given
+        return {**self.template_defaults, **(given or {})}
 
     def chat_template(self) -> ChatTemplate:
         if self._template is None:

@@ -58,6 +58,7 @@ class PromptCache:
         # plain counters, read from other threads (/metrics) while the engine runs
         self.num_bytes = 0
         self.num_queries = self.num_hits = self.num_hit_tokens = 0
+        self.num_query_tokens = 0  # prompt tokens looked up (vLLM counts queries so)
 
     @property
     def is_enabled(self) -> bool:
@@ -73,6 +74,7 @@ class PromptCache:
     def lookup(self, prompt_ids: Sequence[int], need_drafts: bool) -> Entry | None:
         """The longest kept strict prefix of the prompt (counted as a query, and a hit)."""
         self.num_queries += 1
+        self.num_query_tokens += len(prompt_ids)
         lengths = sorted({e.length for e in self.entries.values()}, reverse=True)
         for length in (n for n in lengths if n < len(prompt_ids)):
             entry = self.find(prompt_ids, length)

@@ -37,6 +37,7 @@ def test_outgrowing_stream_moves_and_stays_exact(sized, plain, params):
     prompts = [ids(10, 1), ids(20, 2), ids(8, 3)]
     outs = sized.generate(prompts, params)
     assert outs[0].stats.moves == 1 and outs[0].stats.pauses >= 1  # waited, then moved
+    assert outs[0].stats.preemptions == 1 and outs[0].stats.queue_seconds >= 0
     for p, o in zip(prompts, outs):
         assert o.error is None
         assert o.token_ids == plain.generate(p, params)[0].token_ids

@@ -98,7 +98,7 @@ def test_finish_reasons_are_strings():
 
 def test_request_output_and_stats():
     stats = RequestStats()
-    assert dataclasses.astuple(stats) == (0, 0, 0, 0, 0, 0, 0.0, 0.0)
+    assert dataclasses.astuple(stats) == (0, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0)
     out = RequestOutput("r1", [1, 2], [3], "x", FinishReason.STOP, 42, stats)
     assert (out.error, out.logprobs, out.seed) == (None, None, 42)
     assert RequestOutput("r2", [], [], "", None, 1, RequestStats(rounds=2)).stats.rounds == 2
