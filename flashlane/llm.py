@@ -13,6 +13,7 @@ from flashlane.lanes.records import CHUNK, CostTable
 from flashlane.models.flashnext import run_piece
 from flashlane.models.state import SessionState
 from flashlane.request import RequestOutput, SamplingParams
+from flashlane.sampling import grammar
 
 Prompt = str | Sequence[int]
 
@@ -64,6 +65,8 @@ class LLM:
         for prompt, p, b in zip(batch, plist, marks):
             if p.n != 1:
                 raise ValueError("n > 1 is not supported by LLM.generate yet; send copies")
+            if p.structured is not None:
+                grammar.check(p.structured)  # a GrammarError (ValueError) before any state
             rid = f"llm-{self._next}"
             self._next += 1
             host.submit(rid, self._ids(prompt), p, boundaries=b)
