@@ -32,7 +32,7 @@ async def chat_completions(request: Request) -> Response:
     req = parse_request(ChatRequest, await read_json(request, state.max_body_bytes))
     state.check_model(req.model)
     template = state.chat_template()
-    prompt = build_chat_prompt(template, req)
+    prompt = build_chat_prompt(template, req, state.tag_ids())
     ids = state.encode(prompt.text, special=False, param="messages")
     max_tokens = reply_budget(len(ids), req.reply_limit, engine.context_len, "messages")
     top = (req.top_logprobs or 0) if req.logprobs else None
@@ -42,6 +42,7 @@ async def chat_completions(request: Request) -> Response:
         max_tokens=max_tokens,
         logprobs=top,
         vocab_size=state.vocab_size,
+        structured=prompt.structured,
     )
     reply = _ChatReply(state, req, prompt, f"chatcmpl-{secrets.token_hex(12)}", params.seed)
     # where each message ends: the engine keeps prompt states there, so a conversation that

@@ -12,7 +12,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from flashlane.request import FinishReason, RequestOutput
+from flashlane.request import FinishReason, RequestOutput, StructuredOutput
 from flashlane.server.generate import (
     Piece,
     ReplyRun,
@@ -23,6 +23,7 @@ from flashlane.server.generate import (
 from flashlane.server.logprobs import completion_logprobs, merge_columns
 from flashlane.server.protocol import ApiError, CompletionRequest, parse_request
 from flashlane.server.state import ServerState, finish_reason, usage
+from flashlane.server.structured import request_structured
 from flashlane.server.transport import (
     EventStream,
     guarded_events,
@@ -50,7 +51,10 @@ async def completions(request: Request) -> Response:
     req = parse_request(CompletionRequest, await read_json(request, state.max_body_bytes))
     state.check_model(req.model)
     rid = f"cmpl-{secrets.token_hex(12)}"
-    choices = [_prepare(state, req, prompt, rid, i) for i, prompt in enumerate(req.prompts)]
+    structured = request_structured(req)
+    choices = [
+        _prepare(state, req, prompt, rid, i, structured) for i, prompt in enumerate(req.prompts)
+    ]
     runs = [c.run for c in choices if c.run is not None]
     request.state.reply_id, request.state.runs = rid, runs
     try:
@@ -74,7 +78,12 @@ def _close(runs: list[ReplyRun]) -> None:
 
 
 def _prepare(
-    state: ServerState, req: CompletionRequest, prompt: str | list[int], rid: str, index: int
+    state: ServerState,
+    req: CompletionRequest,
+    prompt: str | list[int],
+    rid: str,
+    index: int,
+    structured: StructuredOutput | None,
 ) -> _Choice:
     """Tokenises and validates one prompt; nothing reaches the engine yet."""
     engine = state.engine()
@@ -94,6 +103,7 @@ def _prepare(
         max_tokens=max_tokens,
         logprobs=req.logprobs,
         vocab_size=state.vocab_size,
+        structured=structured,
     )
     return _Choice(index, ids, text, state.new_run(ids, params, f"{rid}-{index}"))
 

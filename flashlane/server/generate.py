@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from flashlane.detok import StopMatcher
-from flashlane.request import FinishReason, RequestOutput, SamplingParams, effective_seed
+from flashlane.request import (
+    FinishReason,
+    RequestOutput,
+    SamplingParams,
+    StructuredOutput,
+    effective_seed,
+)
 from flashlane.server.engine_api import EngineLike, QueueFull, TokenLogprobs
 from flashlane.server.metrics import ServerMetrics
 from flashlane.server.protocol import ApiError, SamplingFields
@@ -38,6 +44,7 @@ def sampling_params(
     max_tokens: int,
     logprobs: int | None,
     vocab_size: int,
+    structured: StructuredOutput | None = None,
 ) -> SamplingParams:
     """The engine's params for a request; omitted sampling fields come from `defaults`."""
     kwargs: dict[str, Any] = {}
@@ -67,6 +74,7 @@ def sampling_params(
             logprobs=logprobs,
             draft=req.draft,
             thinking_budget=req.thinking_budget,
+            structured=structured,
         )
     except (ValueError, TypeError) as e:
         raise ApiError(400, str(e)) from None

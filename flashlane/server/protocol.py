@@ -124,6 +124,13 @@ class SamplingFields(Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # structured output (server/structured.py reads and checks them; at most one is set)
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check_shared(self) -> SamplingFields:
@@ -159,7 +166,6 @@ class ChatRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatRequest:
@@ -167,10 +173,6 @@ class ChatRequest(SamplingFields):
             raise ApiError(400, "max_tokens must be at least 1", param="max_tokens")
         if self.top_logprobs and not self.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        kind = (self.response_format or {}).get("type", "text")
-        if kind != "text":
-            msg = f"response_format {kind!r} is not supported"
-            raise ApiError(400, msg, param="response_format")
         if isinstance(self.tool_choice, NamedToolChoice):
             names = [t.function.name for t in self.tools or ()]
             if self.tool_choice.function.name not in names:

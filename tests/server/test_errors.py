@@ -41,7 +41,7 @@ BAD = [
     (CHAT, {"messages": USER, "stop_token_ids": [-1]}, "stop_token_ids"),
     (CHAT, {"messages": USER, "stream_options": {"include_usage": True}}, "stream_options"),
     (CHAT, {"messages": USER, "tool_choice": "required"}, "tool_choice"),
-    (CHAT, {"messages": USER, "response_format": {"type": "json_object"}}, "response_format"),
+    (CHAT, {"messages": USER, "response_format": {"type": "xml"}}, "response_format"),
     (CHAT, {"messages": []}, "messages"),
     (CHAT, {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     (CHAT, {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
