@@ -14,9 +14,10 @@ from starlette.responses import JSONResponse, Response
 
 from flashlane.request import FinishReason, RequestOutput, StructuredOutput
 from flashlane.server.generate import (
-    Piece,
     ReplyRun,
     check_token_ids,
+    choice_params,
+    merged_pieces,
     reply_budget,
     sampling_params,
 )
@@ -53,7 +54,9 @@ async def completions(request: Request) -> Response:
     rid = f"cmpl-{secrets.token_hex(12)}"
     structured = request_structured(req)
     choices = [
-        _prepare(state, req, prompt, rid, i, structured) for i, prompt in enumerate(req.prompts)
+        choice
+        for i, prompt in enumerate(req.prompts)
+        for choice in _prepare(state, req, prompt, rid, i * req.n, structured)
     ]
     runs = [c.run for c in choices if c.run is not None]
     request.state.reply_id, request.state.runs = rid, runs
@@ -84,8 +87,9 @@ def _prepare(
     rid: str,
     index: int,
     structured: StructuredOutput | None,
-) -> _Choice:
-    """Tokenises and validates one prompt; nothing reaches the engine yet."""
+) -> list[_Choice]:
+    """Tokenises and validates one prompt; its n choices from `index` on (OpenAI's order:
+    prompt by prompt, each prompt's choices together); nothing reaches the engine yet."""
     engine = state.engine()
     if isinstance(prompt, str):
         ids = state.encode(prompt, special=True, param="prompt")
@@ -96,7 +100,7 @@ def _prepare(
     asked = req.max_tokens if req.max_tokens else None
     max_tokens = reply_budget(len(ids), asked, engine.context_len, "prompt")
     if req.max_tokens == 0:
-        return _Choice(index, ids, text, None)
+        return [_Choice(index + j, ids, text, None) for j in range(req.n)]
     params = sampling_params(
         req,
         engine.generation_defaults,
@@ -105,7 +109,10 @@ def _prepare(
         vocab_size=state.vocab_size,
         structured=structured,
     )
-    return _Choice(index, ids, text, state.new_run(ids, params, f"{rid}-{index}"))
+    return [
+        _Choice(index + j, ids, text, state.new_run(ids, p, f"{rid}-{index + j}"))
+        for j, p in enumerate(choice_params(params, req.n))
+    ]
 
 
 async def _start(state: ServerState, req: CompletionRequest, choice: _Choice) -> None:
@@ -148,11 +155,14 @@ class _CompletionReply:
         total: dict[str, Any] = usage(None)
         for choice, out in zip(self.choices, outs):
             one = usage(out, prompt=len(choice.prompt_ids))
-            for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
-                total[key] += one[key]
-            total["prompt_tokens_details"]["cached_tokens"] += one["prompt_tokens_details"][
-                "cached_tokens"
-            ]
+            # a prompt counts once, however many choices it has (OpenAI's usage)
+            first = choice.index % self.req.n == 0
+            total["prompt_tokens"] += one["prompt_tokens"] if first else 0
+            total["completion_tokens"] += one["completion_tokens"]
+            total["prompt_tokens_details"]["cached_tokens"] += (
+                one["prompt_tokens_details"]["cached_tokens"] if first else 0
+            )
+        total["total_tokens"] = total["prompt_tokens"] + total["completion_tokens"]
         return total
 
     def whole(self, outs: list[RequestOutput]) -> dict[str, Any]:
@@ -197,7 +207,8 @@ class _CompletionReply:
                 choice.offset = len(choice.prompt_text)
                 finish = "length" if choice.run is None else None
                 yield self._chunk(choice.index, choice.prompt_text, choice.echo_logprobs, finish)
-        async for index, piece in _merged(self.choices):
+        runs = [(c.index, c.run) for c in self.choices if c.run is not None]
+        async for index, piece in merged_pieces(runs):
             choice = self.choices[index]
             out = piece.output
             if out.finish_reason == FinishReason.ERROR:
@@ -211,37 +222,3 @@ class _CompletionReply:
                 outs[index] = out
         if self.req.include_usage:
             yield sse({**self._head(), "choices": [], "usage": self._usage(outs)})
-
-
-async def _merged(choices: list[_Choice]) -> AsyncIterator[tuple[int, Piece]]:
-    """The pieces of all runs as they come, tagged with their choice index."""
-    runs = [(c.index, c.run) for c in choices if c.run is not None]
-    if len(runs) == 1:
-        index, run = runs[0]
-        async for piece in run.pieces():
-            yield index, piece
-        return
-    queue: asyncio.Queue[tuple[int, Piece | BaseException | None]] = asyncio.Queue()
-
-    async def pump(index: int, run: ReplyRun) -> None:
-        try:
-            async for piece in run.pieces():
-                await queue.put((index, piece))
-            await queue.put((index, None))
-        except Exception as e:
-            await queue.put((index, e))
-
-    tasks = [asyncio.ensure_future(pump(i, r)) for i, r in runs]
-    try:
-        left = len(tasks)
-        while left:
-            index, item = await queue.get()
-            if item is None:
-                left -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield index, item
-    finally:
-        for task in tasks:
-            task.cancel()

@@ -134,8 +134,8 @@ class SamplingFields(Strict):
 
     @model_validator(mode="after")
     def _check_shared(self) -> SamplingFields:
-        if self.n > 1:
-            raise ApiError(400, "n > 1 is not supported: send n requests instead", param="n")
+        if self.n > 128:
+            raise ApiError(400, "n must be at most 128", param="n")
         for key, bias in (self.logit_bias or {}).items():
             if not key.lstrip("-").isdigit():
                 raise ApiError(400, f"logit_bias key {key!r} is not a token id", param="logit_bias")

@@ -67,10 +67,10 @@ def test_unknown_fields_are_ignored(live):
     assert post(live, CHAT, body).status_code == 200
 
 
-def test_n_above_one_is_refused_clearly(live):
+def test_n_above_128_is_refused_clearly(live):
     with pytest.raises(openai.BadRequestError) as err:
-        live.client().chat.completions.create(model="fake-flash", messages=USER, n=2)
-    assert err.value.body["param"] == "n" and "n > 1" in err.value.body["message"]
+        live.client().chat.completions.create(model="fake-flash", messages=USER, n=129)
+    assert err.value.body["param"] == "n" and "at most 128" in err.value.body["message"]
 
 
 def test_malformed_json_and_non_object_bodies(live, engine):
