@@ -172,3 +172,4 @@ class RequestOutput:
     error: str | None = None  # set when finish_reason is "error"
     # One dict per token, id -> logprob: the top `params.logprobs` ids and the sampled one.
     logprobs: list[dict[int, float]] | None = None
+    stop_string: str | None = None  # the stop string that ended the reply, if one did

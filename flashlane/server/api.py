@@ -23,7 +23,9 @@ from flashlane.server.chat_endpoint import chat_completions
 from flashlane.server.completion_endpoint import completions
 from flashlane.server.engine_api import EngineLike, EngineSlot
 from flashlane.server.generate import check_token_ids
+from flashlane.server.messages_endpoint import messages
 from flashlane.server.protocol import ApiError, DetokenizeRequest, TokenizeRequest, parse_request
+from flashlane.server.responses_endpoint import responses
 from flashlane.server.state import ServerState
 from flashlane.server.transport import CLIENT_GONE, ClientGone, error_response, read_json
 
@@ -55,6 +57,8 @@ def build_app(
     app.add_middleware(_RequestLog)
     app.add_api_route("/v1/chat/completions", _keyed(chat_completions), methods=["POST"])
     app.add_api_route("/v1/completions", _keyed(completions), methods=["POST"])
+    app.add_api_route("/v1/messages", _keyed(messages), methods=["POST"])
+    app.add_api_route("/v1/responses", _keyed(responses), methods=["POST"])
     app.add_api_route("/v1/models", _keyed(_models), methods=["GET"])
     app.add_api_route("/health", _health, methods=["GET"])
     app.add_api_route("/metrics", _metrics, methods=["GET"])
@@ -93,6 +97,8 @@ def _keyed(endpoint: Any) -> Any:
         if keys:
             header = request.headers.get("authorization", "")
             scheme, _, token = header.partition(" ")
+            if not header and "x-api-key" in request.headers:  # the anthropic SDK's header
+                scheme, token = "bearer", request.headers["x-api-key"]
             ok = scheme.lower() == "bearer" and any(
                 hmac.compare_digest(token.strip().encode(), k.encode()) for k in keys
             )
@@ -224,6 +230,8 @@ _ROUTES = frozenset(
     {
         "/v1/chat/completions",
         "/v1/completions",
+        "/v1/messages",
+        "/v1/responses",
         "/v1/models",
         "/health",
         "/metrics",

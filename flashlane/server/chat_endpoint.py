@@ -6,6 +6,7 @@ import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -35,14 +36,42 @@ from flashlane.server.transport import (
 
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.flashlane
-    engine = state.engine()
     req = parse_request(ChatRequest, await read_json(request, state.max_body_bytes))
+    rid = f"chatcmpl-{secrets.token_hex(12)}"
+    job = prepare_chat(state, req, rid, top=(req.top_logprobs or 0) if req.logprobs else None)
+    reply = _ChatReply(state, req, job.prompt, rid, job.seed)
+    await start_runs(request, rid, job.runs)
+    try:
+        if req.stream:
+            return EventStream(
+                guarded_events(reply.events(job.runs), rid), on_close=lambda: close_runs(job.runs)
+            )
+        outs = await until_disconnect(request, asyncio.gather(*(r.run() for r in job.runs)))
+    except BaseException:
+        close_runs(job.runs)
+        raise
+    return JSONResponse(reply.whole(list(outs)))
+
+
+@dataclass(frozen=True, slots=True)
+class ChatJob:
+    """A chat request made ready to run: its prompt, and one run per choice (not started)."""
+
+    prompt: ChatPrompt
+    prompt_ids: list[int]
+    seed: int  # the request's seed; choice j draws with seed + j
+    runs: list[ReplyRun]
+
+
+def prepare_chat(state: ServerState, req: ChatRequest, rid: str, top: int | None) -> ChatJob:
+    """Renders, tokenizes and checks a chat request (the chat, Anthropic and Responses
+    endpoints all come here); every 4xx is raised before the engine sees anything."""
+    engine = state.engine()
     state.check_model(req.model)
     template = state.chat_template()
     prompt = build_chat_prompt(template, req, state.tag_ids())
     ids = state.encode(prompt.text, special=False, param="messages")
     max_tokens = reply_budget(len(ids), req.reply_limit, engine.context_len, "messages")
-    top = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(
         req,
         engine.generation_defaults,
@@ -51,32 +80,30 @@ async def chat_completions(request: Request) -> Response:
         vocab_size=state.vocab_size,
         structured=prompt.structured,
     )
-    reply = _ChatReply(state, req, prompt, f"chatcmpl-{secrets.token_hex(12)}", params.seed)
     # where each message ends: the engine keeps prompt states there, so a conversation that
     # shares this one's first messages, or extends it by a turn, resumes from them
     ends = message_ends(
         template, req, ids, lambda text: state.encode(text, special=False, param="messages")
     )
     runs = [
-        state.new_run(ids, p, f"{reply.id}-{j}", boundaries=ends)
+        state.new_run(ids, p, f"{rid}-{j}", boundaries=ends)
         for j, p in enumerate(choice_params(params, req.n))
     ]
-    request.state.reply_id, request.state.runs = reply.id, runs
+    return ChatJob(prompt, ids, params.seed, runs)
+
+
+async def start_runs(request: Request, rid: str, runs: list[ReplyRun]) -> None:
+    """Starts every run (a full queue is a 429 before any response goes out)."""
+    request.state.reply_id, request.state.runs = rid, runs
     try:
         for run in runs:
             await until_disconnect(request, run.start())
-        if req.stream:
-            return EventStream(
-                guarded_events(reply.events(runs), reply.id), on_close=lambda: _close(runs)
-            )
-        outs = await until_disconnect(request, asyncio.gather(*(r.run() for r in runs)))
     except BaseException:
-        _close(runs)
+        close_runs(runs)
         raise
-    return JSONResponse(reply.whole(list(outs)))
 
 
-def _close(runs: list[ReplyRun]) -> None:
+def close_runs(runs: list[ReplyRun]) -> None:
     for run in runs:
         run.close()
 
