@@ -176,8 +176,8 @@ async def _tokenize(request: Request) -> Response:
         )
         ids = state.encode(text, special=False, param="messages")
     else:
-        assert req.prompt is not None
-        ids = state.encode(req.prompt, special=req.add_special_tokens, param="prompt")
+        assert req.text is not None
+        ids = state.encode(req.text, special=req.add_special_tokens, param="prompt")
     return JSONResponse({"count": len(ids), "max_model_len": engine.context_len, "tokens": ids})
 
 

@@ -91,6 +91,8 @@ def _prepare(
     """Tokenises and validates one prompt; its n choices from `index` on (OpenAI's order:
     prompt by prompt, each prompt's choices together); nothing reaches the engine yet."""
     engine = state.engine()
+    if req.suffix is not None:
+        prompt = fill_in_the_middle(state, prompt, req.suffix)
     if isinstance(prompt, str):
         ids = state.encode(prompt, special=True, param="prompt")
         text = prompt
@@ -113,6 +115,26 @@ def _prepare(
         _Choice(index + j, ids, text, state.new_run(ids, p, f"{rid}-{index + j}"))
         for j, p in enumerate(choice_params(params, req.n))
     ]
+
+
+# Qwen2.5-Coder's, StarCoder's and most code models' fill-in-the-middle tokens
+FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+
+
+def fill_in_the_middle(state: ServerState, prompt: str | list[int], suffix: str) -> str:
+    """The prompt that asks for the text between `prompt` and `suffix` (prefix-suffix-middle
+    order), where the tokenizer defines the FIM tokens; else a 400 saying so."""
+    tokenizer = state.engine().tokenizer
+    if tokenizer is None or any(tokenizer.token_to_id(t) is None for t in FIM_TOKENS):
+        msg = (
+            "suffix needs fill-in-the-middle, and this model's tokenizer defines no "
+            + ", ".join(FIM_TOKENS)
+        )
+        raise ApiError(400, msg, param="suffix")
+    if not isinstance(prompt, str):
+        raise ApiError(400, "suffix needs a text prompt, not token ids", param="suffix")
+    prefix, hole, middle = FIM_TOKENS
+    return f"{prefix}{prompt}{hole}{suffix}{middle}"
 
 
 async def _start(state: ServerState, req: CompletionRequest, choice: _Choice) -> None:

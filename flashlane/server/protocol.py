@@ -199,8 +199,6 @@ class CompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _check_completion(self) -> CompletionRequest:
-        if self.suffix:
-            raise ApiError(400, "suffix is not supported", param="suffix")
         if self.best_of is not None and self.best_of > 1:
             raise ApiError(400, "best_of > 1 is not supported", param="best_of")
         if self.max_tokens == 0 and not self.echo:
@@ -223,6 +221,7 @@ class CompletionRequest(SamplingFields):
 class TokenizeRequest(Strict):
     model: str | None = None
     prompt: str | None = None
+    content: str | None = None  # llama.cpp's name for prompt
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
@@ -231,9 +230,15 @@ class TokenizeRequest(Strict):
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ApiError(400, "send exactly one of prompt and messages", param="prompt")
+        given = [x for x in (self.prompt, self.content, self.messages) if x is not None]
+        if len(given) != 1:
+            msg = "send exactly one of prompt (or llama.cpp's content) and messages"
+            raise ApiError(400, msg, param="prompt")
         return self
+
+    @property
+    def text(self) -> str | None:
+        return self.prompt if self.prompt is not None else self.content
 
 
 class DetokenizeRequest(Strict):
