@@ -32,8 +32,8 @@ async def responses(request: Request) -> Response:
     job = prepare_chat(state, chat_request(req), rid, top=None)
     (run,) = job.runs
     await start_runs(request, rid, job.runs)
-    reply = _Reply(rid, state.model_name, req, len(job.prompt_ids))
     parser = job.prompt.parser()
+    reply = _Reply(state, rid, req, len(job.prompt_ids), parser)
     try:
         if req.stream:
             return EventStream(reply.events(run, parser), on_close=lambda: close_runs(job.runs))
@@ -55,8 +55,11 @@ def _check(out: RequestOutput) -> None:
 
 
 class _Reply:
-    def __init__(self, rid: str, model: str, req: ResponsesRequest, num_prompt: int) -> None:
-        self.id, self.model, self.req, self.num_prompt = rid, model, req, num_prompt
+    def __init__(
+        self, state: ServerState, rid: str, req: ResponsesRequest, num_prompt: int, parser
+    ) -> None:
+        self.state, self.parser = state, parser
+        self.id, self.model, self.req, self.num_prompt = rid, state.model_name, req, num_prompt
         self.created = int(time.time())
         self.writer = BlockWriter()
         self.item_ids: dict[int, str] = {}  # block index -> its output item's id
@@ -114,7 +117,9 @@ class _Reply:
                 "input_tokens": self.num_prompt,
                 "input_tokens_details": {"cached_tokens": out.stats.cached_tokens},
                 "output_tokens": num_out,
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {
+                    "reasoning_tokens": self.state.reasoning_tokens(out.token_ids, self.parser)
+                },
                 "total_tokens": self.num_prompt + num_out,
             }
         return body
