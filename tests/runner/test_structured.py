@@ -15,6 +15,7 @@ from flashlane.lanes.records import CostTable
 from flashlane.llm import LLM
 from flashlane.request import SamplingParams, StructuredOutput
 from flashlane.sampling.grammar import GrammarError, check
+from tests.runner.test_lone import lone_run
 
 COSTS = CostTable({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3, overhead_ms=0.2)
 PROMPT = 'def parse(config):\n    """Return the settings as JSON."""\n'
@@ -85,3 +86,15 @@ def test_bad_grammars_are_refused_before_the_engine():
         StructuredOutput(json="{}", regex="a")
     with pytest.raises(ValueError, match="ignore_eos"):
         SamplingParams(structured=StructuredOutput(regex="a"), ignore_eos=True)
+
+
+def test_constrained_streams_stay_in_shared_rounds(llm):
+    """The lone driver draws unmasked rows: a constrained stream never goes lone, and its reply
+    is the shared rounds' (a free greedy stream does go lone)."""
+    p = SamplingParams(max_tokens=40, temperature=0.0, structured=JSON)
+    want = llm.generate(PROMPT, p)[0].token_ids
+    (got, driver) = lone_run(llm, lambda: llm.generate(PROMPT, p)[0].token_ids, steps=8)
+    assert got == want and driver.num_steps == 0
+    free = SamplingParams(max_tokens=8, temperature=0.0)
+    (_, driver) = lone_run(llm, lambda: llm.generate(PROMPT, free), steps=8)
+    assert driver.num_steps > 0
