@@ -125,6 +125,11 @@ def test_vllm_guided_extras(live):
         extra_body={"structured_outputs": {"choice": ["alpha", "beta"]}},
     )  # fmt: skip
     assert r.choices[0].message.content in ("alpha", "beta")
+    gbnf = 'root ::= "yes" | "no"'  # llama.cpp's grammar format, translated
+    r = client.completions.create(
+        model=MODEL, prompt="ok = ", max_tokens=4, extra_body={"guided_grammar": gbnf}
+    )
+    assert r.choices[0].text in ("yes", "no")
 
 
 @pytest.mark.parametrize(
