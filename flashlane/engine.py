@@ -28,6 +28,7 @@ from flashlane.models.state import SessionState
 from flashlane.request import SeedSource
 from flashlane.runner.backend import ModelBackend
 from flashlane.runner.costs import describe, time_costs
+from flashlane.sampling.grammar import Grammars
 from flashlane.sessions import memory
 from flashlane.sessions.limits import read_ram_bytes
 from flashlane.sessions.slots import parse_slot_contexts
@@ -101,9 +102,10 @@ class Engine:
         # bounded the MoE at 2,048 rows; 8,192 is SGLang's chunked-prefill default on large
         # GPUs), and the memory plan holds its activations.
         prefill_rows = self.plan.prompt_rows
+        rules = self._stop_rules()
         self.backend = ModelBackend(
             self.model, self.sessions, self.max_rows, mtp_confidence=config.mtp_confidence,
-            max_prompt_rows=prefill_rows,
+            max_prompt_rows=prefill_rows, grammars=self._grammars(rules),
         )
         if costs is None and not config.unpriced:
             scratch = [SessionState.empty(cfg, 64 + self.max_rows, cache, state, self.device)
@@ -128,7 +130,7 @@ class Engine:
                 prompt_cache_bytes=self.plan.prompt_cache_bytes,
                 lone_streams=config.lone_streams,
             ),
-            self._stop_rules(),
+            rules,
             self.plan.capacities,
             grow=config.slot_grow if config.slot_contexts else None,
             lone=self._lone_driver(),
@@ -216,6 +218,14 @@ class Engine:
             prompt_cache_bytes=cache_bytes,
             prompt_rows=memory.PREFILL_ROWS[kind],
         )
+
+    def _grammars(self, rules: StopRules) -> Grammars | None:
+        """Constrained decoding's view of the tokenizer (none without one); a finished grammar
+        allows only the ids that end a reply."""
+        if self.tokenizer is None:
+            return None
+        vocab = self.model_config.vocab_size
+        return Grammars(self.tokenizer.to_str(), vocab, sorted(rules.eos_ids))
 
     def _stop_rules(self) -> StopRules:
         tok, cfg = self.tokenizer, self.model_config

@@ -13,6 +13,7 @@ from flashlane.lanes.records import CHUNK, CostTable
 from flashlane.models.flashnext import run_piece
 from flashlane.models.state import SessionState
 from flashlane.request import SEED_MODULUS, CompletionOutput, RequestOutput, SamplingParams
+from flashlane.sampling import grammar
 
 # text, token ids, or vLLM's {"prompt": text} / {"prompt_token_ids": ids}
 Prompt = str | Sequence[int] | Mapping[str, object]
@@ -74,6 +75,8 @@ class LLM:
         host, seeds = self.engine.host, self.engine.seeds
         groups = []
         for prompt, p, b in zip(batch, plist, marks):
+            if p.structured is not None:
+                grammar.check(p.structured)  # a GrammarError (ValueError) before any state
             ids, seed, rids = self._ids(prompt), seeds.next(p.seed), []
             for j in range(p.n):
                 rid = f"llm-{self._next}"

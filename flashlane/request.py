@@ -57,6 +57,31 @@ def _is_number(value: Any) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """A constraint on the reply's text (vLLM's `structured_outputs`): exactly one field set.
+    The mask it makes is applied to each drawing row before the keyed draw (flashlane.sampling
+    .grammar), so a constrained reply is as exact as any other."""
+
+    json: str | None = None  # a JSON schema as JSON text; '{"type": "object"}' is JSON mode
+    regex: str | None = None  # the whole reply matches it
+    choice: tuple[str, ...] | None = None  # the reply is one of these strings
+    grammar: str | None = None  # a Lark grammar (llguidance's dialect, `%json{...}` included)
+
+    def __post_init__(self) -> None:
+        given = [v for v in (self.json, self.regex, self.choice, self.grammar) if v is not None]
+        _require(len(given) == 1, "structured", "exactly one of json, regex, choice, grammar")
+        for name in ("json", "regex", "grammar"):
+            value = getattr(self, name)
+            _require(value is None or isinstance(value, str), f"structured.{name}", "a str")
+        ok = self.choice is None or (
+            isinstance(self.choice, tuple)
+            and len(self.choice) > 0
+            and all(isinstance(c, str) and c for c in self.choice)
+        )
+        _require(ok, "structured.choice", "a non-empty tuple of non-empty str")
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
     """One request's sampling and stopping rules (DESIGN.md section 8). Validated at creation;
     a bad value raises ValueError naming the parameter. Frozen: use dataclasses.replace."""
@@ -78,6 +103,7 @@ class SamplingParams:
     logprobs: int | None = None  # how many top logprobs per token (0..20)
     draft: bool = True
     thinking_budget: int | None = None  # reasoning tokens before the think block is closed
+    structured: StructuredOutput | None = None  # constrained decoding (JSON, regex, choice)
 
     def __post_init__(self) -> None:
         self._check_sampling()
@@ -113,6 +139,10 @@ class SamplingParams:
         _require(tb is None or (_is_int(tb) and tb >= 0), "thinking_budget", "None or an int >= 0")
         _require(isinstance(self.ignore_eos, bool), "ignore_eos", "a bool")
         _require(isinstance(self.draft, bool), "draft", "a bool")
+        st = self.structured
+        _require(st is None or isinstance(st, StructuredOutput), "structured", "a StructuredOutput")
+        # a finished grammar allows only the end of the reply: ignoring it would leave no token
+        _require(st is None or not self.ignore_eos, "ignore_eos", "False with structured output")
 
     def _check_lists(self) -> None:
         stop = self.stop
@@ -185,3 +215,4 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+    stop_string: str | None = None  # the stop string that ended the reply, if one did

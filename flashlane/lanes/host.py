@@ -204,6 +204,8 @@ class LaneHost:
     def _admit(self) -> None:
         while self.waiting:
             s = self.waiting[0]
+            if self._twin_filling(s):
+                return
             session_id = self.sessions.allocate(len(s.prompt_ids), s.params.max_tokens)
             if session_id is None:
                 return
@@ -215,6 +217,21 @@ class LaneHost:
             need_drafts = s.params.draft and self.config.lanes.mtp_drafts > 0
             resume(self.cache, self.backend, s, need_drafts)
             self.live.append(s)
+
+    def _twin_filling(self, s: Stream) -> bool:
+        """Whether a live stream with the same prompt (a choice of the same n > 1 request, or
+        a resent prompt) is still filling up to the prompt's last mark: `s` then waits for the
+        prompt cache to keep that state and resumes from it, instead of filling it again. The
+        twin passes the mark within its prefill, so the wait is bounded; a keep that fails
+        only means `s` fills from zero."""
+        if not self.cache.is_enabled or not s.marks:
+            return False
+        n, last = len(s.prompt_ids), s.marks[-1]
+        return any(
+            t.is_filling and t.filled < last and len(t.prompt_ids) == n
+            and t.prompt_ids == s.prompt_ids and not t.is_finished
+            for t in self.live
+        )  # fmt: skip
 
     def _dress(self, s: Stream) -> None:
         """The per-stream helpers its params ask for: copy index, text, stop strings."""

@@ -44,8 +44,9 @@ def lone_streams(host: LaneHost, running: Sequence[Stream]) -> list[Stream]:
     # steps' cells are queued for its MTP head, so drafting resumes in shared rounds.
     sampled = host.lone.sampled
     for s in running:
+        # constrained streams draw masked rows: shared rounds only
         if (s.is_filling or s.is_finished or s.forced or s.is_thinking
-                or s.logprobs is not None or s.room < 1
+                or s.logprobs is not None or s.room < 1 or s.params.structured is not None
                 or not (is_plain_greedy(DrawSpec(s.params, s.seed, s.start))
                         or (sampled and is_lone_drawn(s.params)))):
             return []

@@ -35,6 +35,7 @@ def output(s: Stream) -> RequestOutput:
         stats=stats,
         error=s.error,
         logprobs=list(s.logprobs) if s.logprobs is not None else None,
+        stop_string=s.stop_string,
     )
 
 

@@ -10,6 +10,7 @@ absorb the kept rows and chains drafts for all drafting streams together.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ from flashlane.sampling.choose import (
     is_plain_greedy,
 )
 from flashlane.sampling.gpu import draw_rows_gpu
+from flashlane.sampling.grammar import GrammarError, Grammars, StreamGrammar
 
 
 @dataclass(slots=True)
@@ -50,6 +52,7 @@ class ModelBackend:
         costs: CostTable | None = None,
         mtp_confidence: float = 0.7,
         max_prompt_rows: int = 4096,
+        grammars: Grammars | None = None,
     ):
         self.model, self.sessions = model, list(sessions)
         self.max_rows, self.max_prompt_rows = max_rows, max_prompt_rows
@@ -59,6 +62,9 @@ class ModelBackend:
         self.drafter = MtpDrafter(model, mtp_confidence)
         self._costs = costs or CostTable(verify_ms={1: 1.0}, draft_step_ms=0.0, overhead_ms=0.0)
         self.device = model.embed_tokens.weight.device
+        # constrained decoding: None without a tokenizer (a constrained stream then fails)
+        self.grammars = grammars
+        self.grammar_states: dict[int, StreamGrammar] = {}  # stream_id -> its grammar state
 
     def costs(self) -> CostTable:
         return self._costs
@@ -112,6 +118,7 @@ class ModelBackend:
                 self.bound[w.stream_id] = w.session_id
                 self.sessions[w.session_id].reset(self.model.cfg)
                 self.drafter.forget(w.stream_id)
+                self.grammar_states.pop(w.stream_id, None)
         self.fed.clear()
         specs = [
             (self.sessions[w.session_id], w.tokens, w.start, w.kind == "decode")
@@ -126,6 +133,8 @@ class ModelBackend:
             # head's kernels one by one
             at = rows.longs("draw_at", lambda: draw_at) if draw_at else None
             logits = self.model.logits(r.index_select(0, at)) if draw_at else None
+        # no work at all unless a stream is constrained
+        refused = self._constrain(windows, logits) if _any_constrained(windows) else {}
         specs = [_spec(w, i) for w in windows for i in range(w.num_draws)]
         picks = _draw_all(logits, specs)
         verdicts, row = [], 0
@@ -133,10 +142,38 @@ class ModelBackend:
             n = w.num_draws
             fed = Fed(w, p, r[p.rows])
             got = [picks[i] for i in range(row, row + n)]
-            verdicts.append(self._verdict(w, logits[row : row + n] if n else None, fed, got))
+            if w.stream_id in refused:
+                verdicts.append(Verdict(w.stream_id, [], error=refused[w.stream_id]))
+            else:
+                verdicts.append(self._verdict(w, logits[row : row + n] if n else None, fed, got))
             self.fed[w.stream_id] = fed
             row += n
         return verdicts
+
+    def _constrain(self, windows: Sequence[Window], logits: torch.Tensor | None) -> dict:
+        """Sets the logits [draws, V] of ids each constrained window's grammar refuses to -inf,
+        row by row (sampling/grammar.py); returns stream_id -> error for the streams whose
+        grammar fails (no tokenizer, a grammar that does not compile, a refused reply)."""
+        refused: dict[int, str] = {}
+        row = 0
+        for w in windows:
+            n, structured = w.num_draws, w.draws.params.structured
+            if n and structured is not None and logits is not None:
+                tokens = w.tokens if w.kind == "decode" else w.tokens[-1:]
+                try:
+                    state = self.grammar_states.get(w.stream_id)
+                    if state is None:
+                        if self.grammars is None:
+                            raise GrammarError("structured output needs the model's tokenizer")
+                        state = self.grammar_states[w.stream_id] = self.grammars.matcher(structured)
+                    allowed = state.row_masks(w.draws.reply_ids, tokens)
+                except GrammarError as e:
+                    refused[w.stream_id] = f"structured output: {e}"
+                else:
+                    refuse = torch.from_numpy(~allowed).to(logits.device)
+                    logits[row : row + n].masked_fill_(refuse, float("-inf"))
+            row += n
+        return refused
 
     def _verdict(self, w: Window, logits: torch.Tensor | None, fed: Fed, got: list) -> Verdict:
         """The window's draws (a row's SampleError fails the stream), with logprobs if asked."""
@@ -216,6 +253,7 @@ class ModelBackend:
     def release(self, stream_id: int, keep_prompt_state: bool = False) -> None:
         self.bound.pop(stream_id, None)
         self.fed.pop(stream_id, None)
+        self.grammar_states.pop(stream_id, None)
         self.drafter.forget(stream_id)
 
 
@@ -233,6 +271,10 @@ def _draw_all(logits: torch.Tensor | None, specs: list[DrawSpec]) -> list:
         draw = draw_rows_gpu if logits.is_cuda else draw_rows
         picks.update(zip(rest, draw(logits[rest], [specs[i] for i in rest])))
     return [picks[i] for i in range(len(specs))]
+
+
+def _any_constrained(windows: Sequence[Window]) -> bool:
+    return any(w.draws.params.structured is not None for w in windows)
 
 
 def _drawing_rows(w: Window, p: Piece) -> range:
@@ -255,7 +297,8 @@ def _logprobs(logits: torch.Tensor, sampled: list[int], top: int) -> list[dict[i
     out = []
     for row, tok in zip(lp, sampled):
         best = torch.topk(row, top).indices.tolist() if top else []
-        out.append({i: float(row[i]) for i in [*best, tok]})
+        # ids a grammar refuses (-inf) are no alternatives
+        out.append({i: float(row[i]) for i in [*best, tok] if i == tok or row[i] > -math.inf})
     return out
 
 

@@ -25,7 +25,9 @@ from flashlane.server.chat_endpoint import chat_completions
 from flashlane.server.completion_endpoint import completions
 from flashlane.server.engine_api import EngineLike, EngineSlot
 from flashlane.server.generate import check_token_ids
+from flashlane.server.messages_endpoint import messages
 from flashlane.server.protocol import ApiError, DetokenizeRequest, TokenizeRequest, parse_request
+from flashlane.server.responses_endpoint import responses
 from flashlane.server.state import ServerState
 from flashlane.server.transport import CLIENT_GONE, ClientGone, error_response, read_json
 
@@ -57,6 +59,8 @@ def build_app(
     app.add_middleware(_RequestLog)
     app.add_api_route("/v1/chat/completions", _keyed(chat_completions), methods=["POST"])
     app.add_api_route("/v1/completions", _keyed(completions), methods=["POST"])
+    app.add_api_route("/v1/messages", _keyed(messages), methods=["POST"])
+    app.add_api_route("/v1/responses", _keyed(responses), methods=["POST"])
     app.add_api_route("/v1/models", _keyed(_models), methods=["GET"])
     app.add_api_route("/v1/models/{model_id:path}", _keyed(_model), methods=["GET"])
     app.add_api_route("/version", _version, methods=["GET"])
@@ -97,6 +101,8 @@ def _keyed(endpoint: Any) -> Any:
         if keys:
             header = request.headers.get("authorization", "")
             scheme, _, token = header.partition(" ")
+            if not header and "x-api-key" in request.headers:  # the anthropic SDK's header
+                scheme, token = "bearer", request.headers["x-api-key"]
             ok = scheme.lower() == "bearer" and any(
                 hmac.compare_digest(token.strip().encode(), k.encode()) for k in keys
             )
@@ -188,8 +194,8 @@ async def _tokenize(request: Request) -> Response:
         )
         ids = state.encode(text, special=False, param="messages")
     else:
-        assert req.prompt is not None
-        ids = state.encode(req.prompt, special=req.add_special_tokens, param="prompt")
+        assert req.text is not None
+        ids = state.encode(req.text, special=req.add_special_tokens, param="prompt")
     return JSONResponse({"count": len(ids), "max_model_len": engine.context_len, "tokens": ids})
 
 
@@ -259,6 +265,8 @@ _ROUTES = frozenset(
     {
         "/v1/chat/completions",
         "/v1/completions",
+        "/v1/messages",
+        "/v1/responses",
         "/v1/models",
         "/health",
         "/metrics",

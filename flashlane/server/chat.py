@@ -18,8 +18,10 @@ from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from flashlane.request import StructuredOutput
 from flashlane.server.protocol import ApiError, ChatMessage, ChatRequest, NamedToolChoice
 from flashlane.server.reply import THINK_END, THINK_START, TOOL_START, ReplyParser
+from flashlane.server.structured import request_structured, tool_call_grammar
 
 # Keys a request's chat_template_kwargs may not replace.
 _RESERVED = frozenset({"messages", "tools", "add_generation_prompt"})
@@ -125,6 +127,8 @@ class ChatPrompt:
     parse_tools: bool
     parallel_tool_calls: bool
     schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the reply's constraint: the request's structured output, or a forced tool call's grammar
+    structured: StructuredOutput | None = None
 
     def parser(self) -> ReplyParser:
         """A fresh reply parser that has already read the forced prefix."""
@@ -145,9 +149,15 @@ def _prompt_tools(req: ChatRequest) -> list[dict[str, Any]] | None:
     return [t.model_dump(exclude_none=True) for t in req.tools]
 
 
-def build_chat_prompt(template: ChatTemplate, req: ChatRequest) -> ChatPrompt:
-    """Renders the request; tool_choice none hides the tools, required/named forces a call."""
+def build_chat_prompt(
+    template: ChatTemplate, req: ChatRequest, tag_ids: dict[str, int | None] | None = None
+) -> ChatPrompt:
+    """Renders the request; tool_choice none hides the tools, required/named forces a call
+    (its start in the prompt, its rest by grammar). A constrained reply (a forced call or the
+    request's structured output) starts after the thinking block, closed in the prompt.
+    `tag_ids`: the tool-call tags' token ids (server/structured.tool_call_grammar)."""
     choice = req.tool_choice or "auto"
+    structured = request_structured(req)
     tools = _prompt_tools(req)
     use_tools = tools is not None
     text = template.render(
@@ -157,13 +167,20 @@ def build_chat_prompt(template: ChatTemplate, req: ChatRequest) -> ChatPrompt:
     )
     in_reasoning = text.rfind(THINK_START) > text.rfind(THINK_END)
     prefix = ""
-    if use_tools and choice != "auto":
-        # no constrained decoding: the reply is started for the model instead
-        prefix = "\n" + THINK_END + "\n\n" if in_reasoning else ""
-        prefix += TOOL_START + "\n<function="
-        if isinstance(choice, NamedToolChoice):
-            prefix += choice.function.name + ">\n"
     schemas = {t.function.name: t.function.parameters or {} for t in req.tools or ()}
+    forced = use_tools and choice != "auto"
+    if forced and structured is not None:
+        msg = "a forced tool_choice and a structured output both constrain the reply"
+        raise ApiError(400, msg, param="tool_choice")
+    if (forced or structured is not None) and in_reasoning:
+        prefix = "\n" + THINK_END + "\n\n"
+    if forced:
+        # the call's start is the prompt's; its rest is the grammar's
+        prefix += TOOL_START + "\n<function="
+        named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+        if named is not None:
+            prefix += named + ">\n"
+        structured = tool_call_grammar(schemas, named, req.parallel_tool_calls, tag_ids or {})
     return ChatPrompt(
         text=text + prefix,
         reply_prefix=prefix,
@@ -171,6 +188,7 @@ def build_chat_prompt(template: ChatTemplate, req: ChatRequest) -> ChatPrompt:
         parse_tools=use_tools,
         parallel_tool_calls=req.parallel_tool_calls,
         schemas=schemas,
+        structured=structured,
     )
 
 

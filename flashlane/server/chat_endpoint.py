@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
@@ -14,7 +16,9 @@ from flashlane.request import FinishReason, RequestOutput
 from flashlane.server.chat import ChatPrompt, build_chat_prompt, message_ends
 from flashlane.server.generate import (
     ReplyRun,
+    choice_params,
     default_max_tokens,
+    merged_pieces,
     reply_budget,
     sampling_params,
 )
@@ -33,19 +37,47 @@ from flashlane.server.transport import (
 
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.flashlane
-    engine = state.engine()
     req = parse_request(ChatRequest, await read_json(request, state.max_body_bytes))
+    rid = f"chatcmpl-{secrets.token_hex(12)}"
+    job = prepare_chat(state, req, rid, top=(req.top_logprobs or 0) if req.logprobs else None)
+    reply = _ChatReply(state, req, job.prompt, rid, job.seed)
+    await start_runs(request, rid, job.runs)
+    try:
+        if req.stream:
+            return EventStream(
+                guarded_events(reply.events(job.runs), rid), on_close=lambda: close_runs(job.runs)
+            )
+        outs = await until_disconnect(request, asyncio.gather(*(r.run() for r in job.runs)))
+    except BaseException:
+        close_runs(job.runs)
+        raise
+    return JSONResponse(reply.whole(list(outs)))
+
+
+@dataclass(frozen=True, slots=True)
+class ChatJob:
+    """A chat request made ready to run: its prompt, and one run per choice (not started)."""
+
+    prompt: ChatPrompt
+    prompt_ids: list[int]
+    seed: int  # the request's seed; choice j draws with seed + j
+    runs: list[ReplyRun]
+
+
+def prepare_chat(state: ServerState, req: ChatRequest, rid: str, top: int | None) -> ChatJob:
+    """Renders, tokenizes and checks a chat request (the chat, Anthropic and Responses
+    endpoints all come here); every 4xx is raised before the engine sees anything."""
+    engine = state.engine()
     state.check_model(req.model)
     kwargs = state.template_kwargs(req.chat_template_kwargs)
     req = req.model_copy(update={"chat_template_kwargs": kwargs})
     template = state.chat_template()
-    prompt = build_chat_prompt(template, req)
+    prompt = build_chat_prompt(template, req, state.tag_ids())
     ids = state.encode(prompt.text, special=False, param="messages")
     max_tokens = reply_budget(
         len(ids), req.reply_limit, engine.context_len, "messages",
         default=default_max_tokens(engine.generation_defaults),
     )
-    top = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(
         req,
         engine.generation_defaults,
@@ -53,24 +85,34 @@ async def chat_completions(request: Request) -> Response:
         logprobs=top,
         vocab_size=state.vocab_size,
         seeds=state.seeds,
+        structured=prompt.structured,
     )
-    reply = _ChatReply(state, req, prompt, f"chatcmpl-{secrets.token_hex(12)}", params.seed)
     # where each message ends: the engine keeps prompt states there, so a conversation that
     # shares this one's first messages, or extends it by a turn, resumes from them
     ends = message_ends(
         template, req, ids, lambda text: state.encode(text, special=False, param="messages")
     )
-    run = state.new_run(ids, params, reply.id + "-0", boundaries=ends)
-    request.state.reply_id, request.state.runs = reply.id, [run]
+    runs = [
+        state.new_run(ids, p, f"{rid}-{j}", boundaries=ends)
+        for j, p in enumerate(choice_params(params, req.n))
+    ]
+    return ChatJob(prompt, ids, params.seed, runs)
+
+
+async def start_runs(request: Request, rid: str, runs: list[ReplyRun]) -> None:
+    """Starts every run (a full queue is a 429 before any response goes out)."""
+    request.state.reply_id, request.state.runs = rid, runs
     try:
-        await until_disconnect(request, run.start())
-        if req.stream:
-            return EventStream(guarded_events(reply.events(run), reply.id), on_close=run.close)
-        out = await until_disconnect(request, run.run())
+        for run in runs:
+            await until_disconnect(request, run.start())
     except BaseException:
-        run.close()
+        close_runs(runs)
         raise
-    return JSONResponse(reply.whole(out))
+
+
+def close_runs(runs: list[ReplyRun]) -> None:
+    for run in runs:
+        run.close()
 
 
 class _ChatReply:
@@ -82,7 +124,7 @@ class _ChatReply:
         self.state, self.req, self.prompt = state, req, prompt
         self.id, self.seed, self.created = rid, seed, int(time.time())
         self.top = (req.top_logprobs or 0) if req.logprobs else None
-        self.num_tool_calls = 0
+        self.num_tool_calls = [0] * req.n  # per choice
 
     def _head(self, kind: str) -> dict[str, Any]:
         return {
@@ -98,7 +140,7 @@ class _ChatReply:
             return None
         return {"content": chat_logprobs(self.state.token_text, ids, entries, self.top)}
 
-    def _tool_calls(self, delta: ReplyDelta, streaming: bool) -> list[dict[str, Any]]:
+    def _tool_calls(self, index: int, delta: ReplyDelta, streaming: bool) -> list[dict[str, Any]]:
         calls = []
         for call in delta.tool_calls:
             item = {
@@ -107,54 +149,71 @@ class _ChatReply:
                 "function": {"name": call.name, "arguments": call.arguments},
             }
             if streaming:
-                item["index"] = self.num_tool_calls
-            self.num_tool_calls += 1
+                item["index"] = self.num_tool_calls[index]
+            self.num_tool_calls[index] += 1
             calls.append(item)
         return calls
 
-    def _finish(self, out: RequestOutput) -> str:
-        if out.finish_reason == FinishReason.STOP and self.num_tool_calls:
+    def _finish(self, index: int, out: RequestOutput) -> str:
+        if out.finish_reason == FinishReason.STOP and self.num_tool_calls[index]:
             return "tool_calls"
         return finish_reason(out)
 
-    def _usage(self, out: RequestOutput, parser: ReplyParser) -> dict[str, Any]:
-        return usage(out, reasoning_tokens=self.state.reasoning_tokens(out.token_ids, parser))
+    def _usage(self, outs: list[RequestOutput], parsers: list[ReplyParser]) -> dict[str, Any]:
+        """The first choice's usage, with every choice's reply tokens (the prompt counts once)."""
+        total = usage(outs[0])
+        for out in outs[1:]:
+            total["completion_tokens"] += len(out.token_ids)
+            total["total_tokens"] += len(out.token_ids)
+        total["completion_tokens_details"]["reasoning_tokens"] = sum(
+            self.state.reasoning_tokens(out.token_ids, parser) for out, parser in zip(outs, parsers)
+        )
+        return total
 
-    def whole(self, out: RequestOutput) -> dict[str, Any]:
-        if out.finish_reason == FinishReason.ERROR:
-            raise ApiError(500, out.error or "the engine failed", type="server_error")
-        parser = self.prompt.parser()
-        delta = parser.feed(out.text)
-        delta.extend(parser.finish())
-        message: dict[str, Any] = {"role": "assistant", "content": delta.content or None}
-        if parser.had_reasoning:
-            message["reasoning_content"] = delta.reasoning
-        if delta.tool_calls:
-            message["tool_calls"] = self._tool_calls(delta, streaming=False)
-        choice = {
-            "index": 0,
-            "message": message,
-            "finish_reason": self._finish(out),
-            "logprobs": self._logprobs(out.token_ids, out.logprobs),
-        }
+    def whole(self, outs: list[RequestOutput]) -> dict[str, Any]:
+        choices, parsers = [], []
+        for index, out in enumerate(outs):
+            if out.finish_reason == FinishReason.ERROR:
+                raise ApiError(500, out.error or "the engine failed", type="server_error")
+            parser = self.prompt.parser()
+            delta = parser.feed(out.text)
+            delta.extend(parser.finish())
+            message: dict[str, Any] = {"role": "assistant", "content": delta.content or None}
+            if parser.had_reasoning:
+                message["reasoning_content"] = delta.reasoning
+            if delta.tool_calls:
+                message["tool_calls"] = self._tool_calls(index, delta, streaming=False)
+            choice = {
+                "index": index,
+                "message": message,
+                "finish_reason": self._finish(index, out),
+                "logprobs": self._logprobs(out.token_ids, out.logprobs),
+            }
+            choices.append(choice)
+            parsers.append(parser)
         return {
             **self._head("chat.completion"),
-            "choices": [choice],
-            "usage": self._usage(out, parser),
+            "choices": choices,
+            "usage": self._usage(outs, parsers),
         }
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    def _chunk(
+        self, index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None
+    ) -> str:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         chunk = {**self._head("chat.completion.chunk"), "choices": [choice]}
         if self.req.include_usage:
             chunk["usage"] = None
         return sse(chunk)
 
-    async def events(self, run: ReplyRun) -> AsyncIterator[str]:
-        parser = self.prompt.parser()
-        yield self._chunk({"role": "assistant", "content": ""})
-        async for piece in run.pieces():
-            out = piece.output
+    async def events(self, runs: list[ReplyRun]) -> AsyncIterator[str]:
+        n = len(runs)
+        parsers = [self.prompt.parser() for _ in runs]
+        outs: list[RequestOutput | None] = [None] * n
+        for index in range(n):
+            yield self._chunk(index, {"role": "assistant", "content": ""})
+        async for index, piece in merged_pieces(list(enumerate(runs))):
+            out, parser = piece.output, parsers[index]
             if out.finish_reason == FinishReason.ERROR:
                 raise ApiError(500, out.error or "the engine failed", type="server_error")
             delta = parser.feed(piece.text)
@@ -162,24 +221,21 @@ class _ChatReply:
                 delta.extend(parser.finish())
             logprobs = self._logprobs(piece.token_ids, piece.logprobs)
             if delta or (logprobs and logprobs["content"]):
-                yield self._chunk(self._delta(delta), logprobs=logprobs)
+                yield self._chunk(index, self._delta(index, delta), logprobs=logprobs)
             if piece.finished:
-                yield self._chunk({}, finish=self._finish(out))
-                if self.req.include_usage:
-                    yield sse(
-                        {
-                            **self._head("chat.completion.chunk"),
-                            "choices": [],
-                            "usage": self._usage(out, parser),
-                        }
-                    )
+                outs[index] = out
+                yield self._chunk(index, {}, finish=self._finish(index, out))
+        if self.req.include_usage and all(out is not None for out in outs):
+            done = [out for out in outs if out is not None]
+            body = {**self._head("chat.completion.chunk"), "choices": []}
+            yield sse({**body, "usage": self._usage(done, parsers)})
 
-    def _delta(self, delta: ReplyDelta) -> dict[str, Any]:
+    def _delta(self, index: int, delta: ReplyDelta) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if delta.reasoning:
             out["reasoning_content"] = delta.reasoning
         if delta.content:
             out["content"] = delta.content
         if delta.tool_calls:
-            out["tool_calls"] = self._tool_calls(delta, streaming=True)
+            out["tool_calls"] = self._tool_calls(index, delta, streaming=True)
         return out

@@ -12,18 +12,20 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from flashlane.request import FinishReason, RequestOutput
+from flashlane.request import FinishReason, RequestOutput, StructuredOutput
 from flashlane.server.generate import (
-    Piece,
     ReplyRun,
     check_token_ids,
+    choice_params,
     default_max_tokens,
+    merged_pieces,
     reply_budget,
     sampling_params,
 )
 from flashlane.server.logprobs import completion_logprobs, merge_columns
 from flashlane.server.protocol import ApiError, CompletionRequest, parse_request
 from flashlane.server.state import ServerState, finish_reason, usage
+from flashlane.server.structured import request_structured
 from flashlane.server.transport import (
     EventStream,
     guarded_events,
@@ -51,7 +53,12 @@ async def completions(request: Request) -> Response:
     req = parse_request(CompletionRequest, await read_json(request, state.max_body_bytes))
     state.check_model(req.model)
     rid = f"cmpl-{secrets.token_hex(12)}"
-    choices = [_prepare(state, req, prompt, rid, i) for i, prompt in enumerate(req.prompts)]
+    structured = request_structured(req)
+    choices = [
+        choice
+        for i, prompt in enumerate(req.prompts)
+        for choice in _prepare(state, req, prompt, rid, i * req.n, structured)
+    ]
     runs = [c.run for c in choices if c.run is not None]
     request.state.reply_id, request.state.runs = rid, runs
     try:
@@ -75,10 +82,18 @@ def _close(runs: list[ReplyRun]) -> None:
 
 
 def _prepare(
-    state: ServerState, req: CompletionRequest, prompt: str | list[int], rid: str, index: int
-) -> _Choice:
-    """Tokenises and validates one prompt; nothing reaches the engine yet."""
+    state: ServerState,
+    req: CompletionRequest,
+    prompt: str | list[int],
+    rid: str,
+    index: int,
+    structured: StructuredOutput | None,
+) -> list[_Choice]:
+    """Tokenises and validates one prompt; its n choices from `index` on (OpenAI's order:
+    prompt by prompt, each prompt's choices together); nothing reaches the engine yet."""
     engine = state.engine()
+    if req.suffix is not None:
+        prompt = fill_in_the_middle(state, prompt, req.suffix)
     if isinstance(prompt, str):
         ids = state.encode(prompt, special=True, param="prompt")
         text = prompt
@@ -91,7 +106,7 @@ def _prepare(
         default=default_max_tokens(engine.generation_defaults),
     )
     if req.max_tokens == 0:
-        return _Choice(index, ids, text, None)
+        return [_Choice(index + j, ids, text, None) for j in range(req.n)]
     params = sampling_params(
         req,
         engine.generation_defaults,
@@ -99,8 +114,32 @@ def _prepare(
         logprobs=req.logprobs,
         vocab_size=state.vocab_size,
         seeds=state.seeds,
+        structured=structured,
     )
-    return _Choice(index, ids, text, state.new_run(ids, params, f"{rid}-{index}"))
+    return [
+        _Choice(index + j, ids, text, state.new_run(ids, p, f"{rid}-{index + j}"))
+        for j, p in enumerate(choice_params(params, req.n))
+    ]
+
+
+# Qwen2.5-Coder's, StarCoder's and most code models' fill-in-the-middle tokens
+FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+
+
+def fill_in_the_middle(state: ServerState, prompt: str | list[int], suffix: str) -> str:
+    """The prompt that asks for the text between `prompt` and `suffix` (prefix-suffix-middle
+    order), where the tokenizer defines the FIM tokens; else a 400 saying so."""
+    tokenizer = state.engine().tokenizer
+    if tokenizer is None or any(tokenizer.token_to_id(t) is None for t in FIM_TOKENS):
+        msg = (
+            "suffix needs fill-in-the-middle, and this model's tokenizer defines no "
+            + ", ".join(FIM_TOKENS)
+        )
+        raise ApiError(400, msg, param="suffix")
+    if not isinstance(prompt, str):
+        raise ApiError(400, "suffix needs a text prompt, not token ids", param="suffix")
+    prefix, hole, middle = FIM_TOKENS
+    return f"{prefix}{prompt}{hole}{suffix}{middle}"
 
 
 async def _start(state: ServerState, req: CompletionRequest, choice: _Choice) -> None:
@@ -143,11 +182,14 @@ class _CompletionReply:
         total: dict[str, Any] = usage(None)
         for choice, out in zip(self.choices, outs):
             one = usage(out, prompt=len(choice.prompt_ids))
-            for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
-                total[key] += one[key]
-            total["prompt_tokens_details"]["cached_tokens"] += one["prompt_tokens_details"][
-                "cached_tokens"
-            ]
+            # a prompt counts once, however many choices it has (OpenAI's usage)
+            first = choice.index % self.req.n == 0
+            total["prompt_tokens"] += one["prompt_tokens"] if first else 0
+            total["completion_tokens"] += one["completion_tokens"]
+            total["prompt_tokens_details"]["cached_tokens"] += (
+                one["prompt_tokens_details"]["cached_tokens"] if first else 0
+            )
+        total["total_tokens"] = total["prompt_tokens"] + total["completion_tokens"]
         return total
 
     def whole(self, outs: list[RequestOutput]) -> dict[str, Any]:
@@ -192,7 +234,8 @@ class _CompletionReply:
                 choice.offset = len(choice.prompt_text)
                 finish = "length" if choice.run is None else None
                 yield self._chunk(choice.index, choice.prompt_text, choice.echo_logprobs, finish)
-        async for index, piece in _merged(self.choices):
+        runs = [(c.index, c.run) for c in self.choices if c.run is not None]
+        async for index, piece in merged_pieces(runs):
             choice = self.choices[index]
             out = piece.output
             if out.finish_reason == FinishReason.ERROR:
@@ -206,37 +249,3 @@ class _CompletionReply:
                 outs[index] = out
         if self.req.include_usage:
             yield sse({**self._head(), "choices": [], "usage": self._usage(outs)})
-
-
-async def _merged(choices: list[_Choice]) -> AsyncIterator[tuple[int, Piece]]:
-    """The pieces of all runs as they come, tagged with their choice index."""
-    runs = [(c.index, c.run) for c in choices if c.run is not None]
-    if len(runs) == 1:
-        index, run = runs[0]
-        async for piece in run.pieces():
-            yield index, piece
-        return
-    queue: asyncio.Queue[tuple[int, Piece | BaseException | None]] = asyncio.Queue()
-
-    async def pump(index: int, run: ReplyRun) -> None:
-        try:
-            async for piece in run.pieces():
-                await queue.put((index, piece))
-            await queue.put((index, None))
-        except Exception as e:
-            await queue.put((index, e))
-
-    tasks = [asyncio.ensure_future(pump(i, r)) for i, r in runs]
-    try:
-        left = len(tasks)
-        while left:
-            index, item = await queue.get()
-            if item is None:
-                left -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield index, item
-    finally:
-        for task in tasks:
-            task.cancel()

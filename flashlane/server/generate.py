@@ -8,13 +8,21 @@ called, so a 4xx never touches engine state.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from flashlane.detok import StopMatcher
-from flashlane.request import FinishReason, RequestOutput, SamplingParams, SeedSource
+from flashlane.request import (
+    SEED_MODULUS,
+    FinishReason,
+    RequestOutput,
+    SamplingParams,
+    SeedSource,
+    StructuredOutput,
+)
 from flashlane.server.engine_api import EngineLike, QueueFull, TokenLogprobs
 from flashlane.server.metrics import ServerMetrics
 from flashlane.server.protocol import ApiError, SamplingFields
@@ -39,6 +47,7 @@ def sampling_params(
     logprobs: int | None,
     vocab_size: int,
     seeds: SeedSource | None = None,
+    structured: StructuredOutput | None = None,
 ) -> SamplingParams:
     """The engine's params for a request; omitted sampling fields come from `defaults`, an
     omitted seed from `seeds` (the engine's --seed; fresh random ones without it)."""
@@ -69,9 +78,18 @@ def sampling_params(
             logprobs=logprobs,
             draft=req.draft,
             thinking_budget=req.thinking_budget,
+            structured=structured,
         )
     except (ValueError, TypeError) as e:
         raise ApiError(400, str(e)) from None
+
+
+def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """The params of each of a request's n choices: choice j draws with (seed + j) modulo
+    2**63 (DESIGN.md section 5), so it equals a single request sent with that seed."""
+    return [
+        dataclasses.replace(params, n=1, seed=(params.seed + j) % SEED_MODULUS) for j in range(n)
+    ]
 
 
 def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
@@ -274,3 +292,36 @@ class ReplyRun:
             pass
         assert self.last is not None
         return self.last
+
+
+async def merged_pieces(runs: list[tuple[int, ReplyRun]]) -> AsyncIterator[tuple[int, Piece]]:
+    """The pieces of all runs as they come, tagged with their choice index."""
+    if len(runs) == 1:
+        index, run = runs[0]
+        async for piece in run.pieces():
+            yield index, piece
+        return
+    queue: asyncio.Queue[tuple[int, Piece | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, run: ReplyRun) -> None:
+        try:
+            async for piece in run.pieces():
+                await queue.put((index, piece))
+            await queue.put((index, None))
+        except Exception as e:
+            await queue.put((index, e))
+
+    tasks = [asyncio.ensure_future(pump(i, r)) for i, r in runs]
+    try:
+        left = len(tasks)
+        while left:
+            index, item = await queue.get()
+            if item is None:
+                left -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()

@@ -124,11 +124,18 @@ class SamplingFields(Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # structured output (server/structured.py reads and checks them; at most one is set)
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check_shared(self) -> SamplingFields:
-        if self.n > 1:
-            raise ApiError(400, "n > 1 is not supported: send n requests instead", param="n")
+        if self.n > 128:
+            raise ApiError(400, "n must be at most 128", param="n")
         for key, bias in (self.logit_bias or {}).items():
             if not key.lstrip("-").isdigit():
                 raise ApiError(400, f"logit_bias key {key!r} is not a token id", param="logit_bias")
@@ -159,7 +166,6 @@ class ChatRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatRequest:
@@ -167,10 +173,6 @@ class ChatRequest(SamplingFields):
             raise ApiError(400, "max_tokens must be at least 1", param="max_tokens")
         if self.top_logprobs and not self.logprobs:
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-        kind = (self.response_format or {}).get("type", "text")
-        if kind != "text":
-            msg = f"response_format {kind!r} is not supported"
-            raise ApiError(400, msg, param="response_format")
         if isinstance(self.tool_choice, NamedToolChoice):
             names = [t.function.name for t in self.tools or ()]
             if self.tool_choice.function.name not in names:
@@ -197,8 +199,6 @@ class CompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _check_completion(self) -> CompletionRequest:
-        if self.suffix:
-            raise ApiError(400, "suffix is not supported", param="suffix")
         if self.best_of is not None and self.best_of > 1:
             raise ApiError(400, "best_of > 1 is not supported", param="best_of")
         if self.max_tokens == 0 and not self.echo:
@@ -221,6 +221,7 @@ class CompletionRequest(SamplingFields):
 class TokenizeRequest(Strict):
     model: str | None = None
     prompt: str | None = None
+    content: str | None = None  # llama.cpp's name for prompt
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
@@ -229,9 +230,15 @@ class TokenizeRequest(Strict):
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ApiError(400, "send exactly one of prompt and messages", param="prompt")
+        given = [x for x in (self.prompt, self.content, self.messages) if x is not None]
+        if len(given) != 1:
+            msg = "send exactly one of prompt (or llama.cpp's content) and messages"
+            raise ApiError(400, msg, param="prompt")
         return self
+
+    @property
+    def text(self) -> str | None:
+        return self.prompt if self.prompt is not None else self.content
 
 
 class DetokenizeRequest(Strict):

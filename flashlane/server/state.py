@@ -15,7 +15,7 @@ from flashlane.server.generate import ReplyRun
 from flashlane.server.logprobs import TokenText
 from flashlane.server.metrics import ServerMetrics
 from flashlane.server.protocol import ApiError
-from flashlane.server.reply import THINK_END, ReplyParser
+from flashlane.server.reply import THINK_END, TOOL_END, TOOL_START, ReplyParser
 
 
 @dataclass
@@ -111,6 +111,12 @@ class ServerState:
         if tokenizer is None:
             raise ApiError(400, "this model has no tokenizer: send token ids", param=param)
         return tokenizer.encode(text, add_special_tokens=special).ids
+
+    def tag_ids(self) -> dict[str, int | None]:
+        """The tool-call tags' token ids (None where the vocabulary has no such token)."""
+        tokenizer = self.engine().tokenizer
+        tags = (TOOL_START, TOOL_END)
+        return {t: tokenizer.token_to_id(t) if tokenizer is not None else None for t in tags}
 
     def decode(self, ids: list[int]) -> str:
         tokenizer = self.engine().tokenizer

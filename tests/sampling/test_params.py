@@ -21,7 +21,7 @@ DESIGN_DEFAULTS = dict(
     max_tokens=256, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=None,
     presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, logit_bias=None,
     stop=None, stop_token_ids=None, ignore_eos=False, n=1, logprobs=None, draft=True,
-    thinking_budget=None,
+    thinking_budget=None, structured=None,  # structured: issue 32 (constrained decoding)
 )  # fmt: skip
 
 

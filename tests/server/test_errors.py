@@ -41,7 +41,7 @@ BAD = [
     (CHAT, {"messages": USER, "stop_token_ids": [-1]}, "stop_token_ids"),
     (CHAT, {"messages": USER, "stream_options": {"include_usage": True}}, "stream_options"),
     (CHAT, {"messages": USER, "tool_choice": "required"}, "tool_choice"),
-    (CHAT, {"messages": USER, "response_format": {"type": "json_object"}}, "response_format"),
+    (CHAT, {"messages": USER, "response_format": {"type": "xml"}}, "response_format"),
     (CHAT, {"messages": []}, "messages"),
     (CHAT, {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     (CHAT, {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
@@ -67,10 +67,10 @@ def test_unknown_fields_are_ignored(live):
     assert post(live, CHAT, body).status_code == 200
 
 
-def test_n_above_one_is_refused_clearly(live):
+def test_n_above_128_is_refused_clearly(live):
     with pytest.raises(openai.BadRequestError) as err:
-        live.client().chat.completions.create(model="fake-flash", messages=USER, n=2)
-    assert err.value.body["param"] == "n" and "n > 1" in err.value.body["message"]
+        live.client().chat.completions.create(model="fake-flash", messages=USER, n=129)
+    assert err.value.body["param"] == "n" and "at most 128" in err.value.body["message"]
 
 
 def test_malformed_json_and_non_object_bodies(live, engine):
