@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from flashlane import __version__
+from flashlane.sessions.limits import LIMIT_ENV
 from flashlane.sessions.memory import OverMemoryLimit
 
 
@@ -124,18 +126,24 @@ def cmd_info(args: argparse.Namespace) -> int:
     path = Path(args.model_path)
     cfg = ModelConfig.from_hf(path)
     plan = None
-    if args.slot_contexts or args.memory_limit_gb or args.context or args.parallel:
-        plan = _info_plan(cfg, args)
+    asked = (args.slot_contexts, args.memory_limit_gb, args.context, args.parallel)
+    if any(a is not None for a in asked) or os.environ.get(LIMIT_ENV):
+        plan = _info_plan(cfg, args, os.environ)
     print(describe(cfg, plan))
     return 0
 
 
-def _info_plan(cfg, args):
+def _info_plan(cfg, args, env):
+    """The plan the engine would make: the same ceiling (flag, then FLASHNEXT_LOAD_LIMIT_GB)
+    and the same prompt cache budget beside the sessions."""
     from flashlane.sessions import memory
     from flashlane.sessions.slots import parse_slot_contexts
 
-    device = args.device or "cuda"
-    limit = memory.resolve_limit_bytes(args.memory_limit_gb, {}, device, 141 * 2**30)
+    device, slots = args.device or "cuda", args.slot_contexts
+    limit = memory.resolve_limit_bytes(args.memory_limit_gb, env, device, 141 * 2**30)
+    cache_gb = args.prompt_cache_gb
+    if cache_gb is None and env.get("FLASHLANE_PROMPT_CACHE_GB"):
+        cache_gb = float(env["FLASHLANE_PROMPT_CACHE_GB"])
     weights = memory.weight_bytes(cfg, 2 if device == "cuda" else 8, table=device != "cuda")
     return memory.plan(
         cfg,
@@ -144,9 +152,10 @@ def _info_plan(cfg, args):
         weight_bytes=weights,
         max_rows=args.max_rows or (64 if device == "cuda" else 16),
         context=args.context,
-        slot_contexts=parse_slot_contexts(args.slot_contexts) if args.slot_contexts else None,
+        slot_contexts=None if slots is None else parse_slot_contexts(slots),
         parallel=None if args.parallel in (None, "auto") else int(args.parallel),
         prompt_rows=memory.PREFILL_ROWS[device],
+        prompt_cache_bytes=memory.resolve_prompt_cache_bytes(cache_gb, device, limit),
     )
 
 
@@ -175,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     info.add_argument("--slot-contexts", default=None)
     info.add_argument("--memory-limit-gb", type=float, default=None)
     info.add_argument("--max-rows", type=int, default=None)
+    info.add_argument("--prompt-cache-gb", type=float, default=None)
 
     serve = sub.add_parser("serve", help="the OpenAI-compatible server")
     engine_flags(serve)

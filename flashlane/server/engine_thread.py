@@ -43,7 +43,8 @@ class AsyncEngine:
         e = self.engine
         self.tokenizer = e.tokenizer
         self.model_name = served_model_name or self.config.model_path.name
-        self.context_len = max(e.plan.capacities)
+        # what a request may hold: the largest session less the verify window the host keeps
+        self.context_len = e.host.sessions.max_model_len
         self.generation_defaults = e.generation_defaults
         self.chat_template = e.chat_template
         self.eos_token_ids = sorted(e.host.rules.eos_ids)

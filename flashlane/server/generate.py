@@ -18,6 +18,7 @@ from flashlane.request import FinishReason, RequestOutput, SamplingParams, effec
 from flashlane.server.engine_api import EngineLike, QueueFull, TokenLogprobs
 from flashlane.server.metrics import ServerMetrics
 from flashlane.server.protocol import ApiError, SamplingFields
+from flashlane.sessions.slots import NoSessionFits
 
 # Request fields filled from generation_config.json when a request leaves them out.
 _DEFAULTED = (
@@ -157,6 +158,9 @@ class ReplyRun:
             self._leave()
             msg = "the engine's queue is full; retry later"
             raise ApiError(429, msg, type="rate_limit_error", code="queue_full") from None
+        except NoSessionFits as e:
+            self._leave()
+            raise ApiError(400, str(e), code="context_length_exceeded") from None
         except ValueError as e:
             self._leave()
             raise ApiError(400, str(e)) from None
