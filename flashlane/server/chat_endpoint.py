@@ -5,22 +5,25 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from flashlane.request import FinishReason, RequestOutput
+from flashlane.request import FinishReason, RequestOutput, SamplingParams
+from flashlane.server.body import parse_body
 from flashlane.server.chat import ChatPrompt, build_chat_prompt, message_ends
+from flashlane.server.engine_api import EngineLike
 from flashlane.server.generate import ReplyRun, reply_budget, sampling_params
 from flashlane.server.logprobs import chat_logprobs
-from flashlane.server.protocol import ApiError, ChatRequest, parse_request
+from flashlane.server.protocol import ApiError, ChatRequest
 from flashlane.server.reply import ReplyDelta, ReplyParser
 from flashlane.server.state import ServerState, finish_reason, usage
 from flashlane.server.transport import (
     EventStream,
     guarded_events,
-    read_json,
+    read_body,
     sse,
     until_disconnect,
 )
@@ -29,7 +32,36 @@ from flashlane.server.transport import (
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.flashlane
     engine = state.engine()
-    req = parse_request(ChatRequest, await read_json(request, state.max_body_bytes))
+    body = await read_body(request, state.max_body_bytes)
+    job = await until_disconnect(request, state.offload(_prepare, state, engine, body))
+    run = state.new_run(job.ids, job.params, job.reply.id + "-0", boundaries=job.ends)
+    request.state.reply_id, request.state.runs = job.reply.id, [run]
+    try:
+        await until_disconnect(request, run.start())
+        if job.req.stream:
+            reply = job.reply
+            return EventStream(guarded_events(reply.events(run), reply.id), on_close=run.close)
+        out = await until_disconnect(request, run.run())
+    except BaseException:
+        run.close()
+        raise
+    return JSONResponse(job.reply.whole(out))
+
+
+@dataclass(frozen=True, slots=True)
+class _ChatJob:
+    """A chat request made ready on a prep thread: everything but the run."""
+
+    req: ChatRequest
+    reply: _ChatReply
+    ids: list[int]  # the rendered prompt's token ids
+    params: SamplingParams
+    ends: list[int]  # where messages end (prompt-cache marks)
+
+
+def _prepare(state: ServerState, engine: EngineLike, body: bytes) -> _ChatJob:
+    """Parse, render, tokenize and check a chat request (a prep thread's work)."""
+    req = parse_body(body, ChatRequest, engine.context_len)
     state.check_model(req.model)
     template = state.chat_template()
     prompt = build_chat_prompt(template, req)
@@ -49,17 +81,7 @@ async def chat_completions(request: Request) -> Response:
     ends = message_ends(
         template, req, ids, lambda text: state.encode(text, special=False, param="messages")
     )
-    run = state.new_run(ids, params, reply.id + "-0", boundaries=ends)
-    request.state.reply_id, request.state.runs = reply.id, [run]
-    try:
-        await until_disconnect(request, run.start())
-        if req.stream:
-            return EventStream(guarded_events(reply.events(run), reply.id), on_close=run.close)
-        out = await until_disconnect(request, run.run())
-    except BaseException:
-        run.close()
-        raise
-    return JSONResponse(reply.whole(out))
+    return _ChatJob(req, reply, ids, params, ends)
 
 
 class _ChatReply:

@@ -15,7 +15,7 @@ from typing import Any
 
 from flashlane.detok import StopMatcher
 from flashlane.request import FinishReason, RequestOutput, SamplingParams, effective_seed
-from flashlane.server.engine_api import EngineLike, QueueFull, TokenLogprobs
+from flashlane.server.engine_api import EngineFailed, EngineLike, QueueFull, TokenLogprobs
 from flashlane.server.metrics import ServerMetrics
 from flashlane.server.protocol import ApiError, SamplingFields
 from flashlane.sessions.slots import NoSessionFits
@@ -97,6 +97,11 @@ def reply_budget(num_prompt: int, asked: int | None, context_len: int, param: st
     return room if asked is None else asked
 
 
+def engine_failed(message: str) -> ApiError:
+    """503: the engine has failed; the server is exiting so that a supervisor restarts it."""
+    return ApiError(503, message, type="service_unavailable", code="engine_failed")
+
+
 @dataclass(slots=True)
 class Piece:
     """What one snapshot adds to a reply."""
@@ -157,7 +162,13 @@ class ReplyRun:
         except QueueFull:
             self._leave()
             msg = "the engine's queue is full; retry later"
-            raise ApiError(429, msg, type="rate_limit_error", code="queue_full") from None
+            retry = {"Retry-After": "1"}  # a queue slot frees as soon as any reply ends
+            raise ApiError(
+                429, msg, type="rate_limit_error", code="queue_full", headers=retry
+            ) from None
+        except EngineFailed as e:
+            self._leave()
+            raise engine_failed(str(e)) from None
         except NoSessionFits as e:
             self._leave()
             raise ApiError(400, str(e), code="context_length_exceeded") from None
