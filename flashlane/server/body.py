@@ -32,6 +32,9 @@ MAX_PROMPTS = 256  # prompts in one /v1/completions batch (the default --max-que
 # Past this many strings the C scanner would hold the GIL for over ~50 ms in one call.
 _MANY_STRINGS = 100_000
 _SLICE = 1 << 20  # bytes scanned per C call when counting or searching a body
+# Past this size a body may hold a string whose one C call (scanstring) takes over ~15 ms.
+_LARGE = 4 << 20
+_WINDOW = 1 << 16  # characters of a string scanned per C call by _scan_string
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
@@ -47,7 +50,10 @@ def decode_json(body: bytes) -> Any:
         parse_float=_float,
         parse_constant=_constant,
     )
-    if len(body) > _SLICE and _count(body, b'"') > 2 * _MANY_STRINGS:
+    if len(body) > _LARGE or (len(body) > _SLICE and _count(body, b'"') > 2 * _MANY_STRINGS):
+        # the Python scanner, with strings scanned a window at a time: slower, but every C
+        # call it makes is short
+        decoder.parse_string = _scan_string  # type: ignore[assignment]
         decoder.scan_once = json.scanner.py_make_scanner(decoder)  # type: ignore[attr-defined]
     try:
         value = decoder.decode(text)
@@ -60,8 +66,14 @@ def decode_json(body: bytes) -> Any:
 
 
 def parse_body(body: bytes, model: type[M], max_model_len: int) -> M:
-    """A request body as `model`, on a prep thread: decoded, lists capped by the context,
-    messages validated one by one, then the whole."""
+    """A request body as `model`, on a prep thread: its values counted against the context,
+    decoded, lists capped by the context, messages validated one by one, then the whole."""
+    # Decoding millions of values costs seconds of a prep thread, and the collector's passes
+    # over them stall every thread; no request that fits the context needs that many.
+    most = 16 * max_model_len + 2**17
+    if len(body) > most and _count(body, b",") > most:
+        msg = f"the request holds more than {most} values, more than any that fits the context"
+        raise ApiError(400, msg, code="context_length_exceeded")
     data = decode_json(body)
     if isinstance(data, dict):
         cap_lists(data, max_model_len)
@@ -136,6 +148,58 @@ def _float(text: str) -> float:
 
 def _constant(name: str) -> float:
     raise ValueError(f"{name} is not JSON")
+
+
+_PLAIN = re.compile(r'[^"\\\x00-\x1f]*')
+_ESCAPED = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+def _scan_string(text: str, end: int, strict: bool = True) -> tuple[str, int]:
+    """A JSON string whose opening quote ends at `end`: (its value, the index after its
+    closing quote); as json's scanstring, but no regex runs over more than _WINDOW
+    characters. An escaped surrogate pair is one character; a lone surrogate is kept, and
+    refused after decoding (_check_shape)."""
+    parts: list[str] = []
+    pos = end
+    while True:
+        plain = _PLAIN.match(text, pos, min(pos + _WINDOW, len(text)))
+        assert plain is not None  # the pattern matches the empty string
+        parts.append(plain.group())
+        pos = plain.end()
+        if pos >= len(text):
+            raise json.JSONDecodeError("Unterminated string", text, end - 1)
+        char = text[pos]
+        if char == '"':
+            return "".join(parts), pos + 1
+        if char == "\\":
+            value, pos = _escape(text, pos)
+            parts.append(value)
+        elif char < " ":
+            if strict:
+                raise json.JSONDecodeError("Invalid control character", text, pos)
+            parts.append(char)
+            pos += 1
+        # else the window ended inside plain text: go on from there
+
+
+def _escape(text: str, pos: int) -> tuple[str, int]:
+    """The escape at text[pos] (a backslash): its value, and the index after it."""
+    kind = text[pos + 1 : pos + 2]
+    if kind in _ESCAPED:
+        return _ESCAPED[kind], pos + 2
+    digits = text[pos + 2 : pos + 6]
+    if kind != "u" or len(digits) != 4 or not all(c in "0123456789abcdefABCDEF" for c in digits):
+        raise json.JSONDecodeError("Invalid \\escape", text, pos)
+    code = int(digits, 16)
+    after = pos + 6
+    # a high surrogate followed by an escaped low one is one character
+    if 0xD800 <= code <= 0xDBFF and text[after : after + 2] == "\\u":
+        low_digits = text[after + 2 : after + 6]
+        if len(low_digits) == 4 and all(c in "0123456789abcdefABCDEF" for c in low_digits):
+            low = int(low_digits, 16)
+            if 0xDC00 <= low <= 0xDFFF:
+                return chr(0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)), after + 6
+    return chr(code), after
 
 
 def _check_shape(value: Any, surrogates: bool) -> None:
