@@ -24,6 +24,7 @@ from flashlane.server.completion_endpoint import completions
 from flashlane.server.engine_api import EngineLike, EngineSlot
 from flashlane.server.generate import check_token_ids
 from flashlane.server.guard import Guard, GuardPolicy
+from flashlane.server.openapi import openapi_document
 from flashlane.server.protocol import ApiError, DetokenizeRequest, TokenizeRequest
 from flashlane.server.state import ServerState
 from flashlane.server.transport import (
@@ -81,6 +82,8 @@ def build_app(
     app.add_api_route("/metrics", _metrics, methods=["GET"])
     app.add_api_route("/tokenize", _tokenize, methods=["POST"])
     app.add_api_route("/detokenize", _detokenize, methods=["POST"])
+    document = openapi_document()
+    app.add_api_route("/openapi.json", lambda: JSONResponse(document), methods=["GET"])
     if engine is not None:
         attach_engine(app, engine)
     return app
@@ -268,5 +271,6 @@ _ROUTES = frozenset(
         "/metrics",
         "/tokenize",
         "/detokenize",
+        "/openapi.json",
     }
 )
