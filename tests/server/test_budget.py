@@ -7,22 +7,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from flashlane.lanes.records import CostTable
-from flashlane.server.api import build_app
-from flashlane.server.engine_thread import AsyncEngine
 from flashlane.sessions.slots import check_admissible, max_model_len
-from tests.server.conftest import LiveServer
-
-COSTS = CostTable({1: 10.0, 8: 14.0, 16: 20.0}, draft_step_ms=3.0, overhead_ms=1.0)
 
 
 @pytest.fixture(scope="module")
-def small():
-    engine = AsyncEngine(costs=COSTS, parallel=2, context=1024)
-    live = LiveServer(build_app(engine))
-    yield engine, live
-    live.stop()
-    engine.close()
+def small(real_server):
+    return real_server
 
 
 def test_max_model_len_is_always_admissible():
