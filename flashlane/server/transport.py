@@ -12,6 +12,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from flashlane.server.body import decode_json
 from flashlane.server.protocol import ApiError
 
 T = TypeVar("T")
@@ -39,6 +40,13 @@ async def read_body(request: Request, limit: int) -> bytes:
     except ClientDisconnect:
         raise ClientGone from None
     return bytes(body)
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The body decoded as JSON (body.decode_json), on a worker thread. An endpoint that also
+    renders or tokenizes does all of it on a prep thread instead (ServerState.offload)."""
+    body = await read_body(request, limit)
+    return await asyncio.to_thread(decode_json, body)
 
 
 def _too_large(limit: int) -> ApiError:
