@@ -184,10 +184,11 @@ class ServerState:
 
 def _longest_token_chars(tokenizer: Any, vocab_size: int) -> int:
     """Characters of the longest token's text (a token of partial UTF-8 bytes counts as the
-    one character it stands in for)."""
+    one character it stands in for), plus one: a decoder may strip the space a token starts
+    with when it decodes alone."""
     ids = list(range(vocab_size))
     texts = tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
-    return max([1, *(len(t) for t in texts)])
+    return 1 + max([0, *(len(t) for t in texts)])
 
 
 def finish_reason(out: RequestOutput) -> str:
