@@ -52,7 +52,7 @@ def test_2_an_engine_failure_ends_every_request_and_health_says_so(failing_serve
     events: list[str] = []
 
     def stream() -> None:
-        body = {"prompt": [5, 6, 7], "max_tokens": 400, "stream": True, "temperature": 0}
+        body = {"prompt": [5, 6, 7], "max_tokens": 400, "stream": True, "ignore_eos": True}
         with httpx.stream("POST", f"{live.url}/v1/completions", json=body, timeout=60) as r:
             events.extend(line for line in r.iter_lines() if line.startswith("data: "))
 
