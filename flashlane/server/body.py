@@ -3,9 +3,11 @@
 A body is read on the event loop (I/O only) and decoded here, on a worker thread. A worker
 thread only helps if it gives the GIL back often: one C call that runs for a second stalls
 every stream for that second. So the JSON decoder calls a Python hook per object and per
-number (each call lets the GIL switch), a body of very many strings is decoded by the pure
-Python scanner, and large lists are validated item by item. What remains is one C call per
-string, about 60 ms for a 20 MB one.
+number (each call lets the GIL switch); a body over 4 MiB, or of very many strings, is decoded
+by the pure Python scanner with strings scanned 64k characters at a time; messages are
+validated one at a time; and a body with more values than any request that fits the context
+needs is refused before it is decoded (parse_body). A 20 MB chat body then holds the GIL for
+at most ~40 ms at a time (tests/server/test_stall.py measures the stall it causes).
 
 Refused here, as 400s: invalid UTF-8 or JSON, NaN and Infinity, nesting deeper than
 MAX_DEPTH, lone surrogates (which no tokenizer and no UTF-8 response can carry), and more
