@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from flashlane import __version__
@@ -14,6 +15,7 @@ from flashlane.flags import (
     model_of,
     serve_positional,
 )
+from flashlane.sessions.limits import LIMIT_ENV
 from flashlane.sessions.memory import OverMemoryLimit
 
 
@@ -89,18 +91,24 @@ def cmd_info(args: argparse.Namespace) -> int:
     path = Path(args.model_path)
     cfg = ModelConfig.from_hf(path)
     plan = None
-    if args.slot_contexts or args.memory_limit_gb or args.context or args.parallel:
-        plan = _info_plan(cfg, args)
+    asked = (args.slot_contexts, args.memory_limit_gb, args.context, args.parallel)
+    if any(a is not None for a in asked) or os.environ.get(LIMIT_ENV):
+        plan = _info_plan(cfg, args, os.environ)
     print(describe(cfg, plan))
     return 0
 
 
-def _info_plan(cfg, args):
+def _info_plan(cfg, args, env):
+    """The plan the engine would make: the same ceiling (flag, then FLASHNEXT_LOAD_LIMIT_GB)
+    and the same prompt cache budget beside the sessions."""
     from flashlane.sessions import memory
     from flashlane.sessions.slots import parse_slot_contexts
 
-    device = args.device or "cuda"
-    limit = memory.resolve_limit_bytes(args.memory_limit_gb, {}, device, 141 * 2**30)
+    device, slots = args.device or "cuda", args.slot_contexts
+    limit = memory.resolve_limit_bytes(args.memory_limit_gb, env, device, 141 * 2**30)
+    cache_gb = args.prompt_cache_gb
+    if cache_gb is None and env.get("FLASHLANE_PROMPT_CACHE_GB"):
+        cache_gb = float(env["FLASHLANE_PROMPT_CACHE_GB"])
     weights = memory.weight_bytes(cfg, 2 if device == "cuda" else 8, table=device != "cuda")
     return memory.plan(
         cfg,
@@ -109,9 +117,10 @@ def _info_plan(cfg, args):
         weight_bytes=weights,
         max_rows=args.max_rows or (64 if device == "cuda" else 16),
         context=args.context,
-        slot_contexts=parse_slot_contexts(args.slot_contexts) if args.slot_contexts else None,
+        slot_contexts=None if slots is None else parse_slot_contexts(slots),
         parallel=None if args.parallel in (None, "auto") else int(args.parallel),
         prompt_rows=memory.PREFILL_ROWS[device],
+        prompt_cache_bytes=memory.resolve_prompt_cache_bytes(cache_gb, device, limit),
     )
 
 
@@ -148,6 +157,8 @@ def build_parser() -> FlagParser:
                       help="GiB ceiling (default: 90%% of 141 GiB on cuda, 70%% of RAM)")
     info.add_argument("--max-rows", type=int, default=None,
                       help="rows per round (default: 64 cuda, 16 cpu)")
+    info.add_argument("--prompt-cache-gb", type=float, default=None,
+                      help="GiB of prompt states to plan for (default: planned by memory)")
 
     serve = sub.add_parser("serve", help="the OpenAI-compatible server")
     serve_positional(serve)

@@ -34,7 +34,9 @@ class EngineConfig:
     parallel: int | str = "auto"  # sessions; auto: as many as fit, up to 16
     context: int | None = None  # positions per session; None: the model's window
     slot_contexts: str | None = None  # "65536,32768x3,16384x11"
-    slot_grow: int = 8192
+    # the grow margin of sized sessions; None: 8192 (slots.DEFAULT_GROW), never refused for
+    # sessions smaller than it, as a margin the user did not ask for
+    slot_grow: int | None = None
     memory_limit_gb: float | None = None
     # vLLM's --gpu-memory-utilization: the limit as a fraction of the device's memory (RAM on
     # the CPU); memory_limit_gb wins when both are given
@@ -107,7 +109,7 @@ class EngineConfig:
         need(self.lone_streams >= 1, "lone_streams", f"must be >= 1, got {self.lone_streams}")
         need(0 <= self.mtp_drafts <= 16, "mtp_drafts", "must be in 0..16")
         need(0.0 <= self.mtp_confidence <= 1.0, "mtp_confidence", "must be in [0, 1]")
-        need(self.slot_grow >= 1, "slot_grow", "must be >= 1")
+        need(self.slot_grow is None or self.slot_grow >= 1, "slot_grow", "must be >= 1")
         kw = self.default_chat_template_kwargs
         need(kw is None or isinstance(kw, dict), "default_chat_template_kwargs", "must be a dict")
         need(

@@ -132,7 +132,7 @@ class Engine:
             ),
             rules,
             self.plan.capacities,
-            grow=config.slot_grow if config.slot_contexts else None,
+            grow=config.slot_grow if config.slot_contexts is not None else None,
             lone=self._lone_driver(),
         )
         self.log(self.summary(weights, costs))
@@ -189,7 +189,8 @@ class Engine:
     def _plan(self, cfg, weights: torch.dtype) -> memory.MemoryPlan:
         c = self.config
         context = c.context or cfg.max_position_embeddings
-        slots = parse_slot_contexts(c.slot_contexts) if c.slot_contexts else None
+        # an empty list given is refused (parse_slot_contexts), never taken as unset
+        slots = None if c.slot_contexts is None else parse_slot_contexts(c.slot_contexts)
         parallel = None if c.parallel == "auto" else int(c.parallel)
         memory.check_options(model_window=cfg.max_position_embeddings, max_rows=self.max_rows,
                              mtp_drafts=c.mtp_drafts, drafts=c.drafts, context=c.context,

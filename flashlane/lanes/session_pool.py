@@ -14,6 +14,7 @@ from flashlane.sessions.slots import (
     Demand,
     check_admissible,
     choose_session,
+    max_model_len,
     rooms,
 )
 
@@ -32,6 +33,11 @@ class SessionPool:
     @property
     def num_free(self) -> int:
         return len(self.free)
+
+    @property
+    def max_model_len(self) -> int:
+        """The most prompt + reply tokens a request may ask for (slots.max_model_len)."""
+        return max_model_len(self.capacities, self.window_rows)
 
     def check(self, prompt_len: int, max_tokens: int) -> None:
         """Raises NoSessionFits for a request that no session could ever hold."""

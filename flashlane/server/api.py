@@ -6,7 +6,6 @@ app = build_app(engine)              # or build_app() now and attach_engine(app,
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 import uuid
@@ -15,21 +14,31 @@ from typing import Any
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from flashlane import __version__
+from flashlane.server.body import parse_body
 from flashlane.server.chat import template_messages
 from flashlane.server.chat_endpoint import chat_completions
 from flashlane.server.completion_endpoint import completions
 from flashlane.server.engine_api import EngineLike, EngineSlot
 from flashlane.server.generate import check_token_ids
+from flashlane.server.guard import Guard, GuardPolicy
 from flashlane.server.messages_endpoint import messages
-from flashlane.server.protocol import ApiError, DetokenizeRequest, TokenizeRequest, parse_request
+from flashlane.server.openapi import openapi_document
+from flashlane.server.protocol import ApiError, DetokenizeRequest, TokenizeRequest
 from flashlane.server.responses_endpoint import responses
 from flashlane.server.state import ServerState
-from flashlane.server.transport import CLIENT_GONE, ClientGone, error_response, read_json
+from flashlane.server.transport import (
+    CLIENT_GONE,
+    ClientGone,
+    error_response,
+    read_body,
+    until_disconnect,
+)
 
 logger = logging.getLogger("flashlane.server")
 
@@ -38,11 +47,16 @@ def build_app(
     engine: EngineLike | None = None,
     *,
     api_keys: Iterable[str] = (),
+    metrics_keys: Iterable[str] = (),
+    allowed_hosts: frozenset[str] | None = None,
+    allowed_origins: Iterable[str] = (),
     served_model_name: str | None = None,
     max_body_bytes: int = 32 * 2**20,
     request_timeout: float | None = None,
 ) -> FastAPI:
-    """The app; with `engine=None` it serves /health (503) until `attach_engine`."""
+    """The app; with `engine=None` it serves /health (503) until `attach_engine`.
+    `allowed_hosts`: the Host names answered (None: any; serve.py derives them from the bind
+    address); `allowed_origins`: origins CORS lets read replies (none: no CORS headers)."""
     state = ServerState(
         slot=EngineSlot(),
         api_keys=tuple(k for k in api_keys if k),
@@ -55,19 +69,30 @@ def build_app(
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(ClientGone, _client_gone)
     app.add_exception_handler(HTTPException, _http_error)
-    app.add_exception_handler(Exception, _server_error)
+    # added innermost first: the request log sees every answer, the guard runs after CORS
+    # has answered a preflight
+    policy = GuardPolicy(state.api_keys, tuple(k for k in metrics_keys if k), allowed_hosts)
+    app.add_middleware(Guard, policy=policy)
+    origins = [o for o in allowed_origins if o]
+    if origins:
+        app.add_middleware(
+            CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"]
+        )
+    app.add_middleware(_Errors)
     app.add_middleware(_RequestLog)
-    app.add_api_route("/v1/chat/completions", _keyed(chat_completions), methods=["POST"])
-    app.add_api_route("/v1/completions", _keyed(completions), methods=["POST"])
-    app.add_api_route("/v1/messages", _keyed(messages), methods=["POST"])
-    app.add_api_route("/v1/responses", _keyed(responses), methods=["POST"])
-    app.add_api_route("/v1/models", _keyed(_models), methods=["GET"])
-    app.add_api_route("/v1/models/{model_id:path}", _keyed(_model), methods=["GET"])
+    app.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
+    app.add_api_route("/v1/completions", completions, methods=["POST"])
+    app.add_api_route("/v1/models", _models, methods=["GET"])
+    app.add_api_route("/v1/messages", messages, methods=["POST"])
+    app.add_api_route("/v1/responses", responses, methods=["POST"])
+    app.add_api_route("/v1/models/{model_id:path}", _model, methods=["GET"])
     app.add_api_route("/version", _version, methods=["GET"])
     app.add_api_route("/health", _health, methods=["GET"])
     app.add_api_route("/metrics", _metrics, methods=["GET"])
     app.add_api_route("/tokenize", _tokenize, methods=["POST"])
     app.add_api_route("/detokenize", _detokenize, methods=["POST"])
+    document = openapi_document()
+    app.add_api_route("/openapi.json", lambda: JSONResponse(document), methods=["GET"])
     if engine is not None:
         attach_engine(app, engine)
     return app
@@ -93,29 +118,6 @@ def cancel_replies(app: FastAPI) -> None:
     app.state.flashlane.cancel_live()
 
 
-def _keyed(endpoint: Any) -> Any:
-    """Wraps a /v1 endpoint with the --api-key check (Bearer token)."""
-
-    async def guarded(request: Request) -> Response:
-        keys = request.app.state.flashlane.api_keys
-        if keys:
-            header = request.headers.get("authorization", "")
-            scheme, _, token = header.partition(" ")
-            if not header and "x-api-key" in request.headers:  # the anthropic SDK's header
-                scheme, token = "bearer", request.headers["x-api-key"]
-            ok = scheme.lower() == "bearer" and any(
-                hmac.compare_digest(token.strip().encode(), k.encode()) for k in keys
-            )
-            if not ok:
-                raise ApiError(
-                    401,
-                    "missing or incorrect API key (Authorization: Bearer KEY)",
-                    code="invalid_api_key",
-                )
-        return await endpoint(request)
-
-    return guarded
-
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
@@ -123,18 +125,15 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 
 
 async def _client_gone(request: Request, exc: Exception) -> Response:
-    return Response(status_code=CLIENT_GONE)
+    return Response(status_code=CLIENT_GONE, headers={"Connection": "close"})
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return error_response(ApiError(exc.status_code, str(exc.detail), type=kind))
-
-
-async def _server_error(request: Request, exc: Exception) -> Response:
-    logger.exception("internal error on %s", request.url.path)
-    return error_response(ApiError(500, f"internal error: {exc!r}", type="server_error"))
+    # a 405 keeps Starlette's Allow header
+    error = ApiError(exc.status_code, str(exc.detail), type=kind, headers=exc.headers)
+    return error_response(error)
 
 
 def _card(state: ServerState) -> dict[str, Any]:
@@ -167,11 +166,13 @@ async def _version(request: Request) -> Response:
 
 async def _health(request: Request) -> Response:
     slot = request.app.state.flashlane.slot
+    error = getattr(slot.engine, "error", None) or slot.failed
+    if error:
+        return JSONResponse({"status": "failed", "error": error}, status_code=503)
     if slot.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     if slot.engine is None:
-        body = {"status": "failed", "error": slot.failed} if slot.failed else {"status": "loading"}
-        return JSONResponse(body, status_code=503)
+        return JSONResponse({"status": "loading"}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 
@@ -184,27 +185,68 @@ async def _metrics(request: Request) -> Response:
 async def _tokenize(request: Request) -> Response:
     state: ServerState = request.app.state.flashlane
     engine = state.engine()
-    req = parse_request(TokenizeRequest, await read_json(request, state.max_body_bytes))
-    if req.messages is not None:
-        text = state.chat_template().render(
-            template_messages(req.messages),
-            tools=[t.model_dump(exclude_none=True) for t in req.tools or ()],
-            add_generation_prompt=req.add_generation_prompt,
-            template_kwargs=state.template_kwargs(req.chat_template_kwargs),
-        )
-        ids = state.encode(text, special=False, param="messages")
-    else:
-        assert req.text is not None
-        ids = state.encode(req.text, special=req.add_special_tokens, param="prompt")
+    body = await read_body(request, state.max_body_bytes)
+    ids = await until_disconnect(request, state.offload(_tokenize_body, state, engine, body))
     return JSONResponse({"count": len(ids), "max_model_len": engine.context_len, "tokens": ids})
+
+
+def _tokenize_body(state: ServerState, engine: EngineLike, body: bytes) -> list[int]:
+    req = parse_body(body, TokenizeRequest, engine.context_len)
+    if req.messages is None:
+        assert req.text is not None
+        return state.encode(req.text, special=req.add_special_tokens, param="prompt")
+    text = state.chat_template().render(
+        template_messages(req.messages),
+        tools=[t.model_dump(exclude_none=True) for t in req.tools or ()],
+        add_generation_prompt=req.add_generation_prompt,
+        template_kwargs=state.template_kwargs(req.chat_template_kwargs),
+    )
+    return state.encode(text, special=False, param="messages")
 
 
 async def _detokenize(request: Request) -> Response:
     state: ServerState = request.app.state.flashlane
-    state.engine()  # 503 while loading
-    req = parse_request(DetokenizeRequest, await read_json(request, state.max_body_bytes))
+    engine = state.engine()  # 503 while loading
+    body = await read_body(request, state.max_body_bytes)
+    text = await until_disconnect(request, state.offload(_detokenize_body, state, engine, body))
+    return JSONResponse({"prompt": text})
+
+
+def _detokenize_body(state: ServerState, engine: EngineLike, body: bytes) -> str:
+    req = parse_body(body, DetokenizeRequest, engine.context_len)
     check_token_ids(req.tokens, state.vocab_size, "tokens")
-    return JSONResponse({"prompt": state.decode(req.tokens)})
+    return state.decode(req.tokens)
+
+
+class _Errors:
+    """Turns an exception no handler took into a 500 in OpenAI's shape, and does not re-raise
+    it: Starlette's own handler re-raises, and the server then drops the keep-alive
+    connection without a word. A client that left mid-request is no error (499)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracked)
+        except (ClientDisconnect, ClientGone):
+            if not started:
+                await Response(status_code=CLIENT_GONE)(scope, receive, send)
+        except Exception as exc:
+            logger.exception("internal error on %s", scope["path"])
+            if not started:  # else the stream's own error event has gone out (guarded_events)
+                error = ApiError(500, f"internal error: {exc!r}", type="server_error")
+                await error_response(error)(scope, receive, send)
 
 
 class _RequestLog:
@@ -273,5 +315,6 @@ _ROUTES = frozenset(
         "/tokenize",
         "/detokenize",
         "/version",
+        "/openapi.json",
     }
 )

@@ -23,7 +23,8 @@ from flashlane.server.protocol import ApiError, ChatMessage, ChatRequest, NamedT
 from flashlane.server.reply import THINK_END, THINK_START, TOOL_START, ReplyParser
 from flashlane.server.structured import request_structured, tool_call_grammar
 
-# Keys a request's chat_template_kwargs may not replace.
+# Keys a request's chat_template_kwargs may not replace (with the special tokens' names and
+# the template's globals): the request's own fields, set by the server.
 _RESERVED = frozenset({"messages", "tools", "add_generation_prompt"})
 
 # Message boundaries are computed for at most the first _HEAD and the last _TAIL messages:
@@ -51,6 +52,7 @@ class ChatTemplate:
         except jinja2.TemplateError as e:
             raise ValueError(f"the chat template does not compile: {e}") from e
         self._special = dict(special_tokens or {})
+        self._reserved = _RESERVED | set(self._special) | set(env.globals)
 
     def render(
         self,
@@ -60,7 +62,11 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         template_kwargs: dict[str, Any] | None = None,
     ) -> str:
-        extra = {k: v for k, v in (template_kwargs or {}).items() if k not in _RESERVED}
+        extra = dict(template_kwargs or {})
+        taken = sorted(self._reserved.intersection(extra))
+        if taken:
+            msg = f"chat_template_kwargs may not set {', '.join(taken)}: the server sets them"
+            raise ApiError(400, msg, param="chat_template_kwargs")
         try:
             return self._template.render(
                 **self._special,
@@ -69,8 +75,9 @@ class ChatTemplate:
                 tools=tools or None,
                 add_generation_prompt=add_generation_prompt,
             )
-        except jinja2.TemplateError as e:
-            raise ApiError(400, f"the chat template failed: {e}", param="messages") from None
+        except Exception as e:  # the template is fixed: what fails it is the request
+            msg = f"the chat template failed: {type(e).__name__}: {str(e)[:500]}"
+            raise ApiError(400, msg, param="messages") from None
 
 
 class _GenerationTag(Extension):

@@ -13,7 +13,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from flashlane.request import FinishReason, RequestOutput
+from flashlane.server.body import parse_body
 from flashlane.server.chat import ChatPrompt, build_chat_prompt, message_ends
+from flashlane.server.engine_api import EngineLike
 from flashlane.server.generate import (
     ReplyRun,
     choice_params,
@@ -23,13 +25,13 @@ from flashlane.server.generate import (
     sampling_params,
 )
 from flashlane.server.logprobs import chat_logprobs
-from flashlane.server.protocol import ApiError, ChatRequest, parse_request
+from flashlane.server.protocol import ApiError, ChatRequest
 from flashlane.server.reply import ReplyDelta, ReplyParser
 from flashlane.server.state import ServerState, finish_reason, usage
 from flashlane.server.transport import (
     EventStream,
     guarded_events,
-    read_json,
+    read_body,
     sse,
     until_disconnect,
 )
@@ -37,9 +39,10 @@ from flashlane.server.transport import (
 
 async def chat_completions(request: Request) -> Response:
     state: ServerState = request.app.state.flashlane
-    req = parse_request(ChatRequest, await read_json(request, state.max_body_bytes))
+    engine = state.engine()
+    body = await read_body(request, state.max_body_bytes)
     rid = f"chatcmpl-{secrets.token_hex(12)}"
-    job = prepare_chat(state, req, rid, top=(req.top_logprobs or 0) if req.logprobs else None)
+    req, job = await until_disconnect(request, state.offload(_prepare, state, engine, body, rid))
     reply = _ChatReply(state, req, job.prompt, rid, job.seed)
     await start_runs(request, rid, job.runs)
     try:
@@ -64,9 +67,18 @@ class ChatJob:
     runs: list[ReplyRun]
 
 
+def _prepare(
+    state: ServerState, engine: EngineLike, body: bytes, rid: str
+) -> tuple[ChatRequest, ChatJob]:
+    """Parse a chat request's body and make it ready (a prep thread's work)."""
+    req = parse_body(body, ChatRequest, engine.context_len)
+    return req, prepare_chat(state, req, rid, (req.top_logprobs or 0) if req.logprobs else None)
+
+
 def prepare_chat(state: ServerState, req: ChatRequest, rid: str, top: int | None) -> ChatJob:
     """Renders, tokenizes and checks a chat request (the chat, Anthropic and Responses
-    endpoints all come here); every 4xx is raised before the engine sees anything."""
+    endpoints all come here); every 4xx is raised before the engine sees anything. Run it on a
+    prep thread (ServerState.offload): rendering and tokenizing a long chat takes seconds."""
     engine = state.engine()
     state.check_model(req.model)
     kwargs = state.template_kwargs(req.chat_template_kwargs)

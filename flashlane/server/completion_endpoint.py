@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from flashlane.request import FinishReason, RequestOutput, StructuredOutput
+from flashlane.server.body import parse_body
 from flashlane.server.generate import (
     ReplyRun,
     check_token_ids,
@@ -23,13 +24,13 @@ from flashlane.server.generate import (
     sampling_params,
 )
 from flashlane.server.logprobs import completion_logprobs, merge_columns
-from flashlane.server.protocol import ApiError, CompletionRequest, parse_request
+from flashlane.server.protocol import ApiError, CompletionRequest
 from flashlane.server.state import ServerState, finish_reason, usage
 from flashlane.server.structured import request_structured
 from flashlane.server.transport import (
     EventStream,
     guarded_events,
-    read_json,
+    read_body,
     sse,
     until_disconnect,
 )
@@ -50,15 +51,9 @@ class _Choice:
 async def completions(request: Request) -> Response:
     state: ServerState = request.app.state.flashlane
     state.engine()  # 503 before anything else while loading or draining
-    req = parse_request(CompletionRequest, await read_json(request, state.max_body_bytes))
-    state.check_model(req.model)
+    body = await read_body(request, state.max_body_bytes)
     rid = f"cmpl-{secrets.token_hex(12)}"
-    structured = request_structured(req)
-    choices = [
-        choice
-        for i, prompt in enumerate(req.prompts)
-        for choice in _prepare(state, req, prompt, rid, i * req.n, structured)
-    ]
+    req, choices = await until_disconnect(request, state.offload(_prepare_all, state, body, rid))
     runs = [c.run for c in choices if c.run is not None]
     request.state.reply_id, request.state.runs = rid, runs
     try:
@@ -74,6 +69,21 @@ async def completions(request: Request) -> Response:
         _close(runs)
         raise
     return JSONResponse(reply.whole(list(outs)))
+
+
+def _prepare_all(
+    state: ServerState, body: bytes, rid: str
+) -> tuple[CompletionRequest, list[_Choice]]:
+    """Parse the request and tokenize its prompts (a prep thread's work)."""
+    req = parse_body(body, CompletionRequest, state.engine().context_len)
+    state.check_model(req.model)
+    structured = request_structured(req)
+    choices = [
+        choice
+        for i, prompt in enumerate(req.prompts)
+        for choice in _prepare(state, req, prompt, rid, i * req.n, structured)
+    ]
+    return req, choices
 
 
 def _close(runs: list[ReplyRun]) -> None:

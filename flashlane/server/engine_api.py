@@ -19,6 +19,10 @@ class QueueFull(Exception):
     """The engine's wait queue (--max-queue) is full; the server answers 429."""
 
 
+class EngineFailed(RuntimeError):
+    """The engine has failed and serves nothing more; the server answers 503 and exits."""
+
+
 # One entry per token: id -> logprob for the token itself and the most likely alternatives.
 TokenLogprobs = dict[int, float]
 
@@ -39,6 +43,10 @@ class EngineLike(Protocol):
     generation_defaults: dict[str, Any]  # the checkpoint's generation_config.json
     chat_template: str | None  # jinja source: chat_template.jinja or tokenizer_config.json
     eos_token_ids: list[int]
+    # None while the engine serves; set once, never cleared, when it has failed: every request
+    # in flight has then ended with finish_reason "error", and stream() raises EngineFailed.
+    # Read with getattr(engine, "error", None): engines without the attribute never fail.
+    error: str | None
 
     def stream(
         self,

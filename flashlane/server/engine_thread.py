@@ -8,6 +8,7 @@ request's asyncio queue with call_soon_threadsafe. The event loop never waits on
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Sequence
@@ -23,10 +24,11 @@ from flashlane.lanes.outputs import output
 from flashlane.lanes.records import CHUNK, CostTable
 from flashlane.models.flashnext import run_piece
 from flashlane.models.state import SessionState
-from flashlane.request import RequestOutput, SamplingParams
-from flashlane.server.engine_api import QueueFull
+from flashlane.request import FinishReason, RequestOutput, SamplingParams
+from flashlane.server.engine_api import EngineFailed, QueueFull
 
 _DONE = object()
+log = logging.getLogger("flashlane.engine")
 
 
 class AsyncEngine:
@@ -43,7 +45,8 @@ class AsyncEngine:
         e = self.engine
         self.tokenizer = e.tokenizer
         self.model_name = served_model_name or e.name
-        self.context_len = max(e.plan.capacities)
+        # what a request may hold: the largest session less the verify window the host keeps
+        self.context_len = e.host.sessions.max_model_len
         self.generation_defaults = e.generation_defaults
         self.chat_template = e.chat_template
         self.seeds = e.seeds
@@ -59,6 +62,7 @@ class AsyncEngine:
             ("drafted", "accepted", "rounds", "moves", "pauses", "preemptions"), 0
         )
         self._closed = threading.Event()
+        self.error: str | None = None  # set when the engine thread has failed (engine_api)
         self._thread = threading.Thread(target=self._run, name="flashlane-engine", daemon=True)
         self._thread.start()
 
@@ -77,7 +81,11 @@ class AsyncEngine:
         sink: asyncio.Queue = asyncio.Queue()
         accepted: Future = Future()
         submit = (request_id, list(prompt_ids), params, list(boundaries))
+        if self.error is not None:
+            raise EngineFailed(self.error)
         self._inbox.put(("submit", *submit, (loop, sink), accepted))
+        if self.error is not None:  # failed meanwhile: no engine thread will take it
+            self._refuse_inbox()
         await asyncio.wrap_future(accepted)  # raises QueueFull / ValueError as submitted
         try:
             while True:
@@ -143,6 +151,32 @@ class AsyncEngine:
 
     # -- the engine thread --------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # the engine is broken: nothing it holds can go on
+            log.exception("the engine thread failed")
+            self._fail(f"the engine failed: {type(exc).__name__}: {exc}")
+
+    def _fail(self, message: str) -> None:
+        """Ends every request in flight with an error, refuses those waiting in the inbox, and
+        marks the engine failed (the server then answers 503 and exits)."""
+        for rid in list(self._sinks):
+            out = RequestOutput(rid, [], [], "", FinishReason.ERROR, 0, error=message)
+            self._send(rid, out, True)
+        self.error = message
+        self._refuse_inbox()
+
+    def _refuse_inbox(self) -> None:
+        assert self.error is not None
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if item[0] == "submit" and not item[-1].done():
+                item[-1].set_exception(EngineFailed(self.error))
+
+    def _serve(self) -> None:
         host = self.engine.host
         while not self._closed.is_set():
             self._take_inbox(block=not host.has_work)

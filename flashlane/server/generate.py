@@ -23,9 +23,10 @@ from flashlane.request import (
     SeedSource,
     StructuredOutput,
 )
-from flashlane.server.engine_api import EngineLike, QueueFull, TokenLogprobs
+from flashlane.server.engine_api import EngineFailed, EngineLike, QueueFull, TokenLogprobs
 from flashlane.server.metrics import ServerMetrics
 from flashlane.server.protocol import ApiError, SamplingFields
+from flashlane.sessions.slots import NoSessionFits
 
 # Request fields filled from generation_config.json when a request leaves them out.
 _DEFAULTED = (
@@ -127,6 +128,11 @@ def default_max_tokens(defaults: dict[str, Any]) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+def engine_failed(message: str) -> ApiError:
+    """503: the engine has failed; the server is exiting so that a supervisor restarts it."""
+    return ApiError(503, message, type="service_unavailable", code="engine_failed")
+
+
 @dataclass(slots=True)
 class Piece:
     """What one snapshot adds to a reply."""
@@ -188,7 +194,16 @@ class ReplyRun:
         except QueueFull:
             self._leave()
             msg = "the engine's queue is full; retry later"
-            raise ApiError(429, msg, type="rate_limit_error", code="queue_full") from None
+            retry = {"Retry-After": "1"}  # a queue slot frees as soon as any reply ends
+            raise ApiError(
+                429, msg, type="rate_limit_error", code="queue_full", headers=retry
+            ) from None
+        except EngineFailed as e:
+            self._leave()
+            raise engine_failed(str(e)) from None
+        except NoSessionFits as e:
+            self._leave()
+            raise ApiError(400, str(e), code="context_length_exceeded") from None
         except ValueError as e:
             self._leave()
             raise ApiError(400, str(e)) from None

@@ -51,7 +51,7 @@ async def _messages(request: Request) -> Response:
     req = parse_request(MessagesRequest, await read_json(request, state.max_body_bytes))
     chat = chat_request(req)
     rid = f"msg_{secrets.token_hex(12)}"
-    job = prepare_chat(state, chat, rid, top=None)
+    job = await until_disconnect(request, state.offload(prepare_chat, state, chat, rid, None))
     (run,) = job.runs
     await start_runs(request, rid, job.runs)
     reply = _Reply(rid, state.model_name, len(job.prompt_ids))

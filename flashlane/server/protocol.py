@@ -25,8 +25,10 @@ class ApiError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self.headers = headers or {}  # e.g. Retry-After on a 429
         self.status = status
         self.message = message
         self.type = type
@@ -110,10 +112,12 @@ class SamplingFields(Strict):
     # -1 (vLLM's spelling) and 0 both mean no top-k filter
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    seed: int | None = None
+    # 63 bits, as the sampler keys them: a larger or negative seed is refused, not wrapped
+    seed: int | None = Field(None, ge=0, lt=2**63)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(None, gt=0.0)
+    # beyond these a seen token's logit is scaled by over 100x, and a tiny one overflows
+    repetition_penalty: float | None = Field(None, ge=0.01, le=100.0)
     logit_bias: dict[str, float] | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
@@ -254,11 +258,11 @@ def parse_request(model: type[M], data: Any) -> M:
         return model.model_validate(data)
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
-        param = _param_path(err["loc"])
+        param = param_path(err["loc"])
         raise ApiError(400, f"{param or 'body'}: {err['msg']}", param=param) from None
 
 
-def _param_path(loc: tuple[int | str, ...]) -> str | None:
+def param_path(loc: tuple[int | str, ...]) -> str | None:
     """('messages', 0, 'content', 'str') -> 'messages[0].content' (union tags dropped)."""
     out = ""
     for part in loc:

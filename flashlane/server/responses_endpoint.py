@@ -29,7 +29,8 @@ async def responses(request: Request) -> Response:
     state: ServerState = request.app.state.flashlane
     req = parse_request(ResponsesRequest, await read_json(request, state.max_body_bytes))
     rid = f"resp_{secrets.token_hex(12)}"
-    job = prepare_chat(state, chat_request(req), rid, top=None)
+    chat = chat_request(req)
+    job = await until_disconnect(request, state.offload(prepare_chat, state, chat, rid, None))
     (run,) = job.runs
     await start_runs(request, rid, job.runs)
     parser = job.prompt.parser()

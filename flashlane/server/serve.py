@@ -1,19 +1,21 @@
 """`flashlane serve`: uvicorn around build_app, the engine loaded beside it, SIGTERM drains.
 
 The HTTP port opens at once (/health answers 503 "loading") while the engine loads on a worker
-thread. SIGTERM or SIGINT: new requests get 503, live streams get --drain-timeout seconds to
-finish and are then cancelled (their engine requests aborted), the engine is closed, and the
-process exits 0.
+thread. SIGTERM or SIGINT: the port stays open and new requests get 503 "shutting_down", live
+streams get --drain-timeout seconds to finish and are then cancelled (their engine requests
+aborted, the streams ending with finish_reason "abort"), the engine is closed, and the process
+exits 0. A second signal cancels the streams at once. An engine that fails (its thread raised)
+has ended every request in flight with an error; /health answers 503 and the process exits 1,
+so that a supervisor restarts it.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import signal
-import socket
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 
@@ -28,6 +30,7 @@ from flashlane.server.api import (
     start_draining,
 )
 from flashlane.server.engine_api import EngineLike
+from flashlane.server.guard import allowed_hosts
 from flashlane.sessions.memory import OverMemoryLimit
 
 logger = logging.getLogger("flashlane.server")
@@ -44,7 +47,27 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         "--api-key",
         action="append",
         default=[],
-        help="accepted Bearer key for /v1 routes, repeatable (default: none, no key needed)",
+        help="accepted Bearer key for every route but /health and /metrics, repeatable "
+        "(default: none, no key needed)",
+    )
+    parser.add_argument(
+        "--metrics-key",
+        action="append",
+        default=[],
+        help="Bearer key /metrics requires, repeatable (default: none, /metrics open)",
+    )
+    parser.add_argument(
+        "--allowed-hosts",
+        action="append",
+        default=[],
+        help="Host header values served, comma-separated ('*': any); default: the --host "
+        "address (with localhost when it is loopback), any when bound to every interface",
+    )
+    parser.add_argument(
+        "--allowed-origins",
+        action="append",
+        default=[],
+        help="origins CORS lets read replies, comma-separated ('*': any); default: none",
     )
     parser.add_argument(
         "--served-model-name", default=None,
@@ -84,6 +107,9 @@ def serve_main(args: argparse.Namespace, make_engine: EngineFactory | None = Non
         make_engine = _default_factory(args)
     app = build_app(
         api_keys=args.api_key,
+        metrics_keys=args.metrics_key,
+        allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
+        allowed_origins=[o.strip() for item in args.allowed_origins for o in item.split(",")],
         served_model_name=args.served_model_name,
         max_body_bytes=int(args.max_body_mb * 2**20),
         request_timeout=args.request_timeout,
@@ -95,8 +121,8 @@ def serve_main(args: argparse.Namespace, make_engine: EngineFactory | None = Non
         log_level=args.log_level,
         log_config=None,
         access_log=False,  # the app logs one line per request itself
-        # a backstop: the drain itself aborts replies after --drain-timeout
-        timeout_graceful_shutdown=args.drain_timeout + 5.0,
+        # the drain has run before uvicorn shuts down: this only bounds the last writes
+        timeout_graceful_shutdown=_LAST_WRITES,
     )
     server = _DrainingServer(config, app, args.drain_timeout)
     loaded: list[EngineLike] = []
@@ -112,7 +138,7 @@ def serve_main(args: argparse.Namespace, make_engine: EngineFactory | None = Non
         close = getattr(engine, "close", None)
         if close is not None:
             close()
-    if app.state.flashlane.slot.failed:
+    if app.state.flashlane.slot.failed:  # the load failed, or the engine later
         raise SystemExit(1)
 
 
@@ -147,24 +173,46 @@ def _ignore(sig: int, frame: FrameType | None) -> None:
     pass
 
 
+_LAST_WRITES = 5.0  # seconds for the last events of cancelled streams to go out
+
+
 class _DrainingServer(uvicorn.Server):
-    """On a shutdown signal: stop admitting at once, abort what still runs after the drain
-    timeout (so streams end with finish_reason "abort" and [DONE]), then let uvicorn close."""
+    """Keeps the port open while it drains: a shutdown signal stops admitting (503), and the
+    server exits once no reply is live, or cancels what still runs after the drain timeout (or
+    at a second signal) and exits when those have ended. It exits, too, when the engine has
+    failed (serve_main then exits 1)."""
 
     def __init__(self, config: uvicorn.Config, app: FastAPI, drain_timeout: float) -> None:
         super().__init__(config)
         self._app = app
         self._drain_timeout = drain_timeout
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        self._loop = asyncio.get_running_loop()
-        await super().startup(sockets)
+        self._deadline: float | None = None  # when live replies are cancelled
+        self._cancelled_at: float | None = None
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if not self.should_exit:
+        now = time.monotonic()
+        if self._deadline is None:
+            logger.info("draining: %d replies live", len(self._app.state.flashlane.live_runs))
             start_draining(self._app)
-            if self._loop is not None:
-                cancel = lambda: cancel_replies(self._app)  # noqa: E731
-                self._loop.call_soon_threadsafe(self._loop.call_later, self._drain_timeout, cancel)
-        super().handle_exit(sig, frame)
+            self._deadline = now + self._drain_timeout
+        else:
+            logger.info("second signal: cancelling the live replies")
+            self._deadline = min(self._deadline, now)
+
+    async def on_tick(self, counter: int) -> bool:
+        state = self._app.state.flashlane
+        error = getattr(state.slot.engine, "error", None)
+        if error and not state.slot.failed:
+            logger.error("exiting: %s", error)
+            engine_failed(self._app, error)
+            self.should_exit = True
+        if self._deadline is not None and not self.should_exit:
+            now = time.monotonic()
+            if not state.live_runs:
+                self.should_exit = True
+            elif self._cancelled_at is None and now >= self._deadline:
+                cancel_replies(self._app)
+                self._cancelled_at = now
+            elif self._cancelled_at is not None and now >= self._cancelled_at + _LAST_WRITES:
+                self.should_exit = True
+        return await super().on_tick(counter)

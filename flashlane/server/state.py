@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from flashlane.request import FinishReason, RequestOutput, SamplingParams, SeedSource
 from flashlane.server.chat import ChatTemplate
 from flashlane.server.engine_api import EngineLike, EngineSlot, TokenLogprobs
-from flashlane.server.generate import ReplyRun
+from flashlane.server.generate import ReplyRun, engine_failed
 from flashlane.server.logprobs import TokenText
 from flashlane.server.metrics import ServerMetrics
 from flashlane.server.protocol import ApiError
 from flashlane.server.reply import THINK_END, TOOL_END, TOOL_START, ReplyParser
+
+T = TypeVar("T")
+
+# Threads that decode, validate, render and tokenize requests: off the event loop, and few,
+# so a flood of large bodies queues here instead of taking the GIL from the engine thread.
+PREP_THREADS = 2
 
 
 @dataclass
@@ -37,6 +45,11 @@ class ServerState:
     seeds: SeedSource = field(default_factory=SeedSource)
     # the engine's chat_template_kwargs, under each request's own
     template_defaults: dict[str, Any] = field(default_factory=dict)
+    # characters of the longest token: a text longer than context x this cannot fit
+    longest_token_chars: int = 1
+    prep: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(PREP_THREADS, thread_name_prefix="prep")
+    )
 
     def attach(self, engine: EngineLike) -> None:
         """Prepares everything that depends on the engine, then publishes it."""
@@ -49,6 +62,7 @@ class ServerState:
         if tokenizer is not None:
             self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
             self.think_end_id = tokenizer.token_to_id(THINK_END)
+            self.longest_token_chars = _longest_token_chars(tokenizer, self.vocab_size)
         else:
             self.vocab_size = 2**31  # the model checks ids it cannot embed
         if engine.chat_template and tokenizer is not None:
@@ -72,6 +86,8 @@ class ServerState:
                 503, "the server is shutting down", type="service_unavailable", code="shutting_down"
             )
         engine = self.slot.engine
+        if engine is not None and getattr(engine, "error", None):
+            raise engine_failed(engine.error)
         if engine is None:
             msg = f"the model failed to load: {self.slot.failed}" if self.slot.failed else None
             raise ApiError(
@@ -105,12 +121,30 @@ class ServerState:
             raise ApiError(400, msg, param="messages")
         return self._template
 
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        """Runs `fn(*args)` on a prep thread: parsing, rendering and tokenizing a large request
+        would stall every stream if it ran on the event loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.prep, functools.partial(fn, *args))
+
     def encode(self, text: str, *, special: bool, param: str) -> list[int]:
-        """Token ids of a text prompt; 400 when the checkpoint has no tokenizer.json."""
-        tokenizer = self.engine().tokenizer
+        """Token ids of a text prompt; 400 when the checkpoint has no tokenizer.json, and
+        `context_length_exceeded` for a text too long to fit whatever it holds, before any of
+        it is tokenized. Call it on a prep thread: encode_batch gives the GIL up while it
+        runs (encode holds it, seconds for a long text)."""
+        engine = self.engine()
+        tokenizer = engine.tokenizer
         if tokenizer is None:
             raise ApiError(400, "this model has no tokenizer: send token ids", param=param)
-        return tokenizer.encode(text, add_special_tokens=special).ids
+        limit = engine.context_len * self.longest_token_chars
+        if len(text) > limit:
+            msg = (
+                f"This model's maximum context length is {engine.context_len} tokens, and no "
+                f"token is longer than {self.longest_token_chars} characters; the prompt holds "
+                f"{len(text)} characters. Shorten the prompt."
+            )
+            raise ApiError(400, msg, param=param, code="context_length_exceeded")
+        return tokenizer.encode_batch([text], add_special_tokens=special)[0].ids
 
     def tag_ids(self) -> dict[str, int | None]:
         """The tool-call tags' token ids (None where the vocabulary has no such token)."""
@@ -164,6 +198,15 @@ class ServerState:
         if inspect.isawaitable(result):
             result = await result
         return list(result)
+
+
+def _longest_token_chars(tokenizer: Any, vocab_size: int) -> int:
+    """Characters of the longest token's text (a token of partial UTF-8 bytes counts as the
+    one character it stands in for), plus one: a decoder may strip the space a token starts
+    with when it decodes alone."""
+    ids = list(range(vocab_size))
+    texts = tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
+    return 1 + max([0, *(len(t) for t in texts)])
 
 
 def finish_reason(out: RequestOutput) -> str:

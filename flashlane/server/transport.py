@@ -8,10 +8,11 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from flashlane.server.body import decode_json
 from flashlane.server.protocol import ApiError
 
 T = TypeVar("T")
@@ -24,31 +25,39 @@ class ClientGone(Exception):
     """The client disconnected while its request was being served."""
 
 
-async def read_json(request: Request, limit: int) -> Any:
-    """The body as JSON: 413 past `limit` bytes (checked while reading), 400 if malformed."""
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body's bytes, read on the event loop (decode it on a prep thread: body.py): 413
+    past `limit` bytes, checked while reading; ClientGone if the client leaves meanwhile."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise _too_large(limit)
     try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(
-            400, f"the request body is not valid JSON: {e}", code="invalid_json"
-        ) from None
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise _too_large(limit)
+    except ClientDisconnect:
+        raise ClientGone from None
+    return bytes(body)
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The body decoded as JSON (body.decode_json), on a worker thread. An endpoint that also
+    renders or tokenizes does all of it on a prep thread instead (ServerState.offload)."""
+    body = await read_body(request, limit)
+    return await asyncio.to_thread(decode_json, body)
 
 
 def _too_large(limit: int) -> ApiError:
     msg = f"the request body is larger than {limit} bytes"
-    return ApiError(413, msg, code="request_too_large")
+    # the rest of the body is never read, so the connection cannot carry another request
+    close = {"Connection": "close"}
+    return ApiError(413, msg, code="request_too_large", headers=close)
 
 
 def error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 def sse(data: dict[str, Any] | str) -> str:
@@ -89,6 +98,14 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     finally:
         watcher.cancel()
         task.cancel()
+        # a gather cancelled here may still end with a child's exception: retrieve it, or
+        # asyncio logs "_GatheringFuture exception was never retrieved"
+        task.add_done_callback(_retrieve)
+
+
+def _retrieve(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -74,7 +74,7 @@ __all__ = [
 MAX_AUTO_SESSIONS = 16
 REMEDIES = (
     "a smaller --context, fewer sessions (--parallel), smaller --slot-contexts, "
-    f"or a higher --memory-limit-gb ({LIMIT_ENV})"
+    f"a smaller --prompt-cache-gb (0 turns it off), or a higher --memory-limit-gb ({LIMIT_ENV})"
 )
 
 

@@ -18,9 +18,10 @@ def check_options(
     context: int | None = None,
     slot_contexts: Sequence[int] | None = None,
     parallel: int | None = None,
-    slot_grow: int = 8192,
+    slot_grow: int | None = None,
 ) -> None:
-    """Refuse engine options that cannot hold together (OptionConflict names both)."""
+    """Refuse engine options that cannot hold together (OptionConflict names both).
+    `slot_grow` None: the default margin, which is only checked when the user sets it."""
     window = 1 + mtp_drafts if drafts else 1
     if parallel is not None and parallel < 1:
         raise OptionConflict(f"--parallel must be 1 or more, or auto; got {parallel}")
@@ -57,7 +58,7 @@ def check_options(
             f"{source} {min(sizes)} cannot hold one window of {window} rows ({drafts_note})"
         )
     # the grow margin only steers sized sessions (equal sessions never move)
-    if slot_contexts and slot_grow > max(sizes):
+    if slot_contexts and slot_grow is not None and slot_grow > max(sizes):
         raise OptionConflict(
             f"--slot-grow {slot_grow} exceeds the largest session, {max(sizes)} tokens ({source})"
         )

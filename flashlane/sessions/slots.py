@@ -117,6 +117,13 @@ def reply_end(prompt_len: int, max_tokens: int, window_rows: int) -> int:
     return _checked_sum(prompt_len, max_tokens, window_rows)
 
 
+def max_model_len(capacities: Sequence[int], window_rows: int) -> int:
+    """The most prompt + reply tokens one request may ask for: the largest session less one
+    decode window, whose rows past the reply's last token must fit too (`reply_end`). A request
+    within it is admissible whatever the grow margin, so the HTTP layer advertises this."""
+    return max(capacities) - window_rows
+
+
 def check_admissible(
     capacities: Sequence[int], prompt_len: int, max_tokens: int, window_rows: int, grow: int
 ) -> None:
@@ -128,7 +135,8 @@ def check_admissible(
         raise NoSessionFits(
             f"the prompt of {prompt_len} tokens needs a session of {need} tokens (prompt + "
             f"min(max_tokens + a window, the --slot-grow margin of {grow})); the largest "
-            f"session holds {largest}"
+            f"session holds {largest}, so at most {largest - window_rows} tokens of prompt and "
+            "reply together"
         )
 
 

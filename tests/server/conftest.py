@@ -44,6 +44,20 @@ class LiveServer:
         self._sock.close()
 
 
+@pytest.fixture(scope="module")
+def real_server():
+    """The real engine (embedded model, 2 sessions of 1024 positions) behind a live server."""
+    from flashlane.lanes.records import CostTable
+    from flashlane.server.engine_thread import AsyncEngine
+
+    costs = CostTable({1: 10.0, 8: 14.0, 16: 20.0}, draft_step_ms=3.0, overhead_ms=1.0)
+    engine = AsyncEngine(costs=costs, parallel=2, context=1024)
+    live = LiveServer(build_app(engine))
+    yield engine, live
+    live.stop()
+    engine.close()
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return build_tokenizer()

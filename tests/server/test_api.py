@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import openai
 import pytest
 
 from tests.server.fake_engine import FakeEngine
@@ -139,9 +140,12 @@ def test_seeds_reproduce_and_are_returned(live, engine):
     assert a.seed == b.seed == 11 and a.choices[0].text == b.choices[0].text
     again = client.completions.create(model="fake-flash", prompt="hello", max_tokens=8, seed=c.seed)
     assert again.choices[0].text == c.choices[0].text
-    neg = client.completions.create(model="fake-flash", prompt="hello", max_tokens=8, seed=-1)
-    assert neg.seed == 2**63 - 1
-    assert engine.started[-1][2].seed == 2**63 - 1
+    top = client.completions.create(
+        model="fake-flash", prompt="hello", max_tokens=8, seed=2**63 - 1
+    )
+    assert top.seed == engine.started[-1][2].seed == 2**63 - 1
+    with pytest.raises(openai.BadRequestError):  # seeds are 63 bits, never wrapped (issue 30)
+        client.completions.create(model="fake-flash", prompt="hello", max_tokens=8, seed=-1)
     assert {s[2].temperature for s in engine.started} == {0.7}  # generation_config default
 
 

@@ -10,6 +10,7 @@ from tests.server.fake_engine import FakeEngine
 
 USER = [{"role": "user", "content": "hi"}]
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+JSON_TYPE = {"content-type": "application/json"}
 
 
 def post(live, path, body=None, content=None, headers=None):
@@ -80,7 +81,7 @@ def test_malformed_json_and_non_object_bodies(live, engine):
         code="invalid_json",
         words="not valid JSON",
     )
-    expect(post(live, CHAT, content=b"\xff\xfe"), 400, code="invalid_json")
+    expect(post(live, CHAT, content=b"\xff\xfe", headers=JSON_TYPE), 400, code="invalid_json")
     expect(post(live, CHAT, body=[1, 2]), 400, words="JSON object")
     assert engine.started == []
 
@@ -117,7 +118,7 @@ def test_oversized_body_is_413(serve, engine):
             yield b"x" * 100
         yield b'"}'
 
-    r = httpx.post(f"{live.url}{COMPLETIONS}", content=chunks())
+    r = httpx.post(f"{live.url}{COMPLETIONS}", content=chunks(), headers=JSON_TYPE)
     expect(r, 413, code="request_too_large")
     assert engine.started == []
 

@@ -125,8 +125,9 @@ def test_auto_caps_at_16_and_serves_one_reply_when_fewer_than_two_fit() -> None:
     assert tight.capacities == (512,) and tight.serial
     with pytest.raises(OverMemoryLimit) as err:
         plan(TINY, device="cpu", limit_bytes=_limit(TINY, 0, 0.5), weight_bytes=0, max_rows=16)
-    for remedy in ("--context", "--parallel", "--slot-contexts", "--memory-limit-gb"):
+    for remedy in ("--context", "--parallel", "--slot-contexts", "--prompt-cache-gb"):
         assert remedy in str(err.value)
+    assert "--memory-limit-gb" in str(err.value)
 
 
 def test_given_sizes_meet_the_same_ceiling() -> None:
@@ -190,6 +191,8 @@ def test_check_options_accepts_what_holds() -> None:
     check_options(model_window=512, max_rows=16, mtp_drafts=3, slot_grow=64)
     # equal sessions never move, so the default grow margin may exceed them
     check_options(model_window=512, max_rows=16, mtp_drafts=3, slot_grow=8192)
+    # the default margin (None: 8192) never refuses sessions smaller than it
+    check_options(model_window=8192, max_rows=16, mtp_drafts=3, slot_contexts=(4096, 1024))
     check_options(model_window=512, max_rows=4, mtp_drafts=3, context=256, slot_grow=8)
     check_options(model_window=512, max_rows=1, mtp_drafts=3, drafts=False, slot_grow=8,
                   parallel=3, slot_contexts=(512, 64, 8))  # fmt: skip
