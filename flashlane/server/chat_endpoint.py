@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,6 +125,34 @@ async def start_runs(request: Request, rid: str, runs: list[ReplyRun]) -> None:
 def close_runs(runs: list[ReplyRun]) -> None:
     for run in runs:
         run.close()
+
+
+async def one_reply(
+    request: Request,
+    rid: str,
+    job: ChatJob,
+    stream: bool,
+    events: Callable[[ReplyRun], AsyncIterator[str]],
+) -> RequestOutput | EventStream:
+    """Runs a one-choice job (the Anthropic and Responses endpoints): an EventStream of
+    `events(run)` when streaming, else the finished output (checked)."""
+    (run,) = job.runs
+    await start_runs(request, rid, job.runs)
+    try:
+        if stream:
+            return EventStream(events(run), on_close=lambda: close_runs(job.runs))
+        out = await until_disconnect(request, run.run())
+    except BaseException:
+        close_runs(job.runs)
+        raise
+    return checked(out)
+
+
+def checked(out: RequestOutput) -> RequestOutput:
+    """The output, or a 500 when the engine failed its stream."""
+    if out.finish_reason == FinishReason.ERROR:
+        raise ApiError(500, out.error or "the engine failed", type="server_error")
+    return out
 
 
 class _ChatReply:

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from flashlane.request import FinishReason, RequestOutput
 from flashlane.server.blocks import Block, BlockEvent, BlockWriter
-from flashlane.server.chat_endpoint import close_runs, prepare_chat, start_runs
+from flashlane.server.chat_endpoint import checked, one_reply, prepare_chat
 from flashlane.server.messages_format import MessagesRequest, chat_request, stop_reason
 from flashlane.server.protocol import ApiError, parse_request
 from flashlane.server.state import ServerState
@@ -52,29 +52,17 @@ async def _messages(request: Request) -> Response:
     chat = chat_request(req)
     rid = f"msg_{secrets.token_hex(12)}"
     job = await until_disconnect(request, state.offload(prepare_chat, state, chat, rid, None))
-    (run,) = job.runs
-    await start_runs(request, rid, job.runs)
     reply = _Reply(rid, state.model_name, len(job.prompt_ids))
     parser = job.prompt.parser()
-    try:
-        if req.stream:
-            return EventStream(reply.events(run, parser), on_close=lambda: close_runs(job.runs))
-        out = await until_disconnect(request, run.run())
-    except BaseException:
-        close_runs(job.runs)
-        raise
-    _check(out)
+    out = await one_reply(request, rid, job, req.stream, lambda run: reply.events(run, parser))
+    if isinstance(out, EventStream):
+        return out
     writer = BlockWriter()
     delta = parser.feed(out.text)
     delta.extend(parser.finish())
     writer.feed(delta)
     writer.close()
     return JSONResponse(reply.message(writer, out))
-
-
-def _check(out: RequestOutput) -> None:
-    if out.finish_reason == FinishReason.ERROR:
-        raise ApiError(500, out.error or "the engine failed", type="server_error")
 
 
 def _content(block: Block) -> dict[str, Any]:
@@ -125,7 +113,7 @@ class _Reply:
         try:
             async for piece in run.pieces():
                 out = piece.output
-                _check(out)
+                checked(out)
                 delta = parser.feed(piece.text)
                 if piece.finished:
                     delta.extend(parser.finish())

@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from flashlane.request import FinishReason, RequestOutput
 from flashlane.server.blocks import Block, BlockEvent, BlockWriter
-from flashlane.server.chat_endpoint import close_runs, prepare_chat, start_runs
+from flashlane.server.chat_endpoint import checked, one_reply, prepare_chat
 from flashlane.server.protocol import ApiError, parse_request
 from flashlane.server.responses_format import ResponsesRequest, chat_request
 from flashlane.server.state import ServerState
@@ -31,28 +31,16 @@ async def responses(request: Request) -> Response:
     rid = f"resp_{secrets.token_hex(12)}"
     chat = chat_request(req)
     job = await until_disconnect(request, state.offload(prepare_chat, state, chat, rid, None))
-    (run,) = job.runs
-    await start_runs(request, rid, job.runs)
     parser = job.prompt.parser()
     reply = _Reply(state, rid, req, len(job.prompt_ids), parser)
-    try:
-        if req.stream:
-            return EventStream(reply.events(run, parser), on_close=lambda: close_runs(job.runs))
-        out = await until_disconnect(request, run.run())
-    except BaseException:
-        close_runs(job.runs)
-        raise
-    _check(out)
+    out = await one_reply(request, rid, job, req.stream, lambda run: reply.events(run, parser))
+    if isinstance(out, EventStream):
+        return out
     delta = parser.feed(out.text)
     delta.extend(parser.finish())
     reply.writer.feed(delta)
     reply.writer.close()
     return JSONResponse(reply.response(out))
-
-
-def _check(out: RequestOutput) -> None:
-    if out.finish_reason == FinishReason.ERROR:
-        raise ApiError(500, out.error or "the engine failed", type="server_error")
 
 
 class _Reply:
@@ -135,7 +123,7 @@ class _Reply:
         try:
             async for piece in run.pieces():
                 out = piece.output
-                _check(out)
+                checked(out)
                 delta = parser.feed(piece.text)
                 if piece.finished:
                     delta.extend(parser.finish())
