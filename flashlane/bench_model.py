@@ -2,6 +2,8 @@
 roofline measured in the same run and (optionally) transformers on the same weights.
 
     flashlane bench model --config flashnext-12l --random-weights --peer transformers
+    flashlane bench model --config flashnext-4l --random-weights --peer llama.cpp \
+        --llama-cpp .peer/build          # or FLASHLANE_LLAMA_CPP; the GGUF goes to --gguf-dir
 
 Decode: N streams (N in --streams), each a --prompt-len prompt of random ids, greedy, drafts
 off, --decode-tokens tokens past the first (ignore_eos); aggregate tok/s = N x tokens / the
@@ -49,8 +51,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--prefill", type=_ints, default=[2048, 16384])
     p.add_argument("--prompt-cache", type=int, default=0, metavar="TOKENS",
                    help="also time a TOKENS-long prompt cold, resent and extended by a turn")
-    p.add_argument("--peer", choices=["none", "transformers"], default="none")
-    p.add_argument("--peer-prefill", type=_ints, default=[2048])
+    p.add_argument("--peer", choices=["none", "transformers", "llama.cpp"], default="none")
+    p.add_argument("--peer-prefill", type=_ints, default=[2048],
+                   help="transformers' prefill lengths (llama.cpp takes --prefill's)")
+    p.add_argument("--llama-cpp", default=None, metavar="DIR",
+                   help="a llama.cpp build (default: $FLASHLANE_LLAMA_CPP)")
+    p.add_argument("--gguf-dir", default=".peer/gguf",
+                   help="where the checkpoint's GGUF is written (and kept for the next run)")
+    p.add_argument("--llama-threads", type=int, default=None,
+                   help="llama.cpp's CPU threads (its default where unset)")
     p.add_argument("--sampled", action="store_true",
                    help="also time one sampled stream (top_k 40) and one top_p stream (0.9) "
                         "beside one greedy stream")
@@ -227,28 +236,30 @@ def prompt_cache_ttft(args, cfg, model, config: EngineConfig) -> dict:
 
 
 def table(result: dict) -> str:
-    lines = [f"{'':24}{'ours':>12}{'transformers':>14}{'ratio':>8}{'roofline':>10}"]
+    """ours, the peer, ours / the peer, and ours against the roofline, per measured figure."""
     peer = result.get("peer") or {}
+    name = peer.get("name", "transformers")[:13]
+    lines = [f"{'':24}{'ours':>12}{name:>14}{'ours/peer':>10}{'roofline':>10}"]
     for kind, key in (("decode", "tok_s"), ("prefill", "tok_s")):
         for n, r in result["ours"][kind].items():
             theirs = (peer.get(kind) or {}).get(n, {}).get(key)
             eff = r.get("of_roofline") or r.get("of_matrix_rate")
             eff_s = f"{eff:10.0%}" if eff else f"{'-':>10}"
             label = f"{kind} {n} {'streams' if kind == 'decode' else 'tokens'} tok/s"
-            ratio = f"{r[key] / theirs:8.1f}" if theirs else f"{'-':>8}"
+            ratio = f"{r[key] / theirs:10.2f}" if theirs else f"{'-':>10}"
             peer_s = f"{theirs:14.1f}" if theirs else f"{'-':>14}"
             lines.append(f"{label:24}{r[key]:12.1f}{peer_s}{ratio}{eff_s}")
     ours = result["ours"]
     shared = (ours.get("decode_shared_rounds") or {}).get(1)
     if shared:
         lines.append(
-            f"{'decode 1 stream, shared':24}{shared['tok_s']:12.1f}{'-':>14}{'-':>8}"
+            f"{'decode 1 stream, shared':24}{shared['tok_s']:12.1f}{'-':>14}{'-':>10}"
             f"{shared['of_roofline'] or 0:10.0%}   lone / shared "
             f"{ours['lone']['over_shared_rounds']:.2f}x"
         )
     for kind, r in (ours.get("decode_sampled") or {}).items():
         greedy = ours["decode_sampled"]["greedy"]["tok_s"]
-        lines.append(f"{'decode 1 stream, ' + kind:24}{r['tok_s']:12.1f}{'-':>14}{'-':>8}"
+        lines.append(f"{'decode 1 stream, ' + kind:24}{r['tok_s']:12.1f}{'-':>14}{'-':>10}"
                      f"{r['of_roofline'] or 0:10.0%}   over greedy {r['tok_s'] / greedy:.2f}x")
     if "launches_per_token" in ours:
         lines.append(f"launches per token, one stream: {ours['launches_per_token']:.1f}"
@@ -289,6 +300,10 @@ def bench_model_main(argv: list[str]) -> int:
         from flashlane.bench_peer import run_transformers
 
         result["peer"] = run_transformers(raw, args)
+    elif args.peer == "llama.cpp":
+        from flashlane.bench_peer import run_llama_cpp
+
+        result["peer"] = run_llama_cpp(raw, args)
     print(table(result))
     line = json.dumps(result)
     if args.json:
