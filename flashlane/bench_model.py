@@ -18,6 +18,7 @@ import gc
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -40,7 +41,8 @@ def _ints(text: str) -> list[int]:
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="flashlane bench model", description=__doc__.split("\n")[0])
-    p.add_argument("--config", default="flashnext-12l", choices=sorted(PRESETS))
+    p.add_argument("--config", default="flashnext-12l",
+                   help=f"a preset ({', '.join(sorted(PRESETS))}) or a config.json")
     p.add_argument("--random-weights", action="store_true", required=True,
                    help="build the config's checkpoint with random weights on the device")
     p.add_argument("--device", default="cuda")
@@ -65,6 +67,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         "beside one greedy stream")
     p.add_argument("--json", default=None, help="also write the result here")
     return p.parse_args(argv)
+
+
+def config_dict(name: str) -> dict:
+    """A preset's config, or a config.json's (a model's shapes, then given random weights)."""
+    if name in PRESETS or not name.endswith(".json"):
+        return preset(name)
+    return json.loads(Path(name).read_text())
 
 
 def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -117,7 +126,11 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
     host = llm.engine.host
     lone = host.lone
     for n in args.streams:
-        out["decode"][n] = decode_figures(args, llm, cfg, n, greedy, ceilings)
+        try:
+            out["decode"][n] = decode_figures(args, llm, cfg, n, greedy, ceilings)
+        except (RuntimeError, torch.OutOfMemoryError) as err:
+            # one stream count the engine cannot run ends its row, not the run (and the peer's)
+            out["decode"][n] = {"error": str(err).splitlines()[0]}
     if args.sampled:  # one stream each, greedy again beside them
         runs = {"greedy": greedy, **_sampled(args)}
         out["decode_sampled"] = {k: decode_figures(args, llm, cfg, 1, p, ceilings)
@@ -243,11 +256,14 @@ def table(result: dict) -> str:
     for kind, key in (("decode", "tok_s"), ("prefill", "tok_s")):
         for n, r in result["ours"][kind].items():
             theirs = (peer.get(kind) or {}).get(n, {}).get(key)
+            label = f"{kind} {n} {'streams' if kind == 'decode' else 'tokens'} tok/s"
+            peer_s = f"{theirs:14.1f}" if theirs else f"{'-':>14}"
+            if key not in r:  # a stream count ours could not run
+                lines.append(f"{label:24}{'failed':>12}{peer_s}   {r.get('error', '')[:60]}")
+                continue
             eff = r.get("of_roofline") or r.get("of_matrix_rate")
             eff_s = f"{eff:10.0%}" if eff else f"{'-':>10}"
-            label = f"{kind} {n} {'streams' if kind == 'decode' else 'tokens'} tok/s"
             ratio = f"{r[key] / theirs:10.2f}" if theirs else f"{'-':>10}"
-            peer_s = f"{theirs:14.1f}" if theirs else f"{'-':>14}"
             lines.append(f"{label:24}{r[key]:12.1f}{peer_s}{ratio}{eff_s}")
     ours = result["ours"]
     shared = (ours.get("decode_shared_rounds") or {}).get(1)
@@ -281,7 +297,7 @@ def bench_model_main(argv: list[str]) -> int:
         print("flashlane bench model: no CUDA device here (--device cpu runs a smoke test)",
               file=sys.stderr)
         return 2
-    raw = preset(args.config)
+    raw = config_dict(args.config)
     ceilings = measure_ceilings(args.device) if cuda else {}
     if cuda:
         torch.cuda.empty_cache()

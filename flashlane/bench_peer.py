@@ -114,7 +114,9 @@ def run_llama_cpp(raw: dict, args) -> dict:
     if build.src is None:
         raise FileNotFoundError(f"{build.bin_dir}: no CMakeCache.txt naming its source (the "
                                 "converter comes from there)")
-    gguf = Path(args.gguf_dir) / f"{args.config}-seed{args.seed}-bf16.gguf"
+    # a config.json's path names its GGUF by its folder; write_gguf's stamp tells them apart
+    name = Path(args.config).parent.name if args.config.endswith(".json") else args.config
+    gguf = Path(args.gguf_dir) / f"{name}-seed{args.seed}-bf16.gguf"
     t0 = time.perf_counter()
     wrote = write_gguf(gguf, build.src, raw, args.seed, args.device)
     gpu = torch.device(args.device).type == "cuda"
