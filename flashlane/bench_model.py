@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -67,6 +69,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         "beside one greedy stream")
     p.add_argument("--json", default=None, help="also write the result here")
     return p.parse_args(argv)
+
+
+def commit() -> str:
+    """The code measured: FLASHLANE_COMMIT (the GPU machine gets a copy without .git), else
+    git's short HEAD, else "unknown"."""
+    if os.environ.get("FLASHLANE_COMMIT"):
+        return os.environ["FLASHLANE_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def config_dict(name: str) -> dict:
@@ -307,6 +321,7 @@ def bench_model_main(argv: list[str]) -> int:
         "device": torch.cuda.get_device_name(args.device) if cuda else "cpu",
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d"),
+        "commit": commit(),
         "command": "flashlane bench model " + " ".join(argv),
         "ceilings": ceilings,
         "note": "random weights route tokens evenly over experts",

@@ -50,6 +50,13 @@ class LlamaServer:
         r.raise_for_status()
         return list(r.json()["tokens"])
 
+    def tokenize(self, text: str) -> list[int]:
+        """llama.cpp's token ids of `text`, no special tokens added."""
+        r = httpx.post(f"{self.url}/tokenize", json={"content": text, "add_special": False},
+                       timeout=60)
+        r.raise_for_status()
+        return list(r.json()["tokens"])
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()

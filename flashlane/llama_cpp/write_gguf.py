@@ -131,7 +131,8 @@ def write_gguf(out: Path, src: Path, raw: dict | None = None, seed: int = 0, dev
         # the converter lists the tokenizer's words as the vocabulary, padded up to vocab_size
         raise ValueError(f"write_gguf: vocab_size {raw['vocab_size']} is under the "
                          f"tokenizer's {words} words ({tokenizer})")
-    want = stamp(raw, None if checkpoint else seed, checkpoint)
+    # compared as JSON reads it back (a tuple in a config is a list there)
+    want = json.loads(json.dumps(stamp(raw, None if checkpoint else seed, checkpoint)))
     side = Path(str(out) + ".json")
     if out.is_file() and side.is_file() and json.loads(side.read_text()) == want:
         return False

@@ -81,6 +81,8 @@ def _parity(build, gguf, num_tokens: int) -> None:
     tok = Tokenizer.from_file(str(DEFAULT_MODEL / "tokenizer.json"))
     prompts = [tok.encode(p, add_special_tokens=False).ids for p in PROMPTS]
     with LlamaServer(build, gguf, context=1024, extra=("-t", "2")) as server:
+        # the GGUF names the qwen35 pre-tokenizer for ours (converter_fixes): the same ids
+        assert [server.tokenize(p) for p in PROMPTS] == prompts
         theirs = [server.greedy(p, num_tokens) for p in prompts]
     ours = _ours(prompts, num_tokens)
     for p, a, b in zip(PROMPTS, ours, theirs):
