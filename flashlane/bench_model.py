@@ -20,7 +20,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -28,7 +27,7 @@ from flashlane.config import EngineConfig
 from flashlane.engine import Engine
 from flashlane.lanes.records import CostTable
 from flashlane.llm import LLM
-from flashlane.models.presets import PRESETS, preset
+from flashlane.models.presets import PRESETS, config_dict
 from flashlane.models.random_weights import build_random
 from flashlane.request import SamplingParams
 from flashlane.roofline import decode_round_bytes, measure_ceilings, prefill_flops
@@ -81,13 +80,6 @@ def commit() -> str:
                               text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-
-
-def config_dict(name: str) -> dict:
-    """A preset's config, or a config.json's (a model's shapes, then given random weights)."""
-    if name in PRESETS or not name.endswith(".json"):
-        return preset(name)
-    return json.loads(Path(name).read_text())
 
 
 def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:

@@ -153,12 +153,19 @@ if [[ " $steps " == *" serve "* ]]; then
     done
 fi
 
+# PEER_CONFIG, PEER_DEVICE (cpu: a CPU build, a CPU-made GGUF) and PEER_BUILD let the steps run
+# on a small config elsewhere; the GGUF's name is the one bench model --peer llama.cpp looks for
 peer_dir="${PEER_DIR:-.peer}"
-peer_gguf="$peer_dir/gguf/flashnext-4l-seed0-bf16.gguf"
+peer_build="${PEER_BUILD:-$peer_dir/build}"
+peer_config="${PEER_CONFIG:-flashnext-4l}"
+peer_device="${PEER_DEVICE:-cuda}"
+peer_name="$peer_config"
+[[ "$peer_config" == *.json ]] && peer_name="$(basename "$(dirname "$peer_config")")"
+peer_gguf="$peer_dir/gguf/$peer_name-seed0-bf16.gguf"
 
 if [[ " $steps " == *" peer-build "* ]]; then
     log="$out/peer_build_$stamp.log"
-    echo "== peer-build: llama.cpp into $peer_dir/build, the GGUF into $peer_gguf (log: $log)"
+    echo "== peer-build: llama.cpp into $peer_build, the GGUF into $peer_gguf (log: $log)"
     {
         echo "[$(date -u +%T)] disk before:"; df -h . | tail -n 1
         if [[ ! -f "$peer_dir/src/CMakeLists.txt" ]]; then
@@ -169,15 +176,20 @@ if [[ " $steps " == *" peer-build "* ]]; then
         fi
     } 2>&1 | tee "$log"
     # the build takes the cores, the GGUF the GPU and a few cores: side by side they fit a call
-    python -m flashlane.llama_cpp.build --src "$peer_dir/src" --build "$peer_dir/build" --cuda \
+    cuda_flag=""
+    [[ "$peer_device" == cuda* ]] && cuda_flag="--cuda"
+    python -m flashlane.llama_cpp.build --src "$peer_dir/src" --build "$peer_build" $cuda_flag \
         --jobs "$(nproc)" > "$out/peer_build_cmake_$stamp.log" 2>&1 &
     build_pid=$!
-    python -m flashlane.llama_cpp.write_gguf --config flashnext-4l --seed 0 --device cuda \
+    python -m flashlane.llama_cpp.write_gguf --config "$peer_config" --seed 0 \
+        --device "$peer_device" \
         --out "$peer_gguf" --llama-src "$peer_dir/src" --threads 4 \
         > "$out/peer_gguf_$stamp.log" 2>&1 &
     gguf_pid=$!
+    beat=0
     while kill -0 "$build_pid" 2> /dev/null || kill -0 "$gguf_pid" 2> /dev/null; do
-        sleep 30
+        sleep 2
+        ((++beat % 15)) && continue  # a progress line every 30 s
         echo "[$(date -u +%T)] build $(grep -o '^\[[0-9]*/[0-9]*\]' \
             "$out/peer_build_cmake_$stamp.log" | tail -n 1); $(grep '^\[' \
             "$out/peer_gguf_$stamp.log" | tail -n 1)" | tee -a "$log"
@@ -190,9 +202,9 @@ if [[ " $steps " == *" peer-build "* ]]; then
 fi
 
 if [[ " $steps " == *" peer "* ]]; then
-    args="${PEER_ARGS:---config flashnext-4l --random-weights --peer llama.cpp --streams 1,4,16,64 --prefill 2048,16384}"
-    echo "== flashlane bench model $args --llama-cpp $peer_dir/build --gguf-dir $peer_dir/gguf"
-    python -m flashlane.cli bench model $args --llama-cpp "$peer_dir/build" \
+    args="${PEER_ARGS:---config $peer_config --random-weights --peer llama.cpp --streams 1,4,16,64 --prefill 2048,16384}"
+    echo "== flashlane bench model $args --llama-cpp $peer_build --gguf-dir $peer_dir/gguf"
+    python -m flashlane.cli bench model $args --llama-cpp "$peer_build" \
         --gguf-dir "$peer_dir/gguf" --json "$out/bench_model_peer_$stamp.json" 2>&1 \
         | tee "$out/bench_model_peer_$stamp.log" || failed+=("bench model --peer llama.cpp")
 fi

@@ -27,7 +27,7 @@ import torch
 from flashlane.llama_cpp import converter_fixes
 from flashlane.models.config import ModelConfig
 from flashlane.models.flashnext import FlashNext
-from flashlane.models.presets import PRESETS, preset
+from flashlane.models.presets import PRESETS, config_dict
 from flashlane.models.random_weights import random_tensor
 
 DEFAULT_TOKENIZER = Path(__file__).resolve().parents[1] / "default_model"
@@ -157,7 +157,8 @@ def write_gguf(out: Path, src: Path, raw: dict | None = None, seed: int = 0, dev
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--config", choices=sorted(PRESETS), help="a preset, random weights")
+    what.add_argument("--config", help=f"random weights of a preset ({', '.join(sorted(PRESETS))}) "
+                                       "or a config.json")
     what.add_argument("--checkpoint", type=Path, help="a folder with model.safetensors")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="where the random weights are made")
@@ -168,7 +169,7 @@ def main(argv: list[str]) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    wrote = write_gguf(args.out, args.llama_src, preset(args.config) if args.config else None,
+    wrote = write_gguf(args.out, args.llama_src, config_dict(args.config) if args.config else None,
                        args.seed, args.device, args.checkpoint)
     size = args.out.stat().st_size / 1e9
     verb = "wrote" if wrote else "kept (already written)"

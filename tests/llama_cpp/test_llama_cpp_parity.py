@@ -117,3 +117,34 @@ def test_bench_model_peer_llama_cpp_on_the_cpu(build, tmp_path, capsys):
     assert set(peer["decode"]) == {"1", "2"} and peer["prefill"]["64"]["tok_s"] > 0
     assert peer["build_number"] == 11434
     assert "ours/peer" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_served_replies_equal_ours(build, embedded_gguf):
+    """bench serve's 16 prompts through llama-server, 4 at a time (its slots batch them):
+    every reply's text is ours."""
+    import argparse
+    import asyncio
+
+    import httpx
+
+    from flashlane.bench_serve import load_tokenizer, make_prompts, run_level
+
+    args = argparse.Namespace(seed=None, num_prompts=16, input_len=64, output_len=64, url="")
+    prompts = make_prompts(load_tokenizer(DEFAULT_MODEL), args)
+
+    async def served(url: str) -> list[str]:
+        args.url, args.timeout = url, 300.0
+        async with httpx.AsyncClient(timeout=300) as client:
+            results, _ = await run_level(client, args, "embedded", prompts, 4)
+        assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+        return [r.text for r in results]
+
+    with LlamaServer(build, embedded_gguf, context=4 * 256, slots=4,
+                     extra=("-t", "2")) as server:
+        theirs = asyncio.run(served(server.url))
+    from flashlane.llm import LLM
+
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    ours = [o.text for o in LLM(None, device="cpu").generate(prompts, params)]
+    assert sum(a == b for a, b in zip(ours, theirs)) == 16
