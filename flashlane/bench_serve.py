@@ -20,6 +20,7 @@ import random
 import statistics
 import sys
 import time
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,12 +57,28 @@ async def send(client: httpx.AsyncClient, url: str, body: dict[str, Any],
         return Result(error=f"no complete reply within {timeout:g} s")
 
 
+@asynccontextmanager
+async def _stream(client: httpx.AsyncClient, url: str, body: dict[str, Any]):
+    """The completion's streamed response. A kept-alive connection the server has just closed
+    fails before any answer (llama-server closes each after a few requests): that one failure
+    is tried again, on a fresh connection."""
+    request = client.build_request("POST", f"{url}/v1/completions", json=body)
+    try:
+        response = await client.send(request, stream=True)
+    except httpx.RemoteProtocolError:
+        response = await client.send(request, stream=True)
+    try:
+        yield response
+    finally:
+        await response.aclose()
+
+
 async def _send(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Result:
     result = Result()
     start = last = time.perf_counter()
     finished = False
     try:
-        async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+        async with _stream(client, url, body) as response:
             if response.status_code != 200:
                 result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
                 return result

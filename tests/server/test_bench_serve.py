@@ -181,3 +181,33 @@ def test_a_dropped_or_stalled_stream_is_an_error_not_a_hang(ending):
         sock.close()
     assert not result.ok and result.error, ending
     assert time.perf_counter() - t0 < 5
+
+
+def test_a_kept_alive_connection_closed_by_the_server_is_tried_again():
+    """llama-server closes a kept-alive connection after a few requests: the next request on it
+    fails before any answer, and goes again on a fresh connection instead of failing."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    answer = (HEAD + b"transfer-encoding: chunked\r\n\r\n" + _chunked(CHUNK)
+              + _chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+
+    def serve_twice():
+        for reply in (b"", answer):  # the first connection closes unanswered
+            conn, _ = sock.accept()
+            conn.recv(65536)
+            conn.sendall(reply)
+            conn.close()
+
+    thread = threading.Thread(target=serve_twice, daemon=True)
+    thread.start()
+
+    async def one():
+        async with httpx.AsyncClient(timeout=30) as client:
+            return await send(client, f"http://127.0.0.1:{port}", {"prompt": [1]}, timeout=5.0)
+
+    try:
+        result = asyncio.run(one())
+    finally:
+        thread.join(5)
+        sock.close()
+    assert result.ok and result.text == "hi", result.error
