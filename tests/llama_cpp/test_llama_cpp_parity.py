@@ -119,32 +119,37 @@ def test_bench_model_peer_llama_cpp_on_the_cpu(build, tmp_path, capsys):
     assert "ours/peer" in capsys.readouterr().out
 
 
+# A reply may part from ours only where our top two logits nearly tie (llama.cpp sums bf16
+# weights in fp32, ours in fp64): bench serve's 16 prompts had two such places in 64 tokens,
+# gaps of 0.014 and 0.004 between logits of about 9; a wrong conversion parts far wider.
+NEAR_TIE = 0.05
+
+
 @pytest.mark.slow
-def test_served_replies_equal_ours(build, embedded_gguf):
-    """bench serve's 16 prompts through llama-server, 4 at a time (its slots batch them):
-    every reply's text is ours."""
+def test_served_replies_equal_ours_but_at_near_ties(build, embedded_gguf):
+    """bench serve's 16 prompts served by llama-server four at a time (its slots batch them):
+    each reply is ours, or parts from ours where our logits tie within NEAR_TIE."""
     import argparse
-    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
 
-    import httpx
-
-    from flashlane.bench_serve import load_tokenizer, make_prompts, run_level
-
-    args = argparse.Namespace(seed=None, num_prompts=16, input_len=64, output_len=64, url="")
-    prompts = make_prompts(load_tokenizer(DEFAULT_MODEL), args)
-
-    async def served(url: str) -> list[str]:
-        args.url, args.timeout = url, 300.0
-        async with httpx.AsyncClient(timeout=300) as client:
-            results, _ = await run_level(client, args, "embedded", prompts, 4)
-        assert all(r.ok for r in results), [r.error for r in results if not r.ok]
-        return [r.text for r in results]
-
-    with LlamaServer(build, embedded_gguf, context=4 * 256, slots=4,
-                     extra=("-t", "2")) as server:
-        theirs = asyncio.run(served(server.url))
+    from flashlane.bench_serve import load_tokenizer, make_prompts
     from flashlane.llm import LLM
 
+    args = argparse.Namespace(seed=None, num_prompts=16, input_len=64, output_len=64)
+    prompts = make_prompts(load_tokenizer(DEFAULT_MODEL), args)
+    with LlamaServer(build, embedded_gguf, context=4 * 256, slots=4,
+                     extra=("-t", "2")) as server, ThreadPoolExecutor(4) as pool:
+        theirs = list(pool.map(lambda p: server.greedy(p, 64), prompts))
+    llm = LLM(None, device="cpu")
     params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
-    ours = [o.text for o in LLM(None, device="cpu").generate(prompts, params)]
-    assert sum(a == b for a, b in zip(ours, theirs)) == 16
+    ours = [list(o.token_ids) for o in llm.generate(prompts, params)]
+    same = 0
+    for prompt, a, b in zip(prompts, ours, theirs):
+        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if first is None:
+            same += 1
+            continue
+        logits = llm.logits(prompt + a[:first]).double()
+        logits = logits[-1] if logits.dim() > 1 else logits
+        assert logits[a[first]] - logits[b[first]] <= NEAR_TIE, (first, a[first], b[first])
+    assert same >= 12
