@@ -61,8 +61,8 @@ def random_index(raw: dict, seed: int, device, dtype=torch.bfloat16) -> dict[str
     shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
     progress = Progress(sum(2 * _numel(s) for n, s in shapes.items() if n not in buffers))
 
-    def made(name: str, shape: tuple) -> torch.Tensor:
-        t = random_tensor(name, shape, dtype, device, seed).cpu()
+    def made(name: str, shape: tuple, rows: slice = slice(None)) -> torch.Tensor:
+        t = random_tensor(name, shape, dtype, device, seed)[rows].cpu()
         progress.add(t.numel() * t.element_size())
         return t
 
@@ -106,7 +106,7 @@ def _shards(hf: str, name: str, shape: tuple, parts: int, dtype, made: Callable)
         start = sum(r.shape[0] for r in rows[:k])
         out[hf.replace("ngram_embedding.weight", f"ngram_embedding.shard_{k}.weight")] = (
             (chunk.shape[0], shape[1]), dtype,
-            lambda a=start, b=start + chunk.shape[0]: made(name, shape)[a:b].clone(),
+            lambda a=start, b=start + chunk.shape[0]: made(name, shape, slice(a, b)),
         )  # fmt: skip
     return out
 
