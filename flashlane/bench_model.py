@@ -2,6 +2,8 @@
 roofline measured in the same run and (optionally) transformers on the same weights.
 
     flashlane bench model --config flashnext-12l --random-weights --peer transformers
+    flashlane bench model --config flashnext-4l --random-weights --peer llama.cpp \
+        --llama-cpp .peer/build          # or FLASHLANE_LLAMA_CPP; the GGUF goes to --gguf-dir
 
 Decode: N streams (N in --streams), each a --prompt-len prompt of random ids, greedy, drafts
 off, --decode-tokens tokens past the first (ignore_eos); aggregate tok/s = N x tokens / the
@@ -14,6 +16,8 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
+import subprocess
 import sys
 import time
 
@@ -24,7 +28,7 @@ from flashlane.engine import Engine
 from flashlane.flags import FlagParser
 from flashlane.lanes.records import CostTable
 from flashlane.llm import LLM
-from flashlane.models.presets import PRESETS, preset
+from flashlane.models.presets import PRESETS, config_dict
 from flashlane.models.random_weights import build_random
 from flashlane.request import SamplingParams
 from flashlane.roofline import decode_round_bytes, measure_ceilings, prefill_flops
@@ -40,8 +44,8 @@ def _ints(text: str) -> list[int]:
 def parse(argv: list[str]) -> argparse.Namespace:
     p = FlagParser(prog="flashlane bench model", description=__doc__.split("\n")[0],
                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--config", default="flashnext-12l", choices=sorted(PRESETS),
-                   help="the model's preset (flashlane/models/presets.py)")
+    p.add_argument("--config", default="flashnext-12l",
+                   help=f"a preset ({', '.join(sorted(PRESETS))}) or a config.json")
     p.add_argument("--random-weights", action="store_true", required=True,
                    help="build the config's checkpoint with random weights on the device")
     p.add_argument("--device", default="cuda", help="where the model runs")
@@ -54,15 +58,33 @@ def parse(argv: list[str]) -> argparse.Namespace:
                    help="prompt lengths timed for prefill, comma-separated")
     p.add_argument("--prompt-cache", type=int, default=0, metavar="TOKENS",
                    help="also time a TOKENS-long prompt cold, resent and extended by a turn")
-    p.add_argument("--peer", choices=["none", "transformers"], default="none",
-                   help="also time transformers' generate on the same weights")
+    p.add_argument("--peer", choices=["none", "transformers", "llama.cpp"], default="none",
+                   help="also time a peer on the same weights")
     p.add_argument("--peer-prefill", type=_ints, default=[2048],
-                   help="the peer's prefill lengths")
+                   help="transformers' prefill lengths (llama.cpp takes --prefill's)")
+    p.add_argument("--llama-cpp", default=None, metavar="DIR",
+                   help="a llama.cpp build (default: $FLASHLANE_LLAMA_CPP)")
+    p.add_argument("--gguf-dir", default=".peer/gguf",
+                   help="where the checkpoint's GGUF is written (and kept for the next run)")
+    p.add_argument("--llama-threads", type=int, default=None,
+                   help="llama.cpp's CPU threads (its default where unset)")
     p.add_argument("--sampled", action="store_true",
                    help="also time one sampled stream (top_k 40) and one top_p stream (0.9) "
                         "beside one greedy stream")
     p.add_argument("--json", default=None, help="also write the result here")
     return p.parse_args(argv)
+
+
+def commit() -> str:
+    """The code measured: FLASHLANE_COMMIT (the GPU machine gets a copy without .git), else
+    git's short HEAD, else "unknown"."""
+    if os.environ.get("FLASHLANE_COMMIT"):
+        return os.environ["FLASHLANE_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -115,7 +137,11 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
     host = llm.engine.host
     lone = host.lone
     for n in args.streams:
-        out["decode"][n] = decode_figures(args, llm, cfg, n, greedy, ceilings)
+        try:
+            out["decode"][n] = decode_figures(args, llm, cfg, n, greedy, ceilings)
+        except (RuntimeError, torch.OutOfMemoryError) as err:
+            # one stream count the engine cannot run ends its row, not the run (and the peer's)
+            out["decode"][n] = {"error": str(err).splitlines()[0]}
     if args.sampled:  # one stream each, greedy again beside them
         runs = {"greedy": greedy, **_sampled(args)}
         out["decode_sampled"] = {k: decode_figures(args, llm, cfg, 1, p, ceilings)
@@ -234,28 +260,33 @@ def prompt_cache_ttft(args, cfg, model, config: EngineConfig) -> dict:
 
 
 def table(result: dict) -> str:
-    lines = [f"{'':24}{'ours':>12}{'transformers':>14}{'ratio':>8}{'roofline':>10}"]
+    """ours, the peer, ours / the peer, and ours against the roofline, per measured figure."""
     peer = result.get("peer") or {}
+    name = peer.get("name", "transformers")[:13]
+    lines = [f"{'':24}{'ours':>12}{name:>14}{'ours/peer':>10}{'roofline':>10}"]
     for kind, key in (("decode", "tok_s"), ("prefill", "tok_s")):
         for n, r in result["ours"][kind].items():
             theirs = (peer.get(kind) or {}).get(n, {}).get(key)
+            label = f"{kind} {n} {'streams' if kind == 'decode' else 'tokens'} tok/s"
+            peer_s = f"{theirs:14.1f}" if theirs else f"{'-':>14}"
+            if key not in r:  # a stream count ours could not run
+                lines.append(f"{label:24}{'failed':>12}{peer_s}   {r.get('error', '')[:60]}")
+                continue
             eff = r.get("of_roofline") or r.get("of_matrix_rate")
             eff_s = f"{eff:10.0%}" if eff else f"{'-':>10}"
-            label = f"{kind} {n} {'streams' if kind == 'decode' else 'tokens'} tok/s"
-            ratio = f"{r[key] / theirs:8.1f}" if theirs else f"{'-':>8}"
-            peer_s = f"{theirs:14.1f}" if theirs else f"{'-':>14}"
+            ratio = f"{r[key] / theirs:10.2f}" if theirs else f"{'-':>10}"
             lines.append(f"{label:24}{r[key]:12.1f}{peer_s}{ratio}{eff_s}")
     ours = result["ours"]
     shared = (ours.get("decode_shared_rounds") or {}).get(1)
     if shared:
         lines.append(
-            f"{'decode 1 stream, shared':24}{shared['tok_s']:12.1f}{'-':>14}{'-':>8}"
+            f"{'decode 1 stream, shared':24}{shared['tok_s']:12.1f}{'-':>14}{'-':>10}"
             f"{shared['of_roofline'] or 0:10.0%}   lone / shared "
             f"{ours['lone']['over_shared_rounds']:.2f}x"
         )
     for kind, r in (ours.get("decode_sampled") or {}).items():
         greedy = ours["decode_sampled"]["greedy"]["tok_s"]
-        lines.append(f"{'decode 1 stream, ' + kind:24}{r['tok_s']:12.1f}{'-':>14}{'-':>8}"
+        lines.append(f"{'decode 1 stream, ' + kind:24}{r['tok_s']:12.1f}{'-':>14}{'-':>10}"
                      f"{r['of_roofline'] or 0:10.0%}   over greedy {r['tok_s'] / greedy:.2f}x")
     if "launches_per_token" in ours:
         lines.append(f"launches per token, one stream: {ours['launches_per_token']:.1f}"
@@ -277,7 +308,7 @@ def bench_model_main(argv: list[str]) -> int:
         print("flashlane bench model: no CUDA device here (--device cpu runs a smoke test)",
               file=sys.stderr)
         return 2
-    raw = preset(args.config)
+    raw = config_dict(args.config)
     ceilings = measure_ceilings(args.device) if cuda else {}
     if cuda:
         torch.cuda.empty_cache()
@@ -287,6 +318,7 @@ def bench_model_main(argv: list[str]) -> int:
         "device": torch.cuda.get_device_name(args.device) if cuda else "cpu",
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d"),
+        "commit": commit(),
         "command": "flashlane bench model " + " ".join(argv),
         "ceilings": ceilings,
         "note": "random weights route tokens evenly over experts",
@@ -296,6 +328,10 @@ def bench_model_main(argv: list[str]) -> int:
         from flashlane.bench_peer import run_transformers
 
         result["peer"] = run_transformers(raw, args)
+    elif args.peer == "llama.cpp":
+        from flashlane.bench_peer import run_llama_cpp
+
+        result["peer"] = run_llama_cpp(raw, args)
     print(table(result))
     line = json.dumps(result)
     if args.json:

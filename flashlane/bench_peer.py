@@ -1,10 +1,14 @@
-"""The transformers peer of `flashlane bench model`: the same random weights (regenerated
+"""The peers of `flashlane bench model`. transformers: the same random weights (regenerated
 after ours is freed, since two copies do not fit), `generate` greedy, fla-core used by
 transformers where it is installed.
 
 Decode tok/s = N x T / (the time from the first new token's logits to the last's), batch N,
 read by a logits processor that syncs the device at each step (a long prefill stays outside
 the interval); prefill tok/s = length / time of one new token.
+
+llama.cpp: a build of ours (flashlane.llama_cpp) on the GGUF of the same checkpoint, its own
+llama-batched-bench (decode, S_TG) and llama-bench (prefill, pp); flashlane/llama_cpp/tools.py
+says how each figure matches ours.
 """
 
 from __future__ import annotations
@@ -93,4 +97,41 @@ def run_transformers(raw: dict, args) -> dict:
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
+    return out
+
+
+def run_llama_cpp(raw: dict, args) -> dict:
+    """llama.cpp on the GGUF of the same random checkpoint (written here through its converter
+    the first time, kept in --gguf-dir after): decode at each --streams, prefill at each
+    --prefill. Its build, flags and commands go into the result."""
+    from pathlib import Path
+
+    from flashlane.llama_cpp import tools
+    from flashlane.llama_cpp.build import find_build
+    from flashlane.llama_cpp.write_gguf import write_gguf
+
+    build = find_build(args.llama_cpp)
+    if build.src is None:
+        raise FileNotFoundError(f"{build.bin_dir}: no CMakeCache.txt naming its source (the "
+                                "converter comes from there)")
+    # a config.json's path names its GGUF by its folder; write_gguf's stamp tells them apart
+    name = Path(args.config).parent.name if args.config.endswith(".json") else args.config
+    gguf = Path(args.gguf_dir) / f"{name}-seed{args.seed}-bf16.gguf"
+    t0 = time.perf_counter()
+    wrote = write_gguf(gguf, build.src, raw, args.seed, args.device)
+    gpu = torch.device(args.device).type == "cuda"
+    out = {
+        "name": "llama.cpp",
+        "llama.cpp": build.build,
+        "flags": build.flags,
+        "gguf": str(gguf),
+        "gguf_bytes": gguf.stat().st_size,
+        "gguf_written_s": time.perf_counter() - t0 if wrote else None,
+    }
+    ran = tools.decode(build, gguf, args.streams, args.prompt_len, args.decode_tokens, gpu,
+                       args.llama_threads)
+    out["decode"], out["decode_command"] = ran["decode"], ran["command"]
+    ran = tools.prefill(build, gguf, args.prefill, gpu, args.llama_threads)
+    out["prefill_command"] = ran.pop("command")
+    out.update(ran)
     return out

@@ -3,8 +3,10 @@
 Conventions are vLLM's `bench serve`: TTFT = time to the first streamed chunk that carries
 text; TPOT = (E2E - TTFT) / (output tokens - 1); ITL = the gaps between streamed chunks (a chunk
 may carry several tokens when drafts land); output tok/s = output tokens / the level's
-duration. Prompts are random words cut to exactly --input-len tokens by the server's /tokenize
-and sent as token ids; replies run to --output-len tokens (ignore_eos). Greedy unless --seed
+duration. Prompts are random words cut to exactly --input-len tokens by --tokenizer, here (no
+server's /tokenize: llama-server's takes other fields), and sent as token ids; replies run to
+--output-len tokens (ignore_eos). A stream that ends before `data: [DONE]` (a dropped
+connection) or runs past --timeout is that request's error, never a hang. Greedy unless --seed
 is given, then seeded sampling (temperature 1, seed S + prompt index): either way each reply
 is reproducible, which --check-alone verifies against the same request sent alone.
 """
@@ -18,12 +20,17 @@ import random
 import statistics
 import sys
 import time
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
+from tokenizers import Tokenizer
 
 from flashlane.flags import FlagParser
+
+EMBEDDED = Path(__file__).resolve().parent / "default_model"
 
 WORDS = ["time", "year", "river", "stone", "light", "music", "garden", "window", "answer"]
 WORDS += ["story", "letter", "market", "energy", "system", "paper", "world", "number"]
@@ -42,17 +49,46 @@ class Result:
     error: str = ""
 
 
-async def send(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Result:
-    """Streams one completion and times it."""
+async def send(client: httpx.AsyncClient, url: str, body: dict[str, Any],
+               timeout: float = 600.0) -> Result:
+    """Streams one completion and times it; any failure, a stall past `timeout` seconds in
+    all, or a stream cut before [DONE] comes back as the result's error."""
+    try:
+        return await asyncio.wait_for(_send(client, url, body), timeout)
+    except asyncio.TimeoutError:
+        return Result(error=f"no complete reply within {timeout:g} s")
+
+
+@asynccontextmanager
+async def _stream(client: httpx.AsyncClient, url: str, body: dict[str, Any]):
+    """The completion's streamed response. A kept-alive connection the server has just closed
+    fails before any answer (llama-server closes each after a few requests): that one failure
+    is tried again, on a fresh connection."""
+    request = client.build_request("POST", f"{url}/v1/completions", json=body)
+    try:
+        response = await client.send(request, stream=True)
+    except httpx.RemoteProtocolError:
+        response = await client.send(request, stream=True)
+    try:
+        yield response
+    finally:
+        await response.aclose()
+
+
+async def _send(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Result:
     result = Result()
     start = last = time.perf_counter()
+    finished = False
     try:
-        async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+        async with _stream(client, url, body) as response:
             if response.status_code != 200:
                 result.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
                 return result
             async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+                if line == "data: [DONE]":
+                    finished = True
+                    continue
+                if not line.startswith("data: "):
                     continue
                 data = json.loads(line[6:])
                 if "error" in data:
@@ -70,15 +106,25 @@ async def send(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Res
                     result.itl.append(now - last)
                 last = now
                 result.text += text
-    except (httpx.HTTPError, json.JSONDecodeError) as e:
+    except (httpx.HTTPError, httpx.StreamError, ValueError, KeyError, TypeError,
+            AttributeError) as e:  # a dropped connection, a malformed chunk
         result.error = f"{type(e).__name__}: {e}"
+        return result
+    if not finished:
+        result.error = "the stream ended before data: [DONE] (connection dropped?)"
         return result
     result.e2e = time.perf_counter() - start
     result.ok = True
     return result
 
 
-async def make_prompts(client: httpx.AsyncClient, args: argparse.Namespace) -> list[list[int]]:
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """A tokenizer.json, or a folder holding one (the server's model folder)."""
+    path = Path(path)
+    return Tokenizer.from_file(str(path / "tokenizer.json" if path.is_dir() else path))
+
+
+def make_prompts(tokenizer: Tokenizer, args: argparse.Namespace) -> list[list[int]]:
     """num_prompts distinct prompts of exactly input_len tokens."""
     rng = random.Random(args.seed if args.seed is not None else 0)
     prompts = []
@@ -86,11 +132,10 @@ async def make_prompts(client: httpx.AsyncClient, args: argparse.Namespace) -> l
         ids: list[int] = []
         while len(ids) < args.input_len:
             text = " ".join(rng.choice(WORDS) for _ in range(args.input_len + 8))
-            r = await client.post(
-                f"{args.url}/tokenize", json={"prompt": text, "add_special_tokens": False}
-            )
-            r.raise_for_status()
-            ids += r.json()["tokens"]
+            more = tokenizer.encode(text, add_special_tokens=False).ids
+            if not more:
+                raise ValueError("bench serve: the tokenizer gives no ids for the prompt words")
+            ids += more
         prompts.append(ids[: args.input_len])
     return prompts
 
@@ -125,7 +170,8 @@ async def run_level(
     async def one(i: int) -> Result:
         nonlocal done
         async with gate:
-            result = await send(client, args.url, request_body(args, model, prompts[i], i))
+            body = request_body(args, model, prompts[i], i)
+            result = await send(client, args.url, body, args.timeout)
         done += 1
         _progress(f"concurrency {concurrency}", done, len(prompts))
         return result
@@ -225,7 +271,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=max(levels) + 4, max_keepalive_connections=max(levels))
     async with httpx.AsyncClient(timeout=args.timeout, headers=headers, limits=limits) as client:
         model = args.model or (await client.get(f"{args.url}/v1/models")).json()["data"][0]["id"]
-        prompts = await make_prompts(client, args)
+        prompts = make_prompts(load_tokenizer(args.tokenizer), args)
         if args.warmup:
             await run_level(client, args, model, prompts[:1], 1)
         alone = None
@@ -263,6 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-len", type=int, default=128, help="reply tokens a request")
     p.add_argument("--seed", type=int, default=None,
                    help="seeded sampling instead of greedy")
+    p.add_argument("--tokenizer", default=str(EMBEDDED),
+                   help="tokenizer.json or its folder, the served model's")
     p.add_argument(
         "--check-alone",
         action="store_true",

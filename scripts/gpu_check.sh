@@ -3,7 +3,8 @@
 # machine from the repository root:
 #
 #     bash scripts/gpu_check.sh                      # everything
-#     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, exact, sweep, benches, model, drafts, diag, serve
+#     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, exact, sweep, benches, model,
+#                                                    # drafts, diag, serve, peer-build, peer
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
 #          exactness of the engine on the GPU, the GPU sampler), then 10,000 full-width rows
@@ -29,6 +30,13 @@
 #          serve` (SERVE_ARGS overrides its arguments), with the lone driver taking one
 #          stream (the default) and up to SERVE_LONE (16) together. Needs fastapi/uvicorn:
 #          carry their wheels in .whl/ (the GPU machine has none).
+# peer-build: llama.cpp b11434 for sm_90 from .peer/llama.cpp-b11434.tar.gz (made by
+#          scripts/llama_cpp_subset.py; carry .peer) into .peer/src and .peer/build, and at the
+#          same time the GGUF of the random flashnext-4l (seed 0) into .peer/gguf/ (28.9 GB; the
+#          disk holds 64): one call of under 10 minutes, each half skipped when already done;
+# peer:    `flashlane bench model --peer llama.cpp` on that build and GGUF (PEER_ARGS overrides
+#          its arguments): ours and llama.cpp's decode at 1, 4, 16, 64 streams and prefill, in
+#          one JSON. It must run while the machine that ran peer-build is still warm.
 # Wheels in .whl/ (fla-core: the device tool's README says how to fetch them) are installed
 # to /tmp/site first. Logs and each benchmark's JSON go to ${OUT:-benchmarks/results}/.
 # Exits non-zero if any step failed, after running them all.
@@ -154,6 +162,62 @@ if [[ " $steps " == *" serve "* ]]; then
         kill "$server"
         wait "$server"
     done
+fi
+
+# PEER_CONFIG, PEER_DEVICE (cpu: a CPU build, a CPU-made GGUF) and PEER_BUILD let the steps run
+# on a small config elsewhere; the GGUF's name is the one bench model --peer llama.cpp looks for
+peer_dir="${PEER_DIR:-.peer}"
+peer_build="${PEER_BUILD:-$peer_dir/build}"
+peer_config="${PEER_CONFIG:-flashnext-4l}"
+peer_device="${PEER_DEVICE:-cuda}"
+peer_name="$peer_config"
+[[ "$peer_config" == *.json ]] && peer_name="$(basename "$(dirname "$peer_config")")"
+peer_gguf="$peer_dir/gguf/$peer_name-seed0-bf16.gguf"
+
+if [[ " $steps " == *" peer-build "* ]]; then
+    log="$out/peer_build_$stamp.log"
+    echo "== peer-build: llama.cpp into $peer_build, the GGUF into $peer_gguf (log: $log)"
+    {
+        echo "[$(date -u +%T)] disk before:"; df -h . | tail -n 1
+        if [[ ! -f "$peer_dir/src/CMakeLists.txt" ]]; then
+            rm -rf "$peer_dir/src" "$peer_dir/llama.cpp" \
+                && tar -xzf "$peer_dir/llama.cpp-b11434.tar.gz" -C "$peer_dir" \
+                && mv "$peer_dir/llama.cpp" "$peer_dir/src" \
+                && echo "[$(date -u +%T)] extracted $peer_dir/src"
+        fi
+    } 2>&1 | tee "$log"
+    # the build takes the cores, the GGUF the GPU and a few cores: side by side they fit a call
+    cuda_flag=""
+    [[ "$peer_device" == cuda* ]] && cuda_flag="--cuda"
+    python -m flashlane.llama_cpp.build --src "$peer_dir/src" --build "$peer_build" $cuda_flag \
+        --jobs "$(nproc)" > "$out/peer_build_cmake_$stamp.log" 2>&1 &
+    build_pid=$!
+    python -m flashlane.llama_cpp.write_gguf --config "$peer_config" --seed 0 \
+        --device "$peer_device" \
+        --out "$peer_gguf" --llama-src "$peer_dir/src" --threads 4 \
+        > "$out/peer_gguf_$stamp.log" 2>&1 &
+    gguf_pid=$!
+    beat=0
+    while kill -0 "$build_pid" 2> /dev/null || kill -0 "$gguf_pid" 2> /dev/null; do
+        sleep 2
+        ((++beat % 15)) && continue  # a progress line every 30 s
+        echo "[$(date -u +%T)] build $(grep -o '^\[[0-9]*/[0-9]*\]' \
+            "$out/peer_build_cmake_$stamp.log" | tail -n 1); $(grep '^\[' \
+            "$out/peer_gguf_$stamp.log" | tail -n 1)" | tee -a "$log"
+    done
+    wait "$build_pid" || failed+=("peer-build (llama.cpp; see $out/peer_build_cmake_$stamp.log)")
+    wait "$gguf_pid" || failed+=("peer-build (gguf; see $out/peer_gguf_$stamp.log)")
+    tail -n 2 "$out/peer_build_cmake_$stamp.log" "$out/peer_gguf_$stamp.log" | tee -a "$log"
+    { echo "[$(date -u +%T)] disk after:"; df -h . | tail -n 1; du -sh "$peer_dir"/*; } \
+        2>&1 | tee -a "$log"
+fi
+
+if [[ " $steps " == *" peer "* ]]; then
+    args="${PEER_ARGS:---config $peer_config --random-weights --peer llama.cpp --streams 1,4,16,64 --prefill 2048,16384}"
+    echo "== flashlane bench model $args --llama-cpp $peer_build --gguf-dir $peer_dir/gguf"
+    python -m flashlane.cli bench model $args --llama-cpp "$peer_build" \
+        --gguf-dir "$peer_dir/gguf" --json "$out/bench_model_peer_$stamp.json" 2>&1 \
+        | tee "$out/bench_model_peer_$stamp.log" || failed+=("bench model --peer llama.cpp")
 fi
 
 if ((${#failed[@]})); then

@@ -8,6 +8,9 @@ benchmarks need no download.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 ROPE = {
     "rope_type": "default",
     "rope_theta": 10_000_000.0,
@@ -105,3 +108,10 @@ def preset(name: str) -> dict:
     if name not in PRESETS:
         raise ValueError(f"unknown model config {name!r}; known: {', '.join(sorted(PRESETS))}")
     return dict(PRESETS[name])
+
+
+def config_dict(name: str) -> dict:
+    """A preset's config, or a config.json's (a model's shapes, to give random weights)."""
+    if name in PRESETS or not name.endswith(".json"):
+        return preset(name)
+    return json.loads(Path(name).read_text())

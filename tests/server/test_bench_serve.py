@@ -1,17 +1,35 @@
-"""bench serve against the live fake server: a table, one JSON line, and --check-alone."""
+"""bench serve against the live fake server: a table, one JSON line, and --check-alone;
+prompts tokenized by the client, and a dropped or stalled stream an error, not a hang."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
+import threading
+import time
 
 import httpx
+import pytest
 
-from flashlane.bench_serve import bench_serve_main
+from flashlane.bench_serve import bench_serve_main, send
+from flashlane.server.api import build_app
+from tests.server.conftest import LiveServer
 
 
-def test_bench_serve_levels_and_check_alone(live, capsys, tmp_path):
+@pytest.fixture
+def tok_file(tokenizer, tmp_path) -> str:
+    """The fake engine's tokenizer as a file: the client tokenizes with the server's model."""
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    return str(path)
+
+
+def test_bench_serve_levels_and_check_alone(live, capsys, tmp_path, tok_file):
     out = tmp_path / "bench.json"
     argv = [
+        "--tokenizer",
+        tok_file,
         "--url",
         live.url,
         "--concurrency",
@@ -40,8 +58,10 @@ def test_bench_serve_levels_and_check_alone(live, capsys, tmp_path):
     assert lines[0].split()[:3] == ["conc", "ok", "err"]
 
 
-def test_bench_serve_reports_errors(live, capsys):
+def test_bench_serve_reports_errors(live, capsys, tok_file):
     argv = [
+        "--tokenizer",
+        tok_file,
         "--url",
         live.url,
         "--concurrency",
@@ -60,12 +80,15 @@ def test_bench_serve_reports_errors(live, capsys):
     assert result["levels"][0]["errors"] == 2
 
 
-def test_64_concurrent_streams_equal_alone_and_metrics_agree(serve, tokenizer, capsys):
+def test_64_concurrent_streams_equal_alone_and_metrics_agree(serve, tokenizer, capsys,
+                                                             tok_file):
     """The short load test: 64 streaming clients, every reply equal to its alone reply."""
     from tests.server.fake_engine import FakeEngine
 
     live = serve(FakeEngine(tokenizer=tokenizer, delay=0.001))
     argv = [
+        "--tokenizer",
+        tok_file,
         "--url",
         live.url,
         "--concurrency",
@@ -90,3 +113,101 @@ def test_64_concurrent_streams_equal_alone_and_metrics_agree(serve, tokenizer, c
     assert f"flashlane_generation_tokens_total {served}.0" in metrics
     assert 'flashlane_request_success_total{finished_reason="length"} 128.0' in metrics
     assert "flashlane_replies_in_flight 0.0" in metrics
+
+
+def test_prompts_are_tokenized_by_the_client(engine, tok_file, capsys):
+    """A server without /tokenize (llama-server's asks for other fields) is measured all the
+    same: the client cuts the prompts with the served model's tokenizer."""
+    app = build_app(engine)
+    app.router.routes = [r for r in app.router.routes if getattr(r, "path", "") != "/tokenize"]
+    live = LiveServer(app)
+    try:
+        assert httpx.post(f"{live.url}/tokenize", json={"prompt": "a"}).status_code == 404
+        argv = ["--url", live.url, "--tokenizer", tok_file, "--concurrency", "2",
+                "--num-prompts", "2", "--input-len", "12", "--output-len", "3", "--warmup", "0"]
+        assert bench_serve_main(argv) == 0
+    finally:
+        live.stop()
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["levels"][0]
+    assert (row["completed"], row["errors"], row["output_tokens"]) == (2, 0, 6)
+
+
+CHUNK = b'data: {"choices": [{"text": "hi"}]}\n\n'
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+
+
+def _chunked(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+# what a server does after reading the request: each must end as the request's error
+ENDINGS = {
+    "closed before answering": b"",
+    "closed mid-stream": HEAD + b"transfer-encoding: chunked\r\n\r\n" + _chunked(CHUNK),
+    "complete body without [DONE]": HEAD + b"content-length: %d\r\n\r\n" % len(CHUNK) + CHUNK,
+    "stalled mid-stream": None,
+}
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def test_a_dropped_or_stalled_stream_is_an_error_not_a_hang(ending):
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    release = threading.Event()
+
+    def serve_once():
+        conn, _ = sock.accept()
+        conn.recv(65536)
+        if ENDINGS[ending] is None:
+            conn.sendall(HEAD + b"transfer-encoding: chunked\r\n\r\n" + _chunked(CHUNK))
+            release.wait(10)  # holds the connection open, silent
+        else:
+            conn.sendall(ENDINGS[ending])
+        conn.close()
+
+    thread = threading.Thread(target=serve_once, daemon=True)
+    thread.start()
+
+    async def one():
+        async with httpx.AsyncClient(timeout=30) as client:
+            return await send(client, f"http://127.0.0.1:{port}", {"prompt": [1]}, timeout=1.0)
+
+    t0 = time.perf_counter()
+    try:
+        result = asyncio.run(one())
+    finally:
+        release.set()
+        thread.join(5)
+        sock.close()
+    assert not result.ok and result.error, ending
+    assert time.perf_counter() - t0 < 5
+
+
+def test_a_kept_alive_connection_closed_by_the_server_is_tried_again():
+    """llama-server closes a kept-alive connection after a few requests: the next request on it
+    fails before any answer, and goes again on a fresh connection instead of failing."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    answer = (HEAD + b"transfer-encoding: chunked\r\n\r\n" + _chunked(CHUNK)
+              + _chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+
+    def serve_twice():
+        for reply in (b"", answer):  # the first connection closes unanswered
+            conn, _ = sock.accept()
+            conn.recv(65536)
+            conn.sendall(reply)
+            conn.close()
+
+    thread = threading.Thread(target=serve_twice, daemon=True)
+    thread.start()
+
+    async def one():
+        async with httpx.AsyncClient(timeout=30) as client:
+            return await send(client, f"http://127.0.0.1:{port}", {"prompt": [1]}, timeout=5.0)
+
+    try:
+        result = asyncio.run(one())
+    finally:
+        thread.join(5)
+        sock.close()
+    assert result.ok and result.text == "hi", result.error
