@@ -1,9 +1,12 @@
-"""ModelConfig: every spelling of a Flash Next (qwen4_exp) config.json, read once at the edge.
+"""ModelConfig: every spelling of a Flash Next (qwen4_exp) config.json and of its siblings
+(qwen3_next, qwen3_5, qwen3_5_moe), read once at the edge.
 
-The rest of flashlane reads only this record. Layer types are normalised to two kinds:
-`"linear"` (Gated DeltaNet) and `"sparse"` (QSA attention with the block indexer). The field
-reader, the layer-type spellings and the checks across fields are in `models/config_fields.py`;
-ConfigError and the spellings are re-exported here.
+The rest of flashlane reads only this record. Layer types are normalised to three kinds:
+`"linear"` (Gated DeltaNet), `"sparse"` (Flash Next's QSA attention with the block indexer) and
+`"full"` (the siblings' gated full attention). A sibling has no hyper-connections (one residual
+stream: hc_count 1, hc_lowrank 0), no PLE and no indexer (indexer_head_dim 0); its own fields
+are read in `models/config_fields.py` (sibling_fields), as are the field reader, the layer-type
+spellings and the checks across fields; ConfigError and the spellings are re-exported here.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from flashlane.models.config_fields import (
     FieldReader,
     check_fields,
     read_layer_types,
+    sibling_fields,
 )
 
 __all__ = [
-    "KNOWN_SIBLINGS",
+    "FAMILIES",
     "LINEAR_SPELLINGS",
     "ROOT_MODEL_TYPES",
     "SPARSE_SPELLINGS",
@@ -32,19 +36,28 @@ __all__ = [
     "ModelConfig",
 ]
 
-TEXT_MODEL_TYPES = frozenset({"qwen4_exp_text", "qwen3_8_flash_next"})
-ROOT_MODEL_TYPES = frozenset({"qwen4_exp"})
-# Siblings that share most parts; their layer files are not written yet.
-KNOWN_SIBLINGS = frozenset(
-    {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"}
-)
+# text model_type -> family: the model file that serves it (models/build.py)
+FAMILIES = {
+    "qwen4_exp_text": "flashnext",
+    "qwen3_8_flash_next": "flashnext",
+    "qwen3_next": "qwen3_next",
+    "qwen3_5_text": "qwen3_5",
+    "qwen3_5_moe_text": "qwen3_5_moe",
+}
+TEXT_MODEL_TYPES = frozenset(FAMILIES)
+# root model_type (a text_config inside, the vision tower beside it) -> its text model_type
+ROOT_MODEL_TYPES = {
+    "qwen4_exp": "qwen4_exp_text",
+    "qwen3_5": "qwen3_5_text",
+    "qwen3_5_moe": "qwen3_5_moe_text",
+}
 
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     vocab_size: int
     hidden_size: int
-    layer_types: tuple[str, ...]  # "linear" | "sparse", one per decoder layer
+    layer_types: tuple[str, ...]  # "linear" | "sparse" | "full", one per decoder layer
     num_attention_heads: int
     num_kv_heads: int
     head_dim: int
@@ -83,12 +96,39 @@ class ModelConfig:
     tie_word_embeddings: bool
     num_mtp_layers: int
     model_type: str = "qwen4_exp_text"
+    intermediate_size: int = 0  # the dense MLP's width (siblings' dense layers)
+    # zero-indexed layers whose MLP is dense (every layer of qwen3_5; mlp_only_layers)
+    dense_mlp_layers: tuple[int, ...] = ()
     # Parameters of parts flashlane does not load (the vision tower), for `flashlane info`.
     vision: dict[str, Any] | None = field(default=None, compare=False)
 
     @property
     def num_layers(self) -> int:
         return len(self.layer_types)
+
+    @property
+    def family(self) -> str:
+        """"flashnext", "qwen3_next", "qwen3_5" or "qwen3_5_moe"."""
+        return FAMILIES[self.model_type]
+
+    @property
+    def has_hyper_connections(self) -> bool:
+        """Flash Next's hc streams; a sibling's residual is one plain pre-norm stream."""
+        return self.hc_lowrank > 0
+
+    @property
+    def residual_width(self) -> int:
+        """The width of a row of the residual the runner carries (hc_count * hidden)."""
+        return self.hc_count * self.hidden_size
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers with a KV cache: sparse (QSA) and full (gated) attention."""
+        return len(self.layer_types) - self.layer_types.count("linear")
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        """Whether the layer's MLP is the routed MoE (else the dense MLP); MTP layers pass -1."""
+        return self.num_experts > 0 and layer_idx not in self.dense_mlp_layers
 
     @property
     def ple_eos(self) -> int:
@@ -150,30 +190,33 @@ def _parse(raw: dict[str, Any], where: str) -> ModelConfig:
         if not isinstance(text, dict):
             raise ConfigError(f"{where}: field 'text_config' must be an object for {model_type}")
         vision = raw.get("vision_config") if isinstance(raw.get("vision_config"), dict) else None
+        text = dict(text)
         for key in ("eos_token_id", "tie_word_embeddings"):
-            text.setdefault(key, raw.get(key))
-        model_type = text.get("model_type", "qwen4_exp_text")
+            if text.get(key) is None and raw.get(key) is not None:
+                text[key] = raw[key]
+        model_type = text.get("model_type", ROOT_MODEL_TYPES[model_type])
         raw = text
-    if model_type in KNOWN_SIBLINGS:
-        raise ConfigError(
-            f"{where}: field 'model_type' is {model_type!r}, a sibling not supported yet"
-        )
     if model_type not in TEXT_MODEL_TYPES:
         raise ConfigError(
             f"{where}: field 'model_type' is {model_type!r}; flashlane serves "
-            f"{sorted(ROOT_MODEL_TYPES | TEXT_MODEL_TYPES)}"
+            f"{sorted(set(ROOT_MODEL_TYPES) | TEXT_MODEL_TYPES)}"
         )
+    family = FAMILIES[model_type]
     r = FieldReader(raw, where)
     hidden = r.int("hidden_size")
     num_layers = r.int("num_hidden_layers")
-    layer_types = read_layer_types(raw, num_layers, where)
+    layer_types = read_layer_types(raw, num_layers, where, family)
     num_heads = r.int("num_attention_heads")
     head_dim = r.int("head_dim", hidden // num_heads)
     rope = raw.get("rope_parameters") or {}
     if not isinstance(rope, dict):
         raise ConfigError(f"{where}: field 'rope_parameters' must be an object")
     rope_theta = float(rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
-    partial = float(rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
+    # the siblings' configs default to a quarter (Qwen3NextConfig.__post_init__)
+    partial_default = 1.0 if family == "flashnext" else 0.25
+    partial = float(
+        rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", partial_default))
+    )
     rope_type = rope.get("rope_type", "default")
     if rope_type != "default":
         raise ConfigError(
@@ -197,6 +240,34 @@ def _parse(raw: dict[str, Any], where: str) -> ModelConfig:
         raise ConfigError(f"{where}: field 'output_gate_type' {gate!r} is not sigmoid or silu")
     if raw.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"{where}: field 'hidden_act' must be 'silu'")
+    if family != "flashnext":
+        cfg = ModelConfig(
+            vocab_size=r.int("vocab_size"),
+            hidden_size=hidden,
+            layer_types=layer_types,
+            num_attention_heads=num_heads,
+            num_kv_heads=r.int("num_key_value_heads"),
+            head_dim=head_dim,
+            rotary_dim=rotary_dim,
+            rope_theta=rope_theta,
+            linear_num_k_heads=r.int("linear_num_key_heads"),
+            linear_num_v_heads=r.int("linear_num_value_heads"),
+            linear_k_head_dim=r.int("linear_key_head_dim"),
+            linear_v_head_dim=r.int("linear_value_head_dim"),
+            linear_conv_kernel=r.int("linear_conv_kernel_dim", 4),
+            output_gate=gate,
+            rms_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=r.int("max_position_embeddings"),
+            eos_token_ids=eos_ids,
+            bos_token_id=raw.get("bos_token_id"),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            num_mtp_layers=r.int("mtp_num_hidden_layers", 1, allow_zero=True),
+            model_type=model_type,
+            vision=vision,
+            **sibling_fields(raw, r, family, num_layers, where),
+        )
+        check_fields(cfg, raw, where)
+        return cfg
     cfg = ModelConfig(
         vocab_size=r.int("vocab_size"),
         hidden_size=hidden,
