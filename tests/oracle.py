@@ -140,6 +140,9 @@ QWEN3_5_MOE = dict(
     rope_parameters=dict(SIBLING_ROPE, mrope_section=[2, 1, 1], mrope_interleaved=True),
 )  # fmt: skip
 SIBLINGS = {"qwen3_next": QWEN3_NEXT, "qwen3_5": QWEN3_5, "qwen3_5_moe": QWEN3_5_MOE}
+# the checkpoints the exactness gates run on (conftest's oracle_by_name names): Flash Next's
+# tiny one and each sibling's
+GATE_CHECKPOINTS = ["tiny", *sorted(SIBLINGS)]
 
 
 def hf_classes(model_type: str):
