@@ -2,7 +2,8 @@
 
 q_proj emits each head's query and its output gate side by side ([q_h, gate_h] per head);
 q and k are zero-centred RMS-normed per head, then roped on their leading rotary dims; every
-row attends to every key up to its own position; out = o_proj(attn * sigmoid(gate)).
+row attends to every key up to its own position (kernels.causal_attention: positions, no
+mask tensor); out = o_proj(attn * sigmoid(gate)).
 """
 
 from __future__ import annotations
@@ -18,12 +19,6 @@ from flashlane.models.layers.norms import RMSNorm, Stacked, linear
 from flashlane.models.layers.qsa_attention import padded_caches
 from flashlane.models.rows import Piece, Rows, copy_all
 from flashlane.models.state import AttnCache, SessionState
-
-
-def causal_mask(positions: torch.Tensor, num_keys: int) -> torch.Tensor:
-    """positions [B, T] -> bool [B, T, num_keys]: key j is seen by a row at p when j <= p."""
-    keys = torch.arange(num_keys, device=positions.device)
-    return keys.view(1, 1, -1) <= positions.unsqueeze(-1)
 
 
 class GatedAttention(nn.Module):
@@ -70,17 +65,15 @@ class GatedAttention(nn.Module):
         if rows.batch is not None:
             pos = rows.positions.view(rows.batch)
             q4, k4, v4 = (t.unflatten(0, rows.batch) for t in (q, k, v))
-            mask = causal_mask(pos, pos.shape[1])
-            return kernels.attention(q4, k4, v4, mask, scale, positions=pos).flatten(0, 1)
+            return kernels.causal_attention(q4, k4, v4, scale, pos).flatten(0, 1)
         o = q.new_empty(q.shape)
         windows = [p for p in rows.pieces if p.recurrent]
         for p in rows.pieces:
             if not p.recurrent:
                 pos = rows.positions[p.rows][None]
-                keys, values, _, n = self._write_all([p], k[p.rows][None], v[p.rows][None])[0]
-                mask = causal_mask(pos, n)
-                o[p.rows] = kernels.attention(q[p.rows][None], keys, values, mask, scale,
-                                              positions=pos)[0]
+                keys, values, _, _ = self._write_all([p], k[p.rows][None], v[p.rows][None])[0]
+                o[p.rows] = kernels.causal_attention(q[p.rows][None], keys, values, scale,
+                                                     pos)[0]
         if windows:
             self._attend_windows(windows, q, k, v, o, rows, kernels)
         return o
@@ -97,9 +90,8 @@ class GatedAttention(nn.Module):
             t.index_select(0, gather).unflatten(0, (-1, width))
             for t in (q, k, v, rows.positions)
         )
-        keys, values, _, nk = padded_caches(self._write_all(windows, kw, vw))
-        mask = causal_mask(pos, nk)
-        res = kernels.attention(qw, keys, values, mask, self.cfg.head_dim**-0.5, positions=pos)
+        keys, values, _, _ = padded_caches(self._write_all(windows, kw, vw))
+        res = kernels.causal_attention(qw, keys, values, self.cfg.head_dim**-0.5, pos)
         real = rows.longs("attend_real", lambda: [
             i * width + t for i, p in enumerate(windows) for t in range(p.length)
         ])  # fmt: skip
