@@ -49,6 +49,9 @@ def sibling_fields(
     mlp_only_layers and off the decoder_sparse_step; qwen3_5_moe: MoE everywhere, top-k
     always renormalised), and Flash Next's own parts switched off: one residual stream, no
     PLE, no indexer."""
+    for name in ("attention_bias", "mtp_use_dedicated_embeddings"):
+        if raw.get(name):
+            raise ConfigError(f"{where}: field '{name}' is set; flashlane does not serve it")
     none = dict(
         hc_count=1, hc_lowrank=0, ple_layer_ids=(), ple_embed_dim=r.int("hidden_size"),
         ple_conv_kernel=4, ngram_size=3, heads_per_ngram=1, ngram_vocab_size_base=1,

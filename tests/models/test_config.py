@@ -115,6 +115,13 @@ def test_sibling_mlp_kinds():
     assert moe.norm_topk_prob and moe.dense_mlp_layers == ()  # 3.5-MoE always renormalises
 
 
+@pytest.mark.parametrize("field", ["attention_bias", "mtp_use_dedicated_embeddings"])
+def test_sibling_options_not_served_are_refused(field):
+    with pytest.raises(ConfigError, match=f"'{field}'"):
+        ModelConfig.from_hf(sibling("qwen3_next", **{field: True}))
+    assert ModelConfig.from_hf(sibling("qwen3_next", **{field: False})).family == "qwen3_next"
+
+
 def test_sibling_rope_defaults_and_root_config():
     raw = sibling("qwen3_next")
     del raw["rope_parameters"]
