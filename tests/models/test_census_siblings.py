@@ -70,3 +70,16 @@ def test_session_sizes_per_family() -> None:
         kv = 2 * (num_attn + 1) * 100 * cfg.num_kv_heads * cfg.head_dim * 2
         state = num_gdn * (cfg.linear_num_v_heads * 16 * 16 * 4 + 3 * cfg.linear_conv_dim * 2)
         assert session_bytes(cfg, 100, 2, 4) == kv + state, name
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe"])
+def test_qwen3_5_releases_count_as_transformers(family: str) -> None:
+    """transformers' default Qwen3.5 configs (its "9B" and "35B-A3B style"), as a release's
+    root config with the vision tower: every part and the total as transformers builds them."""
+    names = {"qwen3_5": ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration"),
+             "qwen3_5_moe": ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration")}
+    config_class, model_class = (getattr(transformers, n) for n in names[family])
+    hf_cfg = config_class()
+    with torch.device("meta"):
+        model = model_class(hf_cfg)
+    _assert_parts(ModelConfig.from_hf(hf_cfg.to_dict()), model)
