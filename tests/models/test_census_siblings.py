@@ -83,3 +83,18 @@ def test_qwen3_5_releases_count_as_transformers(family: str) -> None:
     with torch.device("meta"):
         model = model_class(hf_cfg)
     _assert_parts(ModelConfig.from_hf(hf_cfg.to_dict()), model)
+
+
+def test_info_plans_qwen3_next_sessions(capsys) -> None:
+    from flashlane.cli import main
+
+    assert main(["info", str(QWEN3_NEXT_80B), "--slot-contexts", "65536,32768x3",
+                 "--memory-limit-gb", "200", "--device", "cuda"]) == 0
+    out = capsys.readouterr().out
+    # per session: K and V of 12 layers and the MTP layer (2 x 2 heads x 256, bf16) a
+    # position, no indexer keys, and 36 GDN layers' fp32 states and bf16 conv rows
+    per_position = 13 * 2 * 2 * 256 * 2
+    gdn = 36 * (32 * 128 * 128 * 4 + 3 * 8192 * 2)
+    sessions = (65536 + 3 * 32768) * per_position + 4 * gdn
+    assert sessions == 4_671_143_936 and f"({sessions:,} bytes)" in out
+    assert "79,674,391,296" in out and "65536,32768x3" in out
