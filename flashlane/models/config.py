@@ -261,7 +261,10 @@ def _parse(raw: dict[str, Any], where: str) -> ModelConfig:
             eos_token_ids=eos_ids,
             bos_token_id=raw.get("bos_token_id"),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            num_mtp_layers=r.int("mtp_num_hidden_layers", 1, allow_zero=True),
+            # Qwen3.5 spells it mtp_num_hidden_layers; vLLM reads Qwen3-Next's as
+            # num_nextn_predict_layers; absent, one (the loader drops it without mtp.*)
+            num_mtp_layers=r.int("mtp_num_hidden_layers",
+                                 raw.get("num_nextn_predict_layers", 1), allow_zero=True),
             model_type=model_type,
             vision=vision,
             **sibling_fields(raw, r, family, num_layers, where),

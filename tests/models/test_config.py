@@ -122,6 +122,13 @@ def test_sibling_options_not_served_are_refused(field):
     assert ModelConfig.from_hf(sibling("qwen3_next", **{field: False})).family == "qwen3_next"
 
 
+def test_sibling_mtp_layer_spellings():
+    assert ModelConfig.from_hf(sibling("qwen3_next")).num_mtp_layers == 1
+    nextn = sibling("qwen3_next", num_nextn_predict_layers=2)
+    assert ModelConfig.from_hf(nextn).num_mtp_layers == 2
+    assert ModelConfig.from_hf(sibling("qwen3_5", mtp_num_hidden_layers=0)).num_mtp_layers == 0
+
+
 def test_sibling_rope_defaults_and_root_config():
     raw = sibling("qwen3_next")
     del raw["rope_parameters"]
