@@ -22,6 +22,7 @@ from flashlane.models.config_fields import (
     ConfigError,
     FieldReader,
     check_fields,
+    flashnext_fields,
     read_layer_types,
     sibling_fields,
 )
@@ -240,37 +241,14 @@ def _parse(raw: dict[str, Any], where: str) -> ModelConfig:
         raise ConfigError(f"{where}: field 'output_gate_type' {gate!r} is not sigmoid or silu")
     if raw.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"{where}: field 'hidden_act' must be 'silu'")
-    if family != "flashnext":
-        cfg = ModelConfig(
-            vocab_size=r.int("vocab_size"),
-            hidden_size=hidden,
-            layer_types=layer_types,
-            num_attention_heads=num_heads,
-            num_kv_heads=r.int("num_key_value_heads"),
-            head_dim=head_dim,
-            rotary_dim=rotary_dim,
-            rope_theta=rope_theta,
-            linear_num_k_heads=r.int("linear_num_key_heads"),
-            linear_num_v_heads=r.int("linear_num_value_heads"),
-            linear_k_head_dim=r.int("linear_key_head_dim"),
-            linear_v_head_dim=r.int("linear_value_head_dim"),
-            linear_conv_kernel=r.int("linear_conv_kernel_dim", 4),
-            output_gate=gate,
-            rms_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=r.int("max_position_embeddings"),
-            eos_token_ids=eos_ids,
-            bos_token_id=raw.get("bos_token_id"),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            # Qwen3.5 spells it mtp_num_hidden_layers; vLLM reads Qwen3-Next's as
-            # num_nextn_predict_layers; absent, one (the loader drops it without mtp.*)
-            num_mtp_layers=r.int("mtp_num_hidden_layers",
-                                 raw.get("num_nextn_predict_layers", 1), allow_zero=True),
-            model_type=model_type,
-            vision=vision,
-            **sibling_fields(raw, r, family, num_layers, where),
-        )
-        check_fields(cfg, raw, where)
-        return cfg
+    if family == "flashnext":
+        own = flashnext_fields(raw, r, hidden, ple_one)
+        mtp_default = 1
+    else:
+        own = sibling_fields(raw, r, family, num_layers, where)
+        # Qwen3.5 spells it mtp_num_hidden_layers; vLLM reads Qwen3-Next's as
+        # num_nextn_predict_layers; absent, one (the loader drops it without mtp.*)
+        mtp_default = raw.get("num_nextn_predict_layers", 1)
     cfg = ModelConfig(
         vocab_size=r.int("vocab_size"),
         hidden_size=hidden,
@@ -285,35 +263,16 @@ def _parse(raw: dict[str, Any], where: str) -> ModelConfig:
         linear_k_head_dim=r.int("linear_key_head_dim"),
         linear_v_head_dim=r.int("linear_value_head_dim"),
         linear_conv_kernel=r.int("linear_conv_kernel_dim", 4),
-        num_experts=r.int("num_experts"),
-        num_experts_per_tok=r.int("num_experts_per_tok"),
-        moe_intermediate_size=r.int("moe_intermediate_size"),
-        shared_expert_intermediate_size=r.int("shared_expert_intermediate_size"),
-        norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
-        hc_count=r.int("hc_count", 4),
-        hc_lowrank=r.int("hc_lowrank", 320),
-        ple_layer_ids=tuple(sorted({i - 1 for i in ple_one})),
-        ple_embed_dim=r.int("ple_embed_dim", hidden) if raw.get("ple_embed_dim") else hidden,
-        ple_conv_kernel=r.int("ple_conv_kernel_size", 4),
-        ngram_size=r.int("ngram_size", 3),
-        heads_per_ngram=r.int("heads_per_ngram", 8),
-        ngram_vocab_size_base=r.int("ngram_vocab_size_base", 20_000_000),
-        ngram_vocab_divisor=r.int("make_ngram_vocab_size_divisible_by", 128),
-        ngram_seed=r.int("seed", 1234, allow_zero=True),
-        split_ngram_parts=r.int("split_ngram_parts", 512),
-        indexer_n_heads=r.int("indexer_n_heads"),
-        indexer_head_dim=r.int("indexer_head_dim"),
-        indexer_budget=r.int("indexer_budget"),
-        indexer_block=r.int("indexer_compress_ratio"),
         output_gate=gate,
         rms_eps=float(raw.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=r.int("max_position_embeddings"),
         eos_token_ids=eos_ids,
         bos_token_id=raw.get("bos_token_id"),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        num_mtp_layers=r.int("mtp_num_hidden_layers", 1, allow_zero=True),
+        num_mtp_layers=r.int("mtp_num_hidden_layers", mtp_default, allow_zero=True),
         model_type=model_type,
         vision=vision,
+        **own,
     )
     check_fields(cfg, raw, where)
     return cfg

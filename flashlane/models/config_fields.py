@@ -42,6 +42,35 @@ def read_layer_types(
     return tuple(out)
 
 
+def flashnext_fields(
+    raw: dict[str, Any], r: FieldReader, hidden: int, ple_one: list[int]
+) -> dict[str, Any]:
+    """Flash Next's own fields: its MoE, hyper-connections, PLE (ple_one: config.json's
+    one-indexed PLE layers, checked by the caller) and the QSA indexer."""
+    return dict(
+        num_experts=r.int("num_experts"),
+        num_experts_per_tok=r.int("num_experts_per_tok"),
+        moe_intermediate_size=r.int("moe_intermediate_size"),
+        shared_expert_intermediate_size=r.int("shared_expert_intermediate_size"),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+        hc_count=r.int("hc_count", 4),
+        hc_lowrank=r.int("hc_lowrank", 320),
+        ple_layer_ids=tuple(sorted({i - 1 for i in ple_one})),
+        ple_embed_dim=r.int("ple_embed_dim", hidden) if raw.get("ple_embed_dim") else hidden,
+        ple_conv_kernel=r.int("ple_conv_kernel_size", 4),
+        ngram_size=r.int("ngram_size", 3),
+        heads_per_ngram=r.int("heads_per_ngram", 8),
+        ngram_vocab_size_base=r.int("ngram_vocab_size_base", 20_000_000),
+        ngram_vocab_divisor=r.int("make_ngram_vocab_size_divisible_by", 128),
+        ngram_seed=r.int("seed", 1234, allow_zero=True),
+        split_ngram_parts=r.int("split_ngram_parts", 512),
+        indexer_n_heads=r.int("indexer_n_heads"),
+        indexer_head_dim=r.int("indexer_head_dim"),
+        indexer_budget=r.int("indexer_budget"),
+        indexer_block=r.int("indexer_compress_ratio"),
+    )
+
+
 def sibling_fields(
     raw: dict[str, Any], r: FieldReader, family: str, num_layers: int, where: str
 ) -> dict[str, Any]:
