@@ -91,7 +91,11 @@ class Engine:
         self.kernels = select_kernels(self.device, log=self.log)
         self.model.use_kernels(self.kernels)
         self.max_rows = config.max_rows or (64 if self.device.startswith("cuda") else 16)
-        if self.kernels.name == "triton" and os.environ.get("FLASHLANE_NO_GRAPHS") != "1":
+        # the graphed parts and the lone driver are Flash Next's layers' (a sibling's blocks
+        # run eagerly on the same kernels until the one-step issue covers them)
+        self.graphed = cfg.family == "flashnext"
+        if (self.kernels.name == "triton" and os.environ.get("FLASHLANE_NO_GRAPHS") != "1"
+                and self.graphed):
             self._capture_graphs()
         self.plan = self._plan(cfg, weights)
         self.sessions = [
@@ -161,7 +165,7 @@ class Engine:
     def _lone_driver(self):
         """The lone driver on CUDA (graphed unless FLASHLANE_NO_GRAPHS=1), unless `lone` is
         off; on the CPU a lone step costs what a shared round does, so shared rounds serve."""
-        if not (self.config.lone and self.device.startswith("cuda")):
+        if not (self.config.lone and self.device.startswith("cuda") and self.graphed):
             return None
         from flashlane.runner.lone import LoneDriver
 

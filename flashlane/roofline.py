@@ -16,14 +16,15 @@ from flashlane.models.config import ModelConfig
 
 
 def expected_experts(cfg: ModelConfig, rows: int) -> float:
+    """Distinct experts a round of `rows` rows reads in one MoE layer (0 without experts)."""
     e, k = cfg.num_experts, cfg.num_experts_per_tok
-    return e * (1.0 - (1.0 - k / e) ** rows)
+    return e * (1.0 - (1.0 - k / e) ** rows) if e else 0.0
 
 
 def decode_round_bytes(cfg: ModelConfig, rows: int, context: int, weight_bytes: int = 2) -> dict:
     """Bytes one decode round of `rows` streams (one row each) moves, by part."""
     p = census.count_params(cfg)
-    layers = cfg.num_layers
+    layers = sum(map(cfg.is_moe_layer, range(cfg.num_layers)))  # the MoE layers
     expert = census.expert_params(cfg)
     # every weight but the experts' and the tables' is read once per round
     dense = p.text - p.experts - p.embeddings
@@ -31,6 +32,7 @@ def decode_round_bytes(cfg: ModelConfig, rows: int, context: int, weight_bytes: 
     embed_rows = rows * cfg.hidden_size
     ple_rows = rows * len(cfg.ple_layer_ids) * cfg.ple_embed_dim
     state = rows * census.state_bytes_per_stream(cfg) * 2  # read and written
+    # a sparse layer reads its selected keys (all of them up to the budget), a full one all
     kv = rows * context * (
         census.kv_bytes_per_token(cfg) + census.indexer_bytes_per_block(cfg) / cfg.indexer_block
     )
@@ -44,14 +46,16 @@ def decode_round_bytes(cfg: ModelConfig, rows: int, context: int, weight_bytes: 
 
 
 def prefill_flops(cfg: ModelConfig, tokens: int) -> float:
-    """2 x active parameters x tokens + causal attention over the sparse layers' selected keys."""
+    """2 x active parameters x tokens + causal attention over the sparse layers' selected keys
+    and over every earlier key of the full (gated) attention layers."""
     p = census.count_params(cfg)
     active = p.active - cfg.hidden_size  # the embedding row is a gather, not a product
-    sparse = cfg.layer_types.count("sparse")
+    sparse, full = cfg.layer_types.count("sparse"), cfg.layer_types.count("full")
     budget = cfg.indexer_top_blocks * cfg.indexer_block
     # query t attends min(t + 1, budget) keys: QK^T and PV, 2 FLOPs per multiply-add
     keys = sum(min(t + 1, budget) for t in range(0, tokens, 64)) * 64
-    attn = sparse * 4 * cfg.num_attention_heads * cfg.head_dim * keys
+    every = sum(t + 1 for t in range(0, tokens, 64)) * 64
+    attn = (sparse * keys + full * every) * 4 * cfg.num_attention_heads * cfg.head_dim
     return 2.0 * active * tokens + attn
 
 

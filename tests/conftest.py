@@ -4,24 +4,49 @@ import os
 import pytest
 import torch
 
-from tests.oracle import OTHER, TINY, build_oracle
+from tests.oracle import OTHER, SIBLINGS, TINY, build_oracle
 
 torch.set_num_threads(2)
 
 
-@pytest.fixture(scope="session")
-def tiny_ckpt(tmp_path_factory):
-    return build_oracle(tmp_path_factory.mktemp("tiny"), TINY, seed=0)
+# name -> (config spec, seed) of every tiny oracle checkpoint
+ORACLES = {"tiny": (TINY, 0), "other": (OTHER, 3), **{k: (v, 5) for k, v in SIBLINGS.items()}}
 
 
 @pytest.fixture(scope="session")
-def other_ckpt(tmp_path_factory):
-    return build_oracle(tmp_path_factory.mktemp("other"), OTHER, seed=3)
+def oracle_by_name(tmp_path_factory):
+    """name -> its checkpoint folder, each built once a session (on first use)."""
+    built = {}
+
+    def get(name: str):
+        if name not in built:
+            spec, seed = ORACLES[name]
+            built[name] = build_oracle(tmp_path_factory.mktemp(name), spec, seed=seed)
+        return built[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(oracle_by_name):
+    return oracle_by_name("tiny")
+
+
+@pytest.fixture(scope="session")
+def other_ckpt(oracle_by_name):
+    return oracle_by_name("other")
 
 
 @pytest.fixture(scope="session", params=["tiny", "other"])
 def oracle_ckpt(request, tiny_ckpt, other_ckpt):
     return tiny_ckpt if request.param == "tiny" else other_ckpt
+
+
+@pytest.fixture(scope="session", params=sorted(SIBLINGS))
+def sibling_ckpt(request, oracle_by_name):
+    """A tiny random checkpoint of each sibling family (qwen3_next, qwen3_5, qwen3_5_moe),
+    with a random MTP head."""
+    return oracle_by_name(request.param)
 
 
 def pytest_collection_modifyitems(config, items):

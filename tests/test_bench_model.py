@@ -71,6 +71,33 @@ def test_random_checkpoint_is_the_same_in_transformers():
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
 
 
+@pytest.mark.parametrize("name", ["qwen3-next-tiny", "qwen3.5-moe-tiny", "qwen3.5-tiny"])
+def test_random_sibling_checkpoint_is_the_same_in_transformers(name):
+    from tests.oracle import hf_classes
+
+    raw = preset(name)
+    cfg, ours = build_random(raw, torch.float32, "cpu", seed=5)
+    spec = {k: v for k, v in raw.items() if k not in ("model_type", "mtp_num_hidden_layers")}
+    model_class, config_class = hf_classes(raw["model_type"])
+    theirs = model_class(config_class(**spec))
+    fill_transformers(theirs, seed=5)
+    ids = torch.randint(3, cfg.vocab_size, (40,), generator=torch.Generator().manual_seed(1))
+    s = SessionState.empty(cfg, 64, torch.float32, torch.float32, "cpu")
+    got = run_piece(ours, s, ids, 0, recurrent=False)
+    want = theirs(ids[None]).logits[0].float()
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_bench_model_smoke_on_cpu_for_a_sibling(tmp_path):
+    out = tmp_path / "r.json"
+    argv = ["--config", "qwen3-next-tiny", "--random-weights", "--device", "cpu", "--streams",
+            "1,2", "--prefill", "128", "--decode-tokens", "4", "--json", str(out)]
+    assert bench_model_main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["ours"]["decode"]["2"]["tok_s"] > 0
+    assert result["ours"]["prefill"]["128"]["tok_s"] > 0
+
+
 def test_presets_parse_and_real_sizes():
     from flashlane.models.census import count_params
     from flashlane.models.config import ModelConfig
@@ -78,3 +105,8 @@ def test_presets_parse_and_real_sizes():
     sizes = {n: count_params(ModelConfig.from_hf(preset(n))).loaded for n in PRESETS}
     assert 35e9 < sizes["flashnext-12l"] < 36e9  # fits one H200 in bf16, a peer copy does not
     assert sizes["flashnext-48l"] > 170e9
+    totals = {n: count_params(ModelConfig.from_hf(preset(n))).total for n in PRESETS}
+    assert totals["qwen3-next-48l"] == 79_674_391_296  # Qwen3-Next-80B-A3B: "79.67B"
+    assert 34e9 < totals["qwen3.5-moe-40l"] < 36e9  # the "35B-A3B style" defaults
+    assert 8.5e9 < totals["qwen3.5-32l"] < 9.5e9  # the "9B style" defaults
+    assert 20e9 < sizes["qwen3-next-12l"] < 23e9  # size-faithful layers, a quarter deep

@@ -29,6 +29,7 @@ class Kernels:
     block_keys: Callable
     pool_block_at: Callable
     attention: Callable
+    causal_attention: Callable  # the siblings' gated full attention: no mask tensor
     attend_sessions: Callable
     moe: Callable
     moe_shared: Callable
@@ -68,6 +69,7 @@ REFERENCE = Kernels(
     block_keys=attention_ref.block_keys,
     pool_block_at=attention_ref.pool_block_at,
     attention=attention_ref.attention,
+    causal_attention=attention_ref.causal_attention,
     attend_sessions=attention_ref.attend_sessions,
     moe=moe_ref.moe,
     moe_shared=moe_ref.moe_shared,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from flashlane.kernels import Kernels
 from flashlane.kernels.attention import triton as attention_tr
 from flashlane.kernels.attention import triton_blocks as blocks_tr
+from flashlane.kernels.attention import triton_causal as causal_tr
 from flashlane.kernels.conv import triton as conv_tr
 from flashlane.kernels.gdn import triton as gdn_tr
 from flashlane.kernels.linear.triton import linear
@@ -32,6 +33,7 @@ TRITON = Kernels(
     block_keys=blocks_tr.block_keys,
     pool_block_at=blocks_tr.pool_block_at,
     attention=attention_tr.attention,
+    causal_attention=causal_tr.causal_attention,  # positions, no [B, T, L] mask
     attend_sessions=attention_tr.attend_sessions,  # B sessions in six launches
     moe=moe_tr.moe,
     moe_shared=moe_tr.moe_shared,  # the shared expert as one more expert of the launches

@@ -1,8 +1,9 @@
 """Parameter counts by part, cache bytes per token and state bytes per stream, from a ModelConfig.
 
 Nothing is allocated: every figure is arithmetic over the config, counted as transformers 5.17
-builds the modules (`Qwen4ExpForConditionalGeneration` on the meta device gives the same total,
-which a test checks). The MTP head, which transformers drops, is counted apart.
+builds the modules (`Qwen4ExpForConditionalGeneration`, and the siblings' causal LMs, on the
+meta device give the same totals, which tests check). The MTP head, which transformers drops,
+is counted apart.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ VISION_DEFAULTS: dict[str, Any] = {
 
 
 TEXT_PARTS = (
-    "embeddings", "lm_head", "gdn", "attention", "experts", "shared_expert", "router",
+    "embeddings", "lm_head", "gdn", "attention", "experts", "shared_expert", "router", "mlp",
     "hyper_connections", "ple", "final_mixer",
 )  # fmt: skip
 
@@ -37,13 +38,18 @@ class ParamCounts:
     experts: int  # routed experts
     shared_expert: int  # shared expert MLP and its sigmoid gate
     router: int
-    hyper_connections: int  # the attention and MLP hyper-connections of every layer
+    mlp: int  # dense MLPs (a sibling's dense layers)
+    # the attention and MLP hyper-connections of every layer (a sibling: its two pre-norms)
+    hyper_connections: int
     ple: int  # PLE projections, norms and dilated convs (the n-gram table apart)
-    final_mixer: int  # the model's hyper_connection_mixer
+    final_mixer: int  # the model's hyper_connection_mixer (a sibling: its final norm)
     ngram_table: int  # ple_embedding.ngram_embedding of every PLE layer
     vision: int  # the vision tower, which flashlane does not load
     mtp: int  # the MTP head (all cfg.num_mtp_layers layers), which transformers drops
     active: int  # parameters one token reads (top-k experts, one embedding row, table rows)
+    # `active` with the whole embedding table, as model cards count it (Qwen3-Next-80B-A3B's
+    # published "3.87B active" is this figure)
+    active_with_table: int
 
     @property
     def text(self) -> int:
@@ -92,6 +98,9 @@ def shared_expert_params(cfg: ModelConfig) -> int:
 
 
 def hyper_connection_params(cfg: ModelConfig, inject: bool = True) -> int:
+    """One hyper-connection (a sibling: the plain norm in its place)."""
+    if not cfg.has_hyper_connections:
+        return cfg.hidden_size
     wide = cfg.hc_count * cfg.hidden_size
     # grouped norm, low-rank down and up, and the per-stream write weights
     return wide + 2 * wide * cfg.hc_lowrank + (wide * cfg.hc_count if inject else 0)
@@ -143,18 +152,27 @@ def vision_params(vision: dict[str, Any] | None) -> int:
 
 
 def mtp_params(cfg: ModelConfig) -> int:
-    """The MTP head: two pre-fc norms, fc_embedding and fc_hidden, its decoder layers (sparse
-    attention + MoE, two hyper-connections each) and its own mixer; it shares the lm_head."""
+    """The MTP head: two pre-fc norms, fc_embedding and fc_hidden (a sibling: one fc over
+    both), its decoder layers (attention + the MLP, two hyper-connections or norms each) and
+    its own mixer (a sibling: its norm); it shares the lm_head."""
     if cfg.num_mtp_layers == 0:
         return 0
     h = cfg.hidden_size
     head = h + cfg.hc_count * h + 2 * h * h + hyper_connection_params(cfg, inject=False)
-    return head + cfg.num_mtp_layers * _sparse_decoder_params(cfg)
+    return head + cfg.num_mtp_layers * _attention_decoder_params(cfg)
+
+
+def mlp_params(cfg: ModelConfig, layer_idx: int) -> int:
+    """One layer's MLP: routed experts, router and shared expert, or the dense MLP."""
+    if cfg.is_moe_layer(layer_idx):
+        routed = cfg.num_experts * (expert_params(cfg) + cfg.hidden_size)
+        return routed + shared_expert_params(cfg)
+    return 3 * cfg.hidden_size * cfg.intermediate_size
 
 
 def count_params(cfg: ModelConfig) -> ParamCounts:
     num_linear = cfg.layer_types.count("linear")
-    num_sparse = cfg.layer_types.count("sparse")
+    num_moe = sum(map(cfg.is_moe_layer, range(cfg.num_layers)))
     num_ple = len(cfg.ple_layer_ids)
     table_width = cfg.ple_embed_dim // cfg.num_ngram_heads if num_ple else 0
     table_rows = sum(ngram_table_rows(cfg, i) for i in range(num_ple))
@@ -162,10 +180,11 @@ def count_params(cfg: ModelConfig) -> ParamCounts:
         embeddings=cfg.vocab_size * cfg.hidden_size,
         lm_head=0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size,
         gdn=num_linear * gdn_layer_params(cfg),
-        attention=num_sparse * attention_layer_params(cfg),
-        experts=cfg.num_layers * cfg.num_experts * expert_params(cfg),
-        shared_expert=cfg.num_layers * shared_expert_params(cfg),
-        router=cfg.num_layers * cfg.num_experts * cfg.hidden_size,
+        attention=cfg.num_attention_layers * attention_layer_params(cfg),
+        experts=num_moe * cfg.num_experts * expert_params(cfg),
+        shared_expert=num_moe * shared_expert_params(cfg),
+        router=num_moe * cfg.num_experts * cfg.hidden_size,
+        mlp=(cfg.num_layers - num_moe) * 3 * cfg.hidden_size * cfg.intermediate_size,
         hyper_connections=cfg.num_layers * 2 * hyper_connection_params(cfg),
         ple=num_ple * ple_layer_params(cfg),
         final_mixer=hyper_connection_params(cfg, inject=False),
@@ -173,22 +192,25 @@ def count_params(cfg: ModelConfig) -> ParamCounts:
         vision=vision_params(cfg.vision),
         mtp=mtp_params(cfg),
         active=0,
+        active_with_table=0,
     )
-    unread = cfg.num_layers * (cfg.num_experts - cfg.num_experts_per_tok) * expert_params(cfg)
+    unread = num_moe * (cfg.num_experts - cfg.num_experts_per_tok) * expert_params(cfg)
     table_read = num_ple * cfg.num_ngram_heads * table_width
     active = counts.text - counts.embeddings + cfg.hidden_size - unread + table_read
-    return replace(counts, active=active)
+    return replace(counts, active=active,
+                   active_with_table=active - cfg.hidden_size + counts.embeddings)
 
 
 def kv_bytes_per_token(cfg: ModelConfig, cache_bytes: int = 2, with_mtp: bool = False) -> int:
-    """K and V of every sparse attention layer (and the MTP layers), per token of context."""
-    layers = cfg.layer_types.count("sparse") + (cfg.num_mtp_layers if with_mtp else 0)
+    """K and V of every attention layer (and the MTP layers), per token of context."""
+    layers = cfg.num_attention_layers + (cfg.num_mtp_layers if with_mtp else 0)
     return layers * 2 * cfg.num_kv_heads * cfg.head_dim * cache_bytes
 
 
 def indexer_bytes_per_block(cfg: ModelConfig, cache_bytes: int = 2, with_mtp: bool = False) -> int:
-    """Indexer raw keys of one block of tokens plus its pooled key, over the sparse layers."""
-    layers = cfg.layer_types.count("sparse") + (cfg.num_mtp_layers if with_mtp else 0)
+    """Indexer raw keys of one block of tokens plus its pooled key, over the sparse layers
+    (a sibling has no indexer: 0)."""
+    layers = cfg.num_attention_layers + (cfg.num_mtp_layers if with_mtp else 0)
     return layers * (cfg.indexer_block + 1) * cfg.indexer_head_dim * cache_bytes
 
 
@@ -205,10 +227,9 @@ def state_bytes_per_stream(cfg: ModelConfig, cache_bytes: int = 2, state_bytes: 
     return gdn + ple
 
 
-def _sparse_decoder_params(cfg: ModelConfig) -> int:
-    routed = cfg.num_experts * (expert_params(cfg) + cfg.hidden_size)  # experts and router
-    mlp = routed + shared_expert_params(cfg)
-    return attention_layer_params(cfg) + mlp + 2 * hyper_connection_params(cfg)
+def _attention_decoder_params(cfg: ModelConfig) -> int:
+    """An MTP decoder layer: attention, the MLP (layer index -1), two hyper-connections."""
+    return attention_layer_params(cfg) + mlp_params(cfg, -1) + 2 * hyper_connection_params(cfg)
 
 
 def _is_prime(n: int) -> bool:

@@ -1,9 +1,12 @@
-"""ModelConfig: every spelling of a Flash Next (qwen4_exp) config.json, read once at the edge.
+"""ModelConfig: every spelling of a Flash Next (qwen4_exp) config.json and of its siblings
+(qwen3_next, qwen3_5, qwen3_5_moe), read once at the edge.
 
-The rest of flashlane reads only this record. Layer types are normalised to two kinds:
-`"linear"` (Gated DeltaNet) and `"sparse"` (QSA attention with the block indexer). The field
-reader, the layer-type spellings and the checks across fields are in `models/config_fields.py`;
-ConfigError and the spellings are re-exported here.
+The rest of flashlane reads only this record. Layer types are normalised to three kinds:
+`"linear"` (Gated DeltaNet), `"sparse"` (Flash Next's QSA attention with the block indexer) and
+`"full"` (the siblings' gated full attention). A sibling has no hyper-connections (one residual
+stream: hc_count 1, hc_lowrank 0), no PLE and no indexer (indexer_head_dim 0); its own fields
+are read in `models/config_fields.py` (sibling_fields), as are the field reader, the layer-type
+spellings and the checks across fields; ConfigError and the spellings are re-exported here.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ from flashlane.models.config_fields import (
     ConfigError,
     FieldReader,
     check_fields,
+    flashnext_fields,
     read_layer_types,
+    sibling_fields,
 )
 
 __all__ = [
-    "KNOWN_SIBLINGS",
+    "FAMILIES",
     "LINEAR_SPELLINGS",
     "ROOT_MODEL_TYPES",
     "SPARSE_SPELLINGS",
@@ -32,16 +37,25 @@ __all__ = [
     "ModelConfig",
 ]
 
-TEXT_MODEL_TYPES = frozenset({"qwen4_exp_text", "qwen3_8_flash_next"})
-ROOT_MODEL_TYPES = frozenset({"qwen4_exp"})
+# text model_type -> family: the model file that serves it (models/build.py)
+FAMILIES = {
+    "qwen4_exp_text": "flashnext",
+    "qwen3_8_flash_next": "flashnext",
+    "qwen3_next": "qwen3_next",
+    "qwen3_5_text": "qwen3_5",
+    "qwen3_5_moe_text": "qwen3_5_moe",
+}
+TEXT_MODEL_TYPES = frozenset(FAMILIES)
+# root model_type (a text_config inside, the vision tower beside it) -> its text model_type
+ROOT_MODEL_TYPES = {
+    "qwen4_exp": "qwen4_exp_text",
+    "qwen3_5": "qwen3_5_text",
+    "qwen3_5_moe": "qwen3_5_moe_text",
+}
 SUPPORTED = (
-    "flashlane serves Flash Next: model_type "
-    + ", ".join(sorted(ROOT_MODEL_TYPES | TEXT_MODEL_TYPES))
-    + " (Qwen4ExpForConditionalGeneration, Qwen4ExpForCausalLM)"
-)
-# Siblings that share most parts; their layer files are not written yet.
-KNOWN_SIBLINGS = frozenset(
-    {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"}
+    "flashlane serves Flash Next (model_type qwen4_exp, qwen4_exp_text, qwen3_8_flash_next: "
+    "Qwen4ExpForConditionalGeneration, Qwen4ExpForCausalLM), Qwen3-Next (qwen3_next), Qwen3.5 "
+    "(qwen3_5, qwen3_5_text) and Qwen3.5-MoE (qwen3_5_moe, qwen3_5_moe_text)"
 )
 
 
@@ -49,7 +63,7 @@ KNOWN_SIBLINGS = frozenset(
 class ModelConfig:
     vocab_size: int
     hidden_size: int
-    layer_types: tuple[str, ...]  # "linear" | "sparse", one per decoder layer
+    layer_types: tuple[str, ...]  # "linear" | "sparse" | "full", one per decoder layer
     num_attention_heads: int
     num_kv_heads: int
     head_dim: int
@@ -88,12 +102,39 @@ class ModelConfig:
     tie_word_embeddings: bool
     num_mtp_layers: int
     model_type: str = "qwen4_exp_text"
+    intermediate_size: int = 0  # the dense MLP's width (siblings' dense layers)
+    # zero-indexed layers whose MLP is dense (every layer of qwen3_5; mlp_only_layers)
+    dense_mlp_layers: tuple[int, ...] = ()
     # Parameters of parts flashlane does not load (the vision tower), for `flashlane info`.
     vision: dict[str, Any] | None = field(default=None, compare=False)
 
     @property
     def num_layers(self) -> int:
         return len(self.layer_types)
+
+    @property
+    def family(self) -> str:
+        """"flashnext", "qwen3_next", "qwen3_5" or "qwen3_5_moe"."""
+        return FAMILIES[self.model_type]
+
+    @property
+    def has_hyper_connections(self) -> bool:
+        """Flash Next's hc streams; a sibling's residual is one plain pre-norm stream."""
+        return self.hc_lowrank > 0
+
+    @property
+    def residual_width(self) -> int:
+        """The width of a row of the residual the runner carries (hc_count * hidden)."""
+        return self.hc_count * self.hidden_size
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Layers with a KV cache: sparse (QSA) and full (gated) attention."""
+        return len(self.layer_types) - self.layer_types.count("linear")
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        """Whether the layer's MLP is the routed MoE (else the dense MLP); MTP layers pass -1."""
+        return self.num_experts > 0 and layer_idx not in self.dense_mlp_layers
 
     @property
     def ple_eos(self) -> int:
@@ -155,24 +196,30 @@ def _parse(raw: dict[str, Any], where: str) -> ModelConfig:
         if not isinstance(text, dict):
             raise ConfigError(f"{where}: field 'text_config' must be an object for {model_type}")
         vision = raw.get("vision_config") if isinstance(raw.get("vision_config"), dict) else None
+        text = dict(text)
         for key in ("eos_token_id", "tie_word_embeddings"):
-            text.setdefault(key, raw.get(key))
-        model_type = text.get("model_type", "qwen4_exp_text")
+            if text.get(key) is None and raw.get(key) is not None:
+                text[key] = raw[key]
+        model_type = text.get("model_type", ROOT_MODEL_TYPES[model_type])
         raw = text
     if model_type not in TEXT_MODEL_TYPES:
-        kind = ", a sibling not supported yet" if model_type in KNOWN_SIBLINGS else ""
-        raise ConfigError(f"{where}: field 'model_type' is {model_type!r}{kind}; {SUPPORTED}")
+        raise ConfigError(f"{where}: field 'model_type' is {model_type!r}; {SUPPORTED}")
+    family = FAMILIES[model_type]
     r = FieldReader(raw, where)
     hidden = r.int("hidden_size")
     num_layers = r.int("num_hidden_layers")
-    layer_types = read_layer_types(raw, num_layers, where)
+    layer_types = read_layer_types(raw, num_layers, where, family)
     num_heads = r.int("num_attention_heads")
     head_dim = r.int("head_dim", hidden // num_heads)
     rope = raw.get("rope_parameters") or {}
     if not isinstance(rope, dict):
         raise ConfigError(f"{where}: field 'rope_parameters' must be an object")
     rope_theta = float(rope.get("rope_theta", raw.get("rope_theta", 10000.0)))
-    partial = float(rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
+    # the siblings' configs default to a quarter (Qwen3NextConfig.__post_init__)
+    partial_default = 1.0 if family == "flashnext" else 0.25
+    partial = float(
+        rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", partial_default))
+    )
     rope_type = rope.get("rope_type", "default")
     if rope_type != "default":
         raise ConfigError(
@@ -196,6 +243,14 @@ def _parse(raw: dict[str, Any], where: str) -> ModelConfig:
         raise ConfigError(f"{where}: field 'output_gate_type' {gate!r} is not sigmoid or silu")
     if raw.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"{where}: field 'hidden_act' must be 'silu'")
+    if family == "flashnext":
+        own = flashnext_fields(raw, r, hidden, ple_one)
+        mtp_default = 1
+    else:
+        own = sibling_fields(raw, r, family, num_layers, where)
+        # Qwen3.5 spells it mtp_num_hidden_layers; vLLM reads Qwen3-Next's as
+        # num_nextn_predict_layers; absent, one (the loader drops it without mtp.*)
+        mtp_default = raw.get("num_nextn_predict_layers", 1)
     cfg = ModelConfig(
         vocab_size=r.int("vocab_size"),
         hidden_size=hidden,
@@ -210,35 +265,16 @@ def _parse(raw: dict[str, Any], where: str) -> ModelConfig:
         linear_k_head_dim=r.int("linear_key_head_dim"),
         linear_v_head_dim=r.int("linear_value_head_dim"),
         linear_conv_kernel=r.int("linear_conv_kernel_dim", 4),
-        num_experts=r.int("num_experts"),
-        num_experts_per_tok=r.int("num_experts_per_tok"),
-        moe_intermediate_size=r.int("moe_intermediate_size"),
-        shared_expert_intermediate_size=r.int("shared_expert_intermediate_size"),
-        norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
-        hc_count=r.int("hc_count", 4),
-        hc_lowrank=r.int("hc_lowrank", 320),
-        ple_layer_ids=tuple(sorted({i - 1 for i in ple_one})),
-        ple_embed_dim=r.int("ple_embed_dim", hidden) if raw.get("ple_embed_dim") else hidden,
-        ple_conv_kernel=r.int("ple_conv_kernel_size", 4),
-        ngram_size=r.int("ngram_size", 3),
-        heads_per_ngram=r.int("heads_per_ngram", 8),
-        ngram_vocab_size_base=r.int("ngram_vocab_size_base", 20_000_000),
-        ngram_vocab_divisor=r.int("make_ngram_vocab_size_divisible_by", 128),
-        ngram_seed=r.int("seed", 1234, allow_zero=True),
-        split_ngram_parts=r.int("split_ngram_parts", 512),
-        indexer_n_heads=r.int("indexer_n_heads"),
-        indexer_head_dim=r.int("indexer_head_dim"),
-        indexer_budget=r.int("indexer_budget"),
-        indexer_block=r.int("indexer_compress_ratio"),
         output_gate=gate,
         rms_eps=float(raw.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=r.int("max_position_embeddings"),
         eos_token_ids=eos_ids,
         bos_token_id=raw.get("bos_token_id"),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        num_mtp_layers=r.int("mtp_num_hidden_layers", 1, allow_zero=True),
+        num_mtp_layers=r.int("mtp_num_hidden_layers", mtp_default, allow_zero=True),
         model_type=model_type,
         vision=vision,
+        **own,
     )
     check_fields(cfg, raw, where)
     return cfg

@@ -25,14 +25,19 @@ def describe(cfg: ModelConfig, plan: MemoryPlan | None = None) -> str:
     and the memory plan when one is given."""
     counts = count_params(cfg)
     lines = [*_config_lines(cfg), "", "parameters:"]
+    # a sibling's "hyper-connections" are its pre-norms, its "mixer" the final norm
+    names = {} if cfg.has_hyper_connections else {"hyper_connections": "norms",
+                                                  "final_mixer": "final_norm"}
     for f in fields(counts):
-        if f.name != "active":
-            lines.append(_param_line(f.name, getattr(counts, f.name)))
+        if not f.name.startswith("active"):
+            lines.append(_param_line(names.get(f.name, f.name), getattr(counts, f.name)))
     lines += [
         _param_line("text", counts.text),
         _param_line("total", counts.total) + "  (as transformers counts: text + table + vision)",
         _param_line("loaded", counts.loaded) + "  (text + table + MTP)",
         _param_line("active/token", counts.active),
+        _param_line("active+table", counts.active_with_table)
+        + "  (the whole embedding table counted, as model cards count)",
         "",
         *_cache_lines(cfg),
     ]
@@ -42,6 +47,8 @@ def describe(cfg: ModelConfig, plan: MemoryPlan | None = None) -> str:
 
 
 def _config_lines(cfg: ModelConfig) -> list[str]:
+    if not cfg.has_hyper_connections:
+        return _sibling_lines(cfg)
     num_sparse = cfg.layer_types.count("sparse")
     ple = ", ".join(str(i + 1) for i in cfg.ple_layer_ids) or "none"
     return [
@@ -61,15 +68,39 @@ def _config_lines(cfg: ModelConfig) -> list[str]:
     ]
 
 
+def _sibling_lines(cfg: ModelConfig) -> list[str]:
+    """A sibling's config: gated full attention, no hyper-connections, PLE or indexer."""
+    num_full = cfg.num_attention_layers
+    dense = len(cfg.dense_mlp_layers)
+    mlp = (f"MoE: {cfg.num_experts} experts, top {cfg.num_experts_per_tok}, width "
+           f"{cfg.moe_intermediate_size}; shared expert {cfg.shared_expert_intermediate_size}"
+           if cfg.num_experts else "MoE: none")
+    return [
+        f"model_type: {cfg.model_type} ({cfg.family})",
+        f"layers: {cfg.num_layers} ({cfg.num_layers - num_full} Gated DeltaNet, {num_full} "
+        f"gated full attention) + {cfg.num_mtp_layers} MTP",
+        f"hidden: {cfg.hidden_size} (plain pre-norm residual); vocab: {cfg.vocab_size:,}; "
+        f"window: {cfg.max_position_embeddings:,} tokens",
+        f"attention: {cfg.num_attention_heads} q / {cfg.num_kv_heads} kv heads x {cfg.head_dim}, "
+        f"rotary {cfg.rotary_dim} dims (theta {cfg.rope_theta:g})",
+        f"GDN: {cfg.linear_num_k_heads} k / {cfg.linear_num_v_heads} v heads x "
+        f"{cfg.linear_k_head_dim}/{cfg.linear_v_head_dim}, conv {cfg.linear_conv_kernel}",
+        mlp + (f"; {dense} dense MLP layers of width {cfg.intermediate_size}" if dense else ""),
+    ]
+
+
 def _cache_lines(cfg: ModelConfig) -> list[str]:
     kv = kv_bytes_per_token(cfg)
     kv_mtp = kv_bytes_per_token(cfg, with_mtp=True)
     block = indexer_bytes_per_block(cfg, with_mtp=True)
     state = state_bytes_per_stream(cfg)
+    indexer = [
+        f"indexer keys (raw + pooled, bf16, with MTP): {block:,} bytes per block of "
+        f"{cfg.indexer_block} tokens"
+    ] if cfg.indexer_head_dim else []
     return [
         f"KV bytes per token (bf16): {kv:,} ({kv / 1024:g} KiB); with the MTP layer {kv_mtp:,}",
-        f"indexer keys (raw + pooled, bf16, with MTP): {block:,} bytes per block of "
-        f"{cfg.indexer_block} tokens",
+        *indexer,
         f"state bytes per stream (fp32 GDN states, bf16 conv and PLE tail): {state:,} "
         f"({state / 2**20:.1f} MiB)",
     ]

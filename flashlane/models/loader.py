@@ -1,7 +1,8 @@
 """Checkpoints: safetensors (one file or sharded with an index) <-> FlashNext parameters.
 
 One name table turns checkpoint names into ours: the `model.` / `model.language_model.`
-prefix goes, per-expert weights are stacked, the PLE table's shards are concatenated.
+prefix goes, per-expert weights are stacked, the PLE table's shards are concatenated, and
+Qwen3-Next's fused GDN projections (in_proj_qkvz, in_proj_ba) are cut into Qwen3.5's four.
 The vision tower is not loaded. Errors name the tensor, the file and both shapes.
 """
 
@@ -18,6 +19,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from flashlane.models.build import build_model
 from flashlane.models.config import ModelConfig
 from flashlane.models.flashnext import FlashNext
 
@@ -135,12 +137,13 @@ def load_checkpoint(
     folder = Path(folder)
     cfg = ModelConfig.from_hf(folder)
     tensors, origin = read_tensors(folder)
+    tensors = split_fused_gdn(tensors, origin, cfg)
     if cfg.num_mtp_layers and not any(n.startswith("mtp.") for n in tensors):
         logger.warning("%s: config.json has %d MTP layer(s) but no mtp.* weights: MTP drafts "
                        "off, copy drafts only", folder, cfg.num_mtp_layers)
         cfg = replace(cfg, num_mtp_layers=0)  # no MTP head shipped: copy drafts only
     with torch.device("meta"):
-        model = FlashNext(cfg)
+        model = build_model(cfg)
     expected = dict(model.state_dict())
     if cfg.tie_word_embeddings and "lm_head.weight" not in tensors:
         tensors["lm_head.weight"] = tensors.get("embed_tokens.weight")
@@ -170,6 +173,34 @@ def load_checkpoint(
     model.load_state_dict(state, assign=True, strict=True)
     model.rotary = type(model.rotary)(cfg.rotary_dim, cfg.rope_theta)
     return cfg, model.eval().requires_grad_(False)
+
+
+def split_fused_gdn(tensors: dict, origin: dict, cfg: ModelConfig) -> dict:
+    """Qwen3-Next's GDN input projections, fused per key head, as the four of Qwen3.5:
+    in_proj_qkvz rows [K heads x (q Dk, k Dk, v r*Dv, z r*Dv)] -> in_proj_qkv (every q, then
+    every k, then every v) and in_proj_z; in_proj_ba rows [K heads x (b r, a r)] -> in_proj_b
+    and in_proj_a (r = value heads per key head)."""
+    nk, dk, dv = cfg.linear_num_k_heads, cfg.linear_k_head_dim, cfg.linear_v_head_dim
+    rep = cfg.linear_num_v_heads // nk
+    for name in [n for n in tensors if n.endswith(".in_proj_qkvz.weight")]:
+        base = name.removesuffix("in_proj_qkvz.weight")
+        w = tensors.pop(name)
+        if w.shape[0] != nk * (2 * dk + 2 * rep * dv):
+            raise CheckpointError(f"{origin[name]}: tensor {name!r} has shape "
+                                  f"{tuple(w.shape)}, the config's heads need "
+                                  f"{nk * (2 * dk + 2 * rep * dv)} rows")
+        q, k, v, z = w.unflatten(0, (nk, -1)).split([dk, dk, rep * dv, rep * dv], dim=1)
+        tensors[base + "in_proj_qkv.weight"] = torch.cat([t.flatten(0, 1) for t in (q, k, v)])
+        tensors[base + "in_proj_z.weight"] = z.flatten(0, 1)
+        ba = tensors.pop(base + "in_proj_ba.weight", None)
+        if ba is None:
+            raise CheckpointError(f"{origin[name]}: {name!r} without {base}in_proj_ba.weight")
+        b, a = ba.unflatten(0, (nk, -1)).split([rep, rep], dim=1)
+        tensors[base + "in_proj_b.weight"], tensors[base + "in_proj_a.weight"] = (
+            b.flatten(0, 1), a.flatten(0, 1))
+        for part in ("qkv", "z", "b", "a"):
+            origin[f"{base}in_proj_{part}.weight"] = origin[name]
+    return tensors
 
 
 def hf_tensors(model: FlashNext) -> dict[str, torch.Tensor]:

@@ -12,6 +12,7 @@ import zlib
 
 import torch
 
+from flashlane.models.build import build_model
 from flashlane.models.config import ModelConfig
 from flashlane.models.flashnext import FlashNext
 
@@ -41,10 +42,11 @@ def random_tensor(
 def build_random(
     raw: dict, dtype: torch.dtype, device, seed: int = 0
 ) -> tuple[ModelConfig, FlashNext]:
-    """The model of config dict `raw` with random weights, made on `device` tensor by tensor."""
+    """The model of config dict `raw` (any family) with random weights, made on `device`
+    tensor by tensor."""
     cfg = ModelConfig.from_hf(raw)
     with torch.device("meta"):
-        model = FlashNext(cfg)
+        model = build_model(cfg)
     buffers = dict(model.named_buffers())  # the PLE's hash constants: computed, not drawn
     state = {
         name: buffers[name].to(device)
@@ -58,15 +60,18 @@ def build_random(
 
 
 def fill_transformers(model: torch.nn.Module, seed: int = 0) -> None:
-    """Give a transformers Qwen4Exp model the values of `build_random(..., seed)`.
+    """Give a transformers Qwen4Exp (or sibling) model the values of `build_random(..., seed)`.
 
     Its names are ours with a `model.` prefix, except the fused `experts.gate_up_proj`
-    (our gate_proj and up_proj stacked along the output dim).
+    (our gate_proj and up_proj stacked along the output dim) and Qwen3-Next's fused GDN
+    projections (ours interleaved per key head: loader.split_fused_gdn's inverse).
     """
     with torch.no_grad():
         for hf_name, p in model.named_parameters():
             name = hf_name.removeprefix("model.")
-            if name.endswith("experts.gate_up_proj"):
+            if name.endswith(("in_proj_qkvz.weight", "in_proj_ba.weight")):
+                p.copy_(_fused_gdn(model.config, name, p, seed))
+            elif name.endswith("experts.gate_up_proj"):
                 half = p.shape[1] // 2
                 base = name.removesuffix("gate_up_proj")
                 shape = (p.shape[0], half, p.shape[2])
@@ -74,3 +79,21 @@ def fill_transformers(model: torch.nn.Module, seed: int = 0) -> None:
                 p[:, half:].copy_(random_tensor(base + "up_proj", shape, p.dtype, p.device, seed))
             else:
                 p.copy_(random_tensor(name, tuple(p.shape), p.dtype, p.device, seed))
+
+
+def _fused_gdn(c, name: str, p: torch.Tensor, seed: int) -> torch.Tensor:
+    """Qwen3-Next's in_proj_qkvz or in_proj_ba from our random projections: per key head,
+    its q, k, v and z rows (or b and a rows) side by side."""
+    nk, dk, dv = c.linear_num_key_heads, c.linear_key_head_dim, c.linear_value_head_dim
+    nv, h = c.linear_num_value_heads, p.shape[1]
+
+    def ours(part: str, rows: int) -> torch.Tensor:
+        base = name.rsplit(".", 2)[0]
+        return random_tensor(f"{base}.in_proj_{part}.weight", (rows, h), p.dtype, p.device, seed)
+
+    if name.endswith("in_proj_qkvz.weight"):
+        parts = [*ours("qkv", 2 * nk * dk + nv * dv).split([nk * dk, nk * dk, nv * dv]),
+                 ours("z", nv * dv)]
+    else:
+        parts = [ours("b", nv), ours("a", nv)]
+    return torch.cat([t.unflatten(0, (nk, -1)) for t in parts], dim=1).flatten(0, 1)

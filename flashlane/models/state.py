@@ -1,7 +1,8 @@
 """One stream's isolated state (a session), allocated once for a context capacity.
 
-Per sparse-attention layer (and per MTP layer): K, V, raw indexer keys and pooled block keys
-for `capacity` positions; per GDN layer: the conv window (last k-1 inputs) and the recurrent
+Per attention layer (and per MTP layer): K, V, raw indexer keys and pooled block keys
+for `capacity` positions (a sibling's gated full attention has no indexer: its key buffers
+are zero wide); per GDN layer: the conv window (last k-1 inputs) and the recurrent
 state; per PLE layer: the dilated-conv tail and the last n-1 token ids. Attention buffers
 are valid up to `length` (MTP: `mtp_length`): rolling back is lowering the length.
 """
@@ -119,7 +120,7 @@ class SessionState:
     ) -> SessionState:
         s = cls(capacity=capacity, attn={}, gdn={}, ple={}, mtp=[])
         for i, kind in enumerate(cfg.layer_types):
-            if kind == "sparse":
+            if kind != "linear":  # sparse or full attention: a KV cache
                 s.attn[i] = AttnCache.empty(cfg, capacity, cache_dtype, device)
             else:
                 s.gdn[i] = GdnState(

@@ -53,7 +53,7 @@ def session_buffers(
     blocks = (capacity // cfg.indexer_block, cfg.indexer_head_dim)
     out = []
     for prefix, count in (
-        ("attn", cfg.layer_types.count("sparse")),
+        ("attn", cfg.num_attention_layers),
         ("mtp", cfg.num_mtp_layers if mtp else 0),
     ):
         out += [
@@ -109,7 +109,7 @@ def prompt_row_bytes(cfg: ModelConfig, device: str, context: int) -> int:
     (an fp32 state a value head every 64 rows) and its projections (4 of the conv width), the
     indexer's mask over the context."""
     c = ELEMENT_BYTES[device][0]
-    residual = 8 * cfg.hc_count * cfg.hidden_size * c
+    residual = 8 * cfg.residual_width * c
     moe = (cfg.num_experts_per_tok + 1) * (cfg.hidden_size + 3 * cfg.moe_intermediate_size) * c
     state = cfg.linear_num_v_heads * cfg.linear_k_head_dim * cfg.linear_v_head_dim * 4 // 64
     return residual + moe + state + 4 * cfg.linear_conv_dim * c + context

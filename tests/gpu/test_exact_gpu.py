@@ -1,7 +1,8 @@
 """Exactness on the GPU with the Triton kernels, logits compared bit for bit (DESIGN.md
 section 1): a row's logits do not depend on the verify width, on the other streams in the
-round, or on whether its tokens came as drafts. Tiny oracle checkpoint and a random
-flashnext-4l (real per-layer dimensions), bf16 weights, fp32 GDN state."""
+round, or on whether its tokens came as drafts. Tiny oracle checkpoints (Flash Next's and
+each sibling's) and random flashnext-4l and qwen3-next-4l (real per-layer dimensions), bf16
+weights, fp32 GDN state. The siblings run eagerly (no graphed parts yet)."""
 
 import dataclasses
 
@@ -20,6 +21,7 @@ from flashlane.models.state import SessionState
 from flashlane.request import SamplingParams
 from flashlane.runner.backend import copy_session
 from flashlane.runner.graphs import Graphs
+from tests.oracle import GATE_CHECKPOINTS, SIBLINGS
 
 pytestmark = [
     pytest.mark.cuda,
@@ -28,16 +30,18 @@ pytestmark = [
 CAP = 512
 
 
-@pytest.fixture(scope="module", params=["tiny", "flashnext-4l"])
-def gpu_model(request, tiny_ckpt):
-    if request.param == "tiny":
-        cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.bfloat16, device="cuda")
+@pytest.fixture(scope="module",
+                params=["tiny", "flashnext-4l", *sorted(SIBLINGS), "qwen3-next-4l"])
+def gpu_model(request, oracle_by_name):
+    if request.param.endswith("-4l"):
+        cfg, model = build_random(preset(request.param), torch.bfloat16, "cuda", seed=1)
     else:
-        cfg, model = build_random(preset("flashnext-4l"), torch.bfloat16, "cuda", seed=1)
+        cfg, model = load_checkpoint(oracle_by_name(request.param), dtype=torch.bfloat16,
+                                     device="cuda")
     kernels = select_kernels("cuda")
     assert kernels.name == "triton"
     model.use_kernels(kernels)
-    if request.param != "tiny":  # the tiny model runs eagerly, the larger one with graphs
+    if request.param == "flashnext-4l":  # the tiny models run eagerly, this one with graphs
         model.graphs = Graphs(max_rows=64)
     yield cfg, model
     del model
@@ -115,10 +119,16 @@ def test_shared_round_rows_equal_alone_bitwise(gpu_model, streams):
         assert torch.equal(lg, alone)
 
 
-def test_llm_replies_drafted_shared_and_alone_agree(tiny_ckpt):
+def graphed_only(cfg) -> None:
+    if cfg.family != "flashnext":
+        pytest.skip("a sibling's blocks run eagerly: no graphed parts yet")
+
+
+@pytest.mark.parametrize("name", GATE_CHECKPOINTS)
+def test_llm_replies_drafted_shared_and_alone_agree(oracle_by_name, name):
     costs = CostTable({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3,
                       overhead_ms=0.2)
-    llm = LLM(str(tiny_ckpt), costs=costs, parallel=8, max_rows=16, device="cuda")
+    llm = LLM(str(oracle_by_name(name)), costs=costs, parallel=8, max_rows=16, device="cuda")
     assert llm.engine.kernels.name == "triton"
     ps = prompts(500, 8)
     for params in (SamplingParams(max_tokens=24, temperature=0.0),
@@ -136,6 +146,7 @@ def test_graph_replays_equal_eager_bitwise(gpu_model, widths):
     """Windows of mixed widths take the read/mix/mlp parts; windows of one width also replay
     the PLE and the GDN conv on [B, T] inputs."""
     cfg, model = gpu_model
+    graphed_only(cfg)
     sessions = [prefilled(cfg, model, p) for p in prompts(cfg.vocab_size, len(widths))]
     windows = [(s, [5 + i] * w) for i, (s, w) in enumerate(zip(sessions, widths))]
     saved = model.graphs
@@ -155,6 +166,7 @@ def test_graphed_decode_rounds_keep_what_eager_rounds_keep(gpu_model):
     """Three committed rounds of one-row windows for three streams, graphed and eager from
     copies of the same sessions: every round's logits bit for bit."""
     cfg, model = gpu_model
+    graphed_only(cfg)
     base = [prefilled(cfg, model, p) for p in prompts(cfg.vocab_size, 3)]
     runs = []
     saved = model.graphs
@@ -175,7 +187,8 @@ def test_graphed_decode_rounds_keep_what_eager_rounds_keep(gpu_model):
 def test_every_bucket_captures_at_start(gpu_model):
     from flashlane.runner.graphs import capture_all
 
-    _, model = gpu_model
+    cfg, model = gpu_model
+    graphed_only(cfg)
     graphs = Graphs(max_rows=64)
     secs, used = capture_all(model, graphs)
     assert graphs.failed is None

@@ -9,6 +9,7 @@ import torch
 from flashlane.lanes.records import CostTable
 from flashlane.llm import LLM
 from flashlane.request import SamplingParams
+from tests.oracle import GATE_CHECKPOINTS
 
 pytestmark = [
     pytest.mark.cuda,
@@ -28,10 +29,11 @@ def ids(n, seed):
      SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=11, logprobs=2)],
     ids=["greedy", "seeded"],
 )
-def test_resumed_replies_equal_fresh_on_the_gpu(tiny_ckpt, params, draft):
+@pytest.mark.parametrize("name", GATE_CHECKPOINTS)
+def test_resumed_replies_equal_fresh_on_the_gpu(oracle_by_name, name, params, draft):
     opts = dict(costs=COSTS, max_rows=16, device="cuda")
-    fresh = LLM(str(tiny_ckpt), parallel=1, prompt_cache_gb=0, **opts)
-    cached = LLM(str(tiny_ckpt), parallel=2, prompt_cache_gb=1, **opts)
+    fresh = LLM(str(oracle_by_name(name)), parallel=1, prompt_cache_gb=0, **opts)
+    cached = LLM(str(oracle_by_name(name)), parallel=2, prompt_cache_gb=1, **opts)
     p = dataclasses.replace(params, draft=draft)
     prompt = ids(300, 1)
     longer = prompt + ids(90, 2)

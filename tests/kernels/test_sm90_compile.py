@@ -23,7 +23,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from flashlane.kernels.attention import triton as attention  # noqa: E402
-from flashlane.kernels.attention import triton_blocks, triton_select  # noqa: E402
+from flashlane.kernels.attention import triton_blocks, triton_causal, triton_select  # noqa: E402
 from flashlane.kernels.conv import triton as conv  # noqa: E402
 from flashlane.kernels.gdn import triton as gdn  # noqa: E402
 from flashlane.kernels.linear import triton as linear  # noqa: E402
@@ -280,6 +280,19 @@ KERNELS.update({
                        dict(num_warps=norms._gated_rows(128)[1])),
     "attention": (attention._attention_kernel, ATTENTION, ATTENTION_TILE,
                   dict(num_warps=_WARPS, num_stages=_STAGES)),
+    # the siblings' gated full attention (Qwen3-Next: 16 q / 2 kv heads of 256) and GDN norm
+    "causal_attention": (triton_causal._causal_kernel,
+                         dict(q_ptr=BF, k_ptr=BF, v_ptr=BF, pos_ptr="*i64", o_ptr=BF,
+                              len_ptr="*i64", HAS_LEN="i32", T="i32", L="i32", HQ="i32",
+                              HKV="i32", REP="i32", scale="fp32"),
+                         dict(ATTENTION_TILE, PDL=1),
+                         dict(num_warps=_WARPS, num_stages=_STAGES, launch_pdl=True)),
+    "gated_rms_norm silu": (norms._gated_rms_norm_kernel,
+                            dict(x_ptr=BF, gate_ptr=BF, w_ptr=BF, y_ptr=BF, rows="i32",
+                                 eps="fp32", per="i32", stride_g="i32"),
+                            dict(D=128, SIGMOID=False, ROUND_PROD=True, BLOCK=128,
+                                 ROWS=norms._gated_rows(128)[0]),
+                            dict(num_warps=norms._gated_rows(128)[1])),
     "index_scores": (triton_select._index_scores_kernel, INDEX,
                      dict(DI=128, BDI=128, BLOCK_T=triton_select.INDEX_TILE[0],
                           BLOCK_N=triton_select.INDEX_TILE[1], PRECISION="tf32"),

@@ -60,6 +60,11 @@ def _part(name: str) -> str:
         ("mlp.experts.", "experts"),
         ("shared_expert", "shared_expert"),
         ("mlp.gate.", "router"),
+        ("mlp.gate_proj", "mlp"),  # the siblings' dense MLPs, their norms and final norm
+        ("mlp.up_proj", "mlp"),
+        ("mlp.down_proj", "mlp"),
+        ("layernorm", "hyper_connections"),
+        ("model.norm.", "final_mixer"),
         ("embed_tokens", "embeddings"),
         ("lm_head", "lm_head"),
     ]

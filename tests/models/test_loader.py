@@ -1,6 +1,7 @@
 """Loader: sharded files, prefixes, and bad checkpoints with precise errors."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -95,3 +96,43 @@ def test_unknown_model_type(ckpt):
     (ckpt / "config.json").write_text(json.dumps(raw))
     with pytest.raises(ValueError, match="'model_type'"):
         load_checkpoint(ckpt)
+
+
+def fuse_experts(t: dict) -> dict:
+    """Per-expert `model.layers.N.mlp.experts.E.*` as transformers' fused [E, 2I, H]
+    gate_up_proj and [E, H, I] down_proj."""
+    out, groups = {}, {}
+    for k, v in t.items():
+        m = re.match(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(\w+_proj)\.weight$", k)
+        if m:
+            groups.setdefault(m.group(1), {})[(int(m.group(2)), m.group(3))] = v
+        else:
+            out[k] = v
+    for base, w in groups.items():
+        n = 1 + max(e for e, _ in w)
+        out[base + ".down_proj"] = torch.stack([w[(e, "down_proj")] for e in range(n)])
+        out[base + ".gate_up_proj"] = torch.stack(
+            [torch.cat([w[(e, "gate_proj")], w[(e, "up_proj")]]) for e in range(n)])
+    return out
+
+
+@pytest.mark.parametrize("name", ["qwen3_5_moe", "qwen3_5"])
+def test_sibling_layouts_load_alike(tmp_path, oracle_by_name, name):
+    """A Qwen3.5 checkpoint as its multimodal release ships it (a root config holding the
+    text_config, `model.language_model.` names, a vision tower to skip, fused experts) is
+    the same model. (Qwen3-Next's fused GDN projections: the parity tests load them.)"""
+    src = oracle_by_name(name)
+    _, ref = load_checkpoint(src, dtype=torch.float64)
+    out = load_file(str(src / "model.safetensors"))
+    text = json.loads((src / "config.json").read_text())
+    out = {k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k: v
+           for k, v in fuse_experts(out).items()}
+    out["model.visual.patch_embed.proj.weight"] = torch.zeros(2, 2)
+    raw = {"model_type": name, "text_config": text, "vision_config": {"depth": 1}}
+    folder = tmp_path / "release"
+    folder.mkdir()
+    save_file(out, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(raw))
+    cfg, got = load_checkpoint(folder, dtype=torch.float64)
+    ids = torch.randint(3, cfg.vocab_size, (1, 20), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(got.forward_train(ids)[0], ref.forward_train(ids)[0])

@@ -3,6 +3,7 @@ cached path (cells in pieces through a session) against the full forward."""
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -10,6 +11,7 @@ from flashlane.models.loader import load_checkpoint
 from flashlane.models.rows import Rows
 from flashlane.models.state import SessionState
 from tests.models.mtp_reference import mtp_logits
+from tests.oracle import GATE_CHECKPOINTS
 
 
 def test_mtp_head_matches_reference(tiny_ckpt):
@@ -29,8 +31,9 @@ def test_mtp_head_matches_reference(tiny_ckpt):
     assert err <= 1e-6 * ref.abs().max().item(), err
 
 
-def test_mtp_cells_in_pieces_equal_full(tiny_ckpt):
-    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+@pytest.mark.parametrize("name", GATE_CHECKPOINTS)
+def test_mtp_cells_in_pieces_equal_full(oracle_by_name, name):
+    cfg, model = load_checkpoint(oracle_by_name(name), dtype=torch.float64)
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(3, cfg.vocab_size, (1, 30), generator=g)
     _, residual = model.forward_train(ids)

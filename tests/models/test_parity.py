@@ -1,5 +1,7 @@
-"""Our forward against transformers 5.17 qwen4_exp (fp32, every parameter random)."""
+"""Our forward against transformers 5.17 (fp32, every parameter random): qwen4_exp (two
+configs) and its siblings qwen3_next, qwen3_5 and qwen3_5_moe."""
 
+import json
 from contextlib import contextmanager
 
 import pytest
@@ -8,16 +10,22 @@ import torch
 from flashlane.models.flashnext import run_piece
 from flashlane.models.loader import load_checkpoint
 from flashlane.models.state import SessionState
+from tests.oracle import SIBLINGS, hf_classes
 
 TOL = 1e-4  # relative to the largest |logit|
 
 
-@pytest.fixture(scope="module")
-def pair(request, oracle_ckpt):
-    from transformers import Qwen4ExpForCausalLM
+@pytest.fixture(scope="module", params=["tiny", "other", *sorted(SIBLINGS)])
+def checkpoint(request, oracle_by_name):
+    """The two qwen4_exp checkpoints, then each sibling family's."""
+    return oracle_by_name(request.param)
 
-    hf = Qwen4ExpForCausalLM.from_pretrained(oracle_ckpt, dtype=torch.float32).eval()
-    cfg, ours = load_checkpoint(oracle_ckpt, dtype=torch.float64)
+
+@pytest.fixture(scope="module")
+def pair(checkpoint):
+    model_type = json.loads((checkpoint / "config.json").read_text())["model_type"]
+    hf = hf_classes(model_type)[0].from_pretrained(checkpoint, dtype=torch.float32).eval()
+    cfg, ours = load_checkpoint(checkpoint, dtype=torch.float64)
     return hf, cfg, ours
 
 

@@ -1,5 +1,6 @@
-"""Exactness gates on the real backend (tiny oracle checkpoint with random mtp.* weights):
-verify widths with rejected drafts, shared rounds vs alone, drafted vs not, errors."""
+"""Exactness gates on the real backend (tiny oracle checkpoints with random mtp.* weights:
+Flash Next's and each sibling's): verify widths with rejected drafts, shared rounds vs
+alone, drafted vs not, errors."""
 
 import dataclasses
 
@@ -12,15 +13,16 @@ from flashlane.models.loader import load_checkpoint
 from flashlane.models.state import SessionState
 from flashlane.request import SamplingParams
 from flashlane.runner.backend import ModelBackend
+from tests.oracle import GATE_CHECKPOINTS, SIBLINGS
 
 COSTS = CostTable({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3, overhead_ms=0.2)
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
 SEEDED = SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, seed=11)
 
 
-@pytest.fixture(scope="module")
-def llm(tiny_ckpt):
-    return LLM(str(tiny_ckpt), costs=COSTS, parallel=8, max_rows=16)
+@pytest.fixture(scope="module", params=GATE_CHECKPOINTS)
+def llm(request, oracle_by_name):
+    return LLM(str(oracle_by_name(request.param)), costs=COSTS, parallel=8, max_rows=16)
 
 
 def prompts():
@@ -54,9 +56,12 @@ def serial(model, cfg, prompt, n):
     return out, s
 
 
-@pytest.mark.parametrize("width", range(1, 17))
-def test_verify_width_with_rejected_drafts_equals_serial(tiny_ckpt, width):
-    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+@pytest.mark.parametrize("name, width", [
+    *(("tiny", w) for w in range(1, 17)),
+    *((name, w) for name in sorted(SIBLINGS) for w in (3, 16)),
+])  # fmt: skip
+def test_verify_width_with_rejected_drafts_equals_serial(oracle_by_name, name, width):
+    cfg, model = load_checkpoint(oracle_by_name(name), dtype=torch.float64)
     prompt = prompts()[2]
     want, ref_session = serial(model, cfg, prompt, 40)
     s = SessionState.empty(cfg, 512, torch.float64, torch.float64)
@@ -105,10 +110,11 @@ def test_shared_rounds_equal_alone(llm, params):
         assert got.error is None
 
 
-def test_copy_and_mtp_drafts_are_used(tiny_ckpt):
+@pytest.mark.parametrize("name", GATE_CHECKPOINTS)
+def test_copy_and_mtp_drafts_are_used(oracle_by_name, name):
     # a fresh engine: its random head's misses on the other tests' streams make a landing so
     # unlikely that the depth rule would not pay for a fresh stream's catch-up
-    llm = LLM(str(tiny_ckpt), costs=COSTS, parallel=8, max_rows=16)
+    llm = LLM(str(oracle_by_name(name)), costs=COSTS, parallel=8, max_rows=16)
     rep = [7, 8, 9, 10, 11, 12] * 12
     out = llm.generate(rep, SamplingParams(max_tokens=40, temperature=0.0))[0]
     alone = llm.generate(rep, SamplingParams(max_tokens=40, temperature=0.0, draft=False))[0]
@@ -132,5 +138,6 @@ def test_injected_backend_error_ends_only_that_round(llm, monkeypatch):
     assert any(o.error and "injected" in o.error for o in outs)
     monkeypatch.setattr(backend, "verify", real)
     assert not backend.bound  # every session came back
-    again = llm.generate(prompts()[0], GREEDY)[0]
+    # past any EOS: a checkpoint whose reply ends early would say nothing here
+    again = llm.generate(prompts()[0], dataclasses.replace(GREEDY, ignore_eos=True))[0]
     assert again.error is None and len(again.token_ids) == GREEDY.max_tokens

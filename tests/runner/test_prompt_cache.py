@@ -1,5 +1,6 @@
 """Prompt cache on the real backend: a resumed reply equals its fresh run (tokens and the
-logits behind them), drafted or not, greedy or seeded; every session comes back free."""
+logits behind them), drafted or not, greedy or seeded, for Flash Next and each sibling;
+every session comes back free."""
 
 import dataclasses
 
@@ -12,6 +13,7 @@ from flashlane.models.loader import load_checkpoint
 from flashlane.models.state import SessionState
 from flashlane.request import SamplingParams
 from flashlane.runner.backend import ModelBackend
+from tests.oracle import GATE_CHECKPOINTS
 
 COSTS = CostTable({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3, overhead_ms=0.2)
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, logprobs=2)
@@ -24,9 +26,22 @@ PARAMS = [
 
 
 @pytest.fixture(scope="module")
-def fresh(tiny_ckpt):
-    """The reference: no prompt cache, no drafts."""
-    return LLM(str(tiny_ckpt), costs=COSTS, parallel=1, max_rows=16, prompt_cache_gb=0)
+def fresh_of(oracle_by_name):
+    """name -> the reference engine of that checkpoint: no prompt cache, no drafts."""
+    made = {}
+
+    def get(name: str) -> LLM:
+        if name not in made:
+            made[name] = LLM(str(oracle_by_name(name)), costs=COSTS, parallel=1, max_rows=16,
+                             prompt_cache_gb=0)
+        return made[name]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def fresh(fresh_of):
+    return fresh_of("tiny")
 
 
 @pytest.fixture
@@ -54,8 +69,11 @@ def fresh_run(fresh, prompt, params):
     return fresh.generate(prompt, dataclasses.replace(params, draft=False))[0]
 
 
+@pytest.mark.parametrize("name", GATE_CHECKPOINTS)
 @pytest.mark.parametrize("params", PARAMS)
-def test_resent_prompt_equals_fresh(cached, fresh, params):
+def test_resent_prompt_equals_fresh(oracle_by_name, fresh_of, name, params):
+    cached = LLM(str(oracle_by_name(name)), costs=COSTS, parallel=2, max_rows=16)
+    fresh = fresh_of(name)
     prompt = ids(300, 1)
     first, again = (cached.generate(prompt, params)[0] for _ in range(2))
     assert (first.stats.cached_tokens, again.stats.cached_tokens) == (0, 256)
@@ -119,10 +137,11 @@ def test_kept_entry_outlives_its_session_taken_by_a_live_stream(tiny_ckpt, fresh
     all_free(llm)
 
 
-def test_resumed_state_is_bit_equal_to_the_fresh_one(tiny_ckpt):
+@pytest.mark.parametrize("name", GATE_CHECKPOINTS)
+def test_resumed_state_is_bit_equal_to_the_fresh_one(oracle_by_name, name):
     """Cut at the same marks, the resumed prefill computes the fresh one's exact bits (fp64
     states and fp32 logits), not just the same rounded logits."""
-    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    cfg, model = load_checkpoint(oracle_by_name(name), dtype=torch.float64)
     sessions = [SessionState.empty(cfg, 512, torch.float64, torch.float64) for _ in range(2)]
     b = ModelBackend(model, sessions, max_rows=16)
     prompt = ids(300, 30)

@@ -9,6 +9,7 @@ from flashlane.llm import LLM
 from flashlane.models.state import SessionState
 from flashlane.request import SamplingParams
 from flashlane.sessions.memory import session_bytes
+from tests.oracle import GATE_CHECKPOINTS
 
 COSTS = CostTable({1: 1.0, 16: 1.4}, draft_step_ms=0.3, overhead_ms=0.2)
 
@@ -18,15 +19,21 @@ def ids(n, seed):
     return torch.randint(3, 500, (n,), generator=g).tolist()
 
 
+@pytest.fixture(scope="module", params=GATE_CHECKPOINTS)
+def ckpt(request, oracle_by_name):
+    """Flash Next's tiny checkpoint, then each sibling's."""
+    return oracle_by_name(request.param)
+
+
 @pytest.fixture(scope="module")
-def sized(tiny_ckpt):
+def sized(ckpt):
     # a small session, two larger ones; the grow margin makes a long reply move up
-    return LLM(str(tiny_ckpt), costs=COSTS, slot_contexts="40,128x2", slot_grow=8, max_rows=8)
+    return LLM(str(ckpt), costs=COSTS, slot_contexts="40,128x2", slot_grow=8, max_rows=8)
 
 
 @pytest.fixture(scope="module")
-def plain(tiny_ckpt):
-    return LLM(str(tiny_ckpt), costs=COSTS, parallel=1, max_rows=8)
+def plain(ckpt):
+    return LLM(str(ckpt), costs=COSTS, parallel=1, max_rows=8)
 
 
 @pytest.mark.parametrize("params", [
@@ -58,7 +65,7 @@ def test_failed_move_ends_only_that_stream(sized, monkeypatch):
     assert not backend.bound
 
 
-def test_memory_plan_bytes_equal_allocated_tensors(tiny_ckpt, plain):
+def test_memory_plan_bytes_equal_allocated_tensors(plain):
     cfg = plain.engine.model_config
     for capacity in (64, 96, 512):
         s = SessionState.empty(cfg, capacity, torch.float64, torch.float64)

@@ -149,6 +149,25 @@ def attention(
     return out.reshape(b, hkv, rep, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, hq, d).to(q.dtype)
 
 
+def causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    positions: torch.Tensor,
+    lengths: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal softmax attention with grouped KV heads (the siblings' gated full attention):
+    row (b, t) sees keys 0 .. positions[b, t] of batch b, no mask tensor given.
+
+    q: [B, T, Hq, D]; k, v: [B, L, Hkv, D]; positions: [B, T] -> [B, T, Hq, D]. `lengths`
+    as attention's. The spec: attention() with the causal mask of the positions.
+    """
+    keys = torch.arange(k.shape[1], device=positions.device)
+    mask = keys.view(1, 1, -1) <= positions.unsqueeze(-1)
+    return attention(q, k, v, mask, scale, lengths=lengths, positions=positions)
+
+
 def attend_sessions(
     q, k, v, iq, raw, caches, pos, cos, sin, weight, eps: float, block: int, top_blocks: int,
     scale: float, table=None, ops=None, lengths=None,

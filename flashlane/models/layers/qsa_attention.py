@@ -120,7 +120,7 @@ class QSAttention(nn.Module):
         ])  # fmt: skip
         q, k, v, iq, raw, pos = (t.index_select(0, gather).unflatten(0, (-1, width)) for t in flat)
         cached = self._write_all(windows, k, v, raw, rotary)
-        keys, values, block_keys, nk = _padded(cached)
+        keys, values, block_keys, nk = padded_caches(cached)
         cfg, blk = self.cfg, self.cfg.indexer_block
         mask = kernels.select_mask(iq, block_keys, pos, nk, blk, cfg.indexer_top_blocks)
         res = kernels.attention(q, keys, values, mask, cfg.head_dim**-0.5, positions=pos)
@@ -169,7 +169,7 @@ class QSAttention(nn.Module):
         return cache.k[None, :e], cache.v[None, :e], cache.block_keys[None, :b1], e
 
 
-def _padded(cached: list[tuple]) -> tuple:
+def padded_caches(cached: list[tuple]) -> tuple:
     """Several streams' (keys, values, block keys, length) as one batch: each stream's rows,
     then zeros to the longest. The mask never lets a row see past its own position, the zero
     keys and values of the padding contribute exactly nothing, and padded blocks are never

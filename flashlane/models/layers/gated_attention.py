@@ -1,0 +1,116 @@
+"""Gated full attention (Qwen3-Next, Qwen3.5): QSA's heads without the indexer.
+
+q_proj emits each head's query and its output gate side by side ([q_h, gate_h] per head);
+q and k are zero-centred RMS-normed per head, then roped on their leading rotary dims; every
+row attends to every key up to its own position (kernels.causal_attention: positions, no
+mask tensor); out = o_proj(attn * sigmoid(gate)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from flashlane.kernels import REFERENCE, Kernels
+from flashlane.models.config import ModelConfig
+from flashlane.models.layers.norms import RMSNorm, Stacked, linear
+from flashlane.models.layers.qsa_attention import padded_caches
+from flashlane.models.rows import Piece, Rows, copy_all
+from flashlane.models.state import AttnCache, SessionState
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, cache_of: Callable[[SessionState], AttnCache]):
+        super().__init__()
+        self.cfg, self.cache_of = cfg, cache_of
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.q_proj = linear(h, cfg.num_attention_heads * d * 2)
+        self.k_proj = linear(h, cfg.num_kv_heads * d)
+        self.v_proj = linear(h, cfg.num_kv_heads * d)
+        self.o_proj = linear(cfg.num_attention_heads * d, h)
+        self.q_norm = RMSNorm(d, cfg.rms_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_eps)
+        self.ops: Kernels = REFERENCE  # the model's use_kernels points it at the device's
+        self.in_proj = Stacked(self.q_proj, self.k_proj, self.v_proj)
+
+    def forward(self, x: torch.Tensor, rows: Rows, rotary, kernels: Kernels) -> torch.Tensor:
+        """x: [N, H] -> [N, H]; each piece's keys and values are written to its session."""
+        q, gate, k, v = self.project(x, *rows.cos_sin(rotary, x.dtype))
+        return self.output(self.attend(q, k, v, rows, kernels), gate)
+
+    def project(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, ...]:
+        """The row-wise part: x [N, H] -> (q [N, Hq, D] normed and roped, output gate
+        [N, Hq, D], k [N, Hkv, D] normed and roped, v [N, Hkv, D])."""
+        cfg, n, d = self.cfg, x.shape[0], self.cfg.head_dim
+        qg, k, v = self.in_proj(x)
+        qg = qg.reshape(n, cfg.num_attention_heads, 2 * d)
+        q, gate = qg[..., :d], qg[..., d:]
+        q, k = self.ops.norm_rope_heads([
+            (q, self.q_norm.weight, self.q_norm.eps),
+            (k.reshape(n, cfg.num_kv_heads, d), self.k_norm.weight, self.k_norm.eps),
+        ], cos, sin)  # fmt: skip
+        return q, gate, k, v.reshape(n, cfg.num_kv_heads, d)
+
+    def output(self, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """The gated output projection: o, gate [N, Hq, D] -> [N, H]."""
+        return self.o_proj(self.ops.gated_heads(o, gate))
+
+    def attend(self, q, k, v, rows: Rows, kernels: Kernels) -> torch.Tensor:
+        """Keys written to each piece's session, then each row's attention -> o [N, Hq, D].
+        Training batches attend within themselves; prompt pieces one at a time; the round's
+        verify windows in one call, padded as QSA pads them (qsa_attention.padded_caches)."""
+        scale = self.cfg.head_dim**-0.5
+        if rows.batch is not None:
+            pos = rows.positions.view(rows.batch)
+            q4, k4, v4 = (t.unflatten(0, rows.batch) for t in (q, k, v))
+            return kernels.causal_attention(q4, k4, v4, scale, pos).flatten(0, 1)
+        o = q.new_empty(q.shape)
+        windows = [p for p in rows.pieces if p.recurrent]
+        for p in rows.pieces:
+            if not p.recurrent:
+                pos = rows.positions[p.rows][None]
+                keys, values, _, _ = self._write_all([p], k[p.rows][None], v[p.rows][None])[0]
+                o[p.rows] = kernels.causal_attention(q[p.rows][None], keys, values, scale,
+                                                     pos)[0]
+        if windows:
+            self._attend_windows(windows, q, k, v, o, rows, kernels)
+        return o
+
+    def _attend_windows(self, windows: list[Piece], q, k, v, out, rows: Rows, kernels):
+        """Every verify window in one call: queries padded to the widest window (each
+        window's last row repeated, its result dropped), caches padded with zeros to the
+        longest; a row sees its own keys up to its position only."""
+        width = max(p.length for p in windows)
+        gather = rows.longs("attend_gather", lambda: [
+            p.offset + min(t, p.length - 1) for p in windows for t in range(width)
+        ])  # fmt: skip
+        qw, kw, vw, pos = (
+            t.index_select(0, gather).unflatten(0, (-1, width))
+            for t in (q, k, v, rows.positions)
+        )
+        keys, values, _, _ = padded_caches(self._write_all(windows, kw, vw))
+        res = kernels.causal_attention(qw, keys, values, self.cfg.head_dim**-0.5, pos)
+        real = rows.longs("attend_real", lambda: [
+            i * width + t for i, p in enumerate(windows) for t in range(p.length)
+        ])  # fmt: skip
+        dest = rows.longs("attend_rows", lambda: [
+            p.offset + t for p in windows for t in range(p.length)
+        ])  # fmt: skip
+        out.index_copy_(0, dest, res.flatten(0, 1).index_select(0, real))
+
+    def _write_all(self, pieces: list[Piece], k, v) -> list[tuple]:
+        """Piece i's rows k[i], v[i] written at its positions (one multi-tensor copy) -> per
+        piece (keys [1, L, Hkv, D], values, no block keys [1, 0, 0], length L)."""
+        dsts, srcs = [], []
+        for i, p in enumerate(pieces):
+            cache, s, e = self.cache_of(p.session), p.start, p.start + p.length
+            dsts += [cache.k[s:e], cache.v[s:e]]
+            srcs += [k[i, : p.length], v[i, : p.length]]
+        copy_all(dsts, srcs)
+        out = []
+        for p in pieces:
+            cache, e = self.cache_of(p.session), p.start + p.length
+            out.append((cache.k[None, :e], cache.v[None, :e], cache.block_keys[None, :0], e))
+        return out
