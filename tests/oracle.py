@@ -93,8 +93,12 @@ OTHER = dict(
 )
 
 
-def build_oracle(folder: Path, spec: dict, seed: int = 0, with_mtp: bool = True) -> Path:
-    """Save a randomised transformers qwen4_exp checkpoint (plus random mtp.*) to folder."""
+def build_oracle(folder: Path, spec: dict, seed: int = 0, with_mtp: bool | None = None) -> Path:
+    """Save a randomised transformers qwen4_exp checkpoint (plus random mtp.*) to folder.
+
+    `with_mtp` None follows the spec's `mtp_num_hidden_layers` (absent: with MTP)."""
+    if with_mtp is None:
+        with_mtp = spec.get("mtp_num_hidden_layers", 1) > 0
     from transformers import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
 
     folder.mkdir(parents=True, exist_ok=True)
