@@ -8,6 +8,7 @@ them on load, so the oracle never sees them).
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -134,3 +135,21 @@ def _add_mtp(folder: Path, seed: int) -> None:
     tensors = load_file(str(folder / "model.safetensors"))
     tensors.update({n: t for n, t in hf_tensors(model).items() if n.startswith("mtp.")})
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+@contextmanager
+def lower_id_ties():
+    """torch.topk leaves the order of equal values unspecified; the indexer's relu makes
+    exact ties (zero scores) common. Give the oracle a topk that breaks them toward the
+    lower id, the rule flashlane fixes (REFERENCE.md section 2)."""
+    original = torch.Tensor.topk
+
+    def topk(self, k, dim=-1, largest=True, sorted=True):
+        idx = torch.sort(self, dim=dim, descending=largest, stable=True).indices.narrow(dim, 0, k)
+        return torch.return_types.topk((self.gather(dim, idx), idx))
+
+    torch.Tensor.topk = topk
+    try:
+        yield
+    finally:
+        torch.Tensor.topk = original
