@@ -142,7 +142,7 @@ def test_lone_step_ties_go_to_lower_blocks(plant, batched):
     ours = _sessions(capacities, keys)
     got = attn_tri.attend_sessions(*row, ours, *rest, table=attn_table(ours) if batched else None)
     want = attn_ref.attend_sessions(*row, _sessions(capacities, keys), *rest)
-    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)  # count / n, summed otherwise
     for bi, p in enumerate(positions):
         complete = (p + 1) // BLOCK
         kept = (got[bi, 0, :complete] > 0).nonzero()[:, 0].tolist()
