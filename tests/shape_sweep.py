@@ -32,8 +32,8 @@ class Sweep:
     parallel: int  # sessions of the batched engine, and prompts sent together
 
 
-SHORT = Sweep(num_tokens=16, parallel=6)
-FULL = Sweep(num_tokens=32, parallel=8)
+SHORT = Sweep(num_tokens=24, parallel=8)
+FULL = Sweep(num_tokens=40, parallel=12)
 
 
 def describe(spec: dict) -> str:
