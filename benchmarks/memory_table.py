@@ -33,7 +33,8 @@ from flashlane.sessions.memory import (
 from flashlane.sessions.slots import parse_slot_contexts
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_CONFIG = HERE.parents[1] / "shared" / "vectors" / "flashnext_real_config.json"
+# the real Flash Next config.json, kept with the tests
+DEFAULT_CONFIG = HERE.parent / "tests" / "data" / "flashnext_real_config.json"
 BUDGETS_GIB = (16, 32, 64)
 MAX_ROWS = 64
 EQUAL = (262_144, 131_072, 65_536)

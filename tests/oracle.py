@@ -9,6 +9,7 @@ them on load, so the oracle never sees them).
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -157,9 +158,12 @@ def hf_classes(model_type: str):
     }[model_type]
 
 
-def build_oracle(folder: Path, spec: dict, seed: int = 0, with_mtp: bool = True) -> Path:
+def build_oracle(folder: Path, spec: dict, seed: int = 0, with_mtp: bool | None = None) -> Path:
     """Save a randomised transformers checkpoint of spec's model_type (qwen4_exp unless it
-    says otherwise), plus random mtp.*, to folder."""
+    says otherwise), plus random mtp.*, to folder. `with_mtp` None follows the spec's
+    `mtp_num_hidden_layers` (absent: with MTP)."""
+    if with_mtp is None:
+        with_mtp = spec.get("mtp_num_hidden_layers", 1) > 0
     spec = dict(spec)
     model_class, config_class = hf_classes(spec.pop("model_type", "qwen4_exp_text"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -195,3 +199,21 @@ def _add_mtp(folder: Path, seed: int) -> None:
     tensors = load_file(str(folder / "model.safetensors"))
     tensors.update({n: t for n, t in hf_tensors(model).items() if n.startswith("mtp.")})
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+@contextmanager
+def lower_id_ties():
+    """torch.topk leaves the order of equal values unspecified; the indexer's relu makes
+    exact ties (zero scores) common. Give the oracle a topk that breaks them toward the
+    lower id, the rule flashlane fixes (REFERENCE.md section 2)."""
+    original = torch.Tensor.topk
+
+    def topk(self, k, dim=-1, largest=True, sorted=True):
+        idx = torch.sort(self, dim=dim, descending=largest, stable=True).indices.narrow(dim, 0, k)
+        return torch.return_types.topk((self.gather(dim, idx), idx))
+
+    torch.Tensor.topk = topk
+    try:
+        yield
+    finally:
+        torch.Tensor.topk = original

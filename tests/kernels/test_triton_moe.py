@@ -1,7 +1,10 @@
 """The Triton MoE (grouped experts, combine, the shared expert's add): against the pure-torch
 reference, and row invariance. Tolerances and helpers are test_triton_dense.py's (bf16 MoE:
 3e-2, as intermediate roundings may flip to the neighbouring bf16 value and pass through
-gate/up, silu, down and k slots).
+gate/up, silu, down and k slots). Claims of equal bits across calls whose rows share tiles
+differently are bitwise on the GPU and within DOT_TOL under the interpreter (triton_env's
+assert_dot_equal); ties are planted in values whose dots are exact on any BLAS
+(exact_in_interpreter).
 
 CPU: `TRITON_INTERPRET=1 python -m pytest -m triton tests/kernels/test_triton_moe.py`.
 """
@@ -20,7 +23,14 @@ from tests.kernels.test_triton_dense import (
     _rand,
     _rel_err,
 )
-from tests.kernels.triton_env import DEVICE, DTYPES, HAS_CUDA, needs_triton
+from tests.kernels.triton_env import (
+    DEVICE,
+    DTYPES,
+    HAS_CUDA,
+    assert_dot_equal,
+    exact_in_interpreter,
+    needs_triton,
+)
 
 pytestmark = needs_triton
 pytest.importorskip("triton")
@@ -66,10 +76,10 @@ def test_moe_matches_reference(m, case, normalize):
 def test_moe_ties_go_to_the_lower_expert(normalize):
     h, e, i, k = SMALL_MOE
     router, gate, up, down = _moe_weights(h, e, i, torch.float32)
-    router = router.clone()  # the weights are cached: change a copy
+    router = exact_in_interpreter(router.clone())  # the weights are cached: change a copy
     router[5] = router[2]  # experts 2 and 5 always tie
     router[6] = router[1]  # and 1 and 6
-    x = _rand(40, h, seed=22)
+    x = exact_in_interpreter(_rand(40, h, seed=22))
     w, ids = tmoe.route(x, router, k, normalize)
     _, ref_ids = moe_ref.route(x, router, k, normalize)
     assert torch.equal(ids, ref_ids)
@@ -105,7 +115,7 @@ def test_moe_with_the_shared_expert_added_in_the_combine(case):
     for o, m in ((0, 1), (5, 7), (20, 13)):  # rows alone give the whole call's bits
         part = (logits[o : o + m], s[o : o + m])
         alone = tmoe.moe(x[o : o + m], router, gate, up, down, k, True, part)
-        assert torch.equal(alone, got[o : o + m]), (o, m)
+        assert_dot_equal(alone, got[o : o + m], (o, m))
 
 
 @pytest.mark.parametrize("case", MOE_CASES, ids=str)
@@ -142,7 +152,7 @@ def test_moe_row_invariant(case):
     full = _rand(150 if HAS_CUDA else 70, h, dtype=dtype, seed=23)
     fn = lambda x: tmoe.moe(x, router, gate, up, down, k, True)  # noqa: E731
     _check_rows(fn, full)
-    _check_other_rows(fn, full)
+    _check_other_rows(fn, full, same_tiles=False)
 
 
 def test_moe_pair_independent_of_tile_mates():
@@ -154,9 +164,9 @@ def test_moe_pair_independent_of_tile_mates():
     x = _rand(1, h, dtype=dtype, seed=24)
     alone = tmoe.moe(x, router, gate, up, down, k, False)
     crowd = torch.cat([x.repeat(20, 1) * (1 + 0.01 * _rand(20, 1, dtype=dtype, seed=25)), x])
-    assert torch.equal(tmoe.moe(crowd, router, gate, up, down, k, False)[-1:], alone)
+    assert_dot_equal(tmoe.moe(crowd, router, gate, up, down, k, False)[-1:], alone)
     dup = x.repeat(37, 1)
-    assert torch.equal(tmoe.moe(dup, router, gate, up, down, k, False), alone.expand(37, -1))
+    assert_dot_equal(tmoe.moe(dup, router, gate, up, down, k, False), alone.expand(37, -1))
 
 
 def test_dispatch_layout():

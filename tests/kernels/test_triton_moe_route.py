@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.kernels.triton_env import DEVICE, DTYPES, needs_triton
+from tests.kernels.triton_env import DEVICE, DTYPES, exact_in_interpreter, needs_triton
 
 pytestmark = needs_triton
 pytest.importorskip("triton")
@@ -96,14 +96,16 @@ def test_route_matches_previous_path_bitwise(m, case, normalize, dtype):
 def test_route_ties_go_to_the_lower_expert(case, normalize):
     e, k = case
     h = 16
-    router = _rand(e, h, seed=3, scale=h**-0.5)
-    # exact ties: copies of one expert's row at higher ids, some inside the top k
+    router = exact_in_interpreter(_rand(e, h, seed=3, scale=h**-0.5))
+    # exact ties: copies of one expert's row at higher ids, some inside the top k (through
+    # any BLAS under the interpreter: exact_in_interpreter's values sum exactly)
     for lo, hi in ((0, e - 1), (1, e // 2), (2, 3), (2, e - 2)):
         router[hi] = router[lo]
     x = _rand(9, h, seed=4)
     x[0] = 0  # every logit 0: all experts tie, so ids 0..k-1
     x[1] = x[1] * 1e4  # one expert takes (almost) all; the rest tie at 0
     x[2] = router[2] * 10  # the tied experts 2, 3 lead
+    x = exact_in_interpreter(x)
     w, ids = _check_route(x, router, k, normalize)
     assert ids[0].tolist() == list(range(k))
     assert torch.equal(ids, moe_ref.route(x, router, k, normalize)[1])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,11 +18,12 @@ from flashlane.models.census import (
 )
 from flashlane.models.config import ModelConfig
 from flashlane.models.info import describe
+from tests import DATA
 from tests.oracle import TINY as ORACLE_TINY
 
 transformers = pytest.importorskip("transformers")
 
-REAL = Path(__file__).resolve().parents[3] / "shared" / "vectors" / "flashnext_real_config.json"
+REAL = DATA / "flashnext_real_config.json"
 REAL_TOTAL = 177_392_830_576
 
 # the REFERENCE.md tiny config, shared with the oracle checkpoints
@@ -93,8 +93,6 @@ def _assert_parts(cfg: ModelConfig, model: torch.nn.Module) -> None:
 
 @pytest.fixture(scope="module")
 def real_raw() -> dict:
-    if not REAL.exists():
-        pytest.skip(f"{REAL} is not beside this checkout")
     return json.loads(REAL.read_text())
 
 

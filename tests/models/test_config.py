@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 
 from flashlane.models.config import ConfigError, ModelConfig
+from tests import DATA
 from tests.oracle import SIBLINGS, TINY
 
-REAL = Path(__file__).resolve().parents[3] / "shared" / "vectors" / "flashnext_real_config.json"
+REAL = DATA / "flashnext_real_config.json"
 
 
 def write(tmp_path, raw) -> Path:
@@ -42,7 +43,6 @@ def test_root_with_text_config():
     assert cfg.num_layers == 4 and cfg.ple_layer_ids == (1,)
 
 
-@pytest.mark.skipif(not REAL.exists(), reason="shared/vectors not beside the repo")
 def test_real_config_both_spellings(tmp_path):
     raw = json.loads(REAL.read_text())
     cfg = ModelConfig.from_hf(raw)

@@ -2,7 +2,6 @@
 configs) and its siblings qwen3_next, qwen3_5 and qwen3_5_moe."""
 
 import json
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -10,7 +9,7 @@ import torch
 from flashlane.models.flashnext import run_piece
 from flashlane.models.loader import load_checkpoint
 from flashlane.models.state import SessionState
-from tests.oracle import SIBLINGS, hf_classes
+from tests.oracle import SIBLINGS, hf_classes, lower_id_ties
 
 TOL = 1e-4  # relative to the largest |logit|
 
@@ -34,24 +33,6 @@ def prompt(cfg, n, seed=0):
     ids = torch.randint(3, cfg.vocab_size, (n,), generator=g)
     ids[n // 3] = ids[n // 2] = cfg.eos_token_ids[0]  # EOS inside: PLE n-grams restart
     return ids
-
-
-@contextmanager
-def lower_id_ties():
-    """torch.topk leaves the order of equal values unspecified; the indexer's relu makes
-    exact ties (zero scores) common. Give the oracle a topk that breaks them toward the
-    lower id, the rule flashlane fixes (REFERENCE.md section 2)."""
-    original = torch.Tensor.topk
-
-    def topk(self, k, dim=-1, largest=True, sorted=True):
-        idx = torch.sort(self, dim=dim, descending=largest, stable=True).indices.narrow(dim, 0, k)
-        return torch.return_types.topk((self.gather(dim, idx), idx))
-
-    torch.Tensor.topk = topk
-    try:
-        yield
-    finally:
-        torch.Tensor.topk = original
 
 
 def oracle_logits(hf, ids):

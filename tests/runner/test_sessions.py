@@ -9,6 +9,7 @@ from flashlane.llm import LLM
 from flashlane.models.state import SessionState
 from flashlane.request import SamplingParams
 from flashlane.sessions.memory import session_bytes
+from tests import DATA
 from tests.oracle import GATE_CHECKPOINTS
 
 COSTS = CostTable({1: 1.0, 16: 1.4}, draft_step_ms=0.3, overhead_ms=0.2)
@@ -88,13 +89,9 @@ def test_options_that_cannot_hold_are_refused(tiny_ckpt, options, words):
 
 
 def test_info_prints_the_memory_plan(capsys):
-    from pathlib import Path
-
     from flashlane.cli import main
 
-    real = Path(__file__).resolve().parents[3] / "shared" / "vectors" / "flashnext_real_config.json"
-    if not real.exists():
-        pytest.skip("shared/vectors not beside the repo")
+    real = DATA / "flashnext_real_config.json"
     assert main(["info", str(real), "--slot-contexts", "65536,32768x3,16384x11",
                  "--memory-limit-gb", "400"]) == 0
     out = capsys.readouterr().out

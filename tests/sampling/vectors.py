@@ -1,12 +1,10 @@
-"""Loads ../shared/vectors/keyed_sampler.json (DESIGN.md section 5's reference values)."""
+"""Loads tests/data/keyed_sampler.json (DESIGN.md section 5's reference values)."""
 
 from __future__ import annotations
 
 import base64
 import functools
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,10 +12,9 @@ import torch
 
 from flashlane.request import SamplingParams
 from flashlane.sampling.choose import DrawSpec
+from tests import DATA
 
-# ../shared beside the checkout; FLASHLANE_SHARED names another copy (the GPU machine gets none)
-SHARED = Path(os.environ.get("FLASHLANE_SHARED", Path(__file__).resolve().parents[3] / "shared"))
-PATH = SHARED / "vectors" / "keyed_sampler.json"
+PATH = DATA / "keyed_sampler.json"
 PARAM_KEYS = (
     "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
     "frequency_penalty",

@@ -27,8 +27,9 @@ from flashlane.sessions.memory import (
     session_buffers,
     session_bytes,
 )
+from tests import DATA
 
-REAL = Path(__file__).resolve().parents[3] / "shared" / "vectors" / "flashnext_real_config.json"
+REAL = DATA / "flashnext_real_config.json"
 TINY = ModelConfig.from_hf({
     "model_type": "qwen4_exp_text", "vocab_size": 512, "hidden_size": 64,
     "num_hidden_layers": 4, "layer_types": ["linear_attention"] * 3 + ["full_attention"],
@@ -45,8 +46,6 @@ TINY = ModelConfig.from_hf({
 
 @pytest.fixture(scope="module")
 def real() -> ModelConfig:
-    if not REAL.exists():
-        pytest.skip(f"{REAL} is not beside this checkout")
     return ModelConfig.from_hf(json.loads(REAL.read_text()))
 
 
