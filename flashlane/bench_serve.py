@@ -63,11 +63,12 @@ async def send(client: httpx.AsyncClient, url: str, body: dict[str, Any],
 async def _stream(client: httpx.AsyncClient, url: str, body: dict[str, Any]):
     """The completion's streamed response. A kept-alive connection the server has just closed
     fails before any answer (llama-server closes each after a few requests): that one failure
-    is tried again, on a fresh connection."""
+    is tried again, on a fresh connection. It shows as a disconnect, or as a reset when the
+    server closed with the request unread (seen on a loaded 2-core machine)."""
     request = client.build_request("POST", f"{url}/v1/completions", json=body)
     try:
         response = await client.send(request, stream=True)
-    except httpx.RemoteProtocolError:
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
         response = await client.send(request, stream=True)
     try:
         yield response
