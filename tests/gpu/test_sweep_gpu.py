@@ -1,7 +1,8 @@
 """Issue 26's shape sweep on the GPU: every seeded random config of tests/sweep_configs.py
 served alone, batched, drafted, resumed and moved gives the same replies, bit for bit
-(Triton kernels, CUDA graphs, bf16). `benchmarks/shape_sweep.py` runs the same check and
-writes its JSON."""
+(Triton kernels, CUDA graphs, bf16). Four configs here (hc_count 3, 5, 2, 4; about 40 s
+each on the H200); `benchmarks/shape_sweep.py` (gpu_check.sh step `sweep`) runs all 20 with
+the same check and writes its JSON."""
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ pytestmark = [
 SPECS = sweep_configs(20)
 
 
-@pytest.mark.parametrize("index", range(len(SPECS)))
+@pytest.mark.parametrize("index", [0, 3, 5, 7])
 def test_replies_agree_on_every_shape(tmp_path, index):
     spec = SPECS[index]
     folder = build_oracle(tmp_path, spec, seed=index)
