@@ -65,6 +65,12 @@ def engine_flags(p: argparse.ArgumentParser) -> None:
                    "when torch sees a GPU)")
     p.add_argument("--dtype", default=None, help="auto, bfloat16, float32 or float64 (default: "
                    "auto, bfloat16 on cuda; the CPU always computes in float64, see README)")
+    p.add_argument("--quantization", "-q", default=None, choices=["fp8"],
+                   help="fp8: quantize a bf16/fp32 checkpoint's linears to block FP8 (128x128 "
+                   "e4m3 blocks) at load; the GPU FP8 kernels are not built yet, so on cuda it "
+                   "too dequantizes to bf16, and the CPU computes the FP8 model's values in "
+                   "float64 (default: none, the weights as the checkpoint stores them; a block-"
+                   "FP8 checkpoint is read and dequantized either way)")
     p.add_argument("--parallel", "--max-num-seqs", "-np", default=None, metavar="N",
                    help="sessions, the replies decoded at once: auto or N (default: auto, as "
                    "many as fit up to 16)")
@@ -137,6 +143,7 @@ def engine_options(args: argparse.Namespace) -> dict:
     opts = dict(
         device=args.device,
         dtype=args.dtype,
+        quantization=args.quantization,
         parallel=parallel,
         context=args.context,
         slot_contexts=args.slot_contexts,

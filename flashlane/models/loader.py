@@ -4,6 +4,8 @@ One name table turns checkpoint names into ours: the `model.` / `model.language_
 prefix goes, per-expert weights are stacked, the PLE table's shards are concatenated, and
 Qwen3-Next's fused GDN projections (in_proj_qkvz, in_proj_ba) are cut into Qwen3.5's four.
 The vision tower is not loaded. Errors name the tensor, the file and both shapes.
+Block-FP8 tensors (models/fp8.py) are dequantized to the model's dtype as they are read, and
+`quantize="fp8"` quantizes a plain checkpoint's linears the same way first.
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ from safetensors.torch import save_file
 from flashlane.models.build import build_model
 from flashlane.models.config import ModelConfig
 from flashlane.models.flashnext import FlashNext
+from flashlane.models.fp8 import (
+    SCALE_SUFFIX,
+    QuantizationError,
+    QuantSpec,
+    dequantize_state,
+    quantize_blocks,
+    read_quant_spec,
+)
 
 logger = logging.getLogger("flashlane")
 
@@ -67,8 +77,16 @@ def _open(path: Path):
         raise CheckpointError(f"{path}: cannot read safetensors ({err})") from None
 
 
-def read_tensors(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Path]]:
-    """Our name -> tensor, and our name -> source file (for error messages)."""
+def read_tensors(
+    folder: Path, dtype: torch.dtype = torch.float32, quantize: str | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, Path]]:
+    """Our name -> tensor, and our name -> source file (for error messages). Block-FP8 tensors
+    come back dequantized to dtype; quantize="fp8" first quantizes a plain checkpoint's linears
+    (those QuantSpec() converts), so it loads the values its FP8 checkpoint would hold."""
+    spec = _quant_spec(folder)
+    if quantize not in (None, "fp8"):
+        raise CheckpointError(f"quantization {quantize!r} is not supported (only fp8)")
+    fresh = QuantSpec() if quantize == "fp8" and spec is None else None
     files = checkpoint_files(folder)
     by_file: dict[Path, list[str]] = defaultdict(list)
     for name, f in files.items():
@@ -92,7 +110,23 @@ def read_tensors(folder: Path) -> tuple[dict[str, torch.Tensor], dict[str, Path]
             except Exception as err:
                 raise CheckpointError(f"{f}: tensor {name!r} cannot be read ({err})") from None
             origin[ours] = f
+            t = tensors[ours]
+            if fresh is not None and t.ndim == 2 and fresh.is_converted(name):
+                tensors[ours], tensors[ours + SCALE_SUFFIX] = quantize_blocks(t, fresh.block)
+    try:
+        tensors = dequantize_state(tensors, spec or fresh, dtype)
+    except QuantizationError as err:
+        named = re.search(r"'([^']+)'", str(err))
+        where = origin.get(named.group(1).removesuffix(SCALE_SUFFIX)) if named else None
+        raise CheckpointError(f"{where or folder}: {err}") from None
     return _stack_experts(_join_shards(tensors, origin), origin), origin
+
+
+def _quant_spec(folder: Path) -> QuantSpec | None:
+    try:
+        return read_quant_spec(folder)
+    except QuantizationError as err:
+        raise CheckpointError(str(err)) from None
 
 
 def _join_shards(tensors: dict, origin: dict) -> dict:
@@ -131,12 +165,14 @@ def _stack_experts(tensors: dict, origin: dict) -> dict:
 
 
 def load_checkpoint(
-    folder: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    folder: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+    quantize: str | None = None,
 ) -> tuple[ModelConfig, FlashNext]:
-    """Build the model of folder/config.json and fill it from the folder's safetensors."""
+    """Build the model of folder/config.json and fill it from the folder's safetensors
+    (block-FP8 weights dequantized to dtype; quantize="fp8": quantized to block FP8 first)."""
     folder = Path(folder)
     cfg = ModelConfig.from_hf(folder)
-    tensors, origin = read_tensors(folder)
+    tensors, origin = read_tensors(folder, dtype, quantize)
     tensors = split_fused_gdn(tensors, origin, cfg)
     if cfg.num_mtp_layers and not any(n.startswith("mtp.") for n in tensors):
         logger.warning("%s: config.json has %d MTP layer(s) but no mtp.* weights: MTP drafts "
