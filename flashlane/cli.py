@@ -86,15 +86,17 @@ def cmd_info(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from flashlane.models.config import ModelConfig
+    from flashlane.models.fp8 import read_quant_spec
     from flashlane.models.info import describe
 
     path = Path(args.model_path)
     cfg = ModelConfig.from_hf(path)
+    quant = read_quant_spec(path)
     plan = None
     asked = (args.slot_contexts, args.memory_limit_gb, args.context, args.parallel)
     if any(a is not None for a in asked) or os.environ.get(LIMIT_ENV):
         plan = _info_plan(cfg, args, os.environ)
-    print(describe(cfg, plan))
+    print(describe(cfg, plan, quant))
     return 0
 
 

@@ -3,8 +3,11 @@ sizes, and the memory plan when one is given), from the figures in `models/censu
 
 from __future__ import annotations
 
-from dataclasses import fields
+import math
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
+
+import torch
 
 from flashlane.models.census import (
     count_params,
@@ -13,6 +16,7 @@ from flashlane.models.census import (
     state_bytes_per_stream,
 )
 from flashlane.models.config import ModelConfig
+from flashlane.models.fp8 import QuantSpec, scale_shape
 
 if TYPE_CHECKING:
     from flashlane.sessions.memory import MemoryPlan
@@ -20,9 +24,11 @@ if TYPE_CHECKING:
 GIB = 2**30
 
 
-def describe(cfg: ModelConfig, plan: MemoryPlan | None = None) -> str:
+def describe(cfg: ModelConfig, plan: MemoryPlan | None = None,
+             quant: QuantSpec | None = None) -> str:
     """The text of `flashlane info MODEL`: config, parameters by part, cache and state sizes,
-    and the memory plan when one is given."""
+    the block-FP8 weight bytes when config.json has a quantization_config, and the memory plan
+    when one is given."""
     counts = count_params(cfg)
     lines = [*_config_lines(cfg), "", "parameters:"]
     # a sibling's "hyper-connections" are its pre-norms, its "mixer" the final norm
@@ -41,6 +47,8 @@ def describe(cfg: ModelConfig, plan: MemoryPlan | None = None) -> str:
         "",
         *_cache_lines(cfg),
     ]
+    if quant is not None:
+        lines += ["", *_fp8_lines(fp8_bytes(cfg, quant), quant)]
     if plan is not None:
         lines += ["", *_plan_lines(plan)]
     return "\n".join(lines)
@@ -130,6 +138,56 @@ def _plan_lines(p: MemoryPlan) -> list[str]:
     if p.host_limit_bytes is not None:
         lines.append(f"  host (n-gram table) {gib(p.host_bytes)} of {gib(p.host_limit_bytes)}")
     return lines
+
+
+@dataclass(frozen=True, slots=True)
+class Fp8Bytes:
+    """The loaded weights (text + table + MTP) of a block-FP8 checkpoint."""
+
+    quantized: int  # values stored in e4m3, one byte each
+    scales: int  # float32 scale_inv entries, four bytes each
+    other: int  # values the quantization_config leaves unquantized (bf16, two bytes each)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.quantized + 4 * self.scales + 2 * self.other
+
+
+def fp8_bytes(cfg: ModelConfig, quant: QuantSpec) -> Fp8Bytes:
+    """Which of cfg's parameters a block-FP8 checkpoint with quant's rules stores in e4m3:
+    the 2-D linear weights (each expert's apart) its modules_to_not_convert leaves, under the
+    checkpoint's names (Qwen3-Next's fused GDN projections are counted as the four they load
+    as, which moves a few edge scales only)."""
+    from flashlane.models.build import build_model
+
+    with torch.device("meta"):
+        model = build_model(cfg)
+    quantized = scales = other = 0
+    for name, t in model.state_dict().items():
+        if not t.is_floating_point():
+            continue  # the n-gram hash's int buffers, not weights
+        hf = name if name.startswith(("lm_head.", "mtp.")) else "model." + name
+        expert = ".experts." in name and t.ndim == 3
+        if expert:  # stored per expert: experts.<e>.<proj>.weight
+            base, proj = hf.rsplit(".", 1)
+            hf = f"{base}.0.{proj}.weight"
+        if (t.ndim == 2 or expert) and quant.is_converted(hf):
+            quantized += t.numel()
+            scales += math.prod(scale_shape(tuple(t.shape), quant.block))
+        else:
+            other += t.numel()
+    return Fp8Bytes(quantized, scales, other)
+
+
+def _fp8_lines(b: Fp8Bytes, quant: QuantSpec) -> list[str]:
+    return [
+        f"block FP8 weights (quantization_config, {quant.block[0]}x{quant.block[1]} blocks): "
+        f"{b.total_bytes / GIB:.2f} GiB ({b.total_bytes:,} bytes)",
+        f"  e4m3 values       {b.quantized / 1e9:>9.3f}B  x 1 byte",
+        f"  fp32 scales       {b.scales / 1e6:>9.3f}M  x 4 bytes",
+        f"  unquantized       {b.other / 1e9:>9.3f}B  x 2 bytes (bf16)",
+        "  (loaded today dequantized to the compute dtype: GPU FP8 kernels are not built yet)",
+    ]
 
 
 def _param_line(name: str, value: int) -> str:

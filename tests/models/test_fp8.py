@@ -9,7 +9,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from flashlane.config import DEFAULT_MODEL
+from flashlane.cli import main
+from flashlane.config import DEFAULT_MODEL, EngineConfig
+from flashlane.flags import FlagParser, engine_flags, engine_options
+from flashlane.models.config import ModelConfig
 from flashlane.models.fp8 import (
     FP8_MAX,
     QuantizationError,
@@ -19,6 +22,7 @@ from flashlane.models.fp8 import (
     quantize_blocks,
     quantize_state,
 )
+from flashlane.models.info import fp8_bytes
 from flashlane.models.loader import CheckpointError, load_checkpoint
 
 # The embedded (trained) model quantized at load against itself, 16 tokens of code, measured
@@ -199,3 +203,30 @@ def test_unknown_quantization_config(fp8_trio, tmp_path, field, value, message):
 def test_quantize_option_unknown(tiny_ckpt):
     with pytest.raises(CheckpointError, match="'int4' is not supported"):
         load_checkpoint(tiny_ckpt, quantize="int4")
+
+
+def test_info_counts_the_fp8_checkpoints_bytes(fp8_trio, capsys):
+    """`flashlane info` on the FP8 checkpoint: its e4m3 values and scales as the file holds
+    them (the tiny model's table is stored sharded, its experts one by one)."""
+    _, fp8, _ = fp8_trio
+    stored = read_plain(fp8)
+    values = sum(t.numel() for t in stored.values() if t.dtype == torch.float8_e4m3fn)
+    scales = sum(t.numel() for n, t in stored.items() if n.endswith("_scale_inv"))
+    other = sum(t.numel() for n, t in stored.items()
+                if t.dtype == torch.float32 and not n.endswith("_scale_inv"))
+    counted = fp8_bytes(ModelConfig.from_hf(fp8), QuantSpec())
+    assert (counted.quantized, counted.scales, counted.other) == (values, scales, other)
+    assert main(["info", str(fp8)]) == 0
+    text = capsys.readouterr().out
+    assert f"({counted.total_bytes:,} bytes)" in text
+    assert counted.total_bytes == values + 4 * scales + 2 * counted.other
+
+
+def test_quantization_flag_and_kwarg_reach_the_engine_config():
+    parser = FlagParser()
+    engine_flags(parser)
+    opts = engine_options(parser.parse_args(["--quantization", "fp8"]))
+    assert EngineConfig.resolve(**opts).quantization == "fp8"
+    assert EngineConfig.resolve().quantization is None
+    with pytest.raises(ValueError, match="quantization: must be fp8 or unset"):
+        EngineConfig.resolve(quantization="int4")
