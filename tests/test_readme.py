@@ -53,5 +53,6 @@ def table_flags() -> list[str]:
 def test_every_flag_of_the_table_is_taken(flag):
     values = {"--enable-prefix-caching": [], "--default-chat-template-kwargs": ["{}"],
               "--gpu-memory-utilization": ["0.5"], "--max-model-len": ["64"], "-c": ["64"],
-              "--max-num-seqs": ["2"], "-np": ["2"], "--seed": ["1"], "--port": ["8000"]}
+              "--max-num-seqs": ["2"], "-np": ["2"], "--seed": ["1"], "--port": ["8000"],
+              "--quantization": ["fp8"], "-q": ["fp8"]}
     build_parser().parse_args(["serve", flag, *values.get(flag, ["x"])])

@@ -230,3 +230,22 @@ def test_quantization_flag_and_kwarg_reach_the_engine_config():
     assert EngineConfig.resolve().quantization is None
     with pytest.raises(ValueError, match="quantization: must be fp8 or unset"):
         EngineConfig.resolve(quantization="int4")
+
+
+def test_llm_quantization_kwarg_loads_fp8_values():
+    """LLM(quantization="fp8") serves the quantized embedded model and generates."""
+    from flashlane.lanes.records import CostTable
+    from flashlane.llm import LLM
+    from flashlane.request import SamplingParams
+
+    costs = CostTable({1: 1.0, 8: 1.2}, draft_step_ms=0.3, overhead_ms=0.2)
+    llm = LLM(quantization="fp8", device="cpu", max_model_len=128, max_num_seqs=1, costs=costs)
+    name = "layers.0.mlp.experts.down_proj"
+    served = llm.engine.model.state_dict()[name]
+    _, plain = load_checkpoint(DEFAULT_MODEL, dtype=torch.float64)
+    original = plain.state_dict()[name]
+    q, s = quantize_blocks(original[0])
+    assert torch.equal(served[0].cpu(), dequantize_blocks(q, s, served.dtype))
+    assert not torch.equal(served, original.to(served.dtype))
+    out = llm.generate(["def f(x):\n"], SamplingParams(max_tokens=3, temperature=0.0))
+    assert len(out[0].outputs[0].token_ids) == 3
