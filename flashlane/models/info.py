@@ -171,7 +171,9 @@ def fp8_bytes(cfg: ModelConfig, quant: QuantSpec) -> Fp8Bytes:
         if expert:  # stored per expert: experts.<e>.<proj>.weight
             base, proj = hf.rsplit(".", 1)
             hf = f"{base}.0.{proj}.weight"
-        if (t.ndim == 2 or expert) and quant.is_converted(hf):
+        # a multimodal checkpoint's patterns name model.language_model.*: either spelling
+        nested = hf.replace("model.", "model.language_model.", 1)
+        if (t.ndim == 2 or expert) and quant.is_converted(hf) and quant.is_converted(nested):
             quantized += t.numel()
             scales += math.prod(scale_shape(tuple(t.shape), quant.block))
         else:

@@ -216,6 +216,10 @@ def test_info_counts_the_fp8_checkpoints_bytes(fp8_trio, capsys):
                 if t.dtype == torch.float32 and not n.endswith("_scale_inv"))
     counted = fp8_bytes(ModelConfig.from_hf(fp8), QuantSpec())
     assert (counted.quantized, counted.scales, counted.other) == (values, scales, other)
+    nested = QuantSpec(not_converted=(*QuantSpec().not_converted,
+                                      "model.language_model.layers.3.self_attn.q_proj"))
+    q_proj = stored["model.layers.3.self_attn.q_proj.weight"].numel()
+    assert fp8_bytes(ModelConfig.from_hf(fp8), nested).quantized == values - q_proj
     assert main(["info", str(fp8)]) == 0
     text = capsys.readouterr().out
     assert f"({counted.total_bytes:,} bytes)" in text
