@@ -92,20 +92,7 @@ class Qwen3Hybrid(nn.Module):
         """The lm_head's logits [M, V] in the model's dtype (xn: FlashNext's, unused)."""
         return self.lm_head(r)
 
-    def mtp_cells(
-        self, residual: torch.Tensor, next_ids: torch.Tensor, rows: Rows
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """MTP cells at cell positions: (logits [N, V] fp32, the cells' output [N, H])."""
-        assert self.mtp is not None, "this checkpoint has no MTP head"
-        hidden, out = self.mtp(
-            residual, self.embed_tokens(next_ids), rows, self.rotary, self.kernels
-        )
-        return self.lm_head(hidden).float(), out
-
-    def forward_train(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """input_ids [B, T] from position 0 -> (logits [B, T, V], final hidden [B, T, H])."""
-        b, t = input_ids.shape
-        r = self.residual(Rows.training(input_ids))
-        return self.logits(r).reshape(b, t, -1), r.reshape(b, t, -1)
-
+    # a sibling's residual is one stream (hc 1): FlashNext's MTP cells and training passes
+    mtp_cells = FlashNext.mtp_cells
+    forward_train = FlashNext.forward_train
     mtp_forward_train = FlashNext.mtp_forward_train
