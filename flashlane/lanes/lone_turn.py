@@ -8,7 +8,7 @@ one step in flight: a cut the device cannot call is settled on the host between 
 sampled step keys its draw by the stream's seed and the position drawn, as a shared round's
 decode window does (runner/backend._spec), so the tokens are the shared rounds'. Each landed
 token goes through the same stop rules as a shared round's; a row without a token ends the
-stream with the error a shared round gives (sampling/lone_draw.failure). The driver stops
+stream with the error a shared round gives (sampling/spec.failure). The driver stops
 after a landed step when the reply ends, its budget or room is spent, or the host is
 interrupted (work arrived), and the stream is then exactly where shared rounds would have
 left it.
@@ -22,9 +22,8 @@ from typing import TYPE_CHECKING
 from flashlane.lanes.core import RoundFailed
 from flashlane.lanes.stops import conclude
 from flashlane.lanes.stream import Stream
-from flashlane.sampling.choose import DrawSpec, is_plain_greedy
 from flashlane.sampling.kinds import is_lone_drawn
-from flashlane.sampling.lone_draw import failure
+from flashlane.sampling.spec import DrawSpec, failure, is_plain_greedy
 
 if TYPE_CHECKING:
     from flashlane.lanes.host import LaneHost

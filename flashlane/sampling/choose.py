@@ -9,34 +9,21 @@ bit; tests hold them to it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from flashlane.request import SamplingParams
 from flashlane.sampling.keyed import gumbel_np, row_key, uniforms_np
 from flashlane.sampling.prune import blocked_sum, pruned_choice, sorted_by_z, top_p_count
-
-GREEDY_TEMPERATURE = 1e-5  # below this a draw is the argmax
-
-
-@dataclass(frozen=True, slots=True)
-class DrawSpec:
-    """Everything one draw depends on besides the logits."""
-
-    params: SamplingParams
-    seed: int  # already reduced mod 2**63
-    position: int  # absolute position of the token being drawn
-    prompt_ids: Sequence[int] = ()  # seen ids for repetition_penalty (prompt part)
-    reply_ids: Sequence[int] = ()  # the reply so far (repetition, presence, frequency)
-
-
-class SampleError(ValueError):
-    """This row cannot be drawn (a NaN or +inf logit, no finite candidate, an id outside the
-    vocabulary); it fails only its own stream."""
+from flashlane.sampling.spec import (  # noqa: F401 (the samplers' names, here since issue 4)
+    GREEDY_TEMPERATURE,
+    DrawSpec,
+    SampleError,
+    bad_logit,
+    is_plain_greedy,
+    no_candidate,
+)
 
 
 def draw(logits: torch.Tensor, spec: DrawSpec) -> int:
@@ -110,18 +97,6 @@ def seen_ids(spec: DrawSpec) -> np.ndarray:
     return np.concatenate([a.reshape(-1) for a in parts])
 
 
-def is_plain_greedy(spec: DrawSpec) -> bool:
-    """Greedy with nothing that changes a logit: the draw is the row's first maximum."""
-    p = spec.params
-    return (
-        p.temperature < GREEDY_TEMPERATURE
-        and not p.logit_bias
-        and p.repetition_penalty == 1.0
-        and p.presence_penalty == 0.0
-        and p.frequency_penalty == 0.0
-    )
-
-
 def greedy_on_device(logits: torch.Tensor, rows: Sequence[int]) -> dict[int, int]:
     """Plain greedy draws of `rows` of logits [M, V] where the logits lie (a GPU need not send
     them to the host): row -> id. torch's max returns the first maximal index, so ties go to
@@ -167,20 +142,6 @@ def checked_ids(ids: Sequence[int] | np.ndarray, vocab: int, what: str) -> np.nd
         bad = int(arr[(arr < 0) | (arr >= vocab)][0])
         raise SampleError(f"{what} id {bad} is outside the vocabulary of {vocab} ids")
     return arr
-
-
-def bad_logit(word: str, token_id: int) -> SampleError:
-    """The error for a row whose first NaN (word "NaN"), or else first +inf ("+inf"), logit
-    is at `token_id`: every path names it the same way."""
-    return SampleError(f"{word} logit at id {token_id}")
-
-
-def no_candidate(top: float) -> SampleError:
-    """The error for a row whose largest adjusted logit `top` is not finite."""
-    if top == -math.inf:
-        return SampleError("no finite candidate logit")
-    # Only an extreme logit_bias or repetition_penalty can overflow a float64 logit.
-    return SampleError("a logit is +inf after logit_bias and penalties")
 
 
 def _greedy(l: np.ndarray) -> int:

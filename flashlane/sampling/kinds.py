@@ -9,7 +9,7 @@ too: a call with a row that may come back unsettled (a top_p cut) runs one step 
 from __future__ import annotations
 
 from flashlane.request import SamplingParams
-from flashlane.sampling.choose import GREEDY_TEMPERATURE
+from flashlane.sampling.spec import GREEDY_TEMPERATURE
 
 # Row kinds in the kernels' parameter table (triton_keyed's kernels compare them as literals).
 OTHER, GREEDY, PLAIN, TOP_K, TOP_P = 0, 1, 2, 3, 4

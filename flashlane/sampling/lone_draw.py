@@ -24,7 +24,7 @@ the next step has not yet overwritten them: the driver runs such calls one step 
 CPU's) and writes the token into tok before the next step is launched.
 
 A row without a token (no finite candidate, a NaN or +inf logit) gets flag 0 and in the
-token's place a negative code; `failure` turns it into the SampleError shared rounds give.
+token's place a negative code; `spec.failure` turns it into the SampleError shared rounds give.
 """
 
 from __future__ import annotations
@@ -35,14 +35,7 @@ from collections.abc import Sequence
 import torch
 
 from flashlane.request import SamplingParams
-from flashlane.sampling.choose import (
-    DrawSpec,
-    SampleError,
-    bad_logit,
-    draw_rows,
-    is_plain_greedy,
-    no_candidate,
-)
+from flashlane.sampling.choose import draw_rows
 from flashlane.sampling.gpu import draw_rows_gpu, fused_kernels
 from flashlane.sampling.kinds import (
     MAX_TOP_K,
@@ -52,26 +45,16 @@ from flashlane.sampling.kinds import (
     is_lone_drawn,
     row_kind,
 )
+from flashlane.sampling.spec import (
+    INF_AT,
+    NAN_AT,
+    NO_CANDIDATE,
+    UNSETTLED,
+    DrawSpec,
+    is_plain_greedy,
+)
 
 GREEDY = SamplingParams(temperature=0.0)
-# Failure codes in out[:, 0] where the flag is 0 (a token is >= 0).
-NO_CANDIDATE, UNSETTLED = -1, -3  # triton_draw's statuses
-NAN_AT, INF_AT = -4, -5  # -4 - 2 id: the first NaN is at id; -5 - 2 id: the first +inf
-
-
-def failure(code: int) -> SampleError:
-    """The shared rounds' error for a failed row's code. A code >= 0 comes from a greedy
-    step (kernels.greedy_step flags the row's maximum only)."""
-    if code >= 0:
-        return SampleError("the row has no finite logit")
-    if code == NO_CANDIDATE:
-        return no_candidate(-float("inf"))
-    if code <= NAN_AT:
-        token_id, which = divmod(NAN_AT - code, 2)
-        return bad_logit("+inf" if which else "NaN", token_id)
-    return SampleError("the draw was not settled on the device")
-
-
 def failure_code(row: torch.Tensor) -> int:
     """The code of a row without a token: its first NaN, else its first +inf, else none."""
     for code, bad in ((NAN_AT, torch.isnan(row)), (INF_AT, torch.isposinf(row))):

@@ -190,7 +190,7 @@ def test_the_driver_reports_a_failed_row_with_its_code(tiny_ckpt, monkeypatch):
     """Runner level: a keyed lone step whose row holds a NaN lands flag 0, its failure code,
     and the step in flight lands after it; the tokens before it are the shared rounds'."""
     from flashlane.models.loader import load_checkpoint
-    from flashlane.sampling.lone_draw import failure
+    from flashlane.sampling.spec import failure
 
     cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
     s, first = prefilled(model, cfg, prompts()[2])

@@ -13,7 +13,8 @@ import torch
 from flashlane.request import SamplingParams
 from flashlane.sampling.choose import DrawSpec, SampleError, draw_rows
 from flashlane.sampling.kinds import is_always_settled, is_lone_drawn
-from flashlane.sampling.lone_draw import UNSETTLED, KeyedDraw, failure
+from flashlane.sampling.lone_draw import UNSETTLED, KeyedDraw
+from flashlane.sampling.spec import failure
 from tests.kernels.triton_env import DEVICE, HAS_CUDA, needs_triton
 from tests.sampling.rows import random_row
 
