@@ -7,8 +7,6 @@ import math
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-import torch
-
 from flashlane.models.census import (
     count_params,
     indexer_bytes_per_block,
@@ -16,9 +14,9 @@ from flashlane.models.census import (
     state_bytes_per_stream,
 )
 from flashlane.models.config import ModelConfig
-from flashlane.models.fp8 import QuantSpec, scale_shape
 
 if TYPE_CHECKING:
+    from flashlane.models.fp8 import QuantSpec
     from flashlane.sessions.memory import MemoryPlan
 
 GIB = 2**30
@@ -157,8 +155,12 @@ def fp8_bytes(cfg: ModelConfig, quant: QuantSpec) -> Fp8Bytes:
     """Which of cfg's parameters a block-FP8 checkpoint with quant's rules stores in e4m3:
     the 2-D linear weights (each expert's apart) its modules_to_not_convert leaves, under the
     checkpoint's names (Qwen3-Next's fused GDN projections are counted as the four they load
-    as, which moves a few edge scales only)."""
+    as, which moves a few edge scales only). Imports torch (a meta-device model): the rest of
+    this module, like the memory plan, needs none."""
+    import torch
+
     from flashlane.models.build import build_model
+    from flashlane.models.fp8 import scale_shape
 
     with torch.device("meta"):
         model = build_model(cfg)
