@@ -6,11 +6,13 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import uvicorn
 from openai import OpenAI
 
+from flashlane.lanes.records import CostTable
 from flashlane.server.api import build_app
 from tests.server.fake_engine import FakeEngine, build_tokenizer
 
@@ -95,3 +97,21 @@ def serve() -> Iterator:
     yield start
     for server in servers:
         server.stop()
+
+
+# prices fixed so that no engine in these tests times anything
+EMBEDDED_COSTS = CostTable({1: 1.0, 8: 1.2, 16: 1.4}, draft_step_ms=0.3, overhead_ms=0.2)
+
+
+@contextmanager
+def embedded_server(**app_options) -> Iterator[LiveServer]:
+    """A live server over the real embedded model (4 sessions); app_options go to build_app."""
+    from flashlane.server.engine_thread import AsyncEngine
+
+    engine = AsyncEngine(None, costs=EMBEDDED_COSTS, parallel=4)
+    server = LiveServer(build_app(engine, **app_options))
+    try:
+        yield server
+    finally:
+        server.stop()
+        engine.close()

@@ -9,25 +9,18 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from flashlane.lanes.records import CostTable
-from flashlane.server.api import build_app
-from flashlane.server.engine_thread import AsyncEngine
-from tests.server.conftest import LiveServer
+from tests.server.conftest import LiveServer, embedded_server
 from tests.server.test_ops import metric
 
 MODEL = "default_model"
-COSTS = CostTable({1: 1.0, 8: 1.2, 16: 1.4}, draft_step_ms=0.3, overhead_ms=0.2)
 # long enough (over 64 tokens) for the prompt cache to keep a state the choices share
 LONG = "Explain what this does:\n" + "".join(f"x{i} = os.path.join(a, b{i})\n" for i in range(12))
 
 
 @pytest.fixture(scope="module")
 def live() -> Iterator[LiveServer]:
-    engine = AsyncEngine(None, costs=COSTS, parallel=4)
-    server = LiveServer(build_app(engine))
-    yield server
-    server.stop()
-    engine.close()
+    with embedded_server() as server:
+        yield server
 
 
 def said(message):

@@ -13,13 +13,9 @@ import httpx
 import jsonschema
 import pytest
 
-from flashlane.lanes.records import CostTable
-from flashlane.server.api import build_app
-from flashlane.server.engine_thread import AsyncEngine
-from tests.server.conftest import LiveServer
+from tests.server.conftest import LiveServer, embedded_server
 
 MODEL = "default_model"
-COSTS = CostTable({1: 1.0, 8: 1.2, 16: 1.4}, draft_step_ms=0.3, overhead_ms=0.2)
 WEATHER_SCHEMA = {
     "type": "object",
     "properties": {
@@ -34,11 +30,8 @@ NO_THINKING = {"type": "disabled"}
 
 @pytest.fixture(scope="module")
 def live() -> Iterator[LiveServer]:
-    engine = AsyncEngine(None, costs=COSTS, parallel=4)
-    server = LiveServer(build_app(engine, api_keys=["sk-test"]))
-    yield server
-    server.stop()
-    engine.close()
+    with embedded_server(api_keys=["sk-test"]) as server:
+        yield server
 
 
 def claude(live) -> anthropic.Anthropic:

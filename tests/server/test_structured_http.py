@@ -12,13 +12,9 @@ import jsonschema
 import openai
 import pytest
 
-from flashlane.lanes.records import CostTable
-from flashlane.server.api import build_app
-from flashlane.server.engine_thread import AsyncEngine
-from tests.server.conftest import LiveServer
+from tests.server.conftest import LiveServer, embedded_server
 
 MODEL = "default_model"
-COSTS = CostTable({1: 1.0, 8: 1.2, 16: 1.4}, draft_step_ms=0.3, overhead_ms=0.2)
 USER = [{"role": "user", "content": "Describe the module os.path as JSON."}]
 SCHEMA = {
     "type": "object",
@@ -57,11 +53,8 @@ CLOCK = {
 
 @pytest.fixture(scope="module")
 def live() -> Iterator[LiveServer]:
-    engine = AsyncEngine(None, costs=COSTS, parallel=4)
-    server = LiveServer(build_app(engine))
-    yield server
-    server.stop()
-    engine.close()
+    with embedded_server() as server:
+        yield server
 
 
 def test_json_schema_reply_validates(live):

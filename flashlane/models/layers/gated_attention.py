@@ -15,8 +15,8 @@ from torch import nn
 
 from flashlane.kernels import REFERENCE, Kernels
 from flashlane.models.config import ModelConfig
-from flashlane.models.layers.norms import RMSNorm, Stacked, linear
-from flashlane.models.layers.qsa_attention import padded_caches
+from flashlane.models.layers.norms import Stacked
+from flashlane.models.layers.qsa_attention import add_heads, padded_caches
 from flashlane.models.rows import Piece, Rows, copy_all
 from flashlane.models.state import AttnCache, SessionState
 
@@ -25,13 +25,7 @@ class GatedAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, cache_of: Callable[[SessionState], AttnCache]):
         super().__init__()
         self.cfg, self.cache_of = cfg, cache_of
-        h, d = cfg.hidden_size, cfg.head_dim
-        self.q_proj = linear(h, cfg.num_attention_heads * d * 2)
-        self.k_proj = linear(h, cfg.num_kv_heads * d)
-        self.v_proj = linear(h, cfg.num_kv_heads * d)
-        self.o_proj = linear(cfg.num_attention_heads * d, h)
-        self.q_norm = RMSNorm(d, cfg.rms_eps)
-        self.k_norm = RMSNorm(d, cfg.rms_eps)
+        add_heads(self, cfg)
         self.ops: Kernels = REFERENCE  # the model's use_kernels points it at the device's
         self.in_proj = Stacked(self.q_proj, self.k_proj, self.v_proj)
 

@@ -49,17 +49,24 @@ class Indexer(nn.Module):
         return self.ops.block_keys(raw, cos, sin, norm.weight, norm.eps, blk)
 
 
+def add_heads(module: nn.Module, cfg: ModelConfig) -> None:
+    """The gated attention heads QSA and the siblings' full attention share: q_proj (each
+    head's query and output gate side by side), k_proj, v_proj, o_proj and the per-head
+    q_norm and k_norm, under the checkpoint's names."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    module.q_proj = linear(h, cfg.num_attention_heads * d * 2)
+    module.k_proj = linear(h, cfg.num_kv_heads * d)
+    module.v_proj = linear(h, cfg.num_kv_heads * d)
+    module.o_proj = linear(cfg.num_attention_heads * d, h)
+    module.q_norm = RMSNorm(d, cfg.rms_eps)
+    module.k_norm = RMSNorm(d, cfg.rms_eps)
+
+
 class QSAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, cache_of: Callable[[SessionState], AttnCache]):
         super().__init__()
         self.cfg, self.cache_of = cfg, cache_of
-        h, d = cfg.hidden_size, cfg.head_dim
-        self.q_proj = linear(h, cfg.num_attention_heads * d * 2)
-        self.k_proj = linear(h, cfg.num_kv_heads * d)
-        self.v_proj = linear(h, cfg.num_kv_heads * d)
-        self.o_proj = linear(cfg.num_attention_heads * d, h)
-        self.q_norm = RMSNorm(d, cfg.rms_eps)
-        self.k_norm = RMSNorm(d, cfg.rms_eps)
+        add_heads(self, cfg)
         self.indexer = Indexer(cfg)
         self.ops: Kernels = REFERENCE  # FlashNext.use_kernels points it at the device's
         self.in_proj = Stacked(self.q_proj, self.k_proj, self.v_proj, self.indexer.index_qk_proj)
