@@ -49,9 +49,9 @@ class EngineConfig:
     prompt_cache_gb: float | None = None  # GiB of kept prompt states; None: planned; 0: off
     unpriced: bool = False
     lone: bool = True
-    # up to this many live greedy streams decode together on the lone driver (one graph per
-    # tuple of sessions); 1: only a single stream. Not yet measured on a GPU: off by default
-    lone_streams: int = 1
+    # up to this many live streams decode together on the lone driver (its step graphs, one
+    # per batch size, take any sessions); None: every session (the driver runs on CUDA only)
+    lone_streams: int | None = None
     chat_template: str | None = None  # a jinja file or the template text; None: the checkpoint's
     # chat_template_kwargs a request's own override; None: {} for a checkpoint, and
     # {"enable_thinking": False} for the embedded model (EMBEDDED_CHAT_KWARGS)
@@ -112,7 +112,8 @@ class EngineConfig:
         need(frac is None or 0 < frac <= 1, "gpu_memory_utilization", f"must be in (0, 1]: {frac}")
         need(self.max_rows is None or self.max_rows >= 1, "max_rows", "must be >= 1")
         need(self.max_queue >= 0, "max_queue", "must be >= 0")
-        need(self.lone_streams >= 1, "lone_streams", f"must be >= 1, got {self.lone_streams}")
+        need(self.lone_streams is None or self.lone_streams >= 1, "lone_streams",
+             f"must be >= 1, got {self.lone_streams}")
         need(0 <= self.mtp_drafts <= 16, "mtp_drafts", "must be in 0..16")
         need(0.0 <= self.mtp_confidence <= 1.0, "mtp_confidence", "must be in [0, 1]")
         need(self.slot_grow is None or self.slot_grow >= 1, "slot_grow", "must be >= 1")

@@ -137,7 +137,7 @@ class Engine:
                 max_queue=config.max_queue,
                 prefill_rows=prefill_rows,
                 prompt_cache_bytes=self.plan.prompt_cache_bytes,
-                lone_streams=config.lone_streams,
+                lone_streams=config.lone_streams or len(self.sessions),
             ),
             rules,
             self.plan.capacities,

@@ -113,7 +113,8 @@ def engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-lone", action="store_true", help="no lone driver for a single stream "
                    "on cuda (default: lone driver on; FLASHLANE_NO_LONE=1)")
     p.add_argument("--lone-streams", type=int, default=None,
-                   help="greedy streams the lone driver may decode together (default: 1)")
+                   help="live streams the lone driver may decode together on cuda "
+                   "(default: every session)")
 
 
 def _json_object(text: str) -> dict:

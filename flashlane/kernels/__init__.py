@@ -56,6 +56,8 @@ class Kernels:
     step_angles: Callable
     ple_add: Callable
     push_history: Callable
+    gather_sessions: Callable  # session buffers through a table (runner/lone.py's graphs)
+    put_sessions: Callable
 
 
 REFERENCE = Kernels(
@@ -95,6 +97,8 @@ REFERENCE = Kernels(
     step_angles=rowwise_ref.step_angles,
     ple_add=rowwise_ref.ple_add,
     push_history=rowwise_ref.push_history,
+    gather_sessions=rowwise_ref.gather_sessions,
+    put_sessions=rowwise_ref.put_sessions,
 )
 
 

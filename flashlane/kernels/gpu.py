@@ -21,6 +21,7 @@ from flashlane.kernels.rowwise import triton_hc as hc_tr
 from flashlane.kernels.rowwise import triton_heads as heads_tr
 from flashlane.kernels.rowwise import triton_ple as ple_tr
 from flashlane.kernels.rowwise import triton_rows as rows_tr
+from flashlane.kernels.rowwise import triton_tables as tables_tr
 
 TRITON = Kernels(
     name="triton",
@@ -59,4 +60,6 @@ TRITON = Kernels(
     step_angles=rows_tr.step_angles,  # the rows' and their blocks' cos / sin, and lengths
     ple_add=ple_tr.ple_add,  # a lone step's r + (gated + conv) in one launch
     push_history=ple_tr.push_history,  # its n-gram ids moved on in place, in one launch
+    gather_sessions=tables_tr.gather_sessions,  # session buffers through a table
+    put_sessions=tables_tr.put_sessions,
 )

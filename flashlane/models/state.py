@@ -46,16 +46,19 @@ TABLE_WIDTH = 8
 
 
 def offsets_table(columns: list[list[torch.Tensor]], counts: list[list[int]] | None = None,
-                  align: list[int] | None = None) -> torch.Tensor:
+                  align: list[int] | None = None, bases: list[torch.Tensor] | None = None,
+                  host: bool = False) -> torch.Tensor:
     """[B, TABLE_WIDTH] int64 on the tensors' device: row b holds the element offset of
-    columns[c][b] from columns[c][0] for each column c, then counts[b], so one kernel reads
-    and writes B sessions' buffers in place (the lone driver's steps of several sessions).
-    Offsets are whole multiples of align[c] elements, 16 unless given (the allocator's
-    buffers are aligned; a kernel may rely on it)."""
+    columns[c][b] from columns[c][0] (or from bases[c], the buffer a kernel is handed:
+    runner/lone.py's step graphs, one per batch size, name any sessions through it) for each
+    column c, then counts[b], so one kernel reads and writes B sessions' buffers in place
+    (the lone driver's steps of several sessions). Offsets are whole multiples of align[c]
+    elements, 16 unless given (the allocator's buffers are aligned; a kernel may rely on
+    it); they may be negative. host: the table stays on the CPU."""
     b = len(columns[0])
     rows = [[] for _ in range(b)]
-    for tensors, step in zip(columns, align or [16] * len(columns)):
-        t0 = tensors[0]
+    bases = bases or [tensors[0] for tensors in columns]
+    for tensors, step, t0 in zip(columns, align or [16] * len(columns), bases):
         for row, t in zip(rows, tensors):
             if t.dtype != t0.dtype or not t.is_contiguous():
                 raise ValueError(f"offsets_table: a buffer of {t.dtype} (first {t0.dtype}), "
@@ -66,13 +69,19 @@ def offsets_table(columns: list[list[torch.Tensor]], counts: list[list[int]] | N
             row.append(off)
     for row, extra in zip(rows, counts or [[]] * b):
         row += extra + [0] * (TABLE_WIDTH - len(row) - len(extra))
-    return torch.tensor(rows, dtype=torch.long).to(columns[0][0].device)
+    table = torch.tensor(rows, dtype=torch.long)
+    return table if host else table.to(columns[0][0].device)
 
 
-def attn_table(caches: list[AttnCache]) -> torch.Tensor:
-    """offsets_table of the sessions' attention buffers (TABLE_COLUMNS) for one layer."""
-    columns = [[getattr(c, name) for c in caches] for name in TABLE_COLUMNS[:4]]
-    return offsets_table(columns, [[c.block_keys.shape[0]] for c in caches])
+def attn_table(caches: list[AttnCache], anchor: AttnCache | None = None,
+               host: bool = False) -> torch.Tensor:
+    """offsets_table of the sessions' attention buffers (TABLE_COLUMNS) for one layer, from
+    the first cache's (or the anchor's)."""
+    names = TABLE_COLUMNS[:4]
+    columns = [[getattr(c, name) for c in caches] for name in names]
+    bases = None if anchor is None else [getattr(anchor, name) for name in names]
+    return offsets_table(columns, [[c.block_keys.shape[0]] for c in caches], bases=bases,
+                         host=host)
 
 
 @dataclass(slots=True)
@@ -85,16 +94,33 @@ class GdnState:
 GDN_CONV_COLUMN = 1
 
 
-def gdn_table(states: list[GdnState]) -> torch.Tensor:
-    """offsets_table of the sessions' recurrent states and conv windows for one GDN layer."""
+def gdn_table(states: list[GdnState], anchor: GdnState | None = None,
+              host: bool = False) -> torch.Tensor:
+    """offsets_table of the sessions' recurrent states and conv windows for one GDN layer,
+    from the first state's (or the anchor's)."""
+    bases = None if anchor is None else [anchor.recurrent, anchor.conv]
     return offsets_table([[g.recurrent for g in states], [g.conv for g in states]],
-                         align=[16, 1])  # small windows: the CPU allocator's 64 bytes
+                         align=[16, 1],  # small windows: the CPU allocator's 64 bytes
+                         bases=bases, host=host)
 
 
 @dataclass(slots=True)
 class PleState:
     conv: torch.Tensor  # [(k-1)*dilation, hc*H] last normed gated values
     ids: torch.Tensor  # [ngram_size - 1] last token ids (EOS before the sequence)
+
+
+# the PLE table's columns: the conv tail, then the ids
+PLE_IDS_COLUMN = 1
+
+
+def ple_table(states: list[PleState], anchor: PleState | None = None,
+              host: bool = False) -> torch.Tensor:
+    """offsets_table of the sessions' PLE conv tails and ids for one PLE layer, from the
+    first state's (or the anchor's): kernels.gather_sessions and put_sessions read it."""
+    bases = None if anchor is None else [anchor.conv, anchor.ids]
+    return offsets_table([[p.conv for p in states], [p.ids for p in states]], align=[1, 1],
+                         bases=bases, host=host)
 
 
 @dataclass(slots=True)

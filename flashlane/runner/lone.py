@@ -38,16 +38,18 @@ from collections.abc import Callable
 import torch
 
 from flashlane.models.flashnext import FlashNext
-from flashlane.models.state import SessionState
+from flashlane.models.state import TABLE_WIDTH, SessionState
+from flashlane.runner.graphs import bucket_of, buckets
 from flashlane.runner.lone_step import session_tables, step
 from flashlane.sampling.lone_draw import KeyedDraw, keyed_specs
 
 __all__ = ["LoneDriver", "session_tables", "step"]
 
 RING = 4  # landed tokens waiting to be read (two in flight need two)
-# graphs of several sessions kept (the oldest goes; one-session graphs stay): streams of a
-# batch that end at different steps leave a tuple each, drafted and plain (32 thrashed at 16)
+# drafted steps' graphs of several sessions kept (the oldest goes; one-session graphs stay):
+# streams of a batch that end at different steps leave a tuple each (32 thrashed at 16)
 MAX_TUPLES = 128
+MAX_TABLES = 1024  # the session tables of plain steps kept on the host, by tuple of sessions
 
 
 class LoneDriver:
@@ -82,6 +84,15 @@ class LoneDriver:
         self.widest = 0  # the most sessions one call has decoded together
         # a landed step's wall time in ms, by (sessions, depth): what drafting weighs
         self.step_ms: dict[tuple[int, int], float] = {}
+        # plain steps run in batches of `sizes` rows (1, 2, 4, ... sessions): one graph per
+        # size (and keyed draw shape) serves any sessions, named by tables of offsets from
+        # the anchor's buffers (the largest session: attention spans its capacity), copied
+        # in before the steps; rows past the streams' decode the pad session, which no
+        # stream reads (every op is row-invariant, so the streams' bits are theirs alone)
+        self.sizes = buckets(len(sessions)) if sessions else [1]
+        self.anchor = max(sessions, key=lambda s: s.capacity) if sessions else None
+        self.pad = self._pad_session() if self.use_graphs and sessions else None
+        self.host_tables: dict[tuple[int, ...], torch.Tensor] = {}
         self.drafting = None  # drafted steps (runner/lone_draft.py), with an MTP head
         if drafter is not None and model.mtp is not None:
             from flashlane.runner.lone_draft import Drafting
@@ -107,11 +118,16 @@ class LoneDriver:
         budget = min(budget, self.max_steps)
         if budget <= 0:
             return 0
-        specs = keyed_specs(draws, positions)
-        io = self.buffers(len(session_ids), keyed=specs is not None)
-        if specs is not None:
-            io.draw.load(specs)  # the streams' parameter table, before any step reads it
-        pinned = torch.tensor([tokens, positions], pin_memory=self.is_cuda)
+        b = len(session_ids)
+        keyed = keyed_specs(draws, positions) is not None
+        io = self.buffers(b, keyed=keyed)
+        pad = io.size - b  # rows of the pad session (positions from 0: it holds max_steps)
+        if keyed:  # the streams' parameter table, before any step reads it
+            io.draw.load(keyed_specs([*draws, *[None] * pad], [*positions, *[0] * pad]))
+        if io.table is not None:
+            io.table.copy_(self._host_table(tuple(session_ids), io.size), non_blocking=True)
+        pinned = torch.tensor([[*tokens, *[0] * pad], [*positions, *[0] * pad]],
+                              pin_memory=self.is_cuda)
         io.tok.copy_(pinned[0], non_blocking=True)
         io.pos.copy_(pinned[1], non_blocking=True)
         io.k.zero_()
@@ -120,7 +136,7 @@ class LoneDriver:
 
         def land(rows: list[list[int]]) -> bool:
             going = True
-            for i, (token_id, finite) in enumerate(rows):
+            for i, (token_id, finite) in enumerate(rows[:b]):
                 got[i].append(token_id)
                 failed[i] = failed[i] or not finite
                 going = takes[i](token_id, bool(finite)) and going
@@ -177,17 +193,44 @@ class LoneDriver:
         return launched
 
     def capture_all(self) -> int:
-        """Capture every session's one-session step now (engine start), so no request pays
-        a capture; returns how many graphs there are. If a capture fails, lone steps run
-        eagerly (same bits, more launches) and `failed` says why."""
-        io = self.buffers(1)
-        for session_id in range(len(self.sessions)):
-            if self.use_graphs and (session_id,) not in self.graphs:
+        """Capture the greedy step of every size now (engine start), so no greedy request
+        pays a capture; returns how many graphs there are. If a capture fails, lone steps
+        run eagerly (same bits, more launches) and `failed` says why."""
+        for size in self.sizes:
+            io = self.buffers(size)
+            if self.use_graphs and io.key(()) not in self.graphs:
                 try:
-                    self.graphs[(session_id,)] = self._capture((session_id,), io)
+                    self.graphs[io.key(())] = self._capture((), io)
                 except Exception as err:
                     self._give_up(err)
         return len(self.graphs)
+
+    def has_plain_graph(self, b: int) -> bool:
+        """Whether a greedy plain step of b sessions has its graph (its size's)."""
+        return ("size", bucket_of(b, self.sizes) or b) in self.graphs
+
+    def _pad_session(self) -> SessionState:
+        """The session the pad rows of a step decode into: room for a call's steps from
+        position 0, nothing any stream reads."""
+        cfg, like = self.model.cfg, self.anchor
+        block = cfg.indexer_block
+        capacity = max(2, -(-(self.max_steps + 1) // block)) * block
+        return SessionState.empty(cfg, capacity, like.attn_dtype(), like.state_dtype(),
+                                  self.device)
+
+    def _host_table(self, ids: tuple[int, ...], size: int) -> torch.Tensor:
+        """The tables of a plain step of these sessions padded to `size` rows, every layer's
+        stacked as the step's buffers hold them [layers, size, TABLE_WIDTH], pinned; kept by
+        tuple of sessions (a call's few milliseconds of offsets, made once)."""
+        table = self.host_tables.get(ids)
+        if table is None or table.shape[1] != size:
+            if len(self.host_tables) >= MAX_TABLES:
+                self.host_tables.clear()
+            rows = [self.sessions[i] for i in ids] + [self.pad] * (size - len(ids))
+            tables = session_tables(rows, self.anchor, host=True)
+            table = torch.stack(list(tables.values()))
+            table = self.host_tables[ids] = table.pin_memory() if self.is_cuda else table
+        return table
 
     @property
     def posts(self) -> bool:
@@ -200,7 +243,10 @@ class LoneDriver:
 
     def buffers(self, b: int, depth: int = 0, keyed: bool = False):
         """The static buffers of a step of b sessions (depth > 0: a drafted step's; keyed: a
-        plain step's with the keyed draw)."""
+        plain step's with the keyed draw). A graphed plain step's are those of the smallest
+        size that holds b rows (`io.size`), with the session tables every size shares."""
+        if not depth and self.use_graphs:
+            b = bucket_of(b, self.sizes) or b
         if (b, depth, keyed) not in self.io:
             width = self.model.cfg.hc_count * self.model.cfg.hidden_size
             if depth:
@@ -210,6 +256,11 @@ class LoneDriver:
                 draw = KeyedDraw(b, self.model.cfg.vocab_size, self.device) if keyed else None
                 io = _Buffers(b, self.max_steps, width, self.model.dtype, self.device, draw)
                 io.posts = self.posts
+                if self.use_graphs:
+                    keys = list(session_tables([self.anchor], self.anchor, host=True))
+                    io.table = torch.zeros(len(keys), b, TABLE_WIDTH, dtype=torch.long,
+                                           device=self.device)
+                    io.table_keys = keys
             self.io[(b, depth, keyed)] = io
         return self.io[(b, depth, keyed)]
 
@@ -235,7 +286,7 @@ class LoneDriver:
         key = io.key(ids)
         graph = self.graphs.get(key)
         if graph is None:
-            tuples = [k for k in self.graphs if len(k) > 1]
+            tuples = [k for k in self.graphs if _evictable(k)]
             if len(key) > 1 and len(tuples) >= MAX_TUPLES:
                 del self.graphs[tuples[0]]  # dicts keep insertion order: the oldest
                 self.tables.pop(tuples[0], None)
@@ -253,6 +304,9 @@ class LoneDriver:
         torch.cuda.synchronize()
 
     def _step(self, ids: tuple[int, ...], io: _Buffers, sessions=None) -> None:
+        if getattr(io, "table", None) is not None:  # any sessions, named by io.table
+            io.step(self.model, [self.anchor] * io.size, io.tables())
+            return
         tables = io.tables(sessions) if sessions else self.tables.get(io.key(ids))
         io.step(self.model, sessions or [self.sessions[i] for i in ids], tables)
 
@@ -264,8 +318,9 @@ class LoneDriver:
         t = time.perf_counter()
         if not io.warm:
             self._warm(ids, io)
-        # the step's session tables are copied to the device now, not inside the capture
-        self.tables[io.key(ids)] = io.tables([self.sessions[i] for i in ids])
+        if getattr(io, "table", None) is None:
+            # the step's session tables are copied to the device now, not inside the capture
+            self.tables[io.key(ids)] = io.tables([self.sessions[i] for i in ids])
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             self._step(ids, io)
@@ -274,21 +329,30 @@ class LoneDriver:
 
     def _warm(self, ids: tuple[int, ...], io: _Buffers) -> None:
         cfg = self.model.cfg
-        like = self.sessions[ids[0]]
-        capacity = min(like.capacity, 2 * cfg.indexer_block)
-        scratch = [SessionState.empty(cfg, capacity, like.attn_dtype(), like.state_dtype(),
-                                      self.device) for _ in ids]
+        table = getattr(io, "table", None)
+        if table is None:
+            like = self.sessions[ids[0]]
+            capacity = min(like.capacity, 2 * cfg.indexer_block)
+            scratch = [SessionState.empty(cfg, capacity, like.attn_dtype(), like.state_dtype(),
+                                          self.device) for _ in ids]
+        else:  # every row the pad session's
+            table.copy_(self._host_table((), io.size))
         saved = [x.clone() for x in io.inputs()]
         for x in io.inputs():
             x.zero_()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._step(ids, io, scratch)
+            self._step(ids, io, None if table is not None else scratch)
         torch.cuda.current_stream().wait_stream(side)
         for live, value in zip(io.inputs(), saved):
             live.copy_(value)
         io.warm = True
+
+
+def _evictable(key: tuple) -> bool:
+    """A graph of a tuple of several sessions (drafted steps'): not one of a size's."""
+    return key[0] == "draft" or (isinstance(key[0], int) and len(key) > 1)
 
 
 def _posts_to_pinned(model: FlashNext, device: torch.device) -> bool:
@@ -308,6 +372,11 @@ class _Buffers:
     def __init__(self, b: int, max_steps: int, width: int, dtype, device: torch.device,
                  draw: KeyedDraw | None = None):
         on = dict(dtype=torch.long, device=device)
+        self.size = b  # rows a step runs
+        # graphed: every layer's session table [layers, b, TABLE_WIDTH], offsets from the
+        # driver's anchor (by table_keys), written before a call's steps
+        self.table: torch.Tensor | None = None
+        self.table_keys: list = []
         self.tok, self.pos = torch.zeros(b, **on), torch.zeros(b, **on)
         self.out, self.k = torch.zeros(b, 2, **on), torch.zeros(1, **on)
         self.rows = torch.zeros(max_steps, b, width, dtype=dtype, device=device)
@@ -330,14 +399,18 @@ class _Buffers:
         return () if self.draw is None else self.draw.key
 
     def key(self, ids: tuple[int, ...]) -> tuple:
-        """The step's graph's key: the sessions' ids (keyed: after the draw's shape)."""
-        return ids if self.draw is None else ("keyed", *self.draw.key, *ids)
+        """The step's graph's key: its size, with a session table (any sessions); else the
+        sessions' ids; keyed: after the draw's shape."""
+        which = ("size", self.size) if self.table is not None else ids
+        return which if self.draw is None else ("keyed", *self.draw.key, *which)
 
     def inputs(self) -> tuple[torch.Tensor, ...]:
         """What a step reads and moves on (a warm-up step puts them back)."""
         return self.tok, self.pos, self.k
 
-    def tables(self, sessions: list[SessionState]) -> dict:
+    def tables(self, sessions: list[SessionState] | None = None) -> dict:
+        if self.table is not None:
+            return dict(zip(self.table_keys, self.table))
         return session_tables(sessions)
 
     def step(self, model: FlashNext, sessions: list[SessionState], tables) -> None:

@@ -77,8 +77,9 @@ class Drafting:
         return choice
 
     def _has_graph(self, ids: list[int], depth: int) -> bool:
-        key = ("draft", depth, *ids) if depth else tuple(ids)
-        return key in self.driver.graphs
+        if not depth:
+            return self.driver.has_plain_graph(len(ids))
+        return ("draft", depth, *ids) in self.driver.graphs
 
     def _better(self, b: int) -> int:
         measured = {n for n, d in self.driver.step_ms if d == 0}

@@ -18,12 +18,14 @@ import torch
 from flashlane.models.flashnext import FlashNext
 from flashlane.models.rows import copy_all
 from flashlane.models.state import (
+    PLE_IDS_COLUMN,
     AttnCache,
     GdnState,
     PleState,
     SessionState,
     attn_table,
     gdn_table,
+    ple_table,
 )
 from flashlane.sampling.lone_draw import KeyedDraw
 
@@ -63,7 +65,8 @@ def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos:
     # xn: the next read's norm, where the launch before it made it
     for idx, layer in enumerate(model.layers):
         if layer.ple is not None:
-            r = ple_step(layer.ple, r, [s.ple[idx] for s in sessions], tok, kernels)
+            r = ple_step(layer.ple, r, [s.ple[idx] for s in sessions], tok, kernels,
+                         tables.get(("ple", idx)))
         a, w = layer.attn_hyper_connection.read(r, xn)
         if layer.kind == "linear":
             y = gdn_step(layer.linear_attn, a, [s.gdn[idx] for s in sessions], kernels,
@@ -98,9 +101,18 @@ def stacked(xs: list[torch.Tensor]) -> torch.Tensor:
     return xs[0][None] if len(xs) == 1 else torch.stack(xs)
 
 
-def ple_step(ple, r: torch.Tensor, states: list[PleState], tok: torch.Tensor, kernels):
+def ple_step(ple, r: torch.Tensor, states: list[PleState], tok: torch.Tensor, kernels,
+             table=None):
     # one session: its ids move on and the conv moves its window in place (views); several:
-    # stacked copies, copied back
+    # stacked copies, copied back (through `table` where given: state.ple_table)
+    if table is not None:
+        ids = kernels.gather_sessions([p.ids for p in states], table, PLE_IDS_COLUMN)
+        window = kernels.gather_sessions([p.conv for p in states], table, 0)
+        history = torch.cat([ids, tok[:, None]], dim=1)
+        added, xfull = ple.stacked(r[:, None], history, window, kernels, added=True)
+        kernels.put_sessions([p.ids for p in states], history[:, 1:], table, PLE_IDS_COLUMN)
+        kernels.put_sessions([p.conv for p in states], xfull[:, 1:], table, 0)
+        return added[:, 0]
     one = len(states) == 1
     if one:
         history = kernels.push_history(states[0].ids[None], tok)
@@ -118,8 +130,8 @@ def gdn_step(gdn, a: torch.Tensor, states: list[GdnState], kernels, table) -> to
     qkv, gate_a, gate_b, z = gdn.project(a)
     gates = gdn.gates(gate_a[:, None], gate_b[:, None])  # computed in the rule's programs
     # the conv moves each window past the row, and the rule updates each recurrent state,
-    # in place: one session's as views, several through the layer's table
-    if len(states) == 1:
+    # in place: one session's as views, several (or one with a table) through the table
+    if len(states) == 1 and table is None:
         y, _ = kernels.causal_conv(qkv[:, None], states[0].conv[None], gdn.conv_weight,
                                    shift=True)
         q, k, v = gdn.heads(y, kernels)
@@ -153,14 +165,28 @@ def attention_once(cfg, rotary, pos: torch.Tensor, dtype: torch.dtype) -> tuple:
     return (*rotary.cos_sin(pos, dtype, cfg.indexer_block), pos + 1)
 
 
-def session_tables(sessions: list[SessionState]) -> dict[int, torch.Tensor]:
+def session_tables(sessions: list[SessionState], anchor: SessionState | None = None,
+                   host: bool = False) -> dict:
     """Each layer's table of these sessions' buffers (state.attn_table, state.gdn_table), by
     layer index: a graph of their step needs them made before its capture, and kept while it
     lives. Attention layers get one for a single session too (the Triton kernels then write
     its rows in their own launches, not three index_copy_ launches and their waits); GDN
-    layers only for two sessions or more (one session's state is read as views)."""
+    layers only for two sessions or more (one session's state is read as views).
+
+    With `anchor`, every layer's table (PLE layers' too, by ("ple", idx): state.ple_table)
+    for any number of sessions, offsets from the anchor's buffers: a step given the anchor
+    as its first session reads and writes these sessions, so one graph of B rows serves any
+    B sessions (runner/lone.py). host: the tables stay on the CPU."""
     if not sessions:
         return {}
+    if anchor is not None:
+        tables: dict = {idx: attn_table([s.attn[idx] for s in sessions], a, host)
+                        for idx, a in anchor.attn.items()}
+        tables.update({idx: gdn_table([s.gdn[idx] for s in sessions], g, host)
+                       for idx, g in anchor.gdn.items()})
+        tables.update({("ple", idx): ple_table([s.ple[idx] for s in sessions], p, host)
+                       for idx, p in anchor.ple.items()})
+        return tables
     tables = {idx: attn_table([s.attn[idx] for s in sessions]) for idx in sessions[0].attn}
     if len(sessions) > 1:
         tables.update({idx: gdn_table([s.gdn[idx] for s in sessions])

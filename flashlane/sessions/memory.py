@@ -47,6 +47,7 @@ __all__ = [
     "GPU_FRACTION",
     "LIMIT_ENV",
     "MAX_AUTO_SESSIONS",
+    "MAX_AUTO_SESSIONS_GPU",
     "MIB",
     "PREFILL_ROWS",
     "PROMPT_CACHE_GB",
@@ -71,7 +72,9 @@ __all__ = [
     "weight_bytes",
 ]
 
-MAX_AUTO_SESSIONS = 16
+MAX_AUTO_SESSIONS = 16  # the CPU's: its rounds gain little past 16 streams
+# a GPU's: the lone driver's step graphs take any number of sessions (issue 28: at least 256)
+MAX_AUTO_SESSIONS_GPU = 256
 REMEDIES = (
     "a smaller --context, fewer sessions (--parallel), smaller --slot-contexts, "
     f"a smaller --prompt-cache-gb (0 turns it off), or a higher --memory-limit-gb ({LIMIT_ENV})"
@@ -149,9 +152,9 @@ def plan(
 ) -> MemoryPlan:
     """Sessions under the ceiling: `slot_contexts` as listed, else `parallel` sessions of
     `context` (default: the model's window), else (`parallel=None`, auto) as many as fit up to
-    16, one session when fewer than two fit; the prompt cache's budget is planned beside the
-    weights and workspace; `prompt_rows`, the longest prompt piece of a round, adds its
-    activations to the workspace. Raises OverMemoryLimit."""
+    16 (256 on a GPU), one session when fewer than two fit; the prompt cache's budget is
+    planned beside the weights and workspace; `prompt_rows`, the longest prompt piece of a
+    round, adds its activations to the workspace. Raises OverMemoryLimit."""
     cache_b, state_b = element_bytes(device)
     scratch = sum(b.nbytes for b in scratch_buffers(cfg, max_rows, cache_b, state_b))
     longest = max([context or cfg.max_position_embeddings, *(slot_contexts or [])])
@@ -165,7 +168,8 @@ def plan(
     budget = limit_bytes - fixed
     context = cfg.max_position_embeddings if context is None else context
     one = session_bytes(cfg, context, cache_b, state_b, mtp)
-    capacities = _capacities(context, slot_contexts, parallel, budget // one)
+    most = MAX_AUTO_SESSIONS_GPU if device.startswith("cuda") else MAX_AUTO_SESSIONS
+    capacities = _capacities(context, slot_contexts, parallel, min(most, budget // one))
     sizes = {c: session_bytes(cfg, c, cache_b, state_b, mtp) for c in set(capacities)}
     per_session = tuple(sizes[c] for c in capacities)
     if sum(per_session) > budget:
@@ -195,11 +199,11 @@ def _capacities(
     context: int, slot_contexts: Sequence[int] | None, parallel: int | None, num_fit: int
 ) -> tuple[int, ...]:
     """The sessions: as listed, else `parallel` of `context`, else auto: up to 16 that fit
-    (`num_fit`), one when fewer than two do."""
+    (`num_fit`, which the caller may cap higher), one when fewer than two do."""
     if slot_contexts is not None:
         if not slot_contexts:
             raise ValueError("slot_contexts lists no session")
         return tuple(slot_contexts)
     if parallel is not None:
         return (context,) * parallel
-    return (context,) * max(1, min(MAX_AUTO_SESSIONS, num_fit))
+    return (context,) * max(1, num_fit)

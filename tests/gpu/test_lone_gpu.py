@@ -106,6 +106,32 @@ def test_sessions_together_equal_shared_rounds_bitwise(gpu_model, graphed):  # n
     assert_same_states(sessions, refs)
 
 
+def test_one_graph_per_size_serves_any_sessions(gpu_model):  # noqa: F811
+    """Plain steps run in graphs of 1, 2, 4, ... rows whatever the sessions (their tables
+    written before each call): calls of different tuples of five sessions, three of them
+    with a pad row, reuse their size's graph, and each session ends bit for bit where its
+    one-row shared rounds leave it, with their tokens."""
+    cfg, model = gpu_model
+    which = (3, 8, 5, 1, 6)
+    bases = [prefilled(cfg, model, prompts(cfg.vocab_size, 9)[w]) for w in which]
+    calls = [[4, 0, 2], [2, 4], [1, 3, 0], [3], [0, 1, 2, 3, 4], [3, 1, 4]]
+    steps = {i: sum(5 for c in calls if i in c) for i in range(5)}
+    refs = [copy_of(cfg, b) for b in bases]
+    wants = [greedy_rounds(model, r, steps[i]) for i, r in enumerate(refs)]
+    sessions = [copy_of(cfg, b) for b in bases]
+    driver = LoneDriver(model, sessions, graphs=True)
+    assert driver.sizes == [1, 2, 4, 5]
+    got = [[3] for _ in range(5)]
+    for ids in calls:
+        takes = [lambda t, f, i=i: bool(got[i].append(t)) or f for i in ids]
+        n = driver.decode_many(ids, [got[i][-1] for i in ids], [sessions[i].length for i in ids],
+                               5, takes, [-1] * len(ids), [None] * len(ids))
+        assert n == 5
+    assert got == wants
+    assert sorted(driver.graphs) == [("size", 1), ("size", 2), ("size", 4), ("size", 5)]
+    assert_same_states(sessions, refs)
+
+
 @pytest.mark.parametrize("graphed", [True, False])
 @pytest.mark.parametrize("depth,b", [(2, 1), (3, 2)])
 def test_drafted_steps_equal_shared_rounds_bitwise(gpu_model, graphed, depth, b,  # noqa: F811

@@ -52,15 +52,19 @@ def sampled_rounds(model, ref, params, seed: int, n: int) -> list[int]:
     return want
 
 
-def lone_equals_rounds(cfg, model, params, seeds, graphed: bool, prompt_ids=(3, 8, 5)):
+def lone_equals_rounds(cfg, model, params, seeds, graphed: bool, prompt_ids=(3, 8, 5),
+                       idle: int = 0):
     """Two decode_many calls (8 + 12 steps) of len(params) streams equal one-row shared
-    rounds token for token, and the sessions end bit for bit where those rounds leave them."""
+    rounds token for token, and the sessions end bit for bit where those rounds leave them.
+    idle: sessions the driver holds that no stream uses (3 streams beside 2 idle sessions
+    run in the graph of 4 rows: one pad row)."""
     b = len(params)
     bases = [prefilled(cfg, model, prompts(cfg.vocab_size, 9)[w]) for w in prompt_ids[:b]]
     refs = [copy_of(cfg, base) for base in bases]
     wants = [sampled_rounds(model, r, p, s, 20) for r, p, s in zip(refs, params, seeds)]
     sessions = [copy_of(cfg, base) for base in bases]
-    driver = LoneDriver(model, sessions, graphs=graphed)
+    driver = LoneDriver(model, sessions + [copy_of(cfg, bases[0]) for _ in range(idle)],
+                        graphs=graphed)
     got = [[3] for _ in range(b)]
     takes = [lambda t, f, i=i: bool(got[i].append(t)) or f for i in range(b)]
     draws = [Draws(p, s, [], []) for p, s in zip(params, seeds)]
@@ -130,3 +134,11 @@ def test_engine_sampled_replies_lone_and_shared_agree(tiny_ckpt, monkeypatch, mi
     got = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
     assert got == want
     assert any(k[0] == "keyed" for k in lone.graphs)
+
+
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_keyed_steps_with_a_pad_row_equal_shared_rounds_bitwise(gpu_model, mix):  # noqa: F811
+    """Three sampled streams in the step graph of four rows (the fourth decodes the pad
+    session): the same tokens and states as one-row shared rounds."""
+    cfg, model = gpu_model
+    lone_equals_rounds(cfg, model, MIXES[mix][:3], [11, 12, 13], True, idle=2)

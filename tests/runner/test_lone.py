@@ -281,7 +281,7 @@ def test_lone_stream_moves_to_a_larger_session_as_shared_rounds_move_it(tiny_ckp
 def test_lone_streams_option(monkeypatch):
     from flashlane.config import EngineConfig
 
-    assert EngineConfig.resolve().lone_streams == 1  # one stream unless asked
+    assert EngineConfig.resolve().lone_streams is None  # every session unless asked
     monkeypatch.setenv("FLASHLANE_LONE_STREAMS", "16")
     assert EngineConfig.resolve().lone_streams == 16
     assert EngineConfig.resolve(lone_streams=2).lone_streams == 2  # a kwarg wins

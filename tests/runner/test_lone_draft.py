@@ -198,7 +198,7 @@ def test_drafting_is_chosen_while_it_pays(tiny_ckpt):
     # with graphs, several sessions near their ends run the kind whose graph they have
     # (one session, or streams with long replies left: any)
     driver.use_graphs = True
-    driver.graphs[(0, 1)] = object()
+    driver.graphs[("size", 2)] = object()  # plain steps: one graph per size
     assert {d.choose([0, 1], 64) for _ in range(PROBE_EVERY)} == {0}
     driver.step_ms[(1, 2)] = 1.5
     assert [d.choose([0, 1], 500) for _ in range(PROBE_EVERY)].count(2) == PROBE_EVERY - 1

@@ -255,3 +255,17 @@ def record_row(rows: torch.Tensor, k: torch.Tensor, r: torch.Tensor,
 def gated_add(base: torch.Tensor, gate: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """base + sigmoid(gate) * s: gate [N, 1] scales each row of s [N, H]."""
     return base + torch.sigmoid(gate) * s
+
+
+def gather_sessions(tensors: list[torch.Tensor], table: torch.Tensor | None = None,
+                    column: int = 0) -> torch.Tensor:
+    """B sessions' buffers of one kind (the same shape each), stacked: [B, *shape]. `table`
+    (a models.state table naming them from tensors[0]) is for the Triton kernel, which
+    reads them where they lie; here they are stacked."""
+    return torch.stack(tensors)
+
+
+def put_sessions(tensors: list[torch.Tensor], values: torch.Tensor,
+                 table: torch.Tensor | None = None, column: int = 0) -> None:
+    """gather_sessions' inverse: session b's buffer gets values[b], in place."""
+    torch._foreach_copy_(tensors, list(values))

@@ -1,0 +1,101 @@
+"""Session tables from an anchor (runner/lone.py's step graphs): one graph of B rows is
+captured with the anchor's buffers and names any B sessions through a table of offsets from
+them, which may point below the anchor. The kernels must then give each row its own session's
+bits and leave every other buffer (the anchor's included) untouched: attend_sessions,
+gdn_sessions and the PLE state's gather_sessions / put_sessions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.kernels.test_session_tables import BLOCK, TOP, copies, row_inputs, sessions
+from tests.kernels.triton_env import DEVICE, DTYPES, HAS_CUDA, needs_triton
+
+pytest.importorskip("triton")
+
+from flashlane.kernels.attention import reference as attn_ref
+from flashlane.kernels.attention import triton as attn_tri
+from flashlane.kernels.gdn import triton as gdn_tri
+from flashlane.kernels.rowwise import reference as rows_ref
+from flashlane.kernels.rowwise import triton_tables
+from flashlane.models.state import PleState, attn_table, offsets_table, ple_table
+
+pytestmark = needs_triton
+
+
+def buffers(caches):
+    return [t for c in caches for t in (c.k, c.v, c.index_keys, c.block_keys)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_through_an_anchor_table(dtype):
+    # the anchor is the largest session and not among the rows; one row's session was
+    # allocated before it (a negative offset), one after
+    before = sessions([24], dtype, seed=1)
+    anchor = sessions([64], dtype, seed=2)
+    after = sessions([64, 8], dtype, seed=3)
+    rows = [after[0], before[0], after[1]]
+    positions = [40, 9, 5]
+    q, k, v, iq, raw, cos, sin, w = row_inputs(3, dtype, seed=4)
+    args = (torch.tensor(positions, device=DEVICE), cos, sin, w, 1e-6, BLOCK, TOP, 0.125)
+    alone = copies(rows)
+    want = attn_ref.attend_sessions(q, k, v, iq, raw, alone, *args, ops=attn_tri._PER_SESSION)
+    anchor_before = [t.clone() for t in buffers(anchor)]
+    table = attn_table(rows, anchor[0])
+    got = attn_tri.attend_sessions(q, k, v, iq, raw, anchor * 3, *args, table=table)
+    assert torch.equal(got, want)
+    for x, y in zip(buffers(alone), buffers(rows)):
+        assert torch.equal(x, y)
+    for x, y in zip(anchor_before, buffers(anchor)):
+        assert torch.equal(x, y)
+
+
+def test_gdn_states_through_an_anchor_table():
+    h, dk, dv = (48, 128, 128) if HAS_CUDA else (4, 16, 48)
+    gen = torch.Generator().manual_seed(7)
+    q, k = (torch.nn.functional.normalize(torch.randn(2, 1, h, dk, generator=gen), dim=-1)
+            .to(DEVICE) for _ in range(2))
+    v = torch.randn(2, 1, h, dv, generator=gen).to(DEVICE)
+    g = (-torch.rand(2, 1, h, generator=gen)).to(DEVICE)
+    beta = torch.rand(2, 1, h, generator=gen).to(DEVICE)
+    first = torch.randn(h, dk, dv, generator=gen).to(DEVICE)
+    anchor = torch.randn(h, dk, dv, generator=gen).to(DEVICE)
+    last = torch.randn(h, dk, dv, generator=gen).to(DEVICE)
+    states, kept = [last, first], anchor.clone()
+    want_states = [s.clone() for s in states]
+    want = gdn_tri.gdn_sessions(q, k, v, g, beta, want_states)
+    table = offsets_table([states], bases=[anchor])
+    got = gdn_tri.gdn_sessions(q, k, v, g, beta, [anchor, anchor], table)
+    assert torch.equal(got, want)
+    for s, w in zip(states, want_states):
+        assert torch.equal(s, w)
+    assert torch.equal(anchor, kept)
+
+
+def ple_states(n: int, seed: int) -> list[PleState]:
+    gen = torch.Generator().manual_seed(seed)
+    return [PleState(conv=torch.randn(6, 16, generator=gen).to(DEVICE),
+                     ids=torch.randint(0, 500, (3,), generator=gen).to(DEVICE))
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("column", ["conv", "ids"])
+def test_gather_and_put_through_an_anchor_table(column):
+    before, (anchor,), after = ple_states(2, 1), ple_states(1, 2), ple_states(2, 3)
+    rows = [after[1], before[0], after[0], before[1]]
+    col = 0 if column == "conv" else 1
+    table = ple_table(rows, anchor)
+    mine = [getattr(p, column) for p in rows]
+    kept = getattr(anchor, column).clone()
+    stacked = triton_tables.gather_sessions([getattr(anchor, column)] * 4, table, col)
+    assert torch.equal(stacked, rows_ref.gather_sessions(mine))
+    new = stacked.flip(0) + 1
+    want = [m.clone() for m in mine]
+    rows_ref.put_sessions(want, new)
+    triton_tables.put_sessions([getattr(anchor, column)] * 4, new, table, col)
+    for got, w in zip(mine, want):
+        assert torch.equal(got, w)
+    assert torch.equal(getattr(anchor, column), kept)
+    # without a table: the buffers handed in, from the first
+    assert torch.equal(triton_tables.gather_sessions(mine), torch.stack(mine))
