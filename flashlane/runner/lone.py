@@ -335,7 +335,8 @@ class LoneDriver:
             capacity = min(like.capacity, 2 * cfg.indexer_block)
             scratch = [SessionState.empty(cfg, capacity, like.attn_dtype(), like.state_dtype(),
                                           self.device) for _ in ids]
-        else:  # every row the pad session's
+        else:  # every row the pad session's (the call's tables are put back after)
+            loaded = table.clone()
             table.copy_(self._host_table((), io.size))
         saved = [x.clone() for x in io.inputs()]
         for x in io.inputs():
@@ -347,6 +348,8 @@ class LoneDriver:
         torch.cuda.current_stream().wait_stream(side)
         for live, value in zip(io.inputs(), saved):
             live.copy_(value)
+        if table is not None:
+            table.copy_(loaded)
         io.warm = True
 
 
