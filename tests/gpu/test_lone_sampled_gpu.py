@@ -19,7 +19,7 @@ from flashlane.sampling.choose import DrawSpec
 from flashlane.sampling.gpu import draw_rows_gpu
 from flashlane.sampling.lone_draw import KeyedDraw
 from tests.gpu.test_exact_gpu import gpu_model, prefilled, prompts, run_windows  # noqa: F401
-from tests.gpu.test_lone_gpu import copy_of
+from tests.gpu.test_lone_gpu import copy_of, lone_model  # noqa: F401
 from tests.runner.test_lone import assert_same_states
 
 pytestmark = [
@@ -80,18 +80,18 @@ def lone_equals_rounds(cfg, model, params, seeds, graphed: bool, prompt_ids=(3, 
 @pytest.mark.parametrize("mix", list(MIXES))
 @pytest.mark.parametrize("graphed", [True, False])
 @pytest.mark.parametrize("b", [1, 3])
-def test_keyed_lone_steps_equal_shared_rounds_bitwise(gpu_model, graphed, b, mix):  # noqa: F811
-    cfg, model = gpu_model
+def test_keyed_lone_steps_equal_shared_rounds_bitwise(lone_model, graphed, b, mix):  # noqa: F811
+    cfg, model = lone_model
     params = MIXES[mix][-b:] if b > 1 else MIXES[mix][:1]
     lone_equals_rounds(cfg, model, params, [11, 2**62 + 3, 5][:b], graphed)
 
 
 @pytest.mark.parametrize("graphed", [True, False])
-def test_unsettled_top_p_rows_are_settled_between_steps(gpu_model, graphed, monkeypatch):  # noqa: F811
+def test_unsettled_top_p_rows_are_settled_between_steps(lone_model, graphed, monkeypatch):  # noqa: F811
     """Flat logits: a top_k 128, top_p 0.5 cut's running sum is exactly top_p * S, which the
     kernels never call; such rows are settled on the host from the logits the (graphed) step
     kept, and the next step feeds the token, as shared rounds draw it."""
-    cfg, model = gpu_model
+    cfg, model = lone_model
     head, settle, unsettled = model.head_logits, KeyedDraw.settle, [0]
     monkeypatch.setattr(model, "head_logits", lambda r, xn=None: head(r, xn) * 0)
 
@@ -137,8 +137,8 @@ def test_engine_sampled_replies_lone_and_shared_agree(tiny_ckpt, monkeypatch, mi
 
 
 @pytest.mark.parametrize("mix", list(MIXES))
-def test_keyed_steps_with_a_pad_row_equal_shared_rounds_bitwise(gpu_model, mix):  # noqa: F811
+def test_keyed_steps_with_a_pad_row_equal_shared_rounds_bitwise(lone_model, mix):  # noqa: F811
     """Three sampled streams in the step graph of four rows (the fourth decodes the pad
     session): the same tokens and states as one-row shared rounds."""
-    cfg, model = gpu_model
+    cfg, model = lone_model
     lone_equals_rounds(cfg, model, MIXES[mix][:3], [11, 12, 13], True, idle=2)
