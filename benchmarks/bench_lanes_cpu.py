@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import time
@@ -125,7 +126,8 @@ def main() -> None:
             f"{r['shared_on_tok_s']:>8.1f} {r['on_over_off']:>7.2f} {spread:>11} "
             f"{r['off_over_one_stream']:>6.2f} {acc:>7.2f}"
         )
-    commit = subprocess.run(
+    # the GPU machine's copy has no .git of its own: FLASHLANE_COMMIT names the code there
+    commit = os.environ.get("FLASHLANE_COMMIT") or subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     print(
