@@ -18,7 +18,7 @@ from flashlane.detok import IncrementalDetokenizer, StopMatcher
 from flashlane.drafting.copy import CopyIndex
 from flashlane.lanes.cached_prompts import keep_marks, resume
 from flashlane.lanes.core import LaneConfig, LaneCore, RoundFailed
-from flashlane.lanes.lone_turn import lone_streams, run_lone
+from flashlane.lanes.lone_turn import beside_budget, lone_streams, run_lone
 from flashlane.lanes.outputs import TextDecoder
 from flashlane.lanes.protocol import Backend
 from flashlane.lanes.records import CHUNK, Window
@@ -45,7 +45,7 @@ class HostConfig:
     prompt_cache_bytes: int = 0  # the prompt cache's budget; 0 disables it
     mark_every: int = DEFAULT_EVERY  # a long prompt keeps a state every this many tokens
     lone_steps: int = 32  # steps of one lone-driver call before the host looks for new work
-    lone_streams: int = 1  # live greedy streams the lone driver may take together
+    lone_streams: int = 1  # decoding streams the lone driver may take together
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,11 +170,18 @@ class LaneHost:
             self._end(stream, reason)
         running = [s for s in self.live if not s.is_paused]
         alone = lone_streams(self, running)
+        taken = {id(s) for s in alone}
+        rest = [s for s in running if id(s) not in taken]
         try:
-            if alone:
+            if rest:  # prompt pieces, and streams the lone driver does not take
+                started = time.perf_counter()
+                self.core.step(rest, self._pieces(rest))
+                alone = [s for s in alone if not s.is_finished]
+                if alone:  # then the decoders' share of the time, on the lone driver
+                    run_lone(self, alone, beside_budget(self, alone,
+                                                        time.perf_counter() - started))
+            elif alone:
                 run_lone(self, alone)
-            else:
-                self.core.step(running, self._pieces(running))
         except RoundFailed as failed:
             self.fail_all(failed.stream_ids, failed.error)
         keep_marks(self.cache, self.backend, running)

@@ -30,31 +30,42 @@ if TYPE_CHECKING:
 
 
 def lone_streams(host: LaneHost, running: Sequence[Stream]) -> list[Stream]:
-    """The streams the lone driver may take this round: every live one, when nothing waits,
-    there are at most `lone_streams` of them and each draws rows the fused keyed draw takes
-    (greedy or sampled, top_p too, greedy and sampled together too; no logprobs, thinking
-    budget or forced tokens, room for a step); else none. Sampled streams only where the
-    driver takes them (`LoneDriver.sampled`; FLASHLANE_LONE_SAMPLED=0 turns them off)."""
-    if (host.lone is None or host.waiting or not running or len(host.live) != len(running)
-            or len(running) > host.config.lone_streams):
+    """The streams the lone driver may take this round: the decoding ones whose rows the
+    fused keyed draw takes (greedy or sampled, top_p too, greedy and sampled together too;
+    no logprobs, thinking budget, forced tokens or grammar; room for a step), oldest first,
+    at most `lone_streams` of them. The rest (prompt pieces, other streams) go to a shared
+    round beside them (LaneHost.run_once). Sampled streams only where the driver takes them
+    (`LoneDriver.sampled`; FLASHLANE_LONE_SAMPLED=0 turns them off)."""
+    if host.lone is None or not running:
         return []
     # A drafting stream too: a lone step costs less than a drafted shared round gains (tiny
     # model on the H200: 6.3x one stream's shared rounds), and drafts change no token. Its
     # steps' cells are queued for its MTP head, so drafting resumes in shared rounds.
     sampled = host.lone.sampled
-    for s in running:
-        # constrained streams draw masked rows: shared rounds only
-        if (s.is_filling or s.is_finished or s.forced or s.is_thinking
-                or s.logprobs is not None or s.room < 1 or s.params.structured is not None
-                or not (is_plain_greedy(DrawSpec(s.params, s.seed, s.start))
-                        or (sampled and is_lone_drawn(s.params)))):
-            return []
-    return list(running)
+    taken = [s for s in running
+             if not (s.is_filling or s.is_finished or s.forced or s.is_thinking
+                     or s.logprobs is not None or s.room < 1 or s.params.structured is not None)
+             and (is_plain_greedy(DrawSpec(s.params, s.seed, s.start))
+                  or (sampled and is_lone_drawn(s.params)))]
+    return taken[: host.config.lone_streams]
 
 
-def run_lone(host: LaneHost, streams: list[Stream]) -> None:
-    """Decode `streams` together on the lone driver for up to `lone_steps` steps; it stops
-    after the landed step in which any of them ends (the others go on in the next round)."""
+def beside_budget(host: LaneHost, streams: list[Stream], shared_seconds: float) -> int:
+    """Lone steps for `streams` after a shared round of the others took `shared_seconds`:
+    the decoders get decode_share of the time (half by default), at least one step, so a long
+    prompt's pieces neither stall them nor wait long for them."""
+    share = host.config.decode_share
+    step = host.lone.step_seconds(len(streams))
+    if step is None:  # not measured yet: a few steps
+        return 4
+    want = shared_seconds * share / max(1e-6, 1.0 - share)
+    return max(1, min(host.config.lone_steps, int(want / step)))
+
+
+def run_lone(host: LaneHost, streams: list[Stream], steps: int | None = None) -> None:
+    """Decode `streams` together on the lone driver for up to `steps` (default `lone_steps`)
+    steps; it stops after the landed step in which any of them ends (the others go on in the
+    next round)."""
 
     def take_for(s: Stream) -> Callable[[int, bool], bool]:
         def take(token: int, finite: bool) -> bool:
@@ -70,7 +81,7 @@ def run_lone(host: LaneHost, streams: list[Stream]) -> None:
         return take
 
     budget = min(
-        [host.config.lone_steps]
+        [steps or host.config.lone_steps]
         + [min(s.params.max_tokens - len(s.reply_ids), s.room) for s in streams]
     )
     for s in streams:

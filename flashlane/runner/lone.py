@@ -205,6 +205,15 @@ class LoneDriver:
                     self._give_up(err)
         return len(self.graphs)
 
+    def step_seconds(self, b: int) -> float | None:
+        """A plain step's measured wall time for b sessions (the nearest count measured
+        stands in), None before any."""
+        measured = [n for n, depth in self.step_ms if depth == 0]
+        if not measured:
+            return None
+        near = min(measured, key=lambda n: (abs(n - b), n))
+        return self.step_ms[(near, 0)] / 1e3
+
     def has_plain_graph(self, b: int) -> bool:
         """Whether a greedy plain step of b sessions has its graph (its size's)."""
         return ("size", bucket_of(b, self.sizes) or b) in self.graphs

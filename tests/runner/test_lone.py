@@ -7,13 +7,14 @@ import dataclasses
 import pytest
 import torch
 
-from flashlane.lanes.records import Draws, Window
+from flashlane.lanes.records import CHUNK, Draws, Window
 from flashlane.llm import LLM
 from flashlane.models.loader import load_checkpoint
 from flashlane.models.state import SessionState
 from flashlane.request import SamplingParams
 from flashlane.runner.backend import ModelBackend
 from flashlane.runner.lone import LoneDriver
+from flashlane.sessions.prompt_cache import PromptCache
 from tests.runner.test_exact import COSTS, prompts, serial
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0, draft=False)
@@ -149,11 +150,13 @@ def lone_run(llm, fn, steps: int, streams: int = 1, drafter=None):
         without_lone(llm)
 
 
-def with_arrivals(llm, ps, params, at_round: int, interrupt_every: int | None = None):
+def with_arrivals(llm, ps, params, at_round: int, interrupt_every: int | None = None,
+                  lone_until: int | None = None):
     """The first request alone, the others submitted at round `at_round` (lone driver
     on), every round run: (each request's tokens, each request's stream). With
     `interrupt_every`, work "arrives" at every that many landed tokens (the host is
-    interrupted). Turns the lone driver off at the end."""
+    interrupted); with `lone_until`, the lone driver is off from that round on. Turns the
+    lone driver off at the end."""
     host = llm.engine.host
     if interrupt_every:
         calls = [0]
@@ -174,6 +177,8 @@ def with_arrivals(llm, ps, params, at_round: int, interrupt_every: int | None = 
             if rounds == at_round:
                 for rid, p, q in zip(ids[1:], ps[1:], params[1:]):
                     host.submit(rid, p, q)
+            if rounds == lone_until:
+                host.lone = None
             for u in host.run_once():
                 out[u.stream.request_id] += u.token_ids
                 streams[u.stream.request_id] = u.stream
@@ -246,18 +251,24 @@ def test_lone_hands_off_when_work_arrives_and_takes_back(llm):
 
 
 def test_drafting_streams_go_lone_and_draft_again_after_the_hand_off(llm):
-    """A drafting greedy stream alone runs on the lone driver, its cells queued for its MTP
-    head; when others arrive it drafts in shared rounds again. Replies equal undrafted ones."""
+    """A drafting greedy stream runs on the lone driver, its cells queued for its MTP head;
+    once the driver is gone it drafts in shared rounds. With the driver on throughout, it
+    stays there while the others (past the driver's one stream here) share rounds beside it.
+    Replies equal undrafted ones."""
     ps = prompts()[:4]
     params = [dataclasses.replace(GREEDY, max_tokens=m, draft=True) for m in (40, 12, 20, 8)]
     without_lone(llm)
     want = [llm.generate(p, dataclasses.replace(q, draft=False))[0].token_ids
             for p, q in zip(ps, params)]
     driver = with_lone(llm, 6)
-    got, streams = with_arrivals(llm, ps, params, 3)
+    got, streams = with_arrivals(llm, ps, params, 3, lone_until=3)
     assert got == want
     assert driver.num_steps > 0
     assert streams["a"].num_drafted > 0  # its head caught up on the lone cells and drafted
+    driver = with_lone(llm, 6)  # the driver takes "a" throughout, the others share rounds
+    got, streams = with_arrivals(llm, ps, params, 3)
+    assert got == want
+    assert driver.num_steps >= len(want[0]) - 1 and streams["a"].num_drafted == 0
 
 
 def test_lone_stream_moves_to_a_larger_session_as_shared_rounds_move_it(tiny_ckpt):
@@ -290,3 +301,50 @@ def test_lone_streams_option(monkeypatch):
     monkeypatch.setenv("FLASHLANE_LONE_STREAMS", "many")
     with pytest.raises(ValueError, match="not a number"):
         EngineConfig.resolve()
+
+
+def test_decoders_stay_lone_beside_a_filling_prompt(llm):
+    """A request arriving while two streams decode on the lone driver: its prompt runs in
+    pieces in shared rounds of its own, and between the pieces the decoders take lone steps
+    (they never go back to shared rounds). Every reply equals its reply through shared
+    rounds alone."""
+    host = llm.engine.host
+    ps = prompts()[:3]
+    ps[2] = ps[2] * 8  # 136 tokens: three pieces of up to 64 rows
+    params = [dataclasses.replace(GREEDY, max_tokens=m) for m in (60, 56, 12)]
+    without_lone(llm)
+    want = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
+    driver = with_lone(llm, 4, streams=8)
+    host.config = dataclasses.replace(host.config, prefill_rows=CHUNK)
+    beside, shared_decodes = [], []
+    decode_many, verify = driver.decode_many, host.backend.verify
+
+    def spy_decode(*args, **kwargs):
+        beside.append(any(s.is_filling for s in host.live))
+        return decode_many(*args, **kwargs)
+
+    def spy_verify(windows):
+        shared_decodes.extend(w.stream_id for w in windows if w.kind == "decode")
+        return verify(windows)
+
+    driver.decode_many, host.backend.verify = spy_decode, spy_verify
+    cache, host.cache = host.cache, PromptCache(0)  # "c" fills from zero, in pieces
+    try:
+        ids = "abc"
+        out = {k: [] for k in ids}
+        for rid, p, q in zip(ids[:2], ps, params):
+            host.submit(rid, p, q)
+        rounds = 0
+        while host.has_work:
+            rounds += 1
+            if rounds == 4:
+                host.submit("c", ps[2], params[2])
+            for u in host.run_once():
+                out[u.stream.request_id] += u.token_ids
+    finally:
+        host.backend.verify, host.cache = verify, cache
+        host.config = dataclasses.replace(host.config, prefill_rows=1024)
+        without_lone(llm)
+    assert [out[k] for k in ids] == want
+    assert sum(beside) >= 2  # lone calls while "c" filled, after each of its first pieces
+    assert shared_decodes == []  # no decode window went through a shared round
