@@ -18,7 +18,7 @@ from flashlane.detok import IncrementalDetokenizer, StopMatcher
 from flashlane.drafting.copy import CopyIndex
 from flashlane.lanes.cached_prompts import keep_marks, resume
 from flashlane.lanes.core import LaneConfig, LaneCore, RoundFailed
-from flashlane.lanes.lone_turn import beside_budget, lone_streams, run_lone
+from flashlane.lanes.lone_turn import beside_budget, lone_drawn, lone_streams, run_lone
 from flashlane.lanes.outputs import TextDecoder
 from flashlane.lanes.protocol import Backend
 from flashlane.lanes.records import CHUNK, Window
@@ -175,7 +175,8 @@ class LaneHost:
         try:
             if rest:  # prompt pieces, and streams the lone driver does not take
                 started = time.perf_counter()
-                self.core.step(rest, self._pieces(rest))
+                room = self.lone is not None and len(alone) < self.config.lone_streams
+                self.core.step(rest, self._pieces(rest), self._goes_lone if room else None)
                 alone = [s for s in alone if not s.is_finished]
                 if alone:  # then the decoders' share of the time, on the lone driver
                     run_lone(self, alone, beside_budget(self, alone,
@@ -188,6 +189,11 @@ class LaneHost:
         self._deliver()
         updates, self._updates = self._updates, []
         return updates
+
+    def _goes_lone(self, s: Stream) -> bool:
+        """Whether the lone driver takes this stream next round, where it has room for more
+        (then no shared drafts for it)."""
+        return lone_drawn(self, s)
 
     def fail_all(self, stream_ids: Sequence[int], error: str) -> None:
         """End these streams with `error` and release their sessions; the host goes on. Their

@@ -40,14 +40,18 @@ def lone_streams(host: LaneHost, running: Sequence[Stream]) -> list[Stream]:
         return []
     # A drafting stream too: a lone step costs less than a drafted shared round gains (tiny
     # model on the H200: 6.3x one stream's shared rounds), and drafts change no token. Its
-    # steps' cells are queued for its MTP head, so drafting resumes in shared rounds.
-    sampled = host.lone.sampled
-    taken = [s for s in running
-             if not (s.is_filling or s.is_finished or s.forced or s.is_thinking
-                     or s.logprobs is not None or s.room < 1 or s.params.structured is not None)
-             and (is_plain_greedy(DrawSpec(s.params, s.seed, s.start))
-                  or (sampled and is_lone_drawn(s.params)))]
-    return taken[: host.config.lone_streams]
+    # steps' cells are queued for its MTP head, so drafting resumes in shared rounds (the
+    # driver drafts a few greedy streams itself: runner/lone_draft.py).
+    return [s for s in running if lone_drawn(host, s)][: host.config.lone_streams]
+
+
+def lone_drawn(host: LaneHost, s: Stream) -> bool:
+    """Whether the lone driver can decode this stream (lone_streams' rule for one stream)."""
+    if (host.lone is None or s.is_filling or s.is_finished or s.forced or s.is_thinking
+            or s.logprobs is not None or s.room < 1 or s.params.structured is not None):
+        return False
+    return (is_plain_greedy(DrawSpec(s.params, s.seed, s.start))
+            or (host.lone.sampled and is_lone_drawn(s.params)))
 
 
 def beside_budget(host: LaneHost, streams: list[Stream], shared_seconds: float) -> int:

@@ -348,3 +348,24 @@ def test_decoders_stay_lone_beside_a_filling_prompt(llm):
     assert [out[k] for k in ids] == want
     assert sum(beside) >= 2  # lone calls while "c" filled, after each of its first pieces
     assert shared_decodes == []  # no decode window went through a shared round
+
+
+def test_streams_the_lone_driver_takes_get_no_shared_drafts(llm):
+    """Drafting streams that leave their prompt for the lone driver: the shared round that
+    ends their prompt drafts nothing for them (the driver clears held drafts: the MTP head's
+    work would be lost), and the replies are the undrafted ones."""
+    host = llm.engine.host
+    ps = prompts()[:3]
+    params = [dataclasses.replace(GREEDY, max_tokens=m, draft=True) for m in (30, 20, 25)]
+    without_lone(llm)
+    want = [o.token_ids for o in llm.generate(ps, [dataclasses.replace(q, draft=False)
+                                                    for q in params])]
+    drafted, draft = [], host.backend.draft
+    host.backend.draft = lambda depths: drafted.append(dict(depths)) or draft(depths)
+    try:
+        got, driver = lone_run(llm, lambda: [o.token_ids for o in llm.generate(ps, params)],
+                               8, streams=8)
+        assert got == want and driver.num_steps > 0
+        assert drafted == []
+    finally:
+        host.backend.draft = draft
