@@ -99,14 +99,22 @@ class MtpDrafter:
         w = self.waiting.get(stream_id)
         if not self.enabled or w is None or not w.is_dangling:
             return None
-        if w.next_ids:
-            m = self.model
-            res, ids = w.take()
-            cells = [(session, torch.tensor(ids), session.mtp_length, False)]
-            rows = Rows.of(cells, res.device)
-            m.mtp(res, m.embed_tokens(rows.token_ids), rows, m.rotary, m.kernels, m.graphs)
-            session.mtp_length += len(ids)
+        self.catch_up(stream_id, session)
         return w.dangling
+
+    @torch.no_grad()
+    def catch_up(self, stream_id: int, session: SessionState) -> None:
+        """Absorb the stream's complete waiting cells into the head's cache now (a dangling
+        row stays): its queue of residual rows empties."""
+        w = self.waiting.get(stream_id)
+        if not self.enabled or w is None or not w.next_ids:
+            return
+        m = self.model
+        res, ids = w.take()
+        cells = [(session, torch.tensor(ids), session.mtp_length, False)]
+        rows = Rows.of(cells, res.device)
+        m.mtp(res, m.embed_tokens(rows.token_ids), rows, m.rotary, m.kernels, m.graphs)
+        session.mtp_length += len(ids)
 
     def resume(self, stream_id: int, dangling: torch.Tensor | None) -> None:
         """A stream resumed from a kept state: its cell at the kept length waits for a token."""

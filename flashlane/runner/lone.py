@@ -50,6 +50,9 @@ RING = 4  # landed tokens waiting to be read (two in flight need two)
 # streams of a batch that end at different steps leave a tuple each (32 thrashed at 16)
 MAX_TUPLES = 128
 MAX_TABLES = 1024  # the session tables of plain steps kept on the host, by tuple of sessions
+# a drafting stream's cells queued for its MTP head past which its head absorbs them (a stream
+# that stays on the driver would queue a residual row per token for the whole reply)
+MAX_WAITING = 256
 
 
 class LoneDriver:
@@ -152,6 +155,8 @@ class LoneDriver:
                     and not failed[i]):
                 rows = io.rows[:launched, i].clone()  # the next call overwrites the buffer
                 drafter.absorb_later(stream_ids[i], rows, got[i][:launched], got[i][launched], d)
+                if len(drafter.waiting[stream_ids[i]].next_ids) >= MAX_WAITING:
+                    drafter.catch_up(stream_ids[i], self.sessions[session_ids[i]])
         return launched
 
     def run_steps(self, ids: tuple[int, ...], io, budget: int,

@@ -369,3 +369,33 @@ def test_streams_the_lone_driver_takes_get_no_shared_drafts(llm):
         assert drafted == []
     finally:
         host.backend.draft = draft
+
+
+def test_a_drafting_stream_on_the_driver_keeps_a_bounded_queue(llm, monkeypatch):
+    """A drafting stream that stays on the lone driver queues a cell per token for its MTP
+    head; past MAX_WAITING the head absorbs them, so the queue (a residual row each) stays
+    bounded over a long reply, and the reply is the undrafted one."""
+    import flashlane.runner.lone as lone_mod
+
+    monkeypatch.setattr(lone_mod, "MAX_WAITING", 8)
+    host = llm.engine.host
+    prompt = prompts()[1]
+    params = dataclasses.replace(GREEDY, max_tokens=60, draft=True)
+    without_lone(llm)
+    want = llm.generate(prompt, dataclasses.replace(params, draft=False))[0].token_ids
+    driver = with_lone(llm, 4, drafter=host.backend.drafter)
+    driver.drafting = None  # plain steps only: their cells queue
+    queued, decode_many = [], driver.decode_many
+
+    def spy(*args, **kwargs):
+        n = decode_many(*args, **kwargs)
+        queued.extend(len(w.next_ids) for w in host.backend.drafter.waiting.values())
+        return n
+
+    driver.decode_many = spy
+    try:
+        got = llm.generate(prompt, params)[0].token_ids
+    finally:
+        without_lone(llm)
+    assert got == want
+    assert len(queued) >= 10 and max(queued) < 8 + 4  # absorbed each time it passed 8
