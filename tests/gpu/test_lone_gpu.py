@@ -14,7 +14,7 @@ from flashlane.request import SamplingParams
 from flashlane.runner.backend import copy_session
 from flashlane.runner.lone import LoneDriver
 from tests.gpu.test_exact_gpu import gpu_model, new_session, prefilled, prompts, run_windows  # noqa: F401
-from tests.runner.test_lone import assert_same_states
+from tests.runner.test_lone import assert_same_states, churn
 
 pytestmark = [
     pytest.mark.cuda,
@@ -91,6 +91,22 @@ def test_engine_replies_lone_and_shared_agree(tiny_ckpt):
     got = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
     together = [o.token_ids for o in llm.generate(ps, params)]
     assert got == want and together == want
+
+
+def test_replies_under_churn_equal_each_alone(tiny_ckpt):
+    """Issue 28's churn gate on the GPU (tests/runner/test_lone.py `churn`): requests
+    arriving every few rounds while others decode and end, greedy and seeded, drafting on for
+    most, on five sessions: every reply equals the same request alone. The lone driver takes
+    the decoders beside the prompt pieces, in its graphs of every size."""
+    costs = CostTable({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3,
+                      overhead_ms=0.2)
+    llm = LLM(str(tiny_ckpt), costs=costs, parallel=5, max_rows=16, device="cuda")
+    lone = llm.engine.host.lone
+    assert lone is not None and lone.use_graphs
+    steps = lone.num_steps
+    got, want = churn(llm, prompts(500, 12))
+    assert got == want
+    assert lone.num_steps > steps and lone.widest >= 3
 
 
 @pytest.mark.parametrize("graphed", [True, False])

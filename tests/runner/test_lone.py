@@ -399,3 +399,45 @@ def test_a_drafting_stream_on_the_driver_keeps_a_bounded_queue(llm, monkeypatch)
         without_lone(llm)
     assert got == want
     assert len(queued) >= 10 and max(queued) < 8 + 4  # absorbed each time it passed 8
+
+
+def churn(llm, ps, every: int = 2):
+    """Requests arriving every `every` rounds while others decode and end (greedy, seeded
+    sampled, top_p and top_k among them, drafting on for two in three, max_tokens 12 up),
+    prompts in pieces of 64 rows, lone calls of 4 steps, on the llm's sessions (some wait for
+    one): (each reply, the same request served alone)."""
+    host = llm.engine.host
+    kinds = [dict(temperature=0.0), dict(temperature=0.8, seed=7),
+             dict(temperature=1.1, top_p=0.9, seed=11), dict(temperature=0.6, top_k=20, seed=5)]
+    params = [SamplingParams(max_tokens=12 + 7 * i, draft=i % 3 != 2, **kinds[i % 4])
+              for i in range(len(ps))]
+    want = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
+    config = host.config
+    host.config = dataclasses.replace(config, prefill_rows=CHUNK, lone_steps=4)
+    out: dict[int, list[int]] = {i: [] for i in range(len(ps))}
+    rounds = 0
+    try:
+        while rounds // every < len(ps) or host.has_work:
+            if rounds % every == 0 and rounds // every < len(ps):
+                i = rounds // every
+                host.submit(str(i), ps[i], params[i])
+            rounds += 1
+            for u in host.run_once():
+                out[int(u.stream.request_id)] += u.token_ids
+    finally:
+        host.config = config
+    return [out[i] for i in range(len(ps))], want
+
+
+def test_replies_under_churn_equal_each_alone(tiny_ckpt):
+    """The churn gate on the CPU: the lone driver (eager here) takes every decoder it can
+    draw for, with drafting on, beside prompt pieces and streams it cannot take; every reply
+    equals the same request alone, and the driver decoded several streams together."""
+    llm = LLM(str(tiny_ckpt), costs=COSTS, parallel=5, max_rows=16)
+    host = llm.engine.host
+    driver = LoneDriver(llm.engine.model, llm.engine.sessions, drafter=host.backend.drafter)
+    host.lone = driver
+    host.config = dataclasses.replace(host.config, lone_streams=5)
+    got, want = churn(llm, [p * 2 for p in prompts()[:10]])
+    assert got == want
+    assert driver.num_steps > 100 and driver.widest >= 3
