@@ -42,6 +42,7 @@ class Result:
 
     ok: bool = False
     text: str = ""
+    token_ids: list[int] | None = None  # where the server returns them (return_token_ids)
     output_tokens: int = 0
     ttft: float = 0.0
     e2e: float = 0.0
@@ -97,11 +98,15 @@ async def _send(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Re
                     return result
                 if data.get("usage"):
                     result.output_tokens = data["usage"]["completion_tokens"]
-                text = "".join(c.get("text") or "" for c in data.get("choices", ()))
-                if not text:
+                choices = data.get("choices", ())
+                text = "".join(c.get("text") or "" for c in choices)
+                ids = [t for c in choices for t in (c.get("token_ids") or ())]
+                if any("token_ids" in c for c in choices):
+                    result.token_ids = (result.token_ids or []) + ids
+                if not text and not ids:  # a chunk of tokens the tokenizer does not show
                     continue
                 now = time.perf_counter()
-                if not result.text:
+                if not result.ttft:
                     result.ttft = now - start
                 else:
                     result.itl.append(now - last)
@@ -117,6 +122,11 @@ async def _send(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Re
     result.e2e = time.perf_counter() - start
     result.ok = True
     return result
+
+
+def _reply(r: Result) -> tuple:
+    """What --check-alone compares: the token ids where the server returned them, else text."""
+    return ("ids", tuple(r.token_ids)) if r.token_ids is not None else ("text", r.text)
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
@@ -149,6 +159,9 @@ def request_body(args: argparse.Namespace, model: str, prompt: list[int], i: int
         "stream": True,
         "stream_options": {"include_usage": True},
         "ignore_eos": True,
+        # replies compared by their ids (a random model's ids may decode to no text); a
+        # server without the field ignores it (llama-server) or says so
+        "return_token_ids": True,
     }
     if args.seed is None:
         body["temperature"] = 0.0
@@ -278,14 +291,14 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         alone = None
         if args.check_alone:
             alone_results, _ = await run_level(client, args, model, prompts, 1)
-            alone = [r.text if r.ok else None for r in alone_results]
+            alone = [_reply(r) if r.ok else None for r in alone_results]
         rows = []
         for level in levels:
             results, duration = await run_level(client, args, model, prompts, level)
             row = summarize(level, results, duration)
             if alone is not None:
                 row["alone_mismatches"] = sum(
-                    1 for r, a in zip(results, alone) if not r.ok or a is None or r.text != a
+                    1 for r, a in zip(results, alone) if not r.ok or a is None or _reply(r) != a
                 )
             rows.append(row)
     return {

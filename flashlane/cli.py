@@ -169,6 +169,15 @@ def build_parser() -> FlagParser:
                        help="requests without a seed take seed S, S+1, ... in arrival order, "
                        "so a run is reproducible (default: a fresh random seed each)")
     _serve_flags(serve)
+    bench_only = serve.add_argument_group("benchmark-only")
+    bench_only.add_argument("--random-weights", action="store_true",
+                            help="serve --config with random weights made on the device, the "
+                            "embedded model's tokenizer (default: off; a benchmark's model)")
+    bench_only.add_argument("--config", default=None,
+                            help="with --random-weights: a preset (flashnext-12l, ...) or a "
+                            "config.json (default: none)")
+    bench_only.add_argument("--weights-seed", type=int, default=0,
+                            help="with --random-weights: the weights' seed (default: 0)")
 
     bench = sub.add_parser("bench", help="benchmarks: serve (a client) or model")
     bench.add_argument("what", choices=["serve", "model"],
@@ -189,7 +198,10 @@ def main(argv: list[str] | None = None) -> int:
             from flashlane.server.serve import serve_main
 
             # checked before the port is bound: a bad model or device is one line, exit 2
-            args.model, args.model_tag = _checked_model(args, needs_tokenizer=True), None
+            if args.random_weights:
+                _check_random(args)
+            else:
+                args.model, args.model_tag = _checked_model(args, needs_tokenizer=True), None
             serve_main(args)
             return 0
         if args.command == "bench":
@@ -198,6 +210,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"flashlane: {err}", file=sys.stderr)
         return 2
     return 2
+
+
+def _check_random(args: argparse.Namespace) -> None:
+    """--random-weights serves --config (a preset or config.json), no model."""
+    from flashlane.flags import model_of
+    from flashlane.models.presets import PRESETS
+
+    if model_of(args) is not None:
+        raise ValueError("--random-weights serves --config; give no model")
+    if args.config is None:
+        raise ValueError(f"--random-weights needs --config: a preset ({', '.join(PRESETS)}) "
+                         "or a config.json")
+    if args.config not in PRESETS and not args.config.endswith(".json"):
+        raise ValueError(f"--config {args.config!r}: no such preset ({', '.join(PRESETS)}), "
+                         "nor a config.json")
+    args.model, args.model_tag = None, None
+    if getattr(args, "served_model_name", None) is None:
+        args.served_model_name = f"{args.config}-random"
 
 
 def _serve_flags(p: argparse.ArgumentParser) -> None:

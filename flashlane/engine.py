@@ -59,9 +59,12 @@ class Engine:
         costs: CostTable | None = None,
         log=None,
         built: tuple[ModelConfig, FlashNext] | None = None,
+        tokenizer_from: Path | None = None,
     ):
         """`built` serves a model made elsewhere (a random checkpoint on the GPU) instead of
-        loading config.model_path; it has no tokenizer, so requests pass token ids."""
+        loading config.model_path; it has no tokenizer, so requests pass token ids, unless
+        `tokenizer_from` names a model folder whose tokenizer and chat template it takes
+        (ids past that tokenizer's words decode to no text)."""
         self.config = config
         self.log = log or _default_log()
         self.device = config.resolved_device()
@@ -88,6 +91,9 @@ class Engine:
         else:
             self.model_config, self.model = built
             self.tokenizer, self.generation_defaults, self.chat_template = None, {}, None
+            if tokenizer_from is not None:
+                self.tokenizer = _tokenizer(tokenizer_from)
+                self.chat_template = _chat_template(tokenizer_from)
             self.name = "a model built in memory"
         if config.chat_template is not None:
             self.chat_template = read_template(config.chat_template)

@@ -46,6 +46,7 @@ class _Choice:
     run: ReplyRun | None  # None: max_tokens 0 with echo, nothing to generate
     echo_logprobs: dict[str, list[Any]] | None = None  # the prompt's columns, for echo
     offset: int = 0  # characters of the choice's text sent so far
+    sent_prompt_ids: bool = False  # return_token_ids: the prompt's ids went out (streamed)
 
 
 async def completions(request: Request) -> Response:
@@ -220,18 +221,27 @@ class _CompletionReply:
                     merge_columns(cols, reply_cols) if cols and reply_cols else cols or reply_cols
                 )
                 text += out.text
-            answers.append(
-                {
-                    "index": choice.index,
-                    "text": text,
-                    "logprobs": cols or None,
-                    "finish_reason": finish_reason(out) if out else "length",
-                }
-            )
+            answer = {
+                "index": choice.index,
+                "text": text,
+                "logprobs": cols or None,
+                "finish_reason": finish_reason(out) if out else "length",
+            }
+            if self.req.return_token_ids:
+                answer["prompt_token_ids"] = list(choice.prompt_ids)
+                answer["token_ids"] = list(out.token_ids) if out is not None else []
+            answers.append(answer)
         return {**self._head(), "choices": answers, "usage": self._usage(by_choice)}
 
-    def _chunk(self, index: int, text: str, cols: Any, finish: str | None) -> str:
+    def _chunk(self, index: int, text: str, cols: Any, finish: str | None,
+               token_ids: list[int] | None = None) -> str:
         choice = {"index": index, "text": text, "logprobs": cols or None, "finish_reason": finish}
+        if self.req.return_token_ids:
+            mine = self.choices[index]
+            if not mine.sent_prompt_ids:
+                choice["prompt_token_ids"] = list(mine.prompt_ids)
+                mine.sent_prompt_ids = True
+            choice["token_ids"] = list(token_ids or [])
         chunk = {**self._head(), "choices": [choice]}
         if self.req.include_usage:
             chunk["usage"] = None
@@ -253,8 +263,9 @@ class _CompletionReply:
             cols = self._columns(choice, piece.token_ids, piece.logprobs)
             choice.offset += len(piece.text)
             finish = finish_reason(out) if piece.finished else None
-            if piece.text or cols or finish:
-                yield self._chunk(index, piece.text, cols, finish)
+            ids = piece.token_ids if self.req.return_token_ids else []
+            if piece.text or cols or finish or ids:
+                yield self._chunk(index, piece.text, cols, finish, ids)
             if piece.finished:
                 outs[index] = out
         if self.req.include_usage:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from flashlane.config import EngineConfig
+from flashlane.config import DEFAULT_MODEL, EngineConfig
 from flashlane.engine import Engine
 from flashlane.lanes.host import QueueFull as HostQueueFull
 from flashlane.lanes.outputs import output
@@ -38,12 +38,17 @@ class AsyncEngine:
         *,
         costs: CostTable | None = None,
         served_model_name: str | None = None,
+        built=None,
         **options: Any,
     ):
+        """`built`: (config, model) made elsewhere (`flashlane serve --random-weights`),
+        served with the embedded model's tokenizer."""
         self.config = EngineConfig.resolve(model=model, **options)
-        self.engine = Engine(self.config, costs=costs)
+        self.engine = Engine(self.config, costs=costs, built=built,
+                             tokenizer_from=DEFAULT_MODEL if built is not None else None)
         e = self.engine
         self.tokenizer = e.tokenizer
+        self.model_vocab_size = e.model_config.vocab_size  # the ids the model embeds
         self.model_name = served_model_name or e.name
         # what a request may hold: the largest session less the verify window the host keeps
         self.context_len = e.host.sessions.max_model_len
@@ -240,6 +245,20 @@ def start_engine(args) -> AsyncEngine:
     from flashlane.flags import engine_options, model_of
 
     opts = engine_options(args)
+    built = random_model(args, opts) if getattr(args, "random_weights", False) else None
     return AsyncEngine(
-        model=model_of(args), served_model_name=getattr(args, "served_model_name", None), **opts
+        model=model_of(args), served_model_name=getattr(args, "served_model_name", None),
+        built=built, **opts,
     )
+
+
+def random_model(args, opts: dict):
+    """`--config NAME --random-weights`: the preset (or config.json) with random weights made
+    on the engine's device, in its compute dtype (a benchmark's model: no file read)."""
+    from flashlane.engine import compute_dtypes
+    from flashlane.models.presets import config_dict
+    from flashlane.models.random_weights import build_random
+
+    device = EngineConfig.resolve(**opts).resolved_device()
+    weights, _, _ = compute_dtypes(device, opts.get("dtype") or "auto")
+    return build_random(config_dict(args.config), weights, device, args.weights_seed)

@@ -200,6 +200,9 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=20)
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1)
+    # vLLM's: each choice also carries its reply's token ids (streamed: each chunk's) and,
+    # once, its prompt's; text alone loses ids the tokenizer does not decode
+    return_token_ids: bool = False
 
     @model_validator(mode="after")
     def _check_completion(self) -> CompletionRequest:

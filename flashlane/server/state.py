@@ -61,6 +61,10 @@ class ServerState:
         self.token_text = TokenText(tokenizer)
         if tokenizer is not None:
             self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+            # a model built with fewer rows than its tokenizer's words (`serve
+            # --random-weights` of a small config) embeds only its own
+            rows = getattr(engine, "model_vocab_size", None)
+            self.vocab_size = min(self.vocab_size, rows) if rows else self.vocab_size
             self.think_end_id = tokenizer.token_to_id(THINK_END)
             self.longest_token_chars = _longest_token_chars(tokenizer, self.vocab_size)
         else:
