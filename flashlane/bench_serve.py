@@ -8,7 +8,9 @@ server's /tokenize: llama-server's takes other fields), and sent as token ids; r
 --output-len tokens (ignore_eos). A stream that ends before `data: [DONE]` (a dropped
 connection) or runs past --timeout is that request's error, never a hang. Greedy unless --seed
 is given, then seeded sampling (temperature 1, seed S + prompt index): either way each reply
-is reproducible, which --check-alone verifies against the same request sent alone.
+is reproducible, which --check-alone verifies against the same request sent alone. With
+--request-rate, requests arrive as a Poisson process (vLLM's), each level still capped at its
+concurrency.
 """
 
 from __future__ import annotations
@@ -177,12 +179,16 @@ async def run_level(
     prompts: list[list[int]],
     concurrency: int,
 ) -> tuple[list[Result], float]:
-    """Sends every prompt with at most `concurrency` in flight; returns results and duration."""
+    """Sends every prompt with at most `concurrency` in flight; returns results and duration.
+    With a finite --request-rate, request i arrives at its Poisson time (exponential gaps of
+    mean 1/rate, seeded) and waits for a free slot: its TTFT counts that wait, as vLLM's."""
     gate = asyncio.Semaphore(concurrency)
     done = 0
+    arrivals = poisson_arrivals(len(prompts), args.request_rate, args.seed)
 
     async def one(i: int) -> Result:
         nonlocal done
+        await asyncio.sleep(max(0.0, start + arrivals[i] - time.perf_counter()))
         async with gate:
             body = request_body(args, model, prompts[i], i)
             result = await send(client, args.url, body, args.timeout)
@@ -193,6 +199,18 @@ async def run_level(
     start = time.perf_counter()
     results = await asyncio.gather(*(one(i) for i in range(len(prompts))))
     return list(results), time.perf_counter() - start
+
+
+def poisson_arrivals(n: int, rate: float, seed: int | None) -> list[float]:
+    """n arrival times in seconds from 0: all at 0 for an infinite rate, else cumulative
+    exponential gaps of mean 1 / rate (seeded, so levels and runs see the same times)."""
+    if rate == float("inf"):
+        return [0.0] * n
+    rng, t, out = random.Random(0 if seed is None else seed), 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
 
 
 def _progress(label: str, done: int, total: int) -> None:
@@ -308,6 +326,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "input_len": args.input_len,
         "output_len": args.output_len,
         "seed": args.seed,
+        "request_rate": None if args.request_rate == float("inf") else args.request_rate,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "levels": rows,
     }
@@ -319,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the server")
     p.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated levels")
     p.add_argument("--num-prompts", type=int, default=32, help="requests a level")
+    p.add_argument("--request-rate", type=float, default=float("inf"),
+                   help="Poisson arrivals, requests a second (inf: all at once), each level "
+                   "capped at its concurrency")
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens a request")
     p.add_argument("--output-len", type=int, default=128, help="reply tokens a request")
     p.add_argument("--seed", type=int, default=None,

@@ -14,9 +14,9 @@
 # benches: every benchmarks/bench_*.py that takes `--device`, run with `--device cuda`;
 # model:   `flashlane bench model` on a random flashnext-12l against transformers
 #          (MODEL_ARGS overrides its arguments);
-# drafts:  drafts on against off with the embedded model on code prompts at 1, 4 and 16
-#          streams (benchmarks/bench_lanes_cpu.py --device cuda; DRAFT_ARGS overrides), with
-#          the lone driver taking up to 16 streams and with its default of one
+# drafts:  drafts on against off with the embedded model on code prompts at 1, 4, 16 and 64
+#          streams, default flags (benchmarks/bench_lanes_cpu.py --device cuda; DRAFT_ARGS
+#          overrides)
 # diag:    where a decode step's time goes: one lone step's kernels in order with their own
 #          time at 1 and 4 streams (benchmarks/profile_gpu.py --timeline), an 8k prefill's
 #          kernels and idle gaps (--prefill-timeline), the small decode products with cold
@@ -26,10 +26,12 @@
 # sweep:   issue 26's shape sweep: 20 seeded random small qwen4_exp configs, each served
 #          alone, batched with 2 and 15 others, drafted, resumed and moved, replies compared
 #          token for token (benchmarks/shape_sweep.py; SWEEP_ARGS overrides its arguments)
-# serve:   `flashlane serve` (the embedded model) on the GPU, measured by `flashlane bench
-#          serve` (SERVE_ARGS overrides its arguments), with the lone driver taking one
-#          stream (the default) and up to SERVE_LONE (16) together. Needs fastapi/uvicorn:
-#          carry their wheels in .whl/ (the GPU machine has none).
+# serve:   `flashlane serve --config flashnext-12l --random-weights` on the GPU (SERVE_MODEL
+#          overrides the model flags), measured by `flashlane bench serve` with Poisson
+#          arrivals at concurrency 1, 4, 16, 64, replies checked against each alone (SERVE_ARGS
+#          overrides). Needs fastapi, starlette, uvicorn, pydantic(-core), annotated-types,
+#          typing-inspection and llguidance: carry their wheels in .whl/ (the GPU machine has
+#          none).
 # peer-build: llama.cpp b11434 for sm_90 from .peer/llama.cpp-b11434.tar.gz (made by
 #          scripts/llama_cpp_subset.py; carry .peer) into .peer/src and .peer/build, and at the
 #          same time the GGUF of the random flashnext-4l (seed 0) into .peer/gguf/ (28.9 GB; the
@@ -105,17 +107,14 @@ if [[ " $steps " == *" model "* ]]; then
 fi
 
 if [[ " $steps " == *" drafts "* ]]; then
-    args="${DRAFT_ARGS:---concurrency 1,4,16 --tokens 64 --repeats 3}"
-    for lone in 16 1; do
-        log="$out/bench_lanes_cuda_lone${lone}_$stamp.log"
-        echo "== FLASHLANE_LONE_STREAMS=$lone python benchmarks/bench_lanes_cpu.py --device cuda $args"
-        if FLASHLANE_LONE_STREAMS=$lone python benchmarks/bench_lanes_cpu.py --device cuda $args \
-            2>&1 | tee "$log"; then
-            tail -n 1 "$log" > "$out/bench_lanes_cuda_lone${lone}_$stamp.json"
-        else
-            failed+=("drafts (lone streams $lone)")
-        fi
-    done
+    args="${DRAFT_ARGS:---concurrency 1,4,16,64 --tokens 64 --repeats 3}"
+    log="$out/bench_lanes_cuda_$stamp.log"
+    echo "== python benchmarks/bench_lanes_cpu.py --device cuda $args"
+    if python benchmarks/bench_lanes_cpu.py --device cuda $args 2>&1 | tee "$log"; then
+        tail -n 1 "$log" > "$out/bench_lanes_cuda_$stamp.json"
+    else
+        failed+=("drafts")
+    fi
 fi
 
 if [[ " $steps " == *" diag "* ]]; then
@@ -143,25 +142,25 @@ if [[ " $steps " == *" diag "* ]]; then
 fi
 
 if [[ " $steps " == *" serve "* ]]; then
-    args="${SERVE_ARGS:---concurrency 1,2,4,8,16 --num-prompts 16 --input-len 64 --output-len 64 --check-alone}"
-    # the lone driver's default (one stream) and up to SERVE_LONE streams, side by side
-    for lone in 1 ${SERVE_LONE:-16}; do
-        tag="lone${lone}_$stamp"
-        echo "== FLASHLANE_LONE_STREAMS=$lone flashlane serve --device cuda; flashlane bench serve $args"
-        FLASHLANE_LONE_STREAMS=$lone python -m flashlane.cli serve --device cuda --port 8123 \
-            > "$out/serve_cuda_$tag.log" 2>&1 &
-        server=$!
-        for _ in $(seq 240); do
-            python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8123/health')" \
-                2> /dev/null && break
-            sleep 0.5
-        done
-        python -m flashlane.cli bench serve --url http://127.0.0.1:8123 $args \
-            --output-json "$out/bench_serve_cuda_$tag.json" 2>&1 \
-            | tee "$out/bench_serve_cuda_$tag.log" || failed+=("bench serve (lone $lone)")
-        kill "$server"
-        wait "$server"
+    # issue 28's served run: flashnext-12l built in memory behind the server, default flags,
+    # Poisson arrivals at each concurrency, every reply compared with it alone (by its ids)
+    serve_model="${SERVE_MODEL:---config flashnext-12l --random-weights}"
+    args="${SERVE_ARGS:---concurrency 1,4,16,64 --num-prompts 64 --input-len 128 --output-len 128 --request-rate 32 --check-alone}"
+    tag="$stamp"
+    echo "== flashlane serve $serve_model --device cuda; flashlane bench serve $args"
+    python -m flashlane.cli serve $serve_model --device cuda --port 8123 \
+        > "$out/serve_cuda_$tag.log" 2>&1 &
+    server=$!
+    for _ in $(seq 480); do
+        python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8123/health')" \
+            2> /dev/null && break
+        sleep 0.5
     done
+    python -m flashlane.cli bench serve --url http://127.0.0.1:8123 $args \
+        --output-json "$out/bench_serve_cuda_$tag.json" 2>&1 \
+        | tee "$out/bench_serve_cuda_$tag.log" || failed+=("bench serve")
+    kill "$server"
+    wait "$server"
 fi
 
 # PEER_CONFIG, PEER_DEVICE (cpu: a CPU build, a CPU-made GGUF) and PEER_BUILD let the steps run

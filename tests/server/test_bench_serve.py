@@ -4,6 +4,7 @@ prompts tokenized by the client, and a dropped or stalled stream an error, not a
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import socket
 import threading
@@ -211,3 +212,28 @@ def test_a_kept_alive_connection_closed_by_the_server_is_tried_again():
         thread.join(5)
         sock.close()
     assert result.ok and result.text == "hi", result.error
+
+
+def test_poisson_arrivals_are_seeded_with_the_rates_mean():
+    from flashlane.bench_serve import poisson_arrivals
+
+    assert poisson_arrivals(4, float("inf"), 1) == [0.0] * 4
+    times = poisson_arrivals(4000, 50.0, 7)
+    assert times == poisson_arrivals(4000, 50.0, 7) and times[0] == 0.0
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert min(gaps) >= 0 and abs(sum(gaps) / len(gaps) - 1 / 50) < 0.002
+
+
+def test_bench_serve_with_poisson_arrivals(live, capsys, tok_file):
+    """At 20 requests a second, 8 requests take at least their last arrival's time."""
+    from flashlane.bench_serve import poisson_arrivals
+
+    argv = ["--tokenizer", tok_file, "--url", live.url, "--concurrency", "4",
+            "--num-prompts", "8", "--input-len", "6", "--output-len", "3",
+            "--request-rate", "20", "--seed", "2", "--check-alone"]
+    assert bench_serve_main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    row = result["levels"][0]
+    assert result["request_rate"] == 20.0
+    assert (row["completed"], row["errors"], row["alone_mismatches"]) == (8, 0, 0)
+    assert row["duration_s"] >= poisson_arrivals(8, 20.0, 2)[-1]
