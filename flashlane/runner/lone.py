@@ -1,23 +1,23 @@
-"""The lone driver: one stream (or a few) decoding on device-side rounds (issue 9).
+"""The lone driver: the decoding streams' rounds as device-side steps (issues 9 and 28).
 
-While a single stream is live and nothing waits (or, with `lone_streams` > 1, up to that
-many), each drawing rows the fused keyed draw takes (greedy, or sampled without logit_bias
-or penalties: lanes/lone_turn.py), the host hands their rounds here; several streams step
-in lockstep, one row each, their attention, pooling and state commits per session inside
-the step and the rest batched. A step feeds the pending token at its position through the
-model, reading and writing the session's state in place, draws the next token on the device
+The host hands it every decoding stream whose rows the fused keyed draw takes (greedy, or
+sampled without logit_bias or penalties: lanes/lone_turn.py), up to `lone_streams`, whatever
+else runs (prompt pieces and other streams get a shared round beside them); the streams step
+in lockstep, one row each, their attention, pooling and state commits per session inside the
+step and the rest batched. A step feeds the pending token at its position through the model,
+reading and writing the session's state in place, draws the next token on the device
 (greedy: kernels.greedy_step; sampled, or greedy beside sampled: the keyed draw of
 sampling/lone_draw.py, the shared rounds' fused kernels keyed by the stream's seed and the
 position drawn, whose parameter table is written when the driver takes the streams), writes
 it back as the next step's token and advances the position there: no host value enters a
-step, so on CUDA one graph per session (or tuple of sessions; keyed steps per shape of their
-draw's kernels too) replays it (greedy one-session graphs captured at engine start, the rest
-at first use). The host launches step n+1 before it reads step n's tokens from a small
-pinned ring (two rounds in flight), hands each landed token to the stop rules (a row without
-a token, to the stream's error), and stops after a landed round when a reply ends, a budget
-or room is spent, or the host has new work. The sessions then hold the streams' state as
-shared rounds would have left it (every fed token committed), and the lane core takes the
-streams on.
+step, so on CUDA one graph per batch size (1, 2, 4, ... sessions; keyed steps per shape of
+their draw's kernels too) replays it for any sessions, named by tables written before the
+call (runner/lone_buffers.py; greedy graphs captured at engine start, the rest at first
+use). The host launches step n+1 before it reads step n's tokens from a small pinned ring
+(two rounds in flight), hands each landed token to the stop rules (a row without a token, to
+the stream's error), and stops after a landed round when a reply ends, a budget or room is
+spent, or the host has new work. The sessions then hold the streams' state as shared rounds
+would have left it (every fed token committed), and the lane core takes the streams on.
 
 A top_p row's cut may be too close to call on the device (UNSETTLED, as shared rounds' fused
 draw returns None for it); a call with such a row runs one step in flight instead: the host
@@ -38,18 +38,17 @@ from collections.abc import Callable
 import torch
 
 from flashlane.models.flashnext import FlashNext
-from flashlane.models.state import TABLE_WIDTH, SessionState
+from flashlane.models.state import SessionState
 from flashlane.runner.graphs import bucket_of, buckets
+from flashlane.runner.lone_buffers import RING, SizeTables, StepBuffers, posts_to_pinned
 from flashlane.runner.lone_step import session_tables, step
 from flashlane.sampling.lone_draw import KeyedDraw, keyed_specs
 
 __all__ = ["LoneDriver", "session_tables", "step"]
 
-RING = 4  # landed tokens waiting to be read (two in flight need two)
 # drafted steps' graphs of several sessions kept (the oldest goes; one-session graphs stay):
 # streams of a batch that end at different steps leave a tuple each (32 thrashed at 16)
 MAX_TUPLES = 128
-MAX_TABLES = 1024  # the session tables of plain steps kept on the host, by tuple of sessions
 # a drafting stream's cells queued for its MTP head past which its head absorbs them (a stream
 # that stays on the driver would queue a residual row per token for the whole reply)
 MAX_WAITING = 256
@@ -75,7 +74,7 @@ class LoneDriver:
         self.events = [torch.cuda.Event() for _ in range(RING)] if self.is_cuda else []
         self._posts: bool | None = None  # `posts`, found with the first buffers
         # per (sessions, depth, keyed): static buffers
-        self.io: dict[tuple[int, int, bool], _Buffers] = {}
+        self.io: dict[tuple[int, int, bool], StepBuffers] = {}
         self.graphs: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}  # session ids -> step
         self.tables: dict[tuple[int, ...], dict] = {}  # a graph's session_tables, while it lives
         # one memory pool for every graph: they never run at once, and a step's results go to
@@ -93,9 +92,8 @@ class LoneDriver:
         # in before the steps; rows past the streams' decode the pad session, which no
         # stream reads (every op is row-invariant, so the streams' bits are theirs alone)
         self.sizes = buckets(len(sessions)) if sessions else [1]
-        self.anchor = max(sessions, key=lambda s: s.capacity) if sessions else None
-        self.pad = self._pad_session() if self.use_graphs and sessions else None
-        self.host_tables: dict[tuple[int, ...], torch.Tensor] = {}
+        self.size_tables = (SizeTables(model.cfg, sessions, max_steps, self.device)
+                            if self.use_graphs and sessions else None)
         self.drafting = None  # drafted steps (runner/lone_draft.py), with an MTP head
         if drafter is not None and model.mtp is not None:
             from flashlane.runner.lone_draft import Drafting
@@ -128,7 +126,7 @@ class LoneDriver:
         if keyed:  # the streams' parameter table, before any step reads it
             io.draw.load(keyed_specs([*draws, *[None] * pad], [*positions, *[0] * pad]))
         if io.table is not None:
-            io.table.copy_(self._host_table(tuple(session_ids), io.size), non_blocking=True)
+            io.table.copy_(self.size_tables.of(tuple(session_ids), io.size), non_blocking=True)
         pinned = torch.tensor([[*tokens, *[0] * pad], [*positions, *[0] * pad]],
                               pin_memory=self.is_cuda)
         io.tok.copy_(pinned[0], non_blocking=True)
@@ -223,36 +221,13 @@ class LoneDriver:
         """Whether a greedy plain step of b sessions has its graph (its size's)."""
         return ("size", bucket_of(b, self.sizes) or b) in self.graphs
 
-    def _pad_session(self) -> SessionState:
-        """The session the pad rows of a step decode into: room for a call's steps from
-        position 0, nothing any stream reads."""
-        cfg, like = self.model.cfg, self.anchor
-        block = cfg.indexer_block
-        capacity = max(2, -(-(self.max_steps + 1) // block)) * block
-        return SessionState.empty(cfg, capacity, like.attn_dtype(), like.state_dtype(),
-                                  self.device)
-
-    def _host_table(self, ids: tuple[int, ...], size: int) -> torch.Tensor:
-        """The tables of a plain step of these sessions padded to `size` rows, every layer's
-        stacked as the step's buffers hold them [layers, size, TABLE_WIDTH], pinned; kept by
-        tuple of sessions (a call's few milliseconds of offsets, made once)."""
-        table = self.host_tables.get(ids)
-        if table is None or table.shape[1] != size:
-            if len(self.host_tables) >= MAX_TABLES:
-                self.host_tables.clear()
-            rows = [self.sessions[i] for i in ids] + [self.pad] * (size - len(ids))
-            tables = session_tables(rows, self.anchor, host=True)
-            table = torch.stack(list(tables.values()))
-            table = self.host_tables[ids] = table.pin_memory() if self.is_cuda else table
-        return table
-
     @property
     def posts(self) -> bool:
         """Whether a plain step stores its verdict into the pinned ring itself
         (kernels.record_row with the ring) where the GPU can write host memory: then no copy
         is launched after each graph."""
         if self._posts is None:
-            self._posts = not self.is_cuda or _posts_to_pinned(self.model, self.device)
+            self._posts = not self.is_cuda or posts_to_pinned(self.model, self.device)
         return self._posts
 
     def buffers(self, b: int, depth: int = 0, keyed: bool = False):
@@ -268,17 +243,15 @@ class LoneDriver:
                 io = DraftBuffers(b, depth, width, self.model.dtype, self.device)
             else:
                 draw = KeyedDraw(b, self.model.cfg.vocab_size, self.device) if keyed else None
-                io = _Buffers(b, self.max_steps, width, self.model.dtype, self.device, draw)
+                io = StepBuffers(b, self.max_steps, width, self.model.dtype, self.device, draw)
                 io.posts = self.posts
-                if self.use_graphs:
-                    keys = list(session_tables([self.anchor], self.anchor, host=True))
-                    io.table = torch.zeros(len(keys), b, TABLE_WIDTH, dtype=torch.long,
-                                           device=self.device)
-                    io.table_keys = keys
+                if self.size_tables is not None:
+                    io.table = self.size_tables.device_table(b)
+                    io.table_keys = self.size_tables.keys
             self.io[(b, depth, keyed)] = io
         return self.io[(b, depth, keyed)]
 
-    def _post(self, io: _Buffers, i: int) -> None:
+    def _post(self, io: StepBuffers, i: int) -> None:
         """Step i's (id, finite) rows into its ring slot, without waiting for them (a step
         that stores them itself, `posts`, needs no copy)."""
         if not getattr(io, "posts", False):
@@ -286,13 +259,13 @@ class LoneDriver:
         if self.is_cuda:
             self.events[i % RING].record()
 
-    def _read(self, io: _Buffers, i: int) -> list[list[int]]:
+    def _read(self, io: StepBuffers, i: int) -> list[list[int]]:
         """Step i's ring slot, once it has landed: a row per session."""
         if self.is_cuda:
             self.events[i % RING].synchronize()
         return io.ring[i % RING].tolist()
 
-    def runner(self, ids: tuple[int, ...], io: _Buffers) -> Callable[[], None]:
+    def runner(self, ids: tuple[int, ...], io: StepBuffers) -> Callable[[], None]:
         """What runs a step of these sessions with io: its graph's replay (captured now if
         new), or the step itself."""
         if not self.use_graphs:
@@ -317,14 +290,14 @@ class LoneDriver:
         self.tables.clear()
         torch.cuda.synchronize()
 
-    def _step(self, ids: tuple[int, ...], io: _Buffers, sessions=None) -> None:
+    def _step(self, ids: tuple[int, ...], io: StepBuffers, sessions=None) -> None:
         if getattr(io, "table", None) is not None:  # any sessions, named by io.table
-            io.step(self.model, [self.anchor] * io.size, io.tables())
+            io.step(self.model, [self.size_tables.anchor] * io.size, io.tables())
             return
         tables = io.tables(sessions) if sessions else self.tables.get(io.key(ids))
         io.step(self.model, sessions or [self.sessions[i] for i in ids], tables)
 
-    def _capture(self, ids: tuple[int, ...], io: _Buffers) -> torch.cuda.CUDAGraph:
+    def _capture(self, ids: tuple[int, ...], io: StepBuffers) -> torch.cuda.CUDAGraph:
         """Capture the sessions' step (a capture records work: they are not touched). Before
         the first capture of this many sessions one step runs on small scratch sessions, so
         that every kernel is compiled and the allocator warm (no kernel is specialised on a
@@ -341,7 +314,7 @@ class LoneDriver:
         self.capture_seconds += time.perf_counter() - t
         return graph
 
-    def _warm(self, ids: tuple[int, ...], io: _Buffers) -> None:
+    def _warm(self, ids: tuple[int, ...], io: StepBuffers) -> None:
         cfg = self.model.cfg
         table = getattr(io, "table", None)
         if table is None:
@@ -351,7 +324,7 @@ class LoneDriver:
                                           self.device) for _ in ids]
         else:  # every row the pad session's (the call's tables are put back after)
             loaded = table.clone()
-            table.copy_(self._host_table((), io.size))
+            table.copy_(self.size_tables.of((), io.size))
         saved = [x.clone() for x in io.inputs()]
         for x in io.inputs():
             x.zero_()
@@ -372,64 +345,3 @@ def _evictable(key: tuple) -> bool:
     return key[0] == "draft" or (isinstance(key[0], int) and len(key) > 1)
 
 
-def _posts_to_pinned(model: FlashNext, device: torch.device) -> bool:
-    """Whether the model's kernels store a step's verdict into pinned memory here (the
-    Triton ones, once probed: `triton_rows.posts_to_pinned`; FLASHLANE_LONE_POST=0: never)."""
-    if os.environ.get("FLASHLANE_LONE_POST", "1") == "0" or model.kernels.name != "triton":
-        return False
-    from flashlane.kernels.rowwise.triton_rows import posts_to_pinned
-    return posts_to_pinned(device)
-
-
-class _Buffers:
-    """A step's static inputs and outputs for B sessions, and the pinned ring the host reads;
-    with `draw`, the keyed draw of the streams (its kernels' shape is part of a graph's key,
-    and a step of each shape runs once outside a capture first: `warm`)."""
-
-    def __init__(self, b: int, max_steps: int, width: int, dtype, device: torch.device,
-                 draw: KeyedDraw | None = None):
-        on = dict(dtype=torch.long, device=device)
-        self.size = b  # rows a step runs
-        # graphed: every layer's session table [layers, b, TABLE_WIDTH], offsets from the
-        # driver's anchor (by table_keys), written before a call's steps
-        self.table: torch.Tensor | None = None
-        self.table_keys: list = []
-        self.tok, self.pos = torch.zeros(b, **on), torch.zeros(b, **on)
-        self.out, self.k = torch.zeros(b, 2, **on), torch.zeros(1, **on)
-        self.rows = torch.zeros(max_steps, b, width, dtype=dtype, device=device)
-        self.ring = torch.zeros(RING, b, 2, dtype=torch.long, pin_memory=device.type == "cuda")
-        self.draw = draw
-        self.warmed: set[tuple] = set()  # the draw shapes a step has run with outside a capture
-        self.depth = 0  # no drafts (runner/lone_draft.DraftBuffers carry some)
-        self.posts = False  # whether its step stores out into the ring (LoneDriver.posts)
-
-    @property
-    def warm(self) -> bool:
-        return self._shape() in self.warmed
-
-    @warm.setter
-    def warm(self, value: bool) -> None:
-        if value:
-            self.warmed.add(self._shape())
-
-    def _shape(self) -> tuple:
-        return () if self.draw is None else self.draw.key
-
-    def key(self, ids: tuple[int, ...]) -> tuple:
-        """The step's graph's key: its size, with a session table (any sessions); else the
-        sessions' ids; keyed: after the draw's shape."""
-        which = ("size", self.size) if self.table is not None else ids
-        return which if self.draw is None else ("keyed", *self.draw.key, *which)
-
-    def inputs(self) -> tuple[torch.Tensor, ...]:
-        """What a step reads and moves on (a warm-up step puts them back)."""
-        return self.tok, self.pos, self.k
-
-    def tables(self, sessions: list[SessionState] | None = None) -> dict:
-        if self.table is not None:
-            return dict(zip(self.table_keys, self.table))
-        return session_tables(sessions)
-
-    def step(self, model: FlashNext, sessions: list[SessionState], tables) -> None:
-        step(model, sessions, self.tok, self.pos, self.out, (self.rows, self.k), tables,
-             self.draw, self.ring if self.posts else None)

@@ -31,6 +31,7 @@ from flashlane.models.flashnext import FlashNext
 from flashlane.models.rows import copy_all
 from flashlane.models.state import SessionState, attn_table
 from flashlane.runner import lone, lone_step
+from flashlane.runner.lone_buffers import RING
 
 DEPTH = 2  # drafts a drafted step carries (the embedded model lands ~3 in 4 at depth 1)
 PROBE_EVERY = 8  # calls between tries of the kind measured slower
@@ -192,7 +193,7 @@ class DraftBuffers:
         self.offsets = torch.arange(t, **on)
         self.out = torch.zeros(b, 2 * t + 1, **on)
         self.last = torch.zeros(b, width, dtype=dtype, device=device)
-        self.ring = torch.zeros(lone.RING, b, 2 * t + 1, dtype=torch.long,
+        self.ring = torch.zeros(RING, b, 2 * t + 1, dtype=torch.long,
                                 pin_memory=device.type == "cuda")
         self.warm = False
 

@@ -441,3 +441,34 @@ def test_replies_under_churn_equal_each_alone(tiny_ckpt):
     got, want = churn(llm, [p * 2 for p in prompts()[:10]])
     assert got == want
     assert driver.num_steps > 100 and driver.widest >= 3
+
+
+def test_size_tables_name_sessions_from_the_anchor(tiny_ckpt):
+    """runner/lone_buffers.SizeTables: a plain step's tables name its sessions by offsets from
+    the largest session's buffers, rows past them the pad session, every layer stacked in
+    `keys` order; kept by tuple of sessions."""
+    from flashlane.runner.lone_buffers import SizeTables
+
+    cfg, _ = load_checkpoint(tiny_ckpt, dtype=torch.float32)
+    sessions = [SessionState.empty(cfg, cap, torch.float32, torch.float32)
+                for cap in (128, 512, 256)]
+    tables = SizeTables(cfg, sessions, 64, torch.device("cpu"))
+    assert tables.anchor is sessions[1] and tables.pad.capacity >= 65
+    got = tables.of((2, 0), 4)
+    assert got.shape == (len(tables.keys), 4, 8) and tables.of((2, 0), 4) is got
+    rows = [sessions[2], sessions[0], tables.pad, tables.pad]
+    for key, table in zip(tables.keys, got):
+        if isinstance(key, tuple):  # a PLE layer's: conv tail, ids
+            bufs = [[s.ple[key[1]].conv for s in rows], [s.ple[key[1]].ids for s in rows]]
+            base = [tables.anchor.ple[key[1]].conv, tables.anchor.ple[key[1]].ids]
+        elif key in tables.anchor.gdn:
+            bufs = [[s.gdn[key].recurrent for s in rows], [s.gdn[key].conv for s in rows]]
+            base = [tables.anchor.gdn[key].recurrent, tables.anchor.gdn[key].conv]
+        else:
+            bufs = [[s.attn[key].k for s in rows], [s.attn[key].block_keys for s in rows]]
+            base = [tables.anchor.attn[key].k, tables.anchor.attn[key].block_keys]
+        cols = (0, 1) if isinstance(key, tuple) or key in tables.anchor.gdn else (0, 3)
+        for col, column, b in zip(cols, bufs, base):
+            for row, buf in enumerate(column):
+                at = b.data_ptr() + int(table[row, col]) * b.element_size()
+                assert at == buf.data_ptr()
