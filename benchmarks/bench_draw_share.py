@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 
 import torch
 
-from flashlane.bench_model import FLAT_COSTS, random_prompts
+from flashlane.bench.common import FLAT_COSTS, random_prompts
 from flashlane.config import EngineConfig
 from flashlane.engine import Engine
 from flashlane.lanes import host as host_module

@@ -15,7 +15,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from flashlane.bench_model import FLAT_COSTS, random_prompts
+from flashlane.bench.common import FLAT_COSTS, random_prompts
 from flashlane.config import EngineConfig
 from flashlane.engine import Engine
 from flashlane.llm import LLM

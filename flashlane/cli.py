@@ -240,10 +240,10 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
 
 def _bench(args: argparse.Namespace) -> int:
     if args.what == "serve":
-        from flashlane.bench_serve import bench_serve_main
+        from flashlane.bench.serve import bench_serve_main
 
         return bench_serve_main(args.rest)
-    from flashlane.bench_model import bench_model_main
+    from flashlane.bench.model import bench_model_main
 
     return bench_model_main(args.rest)
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from flashlane.bench_model import bench_model_main
+from flashlane.bench.model import bench_model_main
 from flashlane.models.flashnext import run_piece
 from flashlane.models.presets import PRESETS, preset
 from flashlane.models.random_weights import build_random, fill_transformers
@@ -31,7 +31,7 @@ def test_bench_model_smoke_on_cpu(tmp_path, capsys):
 
 
 def test_a_failed_reply_is_an_error_not_a_figure():
-    from flashlane.bench_model import replies
+    from flashlane.bench.model import replies
     from flashlane.request import FinishReason, RequestOutput
 
     ok = RequestOutput("a", [1], [2], "", FinishReason.LENGTH, 0)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flashlane.bench_serve import plot
+from flashlane.bench.serve import plot
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 

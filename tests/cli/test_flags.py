@@ -60,8 +60,8 @@ def test_unknown_flag_names_the_nearest(capsys):
 
 
 def test_bench_flags_too(capsys):
-    from flashlane.bench_model import parse
-    from flashlane.bench_serve import build_parser as bench_serve_parser
+    from flashlane.bench.model import parse
+    from flashlane.bench.serve import build_parser as bench_serve_parser
 
     with pytest.raises(SystemExit):
         bench_serve_parser().parse_args(["--concurency", "2"])

@@ -103,7 +103,7 @@ def test_embedded_model_long_greedy_replies_equal_llama_cpp(build, embedded_gguf
 
 def test_bench_model_peer_llama_cpp_on_the_cpu(build, tmp_path, capsys):
     """The whole peer run on a small config: the GGUF written, both sides in the JSON."""
-    from flashlane.bench_model import bench_model_main
+    from flashlane.bench.model import bench_model_main
 
     out = tmp_path / "r.json"
     argv = ["--config", str(DEFAULT_MODEL / "config.json"), "--random-weights", "--device",
@@ -132,7 +132,7 @@ def test_served_replies_equal_ours_but_at_near_ties(build, embedded_gguf):
     import argparse
     from concurrent.futures import ThreadPoolExecutor
 
-    from flashlane.bench_serve import load_tokenizer, make_prompts
+    from flashlane.bench.serve import load_tokenizer, make_prompts
     from flashlane.llm import LLM
 
     args = argparse.Namespace(seed=None, num_prompts=16, input_len=64, output_len=64)

@@ -13,7 +13,8 @@ import time
 import httpx
 import pytest
 
-from flashlane.bench_serve import bench_serve_main, send
+from flashlane.bench.client import send
+from flashlane.bench.serve import bench_serve_main
 from flashlane.server.api import build_app
 from tests.server.conftest import LiveServer
 
@@ -215,7 +216,7 @@ def test_a_kept_alive_connection_closed_by_the_server_is_tried_again():
 
 
 def test_poisson_arrivals_are_seeded_with_the_rates_mean():
-    from flashlane.bench_serve import poisson_arrivals
+    from flashlane.bench.serve import poisson_arrivals
 
     assert poisson_arrivals(4, float("inf"), 1) == [0.0] * 4
     times = poisson_arrivals(4000, 50.0, 7)
@@ -226,7 +227,7 @@ def test_poisson_arrivals_are_seeded_with_the_rates_mean():
 
 def test_bench_serve_with_poisson_arrivals(live, capsys, tok_file):
     """At 20 requests a second, 8 requests take at least their last arrival's time."""
-    from flashlane.bench_serve import poisson_arrivals
+    from flashlane.bench.serve import poisson_arrivals
 
     argv = ["--tokenizer", tok_file, "--url", live.url, "--concurrency", "4",
             "--num-prompts", "8", "--input-len", "6", "--output-len", "3",

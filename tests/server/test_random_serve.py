@@ -9,7 +9,7 @@ import json
 import httpx
 import pytest
 
-from flashlane.bench_serve import bench_serve_main
+from flashlane.bench.serve import bench_serve_main
 from flashlane.cli import _check_random, build_parser, main
 from flashlane.server.api import build_app
 from flashlane.server.engine_thread import start_engine

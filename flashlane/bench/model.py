@@ -16,17 +16,15 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import subprocess
 import sys
 import time
 
 import torch
 
+from flashlane.bench.common import FLAT_COSTS, commit, random_prompts, sync
 from flashlane.config import EngineConfig
 from flashlane.engine import Engine
 from flashlane.flags import FlagParser
-from flashlane.lanes.records import CostTable
 from flashlane.llm import LLM
 from flashlane.models.presets import PRESETS, config_dict
 from flashlane.models.random_weights import build_random
@@ -34,7 +32,6 @@ from flashlane.request import SamplingParams
 from flashlane.roofline import decode_round_bytes, measure_ceilings, prefill_flops
 
 # drafts are off, so the allocator never prices a draft row: any monotone table will do
-FLAT_COSTS = CostTable({1: 1.0, 64: 1.0}, draft_step_ms=1.0, overhead_ms=0.0)
 
 
 def _ints(text: str) -> list[int]:
@@ -73,29 +70,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         "beside one greedy stream")
     p.add_argument("--json", default=None, help="also write the result here")
     return p.parse_args(argv)
-
-
-def commit() -> str:
-    """The code measured: FLASHLANE_COMMIT (the GPU machine gets a copy without .git), else
-    git's short HEAD, else "unknown"."""
-    if os.environ.get("FLASHLANE_COMMIT"):
-        return os.environ["FLASHLANE_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, vocab, (length,), generator=g).tolist() for _ in range(n)]
-
-
-def sync(device) -> None:
-    """Wait for the device's queued work (nothing to wait for on the CPU)."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def run_ours(args, raw: dict, ceilings: dict) -> dict:
@@ -325,11 +299,11 @@ def bench_model_main(argv: list[str]) -> int:
         "ours": run_ours(args, raw, ceilings),
     }
     if args.peer == "transformers":
-        from flashlane.bench_peer import run_transformers
+        from flashlane.bench.peer import run_transformers
 
         result["peer"] = run_transformers(raw, args)
     elif args.peer == "llama.cpp":
-        from flashlane.bench_peer import run_llama_cpp
+        from flashlane.bench.peer import run_llama_cpp
 
         result["peer"] = run_llama_cpp(raw, args)
     print(table(result))

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from flashlane.bench_model import sync
+from flashlane.bench.common import sync
 from flashlane.models.random_weights import fill_transformers
 
 

@@ -1,0 +1,1 @@
+"""The benchmarks behind `flashlane bench`: model (ours and a peer, in one run), serve."""

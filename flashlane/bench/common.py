@@ -1,0 +1,36 @@
+"""What the benchmarks share: the commit measured, random prompts, a device sync, flat costs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import torch
+
+from flashlane.lanes.records import CostTable
+
+# drafting priced flat: benchmarks that time rounds draft nothing unless asked
+FLAT_COSTS = CostTable({1: 1.0, 64: 1.0}, draft_step_ms=1.0, overhead_ms=0.0)
+
+
+def commit() -> str:
+    """The code measured: FLASHLANE_COMMIT (the GPU machine gets a copy without .git), else
+    git's short HEAD, else "unknown"."""
+    if os.environ.get("FLASHLANE_COMMIT"):
+        return os.environ["FLASHLANE_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (length,), generator=g).tolist() for _ in range(n)]
+
+
+def sync(device) -> None:
+    """Wait for the device's queued work (nothing to wait for on the CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
