@@ -38,7 +38,8 @@
 #          disk holds 64): one call of under 10 minutes, each half skipped when already done;
 # peer:    `flashlane bench model --peer llama.cpp` on that build and GGUF (PEER_ARGS overrides
 #          its arguments): ours and llama.cpp's decode at 1, 4, 16, 64 streams and prefill, in
-#          one JSON. It must run while the machine that ran peer-build is still warm.
+#          one JSON. Run both in one call, GPU_STEPS="peer-build peer" (carry .peer and .whl;
+#          286 s on the H200): a later call did not find .peer/src and the GGUF again.
 # Wheels in .whl/ (fla-core: the device tool's README says how to fetch them) are installed
 # to /tmp/site first. Logs and each benchmark's JSON go to ${OUT:-benchmarks/results}/.
 # Exits non-zero if any step failed, after running them all.
