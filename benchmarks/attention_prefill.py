@@ -78,35 +78,58 @@ def main() -> None:
     dense_flops = 4 * HQ * D * t * (t + 1) / 2  # causal QK^T and PV, 2 per multiply-add
     rows = []
     first = None
-    print(f"attention at {t} rows (dense causal work {dense_flops / 1e12:.2f} TFLOP); mask "
-          f"density {mask.float().mean().item() * 2:.3f} of causal")
-    print(f"{'BM':>4} {'BL':>4} {'w':>2} {'st':>2} {'skip':>5} {'pos':>4} {'ms':>8} "
-          f"{'TF/s':>6} {'dec us':>7} {'bits':>5} {'vs first':>9}")
+    print(
+        f"attention at {t} rows (dense causal work {dense_flops / 1e12:.2f} TFLOP); mask "
+        f"density {mask.float().mean().item() * 2:.3f} of causal"
+    )
+    print(
+        f"{'BM':>4} {'BL':>4} {'w':>2} {'st':>2} {'skip':>5} {'pos':>4} {'ms':>8} "
+        f"{'TF/s':>6} {'dec us':>7} {'bits':>5} {'vs first':>9}"
+    )
     for cfg5, with_pos in CONFIGS:
         cfg = (*cfg5[:4], "tf32", cfg5[4])
         p = pos if with_pos else None
         row = dict(config=list(cfg5), positions=with_pos)
         try:
             full = attn.attention(q, k, v, mask, scale, positions=p, config=cfg)
-            sec = timed(lambda p=p, cfg=cfg: attn.attention(q, k, v, mask, scale, positions=p,
-                                                            config=cfg))
-            pl = None if p is None else p[:, t - 1:]
-            dec = timed(lambda pl=pl, cfg=cfg: attn.attention(
-                q[:, t - 1:], k, v, mask[:, t - 1:], scale, positions=pl, config=cfg), 20)
+            sec = timed(
+                lambda p=p, cfg=cfg: attn.attention(q, k, v, mask, scale, positions=p, config=cfg)
+            )
+            pl = None if p is None else p[:, t - 1 :]
+            dec = timed(
+                lambda pl=pl, cfg=cfg: attn.attention(
+                    q[:, t - 1 :], k, v, mask[:, t - 1 :], scale, positions=pl, config=cfg
+                ),
+                20,
+            )
             same = True
             for a, w in ((0, 1), (t // 2, 7), (t - 64, 64), (t - 1, 1), (1234 % t, 1)):
                 n = a + w
-                part = attn.attention(q[:, a:n], k[:, :n], v[:, :n], mask[:, a:n, :n], scale,
-                                      positions=None if p is None else p[:, a:n], config=cfg)
+                part = attn.attention(
+                    q[:, a:n],
+                    k[:, :n],
+                    v[:, :n],
+                    mask[:, a:n, :n],
+                    scale,
+                    positions=None if p is None else p[:, a:n],
+                    config=cfg,
+                )
                 same &= torch.equal(part, full[:, a:n])
             if first is None:
                 first = full
             diff = (full.float() - first.float()).abs().max().item()
-            row.update(ms=sec * 1e3, tflops=dense_flops / sec / 1e12, decode_us=dec * 1e6,
-                       row_invariant=same, max_diff_vs_first=diff)
-            print(f"{cfg5[0]:4d} {cfg5[1]:4d} {cfg5[2]:2d} {cfg5[3]:2d} {cfg5[4]!s:>5} "
-                  f"{with_pos!s:>4} {sec * 1e3:8.3f} {dense_flops / sec / 1e12:6.1f} "
-                  f"{dec * 1e6:7.1f} {same!s:>5} {diff:9.2e}")
+            row.update(
+                ms=sec * 1e3,
+                tflops=dense_flops / sec / 1e12,
+                decode_us=dec * 1e6,
+                row_invariant=same,
+                max_diff_vs_first=diff,
+            )
+            print(
+                f"{cfg5[0]:4d} {cfg5[1]:4d} {cfg5[2]:2d} {cfg5[3]:2d} {cfg5[4]!s:>5} "
+                f"{with_pos!s:>4} {sec * 1e3:8.3f} {dense_flops / sec / 1e12:6.1f} "
+                f"{dec * 1e6:7.1f} {same!s:>5} {diff:9.2e}"
+            )
         except Exception as e:  # out of shared memory or registers: say so and go on
             row.update(error=f"{type(e).__name__}: {str(e)[:120]}")
             print(f"{cfg5} positions={with_pos}: {row['error']}")
@@ -119,20 +142,30 @@ def main() -> None:
     idx["dots_ms"] = timed(lambda: attn.index_scores(iq, keys)) * 1e3
     idx["torch_fp32_ms"] = timed(lambda: attn_ref.index_scores(iq, keys)) * 1e3
     idx["max_rel_diff"] = ((dots - torch_fp32).abs().max() / torch_fp32.abs().max()).item()
-    inv = all(torch.equal(attn.index_scores(iq[:, a:a + w], keys), dots[:, a:a + w])
-              for a, w in ((0, 1), (t // 2, 7), (t - 64, 64), (t - 1, 1)))
+    inv = all(
+        torch.equal(attn.index_scores(iq[:, a : a + w], keys), dots[:, a : a + w])
+        for a, w in ((0, 1), (t // 2, 7), (t - 64, 64), (t - 1, 1))
+    )
     idx["dots_row_invariant"] = inv
     r_mask = attn.select_from_scores(torch_fp32, pos, t, BLOCK, TOP)
     idx["masks_equal"] = torch.equal(r_mask, mask)
     idx["mask_rows_differing"] = int((r_mask != mask).any(-1).sum().item())
     idx["select_ms"] = timed(lambda: attn.select_from_scores(dots, pos, t, BLOCK, TOP)) * 1e3
-    print(f"indexer scores at {t} rows: dots {idx['dots_ms']:.3f} ms, torch fp32 "
-          f"{idx['torch_fp32_ms']:.3f} ms (largest difference {idx['max_rel_diff']:.1e} of the "
-          f"largest score; dots row invariant {inv}; masks equal {idx['masks_equal']}, rows "
-          f"differing {idx['mask_rows_differing']}); select {idx['select_ms']:.3f} ms")
-    result = dict(bench="attention_prefill", tokens=t, device=torch.cuda.get_device_name(),
-                  torch=torch.__version__, date=time.strftime("%Y-%m-%d"), attention=rows,
-                  indexer=idx)
+    print(
+        f"indexer scores at {t} rows: dots {idx['dots_ms']:.3f} ms, torch fp32 "
+        f"{idx['torch_fp32_ms']:.3f} ms (largest difference {idx['max_rel_diff']:.1e} of the "
+        f"largest score; dots row invariant {inv}; masks equal {idx['masks_equal']}, rows "
+        f"differing {idx['mask_rows_differing']}); select {idx['select_ms']:.3f} ms"
+    )
+    result = dict(
+        bench="attention_prefill",
+        tokens=t,
+        device=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        date=time.strftime("%Y-%m-%d"),
+        attention=rows,
+        indexer=idx,
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -66,16 +66,20 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")
-    cfg, model = build_random(preset(args.config), torch.bfloat16 if cuda else torch.float64,
-                              args.device, 0)
-    config = EngineConfig.resolve(device=args.device, parallel=args.streams, context=512,
-                                  drafts=False, prompt_cache_gb=0)
+    cfg, model = build_random(
+        preset(args.config), torch.bfloat16 if cuda else torch.float64, args.device, 0
+    )
+    config = EngineConfig.resolve(
+        device=args.device, parallel=args.streams, context=512, drafts=False, prompt_cache_gb=0
+    )
     llm = LLM.from_engine(Engine(config, costs=FLAT_COSTS, built=(cfg, model)))
     prompts = random_prompts(args.streams, 64, cfg.vocab_size, 3)
     rows = {}
     for kind, extra in KINDS.items():
-        params = [SamplingParams(max_tokens=args.tokens, ignore_eos=True, draft=False, seed=i,
-                                 **extra) for i in range(args.streams)]
+        params = [
+            SamplingParams(max_tokens=args.tokens, ignore_eos=True, draft=False, seed=i, **extra)
+            for i in range(args.streams)
+        ]
         llm.generate(prompts, params)  # compile and warm
         totals = {"draw": 0.0, "round": 0.0}
         draw = timed(backend_module, "_draw_all", totals, "draw", args.device)
@@ -85,19 +89,29 @@ def main() -> None:
         finally:
             backend_module._draw_all, host_module.LaneHost.run_once = draw, run_once
         assert all(len(o.token_ids) == args.tokens for o in outs)
-        rows[kind] = {"draw_s": totals["draw"], "rounds_s": totals["round"],
-                      "share": totals["draw"] / totals["round"]}
-    print(f"{'kind':12} {'draw ms':>9} {'rounds ms':>10} {'share':>7}   ({args.streams} streams, "
-          f"{args.config}, {args.tokens} tokens)")
+        rows[kind] = {
+            "draw_s": totals["draw"],
+            "rounds_s": totals["round"],
+            "share": totals["draw"] / totals["round"],
+        }
+    print(
+        f"{'kind':12} {'draw ms':>9} {'rounds ms':>10} {'share':>7}   ({args.streams} streams, "
+        f"{args.config}, {args.tokens} tokens)"
+    )
     for kind, r in rows.items():
         print(f"{kind:12} {1e3 * r['draw_s']:9.1f} {1e3 * r['rounds_s']:10.1f} {r['share']:7.1%}")
-    print(json.dumps({
-        "bench": "draw_share", "device": torch.cuda.get_device_name() if cuda else "cpu",
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": "python benchmarks/bench_draw_share.py "
-        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
-        "figures": rows,
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "draw_share",
+                "device": torch.cuda.get_device_name() if cuda else "cpu",
+                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "command": "python benchmarks/bench_draw_share.py "
+                + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+                "figures": rows,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

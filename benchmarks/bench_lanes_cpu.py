@@ -127,9 +127,12 @@ def main() -> None:
             f"{r['off_over_one_stream']:>6.2f} {acc:>7.2f}"
         )
     # the GPU machine's copy has no .git of its own: FLASHLANE_COMMIT names the code there
-    commit = os.environ.get("FLASHLANE_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    commit = (
+        os.environ.get("FLASHLANE_COMMIT")
+        or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+    )
     print(
         json.dumps(
             {

@@ -93,10 +93,13 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--rows", default="1,4,16")
     ap.add_argument("--calls", type=int, default=50)
-    ap.add_argument("--pdl", action="store_true",
-                    help="also time each linear at the first row count with programmatic "
-                         "dependent launch switched the other way (kernels/pdl.py, "
-                         "FLASHLANE_PDL; CUDA only)")
+    ap.add_argument(
+        "--pdl",
+        action="store_true",
+        help="also time each linear at the first row count with programmatic "
+        "dependent launch switched the other way (kernels/pdl.py, "
+        "FLASHLANE_PDL; CUDA only)",
+    )
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     pdl_on = pdl_enabled()
@@ -116,9 +119,18 @@ def main() -> None:
                 x = torch.randn(m, k, device=args.device).to(w.dtype)
                 us[m] = 1e6 * timed(product(kernels, x, w, kind), args.device, args.calls)
             gbps = w.numel() * w.element_size() / (us[rows[0]] / 1e6) / 1e9
-            table.append(dict(shape=[n, k], kind=kind, example=name, per_token=per_token, us=us,
-                              gbps=gbps, of_copy=gbps * 1e9 / copy_bps,
-                              ms_a_token=per_token * us[rows[0]] / 1e3))
+            table.append(
+                dict(
+                    shape=[n, k],
+                    kind=kind,
+                    example=name,
+                    per_token=per_token,
+                    us=us,
+                    gbps=gbps,
+                    of_copy=gbps * 1e9 / copy_bps,
+                    ms_a_token=per_token * us[rows[0]] / 1e3,
+                )
+            )
             if args.pdl and args.device == "cuda":
                 x = torch.randn(rows[0], k, device=args.device).to(w.dtype)
                 was = os.environ.get("FLASHLANE_PDL", "1")
@@ -133,31 +145,66 @@ def main() -> None:
         us = {}
         for m in rows:
             x = torch.randn(m, cfg.hidden_size, device=args.device).to(dtype)
-            us[m] = 1e6 * timed(lambda x=x: kernels.moe(
-                x, moe.gate.weight, e.gate_proj, e.up_proj, e.down_proj,
-                cfg.num_experts_per_tok, cfg.norm_topk_prob), args.device, args.calls)
-        table.append(dict(shape=list(e.gate_proj.shape), kind="moe routed (route+experts)",
-                          example="layers.0.mlp", per_token=len(model.layers), us=us,
-                          ms_a_token=len(model.layers) * us[rows[0]] / 1e3))
+            us[m] = 1e6 * timed(
+                lambda x=x: kernels.moe(
+                    x,
+                    moe.gate.weight,
+                    e.gate_proj,
+                    e.up_proj,
+                    e.down_proj,
+                    cfg.num_experts_per_tok,
+                    cfg.norm_topk_prob,
+                ),
+                args.device,
+                args.calls,
+            )
+        table.append(
+            dict(
+                shape=list(e.gate_proj.shape),
+                kind="moe routed (route+experts)",
+                example="layers.0.mlp",
+                per_token=len(model.layers),
+                us=us,
+                ms_a_token=len(model.layers) * us[rows[0]] / 1e3,
+            )
+        )
     table.sort(key=lambda r: -r["ms_a_token"])
     print(f"copy bandwidth (read + write): {copy_bps / 1e9:.0f} GB/s; rows {rows}")
-    print(f"{'shape':>16} {'kind':>14} {'calls':>5} " + " ".join(f"{f'us@{m}':>8}" for m in rows)
-          + f" {'GB/s':>7} {'of copy':>7} {'ms/token':>8}  example")
+    print(
+        f"{'shape':>16} {'kind':>14} {'calls':>5} "
+        + " ".join(f"{f'us@{m}':>8}" for m in rows)
+        + f" {'GB/s':>7} {'of copy':>7} {'ms/token':>8}  example"
+    )
     for r in table:
         gb = f"{r['gbps']:7.0f} {r['of_copy']:7.0%}" if "gbps" in r else f"{'':7} {'':7}"
-        print(f"{'x'.join(map(str, r['shape'])):>16} {r['kind'][:14]:>14} {r['per_token']:>5} "
-              + " ".join(f"{r['us'][m]:8.1f}" for m in rows)
-              + f" {gb} {r['ms_a_token']:8.3f}  {r['example']}")
+        print(
+            f"{'x'.join(map(str, r['shape'])):>16} {r['kind'][:14]:>14} {r['per_token']:>5} "
+            + " ".join(f"{r['us'][m]:8.1f}" for m in rows)
+            + f" {gb} {r['ms_a_token']:8.3f}  {r['example']}"
+        )
     for r in table:
         if "us_other_pdl" in r:
             other = r["us_other_pdl"][rows[0]]
-            print(f"{'x'.join(map(str, r['shape'])):>16} PDL {'off' if pdl_on else 'on'} at "
-                  f"{rows[0]} row(s): {other:7.1f} us ({r['us'][rows[0]] / other:.2f}x)")
+            print(
+                f"{'x'.join(map(str, r['shape'])):>16} PDL {'off' if pdl_on else 'on'} at "
+                f"{rows[0]} row(s): {other:7.1f} us ({r['us'][rows[0]] / other:.2f}x)"
+            )
     total = sum(r["ms_a_token"] for r in table)
     print(f"all of these at {rows[0]} row(s): {total:.3f} ms a token")
-    print(json.dumps({"bench": "linears", "config": args.config, "device": args.device,
-                      "pdl": pdl_on, "copy_gbps": copy_bps / 1e9, "rows": rows, "table": table,
-                      "ms_a_token": total}))
+    print(
+        json.dumps(
+            {
+                "bench": "linears",
+                "config": args.config,
+                "device": args.device,
+                "pdl": pdl_on,
+                "copy_gbps": copy_bps / 1e9,
+                "rows": rows,
+                "table": table,
+                "ms_a_token": total,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

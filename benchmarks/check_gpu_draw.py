@@ -49,8 +49,10 @@ def main() -> int:
         want = [d for job in cpu for d in job.result()]
     bad = sum(g != w for g, w in zip(gpu, want))
     errors = sum(isinstance(w, str) for w in want)
-    print(f"{num_rows} rows of {vocab} ids on {dev}: {bad} differ from the CPU path "
-          f"({errors} error rows), {time.perf_counter() - t:.0f} s")
+    print(
+        f"{num_rows} rows of {vocab} ids on {dev}: {bad} differ from the CPU path "
+        f"({errors} error rows), {time.perf_counter() - t:.0f} s"
+    )
     return 1 if bad else 0
 
 

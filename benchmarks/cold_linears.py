@@ -54,7 +54,8 @@ def variants(n: int, k: int) -> dict[str, dict]:
         if 1 <= parts <= k_blocks and parts != today["PARTS"]:
             per = -(-k_blocks // parts)
             out[f"p{-(-k_blocks // per)} new bits"] = dict(
-                today, BLOCK_K=128, PARTS=-(-k_blocks // per), BLOCKS_PER_PART=per)
+                today, BLOCK_K=128, PARTS=-(-k_blocks // per), BLOCKS_PER_PART=per
+            )
     return out
 
 
@@ -64,12 +65,14 @@ def main() -> None:
     # (name, N, K, calls a token, squash (cols, hc) or None, fp32 out, x a column slice):
     # the hyper-connection's down squashes its first 320 columns as it stores them, its up
     # reads them as a column slice
-    shapes = [("hc down (squash)", 324, 10240, 24, (320, 4), False, False),
-              ("hc up", 10240, 320, 24, None, False, True),
-              ("shared in", 1281, 2560, 12, None, False, False),
-              ("shared down", 2560, 640, 12, None, False, False),
-              ("router", 512, 2560, 12, None, True, False),
-              ("out proj", 2560, 6144, 12, None, False, False)]
+    shapes = [
+        ("hc down (squash)", 324, 10240, 24, (320, 4), False, False),
+        ("hc up", 10240, 320, 24, None, False, True),
+        ("shared in", 1281, 2560, 12, None, False, False),
+        ("shared down", 2560, 640, 12, None, False, False),
+        ("router", 512, 2560, 12, None, True, False),
+        ("out proj", 2560, 6144, 12, None, False, False),
+    ]
     only = os.environ.get("COLD_ONLY", "")
     shapes = [s for s in shapes if not only or s[0].startswith(only)]
     results = []
@@ -97,11 +100,23 @@ def main() -> None:
             us_cold = 1e6 * timed(cold, d, 2) / copies
             us_warm = 1e6 * timed(warm, d, 40)
             gbs = n * k * 2 / us_cold / 1e3
-            results.append(dict(product=name, shape=[n, k], calls=calls, tile=tag,
-                                parts=cfg["PARTS"], same_bits=same, us_cold=us_cold,
-                                us_warm=us_warm, cold_gbps=gbs))
-            print(f"{name:>16} {tag:>14}: {us_cold:7.2f} / {us_warm:6.2f} us  {gbs:6.0f} GB/s "
-                  f"cold  parts {cfg['PARTS']:3d}  {'same bits' if same else 'OTHER BITS'}")
+            results.append(
+                dict(
+                    product=name,
+                    shape=[n, k],
+                    calls=calls,
+                    tile=tag,
+                    parts=cfg["PARTS"],
+                    same_bits=same,
+                    us_cold=us_cold,
+                    us_warm=us_warm,
+                    cold_gbps=gbs,
+                )
+            )
+            print(
+                f"{name:>16} {tag:>14}: {us_cold:7.2f} / {us_warm:6.2f} us  {gbs:6.0f} GB/s "
+                f"cold  parts {cfg['PARTS']:3d}  {'same bits' if same else 'OTHER BITS'}"
+            )
         ws.clear()
     today = sum(r["us_cold"] * r["calls"] for r in results if r["tile"] == "today")
     best = {}

@@ -25,8 +25,14 @@ from flashlane.kernels.linear import triton as tlin
 
 SMS = 132
 # (N, K, calls a token): the products whose time is furthest above their bytes' at one row
-SHAPES = [(324, 10240, 24), (1281, 2560, 12), (2560, 640, 12), (512, 2560, 12),
-          (2560, 2560, 1), (320, 10240, 1)]
+SHAPES = [
+    (324, 10240, 24),
+    (1281, 2560, 12),
+    (2560, 640, 12),
+    (512, 2560, 12),
+    (2560, 2560, 1),
+    (320, 10240, 1),
+]
 
 
 def tile(n: int, k: int, bn: int, waves: int) -> dict:
@@ -35,8 +41,15 @@ def tile(n: int, k: int, bn: int, waves: int) -> dict:
     n_tiles, k_blocks = -(-n // bn), -(-k // 128)
     parts = max(1, min(k_blocks // 2, waves * SMS // n_tiles))
     per = -(-k_blocks // parts)
-    return dict(BLOCK_M=16, BLOCK_N=bn, BLOCK_K=128, PARTS=-(-k_blocks // per),
-                BLOCKS_PER_PART=per, num_warps=4, num_stages=3)
+    return dict(
+        BLOCK_M=16,
+        BLOCK_N=bn,
+        BLOCK_K=128,
+        PARTS=-(-k_blocks // per),
+        BLOCKS_PER_PART=per,
+        num_warps=4,
+        num_stages=3,
+    )
 
 
 def main() -> None:
@@ -55,15 +68,20 @@ def main() -> None:
         rows = []
         for name, cfg in cands.items():
             us = [1e6 * timed(partial(tlin.linear, x[:r], w, tile=cfg), d, 20) for r in (1, 4)]
-            rows.append(dict(shape=[n, k], calls=calls, tile=name, parts=cfg["PARTS"],
-                             us_1=us[0], us_4=us[1]))
+            rows.append(
+                dict(
+                    shape=[n, k], calls=calls, tile=name, parts=cfg["PARTS"], us_1=us[0], us_4=us[1]
+                )
+            )
         best = min(rows, key=lambda r: r["us_1"])
         base = rows[0]
         results += rows
-        print(f"  {n:>5}x{k:<5} x{calls:<2} today {base['us_1']:6.2f} / {base['us_4']:6.2f} "
-              f"({base['parts']} parts); best {best['tile']} {best['us_1']:6.2f} / "
-              f"{best['us_4']:6.2f} ({best['parts']} parts): "
-              f"{calls * (base['us_1'] - best['us_1']):.0f} us a token")
+        print(
+            f"  {n:>5}x{k:<5} x{calls:<2} today {base['us_1']:6.2f} / {base['us_4']:6.2f} "
+            f"({base['parts']} parts); best {best['tile']} {best['us_1']:6.2f} / "
+            f"{best['us_4']:6.2f} ({best['parts']} parts): "
+            f"{calls * (base['us_1'] - best['us_1']):.0f} us a token"
+        )
     print(json.dumps(dict(bench="decode_parts", results=results)))
 
 

@@ -36,10 +36,14 @@ H, HC, LOW, READS = 2560, 4, 320, 24
 def main() -> None:
     d, bf = "cuda", torch.bfloat16
     torch.manual_seed(0)
-    reads = [dict(norm=(torch.randn(HC * H, device=d) * 0.1).to(bf),
-                  down=(torch.randn(LOW + HC, HC * H, device=d) * (HC * H) ** -0.5).to(bf),
-                  up=(torch.randn(HC * H, LOW, device=d) * LOW**-0.5).to(bf))
-             for _ in range(READS)]
+    reads = [
+        dict(
+            norm=(torch.randn(HC * H, device=d) * 0.1).to(bf),
+            down=(torch.randn(LOW + HC, HC * H, device=d) * (HC * H) ** -0.5).to(bf),
+            up=(torch.randn(HC * H, LOW, device=d) * LOW**-0.5).to(bf),
+        )
+        for _ in range(READS)
+    ]
     r0 = torch.randn(1, HC * H, device=d).to(bf)
     today = tile_config(LOW + HC, HC * H, bf)
     up_today = tile_config(HC * H, LOW, bf)
@@ -48,14 +52,18 @@ def main() -> None:
     for warps in (2, 8):
         variants[f"down w{warps}"] = (dict(today, num_warps=warps), None)
         variants[f"up w{warps}"] = (None, dict(up_today, num_warps=warps))
-    variants["down k64 s4"] = (dict(today, BLOCK_K=64, BLOCKS_PER_PART=2 * today["BLOCKS_PER_PART"],
-                                    num_stages=4), None)
+    variants["down k64 s4"] = (
+        dict(today, BLOCK_K=64, BLOCKS_PER_PART=2 * today["BLOCKS_PER_PART"], num_stages=4),
+        None,
+    )
     variants["down s4"] = (dict(today, num_stages=4), None)
     variants["up k64 s4"] = (None, dict(up_today, BLOCK_K=64, BLOCKS_PER_PART=5, num_stages=4))
     variants["up k64 s2"] = (None, dict(up_today, BLOCK_K=64, BLOCKS_PER_PART=5, num_stages=2))
     variants["up n128"] = (None, dict(up_today, BLOCK_N=128))
-    variants["up k64 s4 n128"] = (None, dict(up_today, BLOCK_K=64, BLOCKS_PER_PART=5,
-                                             num_stages=4, BLOCK_N=128))
+    variants["up k64 s4 n128"] = (
+        None,
+        dict(up_today, BLOCK_K=64, BLOCKS_PER_PART=5, num_stages=4, BLOCK_N=128),
+    )
 
     def chain(tiles):
         down_tile, up_tile = tiles
@@ -82,15 +90,20 @@ def main() -> None:
     rows = 8192
     both = torch.randn(rows, LOW + HC + 12, device=d).to(bf)  # hc_down's padded rows
     xn = torch.randn(rows, HC * H, device=d).to(bf)
-    s, inj, up = both[:, :LOW], both[:, LOW:LOW + HC], reads[0]["up"]
+    s, inj, up = both[:, :LOW], both[:, LOW : LOW + HC], reads[0]["up"]
     fused = hc_up_mix(s, up, xn, inj, HC)
     two = hc_mix(linear(s, up), xn, inj, HC)
     same = all(bool(torch.equal(a, b)) for a, b in zip(fused, two))
-    prompt = dict(rows=rows, same_bits=same,
-                  us_up_mix=eager(lambda: hc_up_mix(s, up, xn, inj, HC)),
-                  us_linear_then_mix=eager(lambda: hc_mix(linear(s, up), xn, inj, HC)))
-    print(f"  {rows} rows: hc_up_mix {prompt['us_up_mix']:.1f} us, linear + hc_mix "
-          f"{prompt['us_linear_then_mix']:.1f} us  {'same bits' if same else 'OTHER BITS'}")
+    prompt = dict(
+        rows=rows,
+        same_bits=same,
+        us_up_mix=eager(lambda: hc_up_mix(s, up, xn, inj, HC)),
+        us_linear_then_mix=eager(lambda: hc_mix(linear(s, up), xn, inj, HC)),
+    )
+    print(
+        f"  {rows} rows: hc_up_mix {prompt['us_up_mix']:.1f} us, linear + hc_mix "
+        f"{prompt['us_linear_then_mix']:.1f} us  {'same bits' if same else 'OTHER BITS'}"
+    )
     print(json.dumps(dict(bench="hc_read_chain", reads=READS, results=results, prompt=prompt)))
 
 

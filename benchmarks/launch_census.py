@@ -105,7 +105,9 @@ def main() -> None:
     total = sum(where.values())
     print(f"{args.config}: {total} launches a lone step ({len(model.layers)} layers)")
     for fn, n in where.most_common():
-        ops = sorted(((op, c) for (f, op), c in census.counts.items() if f == fn), key=lambda x: -x[1])
+        ops = sorted(
+            ((op, c) for (f, op), c in census.counts.items() if f == fn), key=lambda x: -x[1]
+        )
         print(f"{n:5d}  {fn}: " + ", ".join(f"{op} x{c}" for op, c in ops))
 
 

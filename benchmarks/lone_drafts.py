@@ -53,21 +53,40 @@ def main() -> None:
                 rates.append(sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0))
                 exact &= [o.token_ids for o in outs] == want
             drafted = drafting.num_drafted - drafted0
-            rows.append(dict(streams=streams, depth=depth, tok_s=median(rates),
-                             landed=(drafting.num_landed - landed0) / drafted if drafted else None,
-                             step_ms=lone.step_ms.get((streams, depth)),
-                             capture_s=lone.capture_seconds - captured0))
+            rows.append(
+                dict(
+                    streams=streams,
+                    depth=depth,
+                    tok_s=median(rates),
+                    landed=(drafting.num_landed - landed0) / drafted if drafted else None,
+                    step_ms=lone.step_ms.get((streams, depth)),
+                    capture_s=lone.capture_seconds - captured0,
+                )
+            )
     base = {r["streams"]: r["tok_s"] for r in rows if r["depth"] == 0}
-    print(f"{'streams':>7} {'depth':>5} {'tok/s':>8} {'x off':>6} {'landed':>6} {'ms a step':>9} "
-          f"{'captures':>8}")
+    print(
+        f"{'streams':>7} {'depth':>5} {'tok/s':>8} {'x off':>6} {'landed':>6} {'ms a step':>9} "
+        f"{'captures':>8}"
+    )
     for r in rows:
         r["over_off"] = r["tok_s"] / base[r["streams"]]
         landed = f"{r['landed']:.2f}" if r["landed"] is not None else "-"
         ms = f"{r['step_ms']:.3f}" if r["step_ms"] else "-"
-        print(f"{r['streams']:>7} {r['depth']:>5} {r['tok_s']:>8.1f} {r['over_off']:>6.2f} "
-              f"{landed:>6} {ms:>9} {r['capture_s']:>7.2f}s")
-    print(json.dumps(dict(bench="lone_drafts", tokens=args.tokens, exact=exact, rows=rows,
-                          graphs=len(lone.graphs))))
+        print(
+            f"{r['streams']:>7} {r['depth']:>5} {r['tok_s']:>8.1f} {r['over_off']:>6.2f} "
+            f"{landed:>6} {ms:>9} {r['capture_s']:>7.2f}s"
+        )
+    print(
+        json.dumps(
+            dict(
+                bench="lone_drafts",
+                tokens=args.tokens,
+                exact=exact,
+                rows=rows,
+                graphs=len(lone.graphs),
+            )
+        )
+    )
 
 
 if __name__ == "__main__":

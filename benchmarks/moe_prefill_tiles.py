@@ -23,25 +23,25 @@ from flashlane.kernels.moe import triton as tmoe
 
 
 def tile(n: int, k: int, warps: int, stages: int, block_major: bool = True) -> dict:
-    return dict(BLOCK_N=n, BLOCK_K=k, num_warps=warps, num_stages=stages,
-                BLOCK_MAJOR=block_major)
+    return dict(BLOCK_N=n, BLOCK_K=k, num_warps=warps, num_stages=stages, BLOCK_MAJOR=block_major)
 
 
 # "blk": a pair block's column tiles launched together (BLOCK_MAJOR), "col": the pair blocks
 # of a column tile together
 CANDIDATES = {
     "default": (tmoe.PREFILL_BLOCK_M, tmoe.GATE_UP_PREFILL, tmoe.DOWN_PREFILL),
-    "64 col: gu 64x64 w4 s3, dn 128x64 w4 s3": (64, tile(64, 64, 4, 3, False),
-                                                tile(128, 64, 4, 3, False)),
+    "64 col: gu 64x64 w4 s3, dn 128x64 w4 s3": (
+        64,
+        tile(64, 64, 4, 3, False),
+        tile(128, 64, 4, 3, False),
+    ),
     "64 blk: gu 64x64 w4 s3, dn 128x64 w4 s3": (64, tile(64, 64, 4, 3), tile(128, 64, 4, 3)),
     "64 blk: gu 64x64 w4 s4, dn 128x64 w4 s4": (64, tile(64, 64, 4, 4), tile(128, 64, 4, 4)),
     "64 blk: gu 128x64 w8 s3, dn 256x64 w8 s3": (64, tile(128, 64, 8, 3), tile(256, 64, 8, 3)),
-    "64 blk: gu 64x128 w4 s3, dn 128x128 w4 s3": (64, tile(64, 128, 4, 3),
-                                                  tile(128, 128, 4, 3)),
+    "64 blk: gu 64x128 w4 s3, dn 128x128 w4 s3": (64, tile(64, 128, 4, 3), tile(128, 128, 4, 3)),
     "64 blk: gu 128x64 w4 s3, dn 128x64 w8 s3": (64, tile(128, 64, 4, 3), tile(128, 64, 8, 3)),
     "128 blk: gu 64x64 w8 s3, dn 128x64 w8 s3": (128, tile(64, 64, 8, 3), tile(128, 64, 8, 3)),
-    "128 blk: gu 128x64 w8 s3, dn 256x64 w8 s3": (128, tile(128, 64, 8, 3),
-                                                  tile(256, 64, 8, 3)),
+    "128 blk: gu 128x64 w8 s3, dn 256x64 w8 s3": (128, tile(128, 64, 8, 3), tile(256, 64, 8, 3)),
 }
 
 
@@ -72,8 +72,10 @@ def main() -> None:
             finally:
                 tmoe.PREFILL_BLOCK_M, tmoe.GATE_UP_PREFILL, tmoe.DOWN_PREFILL = saved
             results.append(dict(rows=m, tiles=name, us=us, tflops=flops / us / 1e6, same=same))
-            print(f"  {m:>5} rows  {name:<44} {us:9.1f} us {flops / us / 1e6:7.1f} TF/s "
-                  f"{'same' if same else 'OTHER'}")
+            print(
+                f"  {m:>5} rows  {name:<44} {us:9.1f} us {flops / us / 1e6:7.1f} TF/s "
+                f"{'same' if same else 'OTHER'}"
+            )
     print(json.dumps(dict(bench="moe_prefill_tiles", results=results)))
 
 

@@ -40,8 +40,15 @@ class Probe:
         reply: list[int] = []  # shared with the windows' Draws, as the lane core does
         for i, piece in enumerate(pieces):
             last = i == len(pieces) - 1
-            w = Window(0, 0, 64 * i, tuple(piece), Draws(GREEDY, 0, prefix, reply),
-                       kind="prompt", last_piece=last)
+            w = Window(
+                0,
+                0,
+                64 * i,
+                tuple(piece),
+                Draws(GREEDY, 0, prefix, reply),
+                kind="prompt",
+                last_piece=last,
+            )
             v = b.verify([w])[0]
             if last:
                 reply.append(v.sampled[0])
@@ -79,12 +86,24 @@ def main() -> None:
     print("depth  acceptance (all drafts up to it equal the greedy target)")
     for d, r in rates.items():
         print(f"{d:>5}  {r:.3f}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    print(json.dumps({"bench": "mtp_acceptance", "date": str(date.today()), "commit": commit,
-                      "model": args.model, "docs": len(docs), "stride": args.stride,
-                      "device": "cpu, 1 thread", "acceptance_by_depth": rates,
-                      "command": "PYTHONPATH=. python benchmarks/mtp_acceptance.py"}))
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    print(
+        json.dumps(
+            {
+                "bench": "mtp_acceptance",
+                "date": str(date.today()),
+                "commit": commit,
+                "model": args.model,
+                "docs": len(docs),
+                "stride": args.stride,
+                "device": "cpu, 1 thread",
+                "acceptance_by_depth": rates,
+                "command": "PYTHONPATH=. python benchmarks/mtp_acceptance.py",
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -26,22 +26,35 @@ from flashlane.kernels.linear import triton as tlin
 
 SHAPES = [(324, 10240), (2560, 6144), (1281, 2560), (16480, 2560), (10240, 320), (2560, 640)]
 # wider tiles than the decode one (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
-WIDER = [(64, 64, 128, 4, 3), (64, 64, 64, 4, 4), (128, 64, 64, 8, 3), (128, 128, 64, 8, 3),
-         (128, 256, 64, 8, 3)]
+WIDER = [
+    (64, 64, 128, 4, 3),
+    (64, 64, 64, 4, 4),
+    (128, 64, 64, 8, 3),
+    (128, 128, 64, 8, 3),
+    (128, 256, 64, 8, 3),
+]
 
 
 def variants(n: int, k: int, rows: int) -> dict[str, dict]:
     """name -> tile (tile_config's keys) with the spans of (n, k)'s partitions."""
     base = (tlin.tile_config if rows <= tlin.DECODE_ROWS else tlin.prefill_tile)(
-        n, k, torch.bfloat16)
+        n, k, torch.bfloat16
+    )
     span = base["BLOCK_K"] * base["BLOCKS_PER_PART"]
     out = {"now": base, "now, flat": dict(base, FLAT=True)}
     for bm, bn, bk, warps, stages in WIDER:
         if span % bk:
             continue
         out[f"{bm}x{bn}x{bk} w{warps} s{stages} flat"] = dict(
-            base, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BLOCKS_PER_PART=span // bk,
-            num_warps=warps, num_stages=stages, FLAT=True)
+            base,
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            BLOCK_K=bk,
+            BLOCKS_PER_PART=span // bk,
+            num_warps=warps,
+            num_stages=stages,
+            FLAT=True,
+        )
     return out
 
 
@@ -66,10 +79,13 @@ def main() -> None:
             except Exception as err:  # a tile that does not fit (shared memory, registers)
                 print(f"  {n}x{k} {name}: {type(err).__name__}")
                 continue
-            results.append(dict(shape=[n, k], variant=name, us=us, same=same,
-                                tflops=flops / us / 1e6))
-            print(f"  {n:>6}x{k:<6} {name:<26} {us:9.1f} {flops / us / 1e6:7.1f} TF/s "
-                  f"{'same' if same else 'OTHER'}")
+            results.append(
+                dict(shape=[n, k], variant=name, us=us, same=same, tflops=flops / us / 1e6)
+            )
+            print(
+                f"  {n:>6}x{k:<6} {name:<26} {us:9.1f} {flops / us / 1e6:7.1f} TF/s "
+                f"{'same' if same else 'OTHER'}"
+            )
     # the router: fp32 out of bf16 inputs
     x = torch.randn(rows, 2560, device=d).to(bf)
     w = torch.randn(512, 2560, device=d).to(bf)
@@ -81,10 +97,19 @@ def main() -> None:
         got = tlin.linear(x[:r], w, out_dtype=torch.float32)
         tlin._TENSOR_CORE_FP32_OUT = False
         err = ((got - want).abs().max() / want.abs().max()).item()
-        results.append(dict(shape=[512, 2560], variant=f"router {r} rows", us_fma=cuda_cores,
-                            us_tensor_cores=tensor, rel_err=err))
-        print(f"  router 512x2560 at {r} rows: FMA chains {cuda_cores:.1f} us, tensor cores "
-              f"{tensor:.1f} us, largest difference {err:.2e} of the largest logit")
+        results.append(
+            dict(
+                shape=[512, 2560],
+                variant=f"router {r} rows",
+                us_fma=cuda_cores,
+                us_tensor_cores=tensor,
+                rel_err=err,
+            )
+        )
+        print(
+            f"  router 512x2560 at {r} rows: FMA chains {cuda_cores:.1f} us, tensor cores "
+            f"{tensor:.1f} us, largest difference {err:.2e} of the largest logit"
+        )
     print(json.dumps(dict(bench="prefill_variants", rows=rows, results=results)))
 
 

@@ -30,18 +30,31 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=2048)
     ap.add_argument("--streams", type=int, default=1)
     ap.add_argument("--rows", type=int, default=25)
-    ap.add_argument("--host", action="store_true",
-                    help="also cProfile the decode: Python functions by their own host time")
-    ap.add_argument("--timeline", default="",
-                    help="write one decode step's kernels in order (name, grid, time, the "
-                         "gap before each) to this file, from the profiler's trace")
-    ap.add_argument("--prefill-timeline", default="",
-                    help="write the prefill's kernels in order, and its largest idle gaps, "
-                         "to this file")
+    ap.add_argument(
+        "--host",
+        action="store_true",
+        help="also cProfile the decode: Python functions by their own host time",
+    )
+    ap.add_argument(
+        "--timeline",
+        default="",
+        help="write one decode step's kernels in order (name, grid, time, the "
+        "gap before each) to this file, from the profiler's trace",
+    )
+    ap.add_argument(
+        "--prefill-timeline",
+        default="",
+        help="write the prefill's kernels in order, and its largest idle gaps, to this file",
+    )
     args = ap.parse_args()
     cfg, model = build_random(preset(args.config), torch.bfloat16, "cuda", 0)
-    config = EngineConfig.resolve(device="cuda", parallel=max(2, args.streams),
-                                  context=args.prefill + 256, drafts=False, prompt_cache_gb=0)
+    config = EngineConfig.resolve(
+        device="cuda",
+        parallel=max(2, args.streams),
+        context=args.prefill + 256,
+        drafts=False,
+        prompt_cache_gb=0,
+    )
     llm = LLM.from_engine(Engine(config, costs=FLAT_COSTS, built=(cfg, model)))
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, draft=False)
     dec = SamplingParams(max_tokens=9, temperature=0.0, ignore_eos=True, draft=False)
@@ -60,17 +73,23 @@ def main() -> None:
             torch.cuda.synchronize()
             wall = time.perf_counter() - t
         st = out[0].stats
-        print(f"\n=== {name}: wall {wall * 1e3:.1f} ms, prefill {st.prefill_seconds * 1e3:.1f} ms,"
-              f" decode {st.decode_seconds * 1e3:.1f} ms")
+        print(
+            f"\n=== {name}: wall {wall * 1e3:.1f} ms, prefill {st.prefill_seconds * 1e3:.1f} ms,"
+            f" decode {st.decode_seconds * 1e3:.1f} ms"
+        )
         ka = prof.key_averages()
         launches = sum(e.count for e in ka if e.key.startswith(("cudaLaunchKernel", "cuLaunch")))
         print(f"kernel launches: {launches}")
         print(ka.table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=60))
-        print(ka.table(sort_by="self_cpu_time_total", row_limit=args.rows,
-                       max_name_column_width=60))
+        print(
+            ka.table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=60)
+        )
         if name == "prefill" and args.prefill_timeline:
-            _write_timeline(args.prefill_timeline, _trace_kernels(prof),
-                            f"the prefill of {args.prefill} tokens, wall {wall * 1e3:.1f} ms")
+            _write_timeline(
+                args.prefill_timeline,
+                _trace_kernels(prof),
+                f"the prefill of {args.prefill} tokens, wall {wall * 1e3:.1f} ms",
+            )
     # decode alone: the kernels of a 9-token reply less those of a 1-token reply (its prompt)
     totals = []
     for tokens in (1, 9):
@@ -80,11 +99,15 @@ def main() -> None:
             llm.generate(short, params)
             torch.cuda.synchronize()
         totals.append({e.key: (e.self_device_time_total, e.count) for e in prof.key_averages()})
-    diff = {k: (t - totals[0].get(k, (0, 0))[0], n - totals[0].get(k, (0, 0))[1])
-            for k, (t, n) in totals[1].items()}
+    diff = {
+        k: (t - totals[0].get(k, (0, 0))[0], n - totals[0].get(k, (0, 0))[1])
+        for k, (t, n) in totals[1].items()
+    }
     whole = sum(t for t, _ in diff.values())
-    print(f"\n=== decode alone, 8 tokens of {args.streams} stream(s): GPU time {whole / 8e3:.3f} ms"
-          " a token (kernels of 9 tokens less 1)")
+    print(
+        f"\n=== decode alone, 8 tokens of {args.streams} stream(s): GPU time {whole / 8e3:.3f} ms"
+        " a token (kernels of 9 tokens less 1)"
+    )
     for k, (t, n) in sorted(diff.items(), key=lambda kv: -kv[1][0])[: args.rows]:
         print(f"{t / 8e3:9.3f} ms {n / 8:7.1f} calls  {k[:90]}")
     if args.timeline:
@@ -113,8 +136,10 @@ def _trace_kernels(prof) -> list[dict]:
         prof.export_chrome_trace(trace)
         with open(trace) as f:
             events = json.load(f)["traceEvents"]
-    return sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
-                  key=lambda e: e["ts"])
+    return sorted(
+        (e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+        key=lambda e: e["ts"],
+    )
 
 
 def _write_timeline(path: str, step: list[dict], title: str) -> None:
@@ -124,25 +149,33 @@ def _write_timeline(path: str, step: list[dict], title: str) -> None:
     span = step[-1]["ts"] + step[-1]["dur"] - step[0]["ts"]
     idle = []
     with open(path, "w") as f:
-        f.write(f"# {title}: {len(step)} kernels, busy {busy:.1f} us, span {span:.1f} us, "
-                f"gaps {span - busy:.1f} us\n")
-        f.write("# i  start_us   dur_us  gap_us  own_us  grid  name   (own: its end less the "
-                "latest end before it, the time it adds to the step)\n")
+        f.write(
+            f"# {title}: {len(step)} kernels, busy {busy:.1f} us, span {span:.1f} us, "
+            f"gaps {span - busy:.1f} us\n"
+        )
+        f.write(
+            "# i  start_us   dur_us  gap_us  own_us  grid  name   (own: its end less the "
+            "latest end before it, the time it adds to the step)\n"
+        )
         prev = last = step[0]["ts"]
         for i, e in enumerate(step):
             grid = e.get("args", {}).get("grid", "")
             end = e["ts"] + e["dur"]
-            f.write(f"{i:4d} {e['ts'] - step[0]['ts']:9.1f} {e['dur']:8.2f} "
-                    f"{e['ts'] - prev:7.2f} {max(0.0, end - last):7.2f}  {grid}  "
-                    f"{e['name'][:60]}\n")
+            f.write(
+                f"{i:4d} {e['ts'] - step[0]['ts']:9.1f} {e['dur']:8.2f} "
+                f"{e['ts'] - prev:7.2f} {max(0.0, end - last):7.2f}  {grid}  "
+                f"{e['name'][:60]}\n"
+            )
             if e["ts"] > last:
                 idle.append((e["ts"] - last, i))
             prev, last = end, max(last, end)
         total = sum(g for g, _ in idle)
         f.write(f"# idle (no kernel running): {total:.1f} us in {len(idle)} gaps; largest:\n")
         for g, i in sorted(idle, reverse=True)[:25]:
-            f.write(f"#   {g:9.1f} us before {i}: {step[i - 1]['name'][:40]} -> "
-                    f"{step[i]['name'][:40]}\n")
+            f.write(
+                f"#   {g:9.1f} us before {i}: {step[i - 1]['name'][:40]} -> "
+                f"{step[i]['name'][:40]}\n"
+            )
     print(f"timeline: {len(step)} kernels, busy {busy:.1f} us, span {span:.1f} us -> {path}")
 
 
@@ -160,7 +193,7 @@ def timeline(llm, prompts, path: str) -> None:
             torch.cuda.synchronize()
         counts.append(_trace_kernels(prof))
     per_step = (len(counts[1]) - len(counts[0])) // 8
-    step = counts[1][-2 * per_step: -per_step]  # one whole step before the last
+    step = counts[1][-2 * per_step : -per_step]  # one whole step before the last
     _write_timeline(path, step, f"one decode step of {len(prompts)} stream(s)")
 
 

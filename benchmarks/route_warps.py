@@ -45,14 +45,24 @@ def main() -> None:
             routing.ROUTE_WARPS, routing.DISPATCH_WARPS = rw, dw
             got = chain()
             same_w = all(torch.equal(a[0], b[0]) for a, b in zip(got, want))
-            same_rest = all(all(torch.equal(x, y) for x, y in zip(a[1:], b[1:]))
-                            for a, b in zip(got, want))
+            same_rest = all(
+                all(torch.equal(x, y) for x, y in zip(a[1:], b[1:])) for a, b in zip(got, want)
+            )
             us = 1e6 * timed(chain, d, 2) / CHAIN
-            rows.append(dict(route_warps=rw, dispatch_warps=dw, us_a_layer=us,
-                             same_weights=same_w, same_ids_layout=same_rest))
-            print(f"  pick {rw} warps, layout {dw} warps: {us:6.2f} us a layer (router "
-                  f"product included)  weights {'same' if same_w else 'other'} bits  ids and "
-                  f"layout {'same' if same_rest else 'DIFFER'}")
+            rows.append(
+                dict(
+                    route_warps=rw,
+                    dispatch_warps=dw,
+                    us_a_layer=us,
+                    same_weights=same_w,
+                    same_ids_layout=same_rest,
+                )
+            )
+            print(
+                f"  pick {rw} warps, layout {dw} warps: {us:6.2f} us a layer (router "
+                f"product included)  weights {'same' if same_w else 'other'} bits  ids and "
+                f"layout {'same' if same_rest else 'DIFFER'}"
+            )
     print(json.dumps({"bench": "route_warps", "chain": CHAIN, "rows": rows}))
 
 

@@ -27,8 +27,16 @@ from tests.oracle import build_oracle
 from tests.sweep_configs import sweep_configs
 from tests.sweep_gates import check_replies
 
-FIELDS = ("hc_count", "hc_lowrank", "hidden_size", "linear_key_head_dim",
-          "linear_value_head_dim", "num_experts", "num_experts_per_tok", "vocab_size")
+FIELDS = (
+    "hc_count",
+    "hc_lowrank",
+    "hidden_size",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "num_experts",
+    "num_experts_per_tok",
+    "vocab_size",
+)
 
 
 def one(index: int, device: str, streams: int) -> dict:
@@ -37,18 +45,31 @@ def one(index: int, device: str, streams: int) -> dict:
         folder = build_oracle(Path(tmp), spec, seed=index)
         t0 = time.perf_counter()
         seen = check_replies(folder, device, spec["vocab_size"], num=streams)
-    return dict(config=index, **{k: spec[k] for k in FIELDS}, **seen,
-                seconds=round(time.perf_counter() - t0, 1))
+    return dict(
+        config=index,
+        **{k: spec[k] for k in FIELDS},
+        **seen,
+        seconds=round(time.perf_counter() - t0, 1),
+    )
 
 
 def in_process(index: int, args) -> dict:
-    cmd = [sys.executable, __file__, "--device", args.device, "--streams", str(args.streams),
-           "--only", str(index)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--device",
+        args.device,
+        "--streams",
+        str(args.streams),
+        "--only",
+        str(index),
+    ]
     run = subprocess.run(cmd, capture_output=True, text=True)
     lines = run.stdout.strip().splitlines()
     if not lines or not lines[-1].startswith("{"):
-        return dict(config=index, compared=0, differ=0, errors=1,
-                    failure=(run.stderr or run.stdout)[-2000:])
+        return dict(
+            config=index, compared=0, differ=0, errors=1, failure=(run.stderr or run.stdout)[-2000:]
+        )
     return json.loads(lines[-1])["rows"][0]
 
 
@@ -62,8 +83,11 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     indices = args.only if args.only else list(range(args.configs))
-    print(f"{'#':>3} {'hc':>3} {'H':>4} {'kv dims':>8} {'experts':>8} {'vocab':>6} "
-          f"{'compared':>9} {'differ':>7} {'moves':>6} {'cached':>7} {'s':>6}", flush=True)
+    print(
+        f"{'#':>3} {'hc':>3} {'H':>4} {'kv dims':>8} {'experts':>8} {'vocab':>6} "
+        f"{'compared':>9} {'differ':>7} {'moves':>6} {'cached':>7} {'s':>6}",
+        flush=True,
+    )
     if args.jobs > 1:
         with ThreadPoolExecutor(args.jobs) as pool:
             rows = list(pool.map(lambda i: in_process(i, args), indices))
@@ -73,18 +97,28 @@ def main() -> int:
         if "failure" in r:
             print(f"{r['config']:>3} failed: {r['failure']}")
             continue
-        print(f"{r['config']:>3} {r['hc_count']:>3} {r['hidden_size']:>4} "
-              f"{r['linear_key_head_dim']:>3}/{r['linear_value_head_dim']:<4} "
-              f"{r['num_experts']:>3} top{r['num_experts_per_tok']} {r['vocab_size']:>6} "
-              f"{r['compared']:>9} {r['differ']:>7} {r['moves']:>6} {r['cached_tokens']:>7} "
-              f"{r['seconds']:>6.1f}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+        print(
+            f"{r['config']:>3} {r['hc_count']:>3} {r['hidden_size']:>4} "
+            f"{r['linear_key_head_dim']:>3}/{r['linear_value_head_dim']:<4} "
+            f"{r['num_experts']:>3} top{r['num_experts_per_tok']} {r['vocab_size']:>6} "
+            f"{r['compared']:>9} {r['differ']:>7} {r['moves']:>6} {r['cached_tokens']:>7} "
+            f"{r['seconds']:>6.1f}"
+        )
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     result = dict(
-        bench="shape_sweep", device=args.device, date=datetime.date.today().isoformat(),
-        commit=commit or None, command=" ".join(sys.argv), streams=args.streams,
-        configs=[r["config"] for r in rows], compared=sum(r["compared"] for r in rows),
-        differ=sum(r["differ"] for r in rows), errors=sum(r["errors"] for r in rows), rows=rows,
+        bench="shape_sweep",
+        device=args.device,
+        date=datetime.date.today().isoformat(),
+        commit=commit or None,
+        command=" ".join(sys.argv),
+        streams=args.streams,
+        configs=[r["config"] for r in rows],
+        compared=sum(r["compared"] for r in rows),
+        differ=sum(r["differ"] for r in rows),
+        errors=sum(r["errors"] for r in rows),
+        rows=rows,
     )
     if args.device.startswith("cuda"):
         import torch

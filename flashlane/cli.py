@@ -42,8 +42,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         draft=not args.no_drafts,
     )
-    llm = LLM(model=_checked_model(args, needs_tokenizer=args.prompt is not None),
-              **engine_options(args))
+    llm = LLM(
+        model=_checked_model(args, needs_tokenizer=args.prompt is not None), **engine_options(args)
+    )
     out = llm.generate(prompt, params)[0]
     if args.json:
         print(
@@ -133,10 +134,12 @@ def build_parser() -> FlagParser:
 
     gen = sub.add_parser("generate", help="generate a reply to one prompt")
     engine_flags(gen)
-    gen.add_argument("--prompt", default=None,
-                     help="the prompt text, or --prompt-ids (default: none)")
-    gen.add_argument("--prompt-ids", default=None,
-                     help="the prompt as token ids: 1,2,3 (default: none)")
+    gen.add_argument(
+        "--prompt", default=None, help="the prompt text, or --prompt-ids (default: none)"
+    )
+    gen.add_argument(
+        "--prompt-ids", default=None, help="the prompt as token ids: 1,2,3 (default: none)"
+    )
     gen.add_argument("--max-tokens", type=int, default=64, help="reply tokens (default: 64)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default: 0)")
     gen.add_argument("--top-k", type=int, default=0, help="0: no limit (default: 0)")
@@ -146,44 +149,81 @@ def build_parser() -> FlagParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object (default: text)")
 
     info = sub.add_parser("info", help="config, parameter counts and memory plan of a model")
-    info.add_argument("model_path",
-                      help="checkpoint folder or config.json (default: none, required)")
-    info.add_argument("--device", default=None, choices=["cuda", "cpu"],
-                      help="the device to plan for (default: cuda)")
-    info.add_argument("--context", type=int, default=None,
-                      help="positions per session (default: the model's window)")
+    info.add_argument(
+        "model_path", help="checkpoint folder or config.json (default: none, required)"
+    )
+    info.add_argument(
+        "--device",
+        default=None,
+        choices=["cuda", "cpu"],
+        help="the device to plan for (default: cuda)",
+    )
+    info.add_argument(
+        "--context",
+        type=int,
+        default=None,
+        help="positions per session (default: the model's window)",
+    )
     info.add_argument("--parallel", default=None, help="sessions (default: auto)")
-    info.add_argument("--slot-contexts", default=None, help="sessions of different sizes "
-                      "(default: unset)")
-    info.add_argument("--memory-limit-gb", type=float, default=None,
-                      help="GiB ceiling (default: 90%% of 141 GiB on cuda, 70%% of RAM)")
-    info.add_argument("--max-rows", type=int, default=None,
-                      help="rows per round (default: 64 cuda, 16 cpu)")
-    info.add_argument("--prompt-cache-gb", type=float, default=None,
-                      help="GiB of prompt states to plan for (default: planned by memory)")
+    info.add_argument(
+        "--slot-contexts", default=None, help="sessions of different sizes (default: unset)"
+    )
+    info.add_argument(
+        "--memory-limit-gb",
+        type=float,
+        default=None,
+        help="GiB ceiling (default: 90%% of 141 GiB on cuda, 70%% of RAM)",
+    )
+    info.add_argument(
+        "--max-rows", type=int, default=None, help="rows per round (default: 64 cuda, 16 cpu)"
+    )
+    info.add_argument(
+        "--prompt-cache-gb",
+        type=float,
+        default=None,
+        help="GiB of prompt states to plan for (default: planned by memory)",
+    )
 
     serve = sub.add_parser("serve", help="the OpenAI-compatible server")
     serve_positional(serve)
     engine_flags(serve)
-    serve.add_argument("--seed", type=int, default=None, dest="engine_seed", metavar="S",
-                       help="requests without a seed take seed S, S+1, ... in arrival order, "
-                       "so a run is reproducible (default: a fresh random seed each)")
+    serve.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        dest="engine_seed",
+        metavar="S",
+        help="requests without a seed take seed S, S+1, ... in arrival order, "
+        "so a run is reproducible (default: a fresh random seed each)",
+    )
     _serve_flags(serve)
     bench_only = serve.add_argument_group("benchmark-only")
-    bench_only.add_argument("--random-weights", action="store_true",
-                            help="serve --config with random weights made on the device, the "
-                            "embedded model's tokenizer (default: off; a benchmark's model)")
-    bench_only.add_argument("--config", default=None,
-                            help="with --random-weights: a preset (flashnext-12l, ...) or a "
-                            "config.json (default: none)")
-    bench_only.add_argument("--weights-seed", type=int, default=0,
-                            help="with --random-weights: the weights' seed (default: 0)")
+    bench_only.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="serve --config with random weights made on the device, the "
+        "embedded model's tokenizer (default: off; a benchmark's model)",
+    )
+    bench_only.add_argument(
+        "--config",
+        default=None,
+        help="with --random-weights: a preset (flashnext-12l, ...) or a "
+        "config.json (default: none)",
+    )
+    bench_only.add_argument(
+        "--weights-seed",
+        type=int,
+        default=0,
+        help="with --random-weights: the weights' seed (default: 0)",
+    )
 
     bench = sub.add_parser("bench", help="benchmarks: serve (a client) or model")
-    bench.add_argument("what", choices=["serve", "model"],
-                       help="which benchmark (default: none, required)")
-    bench.add_argument("rest", nargs=argparse.REMAINDER,
-                       help="its flags, see its --help (default: none)")
+    bench.add_argument(
+        "what", choices=["serve", "model"], help="which benchmark (default: none, required)"
+    )
+    bench.add_argument(
+        "rest", nargs=argparse.REMAINDER, help="its flags, see its --help (default: none)"
+    )
     return parser
 
 
@@ -220,11 +260,13 @@ def _check_random(args: argparse.Namespace) -> None:
     if model_of(args) is not None:
         raise ValueError("--random-weights serves --config; give no model")
     if args.config is None:
-        raise ValueError(f"--random-weights needs --config: a preset ({', '.join(PRESETS)}) "
-                         "or a config.json")
+        raise ValueError(
+            f"--random-weights needs --config: a preset ({', '.join(PRESETS)}) or a config.json"
+        )
     if args.config not in PRESETS and not args.config.endswith(".json"):
-        raise ValueError(f"--config {args.config!r}: no such preset ({', '.join(PRESETS)}), "
-                         "nor a config.json")
+        raise ValueError(
+            f"--config {args.config!r}: no such preset ({', '.join(PRESETS)}), nor a config.json"
+        )
     args.model, args.model_tag = None, None
     if getattr(args, "served_model_name", None) is None:
         args.served_model_name = f"{args.config}-random"

@@ -107,13 +107,19 @@ class EngineConfig:
         )
         need(self.context is None or self.context >= 1, "context", "must be >= 1")
         frac = self.gpu_memory_utilization
-        need(self.quantization in (None, "fp8"), "quantization",
-             f"must be fp8 or unset, got {self.quantization!r}")
+        need(
+            self.quantization in (None, "fp8"),
+            "quantization",
+            f"must be fp8 or unset, got {self.quantization!r}",
+        )
         need(frac is None or 0 < frac <= 1, "gpu_memory_utilization", f"must be in (0, 1]: {frac}")
         need(self.max_rows is None or self.max_rows >= 1, "max_rows", "must be >= 1")
         need(self.max_queue >= 0, "max_queue", "must be >= 0")
-        need(self.lone_streams is None or self.lone_streams >= 1, "lone_streams",
-             f"must be >= 1, got {self.lone_streams}")
+        need(
+            self.lone_streams is None or self.lone_streams >= 1,
+            "lone_streams",
+            f"must be >= 1, got {self.lone_streams}",
+        )
         need(0 <= self.mtp_drafts <= 16, "mtp_drafts", "must be in 0..16")
         need(0.0 <= self.mtp_confidence <= 1.0, "mtp_confidence", "must be in [0, 1]")
         need(self.slot_grow is None or self.slot_grow >= 1, "slot_grow", "must be >= 1")

@@ -69,9 +69,11 @@ class Engine:
         self.log = log or _default_log()
         self.device = config.resolved_device()
         if self.device == "cpu" and config.dtype not in ("auto", "float64"):
-            logger.warning("--dtype %s: the CPU computes in float64 whatever the dtype (its "
-                           "GEMMs are row-invariant only so; README, Exactness on the CPU)",
-                           config.dtype)
+            logger.warning(
+                "--dtype %s: the CPU computes in float64 whatever the dtype (its "
+                "GEMMs are row-invariant only so; README, Exactness on the CPU)",
+                config.dtype,
+            )
         if self.device == "cpu":
             # Small CPU forwards are bound by Python, not arithmetic, and a second OpenMP
             # thread that waits for a busy core stalls every op (seen: 60 ms -> 2 s a round).
@@ -80,11 +82,15 @@ class Engine:
         if built is None:
             path, self.name = resolve_model(config.model)
             if config.quantization and self.device.startswith("cuda"):
-                logger.warning("--quantization %s: no GPU FP8 kernels yet (issue 34); the "
-                               "quantized weights are dequantized to %s", config.quantization,
-                               weights)
-            self.model_config, self.model = load_checkpoint(path, weights, self.device,
-                                                            quantize=config.quantization)
+                logger.warning(
+                    "--quantization %s: no GPU FP8 kernels yet (issue 34); the "
+                    "quantized weights are dequantized to %s",
+                    config.quantization,
+                    weights,
+                )
+            self.model_config, self.model = load_checkpoint(
+                path, weights, self.device, quantize=config.quantization
+            )
             self.tokenizer = _tokenizer(path)
             self.generation_defaults = _json(path / "generation_config.json")
             self.chat_template = _chat_template(path)
@@ -105,8 +111,11 @@ class Engine:
         # the graphed parts and the lone driver are Flash Next's layers' (a sibling's blocks
         # run eagerly on the same kernels until the one-step issue covers them)
         self.graphed = cfg.family == "flashnext"
-        if (self.kernels.name == "triton" and os.environ.get("FLASHLANE_NO_GRAPHS") != "1"
-                and self.graphed):
+        if (
+            self.kernels.name == "triton"
+            and os.environ.get("FLASHLANE_NO_GRAPHS") != "1"
+            and self.graphed
+        ):
             self._capture_graphs()
         self.plan = self._plan(cfg, weights)
         self.sessions = [
@@ -119,12 +128,18 @@ class Engine:
         prefill_rows = self.plan.prompt_rows
         rules = self._stop_rules()
         self.backend = ModelBackend(
-            self.model, self.sessions, self.max_rows, mtp_confidence=config.mtp_confidence,
-            max_prompt_rows=prefill_rows, grammars=self._grammars(rules),
+            self.model,
+            self.sessions,
+            self.max_rows,
+            mtp_confidence=config.mtp_confidence,
+            max_prompt_rows=prefill_rows,
+            grammars=self._grammars(rules),
         )
         if costs is None and not config.unpriced:
-            scratch = [SessionState.empty(cfg, 64 + self.max_rows, cache, state, self.device)
-                       for _ in range(min(self.max_rows, len(self.sessions)))]
+            scratch = [
+                SessionState.empty(cfg, 64 + self.max_rows, cache, state, self.device)
+                for _ in range(min(self.max_rows, len(self.sessions)))
+            ]
             costs = time_costs(self.model, scratch, self.max_rows)
         if costs is not None:
             self.backend.set_costs(costs)
@@ -163,8 +178,7 @@ class Engine:
         lines = [
             f"loaded {self.name} on {self.device}",
             f"  compute   {str(weights).removeprefix('torch.')}{cpu}, {self.kernels.name} kernels",
-            f"  sessions  {sessions} positions; {self.max_rows} rows a round, queue "
-            f"{c.max_queue}",
+            f"  sessions  {sessions} positions; {self.max_rows} rows a round, queue {c.max_queue}",
             f"  drafts    {mtp if c.drafts else 'off'}",
             f"  memory    {p.weight_bytes / gib:.2f} GiB weights, {sum(p.session_bytes) / gib:.2f}"
             f" GiB sessions, {p.prompt_cache_bytes / gib:.2f} GiB prompt cache; limit "
@@ -180,12 +194,18 @@ class Engine:
             return None
         from flashlane.runner.lone import LoneDriver
 
-        driver = LoneDriver(self.model, self.sessions, graphs=self.model.graphs is not None,
-                            drafter=self.backend.drafter)
+        driver = LoneDriver(
+            self.model,
+            self.sessions,
+            graphs=self.model.graphs is not None,
+            drafter=self.backend.drafter,
+        )
         n = driver.capture_all()
         failed = f" (failed, steps run eagerly: {driver.failed})" if driver.failed else ""
-        self.log(f"flashlane: lone driver, {n} step graphs captured in "
-                 f"{driver.capture_seconds:.1f} s{failed}")
+        self.log(
+            f"flashlane: lone driver, {n} step graphs captured in "
+            f"{driver.capture_seconds:.1f} s{failed}"
+        )
         return driver
 
     def _capture_graphs(self) -> None:
@@ -207,9 +227,16 @@ class Engine:
         # an empty list given is refused (parse_slot_contexts), never taken as unset
         slots = None if c.slot_contexts is None else parse_slot_contexts(c.slot_contexts)
         parallel = None if c.parallel == "auto" else int(c.parallel)
-        memory.check_options(model_window=cfg.max_position_embeddings, max_rows=self.max_rows,
-                             mtp_drafts=c.mtp_drafts, drafts=c.drafts, context=c.context,
-                             slot_contexts=slots, parallel=parallel, slot_grow=c.slot_grow)
+        memory.check_options(
+            model_window=cfg.max_position_embeddings,
+            max_rows=self.max_rows,
+            mtp_drafts=c.mtp_drafts,
+            drafts=c.drafts,
+            context=c.context,
+            slot_contexts=slots,
+            parallel=parallel,
+            slot_grow=c.slot_grow,
+        )
         kind = "cuda" if self.device.startswith("cuda") else "cpu"
         gpu_total = (
             torch.cuda.get_device_properties(self.device).total_memory if kind == "cuda" else None

@@ -108,12 +108,17 @@ class LLM:
         single = len(messages) > 0 and isinstance(messages[0], Mapping)
         chats = [messages] if single else list(messages)
         eos = [e.tokenizer.id_to_token(i) for i in sorted(e.host.rules.eos_ids)[:1]]
-        template = ChatTemplate(e.chat_template, {"eos_token": eos[0] if eos else "",
-                                                  "bos_token": ""})
+        template = ChatTemplate(
+            e.chat_template, {"eos_token": eos[0] if eos else "", "bos_token": ""}
+        )
         kwargs = {**e.config.chat_template_kwargs, **(chat_template_kwargs or {})}
         prompts = [
-            template.render([dict(m) for m in chat], tools=tools, template_kwargs=kwargs,
-                            add_generation_prompt=add_generation_prompt)
+            template.render(
+                [dict(m) for m in chat],
+                tools=tools,
+                template_kwargs=kwargs,
+                add_generation_prompt=add_generation_prompt,
+            )
             for chat in chats
         ]
         return self.generate(prompts, sampling_params)

@@ -14,8 +14,7 @@ from flashlane.models.hub import resolve_model
 from flashlane.models.loader import checkpoint_files
 
 
-def preflight(model: str | None, *, device: str | None, needs_tokenizer: bool
-              ) -> tuple[Path, str]:
+def preflight(model: str | None, *, device: str | None, needs_tokenizer: bool) -> tuple[Path, str]:
     """(the checkpoint's folder, its name: the hub id or the folder's name)."""
     folder, name = resolve_model(model)
     ModelConfig.from_hf(folder)

@@ -215,4 +215,5 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
     stop_string: str | None = None  # the stop string that ended the reply, if one did

@@ -33,8 +33,10 @@ def decode_round_bytes(cfg: ModelConfig, rows: int, context: int, weight_bytes: 
     ple_rows = rows * len(cfg.ple_layer_ids) * cfg.ple_embed_dim
     state = rows * census.state_bytes_per_stream(cfg) * 2  # read and written
     # a sparse layer reads its selected keys (all of them up to the budget), a full one all
-    kv = rows * context * (
-        census.kv_bytes_per_token(cfg) + census.indexer_bytes_per_block(cfg) / cfg.indexer_block
+    kv = (
+        rows
+        * context
+        * (census.kv_bytes_per_token(cfg) + census.indexer_bytes_per_block(cfg) / cfg.indexer_block)
     )
     parts = {
         "weights": (dense + experts + embed_rows + ple_rows) * weight_bytes,

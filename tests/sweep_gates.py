@@ -23,8 +23,7 @@ COSTS = CostTable({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3,
 LENGTHS = [5, 70, 17, 130, 9, 64, 33, 3, 200, 41, 66, 12, 90, 1, 127, 150]
 PARAMS = {
     "greedy": SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True),
-    "seeded": SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, seed=11,
-                             ignore_eos=True),
+    "seeded": SamplingParams(max_tokens=16, temperature=0.9, top_p=0.95, seed=11, ignore_eos=True),
 }
 
 
@@ -37,8 +36,15 @@ def check_replies(folder, device: str, vocab: int, num: int = 16) -> dict:
     """Serve `num` prompts every way; return the counts of replies compared and differing,
     with moves, pauses and resumed tokens seen (so a sweep shows the paths ran)."""
     # one small session: the 70- and 64-token prompts fit it at admission, then outgrow it
-    llm = LLM(str(folder), device=device, costs=COSTS, parallel=num, max_rows=64,
-              slot_contexts=f"80,512x{num - 1}", slot_grow=8)
+    llm = LLM(
+        str(folder),
+        device=device,
+        costs=COSTS,
+        parallel=num,
+        max_rows=64,
+        slot_contexts=f"80,512x{num - 1}",
+        slot_grow=8,
+    )
     ps = prompts(vocab, num)
     seen = dict(compared=0, differ=0, moves=0, pauses=0, cached_tokens=0, errors=0)
     differing: list[str] = []

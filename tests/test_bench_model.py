@@ -15,9 +15,28 @@ from flashlane.models.state import SessionState
 
 def test_bench_model_smoke_on_cpu(tmp_path, capsys):
     out = tmp_path / "r.json"
-    argv = ["--config", "flashnext-tiny", "--random-weights", "--device", "cpu", "--streams",
-            "1,2", "--prefill", "128", "--decode-tokens", "4", "--peer", "transformers",
-            "--peer-prefill", "128", "--prompt-cache", "300", "--sampled", "--json", str(out)]
+    argv = [
+        "--config",
+        "flashnext-tiny",
+        "--random-weights",
+        "--device",
+        "cpu",
+        "--streams",
+        "1,2",
+        "--prefill",
+        "128",
+        "--decode-tokens",
+        "4",
+        "--peer",
+        "transformers",
+        "--peer-prefill",
+        "128",
+        "--prompt-cache",
+        "300",
+        "--sampled",
+        "--json",
+        str(out),
+    ]
     assert bench_model_main(argv) == 0
     result = json.loads(out.read_text())
     assert set(result["ours"]["decode"]) == {"1", "2"}
@@ -35,8 +54,15 @@ def test_a_failed_reply_is_an_error_not_a_figure():
     from flashlane.request import FinishReason, RequestOutput
 
     ok = RequestOutput("a", [1], [2], "", FinishReason.LENGTH, 0)
-    failed = RequestOutput("b", [1] * 8192, [], "", FinishReason.ERROR, 0,
-                           error="InvalidBatch: 8192 prompt rows exceed 4096")
+    failed = RequestOutput(
+        "b",
+        [1] * 8192,
+        [],
+        "",
+        FinishReason.ERROR,
+        0,
+        error="InvalidBatch: 8192 prompt rows exceed 4096",
+    )
     assert replies([ok]) == [ok]
     with pytest.raises(RuntimeError, match="InvalidBatch"):
         replies([ok, failed])
@@ -49,8 +75,9 @@ def test_engine_prompt_pieces_fit_its_backend():
     from flashlane.engine import Engine
 
     cfg, model = build_random(preset("flashnext-tiny"), torch.float32, "cpu", seed=1)
-    config = EngineConfig.resolve(device="cpu", parallel=1, context=256, drafts=False,
-                                  prompt_cache_gb=0)
+    config = EngineConfig.resolve(
+        device="cpu", parallel=1, context=256, drafts=False, prompt_cache_gb=0
+    )
     engine = Engine(config, built=(cfg, model), log=lambda *_: None)
     assert engine.host.config.prefill_rows == engine.backend.max_prompt_rows
 
@@ -90,8 +117,21 @@ def test_random_sibling_checkpoint_is_the_same_in_transformers(name):
 
 def test_bench_model_smoke_on_cpu_for_a_sibling(tmp_path):
     out = tmp_path / "r.json"
-    argv = ["--config", "qwen3-next-tiny", "--random-weights", "--device", "cpu", "--streams",
-            "1,2", "--prefill", "128", "--decode-tokens", "4", "--json", str(out)]
+    argv = [
+        "--config",
+        "qwen3-next-tiny",
+        "--random-weights",
+        "--device",
+        "cpu",
+        "--streams",
+        "1,2",
+        "--prefill",
+        "128",
+        "--decode-tokens",
+        "4",
+        "--json",
+        str(out),
+    ]
     assert bench_model_main(argv) == 0
     result = json.loads(out.read_text())
     assert result["ours"]["decode"]["2"]["tok_s"] > 0

@@ -63,9 +63,11 @@ def test_chat_answers_with_the_think_block_closed(llm):
     prompt = llm.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False)
     assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert out.text and "<think>" not in out.text
-    on = llm.chat(messages, SamplingParams(max_tokens=1), chat_template_kwargs={
-        "enable_thinking": True})[0]
+    on = llm.chat(
+        messages, SamplingParams(max_tokens=1), chat_template_kwargs={"enable_thinking": True}
+    )[0]
     assert llm.tokenizer.decode(on.prompt_token_ids, skip_special_tokens=False).endswith(
-        "<|im_start|>assistant\n<think>\n")
+        "<|im_start|>assistant\n<think>\n"
+    )
     two = llm.chat([messages, messages], SamplingParams(max_tokens=24, temperature=0.0))
     assert [o.text for o in two] == [out.text, out.text]

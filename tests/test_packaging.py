@@ -25,7 +25,8 @@ def test_license_is_the_apache_2_text_the_metadata_names():
 
 def test_bench_extra_installs_what_the_plot_needs(tmp_path):
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"]
+        "optional-dependencies"
+    ]
     assert any(d.startswith("matplotlib") for d in extras["bench"])
     rows = [{"concurrency": c, "output_tok_s": 10.0 * c} for c in (1, 2, 4)]
     out = tmp_path / "tok_s.png"

@@ -14,8 +14,10 @@ import pytest
 from flashlane.cli import build_parser, main
 
 README = (Path(__file__).parents[1] / "README.md").read_text()
-RUN = ('pip install torch==2.13.0 && pip install -e . && flashlane generate --prompt '
-       '"def fibonacci(n):" --max-tokens 64')
+RUN = (
+    "pip install torch==2.13.0 && pip install -e . && flashlane generate --prompt "
+    '"def fibonacci(n):" --max-tokens 64'
+)
 TEST = "pip install torch==2.13.0 && pip install -e '.[test]' && python -m pytest -q"
 
 
@@ -40,7 +42,7 @@ def test_the_tours_python_runs(capsys, monkeypatch):
 
 
 def table_flags() -> list[str]:
-    table = README[README.index("| vLLM / llama.cpp |"):]
+    table = README[README.index("| vLLM / llama.cpp |") :]
     table = table[: table.index("\n\n")]
     flags = []
     for row in table.splitlines()[2:]:
@@ -51,8 +53,17 @@ def table_flags() -> list[str]:
 
 @pytest.mark.parametrize("flag", table_flags())
 def test_every_flag_of_the_table_is_taken(flag):
-    values = {"--enable-prefix-caching": [], "--default-chat-template-kwargs": ["{}"],
-              "--gpu-memory-utilization": ["0.5"], "--max-model-len": ["64"], "-c": ["64"],
-              "--max-num-seqs": ["2"], "-np": ["2"], "--seed": ["1"], "--port": ["8000"],
-              "--quantization": ["fp8"], "-q": ["fp8"]}
+    values = {
+        "--enable-prefix-caching": [],
+        "--default-chat-template-kwargs": ["{}"],
+        "--gpu-memory-utilization": ["0.5"],
+        "--max-model-len": ["64"],
+        "-c": ["64"],
+        "--max-num-seqs": ["2"],
+        "-np": ["2"],
+        "--seed": ["1"],
+        "--port": ["8000"],
+        "--quantization": ["fp8"],
+        "-q": ["fp8"],
+    }
     build_parser().parse_args(["serve", flag, *values.get(flag, ["x"])])

@@ -58,7 +58,11 @@ TEMPLATE_PATH = Path(__file__).with_name("chat_template.jinja")
 # max_new_tokens: the reply budget of a request without max_tokens (vLLM reads it so too);
 # the small model seldom ends a reply, so a chat without max_tokens comes back in seconds
 GENERATION_DEFAULTS = {
-    "do_sample": True, "temperature": 0.7, "top_p": 0.95, "top_k": 20, "max_new_tokens": 256
+    "do_sample": True,
+    "temperature": 0.7,
+    "top_p": 0.95,
+    "top_k": 20,
+    "max_new_tokens": 256,
 }
 
 

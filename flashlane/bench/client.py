@@ -26,8 +26,9 @@ class Result:
     error: str = ""
 
 
-async def send(client: httpx.AsyncClient, url: str, body: dict[str, Any],
-               timeout: float = 600.0) -> Result:
+async def send(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], timeout: float = 600.0
+) -> Result:
     """Streams one completion and times it; any failure, a stall past `timeout` seconds in
     all, or a stream cut before [DONE] comes back as the result's error."""
     try:
@@ -88,8 +89,14 @@ async def _send(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> Re
                     result.itl.append(now - last)
                 last = now
                 result.text += text
-    except (httpx.HTTPError, httpx.StreamError, ValueError, KeyError, TypeError,
-            AttributeError) as e:  # a dropped connection, a malformed chunk
+    except (
+        httpx.HTTPError,
+        httpx.StreamError,
+        ValueError,
+        KeyError,
+        TypeError,
+        AttributeError,
+    ) as e:  # a dropped connection, a malformed chunk
         result.error = f"{type(e).__name__}: {e}"
         return result
     if not finished:

@@ -39,35 +39,77 @@ def _ints(text: str) -> list[int]:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = FlagParser(prog="flashlane bench model", description=__doc__.split("\n")[0],
-                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--config", default="flashnext-12l",
-                   help=f"a preset ({', '.join(sorted(PRESETS))}) or a config.json")
-    p.add_argument("--random-weights", action="store_true", required=True,
-                   help="build the config's checkpoint with random weights on the device")
+    p = FlagParser(
+        prog="flashlane bench model",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--config",
+        default="flashnext-12l",
+        help=f"a preset ({', '.join(sorted(PRESETS))}) or a config.json",
+    )
+    p.add_argument(
+        "--random-weights",
+        action="store_true",
+        required=True,
+        help="build the config's checkpoint with random weights on the device",
+    )
     p.add_argument("--device", default="cuda", help="where the model runs")
     p.add_argument("--seed", type=int, default=0, help="of the random weights and prompts")
-    p.add_argument("--streams", type=_ints, default=[1, 4, 16],
-                   help="decode concurrencies, comma-separated")
+    p.add_argument(
+        "--streams", type=_ints, default=[1, 4, 16], help="decode concurrencies, comma-separated"
+    )
     p.add_argument("--prompt-len", type=int, default=64, help="each decode stream's prompt")
     p.add_argument("--decode-tokens", type=int, default=64, help="tokens timed per stream")
-    p.add_argument("--prefill", type=_ints, default=[2048, 16384],
-                   help="prompt lengths timed for prefill, comma-separated")
-    p.add_argument("--prompt-cache", type=int, default=0, metavar="TOKENS",
-                   help="also time a TOKENS-long prompt cold, resent and extended by a turn")
-    p.add_argument("--peer", choices=["none", "transformers", "llama.cpp"], default="none",
-                   help="also time a peer on the same weights")
-    p.add_argument("--peer-prefill", type=_ints, default=[2048],
-                   help="transformers' prefill lengths (llama.cpp takes --prefill's)")
-    p.add_argument("--llama-cpp", default=None, metavar="DIR",
-                   help="a llama.cpp build (default: $FLASHLANE_LLAMA_CPP)")
-    p.add_argument("--gguf-dir", default=".peer/gguf",
-                   help="where the checkpoint's GGUF is written (and kept for the next run)")
-    p.add_argument("--llama-threads", type=int, default=None,
-                   help="llama.cpp's CPU threads (its default where unset)")
-    p.add_argument("--sampled", action="store_true",
-                   help="also time one sampled stream (top_k 40) and one top_p stream (0.9) "
-                        "beside one greedy stream")
+    p.add_argument(
+        "--prefill",
+        type=_ints,
+        default=[2048, 16384],
+        help="prompt lengths timed for prefill, comma-separated",
+    )
+    p.add_argument(
+        "--prompt-cache",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="also time a TOKENS-long prompt cold, resent and extended by a turn",
+    )
+    p.add_argument(
+        "--peer",
+        choices=["none", "transformers", "llama.cpp"],
+        default="none",
+        help="also time a peer on the same weights",
+    )
+    p.add_argument(
+        "--peer-prefill",
+        type=_ints,
+        default=[2048],
+        help="transformers' prefill lengths (llama.cpp takes --prefill's)",
+    )
+    p.add_argument(
+        "--llama-cpp",
+        default=None,
+        metavar="DIR",
+        help="a llama.cpp build (default: $FLASHLANE_LLAMA_CPP)",
+    )
+    p.add_argument(
+        "--gguf-dir",
+        default=".peer/gguf",
+        help="where the checkpoint's GGUF is written (and kept for the next run)",
+    )
+    p.add_argument(
+        "--llama-threads",
+        type=int,
+        default=None,
+        help="llama.cpp's CPU threads (its default where unset)",
+    )
+    p.add_argument(
+        "--sampled",
+        action="store_true",
+        help="also time one sampled stream (top_k 40) and one top_p stream (0.9) "
+        "beside one greedy stream",
+    )
     p.add_argument("--json", default=None, help="also write the result here")
     return p.parse_args(argv)
 
@@ -75,17 +117,24 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def run_ours(args, raw: dict, ceilings: dict) -> dict:
     t0 = time.perf_counter()
     cuda = args.device.startswith("cuda")
-    cfg, model = build_random(raw, torch.bfloat16 if cuda else torch.float64, args.device,
-                              args.seed)
+    cfg, model = build_random(
+        raw, torch.bfloat16 if cuda else torch.float64, args.device, args.seed
+    )
     sync(args.device)
     built_s = time.perf_counter() - t0
     longest = max([*args.prefill, args.prompt_cache + 200 if args.prompt_cache else 0])
     context = longest + args.prompt_len + args.decode_tokens + 64
-    config = EngineConfig.resolve(device=args.device, parallel=max(args.streams),
-                                  context=context, drafts=False, prompt_cache_gb=0)
+    config = EngineConfig.resolve(
+        device=args.device,
+        parallel=max(args.streams),
+        context=context,
+        drafts=False,
+        prompt_cache_gb=0,
+    )
     llm = LLM.from_engine(Engine(config, costs=FLAT_COSTS, built=(cfg, model)))
-    greedy = SamplingParams(max_tokens=args.decode_tokens + 1, temperature=0.0,
-                            ignore_eos=True, draft=False)
+    greedy = SamplingParams(
+        max_tokens=args.decode_tokens + 1, temperature=0.0, ignore_eos=True, draft=False
+    )
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, draft=False)
     # Triton compiles a kernel variant the first time a shape class meets it (minutes in all):
     # run every measured shape once first, so the figures below time no compilation
@@ -106,8 +155,13 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
             llm.generate(random_prompts(1, args.prompt_len, cfg.vocab_size, 95), params)
     for length in args.prefill:
         replies(llm.generate(random_prompts(1, length, cfg.vocab_size, 98), one))
-    out = {"build_s": built_s, "warm_s": time.perf_counter() - t0,
-           "kernels": llm.engine.kernels.name, "decode": {}, "prefill": {}}
+    out = {
+        "build_s": built_s,
+        "warm_s": time.perf_counter() - t0,
+        "kernels": llm.engine.kernels.name,
+        "decode": {},
+        "prefill": {},
+    }
     host = llm.engine.host
     lone = host.lone
     for n in args.streams:
@@ -118,8 +172,9 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
             out["decode"][n] = {"error": str(err).splitlines()[0]}
     if args.sampled:  # one stream each, greedy again beside them
         runs = {"greedy": greedy, **_sampled(args)}
-        out["decode_sampled"] = {k: decode_figures(args, llm, cfg, 1, p, ceilings)
-                                 for k, p in runs.items()}
+        out["decode_sampled"] = {
+            k: decode_figures(args, llm, cfg, 1, p, ceilings) for k, p in runs.items()
+        }
     if cuda:
         out["launches_per_token"] = launches_per_token(llm, cfg)
     if lone is not None and 1 in args.streams:
@@ -130,7 +185,8 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
             out["launches_per_token_shared_rounds"] = launches_per_token(llm, cfg)
         host.lone = lone
         out["lone"] = {
-            "steps": lone.num_steps, "graphs": len(lone.graphs),
+            "steps": lone.num_steps,
+            "graphs": len(lone.graphs),
             "capture_s": lone.capture_seconds,
             "over_shared_rounds": out["decode"][1]["tok_s"]
             / out["decode_shared_rounds"][1]["tok_s"],
@@ -147,8 +203,11 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
         }
     graphs = llm.engine.model.graphs
     if graphs is not None:
-        out["graphs"] = {"captured": len(graphs.entries), "capture_s": graphs.capture_seconds,
-                         "failed": graphs.failed}
+        out["graphs"] = {
+            "captured": len(graphs.entries),
+            "capture_s": graphs.capture_seconds,
+            "failed": graphs.failed,
+        }
     del llm
     gc.collect()
     if args.prompt_cache:
@@ -162,10 +221,13 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
 
 def _sampled(args) -> dict[str, SamplingParams]:
     """The sampled streams --sampled times: a keyed top_k draw and a top_p one."""
-    common = dict(max_tokens=args.decode_tokens + 1, temperature=0.8, seed=7, ignore_eos=True,
-                  draft=False)
-    return {"top_k 40": SamplingParams(top_k=40, **common),
-            "top_p 0.9": SamplingParams(top_p=0.9, **common)}
+    common = dict(
+        max_tokens=args.decode_tokens + 1, temperature=0.8, seed=7, ignore_eos=True, draft=False
+    )
+    return {
+        "top_k 40": SamplingParams(top_k=40, **common),
+        "top_p 0.9": SamplingParams(top_p=0.9, **common),
+    }
 
 
 def replies(outs: list) -> list:
@@ -260,11 +322,15 @@ def table(result: dict) -> str:
         )
     for kind, r in (ours.get("decode_sampled") or {}).items():
         greedy = ours["decode_sampled"]["greedy"]["tok_s"]
-        lines.append(f"{'decode 1 stream, ' + kind:24}{r['tok_s']:12.1f}{'-':>14}{'-':>10}"
-                     f"{r['of_roofline'] or 0:10.0%}   over greedy {r['tok_s'] / greedy:.2f}x")
+        lines.append(
+            f"{'decode 1 stream, ' + kind:24}{r['tok_s']:12.1f}{'-':>14}{'-':>10}"
+            f"{r['of_roofline'] or 0:10.0%}   over greedy {r['tok_s'] / greedy:.2f}x"
+        )
     if "launches_per_token" in ours:
-        lines.append(f"launches per token, one stream: {ours['launches_per_token']:.1f}"
-                     f" (shared rounds {ours.get('launches_per_token_shared_rounds', 0):.1f})")
+        lines.append(
+            f"launches per token, one stream: {ours['launches_per_token']:.1f}"
+            f" (shared rounds {ours.get('launches_per_token_shared_rounds', 0):.1f})"
+        )
     pc = ours.get("prompt_cache")
     if pc:
         lines.append(
@@ -279,8 +345,10 @@ def bench_model_main(argv: list[str]) -> int:
     args = parse(argv)
     cuda = args.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
-        print("flashlane bench model: no CUDA device here (--device cpu runs a smoke test)",
-              file=sys.stderr)
+        print(
+            "flashlane bench model: no CUDA device here (--device cpu runs a smoke test)",
+            file=sys.stderr,
+        )
         return 2
     raw = config_dict(args.config)
     ceilings = measure_ceilings(args.device) if cuda else {}

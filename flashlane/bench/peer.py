@@ -48,8 +48,14 @@ def _decode_seconds(model, ids: torch.Tensor, new: int) -> float:
     from transformers import LogitsProcessorList
 
     clock = StepClock()
-    model.generate(ids, max_new_tokens=new + 1, min_new_tokens=new + 1, do_sample=False,
-                   pad_token_id=0, logits_processor=LogitsProcessorList([clock]))
+    model.generate(
+        ids,
+        max_new_tokens=new + 1,
+        min_new_tokens=new + 1,
+        do_sample=False,
+        pad_token_id=0,
+        logits_processor=LogitsProcessorList([clock]),
+    )
     return clock.times[-1] - clock.times[0]
 
 
@@ -112,8 +118,9 @@ def run_llama_cpp(raw: dict, args) -> dict:
 
     build = find_build(args.llama_cpp)
     if build.src is None:
-        raise FileNotFoundError(f"{build.bin_dir}: no CMakeCache.txt naming its source (the "
-                                "converter comes from there)")
+        raise FileNotFoundError(
+            f"{build.bin_dir}: no CMakeCache.txt naming its source (the converter comes from there)"
+        )
     # a config.json's path names its GGUF by its folder; write_gguf's stamp tells them apart
     name = Path(args.config).parent.name if args.config.endswith(".json") else args.config
     gguf = Path(args.gguf_dir) / f"{name}-seed{args.seed}-bf16.gguf"
@@ -128,8 +135,9 @@ def run_llama_cpp(raw: dict, args) -> dict:
         "gguf_bytes": gguf.stat().st_size,
         "gguf_written_s": time.perf_counter() - t0 if wrote else None,
     }
-    ran = tools.decode(build, gguf, args.streams, args.prompt_len, args.decode_tokens, gpu,
-                       args.llama_threads)
+    ran = tools.decode(
+        build, gguf, args.streams, args.prompt_len, args.decode_tokens, gpu, args.llama_threads
+    )
     out["decode"], out["decode_command"] = ran["decode"], ran["command"]
     ran = tools.prefill(build, gguf, args.prefill, gpu, args.llama_threads)
     out["prefill_command"] = ran.pop("command")

@@ -239,27 +239,37 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = FlagParser(prog="flashlane bench serve", description=__doc__.split("\n")[0],
-                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = FlagParser(
+        prog="flashlane bench serve",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the server")
     p.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated levels")
     p.add_argument("--num-prompts", type=int, default=32, help="requests a level")
-    p.add_argument("--request-rate", type=float, default=float("inf"),
-                   help="Poisson arrivals, requests a second (inf: all at once), each level "
-                   "capped at its concurrency")
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="Poisson arrivals, requests a second (inf: all at once), each level "
+        "capped at its concurrency",
+    )
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens a request")
     p.add_argument("--output-len", type=int, default=128, help="reply tokens a request")
-    p.add_argument("--seed", type=int, default=None,
-                   help="seeded sampling instead of greedy")
-    p.add_argument("--tokenizer", default=str(EMBEDDED),
-                   help="tokenizer.json or its folder, the served model's")
+    p.add_argument("--seed", type=int, default=None, help="seeded sampling instead of greedy")
+    p.add_argument(
+        "--tokenizer",
+        default=str(EMBEDDED),
+        help="tokenizer.json or its folder, the served model's",
+    )
     p.add_argument(
         "--check-alone",
         action="store_true",
         help="every concurrent reply must equal the same request sent alone",
     )
-    p.add_argument("--model", default=None,
-                   help="the model id to ask for (None: the first of /v1/models)")
+    p.add_argument(
+        "--model", default=None, help="the model id to ask for (None: the first of /v1/models)"
+    )
     p.add_argument("--api-key", default=None, help="Bearer key, if the server asks one")
     p.add_argument("--timeout", type=float, default=600.0, help="per request, seconds")
     p.add_argument("--warmup", type=int, default=1, help="send one request first (0: no)")
@@ -273,8 +283,9 @@ def bench_serve_main(argv: list[str]) -> int:
     result = asyncio.run(bench(args))
     print_table(result["levels"])
     if args.plot and not plot(result["levels"], args.plot):
-        print("matplotlib is not installed: no plot (pip install 'flashlane[bench]')",
-              file=sys.stderr)
+        print(
+            "matplotlib is not installed: no plot (pip install 'flashlane[bench]')", file=sys.stderr
+        )
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(result, f, indent=2)

@@ -60,9 +60,7 @@ class MtpDrafter:
     def _cells(self, residual, next_ids, rows, draw_at=None) -> tuple[torch.Tensor, torch.Tensor]:
         """MTP cells -> (fp32 logits of the rows `draw_at` (default all), output residual)."""
         m = self.model
-        hidden, out = m.mtp(
-            residual, m.embed_tokens(next_ids), rows, m.rotary, m.kernels, m.graphs
-        )
+        hidden, out = m.mtp(residual, m.embed_tokens(next_ids), rows, m.rotary, m.kernels, m.graphs)
         if draw_at is not None:
             hidden = hidden[draw_at]
         return torch.nn.functional.linear(hidden.to(self._head.dtype), self._head).float(), out

@@ -61,8 +61,12 @@ class LaneCore:
         # that a stream yet to catch up its head finds drafts worth the catch-up.
         self.mtp_pool = DraftStats()
 
-    def step(self, live: Sequence[Stream], pieces: Sequence[Window],
-             undrafted: Callable[[Stream], bool] | None = None) -> None:
+    def step(
+        self,
+        live: Sequence[Stream],
+        pieces: Sequence[Window],
+        undrafted: Callable[[Stream], bool] | None = None,
+    ) -> None:
         """One round of the live streams' decode windows and these prompt pieces. Streams
         for which `undrafted` says so get no next drafts (the host's lone driver takes
         them next: shared-round drafts would be work for nothing)."""
@@ -85,8 +89,12 @@ class LaneCore:
         for w, v in zip(pieces, verdicts[len(windows) :]):
             _put(kept, w, self._conclude_piece(by_id[w.stream_id], w, v))
         _call(list(kept), self.backend.keep, kept)
-        ready = [by_id[i] for i in kept if by_id[i].start >= len(by_id[i].prompt_ids)
-                 and not (undrafted and undrafted(by_id[i]))]
+        ready = [
+            by_id[i]
+            for i in kept
+            if by_id[i].start >= len(by_id[i].prompt_ids)
+            and not (undrafted and undrafted(by_id[i]))
+        ]
         decoding = sum(1 for s in live if not s.is_finished and s.start >= len(s.prompt_ids))
         # With a row per decoding stream the cap leaves no draft rows: drafts would be wasted.
         if decoding < cfg.max_rows:

@@ -179,8 +179,7 @@ class LaneHost:
                 self.core.step(rest, self._pieces(rest), self._goes_lone if room else None)
                 alone = [s for s in alone if not s.is_finished]
                 if alone:  # then the decoders' share of the time, on the lone driver
-                    run_lone(self, alone, beside_budget(self, alone,
-                                                        time.perf_counter() - started))
+                    run_lone(self, alone, beside_budget(self, alone, time.perf_counter() - started))
             elif alone:
                 run_lone(self, alone)
         except RoundFailed as failed:

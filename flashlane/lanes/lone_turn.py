@@ -47,11 +47,20 @@ def lone_streams(host: LaneHost, running: Sequence[Stream]) -> list[Stream]:
 
 def lone_drawn(host: LaneHost, s: Stream) -> bool:
     """Whether the lone driver can decode this stream (lone_streams' rule for one stream)."""
-    if (host.lone is None or s.is_filling or s.is_finished or s.forced or s.is_thinking
-            or s.logprobs is not None or s.room < 1 or s.params.structured is not None):
+    if (
+        host.lone is None
+        or s.is_filling
+        or s.is_finished
+        or s.forced
+        or s.is_thinking
+        or s.logprobs is not None
+        or s.room < 1
+        or s.params.structured is not None
+    ):
         return False
-    return (is_plain_greedy(DrawSpec(s.params, s.seed, s.start))
-            or (host.lone.sampled and is_lone_drawn(s.params)))
+    return is_plain_greedy(DrawSpec(s.params, s.seed, s.start)) or (
+        host.lone.sampled and is_lone_drawn(s.params)
+    )
 
 
 def beside_budget(host: LaneHost, streams: list[Stream], shared_seconds: float) -> int:
@@ -107,9 +116,12 @@ def _drafted(host: LaneHost, streams: list[Stream], take_for) -> bool:
     the driver has them and finds they pay; False where plain steps should run instead
     (sampled streams: drafted steps draw greedily)."""
     drafting, drafter = host.lone.drafting, host.lone.drafter
-    if (drafting is None or not drafter.enabled
-            or not all(s.params.draft and s.draws is not None for s in streams)
-            or not all(is_plain_greedy(DrawSpec(s.params, s.seed, s.start)) for s in streams)):
+    if (
+        drafting is None
+        or not drafter.enabled
+        or not all(s.params.draft and s.draws is not None for s in streams)
+        or not all(is_plain_greedy(DrawSpec(s.params, s.seed, s.start)) for s in streams)
+    ):
         return False
     left = min(s.params.max_tokens - len(s.reply_ids) for s in streams)
     depth = drafting.choose([s.session_id for s in streams], left)

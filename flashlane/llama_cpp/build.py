@@ -34,9 +34,18 @@ CUDA_FLAGS = (
 
 
 # the CMake cache entries a result names: what decides the speed of the build it measured
-CACHE_KEYS = ("CMAKE_BUILD_TYPE", "BUILD_SHARED_LIBS", "LLAMA_BUILD_NUMBER", "GGML_NATIVE",
-              "GGML_CUDA", "CMAKE_CUDA_ARCHITECTURES", "GGML_CUDA_FA_QUANTS", "GGML_CUDA_NCCL",
-              "GGML_CUDA_GRAPHS", "CMAKE_CUDA_COMPILER_VERSION")
+CACHE_KEYS = (
+    "CMAKE_BUILD_TYPE",
+    "BUILD_SHARED_LIBS",
+    "LLAMA_BUILD_NUMBER",
+    "GGML_NATIVE",
+    "GGML_CUDA",
+    "CMAKE_CUDA_ARCHITECTURES",
+    "GGML_CUDA_FA_QUANTS",
+    "GGML_CUDA_NCCL",
+    "GGML_CUDA_GRAPHS",
+    "CMAKE_CUDA_COMPILER_VERSION",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +71,10 @@ def find_build(path: str | os.PathLike | None = None) -> LlamaBuild:
     bin_dir = root / "bin" if (root / "bin").is_dir() else root
     missing = [t for t in TOOLS if not (bin_dir / t).is_file()]
     if missing:
-        raise FileNotFoundError(f"{bin_dir}: no {', '.join(missing)} (build llama.cpp first: "
-                                "python -m flashlane.llama_cpp.build)")
+        raise FileNotFoundError(
+            f"{bin_dir}: no {', '.join(missing)} (build llama.cpp first: "
+            "python -m flashlane.llama_cpp.build)"
+        )
     cache = bin_dir.parent / "CMakeCache.txt"
     entries: dict[str, str] = {}
     if cache.is_file():
@@ -133,8 +144,10 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     t0 = time.perf_counter()
     found = build(args.src, args.build, args.cuda, args.jobs)
-    print(f"[{time.strftime('%H:%M:%S')}] llama.cpp {found.build} in {found.bin_dir} "
-          f"({time.perf_counter() - t0:.0f} s)")
+    print(
+        f"[{time.strftime('%H:%M:%S')}] llama.cpp {found.build} in {found.bin_dir} "
+        f"({time.perf_counter() - t0:.0f} s)"
+    )
     return 0
 
 

@@ -17,21 +17,43 @@ class LlamaServer:
     """`with LlamaServer(build, gguf) as s: s.greedy(ids, n)`: a llama-server on a free
     loopback port, stopped (and waited for) on exit."""
 
-    def __init__(self, build: LlamaBuild, gguf: Path, context: int = 4096, slots: int = 1,
-                 extra: tuple[str, ...] = (), start_timeout: float = 120):
+    def __init__(
+        self,
+        build: LlamaBuild,
+        gguf: Path,
+        context: int = 4096,
+        slots: int = 1,
+        extra: tuple[str, ...] = (),
+        start_timeout: float = 120,
+    ):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
-        cmd = [str(build.tool("llama-server")), "-m", str(gguf), "--host", "127.0.0.1",
-               "--port", str(port), "-c", str(context), "-np", str(slots), *extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True)
+        cmd = [
+            str(build.tool("llama-server")),
+            "-m",
+            str(gguf),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "-c",
+            str(context),
+            "-np",
+            str(slots),
+            *extra,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         deadline = time.monotonic() + start_timeout
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited {self.proc.returncode}:\n"
-                                   + "\n".join(self.proc.stderr.read().splitlines()[-15:]))
+                raise RuntimeError(
+                    f"llama-server exited {self.proc.returncode}:\n"
+                    + "\n".join(self.proc.stderr.read().splitlines()[-15:])
+                )
             try:
                 if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     break
@@ -44,16 +66,23 @@ class LlamaServer:
 
     def greedy(self, prompt_ids: list[int], num_tokens: int) -> list[int]:
         """The greedy reply's token ids: exactly num_tokens of them (EOS ignored)."""
-        body = {"prompt": prompt_ids, "n_predict": num_tokens, "temperature": 0.0,
-                "ignore_eos": True, "return_tokens": True, "cache_prompt": False}
+        body = {
+            "prompt": prompt_ids,
+            "n_predict": num_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_tokens": True,
+            "cache_prompt": False,
+        }
         r = httpx.post(f"{self.url}/completion", json=body, timeout=600)
         r.raise_for_status()
         return list(r.json()["tokens"])
 
     def tokenize(self, text: str) -> list[int]:
         """llama.cpp's token ids of `text`, no special tokens added."""
-        r = httpx.post(f"{self.url}/tokenize", json={"content": text, "add_special": False},
-                       timeout=60)
+        r = httpx.post(
+            f"{self.url}/tokenize", json={"content": text, "add_special": False}, timeout=60
+        )
         r.raise_for_status()
         return list(r.json()["tokens"])
 

@@ -32,28 +32,50 @@ def gpu_flags(gpu: bool, threads: int | None) -> list[str]:
     return ["-ngl", "999" if gpu else "0", *(["-t", str(threads)] if threads else [])]
 
 
-def decode(build: LlamaBuild, gguf: Path, streams: list[int], prompt_len: int, tokens: int,
-           gpu: bool, threads: int | None = None, timeout: float = 600) -> dict:
+def decode(
+    build: LlamaBuild,
+    gguf: Path,
+    streams: list[int],
+    prompt_len: int,
+    tokens: int,
+    gpu: bool,
+    threads: int | None = None,
+    timeout: float = 600,
+) -> dict:
     """{"command": ..., "decode": {N: {"tok_s", "round_ms", "prompt_tok_s"}}} at each N."""
     order = [n for n in streams for _ in range(2)]
     cmd = [str(build.tool("llama-batched-bench")), "-m", str(gguf),
            "-c", str(max(streams) * (prompt_len + tokens)), "-b", "2048", "-ub", "512",
            "-npp", str(prompt_len), "-ntg", str(tokens), "-npl", ",".join(map(str, order)),
            "--output-format", "jsonl", *gpu_flags(gpu, threads)]  # fmt: skip
-    rows = [json.loads(line) for line in _run(cmd, timeout).splitlines()
-            if line.startswith("{") and '"speed_tg"' in line]
+    rows = [
+        json.loads(line)
+        for line in _run(cmd, timeout).splitlines()
+        if line.startswith("{") and '"speed_tg"' in line
+    ]
     out = {}
     for r in rows:  # a later row of the same N replaces the first
-        out[r["pl"]] = {"tok_s": r["speed_tg"], "round_ms": 1e3 * r["t_tg"] / r["tg"],
-                        "prompt_tok_s": r["speed_pp"], "flash_attn": r["flash_attn"]}
+        out[r["pl"]] = {
+            "tok_s": r["speed_tg"],
+            "round_ms": 1e3 * r["t_tg"] / r["tg"],
+            "prompt_tok_s": r["speed_pp"],
+            "flash_attn": r["flash_attn"],
+        }
     missing = [n for n in streams if n not in out]
     if missing:
         raise RuntimeError(f"llama-batched-bench gave no row for {missing} streams")
     return {"command": cmd, "decode": {n: out[n] for n in streams}}
 
 
-def prefill(build: LlamaBuild, gguf: Path, lengths: list[int], gpu: bool,
-            threads: int | None = None, repeats: int = 3, timeout: float = 600) -> dict:
+def prefill(
+    build: LlamaBuild,
+    gguf: Path,
+    lengths: list[int],
+    gpu: bool,
+    threads: int | None = None,
+    repeats: int = 3,
+    timeout: float = 600,
+) -> dict:
     """{"command": ..., "prefill": {L: {"tok_s", "ttft_s", "stddev_tok_s"}}, "build_commit",
     "build_number", "backends", "gpu_info"} from llama-bench's JSON."""
     cmd = [str(build.tool("llama-bench")), "-m", str(gguf), "-p", ",".join(map(str, lengths)),
@@ -65,9 +87,23 @@ def prefill(build: LlamaBuild, gguf: Path, lengths: list[int], gpu: bool,
     tests = json.loads(text[start : end + 1])
     out = {"command": cmd, "prefill": {}}
     for t in tests:
-        out["prefill"][t["n_prompt"]] = {"tok_s": t["avg_ts"], "ttft_s": t["avg_ns"] / 1e9,
-                                         "stddev_tok_s": t["stddev_ts"]}
+        out["prefill"][t["n_prompt"]] = {
+            "tok_s": t["avg_ts"],
+            "ttft_s": t["avg_ns"] / 1e9,
+            "stddev_tok_s": t["stddev_ts"],
+        }
     if tests:
-        out.update({k: tests[0].get(k) for k in ("build_commit", "build_number", "backends",
-                                                  "gpu_info", "flash_attn", "n_ubatch")})
+        out.update(
+            {
+                k: tests[0].get(k)
+                for k in (
+                    "build_commit",
+                    "build_number",
+                    "backends",
+                    "gpu_info",
+                    "flash_attn",
+                    "n_ubatch",
+                )
+            }
+        )
     return out

@@ -43,9 +43,11 @@ class Progress:
     def add(self, nbytes: int) -> None:
         self.done += nbytes
         while self.done >= self.next * self.total and self.next <= 1.0:
-            print(f"[{time.strftime('%H:%M:%S')}] gguf: {self.next:.0%} of "
-                  f"{self.total / 1e9:.1f} GB made ({time.perf_counter() - self.t0:.0f} s)",
-                  flush=True)
+            print(
+                f"[{time.strftime('%H:%M:%S')}] gguf: {self.next:.0%} of "
+                f"{self.total / 1e9:.1f} GB made ({time.perf_counter() - self.t0:.0f} s)",
+                flush=True,
+            )
             self.next += 0.1
 
 
@@ -113,12 +115,24 @@ def _shards(hf: str, name: str, shape: tuple, parts: int, dtype, made: Callable)
 
 def stamp(raw: dict, seed: int | None, checkpoint: Path | None) -> dict:
     """What a GGUF holds, written beside it: a later run reuses the file only if it matches."""
-    return {"config": raw, "seed": seed, "checkpoint": str(checkpoint) if checkpoint else None,
-            "dtype": "bf16", "converter": "llama.cpp b11434 + flashlane.llama_cpp fixes"}
+    return {
+        "config": raw,
+        "seed": seed,
+        "checkpoint": str(checkpoint) if checkpoint else None,
+        "dtype": "bf16",
+        "converter": "llama.cpp b11434 + flashlane.llama_cpp fixes",
+    }
 
 
-def write_gguf(out: Path, src: Path, raw: dict | None = None, seed: int = 0, device="cpu",
-               checkpoint: Path | None = None, tokenizer: Path = DEFAULT_TOKENIZER) -> bool:
+def write_gguf(
+    out: Path,
+    src: Path,
+    raw: dict | None = None,
+    seed: int = 0,
+    device="cpu",
+    checkpoint: Path | None = None,
+    tokenizer: Path = DEFAULT_TOKENIZER,
+) -> bool:
     """Write the GGUF of `checkpoint` (a folder with config.json and model.safetensors) or of
     the random checkpoint of (`raw`, `seed`) made on `device`; False if `out` already holds it."""
     if (raw is None) == (checkpoint is None):
@@ -129,8 +143,10 @@ def write_gguf(out: Path, src: Path, raw: dict | None = None, seed: int = 0, dev
     words = len(json.loads((tokenizer / "tokenizer.json").read_text())["model"]["vocab"])
     if raw["vocab_size"] < words:
         # the converter lists the tokenizer's words as the vocabulary, padded up to vocab_size
-        raise ValueError(f"write_gguf: vocab_size {raw['vocab_size']} is under the "
-                         f"tokenizer's {words} words ({tokenizer})")
+        raise ValueError(
+            f"write_gguf: vocab_size {raw['vocab_size']} is under the "
+            f"tokenizer's {words} words ({tokenizer})"
+        )
     # compared as JSON reads it back (a tuple in a config is a list there)
     want = json.loads(json.dumps(stamp(raw, None if checkpoint else seed, checkpoint)))
     side = Path(str(out) + ".json")
@@ -157,8 +173,10 @@ def write_gguf(out: Path, src: Path, raw: dict | None = None, seed: int = 0, dev
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--config", help=f"random weights of a preset ({', '.join(sorted(PRESETS))}) "
-                                       "or a config.json")
+    what.add_argument(
+        "--config",
+        help=f"random weights of a preset ({', '.join(sorted(PRESETS))}) or a config.json",
+    )
     what.add_argument("--checkpoint", type=Path, help="a folder with model.safetensors")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="where the random weights are made")
@@ -169,12 +187,21 @@ def main(argv: list[str]) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    wrote = write_gguf(args.out, args.llama_src, config_dict(args.config) if args.config else None,
-                       args.seed, args.device, args.checkpoint)
+    wrote = write_gguf(
+        args.out,
+        args.llama_src,
+        config_dict(args.config) if args.config else None,
+        args.seed,
+        args.device,
+        args.checkpoint,
+    )
     size = args.out.stat().st_size / 1e9
     verb = "wrote" if wrote else "kept (already written)"
-    print(f"[{time.strftime('%H:%M:%S')}] gguf: {verb} {args.out} ({size:.1f} GB, "
-          f"{time.perf_counter() - t0:.0f} s)", flush=True)
+    print(
+        f"[{time.strftime('%H:%M:%S')}] gguf: {verb} {args.out} ({size:.1f} GB, "
+        f"{time.perf_counter() - t0:.0f} s)",
+        flush=True,
+    )
     return 0
 
 

@@ -197,8 +197,9 @@ def count_params(cfg: ModelConfig) -> ParamCounts:
     unread = num_moe * (cfg.num_experts - cfg.num_experts_per_tok) * expert_params(cfg)
     table_read = num_ple * cfg.num_ngram_heads * table_width
     active = counts.text - counts.embeddings + cfg.hidden_size - unread + table_read
-    return replace(counts, active=active,
-                   active_with_table=active - cfg.hidden_size + counts.embeddings)
+    return replace(
+        counts, active=active, active_with_table=active - cfg.hidden_size + counts.embeddings
+    )
 
 
 def kv_bytes_per_token(cfg: ModelConfig, cache_bytes: int = 2, with_mtp: bool = False) -> int:

@@ -114,7 +114,7 @@ class ModelConfig:
 
     @property
     def family(self) -> str:
-        """"flashnext", "qwen3_next", "qwen3_5" or "qwen3_5_moe"."""
+        """ "flashnext", "qwen3_next", "qwen3_5" or "qwen3_5_moe"."""
         return FAMILIES[self.model_type]
 
     @property

@@ -62,30 +62,46 @@ class QuantSpec:
             raise QuantizationError(f"{where}: quantization_config must be an object")
         method = raw.get("quant_method")
         if method != "fp8":
-            raise QuantizationError(f"{where}: quantization_config.quant_method {method!r} is "
-                                    "not supported (only 'fp8', block FP8)")
+            raise QuantizationError(
+                f"{where}: quantization_config.quant_method {method!r} is "
+                "not supported (only 'fp8', block FP8)"
+            )
         if raw.get("fmt", "e4m3") != "e4m3":
-            raise QuantizationError(f"{where}: quantization_config.fmt {raw['fmt']!r}: only "
-                                    "'e4m3' is supported")
+            raise QuantizationError(
+                f"{where}: quantization_config.fmt {raw['fmt']!r}: only 'e4m3' is supported"
+            )
         if raw.get("activation_scheme", "dynamic") != "dynamic":
-            raise QuantizationError(f"{where}: quantization_config.activation_scheme "
-                                    f"{raw['activation_scheme']!r}: only 'dynamic' is supported")
+            raise QuantizationError(
+                f"{where}: quantization_config.activation_scheme "
+                f"{raw['activation_scheme']!r}: only 'dynamic' is supported"
+            )
         if raw.get("scale_fmt", "float") != "float":
-            raise QuantizationError(f"{where}: quantization_config.scale_fmt "
-                                    f"{raw['scale_fmt']!r}: only float32 scales are supported")
+            raise QuantizationError(
+                f"{where}: quantization_config.scale_fmt "
+                f"{raw['scale_fmt']!r}: only float32 scales are supported"
+            )
         block = raw.get("weight_block_size", [128, 128])
-        if (not isinstance(block, list | tuple) or len(block) != 2
-                or not all(isinstance(b, int) and b > 0 for b in block)):
-            raise QuantizationError(f"{where}: quantization_config.weight_block_size must be "
-                                    f"two positive ints, got {block!r}")
+        if (
+            not isinstance(block, list | tuple)
+            or len(block) != 2
+            or not all(isinstance(b, int) and b > 0 for b in block)
+        ):
+            raise QuantizationError(
+                f"{where}: quantization_config.weight_block_size must be "
+                f"two positive ints, got {block!r}"
+            )
         skip = raw.get("modules_to_not_convert", raw.get("ignored_layers")) or []
         return cls(block=(block[0], block[1]), not_converted=tuple(skip))
 
     def to_config(self) -> dict:
         """The quantization_config a checkpoint quantized with this spec carries."""
-        return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                "weight_block_size": list(self.block),
-                "modules_to_not_convert": list(self.not_converted)}
+        return {
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "activation_scheme": "dynamic",
+            "weight_block_size": list(self.block),
+            "modules_to_not_convert": list(self.not_converted),
+        }
 
     def is_converted(self, name: str) -> bool:
         """Whether `--quantization fp8` quantizes checkpoint tensor `name` (a 2-D `.weight`):
@@ -95,8 +111,10 @@ class QuantSpec:
         if not name.endswith(".weight"):
             return False
         module = name.removesuffix(".weight")
-        return not any(re.match(f"{p}\\.", module) or re.match(p, module) or module.endswith(p)
-                       for p in self.not_converted)
+        return not any(
+            re.match(f"{p}\\.", module) or re.match(p, module) or module.endswith(p)
+            for p in self.not_converted
+        )
 
 
 def read_quant_spec(config_path: Path) -> QuantSpec | None:
@@ -117,13 +135,15 @@ def _expand(scale_inv: torch.Tensor, shape: torch.Size, block: tuple[int, int]) 
     return full[..., : shape[-2], : shape[-1]]
 
 
-def quantize_blocks(w: torch.Tensor, block: tuple[int, int] = (128, 128)
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_blocks(
+    w: torch.Tensor, block: tuple[int, int] = (128, 128)
+) -> tuple[torch.Tensor, torch.Tensor]:
     """w [..., N, K] (any float dtype) -> (e4m3 [..., N, K], float32 scale_inv
     [..., ceil(N/BN), ceil(K/BK)]), the module docstring's semantics."""
     if w.ndim < 2 or not w.is_floating_point():
-        raise QuantizationError(f"quantize_blocks needs a float tensor of 2+ dims, got "
-                                f"{w.dtype} {tuple(w.shape)}")
+        raise QuantizationError(
+            f"quantize_blocks needs a float tensor of 2+ dims, got {w.dtype} {tuple(w.shape)}"
+        )
     x = w.to(torch.float32)
     *lead, n, k = x.shape
     gn, gk = scale_shape(tuple(x.shape), block)[-2:]
@@ -135,17 +155,23 @@ def quantize_blocks(w: torch.Tensor, block: tuple[int, int] = (128, 128)
     return q, scale_inv
 
 
-def dequantize_blocks(q: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype,
-                      block: tuple[int, int] = (128, 128)) -> torch.Tensor:
+def dequantize_blocks(
+    q: torch.Tensor,
+    scale_inv: torch.Tensor,
+    dtype: torch.dtype,
+    block: tuple[int, int] = (128, 128),
+) -> torch.Tensor:
     """q [..., N, K] float8_e4m3fn, scale_inv [..., ceil(N/BN), ceil(K/BK)] float32 ->
     q * scale_inv per block, computed in float64 (exact) and cast once to dtype."""
     if q.dtype != FP8_DTYPE:
         raise QuantizationError(f"expected float8_e4m3fn values, got {q.dtype}")
     want = scale_shape(tuple(q.shape), block)
     if tuple(scale_inv.shape) != want:
-        raise QuantizationError(f"scale shape {tuple(scale_inv.shape)} does not fit the weight "
-                                f"{tuple(q.shape)} in {block[0]}x{block[1]} blocks: expected "
-                                f"{want}")
+        raise QuantizationError(
+            f"scale shape {tuple(scale_inv.shape)} does not fit the weight "
+            f"{tuple(q.shape)} in {block[0]}x{block[1]} blocks: expected "
+            f"{want}"
+        )
     if not scale_inv.is_floating_point():
         raise QuantizationError(f"scale dtype {scale_inv.dtype} is not a float")
     s = _expand(scale_inv.to(torch.float64), q.shape, block)
@@ -164,8 +190,9 @@ def quantize_state(tensors: dict[str, torch.Tensor], spec: QuantSpec) -> dict[st
     return out
 
 
-def dequantize_state(tensors: dict[str, torch.Tensor], spec: QuantSpec | None,
-                     dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def dequantize_state(
+    tensors: dict[str, torch.Tensor], spec: QuantSpec | None, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
     """Checkpoint tensors with each e4m3 tensor and its `_scale_inv` folded into one tensor of
     dtype. An e4m3 tensor without scale, a scale without its tensor, or e4m3 tensors without a
     quantization_config are errors (QuantizationError naming the tensor)."""
@@ -174,18 +201,22 @@ def dequantize_state(tensors: dict[str, torch.Tensor], spec: QuantSpec | None,
     for name, t in tensors.items():
         if name.endswith(SCALE_SUFFIX):
             if name.removesuffix(SCALE_SUFFIX) not in tensors:
-                raise QuantizationError(f"scale {name!r} has no tensor "
-                                        f"{name.removesuffix(SCALE_SUFFIX)!r}")
+                raise QuantizationError(
+                    f"scale {name!r} has no tensor {name.removesuffix(SCALE_SUFFIX)!r}"
+                )
             continue
         if t.dtype != FP8_DTYPE and name not in scales:
             out[name] = t
             continue
         if spec is None:
-            raise QuantizationError(f"tensor {name!r} is quantized ({t.dtype}, or has a scale) "
-                                    "but config.json has no quantization_config")
+            raise QuantizationError(
+                f"tensor {name!r} is quantized ({t.dtype}, or has a scale) "
+                "but config.json has no quantization_config"
+            )
         if name not in scales:
-            raise QuantizationError(f"tensor {name!r} is float8_e4m3fn without {name}"
-                                    f"{SCALE_SUFFIX}")
+            raise QuantizationError(
+                f"tensor {name!r} is float8_e4m3fn without {name}{SCALE_SUFFIX}"
+            )
         try:
             out[name] = dequantize_blocks(t, tensors[name + SCALE_SUFFIX], dtype, spec.block)
         except QuantizationError as err:

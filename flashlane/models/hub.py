@@ -37,8 +37,9 @@ def resolve_model(model: str | None) -> tuple[Path, str]:
 
 
 def is_offline() -> bool:
-    return any(os.environ.get(v, "").lower() in TRUE
-               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(
+        os.environ.get(v, "").lower() in TRUE for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def fetch(repo_id: str) -> Path:
@@ -54,25 +55,36 @@ def fetch(repo_id: str) -> Path:
     except ImportError:
         raise ModelNotFound(
             f"{repo_id}: not a folder here; fetching hub ids needs huggingface_hub "
-            "(pip install huggingface_hub)") from None
+            "(pip install huggingface_hub)"
+        ) from None
     offline = is_offline()
     endpoint = os.environ.get("HF_ENDPOINT") or None
     try:
         folder = snapshot_download(
-            repo_id, allow_patterns=PATTERNS, cache_dir=_cache_dir(),
-            local_files_only=offline, endpoint=endpoint,
+            repo_id,
+            allow_patterns=PATTERNS,
+            cache_dir=_cache_dir(),
+            local_files_only=offline,
+            endpoint=endpoint,
         )
     except GatedRepoError:
-        raise ModelNotFound(f"{repo_id}: gated on the hub; log in (HF_TOKEN) and accept its "
-                            "terms first") from None
+        raise ModelNotFound(
+            f"{repo_id}: gated on the hub; log in (HF_TOKEN) and accept its terms first"
+        ) from None
     except RepositoryNotFoundError:
-        raise ModelNotFound(f"{repo_id}: no such model on the hub "
-                            f"({endpoint or 'huggingface.co'}), nor a folder here") from None
+        raise ModelNotFound(
+            f"{repo_id}: no such model on the hub "
+            f"({endpoint or 'huggingface.co'}), nor a folder here"
+        ) from None
     except LocalEntryNotFoundError:
-        why = ("HF_HUB_OFFLINE is set and it is not in the cache" if offline
-               else "the hub cannot be reached and it is not in the cache")
-        raise ModelNotFound(f"{repo_id}: {why} ({_cache_dir() or '~/.cache/huggingface/hub'})"
-                            ) from None
+        why = (
+            "HF_HUB_OFFLINE is set and it is not in the cache"
+            if offline
+            else "the hub cannot be reached and it is not in the cache"
+        )
+        raise ModelNotFound(
+            f"{repo_id}: {why} ({_cache_dir() or '~/.cache/huggingface/hub'})"
+        ) from None
     except HfHubHTTPError as err:
         raise ModelNotFound(f"{repo_id}: the hub answered {err}") from None
     return Path(folder)

@@ -22,16 +22,20 @@ if TYPE_CHECKING:
 GIB = 2**30
 
 
-def describe(cfg: ModelConfig, plan: MemoryPlan | None = None,
-             quant: QuantSpec | None = None) -> str:
+def describe(
+    cfg: ModelConfig, plan: MemoryPlan | None = None, quant: QuantSpec | None = None
+) -> str:
     """The text of `flashlane info MODEL`: config, parameters by part, cache and state sizes,
     the block-FP8 weight bytes when config.json has a quantization_config, and the memory plan
     when one is given."""
     counts = count_params(cfg)
     lines = [*_config_lines(cfg), "", "parameters:"]
     # a sibling's "hyper-connections" are its pre-norms, its "mixer" the final norm
-    names = {} if cfg.has_hyper_connections else {"hyper_connections": "norms",
-                                                  "final_mixer": "final_norm"}
+    names = (
+        {}
+        if cfg.has_hyper_connections
+        else {"hyper_connections": "norms", "final_mixer": "final_norm"}
+    )
     for f in fields(counts):
         if not f.name.startswith("active"):
             lines.append(_param_line(names.get(f.name, f.name), getattr(counts, f.name)))
@@ -78,9 +82,12 @@ def _sibling_lines(cfg: ModelConfig) -> list[str]:
     """A sibling's config: gated full attention, no hyper-connections, PLE or indexer."""
     num_full = cfg.num_attention_layers
     dense = len(cfg.dense_mlp_layers)
-    mlp = (f"MoE: {cfg.num_experts} experts, top {cfg.num_experts_per_tok}, width "
-           f"{cfg.moe_intermediate_size}; shared expert {cfg.shared_expert_intermediate_size}"
-           if cfg.num_experts else "MoE: none")
+    mlp = (
+        f"MoE: {cfg.num_experts} experts, top {cfg.num_experts_per_tok}, width "
+        f"{cfg.moe_intermediate_size}; shared expert {cfg.shared_expert_intermediate_size}"
+        if cfg.num_experts
+        else "MoE: none"
+    )
     return [
         f"model_type: {cfg.model_type} ({cfg.family})",
         f"layers: {cfg.num_layers} ({cfg.num_layers - num_full} Gated DeltaNet, {num_full} "
@@ -100,10 +107,14 @@ def _cache_lines(cfg: ModelConfig) -> list[str]:
     kv_mtp = kv_bytes_per_token(cfg, with_mtp=True)
     block = indexer_bytes_per_block(cfg, with_mtp=True)
     state = state_bytes_per_stream(cfg)
-    indexer = [
-        f"indexer keys (raw + pooled, bf16, with MTP): {block:,} bytes per block of "
-        f"{cfg.indexer_block} tokens"
-    ] if cfg.indexer_head_dim else []
+    indexer = (
+        [
+            f"indexer keys (raw + pooled, bf16, with MTP): {block:,} bytes per block of "
+            f"{cfg.indexer_block} tokens"
+        ]
+        if cfg.indexer_head_dim
+        else []
+    )
     return [
         f"KV bytes per token (bf16): {kv:,} ({kv / 1024:g} KiB); with the MTP layer {kv_mtp:,}",
         *indexer,

@@ -98,8 +98,9 @@ def read_tensors(
         if not f.exists():
             raise CheckpointError(f"{f}: listed in the index but missing")
         if loud:
-            logger.info("loading %s (%d/%d, %.1f GiB in all)", f.name, i + 1, len(by_file),
-                        total / 2**30)
+            logger.info(
+                "loading %s (%d/%d, %.1f GiB in all)", f.name, i + 1, len(by_file), total / 2**30
+            )
         handle = _open(f)
         for name in names:
             ours = _our_name(name)
@@ -165,7 +166,9 @@ def _stack_experts(tensors: dict, origin: dict) -> dict:
 
 
 def load_checkpoint(
-    folder: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+    folder: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
     quantize: str | None = None,
 ) -> tuple[ModelConfig, FlashNext]:
     """Build the model of folder/config.json and fill it from the folder's safetensors
@@ -175,8 +178,12 @@ def load_checkpoint(
     tensors, origin = read_tensors(folder, dtype, quantize)
     tensors = split_fused_gdn(tensors, origin, cfg)
     if cfg.num_mtp_layers and not any(n.startswith("mtp.") for n in tensors):
-        logger.warning("%s: config.json has %d MTP layer(s) but no mtp.* weights: MTP drafts "
-                       "off, copy drafts only", folder, cfg.num_mtp_layers)
+        logger.warning(
+            "%s: config.json has %d MTP layer(s) but no mtp.* weights: MTP drafts "
+            "off, copy drafts only",
+            folder,
+            cfg.num_mtp_layers,
+        )
         cfg = replace(cfg, num_mtp_layers=0)  # no MTP head shipped: copy drafts only
     with torch.device("meta"):
         model = build_model(cfg)
@@ -222,9 +229,11 @@ def split_fused_gdn(tensors: dict, origin: dict, cfg: ModelConfig) -> dict:
         base = name.removesuffix("in_proj_qkvz.weight")
         w = tensors.pop(name)
         if w.shape[0] != nk * (2 * dk + 2 * rep * dv):
-            raise CheckpointError(f"{origin[name]}: tensor {name!r} has shape "
-                                  f"{tuple(w.shape)}, the config's heads need "
-                                  f"{nk * (2 * dk + 2 * rep * dv)} rows")
+            raise CheckpointError(
+                f"{origin[name]}: tensor {name!r} has shape "
+                f"{tuple(w.shape)}, the config's heads need "
+                f"{nk * (2 * dk + 2 * rep * dv)} rows"
+            )
         q, k, v, z = w.unflatten(0, (nk, -1)).split([dk, dk, rep * dv, rep * dv], dim=1)
         tensors[base + "in_proj_qkv.weight"] = torch.cat([t.flatten(0, 1) for t in (q, k, v)])
         tensors[base + "in_proj_z.weight"] = z.flatten(0, 1)
@@ -233,7 +242,9 @@ def split_fused_gdn(tensors: dict, origin: dict, cfg: ModelConfig) -> dict:
             raise CheckpointError(f"{origin[name]}: {name!r} without {base}in_proj_ba.weight")
         b, a = ba.unflatten(0, (nk, -1)).split([rep, rep], dim=1)
         tensors[base + "in_proj_b.weight"], tensors[base + "in_proj_a.weight"] = (
-            b.flatten(0, 1), a.flatten(0, 1))
+            b.flatten(0, 1),
+            a.flatten(0, 1),
+        )
         for part in ("qkv", "z", "b", "a"):
             origin[f"{base}in_proj_{part}.weight"] = origin[name]
     return tensors

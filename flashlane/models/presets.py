@@ -73,8 +73,7 @@ FLASH_NEXT = dict(
 
 def _layer_types(n: int, interval: int = 4) -> list[str]:
     return [
-        "qwen_sparse_attention" if (i + 1) % interval == 0 else "linear_attention"
-        for i in range(n)
+        "qwen_sparse_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)
     ]
 
 
@@ -145,10 +144,12 @@ PRESETS: dict[str, dict] = {
     "flashnext-12l": _shorter(12, 200_000),
     "flashnext-4l": _shorter(4, 50_000),
     "qwen3-next-tiny": _sibling(dict(QWEN3_NEXT, **SIBLING_TINY, mlp_only_layers=[1]), 4),
-    "qwen3.5-moe-tiny": _sibling(dict(QWEN3_5_MOE, **SIBLING_TINY,
-                                      rope_parameters=dict(ROPE, mrope_section=[2, 1, 1])), 4),
-    "qwen3.5-tiny": _sibling(dict(QWEN3_5, **SIBLING_TINY,
-                                  rope_parameters=dict(ROPE, mrope_section=[2, 1, 1])), 4),
+    "qwen3.5-moe-tiny": _sibling(
+        dict(QWEN3_5_MOE, **SIBLING_TINY, rope_parameters=dict(ROPE, mrope_section=[2, 1, 1])), 4
+    ),
+    "qwen3.5-tiny": _sibling(
+        dict(QWEN3_5, **SIBLING_TINY, rope_parameters=dict(ROPE, mrope_section=[2, 1, 1])), 4
+    ),
     "qwen3-next-48l": _sibling(QWEN3_NEXT, 48),
     "qwen3-next-12l": _sibling(QWEN3_NEXT, 12),
     "qwen3-next-4l": _sibling(QWEN3_NEXT, 4),

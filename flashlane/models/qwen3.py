@@ -41,8 +41,13 @@ class Qwen3MtpHead(nn.Module):
         self.norm = RMSNorm(h, cfg.rms_eps)
 
     def forward(
-        self, hidden: torch.Tensor, next_embed: torch.Tensor, rows: Rows, rotary: Rotary,
-        kernels: Kernels, graphs=None,
+        self,
+        hidden: torch.Tensor,
+        next_embed: torch.Tensor,
+        rows: Rows,
+        rotary: Rotary,
+        kernels: Kernels,
+        graphs=None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """hidden: h_i [N, H]; next_embed: embed(x_{i+1}) [N, H]; rows at cell positions ->
         (the lm_head's input [N, H], the cell's output [N, H]: the same tensor)."""

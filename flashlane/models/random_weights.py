@@ -92,8 +92,10 @@ def _fused_gdn(c, name: str, p: torch.Tensor, seed: int) -> torch.Tensor:
         return random_tensor(f"{base}.in_proj_{part}.weight", (rows, h), p.dtype, p.device, seed)
 
     if name.endswith("in_proj_qkvz.weight"):
-        parts = [*ours("qkv", 2 * nk * dk + nv * dv).split([nk * dk, nk * dk, nv * dv]),
-                 ours("z", nv * dv)]
+        parts = [
+            *ours("qkv", 2 * nk * dk + nv * dv).split([nk * dk, nk * dk, nv * dv]),
+            ours("z", nv * dv),
+        ]
     else:
         parts = [ours("b", nv), ours("a", nv)]
     return torch.cat([t.unflatten(0, (nk, -1)) for t in parts], dim=1).flatten(0, 1)

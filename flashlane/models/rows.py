@@ -73,8 +73,9 @@ class Rows:
         return cls(input_ids.reshape(-1), pos, pieces, batch=(b, t))
 
     @classmethod
-    def of(cls, pieces: list[tuple[SessionState, torch.Tensor | list[int], int, bool]],
-           device) -> Rows:
+    def of(
+        cls, pieces: list[tuple[SessionState, torch.Tensor | list[int], int, bool]], device
+    ) -> Rows:
         """pieces: (session, token ids [T] (a tensor or a list), start position, recurrent) in
         row order. The ids and positions go to the device in one copy, however many pieces,
         made without a Python list of the rows (an 8k-token prompt's lists and their
@@ -84,8 +85,11 @@ class Rows:
             if isinstance(tokens, torch.Tensor):
                 ids.append(tokens.reshape(-1).to("cpu", torch.long))
             else:
-                ids.append(torch.frombuffer(array.array("q", tokens), dtype=torch.long)
-                           if len(tokens) else torch.zeros(0, dtype=torch.long))
+                ids.append(
+                    torch.frombuffer(array.array("q", tokens), dtype=torch.long)
+                    if len(tokens)
+                    else torch.zeros(0, dtype=torch.long)
+                )
             t = int(ids[-1].numel())
             out.append(Piece(offset, t, start, session, recurrent))
             pos.append(torch.arange(start, start + t))

@@ -45,9 +45,13 @@ TABLE_COLUMNS = ("k", "v", "index_keys", "block_keys", "blocks")
 TABLE_WIDTH = 8
 
 
-def offsets_table(columns: list[list[torch.Tensor]], counts: list[list[int]] | None = None,
-                  align: list[int] | None = None, bases: list[torch.Tensor] | None = None,
-                  host: bool = False) -> torch.Tensor:
+def offsets_table(
+    columns: list[list[torch.Tensor]],
+    counts: list[list[int]] | None = None,
+    align: list[int] | None = None,
+    bases: list[torch.Tensor] | None = None,
+    host: bool = False,
+) -> torch.Tensor:
     """[B, TABLE_WIDTH] int64 on the tensors' device: row b holds the element offset of
     columns[c][b] from columns[c][0] (or from bases[c], the buffer a kernel is handed:
     runner/lone.py's step graphs, one per batch size, name any sessions through it) for each
@@ -61,8 +65,10 @@ def offsets_table(columns: list[list[torch.Tensor]], counts: list[list[int]] | N
     for tensors, step, t0 in zip(columns, align or [16] * len(columns), bases):
         for row, t in zip(rows, tensors):
             if t.dtype != t0.dtype or not t.is_contiguous():
-                raise ValueError(f"offsets_table: a buffer of {t.dtype} (first {t0.dtype}), "
-                                 f"contiguous {t.is_contiguous()}")
+                raise ValueError(
+                    f"offsets_table: a buffer of {t.dtype} (first {t0.dtype}), "
+                    f"contiguous {t.is_contiguous()}"
+                )
             off, rem = divmod(t.data_ptr() - t0.data_ptr(), t.element_size())
             if rem or off % step:
                 raise ValueError(f"offsets_table: a buffer {off} elements (+{rem} bytes) away")
@@ -73,15 +79,15 @@ def offsets_table(columns: list[list[torch.Tensor]], counts: list[list[int]] | N
     return table if host else table.to(columns[0][0].device)
 
 
-def attn_table(caches: list[AttnCache], anchor: AttnCache | None = None,
-               host: bool = False) -> torch.Tensor:
+def attn_table(
+    caches: list[AttnCache], anchor: AttnCache | None = None, host: bool = False
+) -> torch.Tensor:
     """offsets_table of the sessions' attention buffers (TABLE_COLUMNS) for one layer, from
     the first cache's (or the anchor's)."""
     names = TABLE_COLUMNS[:4]
     columns = [[getattr(c, name) for c in caches] for name in names]
     bases = None if anchor is None else [getattr(anchor, name) for name in names]
-    return offsets_table(columns, [[c.block_keys.shape[0]] for c in caches], bases=bases,
-                         host=host)
+    return offsets_table(columns, [[c.block_keys.shape[0]] for c in caches], bases=bases, host=host)
 
 
 @dataclass(slots=True)
@@ -94,14 +100,18 @@ class GdnState:
 GDN_CONV_COLUMN = 1
 
 
-def gdn_table(states: list[GdnState], anchor: GdnState | None = None,
-              host: bool = False) -> torch.Tensor:
+def gdn_table(
+    states: list[GdnState], anchor: GdnState | None = None, host: bool = False
+) -> torch.Tensor:
     """offsets_table of the sessions' recurrent states and conv windows for one GDN layer,
     from the first state's (or the anchor's)."""
     bases = None if anchor is None else [anchor.recurrent, anchor.conv]
-    return offsets_table([[g.recurrent for g in states], [g.conv for g in states]],
-                         align=[16, 1],  # small windows: the CPU allocator's 64 bytes
-                         bases=bases, host=host)
+    return offsets_table(
+        [[g.recurrent for g in states], [g.conv for g in states]],
+        align=[16, 1],  # small windows: the CPU allocator's 64 bytes
+        bases=bases,
+        host=host,
+    )
 
 
 @dataclass(slots=True)
@@ -114,13 +124,15 @@ class PleState:
 PLE_IDS_COLUMN = 1
 
 
-def ple_table(states: list[PleState], anchor: PleState | None = None,
-              host: bool = False) -> torch.Tensor:
+def ple_table(
+    states: list[PleState], anchor: PleState | None = None, host: bool = False
+) -> torch.Tensor:
     """offsets_table of the sessions' PLE conv tails and ids for one PLE layer, from the
     first state's (or the anchor's): kernels.gather_sessions and put_sessions read it."""
     bases = None if anchor is None else [anchor.conv, anchor.ids]
-    return offsets_table([[p.conv for p in states], [p.ids for p in states]], align=[1, 1],
-                         bases=bases, host=host)
+    return offsets_table(
+        [[p.conv for p in states], [p.ids for p in states]], align=[1, 1], bases=bases, host=host
+    )
 
 
 @dataclass(slots=True)

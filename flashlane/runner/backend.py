@@ -121,8 +121,7 @@ class ModelBackend:
                 self.grammar_states.pop(w.stream_id, None)
         self.fed.clear()
         specs = [
-            (self.sessions[w.session_id], w.tokens, w.start, w.kind == "decode")
-            for w in windows
+            (self.sessions[w.session_id], w.tokens, w.start, w.kind == "decode") for w in windows
         ]
         with torch.no_grad():
             rows = Rows.of(specs, self.device)
@@ -263,9 +262,7 @@ def _draw_all(logits: torch.Tensor | None, specs: list[DrawSpec]) -> list:
     tokens) or on the CPU; row -> id or SampleError."""
     if logits is None:
         return []
-    picks: dict = greedy_on_device(
-        logits, [i for i, sp in enumerate(specs) if is_plain_greedy(sp)]
-    )
+    picks: dict = greedy_on_device(logits, [i for i, sp in enumerate(specs) if is_plain_greedy(sp)])
     rest = [i for i in range(len(specs)) if i not in picks]
     if rest:
         draw = draw_rows_gpu if logits.is_cuda else draw_rows

@@ -93,9 +93,7 @@ def time_costs(
     )
 
 
-def _step_ms(
-    model: FlashNext, sessions: list[SessionState], repeats: int, cells: int = 2
-) -> float:
+def _step_ms(model: FlashNext, sessions: list[SessionState], repeats: int, cells: int = 2) -> float:
     """A depth-1 draft call of the engine's drafter, one stream per session: the head's absorb
     of `cells` kept rows each (two: a stream that drafted last round), then a greedy draft each
     (the sampler and host work included)."""

@@ -58,8 +58,14 @@ class LoneDriver:
     """Runs `step` for one session, or a few together, graphed on CUDA (one graph per tuple
     of sessions), with two steps in flight (one for calls with a top_p stream)."""
 
-    def __init__(self, model: FlashNext, sessions: list[SessionState], graphs: bool = True,
-                 drafter=None, max_steps: int = 64):
+    def __init__(
+        self,
+        model: FlashNext,
+        sessions: list[SessionState],
+        graphs: bool = True,
+        drafter=None,
+        max_steps: int = 64,
+    ):
         """`drafter` (drafting.mtp.MtpDrafter): a drafting stream's steps queue their cells
         there, as kept shared rounds do, so its MTP head catches up when it drafts again."""
         self.model, self.sessions, self.drafter = model, sessions, drafter
@@ -92,26 +98,46 @@ class LoneDriver:
         # in before the steps; rows past the streams' decode the pad session, which no
         # stream reads (every op is row-invariant, so the streams' bits are theirs alone)
         self.sizes = buckets(len(sessions)) if sessions else [1]
-        self.size_tables = (SizeTables(model.cfg, sessions, max_steps, self.device)
-                            if self.use_graphs and sessions else None)
+        self.size_tables = (
+            SizeTables(model.cfg, sessions, max_steps, self.device)
+            if self.use_graphs and sessions
+            else None
+        )
         self.drafting = None  # drafted steps (runner/lone_draft.py), with an MTP head
         if drafter is not None and model.mtp is not None:
             from flashlane.runner.lone_draft import Drafting
+
             self.drafting = Drafting(self)
 
-    def decode(self, session_id: int, token: int, position: int, budget: int,
-               take: Callable[[int, bool], bool], stream_id: int = -1, draws=None) -> int:
+    def decode(
+        self,
+        session_id: int,
+        token: int,
+        position: int,
+        budget: int,
+        take: Callable[[int, bool], bool],
+        stream_id: int = -1,
+        draws=None,
+    ) -> int:
         """Up to `budget` steps from the pending `token` at `position`. After each landed step
         take(id, finite) says whether to go on; once it says no, the step still in flight
         (if any: a top_p stream's call has none) lands and is handed over too. Returns the
         steps whose tokens the session now holds. With `draws` of a drafting stream, the
         steps' cells are queued for its MTP head."""
-        return self.decode_many([session_id], [token], [position], budget, [take],
-                                [stream_id], [draws])
+        return self.decode_many(
+            [session_id], [token], [position], budget, [take], [stream_id], [draws]
+        )
 
-    def decode_many(self, session_ids: list[int], tokens: list[int], positions: list[int],
-                    budget: int, takes: list[Callable[[int, bool], bool]],
-                    stream_ids: list[int], draws: list) -> int:
+    def decode_many(
+        self,
+        session_ids: list[int],
+        tokens: list[int],
+        positions: list[int],
+        budget: int,
+        takes: list[Callable[[int, bool], bool]],
+        stream_ids: list[int],
+        draws: list,
+    ) -> int:
         """decode() for several sessions in lockstep: every step feeds each its pending
         token; each landed step's tokens go to their takes, and once any take says no, the
         step in flight (if any) lands and is handed over too. Returns the steps every session
@@ -127,8 +153,9 @@ class LoneDriver:
             io.draw.load(keyed_specs([*draws, *[None] * pad], [*positions, *[0] * pad]))
         if io.table is not None:
             io.table.copy_(self.size_tables.of(tuple(session_ids), io.size), non_blocking=True)
-        pinned = torch.tensor([[*tokens, *[0] * pad], [*positions, *[0] * pad]],
-                              pin_memory=self.is_cuda)
+        pinned = torch.tensor(
+            [[*tokens, *[0] * pad], [*positions, *[0] * pad]], pin_memory=self.is_cuda
+        )
         io.tok.copy_(pinned[0], non_blocking=True)
         io.pos.copy_(pinned[1], non_blocking=True)
         io.k.zero_()
@@ -149,16 +176,22 @@ class LoneDriver:
         drafter = self.drafter
         for i, d in enumerate(draws):
             # a failed stream keeps no cells (as a failed shared round): its ids may be codes
-            if (d is not None and d.params.draft and drafter is not None and drafter.enabled
-                    and not failed[i]):
+            if (
+                d is not None
+                and d.params.draft
+                and drafter is not None
+                and drafter.enabled
+                and not failed[i]
+            ):
                 rows = io.rows[:launched, i].clone()  # the next call overwrites the buffer
                 drafter.absorb_later(stream_ids[i], rows, got[i][:launched], got[i][launched], d)
                 if len(drafter.waiting[stream_ids[i]].next_ids) >= MAX_WAITING:
                     drafter.catch_up(stream_ids[i], self.sessions[session_ids[i]])
         return launched
 
-    def run_steps(self, ids: tuple[int, ...], io, budget: int,
-                  land: Callable[[list[list[int]]], bool]) -> int:
+    def run_steps(
+        self, ids: tuple[int, ...], io, budget: int, land: Callable[[list[list[int]]], bool]
+    ) -> int:
         """Up to `budget` steps of these sessions with io, two in flight: each landed step's
         ring rows (one per session) go to land(), and once it says stop, the step in flight
         lands too. A keyed draw whose rows may land unsettled (top_p) runs one in flight: a
@@ -240,6 +273,7 @@ class LoneDriver:
             width = self.model.cfg.hc_count * self.model.cfg.hidden_size
             if depth:
                 from flashlane.runner.lone_draft import DraftBuffers
+
                 io = DraftBuffers(b, depth, width, self.model.dtype, self.device)
             else:
                 draw = KeyedDraw(b, self.model.cfg.vocab_size, self.device) if keyed else None
@@ -320,8 +354,12 @@ class LoneDriver:
         if table is None:
             like = self.sessions[ids[0]]
             capacity = min(like.capacity, 2 * cfg.indexer_block)
-            scratch = [SessionState.empty(cfg, capacity, like.attn_dtype(), like.state_dtype(),
-                                          self.device) for _ in ids]
+            scratch = [
+                SessionState.empty(
+                    cfg, capacity, like.attn_dtype(), like.state_dtype(), self.device
+                )
+                for _ in ids
+            ]
         else:  # every row the pad session's (the call's tables are put back after)
             loaded = table.clone()
             table.copy_(self.size_tables.of((), io.size))
@@ -343,5 +381,3 @@ class LoneDriver:
 def _evictable(key: tuple) -> bool:
     """A graph of a tuple of several sessions (drafted steps'): not one of a size's."""
     return key[0] == "draft" or (isinstance(key[0], int) and len(key) > 1)
-
-

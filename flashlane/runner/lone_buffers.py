@@ -31,22 +31,21 @@ class SizeTables:
     """The anchor (the largest session), the pad session, and the host's tables of plain
     steps by tuple of sessions."""
 
-    def __init__(self, cfg: ModelConfig, sessions: list[SessionState], max_steps: int,
-                 device: torch.device):
+    def __init__(
+        self, cfg: ModelConfig, sessions: list[SessionState], max_steps: int, device: torch.device
+    ):
         self.sessions, self.device, self.pinned = sessions, device, device.type == "cuda"
         self.anchor = like = max(sessions, key=lambda s: s.capacity)
         # room for a call's steps from position 0
         block = cfg.indexer_block
         capacity = max(2, -(-(max_steps + 1) // block)) * block
-        self.pad = SessionState.empty(cfg, capacity, like.attn_dtype(), like.state_dtype(),
-                                      device)
+        self.pad = SessionState.empty(cfg, capacity, like.attn_dtype(), like.state_dtype(), device)
         self.keys = list(session_tables([self.anchor], self.anchor, host=True))
         self.host: dict[tuple[int, ...], torch.Tensor] = {}
 
     def device_table(self, size: int) -> torch.Tensor:
         """A step's table buffer of `size` rows [layers, size, TABLE_WIDTH] (by `keys`)."""
-        return torch.zeros(len(self.keys), size, TABLE_WIDTH, dtype=torch.long,
-                           device=self.device)
+        return torch.zeros(len(self.keys), size, TABLE_WIDTH, dtype=torch.long, device=self.device)
 
     def of(self, ids: tuple[int, ...], size: int) -> torch.Tensor:
         """The tables of a plain step of these sessions padded to `size` rows, every layer's
@@ -68,8 +67,8 @@ def posts_to_pinned(model: FlashNext, device: torch.device) -> bool:
     if os.environ.get("FLASHLANE_LONE_POST", "1") == "0" or model.kernels.name != "triton":
         return False
     from flashlane.kernels.rowwise.triton_rows import posts_to_pinned
-    return posts_to_pinned(device)
 
+    return posts_to_pinned(device)
 
 
 class StepBuffers:
@@ -77,8 +76,15 @@ class StepBuffers:
     with `draw`, the keyed draw of the streams (its kernels' shape is part of a graph's key,
     and a step of each shape runs once outside a capture first: `warm`)."""
 
-    def __init__(self, b: int, max_steps: int, width: int, dtype, device: torch.device,
-                 draw: KeyedDraw | None = None):
+    def __init__(
+        self,
+        b: int,
+        max_steps: int,
+        width: int,
+        dtype,
+        device: torch.device,
+        draw: KeyedDraw | None = None,
+    ):
         on = dict(dtype=torch.long, device=device)
         self.size = b  # rows a step runs
         # graphed: every layer's session table [layers, b, TABLE_WIDTH], offsets from the
@@ -122,5 +128,14 @@ class StepBuffers:
         return session_tables(sessions)
 
     def step(self, model: FlashNext, sessions: list[SessionState], tables) -> None:
-        step(model, sessions, self.tok, self.pos, self.out, (self.rows, self.k), tables,
-             self.draw, self.ring if self.posts else None)
+        step(
+            model,
+            sessions,
+            self.tok,
+            self.pos,
+            self.out,
+            (self.rows, self.k),
+            tables,
+            self.draw,
+            self.ring if self.posts else None,
+        )

@@ -99,9 +99,17 @@ class Drafting:
             return self.depth - better
         return better
 
-    def decode(self, ids: list[int], tokens: list[int], positions: list[int], budget: int,
-               room: int, takes: list[Callable[[int, bool], bool]], stream_ids: list[int],
-               draws: list) -> int | None:
+    def decode(
+        self,
+        ids: list[int],
+        tokens: list[int],
+        positions: list[int],
+        budget: int,
+        room: int,
+        takes: list[Callable[[int, bool], bool]],
+        stream_ids: list[int],
+        draws: list,
+    ) -> int | None:
         """LoneDriver.decode_many in drafted steps: up to `budget` steps while each fits in
         `room` positions; every landed step's kept tokens go to the takes in order. Returns
         the steps launched (None: no step fits, nothing ran)."""
@@ -132,8 +140,9 @@ class Drafting:
         launched = drv.run_steps(tuple(ids), io, budget, land)
         after = [p + n for p, n in zip(positions, kept)]
         self.carry = {sid: c for sid, c in self.carry.items() if c[1] is not io}
-        self.carry.update({sid: ((ids[i], after[i], last[i]), io, i)
-                           for i, sid in enumerate(stream_ids)})
+        self.carry.update(
+            {sid: ((ids[i], after[i], last[i]), io, i) for i, sid in enumerate(stream_ids)}
+        )
         self._hand_off(ids, after, last, io, stream_ids, draws)
         return launched
 
@@ -143,8 +152,9 @@ class Drafting:
         chain for the first drafts)."""
         drv, carry = self.driver, [self.carry.get(sid) for sid in stream_ids]
         where = list(zip(ids, positions, tokens))
-        if all(c is not None and c[0] == w and c[1].depth == io.depth
-               for c, w in zip(carry, where)):
+        if all(
+            c is not None and c[0] == w and c[1].depth == io.depth for c, w in zip(carry, where)
+        ):
             if any(src is not io or row != i for i, (_, src, row) in enumerate(carry)):
                 froms = {id(src): [x.clone() for x in src.inputs()] for _, src, _ in carry}
                 for i, (_, src, row) in enumerate(carry):
@@ -162,8 +172,9 @@ class Drafting:
         """The host drafter's chain for each stream (its head absorbs every waiting cell
         first), padded to the depth (a padded draft is one more that does not land)."""
         drafter, sessions = self.driver.drafter, self.driver.sessions
-        got = drafter.draft({s: self.depth for s in stream_ids},
-                            {s: sessions[i] for s, i in zip(stream_ids, ids)})
+        got = drafter.draft(
+            {s: self.depth for s in stream_ids}, {s: sessions[i] for s, i in zip(stream_ids, ids)}
+        )
         return [(d.tokens + [0] * self.depth)[: self.depth] for d in got]
 
     def _hand_off(self, ids, after, last, io, stream_ids, draws) -> None:
@@ -175,8 +186,9 @@ class Drafting:
             s = self.driver.sessions[sid]
             s.length = after[i]
             s.mtp_length = after[i] - 1
-            drafter.waiting[stream_ids[i]] = Waiting([io.last[i : i + 1].clone()], [last[i]],
-                                                     False, draws[i])
+            drafter.waiting[stream_ids[i]] = Waiting(
+                [io.last[i : i + 1].clone()], [last[i]], False, draws[i]
+            )
 
 
 class DraftBuffers:
@@ -193,8 +205,9 @@ class DraftBuffers:
         self.offsets = torch.arange(t, **on)
         self.out = torch.zeros(b, 2 * t + 1, **on)
         self.last = torch.zeros(b, width, dtype=dtype, device=device)
-        self.ring = torch.zeros(RING, b, 2 * t + 1, dtype=torch.long,
-                                pin_memory=device.type == "cuda")
+        self.ring = torch.zeros(
+            RING, b, 2 * t + 1, dtype=torch.long, pin_memory=device.type == "cuda"
+        )
         self.warm = False
 
     def key(self, ids: tuple[int, ...]) -> tuple:
@@ -226,8 +239,9 @@ def draft_tables(sessions: list[SessionState], depth: int) -> dict:
 
 
 @torch.no_grad()
-def draft_step(model: FlashNext, sessions: list[SessionState], io: DraftBuffers,
-               tables: dict) -> None:
+def draft_step(
+    model: FlashNext, sessions: list[SessionState], io: DraftBuffers, tables: dict
+) -> None:
     """One drafted step (module docstring) of io's sessions, reading and writing io
     (`tables` from draft_tables; None: the kernels make their own, eager steps only)."""
     cfg, kernels = model.cfg, model.kernels
@@ -241,16 +255,36 @@ def draft_step(model: FlashNext, sessions: list[SessionState], io: DraftBuffers,
     pending = []  # (per-session states [B, ...], rows of the window [B, T+tail, ...] or None)
     for idx, layer in enumerate(model.layers):
         if layer.ple is not None:
-            r = _ple(layer.ple, r.view(b, t, -1), [s.ple[idx] for s in sessions], window,
-                     kernels, pending)
+            r = _ple(
+                layer.ple,
+                r.view(b, t, -1),
+                [s.ple[idx] for s in sessions],
+                window,
+                kernels,
+                pending,
+            )
         a, w = layer.attn_hyper_connection.read(r)
         if layer.kind == "linear":
-            y = _gdn(layer.linear_attn, a.view(b, t, -1), [s.gdn[idx] for s in sessions],
-                     kernels, pending)
+            y = _gdn(
+                layer.linear_attn,
+                a.view(b, t, -1),
+                [s.gdn[idx] for s in sessions],
+                kernels,
+                pending,
+            )
         else:
             caches = [s.attn[idx] for s in sessions for _ in range(t)]
-            y = lone_step.attention_step(layer.self_attn, a, caches, at, cos, sin,
-                                         model.rotary, kernels, tables.get(("w", idx)))
+            y = lone_step.attention_step(
+                layer.self_attn,
+                a,
+                caches,
+                at,
+                cos,
+                sin,
+                model.rotary,
+                kernels,
+                tables.get(("w", idx)),
+            )
         r = layer.mlp_half(r, y, w, kernels)
     top, ids = model.logits(r).max(dim=1)  # the first maximum: ties to the lower id
     ids, finite = ids.view(b, t), torch.isfinite(top).view(b, t)
@@ -281,9 +315,15 @@ def _gdn(gdn, a3, states, kernels, pending) -> torch.Tensor:
     qkv, gate_a, gate_b, z = gdn.project(a3.flatten(0, 1))
     qkv, gate_a, gate_b = (x.unflatten(0, (b, t)) for x in (qkv, gate_a, gate_b))
     q, k, v, xfull = gdn.conv_qkv(qkv, lone_step.stacked([g.conv for g in states]), kernels)
-    o, after = kernels.recurrent_gdn(q, k, v, None, None,
-                                     lone_step.stacked([g.recurrent for g in states]),
-                                     gates=gdn.gates(gate_a, gate_b))
+    o, after = kernels.recurrent_gdn(
+        q,
+        k,
+        v,
+        None,
+        None,
+        lone_step.stacked([g.recurrent for g in states]),
+        gates=gdn.gates(gate_a, gate_b),
+    )
     pending.append(([g.conv for g in states], xfull, None))
     pending.append(([g.recurrent for g in states], None, after))
     return gdn.finish(o.flatten(0, 1), z)
@@ -310,9 +350,16 @@ def _draft_next(model, sessions, io, r, next_ids, at, cos, sin, rows, tables) ->
     position) and chains K drafts from the cell of each session's last kept row (`rows`)."""
     mtp, k = model.mtp, io.drafts.shape[1]
     heads = range(len(mtp.layers))
-    x = _cells(model, r, next_ids, [[s.mtp[j] for s in sessions for _ in range(k + 1)]
-                                    for j in heads],
-               at, cos, sin, [tables.get(("mtp", j)) for j in heads])
+    x = _cells(
+        model,
+        r,
+        next_ids,
+        [[s.mtp[j] for s in sessions for _ in range(k + 1)] for j in heads],
+        at,
+        cos,
+        sin,
+        [tables.get(("mtp", j)) for j in heads],
+    )
     x, pos = x[rows], io.pos + io.out[:, 2 * (k + 1)]  # the pending token's new position
     caches = [[s.mtp[j] for s in sessions] for j in heads]
     chain = [tables.get(("chain", j)) for j in heads]
@@ -333,7 +380,8 @@ def _cells(model, residual, next_ids, caches, at, cos, sin, tables) -> torch.Ten
     x = (mtp.fc_hidden(hn) + e.unsqueeze(-2)).flatten(-2)
     for layer, layer_caches, table in zip(mtp.layers, caches, tables):
         a, w = layer.attn_hyper_connection.read(x)
-        y = lone_step.attention_step(layer.self_attn, a, layer_caches, at, cos, sin,
-                                     model.rotary, kernels, table)
+        y = lone_step.attention_step(
+            layer.self_attn, a, layer_caches, at, cos, sin, model.rotary, kernels, table
+        )
         x = layer.mlp_half(x, y, w, kernels)
     return x

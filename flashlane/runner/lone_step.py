@@ -29,15 +29,29 @@ from flashlane.models.state import (
 )
 from flashlane.sampling.lone_draw import KeyedDraw
 
-__all__ = ["attention_once", "attention_step", "gdn_step", "ple_step", "session_tables", "stacked",
-           "step"]
+__all__ = [
+    "attention_once",
+    "attention_step",
+    "gdn_step",
+    "ple_step",
+    "session_tables",
+    "stacked",
+    "step",
+]
 
 
 @torch.no_grad()
-def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos: torch.Tensor,
-         out: torch.Tensor, record: tuple[torch.Tensor, torch.Tensor],
-         tables: dict[int, torch.Tensor] | None = None, draw: KeyedDraw | None = None,
-         ring: torch.Tensor | None = None) -> None:
+def step(
+    model: FlashNext,
+    sessions: list[SessionState],
+    tok: torch.Tensor,
+    pos: torch.Tensor,
+    out: torch.Tensor,
+    record: tuple[torch.Tensor, torch.Tensor],
+    tables: dict[int, torch.Tensor] | None = None,
+    draw: KeyedDraw | None = None,
+    ring: torch.Tensor | None = None,
+) -> None:
     """Feed tok [B] at pos [B], one row per session, commit them, and draw the tokens for
     pos + 1, greedily or with `draw` (the streams' keyed draw, sampling/lone_draw.py): out
     [B, 2] gets (the id, 1 if the row's maximum is finite; keyed: 1 for a token, else 0 and
@@ -55,26 +69,40 @@ def step(model: FlashNext, sessions: list[SessionState], tok: torch.Tensor, pos:
     first = model.layers[0]
     if first.ple is None:  # the first read's norm in the embedding's launch
         norm = first.attn_hyper_connection.hc_norm
-        r, xn = kernels.embed_rows(model.embed_tokens.weight, tok, cfg.hc_count,
-                                   (norm.weight, norm.eps))
+        r, xn = kernels.embed_rows(
+            model.embed_tokens.weight, tok, cfg.hc_count, (norm.weight, norm.eps)
+        )
     else:
         r, xn = kernels.embed_rows(model.embed_tokens.weight, tok, cfg.hc_count), None
     # the rows' cos / sin, and attention_once's tensors, in one launch
-    cos, sin, *once = kernels.step_angles(pos, model.rotary.inv(pos.device), r.dtype,
-                                          cfg.indexer_block)
+    cos, sin, *once = kernels.step_angles(
+        pos, model.rotary.inv(pos.device), r.dtype, cfg.indexer_block
+    )
     # xn: the next read's norm, where the launch before it made it
     for idx, layer in enumerate(model.layers):
         if layer.ple is not None:
-            r = ple_step(layer.ple, r, [s.ple[idx] for s in sessions], tok, kernels,
-                         tables.get(("ple", idx)))
+            r = ple_step(
+                layer.ple, r, [s.ple[idx] for s in sessions], tok, kernels, tables.get(("ple", idx))
+            )
         a, w = layer.attn_hyper_connection.read(r, xn)
         if layer.kind == "linear":
-            y = gdn_step(layer.linear_attn, a, [s.gdn[idx] for s in sessions], kernels,
-                         tables.get(idx))
+            y = gdn_step(
+                layer.linear_attn, a, [s.gdn[idx] for s in sessions], kernels, tables.get(idx)
+            )
         else:
             caches = [s.attn[idx] for s in sessions]
-            y = attention_step(layer.self_attn, a, caches, pos, cos, sin, model.rotary,
-                               kernels, tables.get(idx), once)
+            y = attention_step(
+                layer.self_attn,
+                a,
+                caches,
+                pos,
+                cos,
+                sin,
+                model.rotary,
+                kernels,
+                tables.get(idx),
+                once,
+            )
         then = _next_read(model, idx)
         if then is None:
             r, xn = layer.mlp_half(r, y, w, kernels), None
@@ -101,8 +129,7 @@ def stacked(xs: list[torch.Tensor]) -> torch.Tensor:
     return xs[0][None] if len(xs) == 1 else torch.stack(xs)
 
 
-def ple_step(ple, r: torch.Tensor, states: list[PleState], tok: torch.Tensor, kernels,
-             table=None):
+def ple_step(ple, r: torch.Tensor, states: list[PleState], tok: torch.Tensor, kernels, table=None):
     # one session: its ids move on and the conv moves its window in place (views); several:
     # stacked copies, copied back (through `table` where given: state.ple_table)
     if table is not None:
@@ -118,11 +145,13 @@ def ple_step(ple, r: torch.Tensor, states: list[PleState], tok: torch.Tensor, ke
         history = kernels.push_history(states[0].ids[None], tok)
     else:
         history = torch.cat([stacked([p.ids for p in states]), tok[:, None]], dim=1)
-    added, xfull = ple.stacked(r[:, None], history, stacked([p.conv for p in states]), kernels,
-                               shift=one, added=True)
+    added, xfull = ple.stacked(
+        r[:, None], history, stacked([p.conv for p in states]), kernels, shift=one, added=True
+    )
     if not one:
-        copy_all([p.ids for p in states] + [p.conv for p in states],
-                 [*history[:, 1:], *xfull[:, 1:]])
+        copy_all(
+            [p.ids for p in states] + [p.conv for p in states], [*history[:, 1:], *xfull[:, 1:]]
+        )
     return added[:, 0]
 
 
@@ -132,30 +161,53 @@ def gdn_step(gdn, a: torch.Tensor, states: list[GdnState], kernels, table) -> to
     # the conv moves each window past the row, and the rule updates each recurrent state,
     # in place: one session's as views, several (or one with a table) through the table
     if len(states) == 1 and table is None:
-        y, _ = kernels.causal_conv(qkv[:, None], states[0].conv[None], gdn.conv_weight,
-                                   shift=True)
+        y, _ = kernels.causal_conv(qkv[:, None], states[0].conv[None], gdn.conv_weight, shift=True)
         q, k, v = gdn.heads(y, kernels)
         s = states[0].recurrent  # the kernel reads each tile before it writes it
-        o, _ = kernels.recurrent_gdn(q, k, v, None, None, s[None], out=s[None, None],
-                                     gates=gates)
+        o, _ = kernels.recurrent_gdn(q, k, v, None, None, s[None], out=s[None, None], gates=gates)
     else:
-        y, _ = kernels.conv_sessions(qkv[:, None], [g.conv for g in states], gdn.conv_weight,
-                                     table)
+        y, _ = kernels.conv_sessions(qkv[:, None], [g.conv for g in states], gdn.conv_weight, table)
         q, k, v = gdn.heads(y, kernels)
-        o = kernels.gdn_sessions(q, k, v, None, None, [g.recurrent for g in states], table,
-                                 gates=gates)
+        o = kernels.gdn_sessions(
+            q, k, v, None, None, [g.recurrent for g in states], table, gates=gates
+        )
     return gdn.finish(o[:, 0], z)
 
 
-def attention_step(attn, a, caches: list[AttnCache], pos, cos, sin, rotary, kernels, table,
-                   once: tuple | None = None):
+def attention_step(
+    attn,
+    a,
+    caches: list[AttnCache],
+    pos,
+    cos,
+    sin,
+    rotary,
+    kernels,
+    table,
+    once: tuple | None = None,
+):
     """once: `attention_once`'s tensors, made once for every attention layer of the step."""
     cfg, norm = attn.cfg, attn.indexer.k_layernorm
     q, gate, k, v, iq, raw = attn.project(a, cos, sin)
     bcos, bsin, lengths = once or attention_once(attn.cfg, rotary, pos, caches[0].block_keys.dtype)
-    o = kernels.attend_sessions(q, k, v, iq, raw, caches, pos, bcos, bsin, norm.weight,
-                                norm.eps, cfg.indexer_block, cfg.indexer_top_blocks,
-                                cfg.head_dim**-0.5, table, lengths=lengths)
+    o = kernels.attend_sessions(
+        q,
+        k,
+        v,
+        iq,
+        raw,
+        caches,
+        pos,
+        bcos,
+        bsin,
+        norm.weight,
+        norm.eps,
+        cfg.indexer_block,
+        cfg.indexer_top_blocks,
+        cfg.head_dim**-0.5,
+        table,
+        lengths=lengths,
+    )
     return attn.output(o, gate)
 
 
@@ -165,8 +217,9 @@ def attention_once(cfg, rotary, pos: torch.Tensor, dtype: torch.dtype) -> tuple:
     return (*rotary.cos_sin(pos, dtype, cfg.indexer_block), pos + 1)
 
 
-def session_tables(sessions: list[SessionState], anchor: SessionState | None = None,
-                   host: bool = False) -> dict:
+def session_tables(
+    sessions: list[SessionState], anchor: SessionState | None = None, host: bool = False
+) -> dict:
     """Each layer's table of these sessions' buffers (state.attn_table, state.gdn_table), by
     layer index: a graph of their step needs them made before its capture, and kept while it
     lives. Attention layers get one for a single session too (the Triton kernels then write
@@ -180,15 +233,24 @@ def session_tables(sessions: list[SessionState], anchor: SessionState | None = N
     if not sessions:
         return {}
     if anchor is not None:
-        tables: dict = {idx: attn_table([s.attn[idx] for s in sessions], a, host)
-                        for idx, a in anchor.attn.items()}
-        tables.update({idx: gdn_table([s.gdn[idx] for s in sessions], g, host)
-                       for idx, g in anchor.gdn.items()})
-        tables.update({("ple", idx): ple_table([s.ple[idx] for s in sessions], p, host)
-                       for idx, p in anchor.ple.items()})
+        tables: dict = {
+            idx: attn_table([s.attn[idx] for s in sessions], a, host)
+            for idx, a in anchor.attn.items()
+        }
+        tables.update(
+            {
+                idx: gdn_table([s.gdn[idx] for s in sessions], g, host)
+                for idx, g in anchor.gdn.items()
+            }
+        )
+        tables.update(
+            {
+                ("ple", idx): ple_table([s.ple[idx] for s in sessions], p, host)
+                for idx, p in anchor.ple.items()
+            }
+        )
         return tables
     tables = {idx: attn_table([s.attn[idx] for s in sessions]) for idx in sessions[0].attn}
     if len(sessions) > 1:
-        tables.update({idx: gdn_table([s.gdn[idx] for s in sessions])
-                       for idx in sessions[0].gdn})
+        tables.update({idx: gdn_table([s.gdn[idx] for s in sessions]) for idx in sessions[0].gdn})
     return tables

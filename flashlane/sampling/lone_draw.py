@@ -55,6 +55,8 @@ from flashlane.sampling.spec import (
 )
 
 GREEDY = SamplingParams(temperature=0.0)
+
+
 def failure_code(row: torch.Tensor) -> int:
     """The code of a row without a token: its first NaN, else its first +inf, else none."""
     for code, bad in ((NAN_AT, torch.isnan(row)), (INF_AT, torch.isposinf(row))):
@@ -67,8 +69,10 @@ def keyed_specs(draws: Sequence, positions: Sequence[int]) -> list[DrawSpec] | N
     """The streams' specs for a keyed step from their lanes.records.Draws (params, seed) and
     pending positions (each step sets its own), or None when every stream draws plain-greedy
     (kernels.greedy_step serves them in one launch). No `draws` (tests): greedy."""
-    specs = [DrawSpec(d.params, d.seed, p + 1) if d is not None else DrawSpec(GREEDY, 0, p + 1)
-             for d, p in zip(draws, positions)]
+    specs = [
+        DrawSpec(d.params, d.seed, p + 1) if d is not None else DrawSpec(GREEDY, 0, p + 1)
+        for d, p in zip(draws, positions)
+    ]
     return None if all(is_plain_greedy(s) for s in specs) else specs
 
 

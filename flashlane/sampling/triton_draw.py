@@ -261,8 +261,9 @@ class Launches:
     top_p_rows: bool  # the mass launch runs, and the finish takes top_p rows
 
     @staticmethod
-    def of(n: int, vocab: int, kinds: Sequence[int], top_ks: Sequence[int],
-           block: int = BLOCK) -> Launches:
+    def of(
+        n: int, vocab: int, kinds: Sequence[int], top_ks: Sequence[int], block: int = BLOCK
+    ) -> Launches:
         """The launches for rows of these kinds; `top_ks` are the top_k rows' top_k."""
         max_k = max(top_ks, default=0)
         k = min(max(16, triton.next_power_of_2(max_k)), block) if max_k else 16
@@ -292,8 +293,9 @@ def launch(logits: torch.Tensor, ws: torch.Tensor, shape: Launches) -> None:
     grid = (n, chunks)
     _stats_kernel[grid](*rows, shape.block, k, kp, num_warps=WARPS)
     if shape.plain_rows or shape.top_p_rows:
-        _score_kernel[grid](*rows, shape.block, cp, kp, shape.plain_rows, shape.top_p_rows,
-                            num_warps=WARPS)
+        _score_kernel[grid](
+            *rows, shape.block, cp, kp, shape.plain_rows, shape.top_p_rows, num_warps=WARPS
+        )
     if shape.top_p_rows:
         launch_mass(logits, ws, n, chunks, shape.block, kp, WARPS)
     _finish_kernel[(n,)](*rows, cp, k, kp, shape.top_p_rows, num_warps=WARPS)

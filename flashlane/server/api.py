@@ -118,7 +118,6 @@ def cancel_replies(app: FastAPI) -> None:
     app.state.flashlane.cancel_live()
 
 
-
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
     return error_response(exc)

@@ -87,7 +87,10 @@ def prepare_chat(state: ServerState, req: ChatRequest, rid: str, top: int | None
     prompt = build_chat_prompt(template, req, state.tag_ids())
     ids = state.encode(prompt.text, special=False, param="messages")
     max_tokens = reply_budget(
-        len(ids), req.reply_limit, engine.context_len, "messages",
+        len(ids),
+        req.reply_limit,
+        engine.context_len,
+        "messages",
         default=default_max_tokens(engine.generation_defaults),
     )
     params = sampling_params(

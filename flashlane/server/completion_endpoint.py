@@ -113,7 +113,10 @@ def _prepare(
         ids, text = prompt, state.decode(prompt)
     asked = req.max_tokens if req.max_tokens else None
     max_tokens = reply_budget(
-        len(ids), asked, engine.context_len, "prompt",
+        len(ids),
+        asked,
+        engine.context_len,
+        "prompt",
         default=default_max_tokens(engine.generation_defaults),
     )
     if req.max_tokens == 0:
@@ -142,9 +145,8 @@ def fill_in_the_middle(state: ServerState, prompt: str | list[int], suffix: str)
     order), where the tokenizer defines the FIM tokens; else a 400 saying so."""
     tokenizer = state.engine().tokenizer
     if tokenizer is None or any(tokenizer.token_to_id(t) is None for t in FIM_TOKENS):
-        msg = (
-            "suffix needs fill-in-the-middle, and this model's tokenizer defines no "
-            + ", ".join(FIM_TOKENS)
+        msg = "suffix needs fill-in-the-middle, and this model's tokenizer defines no " + ", ".join(
+            FIM_TOKENS
         )
         raise ApiError(400, msg, param="suffix")
     if not isinstance(prompt, str):
@@ -233,8 +235,14 @@ class _CompletionReply:
             answers.append(answer)
         return {**self._head(), "choices": answers, "usage": self._usage(by_choice)}
 
-    def _chunk(self, index: int, text: str, cols: Any, finish: str | None,
-               token_ids: list[int] | None = None) -> str:
+    def _chunk(
+        self,
+        index: int,
+        text: str,
+        cols: Any,
+        finish: str | None,
+        token_ids: list[int] | None = None,
+    ) -> str:
         choice = {"index": index, "text": text, "logprobs": cols or None, "finish_reason": finish}
         if self.req.return_token_ids:
             mine = self.choices[index]

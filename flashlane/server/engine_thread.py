@@ -44,8 +44,12 @@ class AsyncEngine:
         """`built`: (config, model) made elsewhere (`flashlane serve --random-weights`),
         served with the embedded model's tokenizer."""
         self.config = EngineConfig.resolve(model=model, **options)
-        self.engine = Engine(self.config, costs=costs, built=built,
-                             tokenizer_from=DEFAULT_MODEL if built is not None else None)
+        self.engine = Engine(
+            self.config,
+            costs=costs,
+            built=built,
+            tokenizer_from=DEFAULT_MODEL if built is not None else None,
+        )
         e = self.engine
         self.tokenizer = e.tokenizer
         self.model_vocab_size = e.model_config.vocab_size  # the ids the model embeds
@@ -80,8 +84,10 @@ class AsyncEngine:
         boundaries: Sequence[int] = (),
     ) -> AsyncIterator[RequestOutput]:
         if params.n != 1:
-            raise ValueError("AsyncEngine.stream runs one choice: stream n requests, choice j "
-                             "with seed + j (LLM.generate gathers them)")
+            raise ValueError(
+                "AsyncEngine.stream runs one choice: stream n requests, choice j "
+                "with seed + j (LLM.generate gathers them)"
+            )
         loop = asyncio.get_running_loop()
         sink: asyncio.Queue = asyncio.Queue()
         accepted: Future = Future()
@@ -247,8 +253,10 @@ def start_engine(args) -> AsyncEngine:
     opts = engine_options(args)
     built = random_model(args, opts) if getattr(args, "random_weights", False) else None
     return AsyncEngine(
-        model=model_of(args), served_model_name=getattr(args, "served_model_name", None),
-        built=built, **opts,
+        model=model_of(args),
+        served_model_name=getattr(args, "served_model_name", None),
+        built=built,
+        **opts,
     )
 
 

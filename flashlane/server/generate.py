@@ -281,9 +281,9 @@ class ReplyRun:
             generation_tokens=len(out.token_ids) if out is not None else 0,
             ttft=ttft,
             e2e=now - self._arrival,
-            phases=None if out is None else (
-                out.stats.queue_seconds, out.stats.prefill_seconds, out.stats.decode_seconds
-            ),
+            phases=None
+            if out is None
+            else (out.stats.queue_seconds, out.stats.prefill_seconds, out.stats.decode_seconds),
         )
 
     def close(self) -> None:

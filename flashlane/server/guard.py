@@ -57,7 +57,7 @@ def allowed_hosts(bind: str, given: Iterable[str] = ()) -> frozenset[str] | None
 
 
 def host_name(header: str) -> str:
-    """"[::1]:8000" -> "::1", "Example.com.:80" -> "example.com"."""
+    """ "[::1]:8000" -> "::1", "Example.com.:80" -> "example.com"."""
     header = header.strip().lower()
     if header.startswith("["):
         return header[1 : header.find("]")] if "]" in header else header

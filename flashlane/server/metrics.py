@@ -37,10 +37,14 @@ _ENGINE_KEYS: dict[str, tuple[str, str | None, bool]] = {
     "prompt_cache_queries": ("flashlane_prompt_cache_queries", None, True),  # requests
     "prompt_cache_hits": ("flashlane_prompt_cache_hits", None, True),  # requests
     "prompt_cache_query_tokens": (
-        "flashlane_prompt_cache_query_tokens", "vllm:prefix_cache_queries", True
+        "flashlane_prompt_cache_query_tokens",
+        "vllm:prefix_cache_queries",
+        True,
     ),
     "prompt_cache_hit_tokens": (
-        "flashlane_prompt_cache_hit_tokens", "vllm:prefix_cache_hits", True
+        "flashlane_prompt_cache_hit_tokens",
+        "vllm:prefix_cache_hits",
+        True,
     ),
     "kv_cache_usage": ("flashlane_kv_cache_usage", "vllm:kv_cache_usage_perc", False),
     "prompt_cache_bytes": ("flashlane_prompt_cache_bytes", None, False),
@@ -114,7 +118,9 @@ class ServerMetrics:
         )
         # the most reply tokens among a request's choices (one choice a request here)
         self.request_max_generation = pair(
-            Histogram, "request_max_num_generation_tokens", "reply tokens, the longest choice",
+            Histogram,
+            "request_max_num_generation_tokens",
+            "reply tokens, the longest choice",
             buckets=_TOKENS,
         )
         self.queue_time = pair(
@@ -148,8 +154,9 @@ class ServerMetrics:
         self.request_generation.observe(generation_tokens)
         self.request_max_generation.observe(generation_tokens)
         if phases is not None:
-            for metric, seconds in zip((self.queue_time, self.prefill_time, self.decode_time),
-                                       phases):
+            for metric, seconds in zip(
+                (self.queue_time, self.prefill_time, self.decode_time), phases
+            ):
                 metric.observe(seconds)
         self.cached_tokens.inc(cached_tokens)
         self.generation_tokens.inc(generation_tokens)

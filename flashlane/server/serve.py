@@ -40,8 +40,11 @@ EngineFactory = Callable[[], EngineLike]
 
 def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     """The HTTP flags of `flashlane serve` (the engine flags are cli.py's)."""
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on "
-                        "(default: 127.0.0.1; 0.0.0.0 for every interface)")
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default: 127.0.0.1; 0.0.0.0 for every interface)",
+    )
     parser.add_argument("--port", type=int, default=8000, help="(default: 8000)")
     parser.add_argument(
         "--api-key",
@@ -70,12 +73,15 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         help="origins CORS lets read replies, comma-separated ('*': any); default: none",
     )
     parser.add_argument(
-        "--served-model-name", default=None,
+        "--served-model-name",
+        default=None,
         help="the model id clients send and /v1/models lists (default: the hub id or the "
         "folder's name)",
     )
     parser.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
         help="(default: info)",
     )
     parser.add_argument(
@@ -85,7 +91,9 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         help="seconds a request may take before it is aborted, 408 (default: no limit)",
     )
     parser.add_argument(
-        "--max-body-mb", type=float, default=32.0,
+        "--max-body-mb",
+        type=float,
+        default=32.0,
         help="largest request body in MiB, 413 beyond (default: 32)",
     )
     parser.add_argument(

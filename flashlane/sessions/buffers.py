@@ -94,8 +94,9 @@ def scratch_buffers(
     )
 
 
-def activation_bytes(cfg: ModelConfig, max_rows: int, device: str, prompt_rows: int = 0,
-                     context: int = 0) -> int:
+def activation_bytes(
+    cfg: ModelConfig, max_rows: int, device: str, prompt_rows: int = 0, context: int = 0
+) -> int:
     """The stated allowance: a round's fp32 logits plus ACTIVATION_FIXED[device], plus
     prompt_rows x prompt_row_bytes when prompt pieces are that long."""
     rows = prompt_rows * prompt_row_bytes(cfg, device, context) if prompt_rows else 0

@@ -24,13 +24,28 @@ def test_vllm_names_set_our_options(tmp_path):
     template = tmp_path / "t.jinja"
     template.write_text("{{ messages[0].content }}")
     got = options(
-        "serve", "--max-model-len", "4096", "--max-num-seqs", "4",
-        "--gpu-memory-utilization", "0.5", "--chat-template", str(template), "--seed", "7",
-        "--no-enable-prefix-caching", "--default-chat-template-kwargs", '{"enable_thinking": true}',
+        "serve",
+        "--max-model-len",
+        "4096",
+        "--max-num-seqs",
+        "4",
+        "--gpu-memory-utilization",
+        "0.5",
+        "--chat-template",
+        str(template),
+        "--seed",
+        "7",
+        "--no-enable-prefix-caching",
+        "--default-chat-template-kwargs",
+        '{"enable_thinking": true}',
     )
     assert got == {
-        "context": 4096, "parallel": 4, "gpu_memory_utilization": 0.5,
-        "chat_template": str(template), "seed": 7, "prompt_cache_gb": 0.0,
+        "context": 4096,
+        "parallel": 4,
+        "gpu_memory_utilization": 0.5,
+        "chat_template": str(template),
+        "seed": 7,
+        "prompt_cache_gb": 0.0,
         "default_chat_template_kwargs": {"enable_thinking": True},
     }
     EngineConfig.resolve(**got)  # and the engine takes them

@@ -67,7 +67,10 @@ def test_device_cuda_on_a_cpu_torch(capsys):
 def test_serve_process_exits_with_one_line():
     proc = subprocess.run(
         [sys.executable, "-m", "flashlane.cli", "serve", "no/such-model-here", "--port", "9"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
     )
     assert proc.returncode == 2
@@ -80,8 +83,11 @@ def test_missing_mtp_weights_and_cpu_dtype_are_said(tiny_ckpt, tmp_path, caplog)
     shutil.copytree(tiny_ckpt, folder)
     weights = load_file(folder / "model.safetensors")
     assert any(n.startswith("mtp.") for n in weights)
-    save_file({n: t for n, t in weights.items() if not n.startswith("mtp.")},
-              folder / "model.safetensors", metadata={"format": "pt"})
+    save_file(
+        {n: t for n, t in weights.items() if not n.startswith("mtp.")},
+        folder / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     caplog.set_level(logging.INFO, logger="flashlane")
     llm = LLM(str(folder), costs=COSTS, parallel=1, max_rows=4, dtype="bfloat16")
     assert llm.engine.model.mtp is None

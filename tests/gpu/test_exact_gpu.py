@@ -30,14 +30,14 @@ pytestmark = [
 CAP = 512
 
 
-@pytest.fixture(scope="module",
-                params=["tiny", "flashnext-4l", *sorted(SIBLINGS), "qwen3-next-4l"])
+@pytest.fixture(scope="module", params=["tiny", "flashnext-4l", *sorted(SIBLINGS), "qwen3-next-4l"])
 def gpu_model(request, oracle_by_name):
     if request.param.endswith("-4l"):
         cfg, model = build_random(preset(request.param), torch.bfloat16, "cuda", seed=1)
     else:
-        cfg, model = load_checkpoint(oracle_by_name(request.param), dtype=torch.bfloat16,
-                                     device="cuda")
+        cfg, model = load_checkpoint(
+            oracle_by_name(request.param), dtype=torch.bfloat16, device="cuda"
+        )
     kernels = select_kernels("cuda")
     assert kernels.name == "triton"
     model.use_kernels(kernels)
@@ -63,8 +63,9 @@ def prefilled(cfg, model, prompt):
 def run_windows(model, windows, keep=None):
     """One forward over [(session, tokens)] verify windows: logits per window. With `keep`,
     each window's rows are committed (kept whole); without, nothing is."""
-    rows = Rows.of([(s, torch.tensor(t, device="cuda"), s.length, True) for s, t in windows],
-                   "cuda")
+    rows = Rows.of(
+        [(s, torch.tensor(t, device="cuda"), s.length, True) for s, t in windows], "cuda"
+    )
     logits = model.logits(model.residual(rows))
     if keep:
         for p in rows.pieces:
@@ -126,13 +127,16 @@ def graphed_only(cfg) -> None:
 
 @pytest.mark.parametrize("name", GATE_CHECKPOINTS)
 def test_llm_replies_drafted_shared_and_alone_agree(oracle_by_name, name):
-    costs = CostTable({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3,
-                      overhead_ms=0.2)
+    costs = CostTable(
+        {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3, overhead_ms=0.2
+    )
     llm = LLM(str(oracle_by_name(name)), costs=costs, parallel=8, max_rows=16, device="cuda")
     assert llm.engine.kernels.name == "triton"
     ps = prompts(500, 8)
-    for params in (SamplingParams(max_tokens=24, temperature=0.0),
-                   SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, seed=11)):
+    for params in (
+        SamplingParams(max_tokens=24, temperature=0.0),
+        SamplingParams(max_tokens=24, temperature=0.9, top_p=0.95, seed=11),
+    ):
         plist = [dataclasses.replace(params, draft=(i % 3 != 1)) for i in range(len(ps))]
         together = llm.generate(ps, plist)
         for prompt, p, got in zip(ps, plist, together):
@@ -176,8 +180,14 @@ def test_graphed_decode_rounds_keep_what_eager_rounds_keep(gpu_model):
             sessions = [new_session(cfg) for _ in base]
             for b, s in zip(base, sessions):
                 copy_session(b, s, cfg.indexer_block)
-            runs.append([run_windows(model, [(s, [7 + i + 3 * r]) for i, s in
-                                             enumerate(sessions)], keep=True) for r in range(3)])
+            runs.append(
+                [
+                    run_windows(
+                        model, [(s, [7 + i + 3 * r]) for i, s in enumerate(sessions)], keep=True
+                    )
+                    for r in range(3)
+                ]
+            )
     finally:
         model.graphs = saved
     for got, want in zip(*runs):
@@ -193,7 +203,9 @@ def test_every_bucket_captures_at_start(gpu_model):
     secs, used = capture_all(model, graphs)
     assert graphs.failed is None
     mtp = list(model.mtp.layers) if model.mtp is not None else []
-    parts = sum((3 if layer.kind == "linear" else 2) + (layer.ple is not None)
-                for layer in [*model.layers, *mtp])
+    parts = sum(
+        (3 if layer.kind == "linear" else 2) + (layer.ple is not None)
+        for layer in [*model.layers, *mtp]
+    )
     assert len(graphs.entries) == parts * len(graphs.sizes)
     assert secs > 0 and used >= 0

@@ -70,15 +70,17 @@ def test_lone_steps_equal_shared_rounds_bitwise(lone_model, graphed, which):
 
 
 def test_engine_replies_lone_and_shared_agree(tiny_ckpt):
-    costs = CostTable({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3,
-                      overhead_ms=0.2)
+    costs = CostTable(
+        {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3, overhead_ms=0.2
+    )
     llm = LLM(str(tiny_ckpt), costs=costs, parallel=4, max_rows=16, device="cuda")
     host = llm.engine.host
     lone = host.lone
     assert lone is not None and lone.use_graphs
     ps = prompts(500, 6)
-    params = [SamplingParams(max_tokens=m, temperature=0.0, draft=False)
-              for m in (40, 9, 33, 1, 25, 60)]
+    params = [
+        SamplingParams(max_tokens=m, temperature=0.0, draft=False) for m in (40, 9, 33, 1, 25, 60)
+    ]
     host.lone = None
     want = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
     host.lone = lone
@@ -86,7 +88,7 @@ def test_engine_replies_lone_and_shared_agree(tiny_ckpt):
     assert got == want and lone.num_steps > 0
     # hand-offs: every fifth landed step "work arrives"; then all six at once (shared rounds)
     calls = [0]
-    host.interrupted = lambda: (calls.__setitem__(0, calls[0] + 1) or calls[0] % 5 == 0)
+    host.interrupted = lambda: calls.__setitem__(0, calls[0] + 1) or calls[0] % 5 == 0
     host.config = dataclasses.replace(host.config, lone_steps=8)
     got = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
     together = [o.token_ids for o in llm.generate(ps, params)]
@@ -98,8 +100,9 @@ def test_replies_under_churn_equal_each_alone(tiny_ckpt):
     arriving every few rounds while others decode and end, greedy and seeded, drafting on for
     most, on five sessions: every reply equals the same request alone. The lone driver takes
     the decoders beside the prompt pieces, in its graphs of every size."""
-    costs = CostTable({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3,
-                      overhead_ms=0.2)
+    costs = CostTable(
+        {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3, overhead_ms=0.2
+    )
     llm = LLM(str(tiny_ckpt), costs=costs, parallel=5, max_rows=16, device="cuda")
     lone = llm.engine.host.lone
     assert lone is not None and lone.use_graphs
@@ -149,8 +152,15 @@ def test_one_graph_per_size_serves_any_sessions(lone_model):
     got = [[3] for _ in range(5)]
     for ids in calls:
         takes = [lambda t, f, i=i: bool(got[i].append(t)) or f for i in ids]
-        n = driver.decode_many(ids, [got[i][-1] for i in ids], [sessions[i].length for i in ids],
-                               5, takes, [-1] * len(ids), [None] * len(ids))
+        n = driver.decode_many(
+            ids,
+            [got[i][-1] for i in ids],
+            [sessions[i].length for i in ids],
+            5,
+            takes,
+            [-1] * len(ids),
+            [None] * len(ids),
+        )
         assert n == 5
     assert got == wants
     assert sorted(driver.graphs) == [("size", 1), ("size", 2), ("size", 4), ("size", 5)]
@@ -159,8 +169,7 @@ def test_one_graph_per_size_serves_any_sessions(lone_model):
 
 @pytest.mark.parametrize("graphed", [True, False])
 @pytest.mark.parametrize("depth,b", [(2, 1), (3, 2)])
-def test_drafted_steps_equal_shared_rounds_bitwise(lone_model, graphed, depth, b,
-                                                   monkeypatch):
+def test_drafted_steps_equal_shared_rounds_bitwise(lone_model, graphed, depth, b, monkeypatch):
     """Drafted lone steps (runner/lone_draft.py), graphed or eager, alone or two sessions
     together: the kept draws are the one-row rounds' tokens and each session ends bit for
     bit where those rounds leave it. Each call's first drafts are the true continuation, so
@@ -176,13 +185,24 @@ def test_drafted_steps_equal_shared_rounds_bitwise(lone_model, graphed, depth, b
     drafting = driver.drafting
     drafting.depth = depth
     got = [[3] for _ in range(b)]
-    monkeypatch.setattr(drafting, "_first_drafts", lambda ids, sids, draws: [
-        wants[i][len(got[i]) : len(got[i]) + depth] for i in range(b)])
+    monkeypatch.setattr(
+        drafting,
+        "_first_drafts",
+        lambda ids, sids, draws: [wants[i][len(got[i]) : len(got[i]) + depth] for i in range(b)],
+    )
     takes = [lambda t, f, i=i: bool(got[i].append(t)) or True for i in range(b)]
     while min(len(g) for g in got) < 20:
         drafting.carry = {}
-        drafting.decode(list(range(b)), [g[-1] for g in got], [s.length for s in sessions], 3,
-                        400, takes, list(range(b)), [None] * b)
+        drafting.decode(
+            list(range(b)),
+            [g[-1] for g in got],
+            [s.length for s in sessions],
+            3,
+            400,
+            takes,
+            list(range(b)),
+            [None] * b,
+        )
     assert drafting.num_landed >= depth
     for i, s in enumerate(sessions):
         assert got[i] == wants[i][: len(got[i])]
@@ -195,13 +215,18 @@ def test_drafted_steps_equal_shared_rounds_bitwise(lone_model, graphed, depth, b
 def test_engine_drafted_lone_replies_equal_plain_replies():
     """The embedded model on the GPU: drafting streams decode on drafted lone steps, alone
     and four together, their drafts land, and every reply equals its undrafted one."""
-    costs = CostTable({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3,
-                      overhead_ms=0.2)
+    costs = CostTable(
+        {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3, overhead_ms=0.2
+    )
     llm = LLM(costs=costs, parallel=4, max_rows=16, device="cuda", lone_streams=4)
     lone = llm.engine.host.lone
     assert lone is not None and lone.drafting is not None
-    ps = ["def fibonacci(n):\n", "class LRUCache:\n    def __init__(self, capacity):\n",
-          "import os\n\n\ndef walk(path):\n", "    for key, value in sorted(items):\n"]
+    ps = [
+        "def fibonacci(n):\n",
+        "class LRUCache:\n    def __init__(self, capacity):\n",
+        "import os\n\n\ndef walk(path):\n",
+        "    for key, value in sorted(items):\n",
+    ]
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     plain = dataclasses.replace(params, draft=False)
     want = [llm.generate(p, plain)[0].token_ids for p in ps]

@@ -52,8 +52,9 @@ def sampled_rounds(model, ref, params, seed: int, n: int) -> list[int]:
     return want
 
 
-def lone_equals_rounds(cfg, model, params, seeds, graphed: bool, prompt_ids=(3, 8, 5),
-                       idle: int = 0):
+def lone_equals_rounds(
+    cfg, model, params, seeds, graphed: bool, prompt_ids=(3, 8, 5), idle: int = 0
+):
     """Two decode_many calls (8 + 12 steps) of len(params) streams equal one-row shared
     rounds token for token, and the sessions end bit for bit where those rounds leave them.
     idle: sessions the driver holds that no stream uses (3 streams beside 2 idle sessions
@@ -63,15 +64,24 @@ def lone_equals_rounds(cfg, model, params, seeds, graphed: bool, prompt_ids=(3, 
     refs = [copy_of(cfg, base) for base in bases]
     wants = [sampled_rounds(model, r, p, s, 20) for r, p, s in zip(refs, params, seeds)]
     sessions = [copy_of(cfg, base) for base in bases]
-    driver = LoneDriver(model, sessions + [copy_of(cfg, bases[0]) for _ in range(idle)],
-                        graphs=graphed)
+    driver = LoneDriver(
+        model, sessions + [copy_of(cfg, bases[0]) for _ in range(idle)], graphs=graphed
+    )
     got = [[3] for _ in range(b)]
     takes = [lambda t, f, i=i: bool(got[i].append(t)) or f for i in range(b)]
     draws = [Draws(p, s, [], []) for p, s in zip(params, seeds)]
-    n = driver.decode_many(list(range(b)), [3] * b, [s.length for s in sessions], 8, takes,
-                           [-1] * b, draws)
-    n += driver.decode_many(list(range(b)), [g[-1] for g in got], [s.length for s in sessions],
-                            12, takes, [-1] * b, draws)  # a second call replays the graph
+    n = driver.decode_many(
+        list(range(b)), [3] * b, [s.length for s in sessions], 8, takes, [-1] * b, draws
+    )
+    n += driver.decode_many(
+        list(range(b)),
+        [g[-1] for g in got],
+        [s.length for s in sessions],
+        12,
+        takes,
+        [-1] * b,
+        draws,
+    )  # a second call replays the graph
     assert n == 20 and got == wants
     assert len(driver.graphs) == (1 if graphed else 0)
     assert_same_states(sessions, refs)
@@ -100,8 +110,10 @@ def test_unsettled_top_p_rows_are_settled_between_steps(lone_model, graphed, mon
         return settle(self, rows, tok, pos)
 
     monkeypatch.setattr(KeyedDraw, "settle", counted)
-    params = [SamplingParams(temperature=1.0, top_k=128, top_p=0.5),
-              SamplingParams(temperature=0.8, top_p=0.9)]
+    params = [
+        SamplingParams(temperature=1.0, top_k=128, top_p=0.5),
+        SamplingParams(temperature=0.8, top_p=0.9),
+    ]
     lone_equals_rounds(cfg, model, params, [3, 2**61], graphed)
     assert unsettled[0] >= 20  # every step's first row, at least
 
@@ -109,16 +121,18 @@ def test_unsettled_top_p_rows_are_settled_between_steps(lone_model, graphed, mon
 @pytest.mark.parametrize("mix", list(MIXES))
 def test_engine_sampled_replies_lone_and_shared_agree(tiny_ckpt, monkeypatch, mix):
     monkeypatch.setenv("FLASHLANE_LONE_SAMPLED", "1")  # the default, whatever the caller's
-    costs = CostTable({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3,
-                      overhead_ms=0.2)
-    llm = LLM(str(tiny_ckpt), costs=costs, parallel=4, max_rows=16, device="cuda",
-              lone_streams=4)
+    costs = CostTable(
+        {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3, overhead_ms=0.2
+    )
+    llm = LLM(str(tiny_ckpt), costs=costs, parallel=4, max_rows=16, device="cuda", lone_streams=4)
     host = llm.engine.host
     lone = host.lone
     assert lone is not None and lone.use_graphs
     ps = prompts(500, 6)
-    params = [dataclasses.replace(MIXES[mix][i % 4], max_tokens=m, seed=100 + i, draft=False)
-              for i, m in enumerate((40, 9, 33, 1, 25, 60))]
+    params = [
+        dataclasses.replace(MIXES[mix][i % 4], max_tokens=m, seed=100 + i, draft=False)
+        for i, m in enumerate((40, 9, 33, 1, 25, 60))
+    ]
     host.lone = None
     want = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
     together_want = [o.token_ids for o in llm.generate(ps[:4], params[:4])]
@@ -129,7 +143,7 @@ def test_engine_sampled_replies_lone_and_shared_agree(tiny_ckpt, monkeypatch, mi
     # landed step "work arrives"
     assert [o.token_ids for o in llm.generate(ps[:4], params[:4])] == together_want
     calls = [0]
-    host.interrupted = lambda: (calls.__setitem__(0, calls[0] + 1) or calls[0] % 5 == 0)
+    host.interrupted = lambda: calls.__setitem__(0, calls[0] + 1) or calls[0] % 5 == 0
     host.config = dataclasses.replace(host.config, lone_steps=8)
     got = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
     assert got == want

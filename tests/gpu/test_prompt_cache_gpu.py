@@ -25,8 +25,10 @@ def ids(n, seed):
 @pytest.mark.parametrize("draft", [True, False])
 @pytest.mark.parametrize(
     "params",
-    [SamplingParams(max_tokens=12, temperature=0.0, logprobs=2),
-     SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=11, logprobs=2)],
+    [
+        SamplingParams(max_tokens=12, temperature=0.0, logprobs=2),
+        SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=11, logprobs=2),
+    ],
     ids=["greedy", "seeded"],
 )
 @pytest.mark.parametrize("name", GATE_CHECKPOINTS)

@@ -54,8 +54,10 @@ def test_attention_through_an_anchor_table(dtype):
 def test_gdn_states_through_an_anchor_table():
     h, dk, dv = (48, 128, 128) if HAS_CUDA else (4, 16, 48)
     gen = torch.Generator().manual_seed(7)
-    q, k = (torch.nn.functional.normalize(torch.randn(2, 1, h, dk, generator=gen), dim=-1)
-            .to(DEVICE) for _ in range(2))
+    q, k = (
+        torch.nn.functional.normalize(torch.randn(2, 1, h, dk, generator=gen), dim=-1).to(DEVICE)
+        for _ in range(2)
+    )
     v = torch.randn(2, 1, h, dv, generator=gen).to(DEVICE)
     g = (-torch.rand(2, 1, h, generator=gen)).to(DEVICE)
     beta = torch.rand(2, 1, h, generator=gen).to(DEVICE)
@@ -75,9 +77,13 @@ def test_gdn_states_through_an_anchor_table():
 
 def ple_states(n: int, seed: int) -> list[PleState]:
     gen = torch.Generator().manual_seed(seed)
-    return [PleState(conv=torch.randn(6, 16, generator=gen).to(DEVICE),
-                     ids=torch.randint(0, 500, (3,), generator=gen).to(DEVICE))
-            for _ in range(n)]
+    return [
+        PleState(
+            conv=torch.randn(6, 16, generator=gen).to(DEVICE),
+            ids=torch.randint(0, 500, (3,), generator=gen).to(DEVICE),
+        )
+        for _ in range(n)
+    ]
 
 
 @pytest.mark.parametrize("column", ["conv", "ids"])

@@ -50,16 +50,16 @@ def sessions(capacities, dtype, seed):
 
 
 def copies(caches):
-    return [AttnCache(*(t.clone() for t in (c.k, c.v, c.index_keys, c.block_keys)))
-            for c in caches]
+    return [AttnCache(*(t.clone() for t in (c.k, c.v, c.index_keys, c.block_keys))) for c in caches]
 
 
 def row_inputs(b, dtype, seed):
     hq, hkv, d, hi, di, r = SHAPE
     gen = torch.Generator().manual_seed(seed)
     shapes = [(b, hq, d), (b, hkv, d), (b, hkv, d), (b, hi, di), (b, di), (b, r), (b, r), (di,)]
-    q, k, v, iq, raw, cos, sin, w = (torch.randn(s, generator=gen).to(dtype).to(DEVICE)
-                                     for s in shapes)
+    q, k, v, iq, raw, cos, sin, w = (
+        torch.randn(s, generator=gen).to(dtype).to(DEVICE) for s in shapes
+    )
     return q, k, v, iq, raw, cos, sin, w
 
 
@@ -75,12 +75,12 @@ def test_batched_sessions_match_each_session_alone(dtype, positions):
     alone = copies(base)
     want = attn_ref.attend_sessions(q, k, v, iq, raw, alone, *args, ops=attn_tri._PER_SESSION)
     together = copies(base)
-    got = attn_tri.attend_sessions(q, k, v, iq, raw, together, *args,
-                                   table=attn_table(together))
+    got = attn_tri.attend_sessions(q, k, v, iq, raw, together, *args, table=attn_table(together))
     assert torch.equal(got, want)
     for a, b in zip(alone, together):
-        for x, y in zip((a.k, a.v, a.index_keys, a.block_keys),
-                        (b.k, b.v, b.index_keys, b.block_keys)):
+        for x, y in zip(
+            (a.k, a.v, a.index_keys, a.block_keys), (b.k, b.v, b.index_keys, b.block_keys)
+        ):
             assert torch.equal(x, y)
     # and the references agree with the kernels
     ref = attn_ref.attend_sessions(q, k, v, iq, raw, copies(base), *args)
@@ -93,8 +93,9 @@ def test_one_session_without_a_table_runs_the_per_session_kernels():
     base = sessions([32], dtype, seed=5)
     q, k, v, iq, raw, cos, sin, w = row_inputs(1, dtype, seed=6)
     args = (torch.tensor([17], device=DEVICE), cos, sin, w, 1e-6, BLOCK, TOP, 0.125)
-    want = attn_ref.attend_sessions(q, k, v, iq, raw, copies(base), *args,
-                                    ops=attn_tri._PER_SESSION)
+    want = attn_ref.attend_sessions(
+        q, k, v, iq, raw, copies(base), *args, ops=attn_tri._PER_SESSION
+    )
     assert torch.equal(attn_tri.attend_sessions(q, k, v, iq, raw, copies(base), *args), want)
 
 
@@ -112,8 +113,10 @@ def test_one_session_with_a_table_matches_the_per_session_kernels(position):
     one = copies(base)
     got = attn_tri.attend_sessions(q, k, v, iq, raw, one, *args, table=attn_table(one))
     assert torch.equal(got, want)
-    for x, y in zip((alone[0].k, alone[0].v, alone[0].index_keys, alone[0].block_keys),
-                    (one[0].k, one[0].v, one[0].index_keys, one[0].block_keys)):
+    for x, y in zip(
+        (alone[0].k, alone[0].v, alone[0].index_keys, alone[0].block_keys),
+        (one[0].k, one[0].v, one[0].index_keys, one[0].block_keys),
+    ):
         assert torch.equal(x, y)
 
 
@@ -135,8 +138,12 @@ def test_gdn_sessions_update_each_state_in_place(dtype):
     h, dk, dv = (48, 128, 128) if HAS_CUDA else (4, 16, 48)
     b = 3
     gen = torch.Generator().manual_seed(7)
-    q, k = (torch.nn.functional.normalize(torch.randn(b, 1, h, dk, generator=gen), dim=-1)
-            .to(dtype).to(DEVICE) for _ in range(2))
+    q, k = (
+        torch.nn.functional.normalize(torch.randn(b, 1, h, dk, generator=gen), dim=-1)
+        .to(dtype)
+        .to(DEVICE)
+        for _ in range(2)
+    )
     v = torch.randn(b, 1, h, dv, generator=gen).to(dtype).to(DEVICE)
     g = (-torch.rand(b, 1, h, generator=gen)).to(DEVICE)
     beta = torch.rand(b, 1, h, generator=gen).to(dtype).to(DEVICE)
@@ -145,8 +152,15 @@ def test_gdn_sessions_update_each_state_in_place(dtype):
     alone = [s.clone() for s in states]
     want = []
     for i, s in enumerate(alone):
-        o, _ = gdn_tri.recurrent_gdn(q[i:i + 1], k[i:i + 1], v[i:i + 1], g[i:i + 1],
-                                     beta[i:i + 1], s[None], out=s[None, None])
+        o, _ = gdn_tri.recurrent_gdn(
+            q[i : i + 1],
+            k[i : i + 1],
+            v[i : i + 1],
+            g[i : i + 1],
+            beta[i : i + 1],
+            s[None],
+            out=s[None, None],
+        )
         want.append(o)
     ref_states = [s.clone() for s in states]
     ref = gdn_ref.gdn_sessions(q, k, v, g, beta, ref_states)

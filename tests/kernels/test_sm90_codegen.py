@@ -43,16 +43,29 @@ def test_fp32_products_are_one_fma_chain_in_k_order(tile):
     import torch
 
     t = getattr(linear, tile)(512, 2560, torch.float32)
-    constexprs = dict(PARTS=t["PARTS"], BLOCKS_PER_PART=t["BLOCKS_PER_PART"], SPLIT=True,
-                      FIXUP=True, BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"],
-                      BLOCK_K=t["BLOCK_K"], FP32_PRODUCTS=True, SQUASH=0)
+    constexprs = dict(
+        PARTS=t["PARTS"],
+        BLOCKS_PER_PART=t["BLOCKS_PER_PART"],
+        SPLIT=True,
+        FIXUP=True,
+        BLOCK_M=t["BLOCK_M"],
+        BLOCK_N=t["BLOCK_N"],
+        BLOCK_K=t["BLOCK_K"],
+        FP32_PRODUCTS=True,
+        SQUASH=0,
+    )
     signature = {**LINEAR, "y_ptr": "*fp32", **dict.fromkeys(constexprs, "constexpr")}
     compiled = triton.compile(
         ASTSource(fn=linear._linear_kernel, signature=signature, constexprs=constexprs),
-        target=H200, options=dict(num_warps=t["num_warps"], num_stages=t["num_stages"]))
+        target=H200,
+        options=dict(num_warps=t["num_warps"], num_stages=t["num_stages"]),
+    )
     llir, ptx = compiled.asm["llir"], compiled.asm["ptx"]
-    calls = re.findall(r"(%\S+) = tail call <(\d+) x float> @llvm\.fmuladd\.v\d+f32\("
-                       r"<\d+ x float> %\S+, <\d+ x float> %\S+, <\d+ x float> (%\S+)\)", llir)
+    calls = re.findall(
+        r"(%\S+) = tail call <(\d+) x float> @llvm\.fmuladd\.v\d+f32\("
+        r"<\d+ x float> %\S+, <\d+ x float> %\S+, <\d+ x float> (%\S+)\)",
+        llir,
+    )
     assert len(calls) == t["BLOCK_K"]
     made = {c[0] for c in calls}
     heads = [c for c in calls if c[2] not in made]
@@ -72,19 +85,32 @@ def test_pdl_linear_waits_before_any_memory_access():
     import re
 
     def ptx(pdl: int, split: bool) -> str:
-        c = dict(PARTS=40 if split else 1, BLOCKS_PER_PART=2 if split else 20, SPLIT=split,
-                 FIXUP=split, BLOCK_M=16 if split else 64, BLOCK_N=64, BLOCK_K=128,
-                 FP32_PRODUCTS=False, SQUASH=0, PDL=pdl)
+        c = dict(
+            PARTS=40 if split else 1,
+            BLOCKS_PER_PART=2 if split else 20,
+            SPLIT=split,
+            FIXUP=split,
+            BLOCK_M=16 if split else 64,
+            BLOCK_N=64,
+            BLOCK_K=128,
+            FP32_PRODUCTS=False,
+            SQUASH=0,
+            PDL=pdl,
+        )
         signature = {**LINEAR, **dict.fromkeys(c, "constexpr")}
         options = dict(num_warps=4, num_stages=3, launch_pdl=bool(pdl))
-        return triton.compile(ASTSource(fn=linear._linear_kernel, signature=signature,
-                                        constexprs=c), target=H200, options=options).asm["ptx"]
+        return triton.compile(
+            ASTSource(fn=linear._linear_kernel, signature=signature, constexprs=c),
+            target=H200,
+            options=options,
+        ).asm["ptx"]
 
     for split in (True, False):
         code = ptx(1, split)
         wait = code.index("griddepcontrol.wait")
-        first = re.search(r"\b(ld\.global|st\.global|cp\.async(?!\.bulk\.prefetch)|atom\.|red\.)",
-                          code)
+        first = re.search(
+            r"\b(ld\.global|st\.global|cp\.async(?!\.bulk\.prefetch)|atom\.|red\.)", code
+        )
         assert first is not None and wait < first.start()
         assert 0 <= code.index("cp.async.bulk.prefetch.L2.global") < wait
         assert code.index("griddepcontrol.launch_dependents") > wait
@@ -99,8 +125,16 @@ def test_the_step_kernels_take_pdl():
     """Every kernel of a decode step has the PDL parameter (kernels/pdl.py): one without it,
     between two that have it, would end the overlap there."""
     assert len(PDL_KERNELS) >= 30
-    assert not {"linear split fixup", "hc_mix", "rms_norm", "recurrent_gdn", "moe gate_up",
-                "attention", "causal_conv", "moe route"} - set(PDL_KERNELS)
+    assert not {
+        "linear split fixup",
+        "hc_mix",
+        "rms_norm",
+        "recurrent_gdn",
+        "moe gate_up",
+        "attention",
+        "causal_conv",
+        "moe route",
+    } - set(PDL_KERNELS)
 
 
 @pytest.mark.parametrize("name", PDL_KERNELS)
@@ -116,13 +150,13 @@ def test_pdl_kernel_waits_before_it_touches_memory(name):
         c = {**constexprs, "PDL": pdl}
         signature = {**args, **dict.fromkeys(c, "constexpr")}
         opts = dict(options[0] if options else {}, launch_pdl=bool(pdl))
-        return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=c),
-                              target=H200, options=opts).asm["ptx"]
+        return triton.compile(
+            ASTSource(fn=fn, signature=signature, constexprs=c), target=H200, options=opts
+        ).asm["ptx"]
 
     code = ptx(1)
     wait = code.index("griddepcontrol.wait")
-    first = re.search(r"\b(ld\.global|st\.global|cp\.async(?!\.bulk\.prefetch)|atom\.|red\.)",
-                      code)
+    first = re.search(r"\b(ld\.global|st\.global|cp\.async(?!\.bulk\.prefetch)|atom\.|red\.)", code)
     assert first is None or wait < first.start()
     assert code.index("griddepcontrol.launch_dependents") > wait
     assert "griddepcontrol" not in ptx(0)
@@ -137,20 +171,29 @@ def test_norm_rope_heads_sums_squares_as_rms_norm():
     def reduced(fn, args, constexprs, warps):
         signature = {**args, **dict.fromkeys(constexprs, "constexpr")}
         names = list(signature)
-        attrs = {(names.index(k),): [["tt.divisibility", 16]] for k, v in args.items()
-                 if v.startswith("*")}
-        ttgir = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs,
-                                         attrs=attrs),
-                               target=H200, options=dict(num_warps=warps)).asm["ttgir"]
+        attrs = {
+            (names.index(k),): [["tt.divisibility", 16]]
+            for k, v in args.items()
+            if v.startswith("*")
+        }
+        ttgir = triton.compile(
+            ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+            target=H200,
+            options=dict(num_warps=warps),
+        ).asm["ttgir"]
         layouts = dict(re.findall(r"^(#\w+) = (#ttg\.blocked<.*>)$", ttgir, re.M))
-        return [(int(w), layouts[name]) for w, name in
-                re.findall(r"\(tensor<(\d+)xf32, (#\w+)>\) -> f32", ttgir)]
+        return [
+            (int(w), layouts[name])
+            for w, name in re.findall(r"\(tensor<(\d+)xf32, (#\w+)>\) -> f32", ttgir)
+        ]
 
     fused = reduced(rowwise_heads._norm_rope_heads_kernel, HEADS, HEADS_SIZES, 1)
     assert [w for w, _ in fused] == [256, 256, 128]
     for width, layout in fused:
-        alone = reduced(norms._rms_norm_kernel,
-                        dict(x_ptr=BF, w_ptr=BF, y_ptr=BF, rows="i32", eps="fp32",
-                             stride_x="i32"),
-                        dict(D=width, G=width, BLOCK=width, PDL=1), norms._warps(width))
+        alone = reduced(
+            norms._rms_norm_kernel,
+            dict(x_ptr=BF, w_ptr=BF, y_ptr=BF, rows="i32", eps="fp32", stride_x="i32"),
+            dict(D=width, G=width, BLOCK=width, PDL=1),
+            norms._warps(width),
+        )
         assert alone == [(width, layout)]

@@ -42,21 +42,58 @@ H200 = GPUTarget("cuda", 90, 32)
 H200_SHARED = 232448  # the shared memory one program may take on the H200, bytes
 BF = "*bf16"
 BLOCK_KEY = dict(BLOCK=4, DI=128, R=32, BDI=128)  # the indexer: blocks of 4, 128 dims
-POOL_AT = dict(keys_ptr=BF, cos_ptr=BF, sin_ptr=BF, w_ptr=BF, out_ptr=BF, pos_ptr="*i64",
-               tab_ptr="*i64", nb="i32", has_table="i32", eps="fp32")
-ATTENTION = dict(q_ptr=BF, k_ptr=BF, v_ptr=BF, mask_ptr="*u8", o_ptr=BF, len_ptr="*i64",
-                 tab_ptr="*i64", pos_ptr="*i64", HAS_LEN="i32", HAS_TABLE="i32", HAS_POS="i32",
-                 T="i32", L="i32", HQ="i32", HKV="i32", REP="i32", scale="fp32")
+POOL_AT = dict(
+    keys_ptr=BF,
+    cos_ptr=BF,
+    sin_ptr=BF,
+    w_ptr=BF,
+    out_ptr=BF,
+    pos_ptr="*i64",
+    tab_ptr="*i64",
+    nb="i32",
+    has_table="i32",
+    eps="fp32",
+)
+ATTENTION = dict(
+    q_ptr=BF,
+    k_ptr=BF,
+    v_ptr=BF,
+    mask_ptr="*u8",
+    o_ptr=BF,
+    len_ptr="*i64",
+    tab_ptr="*i64",
+    pos_ptr="*i64",
+    HAS_LEN="i32",
+    HAS_TABLE="i32",
+    HAS_POS="i32",
+    T="i32",
+    L="i32",
+    HQ="i32",
+    HKV="i32",
+    REP="i32",
+    scale="fp32",
+)
 _BM, _BL, _WARPS, _STAGES, _PREC, _SKIP = attention.CONFIGS[torch.bfloat16]
 ATTENTION_TILE = dict(D=256, BD=256, BLOCK_M=_BM, BLOCK_L=_BL, PRECISION=_PREC, SKIP=_SKIP)
-INDEX = dict(iq_ptr=BF, keys_ptr=BF, scores_ptr="*fp32", tab_ptr="*i64", HAS_TABLE="i32",
-             T="i32", NB="i32", HI="i32", sqrt_di="fp32")
+INDEX = dict(
+    iq_ptr=BF,
+    keys_ptr=BF,
+    scores_ptr="*fp32",
+    tab_ptr="*i64",
+    HAS_TABLE="i32",
+    T="i32",
+    NB="i32",
+    HI="i32",
+    sqrt_di="fp32",
+)
 # the attention's q, k and indexer q: 24 + 2 heads of 256, 4 of 128, 64 rotated
-HEADS = {f"{k}{i}": v for i in range(3) for k, v in
-         dict(x=BF, w=BF, y=BF, sn="i32", sh="i32", eps="fp32").items()}
+HEADS = {
+    f"{k}{i}": v
+    for i in range(3)
+    for k, v in dict(x=BF, w=BF, y=BF, sn="i32", sh="i32", eps="fp32").items()
+}
 HEADS.update(cos_ptr=BF, sin_ptr=BF, stride_c="i32")
-HEADS_SIZES = dict(H0=24, H1=2, H2=4, D0=256, D1=256, D2=128, B0=256, B1=256, B2=128, R=64,
-                   PDL=1)
+HEADS_SIZES = dict(H0=24, H1=2, H2=4, D0=256, D1=256, D2=128, B0=256, B1=256, B2=128, R=64, PDL=1)
 
 KERNELS = {
     "select": (triton_select._select_kernel,
@@ -162,6 +199,7 @@ KERNELS = {
                                              stride_g="i32", stride_u="i32"), dict(BLOCK=1024)),
 }  # fmt: skip
 
+
 def blocks(tile: dict) -> dict:
     return {k: v for k, v in tile.items() if k.isupper()}
 
@@ -171,18 +209,53 @@ def launch(tile: dict) -> dict:
 
 
 # the kernels that have run on the H200 too, at the launch options they use there
-LINEAR = dict(x_ptr=BF, w_ptr=BF, y_ptr=BF, ws_ptr="*fp32", count_ptr="*i32", M="i32",
-              N="i32", K="i32", stride_x="i32", stride_y="i32", prefetch="i32",
-              squash_cols="i32")
+LINEAR = dict(
+    x_ptr=BF,
+    w_ptr=BF,
+    y_ptr=BF,
+    ws_ptr="*fp32",
+    count_ptr="*i32",
+    M="i32",
+    N="i32",
+    K="i32",
+    stride_x="i32",
+    stride_y="i32",
+    prefetch="i32",
+    squash_cols="i32",
+)
 TILE = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64)
 DRAW = dict(logits_ptr="*fp32", stride="i32", V="i32", ws_ptr="*i64", n="i32", C="i32")
 # the recurrent GDN's arguments; with GATES, g_ptr and beta_ptr hold a and b (unused)
-RECURRENT = dict(q_ptr=BF, k_ptr=BF, v_ptr=BF, g_ptr="*fp32", beta_ptr=BF, a_ptr="*fp32",
-                 b_ptr=BF, alog_ptr="*fp32", dtb_ptr="*fp32", s0_ptr="*fp32", o_ptr=BF,
-                 states_ptr="*fp32", tab_ptr="*i64", T="i32", H="i32", stride_v="i32",
-                 stride_a="i32", stride_b="i32", keep_states="i32", use_table="i32")
-EXPERTS = dict(slot_pair_ptr="*i32", block_expert_ptr="*i32", H="i32", I="i32",
-               num_routed="i32", shared_id="i32")
+RECURRENT = dict(
+    q_ptr=BF,
+    k_ptr=BF,
+    v_ptr=BF,
+    g_ptr="*fp32",
+    beta_ptr=BF,
+    a_ptr="*fp32",
+    b_ptr=BF,
+    alog_ptr="*fp32",
+    dtb_ptr="*fp32",
+    s0_ptr="*fp32",
+    o_ptr=BF,
+    states_ptr="*fp32",
+    tab_ptr="*i64",
+    T="i32",
+    H="i32",
+    stride_v="i32",
+    stride_a="i32",
+    stride_b="i32",
+    keep_states="i32",
+    use_table="i32",
+)
+EXPERTS = dict(
+    slot_pair_ptr="*i32",
+    block_expert_ptr="*i32",
+    H="i32",
+    I="i32",
+    num_routed="i32",
+    shared_id="i32",
+)
 KERNELS.update({
     "linear split fixup": (linear._linear_kernel, LINEAR,
                            dict(PARTS=4, BLOCKS_PER_PART=10, SPLIT=True, FIXUP=True, **TILE,
@@ -343,7 +416,10 @@ KERNELS.update({
 def test_compiles_for_sm90(name):
     fn, args, constexprs, *options = KERNELS[name]
     signature = {**args, **dict.fromkeys(constexprs, "constexpr")}
-    compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-                              target=H200, options=options[0] if options else None)
+    compiled = triton.compile(
+        ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+        target=H200,
+        options=options[0] if options else None,
+    )
     assert len(compiled.asm["cubin"]) > 0  # through ptxas: a binary the H200 would load
     assert compiled.metadata.shared <= H200_SHARED  # else the launch fails (out of resources)

@@ -151,9 +151,15 @@ def test_attention_positions_and_skip_keep_the_bits(kind, dtype):
         assert torch.equal(full, plain), skip
         for a, w in ((0, 1), (5, 3), (69, 1), (10, 40)):
             n = past + a + w
-            part = attn_tri.attention(q[:, a : a + w], k[:, :n], v[:, :n],
-                                      mask[:, a : a + w, :n], scale(),
-                                      positions=pos[:, a : a + w], config=cfg)
+            part = attn_tri.attention(
+                q[:, a : a + w],
+                k[:, :n],
+                v[:, :n],
+                mask[:, a : a + w, :n],
+                scale(),
+                positions=pos[:, a : a + w],
+                config=cfg,
+            )
             assert_dot_equal(part, full[:, a : a + w], (skip, a, w))
 
 
@@ -164,8 +170,7 @@ def test_attention_positions_bound_the_walk():
     q, k, v = attn_inputs(1, t, l, torch.float32, seed=2)
     pos = torch.arange(past, past + t, device=DEVICE).view(1, t)
     mask = torch.arange(l, device=DEVICE).view(1, 1, l) <= pos.view(1, t, 1)
-    want = attn_tri.attention(q, k[:, : past + t], v[:, : past + t], mask[..., : past + t],
-                              scale())
+    want = attn_tri.attention(q, k[:, : past + t], v[:, : past + t], mask[..., : past + t], scale())
     k2, v2 = k.clone(), v.clone()
     k2[:, past + t + 32 :] = float("nan")  # past the tile's last position's block of keys
     v2[:, past + t + 32 :] = float("nan")

@@ -63,12 +63,14 @@ def test_causal_attention_row_invariance(dtype):
     full = causal_tri.causal_attention(q, k, v, scale(), pos)
     for a, w in ((0, 1), (0, 5), (3, 1), (3, 9), (15, 1), (7, 9)):
         n = past + a + w
-        part = causal_tri.causal_attention(q[:, a : a + w], k[:, :n], v[:, :n], scale(),
-                                           pos[:, a : a + w])
+        part = causal_tri.causal_attention(
+            q[:, a : a + w], k[:, :n], v[:, :n], scale(), pos[:, a : a + w]
+        )
         assert torch.equal(part, full[:, a : a + w]), (a, w)
     for i in range(b):
-        alone = causal_tri.causal_attention(q[i : i + 1], k[i : i + 1], v[i : i + 1], scale(),
-                                            pos[i : i + 1])
+        alone = causal_tri.causal_attention(
+            q[i : i + 1], k[i : i + 1], v[i : i + 1], scale(), pos[i : i + 1]
+        )
         assert torch.equal(alone, full[i : i + 1])
     # stream 0 ends at 100 keys (its rows at 84..99); the others' keys go on to l
     short = 100

@@ -136,9 +136,17 @@ def test_causal_conv_bf16(shape, silu, weight_dtype):
     torch.testing.assert_close(y, y_ref, rtol=2**-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("b, t, c, k, dilation", [(1, 1, 40, 4, 1), (2, 1, 300, 4, 1),
-                                                  (2, 2, 40, 4, 1), (1, 5, 40, 4, 1),
-                                                  (2, 3, 24, 4, 3), (1, 16, 24, 4, 3)])
+@pytest.mark.parametrize(
+    "b, t, c, k, dilation",
+    [
+        (1, 1, 40, 4, 1),
+        (2, 1, 300, 4, 1),
+        (2, 2, 40, 4, 1),
+        (1, 5, 40, 4, 1),
+        (2, 3, 24, 4, 3),
+        (1, 16, 24, 4, 3),
+    ],
+)
 def test_shift_moves_the_window_in_place(b, t, c, k, dilation):
     """shift=True writes xfull's last W rows into the window (rows from the old window and
     from x alike), with y and xfull as without it; the reference does the same."""

@@ -120,8 +120,9 @@ SUMS = {"fixup": True, "sum-kernel": False}
 
 @pytest.mark.parametrize("sums", SUMS)
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("nk", LINEAR_NK[:3] + ([(2560, 2560), (512, 2560), (2560, 6144)]
-                                               if HAS_CUDA else []))
+@pytest.mark.parametrize(
+    "nk", LINEAR_NK[:3] + ([(2560, 2560), (512, 2560), (2560, 6144)] if HAS_CUDA else [])
+)
 def test_linear_row_invariant(nk, dtype, sums, monkeypatch):
     monkeypatch.setattr(tlin, "_FIXUP", SUMS[sums])
     n, k = nk
@@ -249,8 +250,9 @@ def test_linear_fp32_out(nk, dtype, sums, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, *NARROW])
-@pytest.mark.parametrize("nk", [(33, 700), (130, 1100)] + ([(324, 10240), (2560, 640)]
-                                                          if HAS_CUDA else []))
+@pytest.mark.parametrize(
+    "nk", [(33, 700), (130, 1100)] + ([(324, 10240), (2560, 640)] if HAS_CUDA else [])
+)
 def test_linear_one_loop_over_partitions_gives_their_bits(nk, dtype, monkeypatch):
     """FLAT (one pipelined loop over every K block, each partition's sum joining the total at
     its last block) against the loop over partitions: the same bits, on exponent-spread
@@ -263,7 +265,8 @@ def test_linear_one_loop_over_partitions_gives_their_bits(nk, dtype, monkeypatch
     monkeypatch.setattr(tlin, "_IN_PROGRAM_TILES", 1)  # the in-program path at every M
     for out in {dtype, torch.float32}:
         cfg = (tlin.prefill_tile if x.shape[0] > tlin.DECODE_ROWS else tlin.tile_config)(
-            n, k, dtype)
+            n, k, dtype
+        )
         assert cfg["PARTS"] > 1
         want = tlin.linear(x, w, out_dtype=out, tile=dict(cfg, FLAT=False))
         got = tlin.linear(x, w, out_dtype=out, tile=dict(cfg, FLAT=True))

@@ -63,8 +63,9 @@ def test_recurrent_gates_inside_are_the_gates_launch(dtype, b, t, keep):
     g, beta = gates_of(a, bb, a_log, dt_bias)
     assert bool((g == 0).any())  # softplus's underflow is in play
     want_o, want_s = gdn_tri.recurrent_gdn(q, k, v, g, beta, s0, keep_states=keep)
-    got_o, got_s = gdn_tri.recurrent_gdn(q, k, v, None, None, s0, keep_states=keep,
-                                         gates=(a, bb, a_log, dt_bias))
+    got_o, got_s = gdn_tri.recurrent_gdn(
+        q, k, v, None, None, s0, keep_states=keep, gates=(a, bb, a_log, dt_bias)
+    )
     assert torch.equal(got_o, want_o)
     assert torch.equal(got_s, want_s)
 
@@ -76,8 +77,9 @@ def test_recurrent_gates_inside_state_in_place(dtype):
     s0 = torch.randn(1, H, DK, DV, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     want_o, want_s = gdn_tri.recurrent_gdn(q, k, v, *gates_of(a, bb, a_log, dt_bias), s0)
     state = s0.clone()
-    got_o, got_s = gdn_tri.recurrent_gdn(q, k, v, None, None, state, out=state[:, None],
-                                         gates=(a, bb, a_log, dt_bias))
+    got_o, got_s = gdn_tri.recurrent_gdn(
+        q, k, v, None, None, state, out=state[:, None], gates=(a, bb, a_log, dt_bias)
+    )
     assert torch.equal(got_o, want_o)
     assert torch.equal(state, want_s[:, 0]) and got_s.data_ptr() == state.data_ptr()
 
@@ -90,11 +92,12 @@ def test_sessions_gates_inside_are_the_gates_launch(dtype, t):
     gen = torch.Generator().manual_seed(4)
     states = [torch.randn(H, DK, DV, generator=gen).to(DEVICE) for _ in range(b)]
     want_states = [s.clone() for s in states]
-    want = gdn_tri.gdn_sessions(q, k, v, *gates_of(a, bb, a_log, dt_bias), want_states,
-                                offsets_table([want_states]))
-    got = gdn_tri.gdn_sessions(q, k, v, None, None, states, offsets_table([states]),
-                               gates=(a, bb, a_log, dt_bias))
+    want = gdn_tri.gdn_sessions(
+        q, k, v, *gates_of(a, bb, a_log, dt_bias), want_states, offsets_table([want_states])
+    )
+    got = gdn_tri.gdn_sessions(
+        q, k, v, None, None, states, offsets_table([states]), gates=(a, bb, a_log, dt_bias)
+    )
     assert torch.equal(got, want)
     for s, w in zip(states, want_states):
         assert torch.equal(s, w)
-

@@ -112,7 +112,9 @@ def test_no_rows():
     parts = _parts(0, torch.float32, 3, 1, 2, 20, 12)
     cos, sin = _cos_sin(0, 8, torch.float32)
     assert [t.shape for t in trh.norm_rope_heads(parts, cos, sin)] == [
-        (0, 3, 20), (0, 1, 20), (0, 2, 12)
+        (0, 3, 20),
+        (0, 1, 20),
+        (0, 2, 12),
     ]
 
 

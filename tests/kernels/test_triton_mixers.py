@@ -86,8 +86,7 @@ def test_recurrent_gdn_state_in_place(t, keep, dtype):
     q, k, v, g, beta, s0 = gdn_inputs(2, t, h, dk, dv, dtype, seed=11)
     o, states = gdn_tri.recurrent_gdn(q, k, v, g, beta, s0, keep_states=keep)
     state = s0.clone()
-    o2, got = gdn_tri.recurrent_gdn(q, k, v, g, beta, state, keep_states=keep,
-                                    out=state[:, None])
+    o2, got = gdn_tri.recurrent_gdn(q, k, v, g, beta, state, keep_states=keep, out=state[:, None])
     assert got.data_ptr() == state.data_ptr()
     assert torch.equal(o2, o) and torch.equal(state, states[:, -1])
     with pytest.raises(ValueError, match="out must be"):

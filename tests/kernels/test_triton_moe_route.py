@@ -45,8 +45,9 @@ def _route_before(x, router, top_k, normalize):
     e = logits.shape[1]
     probs = torch.empty_like(logits)
     # on the pick's warps: the sum's order follows them
-    _softmax_before[(x.shape[0],)](logits, probs, E=e, BLOCK=triton.next_power_of_2(e),
-                                   num_warps=routing.ROUTE_WARPS)
+    _softmax_before[(x.shape[0],)](
+        logits, probs, E=e, BLOCK=triton.next_power_of_2(e), num_warps=routing.ROUTE_WARPS
+    )
     top, ids = torch.sort(probs, dim=-1, descending=True, stable=True)
     top, ids = top[:, :top_k], ids[:, :top_k]
     if normalize:

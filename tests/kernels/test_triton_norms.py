@@ -86,8 +86,9 @@ def test_rms_norm_reads_evenly_spaced_rows_where_they_lie(n):
         assert got.is_contiguous() and got.shape == q.shape
         assert torch.equal(got, tnorm.rms_norm(q.contiguous(), w, 1e-6, group))
     uneven = _rand(n, 2, 5, d, seed=26)[:, :, 1:4]  # rows 0-2 then 5-7 of each head pair
-    assert torch.equal(tnorm.rms_norm(uneven, w, 1e-6),
-                       tnorm.rms_norm(uneven.contiguous(), w, 1e-6))
+    assert torch.equal(
+        tnorm.rms_norm(uneven, w, 1e-6), tnorm.rms_norm(uneven.contiguous(), w, 1e-6)
+    )
 
 
 def test_norms_leading_dims():
@@ -123,7 +124,9 @@ def test_norms_row_invariant(dtype):
     _check_other_rows(fn, both)
     hd = min(128, d // 2)
     heads = torch.cat([full[:, :hd], gate[:, :hd]], dim=-1)
-    fn = lambda xg: tnorm.gated_rms_norm(  # noqa: E731
-        xg[:, :hd], xg[:, hd:], w[:hd], 1e-6, "sigmoid")
+
+    def fn(xg):
+        return tnorm.gated_rms_norm(xg[:, :hd], xg[:, hd:], w[:hd], 1e-6, "sigmoid")
+
     _check_rows(fn, heads)
     _check_other_rows(fn, heads)

@@ -51,5 +51,6 @@ def test_ple_gate(dtype, h):
         _close(a, b, dtype)
     # the conv's norm is the norms kernel's on the gated rows
     from flashlane.kernels.norms import triton as trn
+
     assert torch.equal(got[1], trn.rms_norm(got[0], norms[2], 1e-6, h))
     _rows_invariant(lambda k, x, v: trp.ple_gate(k, x, v, *norms, 1e-6), key, r, value)

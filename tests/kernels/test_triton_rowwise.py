@@ -112,7 +112,7 @@ def test_hc_up_mix_is_the_up_projection_then_the_mix(dtype, hc, m):
 
     h, low = 44, 40
     both = _rand(m, low + hc + 4, dtype=dtype, seed=40, scale=1.0)
-    s, inj = both[:, :low], both[:, low:low + hc]
+    s, inj = both[:, :low], both[:, low : low + hc]
     up = _rand(hc * h, low, dtype=dtype, seed=41, scale=0.3)
     xn = _rand(m, hc * h, dtype=dtype, seed=42)
     got = trh.hc_up_mix(s, up, xn, inj, hc)

@@ -27,12 +27,17 @@ def test_pure_packages_import_without_torch():
         if path.stem != "__init__"
     ]
     assert len(modules) > 10
-    run = subprocess.run([sys.executable, "-c", BLOCKER, *modules], cwd=ROOT,
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-c", BLOCKER, *modules], cwd=ROOT, capture_output=True, text=True
+    )
     assert run.returncode == 0, run.stderr[-2000:]
 
 
 def test_the_blocker_blocks():
-    run = subprocess.run([sys.executable, "-c", BLOCKER, "flashlane.sampling.choose"],
-                         cwd=ROOT, capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-c", BLOCKER, "flashlane.sampling.choose"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode != 0 and "is blocked" in run.stderr

@@ -19,8 +19,9 @@ from flashlane.llama_cpp.write_gguf import write_gguf
 from flashlane.models.random_weights import random_tensor
 from flashlane.request import SamplingParams
 
-pytestmark = pytest.mark.skipif(not os.environ.get("FLASHLANE_LLAMA_CPP"),
-                                reason="no llama.cpp build (set FLASHLANE_LLAMA_CPP)")
+pytestmark = pytest.mark.skipif(
+    not os.environ.get("FLASHLANE_LLAMA_CPP"), reason="no llama.cpp build (set FLASHLANE_LLAMA_CPP)"
+)
 PROMPTS = [
     'def walk(top):\n    """Directory tree generator."""\n    for name in listdir(top):\n',
     "The river ran past the old stone mill, and the miller's daughter",
@@ -57,8 +58,10 @@ def test_random_gguf_holds_our_numbers_and_llama_cpp_decodes_it(build, tmp_path)
     from gguf import GGUFReader  # llama.cpp's gguf-py, put on the path just above
 
     reader = GGUFReader(out)
-    for ours, theirs in (("embed_tokens.weight", "token_embd.weight"),
-                         ("lm_head.weight", "output.weight")):
+    for ours, theirs in (
+        ("embed_tokens.weight", "token_embd.weight"),
+        ("lm_head.weight", "output.weight"),
+    ):
         got = _tensor(reader, theirs)
         assert torch.equal(got, random_tensor(ours, tuple(got.shape), torch.bfloat16, "cpu", 5))
     ratios = reader.fields["qwen4exp.attention.compress_ratios"].contents()
@@ -106,10 +109,29 @@ def test_bench_model_peer_llama_cpp_on_the_cpu(build, tmp_path, capsys):
     from flashlane.bench.model import bench_model_main
 
     out = tmp_path / "r.json"
-    argv = ["--config", str(DEFAULT_MODEL / "config.json"), "--random-weights", "--device",
-            "cpu", "--streams", "1,2", "--prefill", "64", "--decode-tokens", "4", "--peer",
-            "llama.cpp", "--llama-cpp", str(build.bin_dir), "--gguf-dir", str(tmp_path),
-            "--llama-threads", "2", "--json", str(out)]
+    argv = [
+        "--config",
+        str(DEFAULT_MODEL / "config.json"),
+        "--random-weights",
+        "--device",
+        "cpu",
+        "--streams",
+        "1,2",
+        "--prefill",
+        "64",
+        "--decode-tokens",
+        "4",
+        "--peer",
+        "llama.cpp",
+        "--llama-cpp",
+        str(build.bin_dir),
+        "--gguf-dir",
+        str(tmp_path),
+        "--llama-threads",
+        "2",
+        "--json",
+        str(out),
+    ]
     assert bench_model_main(argv) == 0
     result = json.loads(out.read_text())
     peer = result["peer"]
@@ -137,8 +159,10 @@ def test_served_replies_equal_ours_but_at_near_ties(build, embedded_gguf):
 
     args = argparse.Namespace(seed=None, num_prompts=16, input_len=64, output_len=64)
     prompts = make_prompts(load_tokenizer(DEFAULT_MODEL), args)
-    with LlamaServer(build, embedded_gguf, context=4 * 256, slots=4,
-                     extra=("-t", "2")) as server, ThreadPoolExecutor(4) as pool:
+    with (
+        LlamaServer(build, embedded_gguf, context=4 * 256, slots=4, extra=("-t", "2")) as server,
+        ThreadPoolExecutor(4) as pool,
+    ):
         theirs = list(pool.map(lambda p: server.greedy(p, 64), prompts))
     llm = LLM(None, device="cpu")
     params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)

@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _subset_module():
-    spec = importlib.util.spec_from_file_location("llama_cpp_subset",
-                                                  ROOT / "scripts" / "llama_cpp_subset.py")
+    spec = importlib.util.spec_from_file_location(
+        "llama_cpp_subset", ROOT / "scripts" / "llama_cpp_subset.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules["llama_cpp_subset"] = module
     spec.loader.exec_module(module)
@@ -49,8 +50,12 @@ def _sdist(path: Path, files: dict[str, bytes]) -> None:
 
 
 def test_subset_of_an_sdist_is_the_same_bytes_each_time(tmp_path):
-    files = {"setup.py": b"x", "llama.cpp/convert_hf_to_gguf.py": b"c",
-             "llama.cpp/src/llama.cpp": b"s", "llama.cpp/docs/a.md": b"d"}
+    files = {
+        "setup.py": b"x",
+        "llama.cpp/convert_hf_to_gguf.py": b"c",
+        "llama.cpp/src/llama.cpp": b"s",
+        "llama.cpp/docs/a.md": b"d",
+    }
     _sdist(tmp_path / "s.tar.gz", files)
     subset = _subset_module().subset
     assert subset(str(tmp_path / "s.tar.gz"), str(tmp_path / "a.tar.gz")) == (2, 2)
@@ -97,10 +102,14 @@ def test_find_build_names_its_tools_source_and_flags(tmp_path, monkeypatch):
     (tmp_path / "CMakeCache.txt").write_text(
         "// a comment\nGGML_CUDA:BOOL=ON\nCMAKE_CUDA_ARCHITECTURES:STRING=90-real\n"
         "LLAMA_BUILD_NUMBER:UNINITIALIZED=11434\nCMAKE_HOME_DIRECTORY:INTERNAL=/x/src\n"
-        "GGML_METAL:BOOL=OFF\n")
+        "GGML_METAL:BOOL=OFF\n"
+    )
     monkeypatch.setenv("FLASHLANE_LLAMA_CPP", str(tmp_path))
     found = find_build()
     assert found.build == "b11434 (cuda)" and found.src == Path("/x/src")
-    assert found.flags == {"LLAMA_BUILD_NUMBER": "11434", "GGML_CUDA": "ON",
-                           "CMAKE_CUDA_ARCHITECTURES": "90-real"}
+    assert found.flags == {
+        "LLAMA_BUILD_NUMBER": "11434",
+        "GGML_CUDA": "ON",
+        "CMAKE_CUDA_ARCHITECTURES": "90-real",
+    }
     assert found.tool("llama-bench") == tmp_path / "bin" / "llama-bench"

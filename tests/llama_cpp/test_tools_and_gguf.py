@@ -17,13 +17,28 @@ from flashlane.models.loader import hf_tensors
 from flashlane.models.presets import preset
 from flashlane.models.random_weights import build_random, random_tensor
 
-ROW = ('{"n_kv_max": 640, "n_batch": 2048, "n_ubatch": 512, "flash_attn": -1, '
-       '"is_pp_shared": 0, "n_gpu_layers": 0, "n_threads": 2, "n_threads_batch": 2, '
-       '"pp": 8, "tg": 4, "pl": %d, "n_kv": 48, "t_pp": 0.1, "speed_pp": 80.0, '
-       '"t_tg": %f, "speed_tg": %f, "t": 0.3, "speed": 100.0}')
-BENCH = [{"build_commit": "b11434", "build_number": 11434, "backends": "CPU", "gpu_info": "",
-          "flash_attn": -1, "n_ubatch": 512, "n_prompt": 64, "n_gen": 0, "avg_ns": 2e8,
-          "stddev_ns": 1e6, "avg_ts": 320.0, "stddev_ts": 1.5}]
+ROW = (
+    '{"n_kv_max": 640, "n_batch": 2048, "n_ubatch": 512, "flash_attn": -1, '
+    '"is_pp_shared": 0, "n_gpu_layers": 0, "n_threads": 2, "n_threads_batch": 2, '
+    '"pp": 8, "tg": 4, "pl": %d, "n_kv": 48, "t_pp": 0.1, "speed_pp": 80.0, '
+    '"t_tg": %f, "speed_tg": %f, "t": 0.3, "speed": 100.0}'
+)
+BENCH = [
+    {
+        "build_commit": "b11434",
+        "build_number": 11434,
+        "backends": "CPU",
+        "gpu_info": "",
+        "flash_attn": -1,
+        "n_ubatch": 512,
+        "n_prompt": 64,
+        "n_gen": 0,
+        "avg_ns": 2e8,
+        "stddev_ns": 1e6,
+        "avg_ts": 320.0,
+        "stddev_ts": 1.5,
+    }
+]
 
 
 def _fake_build(tmp_path: Path, batched: str, bench: str) -> LlamaBuild:
@@ -31,8 +46,10 @@ def _fake_build(tmp_path: Path, batched: str, bench: str) -> LlamaBuild:
     for name, text in (("llama-batched-bench", batched), ("llama-bench", bench)):
         path = tmp_path / name
         code = 3 if text == "fail" else 0
-        path.write_text(f"#!{sys.executable}\nimport sys\nsys.stderr.write('loading\\n')\n"
-                        f"print({text!r})\nsys.exit({code})\n")
+        path.write_text(
+            f"#!{sys.executable}\nimport sys\nsys.stderr.write('loading\\n')\n"
+            f"print({text!r})\nsys.exit({code})\n"
+        )
         path.chmod(0o755)
     return LlamaBuild(tmp_path, None, "b11434 (cpu)", {})
 
@@ -81,5 +98,9 @@ def test_lazy_index_is_our_random_checkpoint_under_its_names():
         assert torch.equal(gate_up[e, :half], saved[f"{expert}.gate_proj.weight"])
         assert torch.equal(gate_up[e, half:], saved[f"{expert}.up_proj.weight"])
     down = index["mtp.layers.0.mlp.experts.down_proj"][2]()
-    assert torch.equal(down, random_tensor("mtp.layers.0.mlp.experts.down_proj",
-                                           tuple(down.shape), torch.bfloat16, "cpu", 3))
+    assert torch.equal(
+        down,
+        random_tensor(
+            "mtp.layers.0.mlp.experts.down_proj", tuple(down.shape), torch.bfloat16, "cpu", 3
+        ),
+    )

@@ -42,8 +42,9 @@ class FakeHub:
 
     def files(self, repo: str) -> dict[str, Path]:
         folder = self.repos[repo]
-        return {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*"))
-                if p.is_file()}
+        return {
+            p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()
+        }
 
     def answer(self, h: BaseHTTPRequestHandler, body: bool) -> None:
         path = unquote(urlparse(h.path).path)
@@ -52,15 +53,26 @@ class FakeHub:
         if parts[:2] == ["api", "models"] and len(parts) >= 5:
             repo = "/".join(parts[2:4])
             if repo not in self.repos:
-                return self.send(h, 404, b'{"error": "Repository not found"}', body,
-                                 {"X-Error-Code": "RepoNotFound"})
+                return self.send(
+                    h,
+                    404,
+                    b'{"error": "Repository not found"}',
+                    body,
+                    {"X-Error-Code": "RepoNotFound"},
+                )
             if parts[4] == "revision":
-                info = {"id": repo, "modelId": repo, "sha": COMMIT,
-                        "siblings": [{"rfilename": f} for f in self.files(repo)]}
+                info = {
+                    "id": repo,
+                    "modelId": repo,
+                    "sha": COMMIT,
+                    "siblings": [{"rfilename": f} for f in self.files(repo)],
+                }
                 return self.send(h, 200, json.dumps(info).encode(), body)
             if parts[4] == "tree":
-                tree = [{"type": "file", "path": name, "size": p.stat().st_size,
-                         "oid": _oid(p)} for name, p in self.files(repo).items()]
+                tree = [
+                    {"type": "file", "path": name, "size": p.stat().st_size, "oid": _oid(p)}
+                    for name, p in self.files(repo).items()
+                ]
                 return self.send(h, 200, json.dumps(tree).encode(), body)
         if len(parts) >= 5 and parts[2] == "resolve":
             repo, name = "/".join(parts[:2]), "/".join(parts[4:])
@@ -73,8 +85,13 @@ class FakeHub:
         self.send(h, 404, b"{}", body)
 
     @staticmethod
-    def send(h: BaseHTTPRequestHandler, status: int, data: bytes, body: bool,
-             headers: dict[str, str] | None = None) -> None:
+    def send(
+        h: BaseHTTPRequestHandler,
+        status: int,
+        data: bytes,
+        body: bool,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         h.send_response(status)
         h.send_header("Content-Type", "application/json")
         h.send_header("Content-Length", str(len(data)))

@@ -24,16 +24,18 @@ QWEN3_NEXT_80B = Path(__file__).resolve().parents[1] / "data" / "qwen3_next_80b_
 SHAPES = {
     **SIBLINGS,
     # every other layer dense (decoder_sparse_step) on top of mlp_only_layers; tied head
-    "qwen3_next_step2": dict(SIBLINGS["qwen3_next"], decoder_sparse_step=2,
-                             tie_word_embeddings=True),
+    "qwen3_next_step2": dict(
+        SIBLINGS["qwen3_next"], decoder_sparse_step=2, tie_word_embeddings=True
+    ),
 }
 
 
 def meta_model(raw: dict):
     raw = dict(raw)
     model_class, config_class = hf_classes(raw.pop("model_type"))
-    hf_cfg = config_class(**{k: v for k, v in raw.items()
-                             if k not in ("architectures", "torch_dtype")})
+    hf_cfg = config_class(
+        **{k: v for k, v in raw.items() if k not in ("architectures", "torch_dtype")}
+    )
     with torch.device("meta"):
         return model_class(hf_cfg)
 
@@ -76,8 +78,10 @@ def test_session_sizes_per_family() -> None:
 def test_qwen3_5_releases_count_as_transformers(family: str) -> None:
     """transformers' default Qwen3.5 configs (its "9B" and "35B-A3B style"), as a release's
     root config with the vision tower: every part and the total as transformers builds them."""
-    names = {"qwen3_5": ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration"),
-             "qwen3_5_moe": ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration")}
+    names = {
+        "qwen3_5": ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration"),
+        "qwen3_5_moe": ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration"),
+    }
     config_class, model_class = (getattr(transformers, n) for n in names[family])
     hf_cfg = config_class()
     with torch.device("meta"):
@@ -88,8 +92,21 @@ def test_qwen3_5_releases_count_as_transformers(family: str) -> None:
 def test_info_plans_qwen3_next_sessions(capsys) -> None:
     from flashlane.cli import main
 
-    assert main(["info", str(QWEN3_NEXT_80B), "--slot-contexts", "65536,32768x3",
-                 "--memory-limit-gb", "200", "--device", "cuda"]) == 0
+    assert (
+        main(
+            [
+                "info",
+                str(QWEN3_NEXT_80B),
+                "--slot-contexts",
+                "65536,32768x3",
+                "--memory-limit-gb",
+                "200",
+                "--device",
+                "cuda",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     # per session: K and V of 12 layers and the MTP layer (2 x 2 heads x 256, bf16) a
     # position, no indexer keys, and 36 GDN layers' fp32 states and bf16 conv rows

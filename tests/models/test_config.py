@@ -101,8 +101,9 @@ def test_sibling_families_and_layer_kinds():
         assert not cfg.ple_layer_ids
     # a Flash Next spelling of the sparse layer is no sibling's layer
     with pytest.raises(ConfigError, match="layer_types"):
-        ModelConfig.from_hf(sibling("qwen3_next", layer_types=["linear_attention"] * 3
-                                                             + ["qwen_sparse_attention"]))
+        ModelConfig.from_hf(
+            sibling("qwen3_next", layer_types=["linear_attention"] * 3 + ["qwen_sparse_attention"])
+        )
 
 
 def test_sibling_mlp_kinds():
@@ -138,7 +139,11 @@ def test_sibling_rope_defaults_and_root_config():
     del raw["partial_rotary_factor"]  # Qwen3NextConfig's default is a quarter
     assert ModelConfig.from_hf(raw).rotary_dim == 8
     text = sibling("qwen3_5_moe", eos_token_id=None)
-    root = {"model_type": "qwen3_5_moe", "text_config": text, "eos_token_id": 7,
-            "vision_config": {"depth": 2}}
+    root = {
+        "model_type": "qwen3_5_moe",
+        "text_config": text,
+        "eos_token_id": 7,
+        "vision_config": {"depth": 2},
+    }
     cfg = ModelConfig.from_hf(root)
     assert cfg.family == "qwen3_5_moe" and cfg.eos_token_ids == (7,) and cfg.vision

@@ -57,8 +57,9 @@ def fp8_trio(tiny_ckpt, tmp_path_factory):
     base = tmp_path_factory.mktemp("fp8")
     quantized = quantize_state(read_plain(tiny_ckpt), spec)
     fp8 = write_checkpoint(tiny_ckpt, base / "fp8", quantized, spec.to_config())
-    twin = write_checkpoint(tiny_ckpt, base / "twin",
-                            dequantize_state(quantized, spec, torch.float64))
+    twin = write_checkpoint(
+        tiny_ckpt, base / "twin", dequantize_state(quantized, spec, torch.float64)
+    )
     return tiny_ckpt, fp8, twin
 
 
@@ -98,16 +99,25 @@ def test_modules_to_not_convert_match_as_transformers():
     spec = QuantSpec()
     assert spec.is_converted("model.layers.0.mlp.experts.3.gate_proj.weight")
     assert spec.is_converted("mtp.layers.0.self_attn.q_proj.weight")
-    for kept in ("lm_head.weight", "model.embed_tokens.weight", "model.layers.0.mlp.gate.weight",
-                 "model.layers.0.mlp.shared_expert_gate.weight",
-                 "model.layers.0.attn_hyper_connection.block_inject_weight.weight",
-                 "model.hyper_connection_mixer.input_mix_weight_up.weight",
-                 "model.layers.1.ple.ple_embedding.ngram_embedding.shard_0.weight",
-                 "model.layers.0.linear_attn.in_proj_b.weight",
-                 "model.layers.0.input_layernorm.bias"):
+    for kept in (
+        "lm_head.weight",
+        "model.embed_tokens.weight",
+        "model.layers.0.mlp.gate.weight",
+        "model.layers.0.mlp.shared_expert_gate.weight",
+        "model.layers.0.attn_hyper_connection.block_inject_weight.weight",
+        "model.hyper_connection_mixer.input_mix_weight_up.weight",
+        "model.layers.1.ple.ple_embedding.ngram_embedding.shard_0.weight",
+        "model.layers.0.linear_attn.in_proj_b.weight",
+        "model.layers.0.input_layernorm.bias",
+    ):
         assert not spec.is_converted(kept), kept
-    custom = QuantSpec.from_config({"quant_method": "fp8", "weight_block_size": [64, 32],
-                                    "modules_to_not_convert": ["model.layers.0"]})
+    custom = QuantSpec.from_config(
+        {
+            "quant_method": "fp8",
+            "weight_block_size": [64, 32],
+            "modules_to_not_convert": ["model.layers.0"],
+        }
+    )
     assert custom.block == (64, 32)
     assert not custom.is_converted("model.layers.0.self_attn.q_proj.weight")
     assert custom.is_converted("model.layers.1.self_attn.q_proj.weight")
@@ -183,12 +193,15 @@ def test_fp8_tensors_without_quantization_config(fp8_trio, tmp_path):
         load_checkpoint(bad, dtype=torch.float64)
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("quant_method", "awq", "quant_method 'awq' is not supported"),
-    ("fmt", "e5m2", "only 'e4m3'"),
-    ("weight_block_size", [128], "two positive ints"),
-    ("activation_scheme", "static", "only 'dynamic'"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("quant_method", "awq", "quant_method 'awq' is not supported"),
+        ("fmt", "e5m2", "only 'e4m3'"),
+        ("weight_block_size", [128], "two positive ints"),
+        ("activation_scheme", "static", "only 'dynamic'"),
+    ],
+)
 def test_unknown_quantization_config(fp8_trio, tmp_path, field, value, message):
     _, fp8, _ = fp8_trio
     bad = tmp_path / "bad"
@@ -212,12 +225,16 @@ def test_info_counts_the_fp8_checkpoints_bytes(fp8_trio, capsys):
     stored = read_plain(fp8)
     values = sum(t.numel() for t in stored.values() if t.dtype == torch.float8_e4m3fn)
     scales = sum(t.numel() for n, t in stored.items() if n.endswith("_scale_inv"))
-    other = sum(t.numel() for n, t in stored.items()
-                if t.dtype == torch.float32 and not n.endswith("_scale_inv"))
+    other = sum(
+        t.numel()
+        for n, t in stored.items()
+        if t.dtype == torch.float32 and not n.endswith("_scale_inv")
+    )
     counted = fp8_bytes(ModelConfig.from_hf(fp8), QuantSpec())
     assert (counted.quantized, counted.scales, counted.other) == (values, scales, other)
-    nested = QuantSpec(not_converted=(*QuantSpec().not_converted,
-                                      "model.language_model.layers.3.self_attn.q_proj"))
+    nested = QuantSpec(
+        not_converted=(*QuantSpec().not_converted, "model.language_model.layers.3.self_attn.q_proj")
+    )
     q_proj = stored["model.layers.3.self_attn.q_proj.weight"].numel()
     assert fp8_bytes(ModelConfig.from_hf(fp8), nested).quantized == values - q_proj
     assert main(["info", str(fp8)]) == 0

@@ -22,8 +22,7 @@ def hub(tiny_ckpt, tmp_path, monkeypatch):
     server.stop()
 
 
-def test_hub_id_is_fetched_into_the_cache_then_read_offline(hub, tiny_ckpt, tmp_path,
-                                                             monkeypatch):
+def test_hub_id_is_fetched_into_the_cache_then_read_offline(hub, tiny_ckpt, tmp_path, monkeypatch):
     folder, name = resolve_model("acme/tiny-flash")
     assert name == "acme/tiny-flash"
     assert folder.is_relative_to(tmp_path / "cache")
@@ -55,7 +54,11 @@ def test_llm_loads_a_hub_id(hub):
     from flashlane.llm import LLM
     from flashlane.request import SamplingParams
 
-    llm = LLM("acme/tiny-flash", costs=CostTable({1: 1.0}, draft_step_ms=0.1, overhead_ms=0.1),
-              parallel=1, max_rows=4)
+    llm = LLM(
+        "acme/tiny-flash",
+        costs=CostTable({1: 1.0}, draft_step_ms=0.1, overhead_ms=0.1),
+        parallel=1,
+        max_rows=4,
+    )
     out = llm.generate([5, 6, 7], SamplingParams(max_tokens=3, temperature=0))[0]
     assert len(out.token_ids) == 3 and llm.engine.name == "acme/tiny-flash"

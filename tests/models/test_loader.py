@@ -112,7 +112,8 @@ def fuse_experts(t: dict) -> dict:
         n = 1 + max(e for e, _ in w)
         out[base + ".down_proj"] = torch.stack([w[(e, "down_proj")] for e in range(n)])
         out[base + ".gate_up_proj"] = torch.stack(
-            [torch.cat([w[(e, "gate_proj")], w[(e, "up_proj")]]) for e in range(n)])
+            [torch.cat([w[(e, "gate_proj")], w[(e, "up_proj")]]) for e in range(n)]
+        )
     return out
 
 
@@ -125,8 +126,10 @@ def test_sibling_layouts_load_alike(tmp_path, oracle_by_name, name):
     _, ref = load_checkpoint(src, dtype=torch.float64)
     out = load_file(str(src / "model.safetensors"))
     text = json.loads((src / "config.json").read_text())
-    out = {k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k: v
-           for k, v in fuse_experts(out).items()}
+    out = {
+        k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k: v
+        for k, v in fuse_experts(out).items()
+    }
     out["model.visual.patch_embed.proj.weight"] = torch.zeros(2, 2)
     raw = {"model_type": name, "text_config": text, "vision_config": {"depth": 1}}
     folder = tmp_path / "release"

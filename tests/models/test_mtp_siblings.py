@@ -21,11 +21,17 @@ def zero_centred_norm(x, w, eps):
 def hf_mtp_layer(hf, tensors: dict, cfg):
     """A fresh transformers decoder layer of the family (the first full-attention layer's
     class and MLP kind) holding the checkpoint's mtp.layers.0 weights."""
-    idx = next(i for i, t in enumerate(hf.config.layer_types)
-               if t == "full_attention" and cfg.is_moe_layer(i) == bool(cfg.num_experts))
+    idx = next(
+        i
+        for i, t in enumerate(hf.config.layer_types)
+        if t == "full_attention" and cfg.is_moe_layer(i) == bool(cfg.num_experts)
+    )
     layer = type(hf.model.layers[idx])(hf.config, idx).double().eval()
-    mine = {k.removeprefix("mtp.layers.0."): v for k, v in tensors.items()
-            if k.startswith("mtp.layers.0.")}
+    mine = {
+        k.removeprefix("mtp.layers.0."): v
+        for k, v in tensors.items()
+        if k.startswith("mtp.layers.0.")
+    }
     state = {}
     for name in layer.state_dict():
         if name.endswith("experts.gate_up_proj"):
@@ -36,8 +42,9 @@ def hf_mtp_layer(hf, tensors: dict, cfg):
             ])  # fmt: skip
         elif name.endswith("experts.down_proj"):
             base = name.removesuffix("down_proj")
-            state[name] = torch.stack([mine[f"{base}{e}.down_proj.weight"]
-                                       for e in range(cfg.num_experts)])
+            state[name] = torch.stack(
+                [mine[f"{base}{e}.down_proj.weight"] for e in range(cfg.num_experts)]
+            )
         else:
             state[name] = mine[name]
     layer.load_state_dict(state, strict=True)
@@ -49,9 +56,13 @@ def test_sibling_mtp_head_matches_transformers_layers(sibling_ckpt):
     raw = json.loads((sibling_ckpt / "config.json").read_text())
     # the eager experts: the grouped-GEMM ones take no fp64
     hf = hf_classes(raw["model_type"])[0].from_pretrained(
-        sibling_ckpt, dtype=torch.float64, experts_implementation="eager")
-    t = {k: v.double() for k, v in load_file(str(sibling_ckpt / "model.safetensors")).items()
-         if k.startswith("mtp.")}
+        sibling_ckpt, dtype=torch.float64, experts_implementation="eager"
+    )
+    t = {
+        k: v.double()
+        for k, v in load_file(str(sibling_ckpt / "model.safetensors")).items()
+        if k.startswith("mtp.")
+    }
     g = torch.Generator().manual_seed(0)
     n = 25
     ids = torch.randint(3, cfg.vocab_size, (1, n), generator=g)

@@ -150,8 +150,14 @@ def lone_run(llm, fn, steps: int, streams: int = 1, drafter=None):
         without_lone(llm)
 
 
-def with_arrivals(llm, ps, params, at_round: int, interrupt_every: int | None = None,
-                  lone_until: int | None = None):
+def with_arrivals(
+    llm,
+    ps,
+    params,
+    at_round: int,
+    interrupt_every: int | None = None,
+    lone_until: int | None = None,
+):
     """The first request alone, the others submitted at round `at_round` (lone driver
     on), every round run: (each request's tokens, each request's stream). With
     `interrupt_every`, work "arrives" at every that many landed tokens (the host is
@@ -213,10 +219,12 @@ def test_streams_together_on_the_lone_driver_reply_as_shared_rounds(llm, tiny_ck
     ps = prompts()[:5]
     params = [dataclasses.replace(GREEDY, max_tokens=m, draft=draft) for m in (40, 7, 33, 1, 25)]
     without_lone(llm)
-    want = [o.token_ids for o in llm.generate(ps, [dataclasses.replace(q, draft=False)
-                                                    for q in params])]
-    got, driver = lone_run(llm, lambda: [o.token_ids for o in llm.generate(ps, params)], 6,
-                           streams=4)
+    want = [
+        o.token_ids for o in llm.generate(ps, [dataclasses.replace(q, draft=False) for q in params])
+    ]
+    got, driver = lone_run(
+        llm, lambda: [o.token_ids for o in llm.generate(ps, params)], 6, streams=4
+    )
     assert got == want
     assert driver.num_steps > 10 and driver.widest == 4
 
@@ -258,8 +266,10 @@ def test_drafting_streams_go_lone_and_draft_again_after_the_hand_off(llm):
     ps = prompts()[:4]
     params = [dataclasses.replace(GREEDY, max_tokens=m, draft=True) for m in (40, 12, 20, 8)]
     without_lone(llm)
-    want = [llm.generate(p, dataclasses.replace(q, draft=False))[0].token_ids
-            for p, q in zip(ps, params)]
+    want = [
+        llm.generate(p, dataclasses.replace(q, draft=False))[0].token_ids
+        for p, q in zip(ps, params)
+    ]
     driver = with_lone(llm, 6)
     got, streams = with_arrivals(llm, ps, params, 3, lone_until=3)
     assert got == want
@@ -358,13 +368,15 @@ def test_streams_the_lone_driver_takes_get_no_shared_drafts(llm):
     ps = prompts()[:3]
     params = [dataclasses.replace(GREEDY, max_tokens=m, draft=True) for m in (30, 20, 25)]
     without_lone(llm)
-    want = [o.token_ids for o in llm.generate(ps, [dataclasses.replace(q, draft=False)
-                                                    for q in params])]
+    want = [
+        o.token_ids for o in llm.generate(ps, [dataclasses.replace(q, draft=False) for q in params])
+    ]
     drafted, draft = [], host.backend.draft
     host.backend.draft = lambda depths: drafted.append(dict(depths)) or draft(depths)
     try:
-        got, driver = lone_run(llm, lambda: [o.token_ids for o in llm.generate(ps, params)],
-                               8, streams=8)
+        got, driver = lone_run(
+            llm, lambda: [o.token_ids for o in llm.generate(ps, params)], 8, streams=8
+        )
         assert got == want and driver.num_steps > 0
         assert drafted == []
     finally:
@@ -407,10 +419,16 @@ def churn(llm, ps, every: int = 2):
     prompts in pieces of 64 rows, lone calls of 4 steps, on the llm's sessions (some wait for
     one): (each reply, the same request served alone)."""
     host = llm.engine.host
-    kinds = [dict(temperature=0.0), dict(temperature=0.8, seed=7),
-             dict(temperature=1.1, top_p=0.9, seed=11), dict(temperature=0.6, top_k=20, seed=5)]
-    params = [SamplingParams(max_tokens=12 + 7 * i, draft=i % 3 != 2, **kinds[i % 4])
-              for i in range(len(ps))]
+    kinds = [
+        dict(temperature=0.0),
+        dict(temperature=0.8, seed=7),
+        dict(temperature=1.1, top_p=0.9, seed=11),
+        dict(temperature=0.6, top_k=20, seed=5),
+    ]
+    params = [
+        SamplingParams(max_tokens=12 + 7 * i, draft=i % 3 != 2, **kinds[i % 4])
+        for i in range(len(ps))
+    ]
     want = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
     config = host.config
     host.config = dataclasses.replace(config, prefill_rows=CHUNK, lone_steps=4)
@@ -450,8 +468,9 @@ def test_size_tables_name_sessions_from_the_anchor(tiny_ckpt):
     from flashlane.runner.lone_buffers import SizeTables
 
     cfg, _ = load_checkpoint(tiny_ckpt, dtype=torch.float32)
-    sessions = [SessionState.empty(cfg, cap, torch.float32, torch.float32)
-                for cap in (128, 512, 256)]
+    sessions = [
+        SessionState.empty(cfg, cap, torch.float32, torch.float32) for cap in (128, 512, 256)
+    ]
     tables = SizeTables(cfg, sessions, 64, torch.device("cpu"))
     assert tables.anchor is sessions[1] and tables.pad.capacity >= 65
     got = tables.of((2, 0), 4)

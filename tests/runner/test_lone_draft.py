@@ -52,12 +52,14 @@ def test_drafted_steps_keep_the_greedy_draws_and_their_state(tiny_ckpt, depth):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     assert drafting.num_drafted == steps * depth
     # the next call goes on from the device's own pending token and drafts
-    more = drafting.decode([0], [got[-1]], [s.length], 3, 400, [lambda t, f: bool(
-        got.append(t)) or True], [0], draws)
+    more = drafting.decode(
+        [0], [got[-1]], [s.length], 3, 400, [lambda t, f: bool(got.append(t)) or True], [0], draws
+    )
     assert more == 3 and got == want[: len(got)] and drafting.num_carried == 1
     drafting.depth = depth + 1  # another depth: its buffers start from the host
-    drafting.decode([0], [got[-1]], [s.length], 2, 400, [lambda t, f: bool(
-        got.append(t)) or True], [0], draws)
+    drafting.decode(
+        [0], [got[-1]], [s.length], 2, 400, [lambda t, f: bool(got.append(t)) or True], [0], draws
+    )
     assert got == want[: len(got)] and drafting.num_carried == 1
 
 
@@ -66,8 +68,10 @@ def test_no_drafted_step_past_the_room(tiny_ckpt):
     prompt = prompts()[0]
     s, first = prefilled(model, cfg, prompt)
     drafting = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0)).drafting
-    assert drafting.decode([0], [first], [len(prompt)], 10, 2, [lambda t, f: True], [0],
-                           [None]) is None  # a depth-2 step needs 3 positions
+    assert (
+        drafting.decode([0], [first], [len(prompt)], 10, 2, [lambda t, f: True], [0], [None])
+        is None
+    )  # a depth-2 step needs 3 positions
     assert s.length == len(prompt)
     n = drafting.decode([0], [first], [len(prompt)], 10, 7, [lambda t, f: True], [0], [None])
     assert n == 2 and s.length <= len(prompt) + 6
@@ -230,6 +234,14 @@ def test_a_row_without_a_finite_logit_ends_its_step(tiny_ckpt, monkeypatch):
 
     monkeypatch.setattr(model, "logits", poisoned)
     got = []
-    drafting.decode([0], [first], [len(prompt)], 1, 400,
-                    [lambda t, f: bool(got.append((t, f))) or f], [0], [None])
+    drafting.decode(
+        [0],
+        [first],
+        [len(prompt)],
+        1,
+        400,
+        [lambda t, f: bool(got.append((t, f))) or f],
+        [0],
+        [None],
+    )
     assert got == [(want[1], True), (0, False)]

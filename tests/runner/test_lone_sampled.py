@@ -47,8 +47,7 @@ def shared(llm, ps, params):
 def test_sampled_lone_replies_equal_shared_replies(llm, steps):
     ps = prompts()[: len(SAMPLED)]
     want = shared(llm, ps, SAMPLED)
-    got, driver = lone_run(llm, lambda: [llm.generate(p, q)[0] for p, q in zip(ps, SAMPLED)],
-                           steps)
+    got, driver = lone_run(llm, lambda: [llm.generate(p, q)[0] for p, q in zip(ps, SAMPLED)], steps)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert [g.finish_reason for g in got] == [w.finish_reason for w in want]
     assert [g.seed for g in got] == [w.seed for w in want]
@@ -74,8 +73,9 @@ def test_greedy_and_sampled_streams_together_reply_as_shared_rounds(llm):
     greedy = SamplingParams(max_tokens=26, temperature=0.0, draft=False)
     params = [greedy, *SAMPLED[:4]]
     want = [o.token_ids for o in shared(llm, ps, params)]
-    got, driver = lone_run(llm, lambda: [o.token_ids for o in llm.generate(ps, params)], 5,
-                           streams=4)
+    got, driver = lone_run(
+        llm, lambda: [o.token_ids for o in llm.generate(ps, params)], 5, streams=4
+    )
     assert got == want
     assert driver.num_steps > 10 and driver.widest == 4
 
@@ -103,25 +103,32 @@ def test_drafting_sampled_stream_runs_plain_keyed_steps(tiny_ckpt):
     want = shared(llm, [prompts()[1]], [dataclasses.replace(params, draft=False)])[0]
     from flashlane.drafting.mtp import MtpDrafter
 
-    got, driver = lone_run(llm, lambda: llm.generate(prompts()[1], params)[0], 6,
-                           drafter=MtpDrafter(llm.engine.model, 0.0))
+    got, driver = lone_run(
+        llm,
+        lambda: llm.generate(prompts()[1], params)[0],
+        6,
+        drafter=MtpDrafter(llm.engine.model, 0.0),
+    )
     assert got.token_ids == want.token_ids
     assert driver.num_steps > 0 and driver.drafting.num_calls == 0
 
 
-@pytest.mark.parametrize("params,lone", [
-    (SamplingParams(temperature=0.0), True),
-    (SamplingParams(temperature=0.8, seed=1), True),
-    (SamplingParams(top_k=128, min_p=0.2, seed=1), True),
-    (SamplingParams(top_p=0.9, seed=1), True),  # one step in flight: the host may settle it
-    (SamplingParams(top_k=5, top_p=0.5, seed=1), True),
-    (SamplingParams(top_k=129, seed=1), False),  # beyond the kernels' top_k
-    (SamplingParams(repetition_penalty=1.2, seed=1), False),
-    (SamplingParams(presence_penalty=0.5, seed=1), False),
-    (SamplingParams(logit_bias={3: 2.0}, seed=1), False),
-    (SamplingParams(logprobs=2, seed=1), False),
-    (SamplingParams(temperature=0.0, logprobs=0), False),
-])
+@pytest.mark.parametrize(
+    "params,lone",
+    [
+        (SamplingParams(temperature=0.0), True),
+        (SamplingParams(temperature=0.8, seed=1), True),
+        (SamplingParams(top_k=128, min_p=0.2, seed=1), True),
+        (SamplingParams(top_p=0.9, seed=1), True),  # one step in flight: the host may settle it
+        (SamplingParams(top_k=5, top_p=0.5, seed=1), True),
+        (SamplingParams(top_k=129, seed=1), False),  # beyond the kernels' top_k
+        (SamplingParams(repetition_penalty=1.2, seed=1), False),
+        (SamplingParams(presence_penalty=0.5, seed=1), False),
+        (SamplingParams(logit_bias={3: 2.0}, seed=1), False),
+        (SamplingParams(logprobs=2, seed=1), False),
+        (SamplingParams(temperature=0.0, logprobs=0), False),
+    ],
+)
 def test_lone_streams_admits_the_rows_the_fused_draw_takes(llm, params, lone):
     params = dataclasses.replace(params, max_tokens=12, draft=False)
     want = shared(llm, [prompts()[0]], [params])[0]
@@ -182,7 +189,10 @@ def test_a_failed_row_ends_the_reply_with_the_shared_rounds_error(llm, monkeypat
     assert want.error == f"sampling failed: {error}"
     got, driver = lone_run(llm, lambda: llm.generate(prompt, params)[0], 32)
     assert (got.token_ids, got.finish_reason, got.error) == (
-        want.token_ids, want.finish_reason, want.error)
+        want.token_ids,
+        want.finish_reason,
+        want.error,
+    )
     assert driver.num_steps > 0
 
 
@@ -206,8 +216,9 @@ def test_the_driver_reports_a_failed_row_with_its_code(tiny_ckpt, monkeypatch):
     monkeypatch.setattr(model, "head_logits", poisoned)
     got = []
     draws = Draws(SAMPLED[0], 5, [], [])
-    LoneDriver(model, [s]).decode(0, first, len(prompts()[2]), 10,
-                                  lambda t, f: bool(got.append((t, f))) or f, -1, draws)
+    LoneDriver(model, [s]).decode(
+        0, first, len(prompts()[2]), 10, lambda t, f: bool(got.append((t, f))) or f, -1, draws
+    )
     assert [f for _, f in got] == [True, True, False, True]
     assert str(failure(got[2][0])) == "NaN logit at id 6"
 
@@ -230,7 +241,10 @@ def test_bad_input_is_refused_as_before_with_the_lone_driver_on(llm):
     finally:
         without_lone(llm)
     assert (got.token_ids, got.finish_reason, got.error) == (
-        want.token_ids, want.finish_reason, want.error)
+        want.token_ids,
+        want.finish_reason,
+        want.error,
+    )
     assert after.token_ids == shared(llm, [prompts()[0]], [SAMPLED[0]])[0].token_ids
     assert driver.num_steps > 0
 

@@ -30,8 +30,9 @@ TOP_P = [
     SamplingParams(max_tokens=14, temperature=0.7, top_p=0.5, seed=2**63 + 5, draft=False),
     SamplingParams(max_tokens=25, temperature=1.3, top_k=20, top_p=0.8, seed=123, draft=False),
     SamplingParams(max_tokens=33, temperature=1.0, top_p=0.95, min_p=0.05, seed=99, draft=False),
-    SamplingParams(max_tokens=20, temperature=1.5, top_k=128, top_p=0.6, min_p=0.01, seed=-3,
-                   draft=False),
+    SamplingParams(
+        max_tokens=20, temperature=1.5, top_k=128, top_p=0.6, min_p=0.01, seed=-3, draft=False
+    ),
     SamplingParams(max_tokens=1, temperature=0.9, top_p=0.7, seed=11, draft=False),
 ]
 
@@ -39,10 +40,12 @@ TOP_P = [
 def lone_replies(llm, ps, params, steps: int, streams: int = 1):  # noqa: F811
     """The replies' tokens with the lone driver on (several streams: together), the driver."""
     if streams > 1:
-        return lone_run(llm, lambda: [o.token_ids for o in llm.generate(ps, params)], steps,
-                        streams)
-    return lone_run(llm, lambda: [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)],
-                    steps)
+        return lone_run(
+            llm, lambda: [o.token_ids for o in llm.generate(ps, params)], steps, streams
+        )
+    return lone_run(
+        llm, lambda: [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)], steps
+    )
 
 
 @pytest.mark.parametrize("steps", [1, 6, 32])
@@ -92,7 +95,8 @@ def unsettle_top_p_rows(monkeypatch) -> list[int]:
 
 
 def test_unsettled_rows_are_settled_on_the_host_and_fed_to_the_next_step(
-    llm, monkeypatch  # noqa: F811
+    llm,  # noqa: F811
+    monkeypatch,
 ):
     ps = prompts()[:5]
     greedy = SamplingParams(max_tokens=26, temperature=0.0, draft=False)
@@ -107,16 +111,20 @@ def test_unsettled_rows_are_settled_on_the_host_and_fed_to_the_next_step(
     got, _ = with_arrivals(llm, ps[:3], params[:3], 4, interrupt_every=5)
     assert got == want[:3] and driver.num_steps > 0
     # the control: each settled token reported but not fed (tok keeps 0), the reply differs
-    monkeypatch.setattr(KeyedDraw, "settle",
-                        lambda self, rows, tok, pos: SETTLE(self, rows, tok.clone(), pos))
+    monkeypatch.setattr(
+        KeyedDraw, "settle", lambda self, rows, tok, pos: SETTLE(self, rows, tok.clone(), pos)
+    )
     got, _ = lone_replies(llm, ps[:1], params[:1], 32)
     assert got[0][:2] == want[0][:2] and got != want[:1]
 
 
-@pytest.mark.parametrize("params,ahead", [
-    (TOP_P[2], 0),  # one step in flight: none launched past the last one taken
-    (dataclasses.replace(TOP_P[2], top_p=1.0), 1),  # two in flight, as before
-])
+@pytest.mark.parametrize(
+    "params,ahead",
+    [
+        (TOP_P[2], 0),  # one step in flight: none launched past the last one taken
+        (dataclasses.replace(TOP_P[2], top_p=1.0), 1),  # two in flight, as before
+    ],
+)
 def test_top_p_calls_run_one_step_in_flight(tiny_ckpt, params, ahead):
     from flashlane.models.loader import load_checkpoint
 
@@ -124,9 +132,15 @@ def test_top_p_calls_run_one_step_in_flight(tiny_ckpt, params, ahead):
     s, first = prefilled(model, cfg, prompts()[2])
     got = []
     driver = LoneDriver(model, [s])
-    launched = driver.decode(0, first, len(prompts()[2]), 20,
-                             lambda t, f: bool(got.append(t)) or len(got) < 5, -1,
-                             Draws(params, 5, [], []))
+    launched = driver.decode(
+        0,
+        first,
+        len(prompts()[2]),
+        20,
+        lambda t, f: bool(got.append(t)) or len(got) < 5,
+        -1,
+        Draws(params, 5, [], []),
+    )
     assert len(got) == 5 + ahead and launched == 5 + ahead == driver.num_steps
     assert s.length == len(prompts()[2]) + launched
     assert not any(isinstance(t, SampleError) for t in got)
@@ -155,9 +169,11 @@ def test_fused_lone_steps_settle_flat_top_p_cuts_on_the_host(llm, monkeypatch): 
         return SETTLE(self, rows, tok, pos)
 
     monkeypatch.setattr(KeyedDraw, "settle", counted)
-    params = [SamplingParams(max_tokens=12, top_k=128, top_p=0.5, seed=1, draft=False),
-              SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=2, draft=False),
-              SamplingParams(max_tokens=8, temperature=0.0, draft=False)]
+    params = [
+        SamplingParams(max_tokens=12, top_k=128, top_p=0.5, seed=1, draft=False),
+        SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=2, draft=False),
+        SamplingParams(max_tokens=8, temperature=0.0, draft=False),
+    ]
     ps = prompts()[:3]
     want = [o.token_ids for o in shared(llm, ps, params)]
     got, driver = lone_replies(llm, ps, params, 6, streams=3)

@@ -32,8 +32,9 @@ def fresh_of(oracle_by_name):
 
     def get(name: str) -> LLM:
         if name not in made:
-            made[name] = LLM(str(oracle_by_name(name)), costs=COSTS, parallel=1, max_rows=16,
-                             prompt_cache_gb=0)
+            made[name] = LLM(
+                str(oracle_by_name(name)), costs=COSTS, parallel=1, max_rows=16, prompt_cache_gb=0
+            )
         return made[name]
 
     return get

@@ -37,10 +37,14 @@ def plain(ckpt):
     return LLM(str(ckpt), costs=COSTS, parallel=1, max_rows=8)
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True),
-    SamplingParams(max_tokens=60, temperature=0.8, seed=3, ignore_eos=True),
-], ids=["greedy", "seeded"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=60, temperature=0.8, seed=3, ignore_eos=True),
+    ],
+    ids=["greedy", "seeded"],
+)
 def test_outgrowing_stream_moves_and_stays_exact(sized, plain, params):
     prompts = [ids(10, 1), ids(20, 2), ids(8, 3)]
     outs = sized.generate(prompts, params)
@@ -75,11 +79,14 @@ def test_memory_plan_bytes_equal_allocated_tensors(plain):
         assert s.nbytes() == want
 
 
-@pytest.mark.parametrize("options, words", [
-    ({"parallel": 3, "slot_contexts": "64,128"}, ("--parallel 3", "--slot-contexts")),
-    ({"context": 100000}, ("--context 100000", "window")),
-    ({"max_rows": 2, "mtp_drafts": 3}, ("--max-rows 2", "--mtp-drafts 3")),
-])
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ({"parallel": 3, "slot_contexts": "64,128"}, ("--parallel 3", "--slot-contexts")),
+        ({"context": 100000}, ("--context 100000", "window")),
+        ({"max_rows": 2, "mtp_drafts": 3}, ("--max-rows 2", "--mtp-drafts 3")),
+    ],
+)
 def test_options_that_cannot_hold_are_refused(tiny_ckpt, options, words):
     from flashlane.sessions.memory import OptionConflict
 
@@ -92,7 +99,18 @@ def test_info_prints_the_memory_plan(capsys):
     from flashlane.cli import main
 
     real = DATA / "flashnext_real_config.json"
-    assert main(["info", str(real), "--slot-contexts", "65536,32768x3,16384x11",
-                 "--memory-limit-gb", "400"]) == 0
+    assert (
+        main(
+            [
+                "info",
+                str(real),
+                "--slot-contexts",
+                "65536,32768x3,16384x11",
+                "--memory-limit-gb",
+                "400",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "177,392,830,576" in out and "65536" in out

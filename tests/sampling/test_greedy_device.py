@@ -19,10 +19,13 @@ GREEDY = DrawSpec(SamplingParams(temperature=0.0), seed=1, position=5)
 
 def test_plain_greedy_is_only_greedy_without_adjustments():
     assert is_plain_greedy(GREEDY)
-    for p in (SamplingParams(temperature=0.7), SamplingParams(temperature=0.0, logit_bias={3: 1.0}),
-              SamplingParams(temperature=0.0, repetition_penalty=1.1),
-              SamplingParams(temperature=0.0, presence_penalty=0.5),
-              SamplingParams(temperature=0.0, frequency_penalty=0.5)):
+    for p in (
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=0.0, logit_bias={3: 1.0}),
+        SamplingParams(temperature=0.0, repetition_penalty=1.1),
+        SamplingParams(temperature=0.0, presence_penalty=0.5),
+        SamplingParams(temperature=0.0, frequency_penalty=0.5),
+    ):
         assert not is_plain_greedy(DrawSpec(p, seed=1, position=5))
 
 

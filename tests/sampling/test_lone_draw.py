@@ -84,8 +84,12 @@ def test_host_path_equals_the_cpu_draws():
 
 def test_load_refuses_rows_the_kernels_do_not_take():
     draw = KeyedDraw(1, VOCAB, torch.device("cpu"), fused=False)
-    for p in (SamplingParams(top_k=129), SamplingParams(top_k=129, top_p=0.5),
-              SamplingParams(repetition_penalty=1.1), SamplingParams(logit_bias={3: 1.0})):
+    for p in (
+        SamplingParams(top_k=129),
+        SamplingParams(top_k=129, top_p=0.5),
+        SamplingParams(repetition_penalty=1.1),
+        SamplingParams(logit_bias={3: 1.0}),
+    ):
         assert not is_lone_drawn(p)
         with pytest.raises(ValueError, match="fused kernels take"):
             draw.load([DrawSpec(p, 1, 0)])
@@ -157,8 +161,13 @@ def test_fused_steps_equal_the_cpu_draws(num_rows):
 def test_failure_codes_name_the_shared_rounds_errors():
     messages = [str(failure(c)) for c in (-1, -4, -5, -4 - 2 * 17, -5 - 2 * 3, 0)]
     assert messages == [
-        "no finite candidate logit", "NaN logit at id 0", "+inf logit at id 0",
-        "NaN logit at id 17", "+inf logit at id 3", "the row has no finite logit"]
+        "no finite candidate logit",
+        "NaN logit at id 0",
+        "+inf logit at id 0",
+        "NaN logit at id 17",
+        "+inf logit at id 3",
+        "the row has no finite logit",
+    ]
 
 
 def degenerate_rows(vocab: int) -> torch.Tensor:
@@ -181,8 +190,11 @@ def test_fused_unsettled_rows_are_settled_as_shared_rounds_do():
     from flashlane.sampling.gpu import draw_rows_gpu
 
     rng = np.random.default_rng(3)
-    params = [SamplingParams(top_k=128, top_p=0.5), SamplingParams(top_p=0.5),
-              SamplingParams(temperature=0.8)]
+    params = [
+        SamplingParams(top_k=128, top_p=0.5),
+        SamplingParams(top_p=0.5),
+        SamplingParams(temperature=0.8),
+    ]
     specs = specs_of(rng, params)
     draw = KeyedDraw(3, VOCAB, torch.device(DEVICE), fused=True, block=BLOCK)
     draw.load(specs)

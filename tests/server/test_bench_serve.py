@@ -82,8 +82,7 @@ def test_bench_serve_reports_errors(live, capsys, tok_file):
     assert result["levels"][0]["errors"] == 2
 
 
-def test_64_concurrent_streams_equal_alone_and_metrics_agree(serve, tokenizer, capsys,
-                                                             tok_file):
+def test_64_concurrent_streams_equal_alone_and_metrics_agree(serve, tokenizer, capsys, tok_file):
     """The short load test: 64 streaming clients, every reply equal to its alone reply."""
     from tests.server.fake_engine import FakeEngine
 
@@ -125,8 +124,22 @@ def test_prompts_are_tokenized_by_the_client(engine, tok_file, capsys):
     live = LiveServer(app)
     try:
         assert httpx.post(f"{live.url}/tokenize", json={"prompt": "a"}).status_code == 404
-        argv = ["--url", live.url, "--tokenizer", tok_file, "--concurrency", "2",
-                "--num-prompts", "2", "--input-len", "12", "--output-len", "3", "--warmup", "0"]
+        argv = [
+            "--url",
+            live.url,
+            "--tokenizer",
+            tok_file,
+            "--concurrency",
+            "2",
+            "--num-prompts",
+            "2",
+            "--input-len",
+            "12",
+            "--output-len",
+            "3",
+            "--warmup",
+            "0",
+        ]
         assert bench_serve_main(argv) == 0
     finally:
         live.stop()
@@ -190,8 +203,13 @@ def test_a_kept_alive_connection_closed_by_the_server_is_tried_again():
     fails before any answer, and goes again on a fresh connection instead of failing."""
     sock = socket.create_server(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    answer = (HEAD + b"transfer-encoding: chunked\r\n\r\n" + _chunked(CHUNK)
-              + _chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+    answer = (
+        HEAD
+        + b"transfer-encoding: chunked\r\n\r\n"
+        + _chunked(CHUNK)
+        + _chunked(b"data: [DONE]\n\n")
+        + b"0\r\n\r\n"
+    )
 
     def serve_twice():
         for reply in (b"", answer):  # the first connection closes unanswered
@@ -229,9 +247,25 @@ def test_bench_serve_with_poisson_arrivals(live, capsys, tok_file):
     """At 20 requests a second, 8 requests take at least their last arrival's time."""
     from flashlane.bench.serve import poisson_arrivals
 
-    argv = ["--tokenizer", tok_file, "--url", live.url, "--concurrency", "4",
-            "--num-prompts", "8", "--input-len", "6", "--output-len", "3",
-            "--request-rate", "20", "--seed", "2", "--check-alone"]
+    argv = [
+        "--tokenizer",
+        tok_file,
+        "--url",
+        live.url,
+        "--concurrency",
+        "4",
+        "--num-prompts",
+        "8",
+        "--input-len",
+        "6",
+        "--output-len",
+        "3",
+        "--request-rate",
+        "20",
+        "--seed",
+        "2",
+        "--check-alone",
+    ]
     assert bench_serve_main(argv) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     row = result["levels"][0]

@@ -44,9 +44,15 @@ def test_plain_chat_answers_in_content_and_ends(live):
     assert reply.usage.completion_tokens <= 256
     assert choice.finish_reason in ("stop", "length")
     # streamed too: the deltas carry content, no reasoning
-    chunks = list(server.client().chat.completions.create(
-        model="default_model", messages=[{"role": "user", "content": "Sort a list."}],
-        max_tokens=8, temperature=0, stream=True))
+    chunks = list(
+        server.client().chat.completions.create(
+            model="default_model",
+            messages=[{"role": "user", "content": "Sort a list."}],
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+        )
+    )
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert "".join(d.content or "" for d in deltas)
     assert not any(getattr(d, "reasoning_content", None) for d in deltas)
@@ -61,29 +67,39 @@ def test_engine_metrics_mean_what_vllm_means(live):
     hits = metric(text, "vllm:prefix_cache_hits_total")
     client = server.client()
     usages = [
-        client.completions.create(model="default_model", prompt=PROMPT, max_tokens=2,
-                                  temperature=0).usage
+        client.completions.create(
+            model="default_model", prompt=PROMPT, max_tokens=2, temperature=0
+        ).usage
         for _ in range(2)
     ]
     text = httpx.get(f"{server.url}/metrics").text
     assert usages[1].prompt_tokens_details.cached_tokens > 0
     # tokens, not requests: every prompt token is queried, the resumed ones are hits
     assert metric(text, "vllm:prefix_cache_queries_total") - queries == sum(
-        u.prompt_tokens for u in usages)
+        u.prompt_tokens for u in usages
+    )
     assert metric(text, "vllm:prefix_cache_hits_total") - hits == sum(
-        u.prompt_tokens_details.cached_tokens for u in usages)
+        u.prompt_tokens_details.cached_tokens for u in usages
+    )
     assert metric(text, "flashlane_session_moves_total") == 0
 
 
 # what vLLM's Grafana dashboard (examples/observability/prometheus_grafana/grafana.json) reads
 DASHBOARD = (
-    "vllm:e2e_request_latency_seconds_count", "vllm:prompt_tokens_total",
-    "vllm:generation_tokens_total", "vllm:inter_token_latency_seconds_count",
-    "vllm:num_requests_running", "vllm:num_requests_waiting",
-    "vllm:time_to_first_token_seconds_count", "vllm:kv_cache_usage_perc",
-    "vllm:request_prompt_tokens_count", "vllm:request_generation_tokens_count",
-    "vllm:request_success_total", "vllm:request_queue_time_seconds_sum",
-    "vllm:request_prefill_time_seconds_sum", "vllm:request_decode_time_seconds_sum",
+    "vllm:e2e_request_latency_seconds_count",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:inter_token_latency_seconds_count",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:time_to_first_token_seconds_count",
+    "vllm:kv_cache_usage_perc",
+    "vllm:request_prompt_tokens_count",
+    "vllm:request_generation_tokens_count",
+    "vllm:request_success_total",
+    "vllm:request_queue_time_seconds_sum",
+    "vllm:request_prefill_time_seconds_sum",
+    "vllm:request_decode_time_seconds_sum",
     "vllm:request_max_num_generation_tokens_sum",
 )
 
@@ -102,7 +118,8 @@ def test_seed_flag_numbers_requests_without_one(live):
     client = server.client()
     seeds = [
         client.completions.create(model="default_model", prompt="x = ", max_tokens=1).model_extra[
-            "seed"]
+            "seed"
+        ]
         for _ in range(2)
     ]
     assert seeds[1] == seeds[0] + 1 and seeds[0] >= 1000

@@ -15,8 +15,18 @@ from flashlane.server.api import build_app
 from flashlane.server.engine_thread import start_engine
 from tests.server.conftest import LiveServer
 
-FLAGS = ["serve", "--config", "flashnext-tiny", "--random-weights", "--device", "cpu",
-         "--parallel", "2", "--context", "256"]
+FLAGS = [
+    "serve",
+    "--config",
+    "flashnext-tiny",
+    "--random-weights",
+    "--device",
+    "cpu",
+    "--parallel",
+    "2",
+    "--context",
+    "256",
+]
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +43,22 @@ def random_server():
 def test_random_weights_serve_token_ids_whole_and_streamed(random_server):
     engine, live = random_server
     assert engine.model_name == "flashnext-tiny-random" and engine.tokenizer is not None
-    body = {"model": engine.model_name, "prompt": [5, 17, 300, 9], "max_tokens": 6,
-            "temperature": 0.0, "ignore_eos": True, "return_token_ids": True}
+    body = {
+        "model": engine.model_name,
+        "prompt": [5, 17, 300, 9],
+        "max_tokens": 6,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
     whole = httpx.post(f"{live.url}/v1/completions", json=body, timeout=60).json()
     choice = whole["choices"][0]
     assert choice["prompt_token_ids"] == [5, 17, 300, 9]
     assert len(choice["token_ids"]) == 6 == whole["usage"]["completion_tokens"]
     got, prompt_ids = [], None
-    with httpx.stream("POST", f"{live.url}/v1/completions", json={**body, "stream": True},
-                      timeout=60) as r:
+    with httpx.stream(
+        "POST", f"{live.url}/v1/completions", json={**body, "stream": True}, timeout=60
+    ) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 for c in json.loads(line[6:])["choices"]:
@@ -49,8 +66,9 @@ def test_random_weights_serve_token_ids_whole_and_streamed(random_server):
                     prompt_ids = c.get("prompt_token_ids", prompt_ids)
     assert got == choice["token_ids"] and prompt_ids == [5, 17, 300, 9]
     # without the field, no ids in the reply (OpenAI's shape)
-    plain = httpx.post(f"{live.url}/v1/completions", json={**body, "return_token_ids": False},
-                       timeout=60).json()
+    plain = httpx.post(
+        f"{live.url}/v1/completions", json={**body, "return_token_ids": False}, timeout=60
+    ).json()
     assert "token_ids" not in plain["choices"][0]
 
 
@@ -75,8 +93,21 @@ def test_bench_serve_checks_replies_by_their_ids(tmp_path, capsys):
     engine = start_engine(args)
     live = LiveServer(build_app(engine))
     try:
-        argv = ["--url", live.url, "--concurrency", "1,2", "--num-prompts", "3",
-                "--input-len", "8", "--output-len", "4", "--seed", "1", "--check-alone"]
+        argv = [
+            "--url",
+            live.url,
+            "--concurrency",
+            "1,2",
+            "--num-prompts",
+            "3",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--seed",
+            "1",
+            "--check-alone",
+        ]
         assert bench_serve_main(argv) == 0
     finally:
         live.stop()
@@ -87,11 +118,14 @@ def test_bench_serve_checks_replies_by_their_ids(tmp_path, capsys):
         assert row["output_tokens"] == 12
 
 
-@pytest.mark.parametrize("extra,why", [
-    ([], "needs --config"),
-    (["--config", "no-such-preset"], "no such preset"),
-    (["--config", "flashnext-tiny", "--model", "x"], "give no model"),
-])
+@pytest.mark.parametrize(
+    "extra,why",
+    [
+        ([], "needs --config"),
+        (["--config", "no-such-preset"], "no such preset"),
+        (["--config", "flashnext-tiny", "--model", "x"], "give no model"),
+    ],
+)
 def test_random_weights_bad_flags_are_one_line(extra, why, capsys):
     assert main(["serve", "--random-weights", "--device", "cpu", *extra]) == 2
     assert why in capsys.readouterr().err

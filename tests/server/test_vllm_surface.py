@@ -51,11 +51,11 @@ def test_request_histograms_under_vllm_names(serve, tokenizer):
     live = serve(FakeEngine(tokenizer=tokenizer))
     client = live.client()
     replies = [
-        client.completions.create(model="fake-flash", prompt="hello", max_tokens=n)
-        for n in (3, 5)
+        client.completions.create(model="fake-flash", prompt="hello", max_tokens=n) for n in (3, 5)
     ]
-    chunks = list(client.completions.create(
-        model="fake-flash", prompt="hello", max_tokens=4, stream=True))
+    chunks = list(
+        client.completions.create(model="fake-flash", prompt="hello", max_tokens=4, stream=True)
+    )
     assert chunks
     text = httpx.get(f"{live.url}/metrics").text
     prompt = sum(r.usage.prompt_tokens for r in replies)

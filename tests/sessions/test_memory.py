@@ -95,8 +95,9 @@ def test_prompt_pieces_are_planned() -> None:
 
     limit = _limit(TINY, 10**6, 3.5) + 2 * GIB
     a = plan(TINY, device="cpu", limit_bytes=limit, weight_bytes=10**6, max_rows=16)
-    b = plan(TINY, device="cpu", limit_bytes=limit, weight_bytes=10**6, max_rows=16,
-             prompt_rows=8192)
+    b = plan(
+        TINY, device="cpu", limit_bytes=limit, weight_bytes=10**6, max_rows=16, prompt_rows=8192
+    )
     assert b.prompt_rows == 8192 and a.prompt_rows == 0
     assert b.activation_bytes - a.activation_bytes == 8192 * prompt_row_bytes(TINY, "cpu", 512)
     real = ModelConfig.from_hf(json.loads(REAL.read_text()))

@@ -33,8 +33,12 @@ def pool_blocks(raw_keys: torch.Tensor, block: int) -> torch.Tensor:
 
 
 def block_keys(
-    raw_keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, weight: torch.Tensor,
-    eps: float, block: int,
+    raw_keys: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    block: int,
 ) -> torch.Tensor:
     """The indexer's block keys: raw keys [B, nb*block, Di] pooled per block, RMS-normed
     (`weight`, zero-centred) and roped with cos, sin [nb, R] of the blocks' first positions
@@ -44,8 +48,14 @@ def block_keys(
 
 
 def pool_block_at(
-    index_keys: torch.Tensor, out: torch.Tensor, pos: torch.Tensor, cos: torch.Tensor,
-    sin: torch.Tensor, weight: torch.Tensor, eps: float, block: int,
+    index_keys: torch.Tensor,
+    out: torch.Tensor,
+    pos: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    block: int,
 ) -> None:
     """out[b] = the block key of block b = pos // block, from index_keys [L, Di] (its keys so
     far), when b < len(out); cos, sin [1, R] of the position b * block. pos: [1] on the
@@ -169,8 +179,23 @@ def causal_attention(
 
 
 def attend_sessions(
-    q, k, v, iq, raw, caches, pos, cos, sin, weight, eps: float, block: int, top_blocks: int,
-    scale: float, table=None, ops=None, lengths=None,
+    q,
+    k,
+    v,
+    iq,
+    raw,
+    caches,
+    pos,
+    cos,
+    sin,
+    weight,
+    eps: float,
+    block: int,
+    top_blocks: int,
+    scale: float,
+    table=None,
+    ops=None,
+    lengths=None,
 ) -> torch.Tensor:
     """One row for each of B sessions (a lone step): session i's k[i], v[i] and raw indexer
     key raw[i] written at pos[i], the block holding pos[i] pooled again (cos, sin [B, R] of
@@ -190,14 +215,22 @@ def attend_sessions(
         c.v.index_copy_(0, at, v[i : i + 1])
         c.index_keys.index_copy_(0, at, raw[i : i + 1])
         if c.block_keys.shape[0]:
-            ops.pool_block_at(c.index_keys, c.block_keys, at, cos[i : i + 1], sin[i : i + 1],
-                              weight, eps, block)
-        mask = ops.select_mask(iq[i : i + 1][None], c.block_keys[None], at.view(1, 1),
-                               c.k.shape[0], block, top_blocks, dense_check=False)
-        outs.append(ops.attention(q[i : i + 1][None], c.k[None], c.v[None], mask, scale,
-                                  at + 1)[0])
+            ops.pool_block_at(
+                c.index_keys, c.block_keys, at, cos[i : i + 1], sin[i : i + 1], weight, eps, block
+            )
+        mask = ops.select_mask(
+            iq[i : i + 1][None],
+            c.block_keys[None],
+            at.view(1, 1),
+            c.k.shape[0],
+            block,
+            top_blocks,
+            dense_check=False,
+        )
+        outs.append(ops.attention(q[i : i + 1][None], c.k[None], c.v[None], mask, scale, at + 1)[0])
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
-_REFERENCES = SimpleNamespace(pool_block_at=pool_block_at, select_mask=select_mask,
-                              attention=attention)
+_REFERENCES = SimpleNamespace(
+    pool_block_at=pool_block_at, select_mask=select_mask, attention=attention
+)

@@ -59,9 +59,26 @@ CONFIGS = {
 
 
 @triton.jit
-def _block_update(q, k_ptr, v_ptr, mask_ptr, mask_row, m_rows, m_d, d, l0, n_keys, scale,
-                  m_i, l_i, acc, stride_kv, BLOCK_L: tl.constexpr,
-                  PRECISION: tl.constexpr, SKIP: tl.constexpr):
+def _block_update(
+    q,
+    k_ptr,
+    v_ptr,
+    mask_ptr,
+    mask_row,
+    m_rows,
+    m_d,
+    d,
+    l0,
+    n_keys,
+    scale,
+    m_i,
+    l_i,
+    acc,
+    stride_kv,
+    BLOCK_L: tl.constexpr,
+    PRECISION: tl.constexpr,
+    SKIP: tl.constexpr,
+):
     """One key block [l0, l0 + BLOCK_L) of the online softmax for the tile's rows. With SKIP a
     block no row of the tile may see is not loaded; without it every block is (the loads
     then pipeline). Either way a row's state is bitwise the same: a block it may not see
@@ -172,8 +189,24 @@ def _attention_kernel(
     acc = tl.zeros([BLOCK_M, BD], dtype=tl.float32)
     for l0 in range(0, hi, BLOCK_L):
         m_i, l_i, acc = _block_update(
-            q, k_ptr, v_ptr, mask_ptr, mask_row, m_rows, m_d, d, l0, n_keys, scale, m_i, l_i,
-            acc, HKV * D, BLOCK_L, PRECISION, SKIP,
+            q,
+            k_ptr,
+            v_ptr,
+            mask_ptr,
+            mask_row,
+            m_rows,
+            m_d,
+            d,
+            l0,
+            n_keys,
+            scale,
+            m_i,
+            l_i,
+            acc,
+            HKV * D,
+            BLOCK_L,
+            PRECISION,
+            SKIP,
         )
 
     seen = l_i > 0
@@ -270,8 +303,22 @@ def attention(
 
 
 def attend_sessions(
-    q, k, v, iq, raw, caches, pos, cos, sin, weight, eps: float, block: int, top_blocks: int,
-    scale: float, table: torch.Tensor | None = None, lengths: torch.Tensor | None = None,
+    q,
+    k,
+    v,
+    iq,
+    raw,
+    caches,
+    pos,
+    cos,
+    sin,
+    weight,
+    eps: float,
+    block: int,
+    top_blocks: int,
+    scale: float,
+    table: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """reference.attend_sessions for B sessions in five launches whatever B (the row writes,
     the pooling, the scores, the mask and the attention: each reads and writes the
@@ -284,23 +331,41 @@ def attend_sessions(
     if table is None:
         if len(caches) == 1:
             return attention_ref.attend_sessions(
-                q, k, v, iq, raw, caches, pos, cos, sin, weight, eps, block, top_blocks,
-                scale, ops=_PER_SESSION)
+                q,
+                k,
+                v,
+                iq,
+                raw,
+                caches,
+                pos,
+                cos,
+                sin,
+                weight,
+                eps,
+                block,
+                top_blocks,
+                scale,
+                ops=_PER_SESSION,
+            )
         table = state.attn_table(caches)
     first = caches[0]
-    blocks_tr.put_rows_three([first.k, first.v, first.index_keys], ["k", "v", "index_keys"],
-                             table, pos, [k, v, raw])
-    blocks_tr.pool_block_at(first.index_keys, first.block_keys, pos, cos, sin, weight, eps,
-                            block, table=table)
+    blocks_tr.put_rows_three(
+        [first.k, first.v, first.index_keys], ["k", "v", "index_keys"], table, pos, [k, v, raw]
+    )
+    blocks_tr.pool_block_at(
+        first.index_keys, first.block_keys, pos, cos, sin, weight, eps, block, table=table
+    )
     nb = max(c.block_keys.shape[0] for c in caches)
     num_keys = max(c.k.shape[0] for c in caches)
     scores = index_scores(iq[:, None], first.block_keys[None], table, nb)
     mask = select_from_scores(scores, pos[:, None], num_keys, block, top_blocks)
     lengths = pos + 1 if lengths is None else lengths
-    return attention(q[:, None], first.k[None], first.v[None], mask, scale, lengths, table,
-                     pos[:, None])[:, 0]
+    return attention(
+        q[:, None], first.k[None], first.v[None], mask, scale, lengths, table, pos[:, None]
+    )[:, 0]
 
 
 # the per-session Triton kernels, for reference.attend_sessions' loop
-_PER_SESSION = SimpleNamespace(pool_block_at=blocks_tr.pool_block_at, select_mask=select_mask,
-                               attention=attention)
+_PER_SESSION = SimpleNamespace(
+    pool_block_at=blocks_tr.pool_block_at, select_mask=select_mask, attention=attention
+)

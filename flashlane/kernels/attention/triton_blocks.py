@@ -18,8 +18,18 @@ from flashlane.models import state
 
 
 @triton.jit
-def _block_key(raw_ptr, cos_ptr, sin_ptr, w_ptr, out_ptr, eps,
-               BLOCK: tl.constexpr, DI: tl.constexpr, R: tl.constexpr, BDI: tl.constexpr):
+def _block_key(
+    raw_ptr,
+    cos_ptr,
+    sin_ptr,
+    w_ptr,
+    out_ptr,
+    eps,
+    BLOCK: tl.constexpr,
+    DI: tl.constexpr,
+    R: tl.constexpr,
+    BDI: tl.constexpr,
+):
     """raw_ptr: the block's BLOCK rows of DI; cos_ptr, sin_ptr: its R values; out_ptr: DI."""
     cols = tl.arange(0, BDI)
     mask = cols < DI
@@ -38,8 +48,14 @@ def _block_key(raw_ptr, cos_ptr, sin_ptr, w_ptr, out_ptr, eps,
     xp = tl.load(raw_ptr + partner, mask=rot, other=0.0).to(tl.float32)
     for j in tl.static_range(1, BLOCK):
         xp = xp + tl.load(raw_ptr + j * DI + partner, mask=rot, other=0.0).to(tl.float32)
-    yp = ((((xp / BLOCK).to(dt).to(tl.float32)) * r) * (1.0 + tl.load(
-        w_ptr + partner, mask=rot, other=0.0).to(tl.float32))).to(dt).to(tl.float32)
+    yp = (
+        (
+            (((xp / BLOCK).to(dt).to(tl.float32)) * r)
+            * (1.0 + tl.load(w_ptr + partner, mask=rot, other=0.0).to(tl.float32))
+        )
+        .to(dt)
+        .to(tl.float32)
+    )
     yp = tl.where(cols < half, -yp, yp)
     c = tl.load(cos_ptr + cols, mask=rot, other=0.0).to(tl.float32)
     s = tl.load(sin_ptr + cols, mask=rot, other=0.0).to(tl.float32)
@@ -48,20 +64,56 @@ def _block_key(raw_ptr, cos_ptr, sin_ptr, w_ptr, out_ptr, eps,
 
 
 @triton.jit(do_not_specialize=["stride_raw", "stride_out"])
-def _block_keys_kernel(raw_ptr, cos_ptr, sin_ptr, w_ptr, out_ptr, stride_raw, stride_out, eps,
-                       BLOCK: tl.constexpr, DI: tl.constexpr, R: tl.constexpr,
-                       BDI: tl.constexpr, PDL: tl.constexpr = 0):
+def _block_keys_kernel(
+    raw_ptr,
+    cos_ptr,
+    sin_ptr,
+    w_ptr,
+    out_ptr,
+    stride_raw,
+    stride_out,
+    eps,
+    BLOCK: tl.constexpr,
+    DI: tl.constexpr,
+    R: tl.constexpr,
+    BDI: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     b = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1).to(tl.int64)
-    _block_key(raw_ptr + b * stride_raw + n * BLOCK * DI, cos_ptr + n * R, sin_ptr + n * R,
-               w_ptr, out_ptr + b * stride_out + n * DI, eps, BLOCK, DI, R, BDI)
+    _block_key(
+        raw_ptr + b * stride_raw + n * BLOCK * DI,
+        cos_ptr + n * R,
+        sin_ptr + n * R,
+        w_ptr,
+        out_ptr + b * stride_out + n * DI,
+        eps,
+        BLOCK,
+        DI,
+        R,
+        BDI,
+    )
 
 
 @triton.jit(do_not_specialize=["nb", "has_table"])
-def _pool_block_at_kernel(keys_ptr, cos_ptr, sin_ptr, w_ptr, out_ptr, pos_ptr, tab_ptr, nb,
-                          has_table, eps, BLOCK: tl.constexpr, DI: tl.constexpr,
-                          R: tl.constexpr, BDI: tl.constexpr, PDL: tl.constexpr = 0):
+def _pool_block_at_kernel(
+    keys_ptr,
+    cos_ptr,
+    sin_ptr,
+    w_ptr,
+    out_ptr,
+    pos_ptr,
+    tab_ptr,
+    nb,
+    has_table,
+    eps,
+    BLOCK: tl.constexpr,
+    DI: tl.constexpr,
+    R: tl.constexpr,
+    BDI: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     # with a table, program i pools session i's block (state.attn_table) at its position,
     # with its cos / sin; a runtime flag, so one compiled kernel serves both uses
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
@@ -78,8 +130,18 @@ def _pool_block_at_kernel(keys_ptr, cos_ptr, sin_ptr, w_ptr, out_ptr, pos_ptr, t
     sin_ptr += i * R
     b = tl.load(pos_ptr + i).to(tl.int64) // BLOCK
     if b < count:
-        _block_key(keys_ptr + b * BLOCK * DI, cos_ptr, sin_ptr, w_ptr, out_ptr + b * DI, eps,
-                   BLOCK, DI, R, BDI)
+        _block_key(
+            keys_ptr + b * BLOCK * DI,
+            cos_ptr,
+            sin_ptr,
+            w_ptr,
+            out_ptr + b * DI,
+            eps,
+            BLOCK,
+            DI,
+            R,
+            BDI,
+        )
 
 
 def _meta(block: int, di: int, cos: torch.Tensor) -> dict:
@@ -93,22 +155,46 @@ def block_keys(raw_keys, cos, sin, weight, eps: float, block: int) -> torch.Tens
     out = torch.empty((b, nb, di), dtype=raw_keys.dtype, device=raw_keys.device)
     if b and nb:
         _block_keys_kernel[(b, nb)](
-            raw, cos.contiguous(), sin.contiguous(), weight.contiguous(), out, raw.stride(0),
-            out.stride(0), eps, **_meta(block, di, cos), **pdl(out.device),
+            raw,
+            cos.contiguous(),
+            sin.contiguous(),
+            weight.contiguous(),
+            out,
+            raw.stride(0),
+            out.stride(0),
+            eps,
+            **_meta(block, di, cos),
+            **pdl(out.device),
         )
     return out
 
 
-def pool_block_at(index_keys, out, pos, cos, sin, weight, eps: float, block: int,
-                  table: torch.Tensor | None = None) -> None:
+def pool_block_at(
+    index_keys,
+    out,
+    pos,
+    cos,
+    sin,
+    weight,
+    eps: float,
+    block: int,
+    table: torch.Tensor | None = None,
+) -> None:
     """reference.pool_block_at; with `table` (state.attn_table of B sessions): index_keys and
     out are the first session's, pos [B], cos and sin [B, R], and program b pools session b's
     block in place."""
     if table is None and out.shape[0] == 0:
         return
     _pool_block_at_kernel[(1 if table is None else table.shape[0],)](
-        index_keys, cos.contiguous(), sin.contiguous(), weight.contiguous(), out, pos,
-        no_table(pos.device) if table is None else table, out.shape[0], int(table is not None),
+        index_keys,
+        cos.contiguous(),
+        sin.contiguous(),
+        weight.contiguous(),
+        out,
+        pos,
+        no_table(pos.device) if table is None else table,
+        out.shape[0],
+        int(table is not None),
         eps,
         **_meta(block, index_keys.shape[-1], cos),
         **pdl(out.device),
@@ -116,8 +202,9 @@ def pool_block_at(index_keys, out, pos, cos, sin, weight, eps: float, block: int
 
 
 @triton.jit
-def _put_row(src_ptr, dst_ptr, tab_ptr, pos_ptr, i, chunk, W, COL: tl.constexpr,
-             BLOCK: tl.constexpr):
+def _put_row(
+    src_ptr, dst_ptr, tab_ptr, pos_ptr, i, chunk, W, COL: tl.constexpr, BLOCK: tl.constexpr
+):
     """Chunk `chunk` of row i of src (W values) to session i's buffer (table column COL) at
     row pos[i]."""
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
@@ -127,17 +214,39 @@ def _put_row(src_ptr, dst_ptr, tab_ptr, pos_ptr, i, chunk, W, COL: tl.constexpr,
 
 
 @triton.jit
-def _put_rows_kernel(src_ptr, dst_ptr, tab_ptr, pos_ptr, W, COL: tl.constexpr,
-                     BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+def _put_rows_kernel(
+    src_ptr,
+    dst_ptr,
+    tab_ptr,
+    pos_ptr,
+    W,
+    COL: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
-    _put_row(src_ptr, dst_ptr, tab_ptr, pos_ptr, tl.program_id(0), tl.program_id(1), W, COL,
-             BLOCK)
+    _put_row(src_ptr, dst_ptr, tab_ptr, pos_ptr, tl.program_id(0), tl.program_id(1), W, COL, BLOCK)
 
 
 @triton.jit
-def _put_three_kernel(s0, d0, s1, d1, s2, d2, tab_ptr, pos_ptr, W0, W1, W2,
-                      C0: tl.constexpr, C1: tl.constexpr, C2: tl.constexpr,
-                      BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+def _put_three_kernel(
+    s0,
+    d0,
+    s1,
+    d1,
+    s2,
+    d2,
+    tab_ptr,
+    pos_ptr,
+    W0,
+    W1,
+    W2,
+    C0: tl.constexpr,
+    C1: tl.constexpr,
+    C2: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     i = tl.program_id(0)
     which = tl.program_id(1)
@@ -149,8 +258,9 @@ def _put_three_kernel(s0, d0, s1, d1, s2, d2, tab_ptr, pos_ptr, W0, W1, W2,
         _put_row(s2, d2, tab_ptr, pos_ptr, i, 0, W2, C2, BLOCK)
 
 
-def put_rows_three(dsts: list, columns: list[str], table: torch.Tensor, pos: torch.Tensor,
-                   srcs: list) -> None:
+def put_rows_three(
+    dsts: list, columns: list[str], table: torch.Tensor, pos: torch.Tensor, srcs: list
+) -> None:
     """put_rows for three buffers (the attention's keys, values and raw indexer keys) in one
     launch where each row fits a block; else three launches. Copies: the same values."""
     ws = [d[0].numel() for d in dsts]
@@ -158,23 +268,44 @@ def put_rows_three(dsts: list, columns: list[str], table: torch.Tensor, pos: tor
         for dst, column, src in zip(dsts, columns, srcs, strict=True):
             put_rows(dst, column, table, pos, src)
         return
-    srcs = [s.reshape(s.shape[0], w).to(d.dtype).contiguous()
-            for s, w, d in zip(srcs, ws, dsts, strict=True)]
+    srcs = [
+        s.reshape(s.shape[0], w).to(d.dtype).contiguous()
+        for s, w, d in zip(srcs, ws, dsts, strict=True)
+    ]
     cols = [state.TABLE_COLUMNS.index(c) for c in columns]
     _put_three_kernel[(srcs[0].shape[0], 3)](
-        srcs[0], dsts[0], srcs[1], dsts[1], srcs[2], dsts[2], table, pos, *ws, C0=cols[0],
-        C1=cols[1], C2=cols[2], BLOCK=triton.next_power_of_2(max(ws)), **pdl(dsts[0].device),
+        srcs[0],
+        dsts[0],
+        srcs[1],
+        dsts[1],
+        srcs[2],
+        dsts[2],
+        table,
+        pos,
+        *ws,
+        C0=cols[0],
+        C1=cols[1],
+        C2=cols[2],
+        BLOCK=triton.next_power_of_2(max(ws)),
+        **pdl(dsts[0].device),
     )
 
 
-def put_rows(dst: torch.Tensor, column: str, table: torch.Tensor, pos: torch.Tensor,
-             src: torch.Tensor) -> None:
+def put_rows(
+    dst: torch.Tensor, column: str, table: torch.Tensor, pos: torch.Tensor, src: torch.Tensor
+) -> None:
     """Session i's buffer `column` (state.attn_table; dst: the first session's) gets src[i]
     at row pos[i]: each session's index_copy_ of one row, in one launch."""
     w = dst[0].numel()
     src = src.reshape(src.shape[0], w).to(dst.dtype).contiguous()
     block = min(1024, triton.next_power_of_2(w))
     _put_rows_kernel[(src.shape[0], triton.cdiv(w, block))](
-        src, dst, table, pos, w, COL=state.TABLE_COLUMNS.index(column), BLOCK=block,
+        src,
+        dst,
+        table,
+        pos,
+        w,
+        COL=state.TABLE_COLUMNS.index(column),
+        BLOCK=block,
         **pdl(dst.device),
     )

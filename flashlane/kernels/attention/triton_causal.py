@@ -22,9 +22,26 @@ from flashlane.kernels.pdl import enter, pdl
 
 @triton.jit(do_not_specialize=["T", "L", "HQ", "HKV", "REP", "HAS_LEN"])
 def _causal_kernel(
-    q_ptr, k_ptr, v_ptr, pos_ptr, o_ptr, len_ptr, HAS_LEN, T, L, HQ, HKV, REP, scale,
-    D: tl.constexpr, BD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_L: tl.constexpr,
-    PRECISION: tl.constexpr, SKIP: tl.constexpr, PDL: tl.constexpr = 0,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    pos_ptr,
+    o_ptr,
+    len_ptr,
+    HAS_LEN,
+    T,
+    L,
+    HQ,
+    HKV,
+    REP,
+    scale,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    PRECISION: tl.constexpr,
+    SKIP: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     i_m = tl.program_id(0)
@@ -81,8 +98,11 @@ def _causal_kernel(
 
     seen = l_i > 0
     out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], float("nan"))
-    tl.store(o_ptr + q_row[:, None] + d[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=m_rows[:, None] & m_d[None, :])
+    tl.store(
+        o_ptr + q_row[:, None] + d[None, :],
+        out.to(o_ptr.dtype.element_ty),
+        mask=m_rows[:, None] & m_d[None, :],
+    )
 
 
 def causal_attention(

@@ -67,9 +67,19 @@ def _keep_whole(base, keep_row, complete, zero, TOP: tl.constexpr, WHOLE: tl.con
 
 
 @triton.jit(do_not_specialize=["nb", "num_keys"])
-def _select_kernel(scores_ptr, pos_ptr, keep_ptr, mask_ptr, nb, num_keys,
-                   BLOCK: tl.constexpr, TOP: tl.constexpr, CHUNK: tl.constexpr,
-                   WHOLE: tl.constexpr, PDL: tl.constexpr = 0):
+def _select_kernel(
+    scores_ptr,
+    pos_ptr,
+    keep_ptr,
+    mask_ptr,
+    nb,
+    num_keys,
+    BLOCK: tl.constexpr,
+    TOP: tl.constexpr,
+    CHUNK: tl.constexpr,
+    WHOLE: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + row).to(tl.int64)
@@ -123,8 +133,9 @@ def _select_kernel(scores_ptr, pos_ptr, keep_ptr, mask_ptr, nb, num_keys,
         tl.store(mask_ptr + row * num_keys + keys, allowed.to(tl.int8), mask=inside)
 
 
-def select_from_scores(scores: torch.Tensor, positions: torch.Tensor, num_keys: int,
-                       block: int, top_blocks: int) -> torch.Tensor:
+def select_from_scores(
+    scores: torch.Tensor, positions: torch.Tensor, num_keys: int, block: int, top_blocks: int
+) -> torch.Tensor:
     """scores [B, T, NB] fp32 (the indexer's, for the cache's NB blocks), positions [B, T]
     -> bool mask [B, T, num_keys], as reference.select_mask."""
     b, t, nb = scores.shape
@@ -133,8 +144,17 @@ def select_from_scores(scores: torch.Tensor, positions: torch.Tensor, num_keys: 
     keep = torch.empty((max(rows, 1), max(nb, 1)), dtype=torch.int8, device=scores.device)
     if rows and num_keys:
         _select_kernel[(rows,)](
-            scores.contiguous(), positions.contiguous(), keep, mask, nb, num_keys,
-            BLOCK=block, TOP=top_blocks, CHUNK=CHUNK, WHOLE=WHOLE, **pdl(mask.device),
+            scores.contiguous(),
+            positions.contiguous(),
+            keep,
+            mask,
+            nb,
+            num_keys,
+            BLOCK=block,
+            TOP=top_blocks,
+            CHUNK=CHUNK,
+            WHOLE=WHOLE,
+            **pdl(mask.device),
         )
     return mask.view(torch.bool)
 
@@ -172,13 +192,19 @@ def _index_scores_kernel(
         nb = tl.load(tab_ptr + i_b * TABLE_WIDTH + NB_COL)
     keys_ptr += off
     m_n = n < nb
-    key = tl.load(keys_ptr + n[:, None].to(tl.int64) * DI + d[None, :],
-                  mask=m_n[:, None] & m_d[None, :], other=0.0)
+    key = tl.load(
+        keys_ptr + n[:, None].to(tl.int64) * DI + d[None, :],
+        mask=m_n[:, None] & m_d[None, :],
+        other=0.0,
+    )
     q_rows = (i_b.to(tl.int64) * T + t) * HI * DI  # [BLOCK_T]
     acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
     for h in range(0, HI):
-        qh = tl.load(iq_ptr + q_rows[:, None] + h * DI + d[None, :],
-                     mask=m_t[:, None] & m_d[None, :], other=0.0).to(key.dtype)
+        qh = tl.load(
+            iq_ptr + q_rows[:, None] + h * DI + d[None, :],
+            mask=m_t[:, None] & m_d[None, :],
+            other=0.0,
+        ).to(key.dtype)
         s = tl.dot(qh, tl.trans(key), input_precision=PRECISION)
         acc += tl.maximum(s, 0.0)
     out = scores_ptr + (i_b.to(tl.int64) * T + t)[:, None] * NB + n[None, :]
@@ -186,7 +212,9 @@ def _index_scores_kernel(
 
 
 def index_scores(
-    index_q: torch.Tensor, block_keys: torch.Tensor, table: torch.Tensor | None = None,
+    index_q: torch.Tensor,
+    block_keys: torch.Tensor,
+    table: torch.Tensor | None = None,
     nb: int = 0,
 ) -> torch.Tensor:
     """sum_h relu(index_q[b, t, h] . block_keys[b, n]) / sqrt(Di) in fp32: [B, T, NB]. One

@@ -195,8 +195,12 @@ def causal_conv(
     return y, xfull
 
 
-def conv_sessions(x: torch.Tensor, windows: list[torch.Tensor], weight: torch.Tensor,
-                  table: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def conv_sessions(
+    x: torch.Tensor,
+    windows: list[torch.Tensor],
+    weight: torch.Tensor,
+    table: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """reference.conv_sessions in one launch: batch b reads session b's window where it lies
     (through `table`, state.gdn_table of the sessions, made here when not given; a CUDA
     graph needs it made before its capture) and moves it past its rows in place: no

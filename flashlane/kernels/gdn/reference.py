@@ -106,20 +106,21 @@ def recurrent_gdn(
     kept = torch.stack(states, dim=1) if keep_states else s.unsqueeze(1)
     if out is not None:
         if out.shape != kept.shape:
-            raise ValueError(f"recurrent_gdn: out must be {tuple(kept.shape)}, "
-                             f"got {tuple(out.shape)}")
+            raise ValueError(
+                f"recurrent_gdn: out must be {tuple(kept.shape)}, got {tuple(out.shape)}"
+            )
         kept = out.copy_(kept)
     return torch.stack(outs, dim=1).to(v.dtype), kept
 
 
-def gdn_sessions(q, k, v, g, beta, states: list[torch.Tensor], table=None,
-                 gates: tuple | None = None) -> torch.Tensor:
+def gdn_sessions(
+    q, k, v, g, beta, states: list[torch.Tensor], table=None, gates: tuple | None = None
+) -> torch.Tensor:
     """B sessions' rows (a lone step of several sessions), batch b from session b's
     recurrent state states[b] [H, Dk, Dv], which ends holding the state after b's last row
     -> o [B, T, H, Dv]. Here the states are stacked, run together and copied back (a row's
     bits do not depend on its batch); `table` is for the in-place kernel and unused here.
     gates: as recurrent_gdn's."""
-    o, after = recurrent_gdn(q, k, v, g, beta, torch.stack(states), keep_states=False,
-                             gates=gates)
+    o, after = recurrent_gdn(q, k, v, g, beta, torch.stack(states), keep_states=False, gates=gates)
     torch._foreach_copy_(states, list(after[:, -1]))
     return o

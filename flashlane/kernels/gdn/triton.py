@@ -39,8 +39,7 @@ BV = 32
 NUM_WARPS = 4
 
 
-@triton.jit(do_not_specialize=["T", "keep_states", "use_table", "stride_v", "stride_a",
-                             "stride_b"])
+@triton.jit(do_not_specialize=["T", "keep_states", "use_table", "stride_v", "stride_a", "stride_b"])
 def _recurrent_gdn_kernel(
     q_ptr,
     k_ptr,
@@ -141,12 +140,29 @@ def _gate_args(g, beta, gates) -> dict:
     gates=(a, b, A_log, dt_bias) (a, b [B, T, H]) those, GATES=1, and g, beta unused."""
     if gates is None:
         g, beta = g.contiguous(), beta.contiguous()
-        return dict(g_ptr=g, beta_ptr=beta, a_ptr=g, b_ptr=beta, alog_ptr=g, dtb_ptr=g,
-                    stride_a=0, stride_b=0)
+        return dict(
+            g_ptr=g,
+            beta_ptr=beta,
+            a_ptr=g,
+            b_ptr=beta,
+            alog_ptr=g,
+            dtb_ptr=g,
+            stride_a=0,
+            stride_b=0,
+        )
     a, b, a_log, dt_bias = gates
     (a, stride_a), (b, stride_b) = _rows(a), _rows(b)
-    return dict(g_ptr=a, beta_ptr=b, a_ptr=a, b_ptr=b, alog_ptr=a_log.contiguous(),
-                dtb_ptr=dt_bias.contiguous(), stride_a=stride_a, stride_b=stride_b, GATES=1)
+    return dict(
+        g_ptr=a,
+        beta_ptr=b,
+        a_ptr=a,
+        b_ptr=b,
+        alog_ptr=a_log.contiguous(),
+        dtb_ptr=dt_bias.contiguous(),
+        stride_a=stride_a,
+        stride_b=stride_b,
+        GATES=1,
+    )
 
 
 def recurrent_gdn(
@@ -180,8 +196,10 @@ def recurrent_gdn(
     if out is None:
         states = torch.empty(shape, dtype=torch.float32, device=v.device)
     elif tuple(out.shape) != shape or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"recurrent_gdn: out must be contiguous fp32 {shape}, got "
-                         f"{out.dtype} {tuple(out.shape)}")
+        raise ValueError(
+            f"recurrent_gdn: out must be contiguous fp32 {shape}, got "
+            f"{out.dtype} {tuple(out.shape)}"
+        )
     else:
         states = out
     if t == 0:  # nothing to run: the last state is the initial one
@@ -260,8 +278,16 @@ def chunk_gdn(
     return o.to(v.dtype), final.to(torch.float32)
 
 
-def gdn_sessions(q, k, v, g, beta, states: list[torch.Tensor],
-                 table: torch.Tensor | None = None, gates: tuple | None = None) -> torch.Tensor:
+def gdn_sessions(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    states: list[torch.Tensor],
+    table: torch.Tensor | None = None,
+    gates: tuple | None = None,
+) -> torch.Tensor:
     """reference.gdn_sessions in one launch: batch b's rows run from session b's state, which
     the kernel reads and writes in place through `table` (state.gdn_table of the sessions,
     made here when not given; a CUDA graph needs it made before its capture): no stacked
@@ -280,10 +306,25 @@ def gdn_sessions(q, k, v, g, beta, states: list[torch.Tensor],
     if t == 0:
         return o
     _recurrent_gdn_kernel[(triton.cdiv(dv, BV), b * h)](
-        q_ptr=q, k_ptr=k, v_ptr=v, s0_ptr=first, o_ptr=o, states_ptr=first, tab_ptr=table,
-        T=t, H=h, stride_v=stride_v, **_gate_args(g, beta, gates), keep_states=0,
-        use_table=1, DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=BV, HAS_STATE=True,
-        num_warps=NUM_WARPS, **pdl(o.device),
+        q_ptr=q,
+        k_ptr=k,
+        v_ptr=v,
+        s0_ptr=first,
+        o_ptr=o,
+        states_ptr=first,
+        tab_ptr=table,
+        T=t,
+        H=h,
+        stride_v=stride_v,
+        **_gate_args(g, beta, gates),
+        keep_states=0,
+        use_table=1,
+        DK=dk,
+        DV=dv,
+        BK=triton.next_power_of_2(dk),
+        BV=BV,
+        HAS_STATE=True,
+        num_warps=NUM_WARPS,
+        **pdl(o.device),
     )
     return o
-

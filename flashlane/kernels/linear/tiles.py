@@ -92,9 +92,24 @@ def prefill_tile(n: int, k: int, dtype: torch.dtype) -> dict:
         return dict(t, BLOCK_M=64)
     span = t["BLOCK_K"] * t["BLOCKS_PER_PART"]
     if t["PARTS"] >= 6 and span % 128 == 0:
-        return dict(t, BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, BLOCKS_PER_PART=span // 128,
-                    num_warps=4, num_stages=3, FLAT=True)
+        return dict(
+            t,
+            BLOCK_M=64,
+            BLOCK_N=64,
+            BLOCK_K=128,
+            BLOCKS_PER_PART=span // 128,
+            num_warps=4,
+            num_stages=3,
+            FLAT=True,
+        )
     if n < 1024:
         return t
-    return dict(t, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, BLOCKS_PER_PART=span // 64,
-                num_warps=8, num_stages=3)
+    return dict(
+        t,
+        BLOCK_M=128,
+        BLOCK_N=128,
+        BLOCK_K=64,
+        BLOCKS_PER_PART=span // 64,
+        num_warps=8,
+        num_stages=3,
+    )

@@ -43,7 +43,12 @@ from flashlane.kernels.partials import add_partials, counters, last_to_arrive
 from flashlane.kernels.pdl import enter, pdl
 
 __all__ = [
-    "DECODE_ROWS", "linear", "partition_sum", "prefetch_rows", "prefetch_span", "prefill_tile",
+    "DECODE_ROWS",
+    "linear",
+    "partition_sum",
+    "prefetch_rows",
+    "prefetch_span",
+    "prefill_tile",
     "tile_config",
 ]
 
@@ -94,7 +99,12 @@ def prefetch_rows(w_ptr, rn, N, K, k0, count, ELEM: tl.constexpr):
     size = tl.zeros_like(rn) + tl.minimum(count, K - k0) * ELEM
     tl.inline_asm_elementwise(
         "cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;",
-        "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
+        "=r,l,r",
+        [addr, size],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit
@@ -225,35 +235,104 @@ def _linear_kernel(
     dt: tl.constexpr = y_ptr.dtype.element_ty
     if SPLIT:
         part = tl.program_id(2)
-        acc = partition_sum(x_ptr, w_ptr, rm, rn, m_mask, n_mask, part, K, stride_x,
-                            BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
+        acc = partition_sum(
+            x_ptr,
+            w_ptr,
+            rm,
+            rn,
+            m_mask,
+            n_mask,
+            part,
+            K,
+            stride_x,
+            BLOCKS_PER_PART,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            FP32_PRODUCTS,
+        )
         plane = M.to(tl.int64) * N
         tl.store(ws_ptr + part * plane + offs, acc, mask=out_mask)
         # a constexpr and a runtime test in one `and` would not fold the constexpr away
         if FIXUP:  # noqa: SIM102
             if last_to_arrive(count_ptr + pid_m * tl.num_programs(1) + pid_n, PARTS):
                 total = add_partials(ws_ptr, offs, out_mask, plane, PARTS, ".cg")
-                tl.store(y_ptr + offs_y, _stored(total, rn[None, :], squash_cols, SQUASH, dt),
-                         mask=out_mask)
+                tl.store(
+                    y_ptr + offs_y,
+                    _stored(total, rn[None, :], squash_cols, SQUASH, dt),
+                    mask=out_mask,
+                )
     elif FLAT:
-        total = _all_partitions(x_ptr, w_ptr, rm, rn, m_mask, n_mask, K, stride_x,
-                                BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
-        tl.store(y_ptr + offs_y, _stored(total, rn[None, :], squash_cols, SQUASH, dt),
-                 mask=out_mask)
+        total = _all_partitions(
+            x_ptr,
+            w_ptr,
+            rm,
+            rn,
+            m_mask,
+            n_mask,
+            K,
+            stride_x,
+            BLOCKS_PER_PART,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            FP32_PRODUCTS,
+        )
+        tl.store(
+            y_ptr + offs_y, _stored(total, rn[None, :], squash_cols, SQUASH, dt), mask=out_mask
+        )
     else:
-        total = partition_sum(x_ptr, w_ptr, rm, rn, m_mask, n_mask, 0, K, stride_x,
-                              BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
+        total = partition_sum(
+            x_ptr,
+            w_ptr,
+            rm,
+            rn,
+            m_mask,
+            n_mask,
+            0,
+            K,
+            stride_x,
+            BLOCKS_PER_PART,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            FP32_PRODUCTS,
+        )
         for p in range(1, PARTS):  # a loop, not unrolled: PARTS may be 40
-            acc = partition_sum(x_ptr, w_ptr, rm, rn, m_mask, n_mask, p, K, stride_x,
-                                BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
+            acc = partition_sum(
+                x_ptr,
+                w_ptr,
+                rm,
+                rn,
+                m_mask,
+                n_mask,
+                p,
+                K,
+                stride_x,
+                BLOCKS_PER_PART,
+                BLOCK_M,
+                BLOCK_N,
+                BLOCK_K,
+                FP32_PRODUCTS,
+            )
             total = total + acc
-        tl.store(y_ptr + offs_y, _stored(total, rn[None, :], squash_cols, SQUASH, dt),
-                 mask=out_mask)
+        tl.store(
+            y_ptr + offs_y, _stored(total, rn[None, :], squash_cols, SQUASH, dt), mask=out_mask
+        )
 
 
 @triton.jit(do_not_specialize=["numel", "n", "squash_cols"])
-def _sum_parts_kernel(ws_ptr, y_ptr, numel, n, stride_y, squash_cols, PARTS: tl.constexpr,
-                      SQUASH: tl.constexpr, BLOCK: tl.constexpr):
+def _sum_parts_kernel(
+    ws_ptr,
+    y_ptr,
+    numel,
+    n,
+    stride_y,
+    squash_cols,
+    PARTS: tl.constexpr,
+    SQUASH: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     total = add_partials(ws_ptr, offs, mask, numel.to(tl.int64), PARTS, "")
@@ -324,7 +403,8 @@ def linear(
         return y.zero_().reshape(*lead, n)
     # fp32 out: the fp32 tiles and exact fp32 products, whatever the inputs' dtype
     fp32_products = x.dtype == torch.float32 or (
-        out_dtype == torch.float32 and not _TENSOR_CORE_FP32_OUT)
+        out_dtype == torch.float32 and not _TENSOR_CORE_FP32_OUT
+    )
     tile_dtype = torch.float32 if fp32_products else x.dtype
     cfg = tile or row_tile(m, n, k, tile_dtype)
     bm, bn, parts = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["PARTS"]
@@ -358,13 +438,32 @@ def linear(
         return y.reshape(*lead, n)
     ws = torch.empty((parts, m, n), dtype=torch.float32, device=x.device)
     _linear_kernel[(m_tiles, n_tiles, parts)](
-        x2, w, y, ws, ws if count is None else count, m, n, k, x2.stride(0), y.stride(0),
-        ahead, squash_cols, **meta
+        x2,
+        w,
+        y,
+        ws,
+        ws if count is None else count,
+        m,
+        n,
+        k,
+        x2.stride(0),
+        y.stride(0),
+        ahead,
+        squash_cols,
+        **meta,
     )
     if count is None:
         block = 1024
         _sum_parts_kernel[(triton.cdiv(m * n, block),)](
-            ws, y, m * n, n, y.stride(0), squash_cols, PARTS=parts, SQUASH=hc, BLOCK=block,
-            num_warps=4
+            ws,
+            y,
+            m * n,
+            n,
+            y.stride(0),
+            squash_cols,
+            PARTS=parts,
+            SQUASH=hc,
+            BLOCK=block,
+            num_warps=4,
         )
     return y.reshape(*lead, n)

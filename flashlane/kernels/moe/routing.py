@@ -197,11 +197,21 @@ def dispatch_by_sort(ids: torch.Tensor, n_experts: int, block_m: int, shared_row
     slot_pair = torch.full((max_blocks * block_m,), -1, dtype=torch.int32, device=dev)
     slot_pair[dest] = order.to(torch.int32)
     if shared_rows:
-        shared = torch.arange(pairs, pairs + triton.cdiv(shared_rows, block_m) * block_m,
-                              dtype=torch.int32, device=dev)
+        shared = torch.arange(
+            pairs,
+            pairs + triton.cdiv(shared_rows, block_m) * block_m,
+            dtype=torch.int32,
+            device=dev,
+        )
         slot_pair = torch.cat([slot_pair, torch.where(shared < pairs + shared_rows, shared, -1)])
-        block_expert = torch.cat([block_expert, torch.full(
-            (triton.cdiv(shared_rows, block_m),), n_experts, dtype=torch.int32, device=dev)])
+        block_expert = torch.cat(
+            [
+                block_expert,
+                torch.full(
+                    (triton.cdiv(shared_rows, block_m),), n_experts, dtype=torch.int32, device=dev
+                ),
+            ]
+        )
     return slot_pair, block_expert
 
 

@@ -73,8 +73,15 @@ def _tile_ids(BLOCK_MAJOR: tl.constexpr):
 
 
 @triton.jit
-def _block(blk, slot_pair_ptr, block_expert_ptr, num_routed, shared_id, BLOCK_M: tl.constexpr,
-           ONE_ROW: tl.constexpr):
+def _block(
+    blk,
+    slot_pair_ptr,
+    block_expert_ptr,
+    num_routed,
+    shared_id,
+    BLOCK_M: tl.constexpr,
+    ONE_ROW: tl.constexpr,
+):
     """Block blk's expert (-1: an unused block), slots and pairs (-1: an empty slot). The
     dispatch layout's; with ONE_ROW (a call of one row, whose k experts differ), pair blk
     alone in its block's first slot, as the layout puts it: expert ids[blk] for one of the
@@ -115,8 +122,9 @@ def _gate_up_kernel(
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     blk, pid_n = _tile_ids(BLOCK_MAJOR)
-    e, slots, pair = _block(blk, slot_pair_ptr, block_expert_ptr, num_routed, shared_id,
-                            BLOCK_M, ONE_ROW)
+    e, slots, pair = _block(
+        blk, slot_pair_ptr, block_expert_ptr, num_routed, shared_id, BLOCK_M, ONE_ROW
+    )
     if e < 0:
         return
     valid = pair >= 0
@@ -175,8 +183,9 @@ def _down_kernel(
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     blk, pid_n = _tile_ids(BLOCK_MAJOR)
-    e, slots, pair = _block(blk, slot_pair_ptr, block_expert_ptr, num_routed, shared_id,
-                            BLOCK_M, ONE_ROW)
+    e, slots, pair = _block(
+        blk, slot_pair_ptr, block_expert_ptr, num_routed, shared_id, BLOCK_M, ONE_ROW
+    )
     if e < 0:
         return
     valid = pair >= 0
@@ -206,8 +215,19 @@ def _down_kernel(
 
 
 @triton.jit
-def _combine_kernel(y_ptr, w_ptr, out_ptr, gate_ptr, s_ptr, H, stride_gate, TOP_K: tl.constexpr,
-                    SHARED: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+def _combine_kernel(
+    y_ptr,
+    w_ptr,
+    out_ptr,
+    gate_ptr,
+    s_ptr,
+    H,
+    stride_gate,
+    TOP_K: tl.constexpr,
+    SHARED: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

@@ -47,8 +47,16 @@ def _warps(block: int) -> int:
 
 @triton.jit(do_not_specialize=["rows", "stride_x"])
 def _rms_norm_kernel(
-    x_ptr, w_ptr, y_ptr, rows, eps, stride_x, D: tl.constexpr, G: tl.constexpr,
-    BLOCK: tl.constexpr, PDL: tl.constexpr = 0,
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    rows,
+    eps,
+    stride_x,
+    D: tl.constexpr,
+    G: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
     # program = one (row, group) of G values; the weight is indexed across the whole row D;
     # x's rows of D values lie stride_x apart (y's are contiguous)
@@ -208,8 +216,9 @@ def gated_rms_norm(
 
 
 @triton.jit(do_not_specialize=["rows"])
-def _l2norm_kernel(x_ptr, y_ptr, rows, eps, D: tl.constexpr, BLOCK: tl.constexpr,
-                   PDL: tl.constexpr = 0):
+def _l2norm_kernel(
+    x_ptr, y_ptr, rows, eps, D: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -227,6 +236,7 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     rows = xc.numel() // d if d else 0
     if rows:
         block = triton.next_power_of_2(d)
-        _l2norm_kernel[(rows,)](xc, y, rows, eps, D=d, BLOCK=block, num_warps=_warps(block),
-                                    **pdl(xc.device))
+        _l2norm_kernel[(rows,)](
+            xc, y, rows, eps, D=d, BLOCK=block, num_warps=_warps(block), **pdl(xc.device)
+        )
     return y

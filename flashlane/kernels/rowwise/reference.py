@@ -43,7 +43,10 @@ def hc_mix(
 
 
 def hc_up_mix(
-    squashed: torch.Tensor, up: torch.Tensor, xn: torch.Tensor, inject: torch.Tensor | None,
+    squashed: torch.Tensor,
+    up: torch.Tensor,
+    xn: torch.Tensor,
+    inject: torch.Tensor | None,
     hc: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The up projection up [hc*H, L] of the squashed low-rank columns, then hc_mix."""
@@ -135,8 +138,13 @@ def norm_rope_heads(
 
 
 def ngram_ids(
-    history: torch.Tensor, multipliers: torch.Tensor, sizes: torch.Tensor,
-    offsets: torch.Tensor, n: int, heads: int, eos: int,
+    history: torch.Tensor,
+    multipliers: torch.Tensor,
+    sizes: torch.Tensor,
+    offsets: torch.Tensor,
+    n: int,
+    heads: int,
+    eos: int,
 ) -> torch.Tensor:
     """The PLE's n-gram table rows: history [B, n-1+T] ids (the n-1 before the rows first)
     -> [B, T, (n-1) * heads]. The k-th previous id of a row reads `eos` once an earlier one
@@ -158,17 +166,29 @@ def ngram_ids(
 
 
 def ngram_embed(
-    history: torch.Tensor, multipliers: torch.Tensor, sizes: torch.Tensor,
-    offsets: torch.Tensor, n: int, heads: int, eos: int, table: torch.Tensor,
+    history: torch.Tensor,
+    multipliers: torch.Tensor,
+    sizes: torch.Tensor,
+    offsets: torch.Tensor,
+    n: int,
+    heads: int,
+    eos: int,
+    table: torch.Tensor,
 ) -> torch.Tensor:
     """ngram_ids' rows of `table` [R, D], each row's side by side: [B, T, (n-1) * heads * D]."""
-    return F.embedding(ngram_ids(history, multipliers, sizes, offsets, n, heads, eos),
-                       table).flatten(-2)
+    return F.embedding(
+        ngram_ids(history, multipliers, sizes, offsets, n, heads, eos), table
+    ).flatten(-2)
 
 
 def ple_gate(
-    key: torch.Tensor, r: torch.Tensor, value: torch.Tensor, w_key: torch.Tensor,
-    w_query: torch.Tensor, w_conv: torch.Tensor, eps: float,
+    key: torch.Tensor,
+    r: torch.Tensor,
+    value: torch.Tensor,
+    w_key: torch.Tensor,
+    w_query: torch.Tensor,
+    w_conv: torch.Tensor,
+    eps: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The PLE's gate: stream c of r [N, hc*H] takes value [N, H] times
     sigmoid(signed sqrt(<norm_key(key)_c, norm_query(r)_c> / sqrt(H))), key [N, hc*H] the
@@ -194,8 +214,9 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def greedy_step(logits: torch.Tensor, out: torch.Tensor, tok: torch.Tensor,
-                pos: torch.Tensor) -> None:
+def greedy_step(
+    logits: torch.Tensor, out: torch.Tensor, tok: torch.Tensor, pos: torch.Tensor
+) -> None:
     """A greedy step's tail, in place: logits [B, V] -> out[:, 0] the first maximum of each
     row (ties to the lower id), out[:, 1] 1 if that maximum is finite (0 for a NaN row), tok
     the ids, pos moved on by one."""
@@ -227,12 +248,14 @@ def push_history(ids: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
     return history
 
 
-def step_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
-                block: int):
+def step_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, block: int):
     """A lone step's rotary inputs at once: cos, sin of the rows' positions; cos, sin of
     their blocks' first positions (`block`); the rows' cache lengths positions + 1."""
-    return (*cos_sin(positions, inv_freq, dtype), *cos_sin(positions, inv_freq, dtype, block),
-            positions + 1)
+    return (
+        *cos_sin(positions, inv_freq, dtype),
+        *cos_sin(positions, inv_freq, dtype, block),
+        positions + 1,
+    )
 
 
 def post_ring(out: torch.Tensor, ring: torch.Tensor, k: torch.Tensor) -> None:
@@ -241,8 +264,13 @@ def post_ring(out: torch.Tensor, ring: torch.Tensor, k: torch.Tensor) -> None:
     ring[(int(k) - 1) % ring.shape[0]].copy_(out)
 
 
-def record_row(rows: torch.Tensor, k: torch.Tensor, r: torch.Tensor,
-               out: torch.Tensor | None = None, ring: torch.Tensor | None = None) -> None:
+def record_row(
+    rows: torch.Tensor,
+    k: torch.Tensor,
+    r: torch.Tensor,
+    out: torch.Tensor | None = None,
+    ring: torch.Tensor | None = None,
+) -> None:
     """A lone step's residual rows r [B, W] kept for the MTP head, in place: rows[k] = r
     (rows [n, B, W], k [1] on the device), then k moves on by one; with out and ring, then
     post_ring(out, ring, k)."""
@@ -257,15 +285,20 @@ def gated_add(base: torch.Tensor, gate: torch.Tensor, s: torch.Tensor) -> torch.
     return base + torch.sigmoid(gate) * s
 
 
-def gather_sessions(tensors: list[torch.Tensor], table: torch.Tensor | None = None,
-                    column: int = 0) -> torch.Tensor:
+def gather_sessions(
+    tensors: list[torch.Tensor], table: torch.Tensor | None = None, column: int = 0
+) -> torch.Tensor:
     """B sessions' buffers of one kind (the same shape each), stacked: [B, *shape]. `table`
     (a models.state table naming them from tensors[0]) is for the Triton kernel, which
     reads them where they lie; here they are stacked."""
     return torch.stack(tensors)
 
 
-def put_sessions(tensors: list[torch.Tensor], values: torch.Tensor,
-                 table: torch.Tensor | None = None, column: int = 0) -> None:
+def put_sessions(
+    tensors: list[torch.Tensor],
+    values: torch.Tensor,
+    table: torch.Tensor | None = None,
+    column: int = 0,
+) -> None:
     """gather_sessions' inverse: session b's buffer gets values[b], in place."""
     torch._foreach_copy_(tensors, list(values))

@@ -45,8 +45,19 @@ def gdn_gate_values(a, b, a_log, dt_bias, dt: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["stride_a", "stride_b"])
-def _gdn_gates_kernel(a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, stride_a, stride_b,
-                      HV: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+def _gdn_gates_kernel(
+    a_ptr,
+    b_ptr,
+    alog_ptr,
+    dtb_ptr,
+    g_ptr,
+    beta_ptr,
+    stride_a,
+    stride_b,
+    HV: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -66,8 +77,17 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: to
     beta = torch.empty((m, hv), dtype=b.dtype, device=b.device)
     if m and hv:
         _gdn_gates_kernel[(m,)](
-            a, b, a_log.contiguous(), dt_bias.contiguous(), g, beta, a.stride(0), b.stride(0),
-            HV=hv, BLOCK=triton.next_power_of_2(hv), **pdl(a.device),
+            a,
+            b,
+            a_log.contiguous(),
+            dt_bias.contiguous(),
+            g,
+            beta,
+            a.stride(0),
+            b.stride(0),
+            HV=hv,
+            BLOCK=triton.next_power_of_2(hv),
+            **pdl(a.device),
         )
     return g, beta
 
@@ -79,9 +99,20 @@ def _l2(x, dt: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["stride"])
-def _gdn_qk_kernel(y_ptr, q_ptr, k_ptr, v_ptr, stride, scale, HEADS: tl.constexpr,
-                   DIM: tl.constexpr, REP: tl.constexpr, BLOCK: tl.constexpr,
-                   WITH_V: tl.constexpr = False, PDL: tl.constexpr = 0):
+def _gdn_qk_kernel(
+    y_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    stride,
+    scale,
+    HEADS: tl.constexpr,
+    DIM: tl.constexpr,
+    REP: tl.constexpr,
+    BLOCK: tl.constexpr,
+    WITH_V: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -101,8 +132,7 @@ def _gdn_qk_kernel(y_ptr, q_ptr, k_ptr, v_ptr, stride, scale, HEADS: tl.constexp
             tl.store(v_ptr + out + j * DIM, v, mask=mask)
 
 
-def gdn_qk(y: torch.Tensor, heads: int, dim: int, rep: int, scale: float,
-           with_v: bool = False):
+def gdn_qk(y: torch.Tensor, heads: int, dim: int, rep: int, scale: float, with_v: bool = False):
     """rowwise.reference.gdn_qk in one launch (with_v: the value heads' copy in the same
     launch, instead of a strided copy of its own: 118 us a layer at 8k rows on the H200)."""
     lead = y.shape[:-1]
@@ -115,8 +145,18 @@ def gdn_qk(y: torch.Tensor, heads: int, dim: int, rep: int, scale: float,
     v = torch.empty_like(q) if with_v else q
     if m:
         _gdn_qk_kernel[(m, heads)](
-            y2, q, k, v, y2.stride(0), scale, HEADS=heads, DIM=dim, REP=rep,
-            BLOCK=triton.next_power_of_2(dim), WITH_V=with_v, **pdl(y2.device),
+            y2,
+            q,
+            k,
+            v,
+            y2.stride(0),
+            scale,
+            HEADS=heads,
+            DIM=dim,
+            REP=rep,
+            BLOCK=triton.next_power_of_2(dim),
+            WITH_V=with_v,
+            **pdl(y2.device),
         )
     return (q, k, v) if with_v else (q, k)
 
@@ -134,8 +174,16 @@ def angles(pos, inv_ptr, cos_ptr, sin_ptr, R: tl.constexpr, RP2: tl.constexpr):
 
 
 @triton.jit
-def _cos_sin_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, R: tl.constexpr, BLOCK: tl.constexpr,
-                    RP2: tl.constexpr, PDL: tl.constexpr = 0):
+def _cos_sin_kernel(
+    pos_ptr,
+    inv_ptr,
+    cos_ptr,
+    sin_ptr,
+    R: tl.constexpr,
+    BLOCK: tl.constexpr,
+    RP2: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + row)
@@ -144,8 +192,9 @@ def _cos_sin_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, R: tl.constexpr, BLOCK: 
     angles(pos, inv_ptr, cos_ptr + row * R, sin_ptr + row * R, R, RP2)
 
 
-def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
-            block: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, block: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     n, r = positions.shape[0], 2 * inv_freq.shape[0]
     cos = torch.empty((n, r), dtype=dtype, device=positions.device)
     sin = torch.empty_like(cos)
@@ -156,8 +205,7 @@ def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
 
 
 @triton.jit
-def rotated(x, other, cols, row, cos_ptr, sin_ptr, stride_c, R: tl.constexpr,
-            dt: tl.constexpr):
+def rotated(x, other, cols, row, cos_ptr, sin_ptr, stride_c, R: tl.constexpr, dt: tl.constexpr):
     """Rotate-half RoPE of a head's fp32 values x (columns `cols`), `other` holding each
     rotated column's partner value (col +- R / 2) as read: `rope`'s arithmetic, each product
     rounded to dt; the columns past R are x."""
@@ -169,8 +217,20 @@ def rotated(x, other, cols, row, cos_ptr, sin_ptr, stride_c, R: tl.constexpr,
 
 
 @triton.jit(do_not_specialize=["heads", "stride_n", "stride_h", "stride_c"])
-def _rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, heads, stride_n, stride_h, stride_c,
-                 D: tl.constexpr, R: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+def _rope_kernel(
+    x_ptr,
+    cos_ptr,
+    sin_ptr,
+    y_ptr,
+    heads,
+    stride_n,
+    stride_h,
+    stride_c,
+    D: tl.constexpr,
+    R: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -195,15 +255,37 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     y = torch.empty((n, heads, d), dtype=x.dtype, device=x.device)
     if n and heads:
         _rope_kernel[(n, heads)](
-            x, cos, sin, y, heads, x.stride(0), x.stride(1), cos.stride(0), D=d,
-            R=cos.shape[-1], BLOCK=triton.next_power_of_2(d), **pdl(x.device),
+            x,
+            cos,
+            sin,
+            y,
+            heads,
+            x.stride(0),
+            x.stride(1),
+            cos.stride(0),
+            D=d,
+            R=cos.shape[-1],
+            BLOCK=triton.next_power_of_2(d),
+            **pdl(x.device),
         )
     return y
 
 
 @triton.jit(do_not_specialize=["t", "stride"])
-def _ngram_kernel(hist_ptr, mult_ptr, size_ptr, off_ptr, out_ptr, t, stride, eos,
-                  N: tl.constexpr, HEADS: tl.constexpr, HP2: tl.constexpr, PDL: tl.constexpr = 0):
+def _ngram_kernel(
+    hist_ptr,
+    mult_ptr,
+    size_ptr,
+    off_ptr,
+    out_ptr,
+    t,
+    stride,
+    eos,
+    N: tl.constexpr,
+    HEADS: tl.constexpr,
+    HP2: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     b = tl.program_id(0).to(tl.int64)
     row = tl.program_id(1).to(tl.int64)
@@ -214,14 +296,25 @@ def _ngram_kernel(hist_ptr, mult_ptr, size_ptr, off_ptr, out_ptr, t, stride, eos
     mixed = tl.load(src) * tl.load(mult_ptr)
     broken = mixed != mixed  # False
     for s in tl.static_range(1, N):
-        rows, mixed, broken = ngram_rows(src, mult_ptr, size_ptr, off_ptr, eos, mixed, broken,
-                                          s, heads, HEADS)
+        rows, mixed, broken = ngram_rows(
+            src, mult_ptr, size_ptr, off_ptr, eos, mixed, broken, s, heads, HEADS
+        )
         tl.store(out + (s - 1) * HEADS + heads, rows, mask=hmask)
 
 
 @triton.jit
-def ngram_rows(src, mult_ptr, size_ptr, off_ptr, eos, mixed, broken, s: tl.constexpr, heads,
-                HEADS: tl.constexpr):
+def ngram_rows(
+    src,
+    mult_ptr,
+    size_ptr,
+    off_ptr,
+    eos,
+    mixed,
+    broken,
+    s: tl.constexpr,
+    heads,
+    HEADS: tl.constexpr,
+):
     """Order s+1's table rows of the row at src (its heads'; a padded head reads row 0), and
     the hash and EOS flag carried to the next order."""
     hmask = heads < HEADS
@@ -242,15 +335,34 @@ def ngram_ids(history, multipliers, sizes, offsets, n: int, heads: int, eos: int
     out = torch.empty((b, t, (n - 1) * heads), dtype=torch.long, device=history.device)
     if b and t:
         _ngram_kernel[(b, t)](
-            hist, multipliers, sizes, offsets, out, t, hist.stride(0), eos, N=n, HEADS=heads,
-            HP2=triton.next_power_of_2(heads), **pdl(out.device),
+            hist,
+            multipliers,
+            sizes,
+            offsets,
+            out,
+            t,
+            hist.stride(0),
+            eos,
+            N=n,
+            HEADS=heads,
+            HP2=triton.next_power_of_2(heads),
+            **pdl(out.device),
         )
     return out
 
 
 @triton.jit(do_not_specialize=["heads", "stride_n", "stride_h"])
-def _gated_heads_kernel(o_ptr, g_ptr, y_ptr, heads, stride_n, stride_h, D: tl.constexpr,
-                        BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+def _gated_heads_kernel(
+    o_ptr,
+    g_ptr,
+    y_ptr,
+    heads,
+    stride_n,
+    stride_h,
+    D: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -278,8 +390,9 @@ def gated_heads(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit(do_not_specialize=["n", "stride_g", "stride_u"])
-def _swiglu_kernel(g_ptr, u_ptr, y_ptr, n, stride_g, stride_u, BLOCK: tl.constexpr,
-                   PDL: tl.constexpr = 0):
+def _swiglu_kernel(
+    g_ptr, u_ptr, y_ptr, n, stride_g, stride_u, BLOCK: tl.constexpr, PDL: tl.constexpr = 0
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

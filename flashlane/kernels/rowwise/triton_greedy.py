@@ -28,9 +28,24 @@ BLOCK = 1024
 
 
 @triton.jit(do_not_specialize=["v", "stride_l"])
-def _greedy_kernel(l_ptr, best_ptr, at_ptr, nan_ptr, count_ptr, out_ptr, tok_ptr, pos_ptr, v,
-                   stride_l, stride_out, PARTS: tl.constexpr, PARTS_P2: tl.constexpr,
-                   CHUNK: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+def _greedy_kernel(
+    l_ptr,
+    best_ptr,
+    at_ptr,
+    nan_ptr,
+    count_ptr,
+    out_ptr,
+    tok_ptr,
+    pos_ptr,
+    v,
+    stride_l,
+    stride_out,
+    PARTS: tl.constexpr,
+    PARTS_P2: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     part = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -56,12 +71,13 @@ def _greedy_kernel(l_ptr, best_ptr, at_ptr, nan_ptr, count_ptr, out_ptr, tok_ptr
     if last_to_arrive(count_ptr + row, PARTS):
         p = tl.arange(0, PARTS_P2)
         in_row = p < PARTS
-        bests = tl.load(best_ptr + row * PARTS + p, mask=in_row, other=-float("inf"),
-                        cache_modifier=".cg")
-        ats = tl.load(at_ptr + row * PARTS + p, mask=in_row, other=2147483647,
-                      cache_modifier=".cg")
-        row_nans = tl.sum(tl.load(nan_ptr + row * PARTS + p, mask=in_row, other=0,
-                                  cache_modifier=".cg"), axis=0)
+        bests = tl.load(
+            best_ptr + row * PARTS + p, mask=in_row, other=-float("inf"), cache_modifier=".cg"
+        )
+        ats = tl.load(at_ptr + row * PARTS + p, mask=in_row, other=2147483647, cache_modifier=".cg")
+        row_nans = tl.sum(
+            tl.load(nan_ptr + row * PARTS + p, mask=in_row, other=0, cache_modifier=".cg"), axis=0
+        )
         top = tl.max(bests, axis=0)
         first = tl.min(tl.where(bests == top, ats, 2147483647), axis=0).to(tl.int64)
         finite = (row_nans == 0) & (top != float("inf")) & (top != -float("inf"))
@@ -71,8 +87,9 @@ def _greedy_kernel(l_ptr, best_ptr, at_ptr, nan_ptr, count_ptr, out_ptr, tok_ptr
         tl.store(pos_ptr + row, tl.load(pos_ptr + row) + 1)
 
 
-def greedy_step(logits: torch.Tensor, out: torch.Tensor, tok: torch.Tensor,
-                pos: torch.Tensor) -> None:
+def greedy_step(
+    logits: torch.Tensor, out: torch.Tensor, tok: torch.Tensor, pos: torch.Tensor
+) -> None:
     """reference.greedy_step in one launch: logits [B, V] (any float dtype, read as fp32);
     out [B, 2+] int64 gets (first argmax, 1 if finite); tok [B] the ids; pos [B] + 1. The
     reference's ops where the counters are not made yet (a graph captured before any split
@@ -80,8 +97,16 @@ def greedy_step(logits: torch.Tensor, out: torch.Tensor, tok: torch.Tensor,
     b, v = logits.shape
     count = counters(logits.device, b)
     longs = all(t.dtype == torch.long and t.device == logits.device for t in (out, tok, pos))
-    if (count is None or not longs or logits.stride(-1) != 1 or not tok.is_contiguous()
-            or not pos.is_contiguous() or b == 0 or v == 0 or v >= 2**31):
+    if (
+        count is None
+        or not longs
+        or logits.stride(-1) != 1
+        or not tok.is_contiguous()
+        or not pos.is_contiguous()
+        or b == 0
+        or v == 0
+        or v >= 2**31
+    ):
         reference.greedy_step(logits, out, tok, pos)
         return
     parts = triton.cdiv(v, CHUNK)
@@ -90,7 +115,21 @@ def greedy_step(logits: torch.Tensor, out: torch.Tensor, tok: torch.Tensor,
     at = torch.empty((b, parts), dtype=torch.int32, device=dev)
     nan = torch.empty((b, parts), dtype=torch.int32, device=dev)
     _greedy_kernel[(parts, b)](
-        logits, best, at, nan, count, out, tok, pos, v, logits.stride(0), out.stride(0),
-        PARTS=parts, PARTS_P2=triton.next_power_of_2(parts), CHUNK=CHUNK, BLOCK=BLOCK,
-        num_warps=4, **pdl(dev),
+        logits,
+        best,
+        at,
+        nan,
+        count,
+        out,
+        tok,
+        pos,
+        v,
+        logits.stride(0),
+        out.stride(0),
+        PARTS=parts,
+        PARTS_P2=triton.next_power_of_2(parts),
+        CHUNK=CHUNK,
+        BLOCK=BLOCK,
+        num_warps=4,
+        **pdl(dev),
     )

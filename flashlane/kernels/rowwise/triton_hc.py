@@ -17,8 +17,9 @@ from flashlane.kernels.rowwise.triton import BLOCK, rounded, sigmoid
 
 
 @triton.jit(do_not_specialize=["stride", "n"])
-def _squash_kernel(d_ptr, y_ptr, stride, n, HC: tl.constexpr, BLOCK: tl.constexpr,
-                   PDL: tl.constexpr = 0):
+def _squash_kernel(
+    d_ptr, y_ptr, stride, n, HC: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -41,8 +42,9 @@ def hc_squash(d: torch.Tensor, hc: int) -> torch.Tensor:
     m, n = d.shape
     y = torch.empty((m, n), dtype=d.dtype, device=d.device)
     if m and n:
-        _squash_kernel[(m, triton.cdiv(n, BLOCK))](d, y, d.stride(0), n, HC=hc, BLOCK=BLOCK,
-                                                  **pdl(d.device))
+        _squash_kernel[(m, triton.cdiv(n, BLOCK))](
+            d, y, d.stride(0), n, HC=hc, BLOCK=BLOCK, **pdl(d.device)
+        )
     return y
 
 
@@ -69,9 +71,20 @@ def _write_weights(inj, HC: tl.constexpr, dt: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["h", "stride_inj"])
-def _hc_mix_kernel(u_ptr, xn_ptr, inj_ptr, a_ptr, w_ptr, h, stride_inj,
-                   HC: tl.constexpr, HC_P2: tl.constexpr, INJECT: tl.constexpr,
-                   BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+def _hc_mix_kernel(
+    u_ptr,
+    xn_ptr,
+    inj_ptr,
+    a_ptr,
+    w_ptr,
+    h,
+    stride_inj,
+    HC: tl.constexpr,
+    HC_P2: tl.constexpr,
+    INJECT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -98,8 +111,15 @@ def hc_mix(u: torch.Tensor, xn: torch.Tensor, inject: torch.Tensor | None, hc: i
     w = None if inject is None else torch.empty((m, hc), dtype=u.dtype, device=u.device)
     if m and h:
         _hc_mix_kernel[(m, triton.cdiv(h, BLOCK))](
-            u, xn, a if inject is None else inject, a, a if w is None else w, h,
-            0 if inject is None else inject.stride(0), HC=hc, HC_P2=triton.next_power_of_2(hc),
+            u,
+            xn,
+            a if inject is None else inject,
+            a,
+            a if w is None else w,
+            h,
+            0 if inject is None else inject.stride(0),
+            HC=hc,
+            HC_P2=triton.next_power_of_2(hc),
             INJECT=inject is not None,
             BLOCK=BLOCK,
             **pdl(u.device),
@@ -127,10 +147,28 @@ def _streams(acc, BLOCK_M: tl.constexpr, HB: tl.constexpr, HC_P2: tl.constexpr):
 
 @triton.jit(do_not_specialize=["M", "prefetch", "stride_x", "stride_inj"])
 def _hc_up_mix_kernel(
-    x_ptr, w_ptr, xn_ptr, inj_ptr, a_ptr, wo_ptr, M, H, K, stride_x, stride_inj, prefetch,
-    HC: tl.constexpr, HC_P2: tl.constexpr, INJECT: tl.constexpr, PARTS: tl.constexpr,
-    BLOCKS_PER_PART: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, FP32_PRODUCTS: tl.constexpr, PDL: tl.constexpr = 0,
+    x_ptr,
+    w_ptr,
+    xn_ptr,
+    inj_ptr,
+    a_ptr,
+    wo_ptr,
+    M,
+    H,
+    K,
+    stride_x,
+    stride_inj,
+    prefetch,
+    HC: tl.constexpr,
+    HC_P2: tl.constexpr,
+    INJECT: tl.constexpr,
+    PARTS: tl.constexpr,
+    BLOCKS_PER_PART: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    FP32_PRODUCTS: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
     # the tile's column j is stream c = j % HC_P2 of output h = pid_n * HB + j // HC_P2: its
     # weight row is c * H + h, so a program holds every stream of its HB outputs
@@ -149,11 +187,39 @@ def _hc_up_mix_kernel(
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = rm < M
     # the linear's in-program partitions: ((p0 + p1) + p2) + ..., the same bits as `linear`
-    total = partition_sum(x_ptr, w_ptr, rm, rn, m_mask, n_mask, 0, K, stride_x,
-                          BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
+    total = partition_sum(
+        x_ptr,
+        w_ptr,
+        rm,
+        rn,
+        m_mask,
+        n_mask,
+        0,
+        K,
+        stride_x,
+        BLOCKS_PER_PART,
+        BLOCK_M,
+        BLOCK_N,
+        BLOCK_K,
+        FP32_PRODUCTS,
+    )
     for p in range(1, PARTS):
-        total += partition_sum(x_ptr, w_ptr, rm, rn, m_mask, n_mask, p, K, stride_x,
-                               BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS)
+        total += partition_sum(
+            x_ptr,
+            w_ptr,
+            rm,
+            rn,
+            m_mask,
+            n_mask,
+            p,
+            K,
+            stride_x,
+            BLOCKS_PER_PART,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            FP32_PRODUCTS,
+        )
     dt: tl.constexpr = a_ptr.dtype.element_ty
     u0, u1, u2, u3 = _streams(total, BLOCK_M, HB, HC_P2)
     h = tl.program_id(1) * HB + tl.arange(0, HB)
@@ -172,14 +238,24 @@ def _hc_up_mix_kernel(
         if tl.program_id(1) == 0:  # the write weights, as hc_mix
             ch = tl.arange(0, HC_P2)
             at = m_mask[:, None] & (ch < HC)[None, :]
-            inj = tl.load(inj_ptr + rm[:, None].to(tl.int64) * stride_inj + ch[None, :],
-                          mask=at, other=0.0)
-            tl.store(wo_ptr + rm[:, None].to(tl.int64) * HC + ch[None, :],
-                     _write_weights(inj, HC, dt), mask=at)
+            inj = tl.load(
+                inj_ptr + rm[:, None].to(tl.int64) * stride_inj + ch[None, :], mask=at, other=0.0
+            )
+            tl.store(
+                wo_ptr + rm[:, None].to(tl.int64) * HC + ch[None, :],
+                _write_weights(inj, HC, dt),
+                mask=at,
+            )
 
 
-def hc_up_mix(squashed: torch.Tensor, up: torch.Tensor, xn: torch.Tensor,
-              inject: torch.Tensor | None, hc: int, tile: dict | None = None):
+def hc_up_mix(
+    squashed: torch.Tensor,
+    up: torch.Tensor,
+    xn: torch.Tensor,
+    inject: torch.Tensor | None,
+    hc: int,
+    tile: dict | None = None,
+):
     """hc_mix(linear(squashed, up), xn, inject, hc) in one launch, bit for bit: a tile holds
     every stream of its outputs (the up projection's columns c * H + h for each c), so the
     mix runs on the sums before they are stored; the mix logits never go to memory. The
@@ -196,8 +272,7 @@ def hc_up_mix(squashed: torch.Tensor, up: torch.Tensor, xn: torch.Tensor,
     fp32_gpu = squashed.dtype == torch.float32 and squashed.is_cuda
     # 3 streams (a tile of 4 with one masked) gave other bits than the two launches on the
     # H200 at every row count, so a batch on one path and a lone row on the other differed
-    if hc not in (1, 2, 4) or squashed.stride(-1) != 1 or n % hc or fp32_gpu \
-            or m > DECODE_ROWS:
+    if hc not in (1, 2, 4) or squashed.stride(-1) != 1 or n % hc or fp32_gpu or m > DECODE_ROWS:
         return hc_mix(linear(squashed, up), xn, inject, hc)
     h = n // hc
     up, xn = up.contiguous(), xn.contiguous()
@@ -212,20 +287,38 @@ def hc_up_mix(squashed: torch.Tensor, up: torch.Tensor, xn: torch.Tensor,
     grid = (triton.cdiv(m, cfg["BLOCK_M"]), triton.cdiv(h, hb))
     ahead = prefetch_span(up, cfg, m, grid[1], 1) if launch else 0
     _hc_up_mix_kernel[grid](
-        squashed, up, xn, a if inject is None else inject, a, a if w is None else w, m, h, k,
-        squashed.stride(0), 0 if inject is None else inject.stride(0), ahead, HC=hc,
-        HC_P2=hc_p2, INJECT=inject is not None, PARTS=cfg["PARTS"],
-        BLOCKS_PER_PART=cfg["BLOCKS_PER_PART"], BLOCK_M=cfg["BLOCK_M"],
-        BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+        squashed,
+        up,
+        xn,
+        a if inject is None else inject,
+        a,
+        a if w is None else w,
+        m,
+        h,
+        k,
+        squashed.stride(0),
+        0 if inject is None else inject.stride(0),
+        ahead,
+        HC=hc,
+        HC_P2=hc_p2,
+        INJECT=inject is not None,
+        PARTS=cfg["PARTS"],
+        BLOCKS_PER_PART=cfg["BLOCKS_PER_PART"],
+        BLOCK_M=cfg["BLOCK_M"],
+        BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_K=cfg["BLOCK_K"],
         FP32_PRODUCTS=squashed.dtype == torch.float32,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **launch,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+        **launch,
     )
     return a, w
 
 
 @triton.jit(do_not_specialize=["h"])
-def _hc_write_kernel(r_ptr, y_ptr, w_ptr, out_ptr, h, HC: tl.constexpr, BLOCK: tl.constexpr,
-                     PDL: tl.constexpr = 0):
+def _hc_write_kernel(
+    r_ptr, y_ptr, w_ptr, out_ptr, h, HC: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -248,8 +341,19 @@ def hc_write(r: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit(do_not_specialize=["eps"])
-def _hc_write_norm_kernel(r_ptr, y_ptr, w_ptr, nw_ptr, out_ptr, xn_ptr, eps, H: tl.constexpr,
-                          HC: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+def _hc_write_norm_kernel(
+    r_ptr,
+    y_ptr,
+    w_ptr,
+    nw_ptr,
+    out_ptr,
+    xn_ptr,
+    eps,
+    H: tl.constexpr,
+    HC: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)  # one stream: the norm's group
@@ -275,7 +379,17 @@ def hc_write_norm(r, y, w, weight, eps: float):
     if m and h:
         block = triton.next_power_of_2(h)
         _hc_write_norm_kernel[(m, hc)](
-            r, y, w, weight.contiguous(), out, xn, eps, H=h, HC=hc, BLOCK=block,
-            num_warps=max(1, min(16, block // 256)), **pdl(r.device),
+            r,
+            y,
+            w,
+            weight.contiguous(),
+            out,
+            xn,
+            eps,
+            H=h,
+            HC=hc,
+            BLOCK=block,
+            num_warps=max(1, min(16, block // 256)),
+            **pdl(r.device),
         )
     return out, xn

@@ -23,9 +23,23 @@ PARTS = 3  # parts a launch (q, k, the indexer's q); more take more launches
 
 
 @triton.jit
-def _norm_rope_head(x_ptr, w_ptr, y_ptr, row, head, heads, stride_n, stride_h, cos_ptr,
-                    sin_ptr, stride_c, eps, D: tl.constexpr, R: tl.constexpr,
-                    BLOCK: tl.constexpr):
+def _norm_rope_head(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    row,
+    head,
+    heads,
+    stride_n,
+    stride_h,
+    cos_ptr,
+    sin_ptr,
+    stride_c,
+    eps,
+    D: tl.constexpr,
+    R: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """One head of D values: rms_norm's normed value of each column and of its partner
     (rounded to the dtype, as rms_norm stores them), then _rope_kernel's rotation."""
     cols = tl.arange(0, BLOCK)
@@ -48,10 +62,38 @@ def _norm_rope_head(x_ptr, w_ptr, y_ptr, row, head, heads, stride_n, stride_h, c
 
 @triton.jit(do_not_specialize=["sn0", "sh0", "sn1", "sh1", "sn2", "sh2", "stride_c"])
 def _norm_rope_heads_kernel(
-    x0, w0, y0, sn0, sh0, eps0, x1, w1, y1, sn1, sh1, eps1, x2, w2, y2, sn2, sh2, eps2,
-    cos_ptr, sin_ptr, stride_c, H0: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr,
-    D0: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, B0: tl.constexpr,
-    B1: tl.constexpr, B2: tl.constexpr, R: tl.constexpr, PDL: tl.constexpr = 0,
+    x0,
+    w0,
+    y0,
+    sn0,
+    sh0,
+    eps0,
+    x1,
+    w1,
+    y1,
+    sn1,
+    sh1,
+    eps1,
+    x2,
+    w2,
+    y2,
+    sn2,
+    sh2,
+    eps2,
+    cos_ptr,
+    sin_ptr,
+    stride_c,
+    H0: tl.constexpr,
+    H1: tl.constexpr,
+    H2: tl.constexpr,
+    D0: tl.constexpr,
+    D1: tl.constexpr,
+    D2: tl.constexpr,
+    B0: tl.constexpr,
+    B1: tl.constexpr,
+    B2: tl.constexpr,
+    R: tl.constexpr,
+    PDL: tl.constexpr = 0,
 ):
     # grid (rows, H0 + H1 + H2): part 0's heads, then part 1's, then part 2's; each part
     # (x, weight, out y, x's row and head strides, eps) with its heads H, width D, block B
@@ -59,14 +101,31 @@ def _norm_rope_heads_kernel(
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     if head < H0:
-        _norm_rope_head(x0, w0, y0, row, head, H0, sn0, sh0, cos_ptr, sin_ptr, stride_c, eps0,
-                        D0, R, B0)
+        _norm_rope_head(
+            x0, w0, y0, row, head, H0, sn0, sh0, cos_ptr, sin_ptr, stride_c, eps0, D0, R, B0
+        )
     elif head < H0 + H1:
-        _norm_rope_head(x1, w1, y1, row, head - H0, H1, sn1, sh1, cos_ptr, sin_ptr, stride_c,
-                        eps1, D1, R, B1)
+        _norm_rope_head(
+            x1, w1, y1, row, head - H0, H1, sn1, sh1, cos_ptr, sin_ptr, stride_c, eps1, D1, R, B1
+        )
     else:
-        _norm_rope_head(x2, w2, y2, row, head - H0 - H1, H2, sn2, sh2, cos_ptr, sin_ptr,
-                        stride_c, eps2, D2, R, B2)
+        _norm_rope_head(
+            x2,
+            w2,
+            y2,
+            row,
+            head - H0 - H1,
+            H2,
+            sn2,
+            sh2,
+            cos_ptr,
+            sin_ptr,
+            stride_c,
+            eps2,
+            D2,
+            R,
+            B2,
+        )
 
 
 def norm_rope_heads(
@@ -100,7 +159,13 @@ def _launch(parts, cos, sin) -> list[torch.Tensor]:
     heads = sum(sizes[f"H{i}"] for i in range(PARTS))
     if n and heads:
         _norm_rope_heads_kernel[(n, heads)](
-            *args, cos, sin, cos.stride(0), R=cos.shape[-1], num_warps=warps.pop(), **sizes,
+            *args,
+            cos,
+            sin,
+            cos.stride(0),
+            R=cos.shape[-1],
+            num_warps=warps.pop(),
+            **sizes,
             **pdl(cos.device),
         )
     return ys

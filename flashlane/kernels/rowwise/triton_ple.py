@@ -29,9 +29,23 @@ from flashlane.kernels.rowwise.triton import ngram_rows, rounded, sigmoid
 
 
 @triton.jit(do_not_specialize=["t", "stride"])
-def _ngram_embed_kernel(hist_ptr, mult_ptr, size_ptr, off_ptr, table_ptr, out_ptr, t, stride,
-                        eos, N: tl.constexpr, HEADS: tl.constexpr, HP2: tl.constexpr,
-                        D: tl.constexpr, DP2: tl.constexpr, PDL: tl.constexpr = 0):
+def _ngram_embed_kernel(
+    hist_ptr,
+    mult_ptr,
+    size_ptr,
+    off_ptr,
+    table_ptr,
+    out_ptr,
+    t,
+    stride,
+    eos,
+    N: tl.constexpr,
+    HEADS: tl.constexpr,
+    HP2: tl.constexpr,
+    D: tl.constexpr,
+    DP2: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     b = tl.program_id(0).to(tl.int64)
     row = tl.program_id(1).to(tl.int64)
@@ -43,8 +57,9 @@ def _ngram_embed_kernel(hist_ptr, mult_ptr, size_ptr, off_ptr, table_ptr, out_pt
     mixed = tl.load(src) * tl.load(mult_ptr)
     broken = mixed != mixed  # False
     for s in tl.static_range(1, N):
-        rows, mixed, broken = ngram_rows(src, mult_ptr, size_ptr, off_ptr, eos, mixed, broken,
-                                          s, heads, HEADS)
+        rows, mixed, broken = ngram_rows(
+            src, mult_ptr, size_ptr, off_ptr, eos, mixed, broken, s, heads, HEADS
+        )
         vals = tl.load(table_ptr + rows[:, None] * D + dims[None, :], mask=mask, other=0.0)
         at = ((s - 1) * HEADS + heads)[:, None] * D + dims[None, :]
         tl.store(out + at, vals, mask=mask)
@@ -59,9 +74,22 @@ def ngram_embed(history, multipliers, sizes, offsets, n: int, heads: int, eos: i
     out = torch.empty((b, t, (n - 1) * heads * d), dtype=table.dtype, device=history.device)
     if b and t:
         _ngram_embed_kernel[(b, t)](
-            hist, multipliers, sizes, offsets, table, out, t, hist.stride(0), eos, N=n,
-            HEADS=heads, HP2=triton.next_power_of_2(heads), D=d,
-            DP2=triton.next_power_of_2(d), num_warps=4, **pdl(out.device),
+            hist,
+            multipliers,
+            sizes,
+            offsets,
+            table,
+            out,
+            t,
+            hist.stride(0),
+            eos,
+            N=n,
+            HEADS=heads,
+            HP2=triton.next_power_of_2(heads),
+            D=d,
+            DP2=triton.next_power_of_2(d),
+            num_warps=4,
+            **pdl(out.device),
         )
     return out
 
@@ -76,9 +104,25 @@ def _normed(ptr, w_ptr, c, cols, mask, eps, H: tl.constexpr, dt: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["stride_k", "stride_r", "stride_v"])
-def _ple_gate_kernel(k_ptr, r_ptr, v_ptr, wk_ptr, wq_ptr, wc_ptr, g_ptr, n_ptr, eps, root,
-                     stride_k, stride_r, stride_v, H: tl.constexpr, HC: tl.constexpr,
-                     BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+def _ple_gate_kernel(
+    k_ptr,
+    r_ptr,
+    v_ptr,
+    wk_ptr,
+    wq_ptr,
+    wc_ptr,
+    g_ptr,
+    n_ptr,
+    eps,
+    root,
+    stride_k,
+    stride_r,
+    stride_v,
+    H: tl.constexpr,
+    HC: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -108,9 +152,24 @@ def ple_gate(key, r, value, w_key, w_query, w_conv, eps: float):
     if n and h:
         block = triton.next_power_of_2(h)
         _ple_gate_kernel[(n, hc)](
-            key, r, value, w_key, w_query, w_conv, gated, normed, eps, math.sqrt(h),
-            key.stride(0), r.stride(0), value.stride(0), H=h, HC=hc, BLOCK=block,
-            num_warps=max(1, min(16, block // 256)), **pdl(r.device),
+            key,
+            r,
+            value,
+            w_key,
+            w_query,
+            w_conv,
+            gated,
+            normed,
+            eps,
+            math.sqrt(h),
+            key.stride(0),
+            r.stride(0),
+            value.stride(0),
+            H=h,
+            HC=hc,
+            BLOCK=block,
+            num_warps=max(1, min(16, block // 256)),
+            **pdl(r.device),
         )
     return gated, normed
 
@@ -133,14 +192,14 @@ def ple_add(r: torch.Tensor, gated: torch.Tensor, y: torch.Tensor) -> torch.Tens
     out = torch.empty_like(r)
     n = r.numel()
     if n:
-        _ple_add_kernel[(triton.cdiv(n, 1024),)](r, gated, y, out, n, BLOCK=1024,
-                                                 **pdl(r.device))
+        _ple_add_kernel[(triton.cdiv(n, 1024),)](r, gated, y, out, n, BLOCK=1024, **pdl(r.device))
     return out
 
 
 @triton.jit
-def _push_history_kernel(ids_ptr, tok_ptr, hist_ptr, CTX: tl.constexpr, BLOCK: tl.constexpr,
-                         PDL: tl.constexpr = 0):
+def _push_history_kernel(
+    ids_ptr, tok_ptr, hist_ptr, CTX: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     b = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -159,6 +218,12 @@ def push_history(ids: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
     if not ids.is_contiguous():
         raise ValueError("push_history: ids must be contiguous (they are written in place)")
     if b:
-        _push_history_kernel[(b,)](ids, tok.contiguous(), hist, CTX=ctx,
-                                   BLOCK=triton.next_power_of_2(ctx + 1), **pdl(ids.device))
+        _push_history_kernel[(b,)](
+            ids,
+            tok.contiguous(),
+            hist,
+            CTX=ctx,
+            BLOCK=triton.next_power_of_2(ctx + 1),
+            **pdl(ids.device),
+        )
     return hist

@@ -25,20 +25,30 @@ BLOCK = 2048
 
 
 @triton.jit(do_not_specialize=["h", "width"])
-def _embed_rows_kernel(w_ptr, tok_ptr, out_ptr, h, width, BLOCK: tl.constexpr,
-                       PDL: tl.constexpr = 0):
+def _embed_rows_kernel(
+    w_ptr, tok_ptr, out_ptr, h, width, BLOCK: tl.constexpr, PDL: tl.constexpr = 0
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < width
     t = tl.load(tok_ptr + row)
-    tl.store(out_ptr + row * width + cols, tl.load(w_ptr + t * h + cols % h, mask=mask),
-             mask=mask)
+    tl.store(out_ptr + row * width + cols, tl.load(w_ptr + t * h + cols % h, mask=mask), mask=mask)
 
 
 @triton.jit
-def _embed_norm_kernel(w_ptr, tok_ptr, nw_ptr, out_ptr, xn_ptr, eps, H: tl.constexpr,
-                       COPIES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+def _embed_norm_kernel(
+    w_ptr,
+    tok_ptr,
+    nw_ptr,
+    out_ptr,
+    xn_ptr,
+    eps,
+    H: tl.constexpr,
+    COPIES: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     # program (row, copy c): the embedding row into stream c, and its grouped RMSNorm with
     # stream c's weights: `_rms_norm_kernel`'s arithmetic, block and warps (the same bits)
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
@@ -66,64 +76,128 @@ def embed_rows(weight: torch.Tensor, tok: torch.Tensor, copies: int, norm=None):
         if b and h and copies:
             block = triton.next_power_of_2(h)
             _embed_norm_kernel[(b, copies)](
-                weight.contiguous(), tok.contiguous(), norm[0].contiguous(), out, xn, norm[1],
-                H=h, COPIES=copies, BLOCK=block, num_warps=norm_warps(block),
+                weight.contiguous(),
+                tok.contiguous(),
+                norm[0].contiguous(),
+                out,
+                xn,
+                norm[1],
+                H=h,
+                COPIES=copies,
+                BLOCK=block,
+                num_warps=norm_warps(block),
                 **pdl(weight.device),
             )
         return out, xn
     if b and h and copies:
         _embed_rows_kernel[(b, triton.cdiv(copies * h, BLOCK))](
-            weight.contiguous(), tok.contiguous(), out, h, copies * h, BLOCK=BLOCK,
+            weight.contiguous(),
+            tok.contiguous(),
+            out,
+            h,
+            copies * h,
+            BLOCK=BLOCK,
             **pdl(weight.device),
         )
     return out
 
 
 @triton.jit(do_not_specialize=["width", "n_out"])
-def _record_row_kernel(src_ptr, rows_ptr, k_ptr, count_ptr, out_ptr, ring_ptr, width, n_out,
-                       PROGRAMS: tl.constexpr, BLOCK: tl.constexpr, RING: tl.constexpr = 0,
-                       OUT_BLOCK: tl.constexpr = 16, PDL: tl.constexpr = 0):
+def _record_row_kernel(
+    src_ptr,
+    rows_ptr,
+    k_ptr,
+    count_ptr,
+    out_ptr,
+    ring_ptr,
+    width,
+    n_out,
+    PROGRAMS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    RING: tl.constexpr = 0,
+    OUT_BLOCK: tl.constexpr = 16,
+    PDL: tl.constexpr = 0,
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     b = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < width
     k = tl.load(k_ptr)
     per = tl.num_programs(0).to(tl.int64) * width  # values a recorded step
-    tl.store(rows_ptr + k * per + b * width + cols,
-             tl.load(src_ptr + b * width + cols, mask=mask), mask=mask)
+    tl.store(
+        rows_ptr + k * per + b * width + cols,
+        tl.load(src_ptr + b * width + cols, mask=mask),
+        mask=mask,
+    )
     # the last program to get here (every program has read k) moves k on, and with a RING
     # posts the step's verdict into slot k (post_ring's, for the k it leaves)
     if last_to_arrive(count_ptr, PROGRAMS):
         tl.store(k_ptr, k + 1)
         if RING:
             at = tl.arange(0, OUT_BLOCK)
-            tl.store(ring_ptr + (k % RING) * n_out + at,
-                     tl.load(out_ptr + at, mask=at < n_out), mask=at < n_out)
+            tl.store(
+                ring_ptr + (k % RING) * n_out + at,
+                tl.load(out_ptr + at, mask=at < n_out),
+                mask=at < n_out,
+            )
 
 
-def record_row(rows: torch.Tensor, k: torch.Tensor, r: torch.Tensor,
-               out: torch.Tensor | None = None, ring: torch.Tensor | None = None) -> None:
+def record_row(
+    rows: torch.Tensor,
+    k: torch.Tensor,
+    r: torch.Tensor,
+    out: torch.Tensor | None = None,
+    ring: torch.Tensor | None = None,
+) -> None:
     """reference.record_row in one launch: rows[k] = r, then k += 1, and with out and ring
     post_ring(out, ring, k) in that launch. The torch ops where the partials' counters are
     not made yet (a capture before any split product)."""
     b, width = r.shape
     grid = (b, triton.cdiv(width, BLOCK))
     count = counters(r.device, 1)
-    if count is None or grid[0] * grid[1] == 0 or not r.is_contiguous() \
-            or rows.shape[1:] != r.shape or not rows.is_contiguous():
+    if (
+        count is None
+        or grid[0] * grid[1] == 0
+        or not r.is_contiguous()
+        or rows.shape[1:] != r.shape
+        or not rows.is_contiguous()
+    ):
         ref.record_row(rows, k, r, out, ring)
         return
-    post = dict(RING=ring.shape[0], OUT_BLOCK=triton.next_power_of_2(max(out.numel(), 16))) \
-        if ring is not None else {}
-    _record_row_kernel[grid](r, rows, k, count, r if out is None else out.contiguous(),
-                             r if ring is None else ring, width,
-                             0 if out is None else out.numel(), PROGRAMS=grid[0] * grid[1],
-                             BLOCK=BLOCK, **post, **pdl(r.device))
+    post = (
+        dict(RING=ring.shape[0], OUT_BLOCK=triton.next_power_of_2(max(out.numel(), 16)))
+        if ring is not None
+        else {}
+    )
+    _record_row_kernel[grid](
+        r,
+        rows,
+        k,
+        count,
+        r if out is None else out.contiguous(),
+        r if ring is None else ring,
+        width,
+        0 if out is None else out.numel(),
+        PROGRAMS=grid[0] * grid[1],
+        BLOCK=BLOCK,
+        **post,
+        **pdl(r.device),
+    )
 
 
 @triton.jit
-def _step_angles_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, len_ptr, n, R: tl.constexpr,
-                        RP2: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+def _step_angles_kernel(
+    pos_ptr,
+    inv_ptr,
+    cos_ptr,
+    sin_ptr,
+    len_ptr,
+    n,
+    R: tl.constexpr,
+    RP2: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     blocks = tl.program_id(1)  # 0: the rows' positions; 1: their blocks' first positions
@@ -136,23 +210,32 @@ def _step_angles_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, len_ptr, n, R: tl.co
     angles(pos, inv_ptr, cos_ptr + at, sin_ptr + at, R, RP2)
 
 
-def step_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
-                block: int):
+def step_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, block: int):
     """reference.step_angles in one launch."""
     n, r = positions.shape[0], 2 * inv_freq.shape[0]
     cos = torch.empty((2, n, r), dtype=dtype, device=positions.device)
     sin = torch.empty_like(cos)
     lengths = torch.empty_like(positions)
     if n:
-        _step_angles_kernel[(n, 2)](positions.contiguous(), inv_freq, cos, sin, lengths, n, R=r,
-                                    RP2=triton.next_power_of_2(r), BLOCK=block,
-                                    **pdl(cos.device))
+        _step_angles_kernel[(n, 2)](
+            positions.contiguous(),
+            inv_freq,
+            cos,
+            sin,
+            lengths,
+            n,
+            R=r,
+            RP2=triton.next_power_of_2(r),
+            BLOCK=block,
+            **pdl(cos.device),
+        )
     return cos[0], sin[0], cos[1], sin[1], lengths
 
 
 @triton.jit
-def _post_ring_kernel(out_ptr, ring_ptr, k_ptr, n, RING: tl.constexpr, BLOCK: tl.constexpr,
-                      PDL: tl.constexpr = 0):
+def _post_ring_kernel(
+    out_ptr, ring_ptr, k_ptr, n, RING: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = 0
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     cols = tl.arange(0, BLOCK)
     mask = cols < n
@@ -165,8 +248,15 @@ def post_ring(out: torch.Tensor, ring: torch.Tensor, k: torch.Tensor) -> None:
     memory the GPU writes: `posts_to_pinned` says whether it can), so a step's verdict needs
     no copy launched after its graph."""
     n = out.numel()
-    _post_ring_kernel[(1,)](out.contiguous(), ring, k, n, RING=ring.shape[0],
-                            BLOCK=triton.next_power_of_2(max(n, 16)), **pdl(out.device))
+    _post_ring_kernel[(1,)](
+        out.contiguous(),
+        ring,
+        k,
+        n,
+        RING=ring.shape[0],
+        BLOCK=triton.next_power_of_2(max(n, 16)),
+        **pdl(out.device),
+    )
 
 
 def posts_to_pinned(device: torch.device) -> bool:

@@ -19,8 +19,16 @@ BLOCK = 1024
 
 
 @triton.jit(do_not_specialize=["n"])
-def _sessions_kernel(base_ptr, tab_ptr, dense_ptr, n, COLUMN: tl.constexpr, PUT: tl.constexpr,
-                     BLOCK: tl.constexpr, PDL: tl.constexpr = 0):
+def _sessions_kernel(
+    base_ptr,
+    tab_ptr,
+    dense_ptr,
+    n,
+    COLUMN: tl.constexpr,
+    PUT: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     b = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -32,22 +40,26 @@ def _sessions_kernel(base_ptr, tab_ptr, dense_ptr, n, COLUMN: tl.constexpr, PUT:
         tl.store(dense_ptr + b * n + cols, tl.load(base_ptr + at + cols, mask=mask), mask=mask)
 
 
-def _launch(first: torch.Tensor, table: torch.Tensor, dense: torch.Tensor, column: int,
-            put: bool) -> None:
+def _launch(
+    first: torch.Tensor, table: torch.Tensor, dense: torch.Tensor, column: int, put: bool
+) -> None:
     if not first.is_contiguous() or not dense.is_contiguous():
         raise ValueError("gather_sessions / put_sessions: contiguous buffers only")
     b, n = table.shape[0], first.numel()
     if b and n:
-        _sessions_kernel[(b, triton.cdiv(n, BLOCK))](first, table, dense, n, COLUMN=column,
-                                                     PUT=put, BLOCK=BLOCK, **pdl(first.device))
+        _sessions_kernel[(b, triton.cdiv(n, BLOCK))](
+            first, table, dense, n, COLUMN=column, PUT=put, BLOCK=BLOCK, **pdl(first.device)
+        )
 
 
-def gather_sessions(tensors: list[torch.Tensor], table: torch.Tensor | None = None,
-                    column: int = 0) -> torch.Tensor:
+def gather_sessions(
+    tensors: list[torch.Tensor], table: torch.Tensor | None = None, column: int = 0
+) -> torch.Tensor:
     """reference.gather_sessions in one launch, through `table` (made here when not given:
     a CUDA graph needs it made before its capture)."""
     if table is None:
         from flashlane.models.state import offsets_table
+
         table, column = offsets_table([tensors], align=[1]), 0
     first = tensors[0]
     out = torch.empty((table.shape[0], *first.shape), dtype=first.dtype, device=first.device)
@@ -55,10 +67,15 @@ def gather_sessions(tensors: list[torch.Tensor], table: torch.Tensor | None = No
     return out
 
 
-def put_sessions(tensors: list[torch.Tensor], values: torch.Tensor,
-                 table: torch.Tensor | None = None, column: int = 0) -> None:
+def put_sessions(
+    tensors: list[torch.Tensor],
+    values: torch.Tensor,
+    table: torch.Tensor | None = None,
+    column: int = 0,
+) -> None:
     """reference.put_sessions in one launch, through `table` (as gather_sessions')."""
     if table is None:
         from flashlane.models.state import offsets_table
+
         table, column = offsets_table([tensors], align=[1]), 0
     _launch(tensors[0], table, values.to(tensors[0].dtype).contiguous(), column, True)

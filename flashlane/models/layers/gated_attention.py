@@ -66,8 +66,7 @@ class GatedAttention(nn.Module):
             if not p.recurrent:
                 pos = rows.positions[p.rows][None]
                 keys, values, _, _ = self._write_all([p], k[p.rows][None], v[p.rows][None])[0]
-                o[p.rows] = kernels.causal_attention(q[p.rows][None], keys, values, scale,
-                                                     pos)[0]
+                o[p.rows] = kernels.causal_attention(q[p.rows][None], keys, values, scale, pos)[0]
         if windows:
             self._attend_windows(windows, q, k, v, o, rows, kernels)
         return o
@@ -81,8 +80,7 @@ class GatedAttention(nn.Module):
             p.offset + min(t, p.length - 1) for p in windows for t in range(width)
         ])  # fmt: skip
         qw, kw, vw, pos = (
-            t.index_select(0, gather).unflatten(0, (-1, width))
-            for t in (q, k, v, rows.positions)
+            t.index_select(0, gather).unflatten(0, (-1, width)) for t in (q, k, v, rows.positions)
         )
         keys, values, _, _ = padded_caches(self._write_all(windows, kw, vw))
         res = kernels.causal_attention(qw, keys, values, self.cfg.head_dim**-0.5, pos)

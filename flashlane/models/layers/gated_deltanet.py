@@ -60,8 +60,9 @@ class GatedDeltaNet(nn.Module):
         """Conv and the gated delta rule over each piece's session state -> o [N, HV, Dv]."""
         cfg, n = self.cfg, qkv.shape[0]
         # verify windows of equal width run stacked: one recurrent call for all of them
-        parts = zip(rows.split(qkv, True), rows.split(a, True), rows.split(b, True),
-                    rows.groups(True))
+        parts = zip(
+            rows.split(qkv, True), rows.split(a, True), rows.split(b, True), rows.groups(True)
+        )
         outs = [self._mix(qkv, a_p, b_p, group, kernels) for qkv, a_p, b_p, group in parts]
         return rows.join(outs, True).reshape(n, cfg.linear_num_v_heads, cfg.linear_v_head_dim)
 

@@ -50,8 +50,11 @@ class WithShared(Stacked):
         super().stack()
         e, se = self.moe.experts, self.moe.shared_expert
         stacks = []
-        for p, lin in ((e.gate_proj, se.gate_proj), (e.up_proj, se.up_proj),
-                       (e.down_proj, se.down_proj)):
+        for p, lin in (
+            (e.gate_proj, se.gate_proj),
+            (e.up_proj, se.up_proj),
+            (e.down_proj, se.down_proj),
+        ):
             w = torch.cat([p.detach(), lin.weight.detach()[None]])
             p.data, lin.weight.data = w[:-1], w[-1]
             stacks.append(w)
@@ -60,9 +63,14 @@ class WithShared(Stacked):
     def stacked(self, x: torch.Tensor) -> torch.Tensor | None:
         w = super().stacked(x)
         e = self.moe.experts
-        if w is None or not self.experts or any(
-            s.data_ptr() != p.data_ptr() for s, p in zip(self.experts, (e.gate_proj, e.up_proj,
-                                                                          e.down_proj))):
+        if (
+            w is None
+            or not self.experts
+            or any(
+                s.data_ptr() != p.data_ptr()
+                for s, p in zip(self.experts, (e.gate_proj, e.up_proj, e.down_proj))
+            )
+        ):
             return None
         return w
 
@@ -85,8 +93,9 @@ class SparseMoe(nn.Module):
         cfg, e = self.cfg, self.experts
         router = self.with_shared.stacked(x)
         if router is not None:
-            return kernels.moe_shared(x, router, *self.with_shared.experts,
-                                      cfg.num_experts_per_tok, cfg.norm_topk_prob)
+            return kernels.moe_shared(
+                x, router, *self.with_shared.experts, cfg.num_experts_per_tok, cfg.norm_topk_prob
+            )
         se = self.shared_expert
         shared = se.down_proj(kernels.swiglu(se.gate_proj(x), se.up_proj(x)))
         return kernels.moe(

@@ -118,8 +118,15 @@ class PLELayer(nn.Module):
         ]
         return gated + rows.join(convs, True)
 
-    def stacked(self, r3: torch.Tensor, history: torch.Tensor, window: torch.Tensor, kernels,
-                shift: bool = False, added: bool = False):
+    def stacked(
+        self,
+        r3: torch.Tensor,
+        history: torch.Tensor,
+        window: torch.Tensor,
+        kernels,
+        shift: bool = False,
+        added: bool = False,
+    ):
         """forward for B windows of T rows, from tensors alone (a CUDA graph replays it):
         r3 [B, T, hc*H], history [B, n-1+T] ids, window [B, tail, hc*H] ->
         (the addition [B, T, hc*H], the conv inputs [B, tail+T, hc*H]). shift: the conv
@@ -141,8 +148,9 @@ class PLELayer(nn.Module):
         conv's norm of that: ([N, hc*H], [N, hc*H]) (kernels.ple_gate)."""
         emb = emb.to(r.dtype)
         norms = (self.norm_key.weight, self.norm_query.weight, self.norm_conv.weight)
-        return kernels.ple_gate(self.key_proj(emb), r, self.value_proj(emb), *norms,
-                                self.norm_key.eps)
+        return kernels.ple_gate(
+            self.key_proj(emb), r, self.value_proj(emb), *norms, self.norm_key.eps
+        )
 
     def record(self, pieces, xfull: torch.Tensor, history: torch.Tensor) -> None:
         """What commit() needs per piece: its conv inputs and ids up to its length."""
