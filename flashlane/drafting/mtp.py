@@ -46,6 +46,12 @@ class Waiting:
         return rows[:n], ids
 
 
+# the most cells one head forward absorbs: a long prompt's queue (thousands of rows) in one
+# forward stalled every stream for 20 s on the CPU (issue 29); a stream's queue past this many
+# is absorbed as its windows are kept (runner/backend.py), not all at once at a prompt mark
+CATCH_UP_ROWS = 512
+
+
 class MtpDrafter:
     def __init__(self, model: FlashNext, confidence: float):
         self.model, self.confidence = model, confidence
@@ -103,16 +109,30 @@ class MtpDrafter:
     @torch.no_grad()
     def catch_up(self, stream_id: int, session: SessionState) -> None:
         """Absorb the stream's complete waiting cells into the head's cache now (a dangling
-        row stays): its queue of residual rows empties."""
+        row stays), CATCH_UP_ROWS at a time: its queue of residual rows empties."""
         w = self.waiting.get(stream_id)
         if not self.enabled or w is None or not w.next_ids:
             return
         m = self.model
         res, ids = w.take()
-        cells = [(session, torch.tensor(ids), session.mtp_length, False)]
-        rows = Rows.of(cells, res.device)
-        m.mtp(res, m.embed_tokens(rows.token_ids), rows, m.rotary, m.kernels, m.graphs)
-        session.mtp_length += len(ids)
+        for a in range(0, len(ids), CATCH_UP_ROWS):
+            piece = ids[a : a + CATCH_UP_ROWS]
+            cells = [(session, torch.tensor(piece), session.mtp_length, False)]
+            rows = Rows.of(cells, res.device)
+            m.mtp(
+                res[a : a + len(piece)],
+                m.embed_tokens(rows.token_ids),
+                rows,
+                m.rotary,
+                m.kernels,
+                m.graphs,
+            )
+            session.mtp_length += len(piece)
+
+    def queued(self, stream_id: int) -> int:
+        """The stream's complete cells waiting for its head."""
+        w = self.waiting.get(stream_id)
+        return len(w.next_ids) if w is not None else 0
 
     def resume(self, stream_id: int, dangling: torch.Tensor | None) -> None:
         """A stream resumed from a kept state: its cell at the kept length waits for a token."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from flashlane.drafting.mtp import MtpDrafter
+from flashlane.drafting.mtp import CATCH_UP_ROWS, MtpDrafter
 from flashlane.lanes.records import CHUNK, CostTable, Drafts, InvalidBatch, Verdict, Window
 from flashlane.models.flashnext import FlashNext, commit_all
 from flashlane.models.rows import Piece, Rows
@@ -204,6 +204,8 @@ class ModelBackend:
                 nxt = w.draws.reply_ids[-1] if has_next and w.draws.reply_ids else None
                 rows = fed.residual if n == w.num_rows else fed.residual[:n]
                 self.drafter.absorb_later(w.stream_id, rows, w.tokens[:n], nxt, w.draws)
+                if self.drafter.queued(w.stream_id) >= CATCH_UP_ROWS:
+                    self.drafter.catch_up(w.stream_id, self.sessions[w.session_id])
         self.fed.clear()
 
     def draft(self, depths: Mapping[int, int]) -> list[Drafts]:
