@@ -54,7 +54,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "device": args.device,
         "prompt_len": len(ids),
-        "decoded": len(stamps),
+        "updates": len(stamps),  # deliveries with tokens (a round may bring several)
         "longest_gap_s": max(gaps),
         "median_gap_s": statistics.median(gaps),
         "rounds_over_1s": slow,
