@@ -31,7 +31,7 @@ class EngineConfig:
     model: str | None = None  # None: the embedded default model
     device: str = "auto"  # auto: cuda when present
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
-    parallel: int | str = "auto"  # sessions; auto: as many as fit, up to 16
+    parallel: int | str = "auto"  # sessions; auto: as many as fit, up to 16 (256 on a GPU)
     context: int | None = None  # positions per session; None: the model's window
     slot_contexts: str | None = None  # "65536,32768x3,16384x11"
     # the grow margin of sized sessions; None: 8192 (slots.DEFAULT_GROW), never refused for

@@ -94,7 +94,7 @@ def engine_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="sessions, the replies decoded at once: auto or N (default: auto, as "
-        "many as fit up to 16)",
+        "many as fit, up to 16 on the CPU and 256 on a GPU)",
     )
     p.add_argument(
         "--context",

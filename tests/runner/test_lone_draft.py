@@ -199,10 +199,14 @@ def test_drafting_is_chosen_while_it_pays(tiny_ckpt):
     driver.step_ms[(1, 2)] = 3.0  # now dearer than its tokens
     picks = [d.choose([0]) for _ in range(PROBE_EVERY)]
     assert picks.count(0) == PROBE_EVERY - 1 and picks.count(2) == 1
-    # with graphs, several sessions near their ends run the kind whose graph they have
-    # (one session, or streams with long replies left: any)
+    # with graphs, sessions near their ends run the kind whose graph they have (streams
+    # with long replies left: any)
     driver.use_graphs = True
-    driver.graphs[("size", 2)] = object()  # plain steps: one graph per size
+    driver.graphs[("size", 1)] = object()  # plain steps: one graph per size
+    assert {d.choose([0], 64) for _ in range(PROBE_EVERY)} == {0}  # no probe captures
+    driver.graphs[("draft", 2, 0)] = object()  # then the measures choose (and a probe)
+    assert [d.choose([0], 64) for _ in range(PROBE_EVERY)].count(2) == 1
+    driver.graphs[("size", 2)] = object()
     assert {d.choose([0, 1], 64) for _ in range(PROBE_EVERY)} == {0}
     driver.step_ms[(1, 2)] = 1.5
     assert [d.choose([0, 1], 500) for _ in range(PROBE_EVERY)].count(2) == PROBE_EVERY - 1
