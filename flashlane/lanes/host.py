@@ -20,7 +20,7 @@ from flashlane.lanes.cached_prompts import keep_marks, resume
 from flashlane.lanes.core import LaneConfig, LaneCore, RoundFailed
 from flashlane.lanes.lone_turn import beside_budget, lone_drawn, lone_streams, run_lone
 from flashlane.lanes.outputs import TextDecoder
-from flashlane.lanes.protocol import Backend
+from flashlane.lanes.protocol import Backend, LoneDriving
 from flashlane.lanes.records import CHUNK, Window
 from flashlane.lanes.session_pool import SessionPool
 from flashlane.lanes.stops import StopRules, begin, conclude, finish_text
@@ -67,10 +67,10 @@ class LaneHost:
         rules: StopRules,
         capacities: Sequence[int],
         grow: int | None = None,
-        lone=None,
+        lone: LoneDriving | None = None,
     ) -> None:
-        """`lone`: a runner.lone.LoneDriver, to which a lone greedy stream's rounds go
-        (lanes/lone_turn.py says which; None: every round is a shared one)."""
+        """`lone`: the lone driver (runner.lone.LoneDriver), to which the decoding streams'
+        rounds go (lanes/lone_turn.py says which; None: every round is a shared one)."""
         self.backend = backend
         self.lone = lone
         # Set by a caller that takes requests while the host runs (the engine thread): True

@@ -115,28 +115,24 @@ def _drafted(host: LaneHost, streams: list[Stream], take_for) -> bool:
     """Drafted lone steps (runner/lone_draft.py) for streams that all draft greedily, when
     the driver has them and finds they pay; False where plain steps should run instead
     (sampled streams: drafted steps draw greedily)."""
-    drafting, drafter = host.lone.drafting, host.lone.drafter
-    if (
-        drafting is None
-        or not drafter.enabled
-        or not all(s.params.draft and s.draws is not None for s in streams)
-        or not all(is_plain_greedy(DrawSpec(s.params, s.seed, s.start)) for s in streams)
+    if not all(
+        s.params.draft
+        and s.draws is not None
+        and is_plain_greedy(DrawSpec(s.params, s.seed, s.start))
+        for s in streams
     ):
         return False
     left = min(s.params.max_tokens - len(s.reply_ids) for s in streams)
-    depth = drafting.choose([s.session_id for s in streams], left)
-    if not depth:
-        return False
-    steps = drafting.decode(
+    ran = host.lone.decode_drafted(
         [s.session_id for s in streams], [s.reply_ids[-1] for s in streams],
-        [s.start for s in streams],
-        min(host.config.lone_steps, left),
+        [s.start for s in streams], min(host.config.lone_steps, left),
         min(s.room for s in streams), [take_for(s) for s in streams],
-        [s.stream_id for s in streams], [s.draws for s in streams],
+        [s.stream_id for s in streams], [s.draws for s in streams], left,
     )  # fmt: skip
-    if steps is None:
+    if ran is None:
         return False
-    for s, landed in zip(streams, drafting.landed):
+    steps, depth, landed = ran
+    for s, n in zip(streams, landed):
         s.num_drafted += steps * depth
-        s.num_accepted += landed
+        s.num_accepted += n
     return True

@@ -16,8 +16,8 @@ stream whose last call failed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from flashlane.lanes.records import CostTable, Drafts, Verdict, Window
 
@@ -88,4 +88,47 @@ class Backend(Protocol):
 
     def costs(self) -> CostTable:
         """The cost table timed at load (fixed for the engine's life)."""
+        ...
+
+
+class LoneDriving(Protocol):
+    """What the host asks of the lone driver (runner/lone.py: the decoding streams' rounds as
+    device-side steps; lanes/lone_turn.py says when)."""
+
+    sampled: bool  # whether it takes sampled streams (else greedy ones only)
+
+    def decode_many(
+        self,
+        session_ids: list[int],
+        tokens: list[int],
+        positions: list[int],
+        budget: int,
+        takes: list[Callable[[int, bool], bool]],
+        stream_ids: list[int],
+        draws: list[Any],
+    ) -> int:
+        """Up to `budget` steps of these sessions from their pending tokens at their
+        positions; each landed token goes to its stream's take(id, finite), and once one says
+        stop the step in flight lands too. Returns the steps the sessions now hold."""
+        ...
+
+    def decode_drafted(
+        self,
+        session_ids: list[int],
+        tokens: list[int],
+        positions: list[int],
+        budget: int,
+        room: int,
+        takes: list[Callable[[int, bool], bool]],
+        stream_ids: list[int],
+        draws: list[Any],
+        tokens_left: int,
+    ) -> tuple[int, int, list[int]] | None:
+        """decode_many in drafted steps where the driver drafts these (greedy, drafting)
+        streams and finds it pays: (steps, depth, drafts landed per stream), else None and
+        nothing ran."""
+        ...
+
+    def step_seconds(self, b: int) -> float | None:
+        """A plain step's measured time for b sessions, None before any."""
         ...

@@ -241,6 +241,32 @@ class LoneDriver:
                     self._give_up(err)
         return len(self.graphs)
 
+    def decode_drafted(
+        self,
+        session_ids: list[int],
+        tokens: list[int],
+        positions: list[int],
+        budget: int,
+        room: int,
+        takes: list[Callable[[int, bool], bool]],
+        stream_ids: list[int],
+        draws: list,
+        tokens_left: int,
+    ) -> tuple[int, int, list[int]] | None:
+        """decode_many in drafted steps (runner/lone_draft.py) where this driver drafts (an
+        MTP head, drafting on) and Drafting.choose says they pay: (steps, depth, drafts
+        landed per session); None when plain steps should run (nothing ran)."""
+        drafting = self.drafting
+        if drafting is None or self.drafter is None or not self.drafter.enabled:
+            return None
+        depth = drafting.choose(session_ids, tokens_left)
+        if not depth:
+            return None
+        steps = drafting.decode(
+            session_ids, tokens, positions, budget, room, takes, stream_ids, draws
+        )
+        return None if steps is None else (steps, depth, list(drafting.landed))
+
     def step_seconds(self, b: int) -> float | None:
         """A plain step's measured wall time for b sessions (the nearest count measured
         stands in), None before any."""
