@@ -130,6 +130,23 @@ def test_auto_caps_at_16_and_serves_one_reply_when_fewer_than_two_fit() -> None:
     assert "--memory-limit-gb" in str(err.value)
 
 
+def test_auto_plans_up_to_256_sessions_on_a_gpu() -> None:
+    """A GPU's auto plan holds as many sessions as fit, up to 256 (the lone driver's step
+    graphs take any number); the CPU's stays at 16."""
+    # the GPU's workspace (element sizes, activations) differs: fit for it, cap from there
+    room = 400 * session_bytes(TINY, 512, 2, 4)
+    roomy = plan(TINY, device="cuda", limit_bytes=room + 2 * GIB, weight_bytes=0, max_rows=16)
+    assert roomy.num_sessions == 256
+    one = roomy.session_bytes[0]
+    fixed = roomy.limit_bytes - roomy.budget_bytes  # weights, workspace, prompt cache
+    some = plan(
+        TINY, device="cuda", limit_bytes=fixed + int(100.5 * one), weight_bytes=0, max_rows=16
+    )
+    assert some.num_sessions == 100
+    cpu = plan(TINY, device="cpu", limit_bytes=room + 2 * GIB, weight_bytes=0, max_rows=16)
+    assert cpu.num_sessions == 16
+
+
 def test_given_sizes_meet_the_same_ceiling() -> None:
     limit = _limit(TINY, 0, 2.5)
     assert plan(TINY, device="cpu", limit_bytes=limit, weight_bytes=0, max_rows=16,
