@@ -74,7 +74,8 @@ class LaneHost:
         self.backend = backend
         self.lone = lone
         # Set by a caller that takes requests while the host runs (the engine thread): True
-        # when work waits, so a lone stream goes back to shared rounds after its next step.
+        # when work waits, so a lone call ends after its next step and the next round admits
+        # the work (its prompt pieces then run beside the lone steps).
         self.interrupted: Callable[[], bool] = lambda: False
         self.config = config
         self.rules = rules

@@ -62,8 +62,8 @@ class AsyncEngine:
         self.chat_template_kwargs = self.config.chat_template_kwargs
         self.eos_token_ids = sorted(e.host.rules.eos_ids)
         self._inbox: queue.Queue = queue.Queue()
-        # a lone stream returns to shared rounds after its next step when requests or aborts
-        # wait in the inbox, instead of after its lone driver's whole call
+        # a lone call ends after its next step when requests or aborts wait in the inbox,
+        # instead of after its whole budget
         e.host.interrupted = lambda: not self._inbox.empty()
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         # cumulative; the per-request ones are counted when a request ends
