@@ -32,12 +32,7 @@ def decode_round_bytes(cfg: ModelConfig, rows: int, context: int, weight_bytes: 
     embed_rows = rows * cfg.hidden_size
     ple_rows = rows * len(cfg.ple_layer_ids) * cfg.ple_embed_dim
     state = rows * census.state_bytes_per_stream(cfg) * 2  # read and written
-    # a sparse layer reads its selected keys (all of them up to the budget), a full one all
-    kv = (
-        rows
-        * context
-        * (census.kv_bytes_per_token(cfg) + census.indexer_bytes_per_block(cfg) / cfg.indexer_block)
-    )
+    kv = rows * attention_bytes(cfg, context)
     parts = {
         "weights": (dense + experts + embed_rows + ple_rows) * weight_bytes,
         "state": state,
@@ -45,6 +40,19 @@ def decode_round_bytes(cfg: ModelConfig, rows: int, context: int, weight_bytes: 
     }
     parts["total"] = sum(parts.values())
     return parts
+
+
+def attention_bytes(cfg: ModelConfig, context: int, cache_bytes: int = 2) -> int:
+    """What one row's attention layers read at `context` positions: a sparse layer scores
+    every complete block's pooled indexer key, pools its current block again from that
+    block's raw keys, and reads K and V of the keys it selects (all of them up to its budget,
+    indexer_top_blocks blocks); a full (gated) layer reads K and V of every key."""
+    kv_token = 2 * cfg.num_kv_heads * cfg.head_dim * cache_bytes  # K and V, one layer
+    block, key = cfg.indexer_block, cfg.indexer_head_dim * cache_bytes
+    budget = cfg.indexer_top_blocks * block
+    sparse = min(context, budget) * kv_token + (context // block) * key + min(context, block) * key
+    full = context * kv_token
+    return cfg.layer_types.count("sparse") * sparse + cfg.layer_types.count("full") * full
 
 
 def prefill_flops(cfg: ModelConfig, tokens: int) -> float:

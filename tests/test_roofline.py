@@ -6,7 +6,7 @@ import pytest
 from flashlane.models import census
 from flashlane.models.config import ModelConfig
 from flashlane.models.presets import preset
-from flashlane.roofline import decode_round_bytes, expected_experts, prefill_flops
+from flashlane.roofline import attention_bytes, decode_round_bytes, expected_experts, prefill_flops
 
 
 @pytest.fixture(scope="module")
@@ -39,3 +39,33 @@ def test_prefill_flops_are_two_per_active_weight_plus_attention(cfg):
     assert dense_part < got < dense_part * 1.1
     # past the indexer budget, attention grows linearly, not quadratically
     assert prefill_flops(cfg, 16384) < 9 * prefill_flops(cfg, 2048)
+
+
+def test_a_sparse_layer_reads_its_budget_of_keys_and_every_pooled_key(cfg):
+    """Issue 29: at 16k a sparse layer reads K and V of its 2,048 selected keys (not all
+    16,384), every block's pooled indexer key (4,096 blocks of 4) and its current block's raw
+    keys; below the budget it reads every key. Four rows read four times one row."""
+    sparse = cfg.layer_types.count("sparse")
+    assert sparse > 0 and cfg.layer_types.count("full") == 0
+    kv_token = 2 * cfg.num_kv_heads * cfg.head_dim * 2
+    key = cfg.indexer_head_dim * 2
+    budget = cfg.indexer_top_blocks * cfg.indexer_block
+    assert budget == 2048
+    assert attention_bytes(cfg, 16384) == sparse * (
+        2048 * kv_token + (16384 // cfg.indexer_block) * key + cfg.indexer_block * key
+    )
+    assert attention_bytes(cfg, 1000) == sparse * (
+        1000 * kv_token + (1000 // cfg.indexer_block) * key + cfg.indexer_block * key
+    )
+    assert decode_round_bytes(cfg, 4, 16384)["kv"] == 4 * attention_bytes(cfg, 16384)
+    # past the budget only the pooled keys grow
+    grow = attention_bytes(cfg, 65536) - attention_bytes(cfg, 16384)
+    assert grow == sparse * (65536 - 16384) // cfg.indexer_block * key
+
+
+def test_full_attention_reads_every_key():
+    qwen = ModelConfig.from_hf(preset("qwen3-next-12l"))
+    full = qwen.layer_types.count("full")
+    assert full > 0 and qwen.layer_types.count("sparse") == 0
+    kv_token = 2 * qwen.num_kv_heads * qwen.head_dim * 2
+    assert attention_bytes(qwen, 16384) == full * 16384 * kv_token
