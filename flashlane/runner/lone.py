@@ -40,7 +40,7 @@ import torch
 from flashlane.models.flashnext import FlashNext
 from flashlane.models.state import SessionState
 from flashlane.runner.graphs import bucket_of, buckets
-from flashlane.runner.lone_buffers import RING, SizeTables, StepBuffers, posts_to_pinned
+from flashlane.runner.lone_buffers import RING, SizeTables, StepBuffers, evictable, posts_to_pinned
 from flashlane.runner.lone_step import session_tables, step
 from flashlane.sampling.lone_draw import KeyedDraw, keyed_specs
 
@@ -92,11 +92,8 @@ class LoneDriver:
         self.widest = 0  # the most sessions one call has decoded together
         # a landed step's wall time in ms, by (sessions, depth): what drafting weighs
         self.step_ms: dict[tuple[int, int], float] = {}
-        # plain steps run in batches of `sizes` rows (1, 2, 4, ... sessions): one graph per
-        # size (and keyed draw shape) serves any sessions, named by tables of offsets from
-        # the anchor's buffers (the largest session: attention spans its capacity), copied
-        # in before the steps; rows past the streams' decode the pad session, which no
-        # stream reads (every op is row-invariant, so the streams' bits are theirs alone)
+        # plain steps run in batches of `sizes` rows, one graph per size (and keyed draw
+        # shape) for any sessions, named by size_tables (runner/lone_buffers.py)
         self.sizes = buckets(len(sessions)) if sessions else [1]
         self.size_tables = (
             SizeTables(model.cfg, sessions, max_steps, self.device)
@@ -253,9 +250,8 @@ class LoneDriver:
         draws: list,
         tokens_left: int,
     ) -> tuple[int, int, list[int]] | None:
-        """decode_many in drafted steps (runner/lone_draft.py) where this driver drafts (an
-        MTP head, drafting on) and Drafting.choose says they pay: (steps, depth, drafts
-        landed per session); None when plain steps should run (nothing ran)."""
+        """decode_many in drafted steps (runner/lone_draft.py) where Drafting.choose says they
+        pay: (steps, depth, drafts landed per session); None: plain steps (nothing ran)."""
         drafting = self.drafting
         if drafting is None or self.drafter is None or not self.drafter.enabled:
             return None
@@ -275,10 +271,6 @@ class LoneDriver:
             return None
         near = min(measured, key=lambda n: (abs(n - b), n))
         return self.step_ms[(near, 0)] / 1e3
-
-    def has_plain_graph(self, b: int) -> bool:
-        """Whether a greedy plain step of b sessions has its graph (its size's)."""
-        return ("size", bucket_of(b, self.sizes) or b) in self.graphs
 
     @property
     def posts(self) -> bool:
@@ -333,7 +325,7 @@ class LoneDriver:
         key = io.key(ids)
         graph = self.graphs.get(key)
         if graph is None:
-            tuples = [k for k in self.graphs if _evictable(k)]
+            tuples = [k for k in self.graphs if evictable(k)]
             if len(key) > 1 and len(tuples) >= MAX_TUPLES:
                 del self.graphs[tuples[0]]  # dicts keep insertion order: the oldest
                 self.tables.pop(tuples[0], None)
@@ -402,8 +394,3 @@ class LoneDriver:
         if table is not None:
             table.copy_(loaded)
         io.warm = True
-
-
-def _evictable(key: tuple) -> bool:
-    """A graph of a tuple of several sessions (drafted steps'): not one of a size's."""
-    return key[0] == "draft" or (isinstance(key[0], int) and len(key) > 1)

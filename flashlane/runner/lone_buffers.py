@@ -21,7 +21,7 @@ from flashlane.models.state import TABLE_WIDTH, SessionState
 from flashlane.runner.lone_step import session_tables, step
 from flashlane.sampling.lone_draw import KeyedDraw
 
-__all__ = ["MAX_TABLES", "RING", "SizeTables", "StepBuffers", "posts_to_pinned"]
+__all__ = ["MAX_TABLES", "RING", "SizeTables", "StepBuffers", "evictable", "posts_to_pinned"]
 
 RING = 4  # landed tokens waiting to be read (two in flight need two)
 MAX_TABLES = 1024  # the session tables of plain steps kept on the host, by tuple of sessions
@@ -59,6 +59,12 @@ class SizeTables:
             table = torch.stack(list(session_tables(rows, self.anchor, host=True).values()))
             table = self.host[ids] = table.pin_memory() if self.pinned else table
         return table
+
+
+def evictable(key: tuple) -> bool:
+    """Whether a step graph's key is a tuple of several sessions' (drafted steps', kept up to
+    MAX_TUPLES) rather than a size's (StepBuffers.key), which stays."""
+    return key[0] == "draft" or (isinstance(key[0], int) and len(key) > 1)
 
 
 def posts_to_pinned(model: FlashNext, device: torch.device) -> bool:

@@ -31,6 +31,7 @@ from flashlane.models.flashnext import FlashNext
 from flashlane.models.rows import copy_all
 from flashlane.models.state import SessionState, attn_table
 from flashlane.runner import lone, lone_step
+from flashlane.runner.graphs import bucket_of
 from flashlane.runner.lone_buffers import RING
 
 DEPTH = 2  # drafts a drafted step carries (the embedded model lands ~3 in 4 at depth 1)
@@ -80,7 +81,8 @@ class Drafting:
 
     def _has_graph(self, ids: list[int], depth: int) -> bool:
         if not depth:
-            return self.driver.has_plain_graph(len(ids))
+            drv = self.driver  # plain steps: their size's graph
+            return ("size", bucket_of(len(ids), drv.sizes) or len(ids)) in drv.graphs
         return ("draft", depth, *ids) in self.driver.graphs
 
     def _better(self, b: int) -> int:

@@ -14,7 +14,8 @@ from flashlane.request import SamplingParams
 from flashlane.runner.backend import copy_session
 from flashlane.runner.lone import LoneDriver
 from tests.gpu.test_exact_gpu import gpu_model, new_session, prefilled, prompts, run_windows  # noqa: F401
-from tests.runner.test_lone import assert_same_states, churn
+from tests.runner.test_lone import assert_same_states
+from tests.runner.test_lone_beside import churn
 
 pytestmark = [
     pytest.mark.cuda,
@@ -96,7 +97,7 @@ def test_engine_replies_lone_and_shared_agree(tiny_ckpt):
 
 
 def test_replies_under_churn_equal_each_alone(tiny_ckpt):
-    """Issue 28's churn gate on the GPU (tests/runner/test_lone.py `churn`): requests
+    """Issue 28's churn gate on the GPU (tests/runner/test_lone_beside.py `churn`): requests
     arriving every few rounds while others decode and end, greedy and seeded, drafting on for
     most, on five sessions: every reply equals the same request alone. The lone driver takes
     the decoders beside the prompt pieces, in its graphs of every size."""
