@@ -122,7 +122,6 @@ class LoneDriving(Protocol):
         takes: list[Callable[[int, bool], bool]],
         stream_ids: list[int],
         draws: list[Any],
-        tokens_left: int,
     ) -> tuple[int, int, list[int]] | None:
         """decode_many in drafted steps where the driver drafts these (greedy, drafting)
         streams and finds it pays: (steps, depth, drafts landed per stream), else None and

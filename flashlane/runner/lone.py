@@ -40,23 +40,21 @@ import torch
 from flashlane.models.flashnext import FlashNext
 from flashlane.models.state import SessionState
 from flashlane.runner.graphs import bucket_of, buckets
-from flashlane.runner.lone_buffers import RING, SizeTables, StepBuffers, evictable, posts_to_pinned
+from flashlane.runner.lone_buffers import RING, SizeTables, StepBuffers, posts_to_pinned
 from flashlane.runner.lone_step import session_tables, step
 from flashlane.sampling.lone_draw import KeyedDraw, keyed_specs
 
 __all__ = ["LoneDriver", "session_tables", "step"]
 
-# drafted steps' graphs of several sessions kept (the oldest goes; one-session graphs stay):
-# streams of a batch that end at different steps leave a tuple each (32 thrashed at 16)
-MAX_TUPLES = 128
 # a drafting stream's cells queued for its MTP head past which its head absorbs them (a stream
 # that stays on the driver would queue a residual row per token for the whole reply)
 MAX_WAITING = 256
 
 
 class LoneDriver:
-    """Runs `step` for one session, or a few together, graphed on CUDA (one graph per tuple
-    of sessions), with two steps in flight (one for calls with a top_p stream)."""
+    """Runs `step` for one session, or several together, graphed on CUDA (one graph per
+    batch size, plain and drafted), with two steps in flight (one for calls with a top_p
+    stream)."""
 
     def __init__(
         self,
@@ -76,13 +74,13 @@ class LoneDriver:
         # on the CPU; tests/gpu/test_lone_sampled_gpu.py passed on the H200 2026-11-30);
         # FLASHLANE_LONE_SAMPLED=0 holds them to shared rounds
         self.sampled = os.environ.get("FLASHLANE_LONE_SAMPLED", "1") == "1"
-        self.use_graphs = graphs and self.is_cuda
+        # graphs name the sessions through size tables (no sessions: nothing to step)
+        self.use_graphs = graphs and self.is_cuda and bool(sessions)
         self.events = [torch.cuda.Event() for _ in range(RING)] if self.is_cuda else []
         self._posts: bool | None = None  # `posts`, found with the first buffers
         # per (sessions, depth, keyed): static buffers
         self.io: dict[tuple[int, int, bool], StepBuffers] = {}
-        self.graphs: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}  # session ids -> step
-        self.tables: dict[tuple[int, ...], dict] = {}  # a graph's session_tables, while it lives
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # io.key() -> its step, by size
         # one memory pool for every graph: they never run at once, and a step's results go to
         # the static buffers, so no replay overwrites memory in use
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
@@ -92,19 +90,18 @@ class LoneDriver:
         self.widest = 0  # the most sessions one call has decoded together
         # a landed step's wall time in ms, by (sessions, depth): what drafting weighs
         self.step_ms: dict[tuple[int, int], float] = {}
-        # plain steps run in batches of `sizes` rows, one graph per size (and keyed draw
-        # shape) for any sessions, named by size_tables (runner/lone_buffers.py)
-        self.sizes = buckets(len(sessions)) if sessions else [1]
-        self.size_tables = (
-            SizeTables(model.cfg, sessions, max_steps, self.device)
-            if self.use_graphs and sessions
-            else None
-        )
         self.drafting = None  # drafted steps (runner/lone_draft.py), with an MTP head
         if drafter is not None and model.mtp is not None:
             from flashlane.runner.lone_draft import Drafting
 
             self.drafting = Drafting(self)
+        # steps run in batches of `sizes` rows, one graph per size (plain, drafted, keyed
+        # draw shape) for any sessions, named by size_tables (runner/lone_buffers.py)
+        self.sizes = buckets(len(sessions)) if sessions else [1]
+        reach = max_steps * (1 + (self.drafting.depth if self.drafting else 0))
+        self.size_tables = (
+            SizeTables(model.cfg, sessions, reach, self.device) if self.use_graphs else None
+        )
 
     def decode(
         self,
@@ -226,11 +223,15 @@ class LoneDriver:
         return launched
 
     def capture_all(self) -> int:
-        """Capture the greedy step of every size now (engine start), so no greedy request
-        pays a capture; returns how many graphs there are. If a capture fails, lone steps
-        run eagerly (same bits, more launches) and `failed` says why."""
-        for size in self.sizes:
-            io = self.buffers(size)
+        """Capture the greedy step of every size now (engine start), and the drafted step of
+        every size that drafts (lone_draft.EAGER_SIZES), so no greedy request pays a capture;
+        returns how many graphs there are. If a capture fails, lone steps run eagerly (same
+        bits, more launches) and `failed` says why."""
+        kinds = [(size, 0) for size in self.sizes]
+        if self.drafting is not None:
+            kinds += [(size, self.drafting.depth) for size in self.drafting.eager_sizes()]
+        for size, depth in kinds:
+            io = self.buffers(size, depth)
             if self.use_graphs and io.key(()) not in self.graphs:
                 try:
                     self.graphs[io.key(())] = self._capture((), io)
@@ -248,14 +249,13 @@ class LoneDriver:
         takes: list[Callable[[int, bool], bool]],
         stream_ids: list[int],
         draws: list,
-        tokens_left: int,
     ) -> tuple[int, int, list[int]] | None:
         """decode_many in drafted steps (runner/lone_draft.py) where Drafting.choose says they
         pay: (steps, depth, drafts landed per session); None: plain steps (nothing ran)."""
         drafting = self.drafting
         if drafting is None or self.drafter is None or not self.drafter.enabled:
             return None
-        depth = drafting.choose(session_ids, tokens_left)
+        depth = drafting.choose(session_ids)
         if not depth:
             return None
         steps = drafting.decode(
@@ -283,9 +283,9 @@ class LoneDriver:
 
     def buffers(self, b: int, depth: int = 0, keyed: bool = False):
         """The static buffers of a step of b sessions (depth > 0: a drafted step's; keyed: a
-        plain step's with the keyed draw). A graphed plain step's are those of the smallest
-        size that holds b rows (`io.size`), with the session tables every size shares."""
-        if not depth and self.use_graphs:
+        plain step's with the keyed draw). A graphed step's are those of the smallest size
+        that holds b rows (`io.size`), with the session tables every size shares."""
+        if self.use_graphs:
             b = bucket_of(b, self.sizes) or b
         if (b, depth, keyed) not in self.io:
             width = self.model.cfg.hc_count * self.model.cfg.hidden_size
@@ -293,6 +293,9 @@ class LoneDriver:
                 from flashlane.runner.lone_draft import DraftBuffers
 
                 io = DraftBuffers(b, depth, width, self.model.dtype, self.device)
+                if self.size_tables is not None:
+                    io.table = self.size_tables.device_table(b, drafted=True)
+                    io.table_keys = self.size_tables.draft_keys
             else:
                 draw = KeyedDraw(b, self.model.cfg.vocab_size, self.device) if keyed else None
                 io = StepBuffers(b, self.max_steps, width, self.model.dtype, self.device, draw)
@@ -325,10 +328,6 @@ class LoneDriver:
         key = io.key(ids)
         graph = self.graphs.get(key)
         if graph is None:
-            tuples = [k for k in self.graphs if evictable(k)]
-            if len(key) > 1 and len(tuples) >= MAX_TUPLES:
-                del self.graphs[tuples[0]]  # dicts keep insertion order: the oldest
-                self.tables.pop(tuples[0], None)
             try:
                 graph = self.graphs[key] = self._capture(ids, io)
             except Exception as err:  # a step that cannot be captured runs eagerly from now on
@@ -339,27 +338,21 @@ class LoneDriver:
     def _give_up(self, err: Exception) -> None:
         self.use_graphs, self.failed = False, f"{type(err).__name__}: {err}"
         self.graphs.clear()
-        self.tables.clear()
         torch.cuda.synchronize()
 
-    def _step(self, ids: tuple[int, ...], io: StepBuffers, sessions=None) -> None:
-        if getattr(io, "table", None) is not None:  # any sessions, named by io.table
+    def _step(self, ids: tuple[int, ...], io: StepBuffers) -> None:
+        if io.table is not None:  # any sessions, named by io.table from the anchor
             io.step(self.model, [self.size_tables.anchor] * io.size, io.tables())
-            return
-        tables = io.tables(sessions) if sessions else self.tables.get(io.key(ids))
-        io.step(self.model, sessions or [self.sessions[i] for i in ids], tables)
+        else:  # eager: the kernels make the sessions' tables
+            io.step(self.model, [self.sessions[i] for i in ids], None)
 
     def _capture(self, ids: tuple[int, ...], io: StepBuffers) -> torch.cuda.CUDAGraph:
-        """Capture the sessions' step (a capture records work: they are not touched). Before
-        the first capture of this many sessions one step runs on small scratch sessions, so
-        that every kernel is compiled and the allocator warm (no kernel is specialised on a
-        session's capacity)."""
+        """Capture a step of io's size (a capture records work: no session is touched).
+        Before the first capture of a size one step runs outside it on the pad session, so
+        that every kernel is compiled and the allocator warm."""
         t = time.perf_counter()
         if not io.warm:
             self._warm(ids, io)
-        if getattr(io, "table", None) is None:
-            # the step's session tables are copied to the device now, not inside the capture
-            self.tables[io.key(ids)] = io.tables([self.sessions[i] for i in ids])
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             self._step(ids, io)
@@ -367,30 +360,19 @@ class LoneDriver:
         return graph
 
     def _warm(self, ids: tuple[int, ...], io: StepBuffers) -> None:
-        cfg = self.model.cfg
-        table = getattr(io, "table", None)
-        if table is None:
-            like = self.sessions[ids[0]]
-            capacity = min(like.capacity, 2 * cfg.indexer_block)
-            scratch = [
-                SessionState.empty(
-                    cfg, capacity, like.attn_dtype(), like.state_dtype(), self.device
-                )
-                for _ in ids
-            ]
-        else:  # every row the pad session's (the call's tables are put back after)
-            loaded = table.clone()
-            table.copy_(self.size_tables.of((), io.size))
+        """One step with every row the pad session's; io's inputs and the call's tables are
+        put back after."""
+        loaded = io.table.clone()
+        io.table.copy_(self.size_tables.of((), io.size, drafted=io.depth > 0))
         saved = [x.clone() for x in io.inputs()]
         for x in io.inputs():
             x.zero_()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._step(ids, io, None if table is not None else scratch)
+            self._step(ids, io)
         torch.cuda.current_stream().wait_stream(side)
         for live, value in zip(io.inputs(), saved):
             live.copy_(value)
-        if table is not None:
-            table.copy_(loaded)
+        io.table.copy_(loaded)
         io.warm = True

@@ -21,50 +21,51 @@ from flashlane.models.state import TABLE_WIDTH, SessionState
 from flashlane.runner.lone_step import session_tables, step
 from flashlane.sampling.lone_draw import KeyedDraw
 
-__all__ = ["MAX_TABLES", "RING", "SizeTables", "StepBuffers", "evictable", "posts_to_pinned"]
+__all__ = ["MAX_TABLES", "RING", "SizeTables", "StepBuffers", "posts_to_pinned"]
 
 RING = 4  # landed tokens waiting to be read (two in flight need two)
 MAX_TABLES = 1024  # the session tables of plain steps kept on the host, by tuple of sessions
 
 
 class SizeTables:
-    """The anchor (the largest session), the pad session, and the host's tables of plain
-    steps by tuple of sessions."""
+    """The anchor (the largest session), the pad session, and the host's tables of steps by
+    tuple of sessions: a plain step's (`keys`), a drafted step's (`draft_keys`: the MTP
+    head's caches too)."""
 
     def __init__(
-        self, cfg: ModelConfig, sessions: list[SessionState], max_steps: int, device: torch.device
+        self, cfg: ModelConfig, sessions: list[SessionState], reach: int, device: torch.device
     ):
+        """reach: the positions one call may move a pad row on (its steps' tokens)."""
         self.sessions, self.device, self.pinned = sessions, device, device.type == "cuda"
         self.anchor = like = max(sessions, key=lambda s: s.capacity)
         # room for a call's steps from position 0
         block = cfg.indexer_block
-        capacity = max(2, -(-(max_steps + 1) // block)) * block
+        capacity = max(2, -(-(reach + 1) // block)) * block
         self.pad = SessionState.empty(cfg, capacity, like.attn_dtype(), like.state_dtype(), device)
         self.keys = list(session_tables([self.anchor], self.anchor, host=True))
-        self.host: dict[tuple[int, ...], torch.Tensor] = {}
+        self.draft_keys = list(session_tables([self.anchor], self.anchor, host=True, mtp=True))
+        self.host: dict[tuple, torch.Tensor] = {}
 
-    def device_table(self, size: int) -> torch.Tensor:
-        """A step's table buffer of `size` rows [layers, size, TABLE_WIDTH] (by `keys`)."""
-        return torch.zeros(len(self.keys), size, TABLE_WIDTH, dtype=torch.long, device=self.device)
+    def device_table(self, size: int, drafted: bool = False) -> torch.Tensor:
+        """A step's table buffer of `size` rows [layers, size, TABLE_WIDTH] (by `keys`, or
+        drafted: by `draft_keys`)."""
+        n = len(self.draft_keys if drafted else self.keys)
+        return torch.zeros(n, size, TABLE_WIDTH, dtype=torch.long, device=self.device)
 
-    def of(self, ids: tuple[int, ...], size: int) -> torch.Tensor:
-        """The tables of a plain step of these sessions padded to `size` rows, every layer's
+    def of(self, ids: tuple[int, ...], size: int, drafted: bool = False) -> torch.Tensor:
+        """The tables of a step of these sessions padded to `size` rows, every layer's
         stacked as `device_table` holds them, pinned; kept by tuple of sessions (a call's
         few milliseconds of offsets, made once)."""
-        table = self.host.get(ids)
-        if table is None or table.shape[1] != size:
+        key = (drafted, size, ids)
+        table = self.host.get(key)
+        if table is None:
             if len(self.host) >= MAX_TABLES:
                 self.host.clear()
             rows = [self.sessions[i] for i in ids] + [self.pad] * (size - len(ids))
-            table = torch.stack(list(session_tables(rows, self.anchor, host=True).values()))
-            table = self.host[ids] = table.pin_memory() if self.pinned else table
+            tables = session_tables(rows, self.anchor, host=True, mtp=drafted)
+            table = torch.stack(list(tables.values()))
+            table = self.host[key] = table.pin_memory() if self.pinned else table
         return table
-
-
-def evictable(key: tuple) -> bool:
-    """Whether a step graph's key is a tuple of several sessions' (drafted steps', kept up to
-    MAX_TUPLES) rather than a size's (StepBuffers.key), which stays."""
-    return key[0] == "draft" or (isinstance(key[0], int) and len(key) > 1)
 
 
 def posts_to_pinned(model: FlashNext, device: torch.device) -> bool:

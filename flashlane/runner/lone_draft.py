@@ -6,13 +6,16 @@ rows up to the first draft that differs from the draw before it (kept = 1..K+1),
 state after the last kept row, and moves the pending token and position on. Then the MTP
 head absorbs the window's cells (row i with the draw after it) and chains from the cell of
 the last kept row: K new drafts for the next step. No host value enters a step, so one CUDA
-graph per (K, sessions) replays it, two in flight, as plain lone steps do (runner/lone.py).
+graph per (K, batch size) replays it for any sessions, named by the size tables from the
+anchor session (runner/lone_buffers.py), two in flight, as plain lone steps do
+(runner/lone.py).
 
 Exactness: every op is the shared rounds' on the same rows. The window's rows write their
 keys at their own positions and attend through a table that names their session once per
 row (kernels.attend_sessions: each row reads its own length); the recurrent rule runs the
-window's rows from the session's state and keeps the state after each, so the commit is an
-index (`_commit`); conv windows and PLE ids are the inputs' tails from the kept length on.
+window's rows from the session's state (gathered through the table) and keeps the state after
+each, so the commit is an index put back in place (`_commit`); conv windows and PLE ids are
+the inputs' tails from the kept length on.
 Rows past the kept ones leave keys beyond the length (written over before any row reads
 them) and cells in the MTP cache past its own (likewise). The drafts steer only how many
 rows a step keeps: the kept tokens are the greedy draws of the target, so a reply is the
@@ -29,19 +32,18 @@ from flashlane.drafting.mtp import Waiting
 from flashlane.lanes.stream import DraftStats
 from flashlane.models.flashnext import FlashNext
 from flashlane.models.rows import copy_all
-from flashlane.models.state import SessionState, attn_table
+from flashlane.models.state import GDN_CONV_COLUMN, PLE_IDS_COLUMN, SessionState
 from flashlane.runner import lone, lone_step
-from flashlane.runner.graphs import bucket_of
 from flashlane.runner.lone_buffers import RING
 
 DEPTH = 2  # drafts a drafted step carries (the embedded model lands ~3 in 4 at depth 1)
 PROBE_EVERY = 8  # calls between tries of the kind measured slower
-# tokens every stream of several must have left for a call to capture a graph of their tuple
-CAPTURE_TOKENS = 128
-# the most sessions a drafted step takes: drafted streams end at different steps, and each
-# tail of the batch is a tuple of sessions with a graph of its own to capture (the embedded
-# model on the H200, 256-token replies: drafts on 1.25x off at 4 streams, 0.85x at 16)
-MAX_STREAMS = 4
+# the most sessions a drafted step takes: past it a step's B*(K+1) rows read most experts
+# (plain steps are measured to win there), and each size is one more graph to capture
+MAX_STREAMS = 16
+# drafted steps of up to this many sessions are captured at engine start; larger ones when
+# first chosen
+EAGER_STREAMS = 4
 
 
 class Drafting:
@@ -60,30 +62,19 @@ class Drafting:
         # there (with these streams or a few of them) takes them over without the host
         self.carry: dict[int, tuple[tuple[int, int, int], DraftBuffers, int]] = {}
 
-    def choose(self, ids: list[int], tokens_left: int = CAPTURE_TOKENS) -> int:
+    def choose(self, ids: list[int]) -> int:
         """The depth, or 0 (plain steps), for a call of these sessions: drafts while a
-        drafted step's expected tokens per ms beat a plain step's, both measured
-        (driver.step_ms); the kind measured slower is tried again every PROBE_EVERY calls
-        (landing drifts with the text). Where the sessions have a graph of one kind and not
-        the other, and some stream has fewer than CAPTURE_TOKENS `tokens_left`, that kind
-        runs: a batch's tail may not come again as this tuple of sessions, and a capture
-        costs more than its steps would save (seen: drafts on 0.79x off at 16 streams,
-        probes in the tails capturing; one stream's 64-token replies, each on a session
-        whose drafted graph was new, 0.97x). More than MAX_STREAMS: plain steps."""
+        drafted step's expected tokens per ms beat a plain step's, both measured as the
+        steps run (driver.step_ms); the kind measured slower is tried again every
+        PROBE_EVERY calls (landing drifts with the text). More than MAX_STREAMS: plain."""
         self.num_calls += 1
         if len(ids) > MAX_STREAMS:
             return 0
-        choice = self._better(len(ids))
-        if self.driver.use_graphs and tokens_left < CAPTURE_TOKENS:
-            ready = [d for d in (choice, self.depth - choice) if self._has_graph(ids, d)]
-            choice = ready[0] if len(ready) == 1 else choice
-        return choice
+        return self._better(len(ids))
 
-    def _has_graph(self, ids: list[int], depth: int) -> bool:
-        if not depth:
-            drv = self.driver  # plain steps: their size's graph
-            return ("size", bucket_of(len(ids), drv.sizes) or len(ids)) in drv.graphs
-        return ("draft", depth, *ids) in self.driver.graphs
+    def eager_sizes(self) -> list[int]:
+        """The sizes whose drafted step is captured at engine start."""
+        return [n for n in self.driver.sizes if n <= EAGER_STREAMS]
 
     def _better(self, b: int) -> int:
         measured = {n for n, d in self.driver.step_ms if d == 0}
@@ -119,16 +110,21 @@ class Drafting:
         drv, depth = self.driver, self.depth
         t = depth + 1
         budget = min(budget, room // t, drv.max_steps)
+        if drv.size_tables is not None:  # the pad rows' room, from position 0
+            budget = min(budget, drv.size_tables.pad.capacity // t - 1)
         if budget <= 0:
             return None
-        io = drv.buffers(len(ids), depth)
+        b = len(ids)
+        io = drv.buffers(b, depth)
+        if io.table is not None:  # rows past b: the pad session's
+            io.table.copy_(drv.size_tables.of(tuple(ids), io.size, drafted=True), non_blocking=True)
         self._load(io, ids, tokens, positions, stream_ids, draws)
-        kept, last = [0] * len(ids), list(tokens)
-        self.landed = [0] * len(ids)
+        kept, last = [0] * b, list(tokens)
+        self.landed = [0] * b
 
         def land(rows: list[list[int]]) -> bool:
             going = True
-            for i, row in enumerate(rows):
+            for i, row in enumerate(rows[:b]):
                 n = row[2 * t]
                 self.stats.record([1.0] * depth, n - 1)
                 self.num_drafted += depth
@@ -154,7 +150,7 @@ class Drafting:
         drafted call's carry, copied on the device; else from the host (the host drafter's
         chain for the first drafts)."""
         drv, carry = self.driver, [self.carry.get(sid) for sid in stream_ids]
-        where = list(zip(ids, positions, tokens))
+        b, where = len(ids), list(zip(ids, positions, tokens))
         if all(
             c is not None and c[0] == w and c[1].depth == io.depth for c, w in zip(carry, where)
         ):
@@ -163,10 +159,13 @@ class Drafting:
                 for i, (_, src, row) in enumerate(carry):
                     for dst, x in zip(io.inputs(), froms[id(src)]):
                         dst[i].copy_(x[row])
+            for x in io.inputs():  # the pad rows from position 0 again
+                x[b:].zero_()
             self.num_carried += 1
             return
-        first = self._first_drafts(ids, stream_ids, draws)
-        pinned = torch.tensor([tokens, positions], pin_memory=drv.is_cuda)
+        first = self._first_drafts(ids, stream_ids, draws) + [[0] * self.depth] * (io.size - b)
+        pad = [0] * (io.size - b)
+        pinned = torch.tensor([[*tokens, *pad], [*positions, *pad]], pin_memory=drv.is_cuda)
         io.tok.copy_(pinned[0], non_blocking=True)
         io.pos.copy_(pinned[1], non_blocking=True)
         io.drafts.copy_(torch.tensor(first, pin_memory=drv.is_cuda), non_blocking=True)
@@ -195,14 +194,18 @@ class Drafting:
 
 
 class DraftBuffers:
-    """A drafted step's static inputs and outputs for B sessions at depth K: tok [B], drafts
-    [B, K], pos [B]; out [B, 2T+1] (T = K+1): the T draws, their finite flags, the kept
-    count; last [B, hc*H] the last kept row's residual (the MTP's cell at the hand-off)."""
+    """A drafted step's static inputs and outputs for B sessions (`size`) at depth K: tok
+    [B], drafts [B, K], pos [B]; out [B, 2T+1] (T = K+1): the T draws, their finite flags,
+    the kept count; last [B, hc*H] the last kept row's residual (the MTP's cell at the
+    hand-off). Graphed: `table` [keys, B, TABLE_WIDTH] names the sessions from the anchor
+    (runner/lone_buffers.SizeTables, `draft_keys`), written before a call."""
 
     def __init__(self, b: int, depth: int, width: int, dtype, device: torch.device):
         on = dict(dtype=torch.long, device=device)
         t = depth + 1
-        self.depth = depth
+        self.size, self.depth = b, depth
+        self.table: torch.Tensor | None = None
+        self.table_keys: list = []
         self.tok, self.pos = torch.zeros(b, **on), torch.zeros(b, **on)
         self.drafts = torch.zeros(b, depth, **on)
         self.offsets = torch.arange(t, **on)
@@ -214,79 +217,55 @@ class DraftBuffers:
         self.warm = False
 
     def key(self, ids: tuple[int, ...]) -> tuple:
-        return ("draft", self.depth, *ids)
+        return ("draft", self.depth, "size", self.size)
 
     def inputs(self) -> tuple[torch.Tensor, ...]:
         return self.tok, self.pos, self.drafts
 
-    def tables(self, sessions: list[SessionState]) -> dict:
-        return draft_tables(sessions, self.depth)
+    def tables(self) -> dict:
+        return dict(zip(self.table_keys, self.table))
 
     def step(self, model: FlashNext, sessions: list[SessionState], tables) -> None:
         draft_step(model, sessions, self, tables)
 
 
-def draft_tables(sessions: list[SessionState], depth: int) -> dict:
-    """The tables of a drafted step: each target and MTP attention layer's caches with every
-    session named once per window row ("w", idx) / ("mtp", j), and once per session for the
-    MTP chain ("chain", j; two sessions or more). Made before a capture, kept while the
-    graph lives."""
-    t = depth + 1
-    rows = [s for s in sessions for _ in range(t)]
-    out: dict = {("w", idx): attn_table([s.attn[idx] for s in rows]) for idx in sessions[0].attn}
-    for j in range(len(sessions[0].mtp)):
-        out[("mtp", j)] = attn_table([s.mtp[j] for s in rows])
-        if len(sessions) > 1:
-            out[("chain", j)] = attn_table([s.mtp[j] for s in sessions])
-    return out
-
-
 @torch.no_grad()
 def draft_step(
-    model: FlashNext, sessions: list[SessionState], io: DraftBuffers, tables: dict
+    model: FlashNext, sessions: list[SessionState], io: DraftBuffers, tables: dict | None
 ) -> None:
-    """One drafted step (module docstring) of io's sessions, reading and writing io
-    (`tables` from draft_tables; None: the kernels make their own, eager steps only)."""
+    """One drafted step (module docstring) of io's sessions, reading and writing io.
+    `tables`: lone_step.session_tables(..., mtp=True) of the sessions, one row each (the
+    window's rows get each session's row T times); None: the kernels make their own and the
+    states are stacked (eager steps)."""
     cfg, kernels = model.cfg, model.kernels
     tables = tables or {}
     b, k = io.drafts.shape
     t = k + 1
+
+    def rows_of(key):  # a session table with each session's row once per window row
+        table = tables.get(key)
+        return None if table is None else table[:, None].expand(-1, t, -1).reshape(b * t, -1)
+
     window = torch.cat([io.tok[:, None], io.drafts], dim=1)  # [B, T]
     at = (io.pos[:, None] + io.offsets).flatten()  # [B*T] each row's position
     r = model.embed_tokens(window.flatten()).repeat(1, cfg.hc_count)
     cos, sin = model.rotary.cos_sin(at, r.dtype)
-    pending = []  # (per-session states [B, ...], rows of the window [B, T+tail, ...] or None)
+    # (states, rows of the window [B, T+tail, ...] or None, states after each row or None,
+    # table, column): what _commit puts back
+    pending = []
     for idx, layer in enumerate(model.layers):
         if layer.ple is not None:
-            r = _ple(
-                layer.ple,
-                r.view(b, t, -1),
-                [s.ple[idx] for s in sessions],
-                window,
-                kernels,
-                pending,
-            )
+            states = [s.ple[idx] for s in sessions]
+            table = tables.get(("ple", idx))
+            r = _ple(layer.ple, r.view(b, t, -1), states, window, kernels, pending, table)
         a, w = layer.attn_hyper_connection.read(r)
         if layer.kind == "linear":
-            y = _gdn(
-                layer.linear_attn,
-                a.view(b, t, -1),
-                [s.gdn[idx] for s in sessions],
-                kernels,
-                pending,
-            )
+            states = [s.gdn[idx] for s in sessions]
+            y = _gdn(layer.linear_attn, a.view(b, t, -1), states, kernels, pending, tables.get(idx))
         else:
             caches = [s.attn[idx] for s in sessions for _ in range(t)]
             y = lone_step.attention_step(
-                layer.self_attn,
-                a,
-                caches,
-                at,
-                cos,
-                sin,
-                model.rotary,
-                kernels,
-                tables.get(("w", idx)),
+                layer.self_attn, a, caches, at, cos, sin, model.rotary, kernels, rows_of(idx)
             )
         r = layer.mlp_half(r, y, w, kernels)
     top, ids = model.logits(r).max(dim=1)  # the first maximum: ties to the lower id
@@ -295,64 +274,83 @@ def draft_step(
     kept = 1 + lands.long().cumprod(dim=1).sum(dim=1)  # [B] rows kept, 1..T
     last = kept - 1
     every = torch.arange(b, device=ids.device)
-    _commit(pending, kept, every)
+    _commit(pending, kept, every, kernels)
     io.out[:, :t] = ids
     io.out[:, t : 2 * t] = finite
     io.out[:, 2 * t] = kept
     io.last.copy_(r.view(b, t, -1)[every, last])
     io.tok.copy_(ids[every, last])
-    _draft_next(model, sessions, io, r, ids.flatten(), at, cos, sin, every * t + last, tables)
+    heads = range(len(model.mtp.layers))
+    mtp_tables = ([rows_of(("mtp", j)) for j in heads], [tables.get(("mtp", j)) for j in heads])
+    _draft_next(model, sessions, io, r, ids.flatten(), at, cos, sin, every * t + last, mtp_tables)
     io.pos.add_(kept)
 
 
-def _ple(ple, r3, states, window, kernels, pending) -> torch.Tensor:
-    history = torch.cat([lone_step.stacked([p.ids for p in states]), window], dim=1)
-    add, xfull = ple.stacked(r3, history, lone_step.stacked([p.conv for p in states]), kernels)
-    pending.append(([p.conv for p in states], xfull, None))
-    pending.append(([p.ids for p in states], history, None))
+def _gathered(kernels, tensors, table, column) -> torch.Tensor:
+    """The sessions' buffers stacked [B, ...]: through the table (the anchor's offsets), or
+    stacked as they are (one session: a view)."""
+    if table is None:
+        return lone_step.stacked(tensors)
+    return kernels.gather_sessions(tensors, table, column)
+
+
+def _ple(ple, r3, states, window, kernels, pending, table) -> torch.Tensor:
+    ids, conv = [p.ids for p in states], [p.conv for p in states]
+    history = torch.cat([_gathered(kernels, ids, table, PLE_IDS_COLUMN), window], dim=1)
+    add, xfull = ple.stacked(r3, history, _gathered(kernels, conv, table, 0), kernels)
+    pending.append((conv, xfull, None, table, 0))
+    pending.append((ids, history, None, table, PLE_IDS_COLUMN))
     return (r3 + add).flatten(0, 1)
 
 
-def _gdn(gdn, a3, states, kernels, pending) -> torch.Tensor:
+def _gdn(gdn, a3, states, kernels, pending, table) -> torch.Tensor:
     b, t = a3.shape[:2]
+    convs, recurrents = [g.conv for g in states], [g.recurrent for g in states]
     qkv, gate_a, gate_b, z = gdn.project(a3.flatten(0, 1))
     qkv, gate_a, gate_b = (x.unflatten(0, (b, t)) for x in (qkv, gate_a, gate_b))
-    q, k, v, xfull = gdn.conv_qkv(qkv, lone_step.stacked([g.conv for g in states]), kernels)
+    window = _gathered(kernels, convs, table, GDN_CONV_COLUMN)
+    q, k, v, xfull = gdn.conv_qkv(qkv, window, kernels)
     o, after = kernels.recurrent_gdn(
         q,
         k,
         v,
         None,
         None,
-        lone_step.stacked([g.recurrent for g in states]),
+        _gathered(kernels, recurrents, table, 0),
         gates=gdn.gates(gate_a, gate_b),
     )
-    pending.append(([g.conv for g in states], xfull, None))
-    pending.append(([g.recurrent for g in states], None, after))
+    pending.append((convs, xfull, None, table, GDN_CONV_COLUMN))
+    pending.append((recurrents, None, after, table, 0))
     return gdn.finish(o.flatten(0, 1), z)
 
 
-def _commit(pending, kept: torch.Tensor, every: torch.Tensor) -> None:
+def _commit(pending, kept: torch.Tensor, every: torch.Tensor, kernels) -> None:
     """Each session's state after its kept rows: a tail of inputs (conv windows, PLE ids)
-    from index kept on, or the recurrent state after row kept-1 (`every`: arange(B))."""
+    from index kept on, or the recurrent state after row kept-1 (`every`: arange(B)), put
+    back through the table where there is one."""
     dsts, srcs = [], []
-    for states, inputs, after in pending:
+    for states, inputs, after, table, column in pending:
         if after is not None:
             chosen = after[every, kept - 1]
         else:
             span = kept[:, None] + torch.arange(states[0].shape[0], device=kept.device)
             index = span.view(*span.shape, *[1] * (inputs.dim() - 2))
             chosen = inputs.gather(1, index.expand(-1, -1, *inputs.shape[2:]))
-        dsts += states
-        srcs += list(chosen.to(states[0].dtype))
+        if table is not None:
+            kernels.put_sessions(states, chosen, table, column)
+        else:
+            dsts += states
+            srcs += list(chosen.to(states[0].dtype))
     copy_all(dsts, srcs)
 
 
 def _draft_next(model, sessions, io, r, next_ids, at, cos, sin, rows, tables) -> None:
     """The MTP head absorbs the window's cells (row i with the draw after it, at row i's
-    position) and chains K drafts from the cell of each session's last kept row (`rows`)."""
+    position) and chains K drafts from the cell of each session's last kept row (`rows`).
+    tables: (each head layer's table of the window's rows, of the sessions)."""
     mtp, k = model.mtp, io.drafts.shape[1]
     heads = range(len(mtp.layers))
+    window_tables, chain = tables
     x = _cells(
         model,
         r,
@@ -361,11 +359,10 @@ def _draft_next(model, sessions, io, r, next_ids, at, cos, sin, rows, tables) ->
         at,
         cos,
         sin,
-        [tables.get(("mtp", j)) for j in heads],
+        window_tables,
     )
     x, pos = x[rows], io.pos + io.out[:, 2 * (k + 1)]  # the pending token's new position
     caches = [[s.mtp[j] for s in sessions] for j in heads]
-    chain = [tables.get(("chain", j)) for j in heads]
     for d in range(k):
         top = model.lm_head(mtp.hyper_connection_mixer.read(x)[0]).float()
         io.drafts[:, d] = top.argmax(dim=1)

@@ -218,7 +218,10 @@ def attention_once(cfg, rotary, pos: torch.Tensor, dtype: torch.dtype) -> tuple:
 
 
 def session_tables(
-    sessions: list[SessionState], anchor: SessionState | None = None, host: bool = False
+    sessions: list[SessionState],
+    anchor: SessionState | None = None,
+    host: bool = False,
+    mtp: bool = False,
 ) -> dict:
     """Each layer's table of these sessions' buffers (state.attn_table, state.gdn_table), by
     layer index: a graph of their step needs them made before its capture, and kept while it
@@ -229,7 +232,8 @@ def session_tables(
     With `anchor`, every layer's table (PLE layers' too, by ("ple", idx): state.ple_table)
     for any number of sessions, offsets from the anchor's buffers: a step given the anchor
     as its first session reads and writes these sessions, so one graph of B rows serves any
-    B sessions (runner/lone.py). host: the tables stay on the CPU."""
+    B sessions (runner/lone.py). host: the tables stay on the CPU. mtp: the MTP head's
+    caches' too, by ("mtp", j) (drafted steps, runner/lone_draft.py)."""
     if not sessions:
         return {}
     if anchor is not None:
@@ -249,8 +253,18 @@ def session_tables(
                 for idx, p in anchor.ple.items()
             }
         )
-        return tables
-    tables = {idx: attn_table([s.attn[idx] for s in sessions]) for idx in sessions[0].attn}
-    if len(sessions) > 1:
-        tables.update({idx: gdn_table([s.gdn[idx] for s in sessions]) for idx in sessions[0].gdn})
+    else:
+        tables = {idx: attn_table([s.attn[idx] for s in sessions]) for idx in sessions[0].attn}
+        if len(sessions) > 1:
+            tables.update(
+                {idx: gdn_table([s.gdn[idx] for s in sessions]) for idx in sessions[0].gdn}
+            )
+    if mtp:
+        bases = anchor.mtp if anchor is not None else [None] * len(sessions[0].mtp)
+        tables.update(
+            {
+                ("mtp", j): attn_table([s.mtp[j] for s in sessions], a, host)
+                for j, a in enumerate(bases)
+            }
+        )
     return tables

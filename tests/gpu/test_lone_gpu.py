@@ -169,15 +169,16 @@ def test_one_graph_per_size_serves_any_sessions(lone_model):
 
 
 @pytest.mark.parametrize("graphed", [True, False])
-@pytest.mark.parametrize("depth,b", [(2, 1), (3, 2)])
+@pytest.mark.parametrize("depth,b", [(2, 1), (3, 2), (2, 3)])
 def test_drafted_steps_equal_shared_rounds_bitwise(lone_model, graphed, depth, b, monkeypatch):
-    """Drafted lone steps (runner/lone_draft.py), graphed or eager, alone or two sessions
-    together: the kept draws are the one-row rounds' tokens and each session ends bit for
-    bit where those rounds leave it. Each call's first drafts are the true continuation, so
-    its first step keeps every row of its window (random heads' own drafts rarely land)."""
+    """Drafted lone steps (runner/lone_draft.py), graphed or eager, alone or with others
+    (three: the graph of four rows, one the pad session's): the kept draws are the one-row
+    rounds' tokens and each session ends bit for bit where those rounds leave it. Each
+    call's first drafts are the true continuation, so its first step keeps every row of its
+    window (random heads' own drafts rarely land)."""
     cfg, model = lone_model
     bases, wants = [], []
-    for which in (3, 8)[:b]:
+    for which in (3, 8, 5)[:b]:
         base = prefilled(cfg, model, prompts(cfg.vocab_size, 9)[which])
         wants.append(greedy_rounds(model, copy_of(cfg, base), 48))
         bases.append(base)
