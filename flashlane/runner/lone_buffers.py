@@ -37,11 +37,14 @@ class SizeTables:
     ):
         """reach: the positions one call may move a pad row on (its steps' tokens)."""
         self.sessions, self.device, self.pinned = sessions, device, device.type == "cuda"
-        self.anchor = like = max(sessions, key=lambda s: s.capacity)
+        like = max(sessions, key=lambda s: s.capacity)
         # room for a call's steps from position 0
         block = cfg.indexer_block
         capacity = max(2, -(-(reach + 1) // block)) * block
         self.pad = SessionState.empty(cfg, capacity, like.attn_dtype(), like.state_dtype(), device)
+        # the largest of all, the pad too: a step's attention spans the anchor's keys and
+        # blocks (a pad larger than the anchor wrote past the scores: an illegal address)
+        self.anchor = max([*sessions, self.pad], key=lambda s: s.capacity)
         self.keys = list(session_tables([self.anchor], self.anchor, host=True))
         self.draft_keys = list(session_tables([self.anchor], self.anchor, host=True, mtp=True))
         self.host: dict[tuple, torch.Tensor] = {}

@@ -202,3 +202,25 @@ def test_size_tables_name_sessions_from_the_anchor(tiny_ckpt):
             for row, buf in enumerate(column):
                 at = b.data_ptr() + int(table[row, col]) * b.element_size()
                 assert at == buf.data_ptr()
+    # a drafted step's tables name the MTP head's caches too
+    drafted = tables.of((2, 0), 4, drafted=True)
+    assert drafted.shape == (len(tables.draft_keys), 4, 8)
+    assert tables.draft_keys[: len(tables.keys)] == tables.keys
+    for j, table in enumerate(drafted[len(tables.keys) :]):
+        base = tables.anchor.mtp[j].k
+        for row, s in enumerate(rows):
+            at = base.data_ptr() + int(table[row, 0]) * base.element_size()
+            assert at == s.mtp[j].k.data_ptr()
+
+
+def test_the_anchor_spans_the_pad_session(tiny_ckpt):
+    """Sessions smaller than the pad (a drafted call's reach): the pad is the anchor, so no
+    row's keys or blocks lie past the anchor's (a smaller anchor: an illegal address on the
+    H200, a corrupted heap under the interpreter)."""
+    from flashlane.runner.lone_buffers import SizeTables
+
+    cfg, _ = load_checkpoint(tiny_ckpt, dtype=torch.float32)
+    sessions = [SessionState.empty(cfg, 64, torch.float32, torch.float32) for _ in range(2)]
+    tables = SizeTables(cfg, sessions, 64 * 3, torch.device("cpu"))
+    assert tables.pad.capacity > 64 * 3
+    assert tables.anchor.capacity == max(s.capacity for s in [*sessions, tables.pad])
