@@ -243,8 +243,10 @@ def draft_step(
     t = k + 1
 
     def rows_of(key):  # a session table with each session's row once per window row
-        table = tables.get(key)
-        return None if table is None else table[:, None].expand(-1, t, -1).reshape(b * t, -1)
+        table = tables.get(key)  # (a copy: the kernels read rows TABLE_WIDTH apart)
+        return (
+            None if table is None else table[:, None].expand(-1, t, -1).contiguous().flatten(0, 1)
+        )
 
     window = torch.cat([io.tok[:, None], io.drafts], dim=1)  # [B, T]
     at = (io.pos[:, None] + io.offsets).flatten()  # [B*T] each row's position
