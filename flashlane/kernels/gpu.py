@@ -20,6 +20,7 @@ from flashlane.kernels.rowwise import triton_greedy as greedy_tr
 from flashlane.kernels.rowwise import triton_hc as hc_tr
 from flashlane.kernels.rowwise import triton_heads as heads_tr
 from flashlane.kernels.rowwise import triton_ple as ple_tr
+from flashlane.kernels.rowwise import triton_rope as rope_tr
 from flashlane.kernels.rowwise import triton_rows as rows_tr
 from flashlane.kernels.rowwise import triton_tables as tables_tr
 
@@ -47,9 +48,9 @@ TRITON = Kernels(
     hc_write_norm=hc_tr.hc_write_norm,
     gdn_gates=rowwise_tr.gdn_gates,
     gdn_qk=rowwise_tr.gdn_qk,
-    rope=rowwise_tr.rope,
+    rope=rope_tr.rope,
     norm_rope_heads=heads_tr.norm_rope_heads,  # an attention's q, k, indexer q: one launch
-    cos_sin=rowwise_tr.cos_sin,
+    cos_sin=rope_tr.cos_sin,
     ngram_embed=ple_tr.ngram_embed,  # the n-gram rows and their embeddings
     ple_gate=ple_tr.ple_gate,  # two norms, the streams' sums, the gate and the conv's norm
     swiglu=rowwise_tr.swiglu,

@@ -9,8 +9,10 @@ import torch
 import triton
 import triton.language as tl
 
+from flashlane.kernels.linear.partitions import partition_sum
+from flashlane.kernels.linear.prefetch import prefetch_rows, prefetch_span
 from flashlane.kernels.linear.tiles import DECODE_ROWS, row_tile
-from flashlane.kernels.linear.triton import linear, partition_sum, prefetch_rows, prefetch_span
+from flashlane.kernels.linear.triton import linear
 from flashlane.kernels.norms.triton import rms_factor
 from flashlane.kernels.pdl import enter, pdl
 from flashlane.kernels.rowwise.triton import BLOCK, rounded, sigmoid
