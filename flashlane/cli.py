@@ -186,16 +186,7 @@ def build_parser() -> FlagParser:
 
     serve = sub.add_parser("serve", help="the OpenAI-compatible server")
     serve_positional(serve)
-    engine_flags(serve)
-    serve.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        dest="engine_seed",
-        metavar="S",
-        help="requests without a seed take seed S, S+1, ... in arrival order, "
-        "so a run is reproducible (default: a fresh random seed each)",
-    )
+    engine_flags(serve, serve=True)  # with serve's --seed, the engine's
     _serve_flags(serve)
     bench_only = serve.add_argument_group("benchmark-only")
     bench_only.add_argument(
