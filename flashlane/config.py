@@ -150,6 +150,23 @@ class EngineConfig:
         type=int,
         env=("FLASHLANE_LONE_STREAMS",),
     )
+    # the eager rounds, the reference the graphed step must equal bit for bit; read once, when
+    # the engine is built (engine.py)
+    graphs: bool = option(
+        True,
+        "run rounds eagerly on cuda, without CUDA graphs or the lone driver's step graphs "
+        "(default: graphs on; FLASHLANE_NO_GRAPHS=1)",
+        env=("FLASHLANE_NO_GRAPHS",),
+    )
+    # the kernel set, chosen once at engine start (kernels.select_kernels)
+    kernels: str = option(
+        "auto",
+        "auto: Triton's on cuda (the torch references on the CPU, or where Triton is "
+        "missing); reference: the torch references on cuda too "
+        "(default: auto; FLASHLANE_KERNELS=reference)",
+        choices=("auto", "reference"),
+        env=("FLASHLANE_KERNELS",),
+    )
     # requests without a seed take seed, seed + 1, ... in submission order; None: fresh random
     seed: int | None = option(
         None,
@@ -221,6 +238,11 @@ class EngineConfig:
         need(0 <= self.mtp_drafts <= 16, "mtp_drafts", "must be in 0..16")
         need(0.0 <= self.mtp_confidence <= 1.0, "mtp_confidence", "must be in [0, 1]")
         need(self.slot_grow is None or self.slot_grow >= 1, "slot_grow", "must be >= 1")
+        need(
+            self.kernels in ("auto", "reference"),
+            "kernels",
+            f"must be auto or reference, got {self.kernels!r}",
+        )
         kw = self.default_chat_template_kwargs
         need(kw is None or isinstance(kw, dict), "default_chat_template_kwargs", "must be a dict")
         need(

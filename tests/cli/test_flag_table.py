@@ -37,6 +37,8 @@ GIVEN = {
     "unpriced": (None, True),
     "lone": (None, False),
     "lone_streams": ("2", 2),
+    "graphs": (None, False),
+    "kernels": ("reference", "reference"),
     "seed": ("7", 7),
 }
 
@@ -91,3 +93,11 @@ def test_a_variable_that_is_not_a_number_is_named():
             "FLASHNEXT_SLOT_GROW",
             "lots",
         )
+
+
+def test_reference_kernels_on_cuda_when_asked():
+    from flashlane.kernels import REFERENCE, select_kernels
+
+    assert select_kernels("cuda", reference=True) is REFERENCE
+    with pytest.raises(ValueError, match="engine option kernels"):
+        EngineConfig.resolve(kernels="triton")
