@@ -15,8 +15,8 @@ from flashlane.flags import (
     model_of,
     serve_positional,
 )
-from flashlane.sessions.limits import LIMIT_ENV
-from flashlane.sessions.memory import OverMemoryLimit
+from flashlane.planning.limits import LIMIT_ENV
+from flashlane.planning.memory import OverMemoryLimit
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -104,7 +104,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def _info_plan(cfg, args, env):
     """The plan the engine would make: the same ceiling (flag, then FLASHNEXT_LOAD_LIMIT_GB)
     and the same prompt cache budget beside the sessions."""
-    from flashlane.sessions import memory
+    from flashlane.planning import memory
     from flashlane.sessions.slots import parse_slot_contexts
 
     device, slots = args.device or "cuda", args.slot_contexts

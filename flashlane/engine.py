@@ -24,12 +24,12 @@ from flashlane.models.flashnext import FlashNext
 from flashlane.models.hub import resolve_model
 from flashlane.models.loader import load_checkpoint
 from flashlane.models.state import SessionState
+from flashlane.planning import memory
+from flashlane.planning.limits import read_ram_bytes
 from flashlane.request import SeedSource
 from flashlane.runner.backend import ModelBackend
 from flashlane.runner.costs import describe, time_costs
 from flashlane.sampling.grammar import Grammars
-from flashlane.sessions import memory
-from flashlane.sessions.limits import read_ram_bytes
 from flashlane.sessions.slots import parse_slot_contexts
 
 
