@@ -18,6 +18,7 @@ from flashlane.kernels.norms import triton as norms_tr
 from flashlane.kernels.rowwise import triton as rowwise_tr
 from flashlane.kernels.rowwise import triton_greedy as greedy_tr
 from flashlane.kernels.rowwise import triton_hc as hc_tr
+from flashlane.kernels.rowwise import triton_hc_up as hc_up_tr
 from flashlane.kernels.rowwise import triton_heads as heads_tr
 from flashlane.kernels.rowwise import triton_ple as ple_tr
 from flashlane.kernels.rowwise import triton_rope as rope_tr
@@ -43,7 +44,7 @@ TRITON = Kernels(
     rms_norm=norms_tr.rms_norm,
     gated_rms_norm=norms_tr.gated_rms_norm,
     hc_down=hc_tr.hc_down,
-    hc_up_mix=hc_tr.hc_up_mix,  # the up projection with the mix in its tile
+    hc_up_mix=hc_up_tr.hc_up_mix,  # the up projection with the mix in its tile
     hc_write=hc_tr.hc_write,
     hc_write_norm=hc_tr.hc_write_norm,
     gdn_gates=rowwise_tr.gdn_gates,

@@ -28,6 +28,7 @@ from flashlane.kernels.norms import triton as norms  # noqa: E402
 from flashlane.kernels.rowwise import triton as rowwise  # noqa: E402
 from flashlane.kernels.rowwise import triton_greedy as rowwise_greedy  # noqa: E402
 from flashlane.kernels.rowwise import triton_hc as rowwise_hc  # noqa: E402
+from flashlane.kernels.rowwise import triton_hc_up as rowwise_hc_up  # noqa: E402
 from flashlane.kernels.rowwise import triton_heads as rowwise_heads  # noqa: E402
 from flashlane.kernels.rowwise import triton_ple as rowwise_ple  # noqa: E402
 from flashlane.kernels.rowwise import triton_rope as rowwise_rope  # noqa: E402
@@ -157,7 +158,7 @@ KERNELS = {
     "hc_mix": (rowwise_hc._hc_mix_kernel,
                dict(u_ptr=BF, xn_ptr=BF, inj_ptr=BF, a_ptr=BF, w_ptr=BF, h="i32",
                     stride_inj="i32"), dict(HC=4, HC_P2=4, INJECT=True, BLOCK=1024)),
-    "hc_up_mix decode": (rowwise_hc._hc_up_mix_kernel,
+    "hc_up_mix decode": (rowwise_hc_up._hc_up_mix_kernel,
                          dict(x_ptr=BF, w_ptr=BF, xn_ptr=BF, inj_ptr=BF, a_ptr=BF, wo_ptr=BF,
                               M="i32", H="i32", K="i32", stride_x="i32", stride_inj="i32",
                               prefetch="i32"),
@@ -165,7 +166,7 @@ KERNELS = {
                               BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, FP32_PRODUCTS=False,
                               PDL=1),
                          dict(num_warps=4, num_stages=3, launch_pdl=True)),
-    "hc_up_mix 2 streams": (rowwise_hc._hc_up_mix_kernel,
+    "hc_up_mix 2 streams": (rowwise_hc_up._hc_up_mix_kernel,
                             dict(x_ptr=BF, w_ptr=BF, xn_ptr=BF, inj_ptr=BF, a_ptr=BF,
                                  wo_ptr=BF, M="i32", H="i32", K="i32", stride_x="i32",
                                  stride_inj="i32", prefetch="i32"),

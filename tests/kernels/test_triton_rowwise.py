@@ -22,6 +22,7 @@ pytest.importorskip("triton")
 from flashlane.kernels.norms import triton as trn  # noqa: E402
 from flashlane.kernels.rowwise import triton as tr  # noqa: E402
 from flashlane.kernels.rowwise import triton_hc as trh  # noqa: E402
+from flashlane.kernels.rowwise import triton_hc_up as trhu  # noqa: E402
 from flashlane.kernels.rowwise import triton_rope as trope  # noqa: E402
 
 TOL = {torch.float32: 2e-6, torch.bfloat16: 2e-2}
@@ -116,13 +117,13 @@ def test_hc_up_mix_is_the_up_projection_then_the_mix(dtype, hc, m):
     s, inj = both[:, :low], both[:, low : low + hc]
     up = _rand(hc * h, low, dtype=dtype, seed=41, scale=0.3)
     xn = _rand(m, hc * h, dtype=dtype, seed=42)
-    got = trh.hc_up_mix(s, up, xn, inj, hc)
+    got = trhu.hc_up_mix(s, up, xn, inj, hc)
     want = trh.hc_mix(linear(s, up), xn, inj, hc)
     assert_dot_equal(got[0], want[0])
     assert_dot_equal(got[1], want[1])
-    assert trh.hc_up_mix(s, up, xn, None, hc)[1] is None
+    assert trhu.hc_up_mix(s, up, xn, None, hc)[1] is None
     _close(got[0], ref.hc_mix(ref.linear(s, up), xn, inj, hc)[0], dtype)
-    _rows_invariant(lambda a, b, c: trh.hc_up_mix(a, up, b, c, hc), s, xn, inj, dots=True)
+    _rows_invariant(lambda a, b, c: trhu.hc_up_mix(a, up, b, c, hc), s, xn, inj, dots=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,7 +1,7 @@
 """The K partitions' sums, the heart of row invariance (`triton.py` says why): each
 partition accumulates its K blocks in ascending order from zero in fp32, and the partitions
 are added in ascending order. Device functions shared by `linear` and the hyper-connection's
-up projection (`rowwise/triton_hc.py`), so both compute the same bits for the same spans."""
+up projection (`rowwise/triton_hc_up.py`), so both compute the same bits for the same spans."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 (`kernels/pdl.py`): a program may read, before it waits for the kernel before it, only
 memory nothing in the step writes, and the weights are such memory. `prefetch_span` picks
 the K values a program prefetches; `prefetch_rows` issues them. Used by `linear` and the
-hyper-connection's up projection (`rowwise/triton_hc.py`)."""
+hyper-connection's up projection (`rowwise/triton_hc_up.py`)."""
 
 from __future__ import annotations
 

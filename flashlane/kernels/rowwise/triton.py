@@ -1,5 +1,6 @@
 """The row-wise tails of `reference.py`, one Triton launch each (same signatures); the
-hyper-connections' are in `triton_hc.py`, the rotary embedding's in `triton_rope.py`.
+hyper-connections' are in `triton_hc.py` and `triton_hc_up.py`, the rotary embedding's in
+`triton_rope.py`.
 
 A decode step of Flash Next ran about 20 small torch kernels per hyper-connection read, 2 per
 write, 7 for the GDN gates and 3 for the shared expert's SwiGLU; in a CUDA graph each costs a
