@@ -10,6 +10,7 @@ from flashlane.kernels import Kernels
 from flashlane.kernels.attention import triton as attention_tr
 from flashlane.kernels.attention import triton_blocks as blocks_tr
 from flashlane.kernels.attention import triton_causal as causal_tr
+from flashlane.kernels.attention import triton_sessions as sessions_tr
 from flashlane.kernels.conv import triton as conv_tr
 from flashlane.kernels.gdn import triton as gdn_tr
 from flashlane.kernels.linear.triton import linear
@@ -37,7 +38,7 @@ TRITON = Kernels(
     pool_block_at=blocks_tr.pool_block_at,
     attention=attention_tr.attention,
     causal_attention=causal_tr.causal_attention,  # positions, no [B, T, L] mask
-    attend_sessions=attention_tr.attend_sessions,  # B sessions in six launches
+    attend_sessions=sessions_tr.attend_sessions,  # B sessions in six launches
     moe=moe_tr.moe,
     moe_shared=moe_tr.moe_shared,  # the shared expert as one more expert of the launches
     linear=linear,
