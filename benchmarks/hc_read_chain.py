@@ -28,7 +28,8 @@ from benchmarks.prefill_tiles import eager
 from flashlane.kernels.linear.tiles import tile_config
 from flashlane.kernels.linear.triton import linear
 from flashlane.kernels.norms.triton import rms_norm
-from flashlane.kernels.rowwise.triton_hc import hc_mix, hc_up_mix, hc_write
+from flashlane.kernels.rowwise.triton_hc import hc_mix, hc_write
+from flashlane.kernels.rowwise.triton_hc_up import hc_up_mix
 
 H, HC, LOW, READS = 2560, 4, 320, 24
 

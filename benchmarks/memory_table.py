@@ -23,7 +23,7 @@ from itertools import groupby
 from pathlib import Path
 
 from flashlane.models.config import ModelConfig
-from flashlane.sessions.memory import (
+from flashlane.planning.memory import (
     GIB,
     activation_bytes,
     element_bytes,

@@ -15,8 +15,8 @@ from flashlane.flags import (
     model_of,
     serve_positional,
 )
-from flashlane.sessions.limits import LIMIT_ENV
-from flashlane.sessions.memory import OverMemoryLimit
+from flashlane.planning.limits import LIMIT_ENV
+from flashlane.planning.memory import OverMemoryLimit
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -104,7 +104,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def _info_plan(cfg, args, env):
     """The plan the engine would make: the same ceiling (flag, then FLASHNEXT_LOAD_LIMIT_GB)
     and the same prompt cache budget beside the sessions."""
-    from flashlane.sessions import memory
+    from flashlane.planning import memory
     from flashlane.sessions.slots import parse_slot_contexts
 
     device, slots = args.device or "cuda", args.slot_contexts
@@ -186,16 +186,7 @@ def build_parser() -> FlagParser:
 
     serve = sub.add_parser("serve", help="the OpenAI-compatible server")
     serve_positional(serve)
-    engine_flags(serve)
-    serve.add_argument(
-        "--seed",
-        type=int,
-        default=None,
-        dest="engine_seed",
-        metavar="S",
-        help="requests without a seed take seed S, S+1, ... in arrival order, "
-        "so a run is reproducible (default: a fresh random seed each)",
-    )
+    engine_flags(serve, serve=True)  # with serve's --seed, the engine's
     _serve_flags(serve)
     bench_only = serve.add_argument_group("benchmark-only")
     bench_only.add_argument(

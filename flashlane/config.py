@@ -1,5 +1,7 @@
 """EngineConfig: the engine options of DESIGN.md section 8, from flags, LLM kwargs and the
-environment (flag or kwarg first, then the environment, then the default). Frozen."""
+environment (flag or kwarg first, then the environment, then the default). Frozen. Each
+field carries its flag's names, type, help and variables (`options.Flag`), so the command
+line (`flags.engine_flags`) and the environment follow the fields."""
 
 from __future__ import annotations
 
@@ -8,60 +10,173 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from flashlane.options import flag_of, from_env, json_object, option
+
 DEFAULT_MODEL = Path(__file__).parent / "default_model"
 # The embedded model was trained on code, not on reasoning traces: a think block it opens
 # never closes, so its chats start with the block closed (a request may still turn it on).
 EMBEDDED_CHAT_KWARGS = {"enable_thinking": False}
 
-# kwarg -> environment variables that may set it
-ENVIRONMENT = {
-    "slot_contexts": ("FLASHNEXT_SLOT_CONTEXTS",),
-    "slot_grow": ("FLASHNEXT_SLOT_GROW",),
-    "memory_limit_gb": ("FLASHNEXT_LOAD_LIMIT_GB",),
-    "prompt_cache_gb": ("FLASHLANE_PROMPT_CACHE_GB",),
-    "unpriced": ("FLASHLANE_UNPRICED",),
-    "lone": ("FLASHLANE_NO_LONE", "FLASHNEXT_NO_LONE"),
-    "lone_streams": ("FLASHLANE_LONE_STREAMS",),
-}
-TRUE = {"1", "true", "yes", "on"}
-
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    model: str | None = None  # None: the embedded default model
-    device: str = "auto"  # auto: cuda when present
-    dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
-    parallel: int | str = "auto"  # sessions; auto: as many as fit, up to 16 (256 on a GPU)
-    context: int | None = None  # positions per session; None: the model's window
-    slot_contexts: str | None = None  # "65536,32768x3,16384x11"
-    # the grow margin of sized sessions; None: 8192 (slots.DEFAULT_GROW), never refused for
-    # sessions smaller than it, as a margin the user did not ask for
-    slot_grow: int | None = None
-    memory_limit_gb: float | None = None
-    # vLLM's --gpu-memory-utilization: the limit as a fraction of the device's memory (RAM on
-    # the CPU); memory_limit_gb wins when both are given
-    gpu_memory_utilization: float | None = None
-    max_rows: int | None = None  # decode rows per round; None: 64 cuda, 16 cpu
-    max_queue: int = 256
-    drafts: bool = True
-    mtp_drafts: int = 3
-    mtp_confidence: float = 0.7
-    prompt_cache_gb: float | None = None  # GiB of kept prompt states; None: planned; 0: off
-    unpriced: bool = False
-    lone: bool = True
-    # up to this many live streams decode together on the lone driver (its step graphs, one
-    # per batch size, take any sessions); None: every session (the driver runs on CUDA only)
-    lone_streams: int | None = None
-    chat_template: str | None = None  # a jinja file or the template text; None: the checkpoint's
-    # chat_template_kwargs a request's own override; None: {} for a checkpoint, and
-    # {"enable_thinking": False} for the embedded model (EMBEDDED_CHAT_KWARGS)
-    default_chat_template_kwargs: dict[str, Any] | None = None
+    """The engine options: one field each, with its flag (`option`), or `internal` and why
+    it has none."""
+
+    model: str | None = option(  # None: the embedded default model
+        None,
+        "checkpoint folder or hub id org/name (default: the embedded model)",
+        aliases=("-m",),
+    )
+    device: str = option(  # auto: cuda when present
+        "auto", "auto, cpu or cuda[:N] (default: auto, cuda when torch sees a GPU)"
+    )
+    dtype: str = option(  # auto: bfloat16 on cuda, float32 on cpu
+        "auto",
+        "auto, bfloat16, float32 or float64 (default: "
+        "auto, bfloat16 on cuda; the CPU always computes in float64, see README)",
+    )
     # "fp8": a plain checkpoint's linears quantized to block FP8 at load, then dequantized to
     # the compute dtype (models/fp8.py; the GPU FP8 GEMMs are issue 34's, not built yet); None:
     # as the checkpoint stores them (a block-FP8 checkpoint is dequantized either way)
-    quantization: str | None = None
+    quantization: str | None = option(
+        None,
+        "fp8: quantize a bf16/fp32 checkpoint's linears to block FP8 (128x128 "
+        "e4m3 blocks) at load; the GPU FP8 kernels are not built yet, so on cuda it "
+        "too dequantizes to bf16, and the CPU computes the FP8 model's values in "
+        "float64 (default: none, the weights as the checkpoint stores them; a block-"
+        "FP8 checkpoint is read and dequantized either way)",
+        aliases=("-q",),
+        choices=("fp8",),
+    )
+    # sessions; auto: as many as fit, up to 16 (256 on a GPU); the flag's text is checked in
+    # flags.engine_options
+    parallel: int | str = option(
+        "auto",
+        "sessions, the replies decoded at once: auto or N (default: auto, as "
+        "many as fit, up to 16 on the CPU and 256 on a GPU)",
+        aliases=("--max-num-seqs", "-np"),
+        metavar="N",
+    )
+    context: int | None = option(  # positions per session; None: the model's window
+        None,
+        "positions per session, prompt plus reply (default: the model's window;"
+        " unlike llama.cpp's -c, every session gets it, it is not divided by -np)",
+        aliases=("--max-model-len", "-c"),
+        type=int,
+        metavar="TOKENS",
+    )
+    slot_contexts: str | None = option(  # "65536,32768x3,16384x11"
+        None,
+        "sessions of different sizes, e.g. "
+        '"65536,32768x3,16384x11" (default: FLASHNEXT_SLOT_CONTEXTS, else unset)',
+        env=("FLASHNEXT_SLOT_CONTEXTS",),
+    )
+    # the grow margin of sized sessions; None: 8192 (slots.DEFAULT_GROW), never refused for
+    # sessions smaller than it, as a margin the user did not ask for
+    slot_grow: int | None = option(
+        None,
+        "tokens of room a stream must "
+        "have to start a round (default: FLASHNEXT_SLOT_GROW, else 8192)",
+        type=int,
+        env=("FLASHNEXT_SLOT_GROW",),
+    )
+    memory_limit_gb: float | None = option(
+        None,
+        "GiB for weights, "
+        "sessions and workspace (default: FLASHNEXT_LOAD_LIMIT_GB, else 90%% of the "
+        "GPU or 70%% of RAM)",
+        type=float,
+        env=("FLASHNEXT_LOAD_LIMIT_GB",),
+    )
+    # vLLM's --gpu-memory-utilization: the limit as a fraction of the device's memory (RAM on
+    # the CPU); memory_limit_gb wins when both are given
+    gpu_memory_utilization: float | None = option(
+        None,
+        "the memory limit as a fraction of the device's memory, vLLM's name "
+        "(default: 0.9 on a GPU, 0.7 of RAM on the CPU; --memory-limit-gb wins)",
+        type=float,
+        metavar="FRACTION",
+    )
+    max_rows: int | None = option(  # decode rows per round; None: 64 cuda, 16 cpu
+        None,
+        "rows per round, the verify batch (default: 64 on cuda, 16 on the CPU)",
+        type=int,
+    )
+    max_queue: int = option(256, "requests that may wait for a session (default: 256)", type=int)
+    drafts: bool = option(True, "no MTP or copy drafts (default: drafts on)")
+    mtp_drafts: int = option(3, "the longest MTP chain (default: 3)", type=int)
+    mtp_confidence: float = option(
+        0.7, "the MTP head's probability a chain step needs (default: 0.7)", type=float
+    )
+    prompt_cache_gb: float | None = option(  # GiB of kept prompt states; None: planned; 0: off
+        None,
+        "GiB of kept prompt "
+        "states; 0: off (default: 1 on the CPU, 4 on a GPU, at most 1/8 of the limit)",
+        type=float,
+        env=("FLASHLANE_PROMPT_CACHE_GB",),
+    )
+    chat_template: str | None = option(  # a jinja file or the template text
+        None,
+        "a jinja chat template, a file or the template itself (default: the checkpoint's)",
+        metavar="FILE_OR_TEXT",
+    )
+    # chat_template_kwargs a request's own override; None: {} for a checkpoint, and
+    # {"enable_thinking": False} for the embedded model (EMBEDDED_CHAT_KWARGS)
+    # (RUF009: option returns a dataclasses.field)
+    default_chat_template_kwargs: dict[str, Any] | None = option(  # noqa: RUF009
+        None,
+        "chat_template_kwargs every chat starts from, e.g. "
+        "'{\"enable_thinking\": true}' (default: {}; the embedded model: "
+        '{"enable_thinking": false})',
+        type=json_object,
+        metavar="JSON",
+    )
+    unpriced: bool = option(
+        False,
+        "draft rows without the timed cost table (default: priced; FLASHLANE_UNPRICED=1)",
+        env=("FLASHLANE_UNPRICED",),
+    )
+    lone: bool = option(
+        True,
+        "no lone driver for a single stream on cuda (default: lone driver on; FLASHLANE_NO_LONE=1)",
+        env=("FLASHLANE_NO_LONE", "FLASHNEXT_NO_LONE"),
+    )
+    # up to this many live streams decode together on the lone driver (its step graphs, one
+    # per batch size, take any sessions); None: every session (the driver runs on CUDA only)
+    lone_streams: int | None = option(
+        None,
+        "live streams the lone driver may decode together on cuda (default: every session)",
+        type=int,
+        env=("FLASHLANE_LONE_STREAMS",),
+    )
+    # the eager rounds, the reference the graphed step must equal bit for bit; read once, when
+    # the engine is built (engine.py)
+    graphs: bool = option(
+        True,
+        "run rounds eagerly on cuda, without CUDA graphs or the lone driver's step graphs "
+        "(default: graphs on; FLASHLANE_NO_GRAPHS=1)",
+        env=("FLASHLANE_NO_GRAPHS",),
+    )
+    # the kernel set, chosen once at engine start (kernels.select_kernels)
+    kernels: str = option(
+        "auto",
+        "auto: Triton's on cuda (the torch references on the CPU, or where Triton is "
+        "missing); reference: the torch references on cuda too "
+        "(default: auto; FLASHLANE_KERNELS=reference)",
+        choices=("auto", "reference"),
+        env=("FLASHLANE_KERNELS",),
+    )
     # requests without a seed take seed, seed + 1, ... in submission order; None: fresh random
-    seed: int | None = None
+    seed: int | None = option(
+        None,
+        "requests without a seed take seed S, S+1, ... in arrival order, "
+        "so a run is reproducible (default: a fresh random seed each)",
+        type=int,
+        metavar="S",
+        serve_only=True,
+        dest="engine_seed",
+    )
 
     @classmethod
     def resolve(cls, **options: Any) -> EngineConfig:
@@ -74,14 +189,14 @@ class EngineConfig:
         if unknown:
             raise TypeError(f"unknown engine option(s): {', '.join(unknown)}")
         values = {k: v for k, v in options.items() if v is not None}
-        for name, variables in ENVIRONMENT.items():
-            if name in values:
+        for f in fields(cls):
+            if f.name in values or flag_of(f) is None:
                 continue
-            for var in variables:
+            for var in flag_of(f).env:
                 raw = os.environ.get(var)
                 if raw is None or raw == "":
                     continue
-                values[name] = _from_env(name, var, raw)
+                values[f.name] = from_env(f, var, raw)
                 break
         return cls(**values)
 
@@ -123,6 +238,11 @@ class EngineConfig:
         need(0 <= self.mtp_drafts <= 16, "mtp_drafts", "must be in 0..16")
         need(0.0 <= self.mtp_confidence <= 1.0, "mtp_confidence", "must be in [0, 1]")
         need(self.slot_grow is None or self.slot_grow >= 1, "slot_grow", "must be >= 1")
+        need(
+            self.kernels in ("auto", "reference"),
+            "kernels",
+            f"must be auto or reference, got {self.kernels!r}",
+        )
         kw = self.default_chat_template_kwargs
         need(kw is None or isinstance(kw, dict), "default_chat_template_kwargs", "must be a dict")
         need(
@@ -180,16 +300,7 @@ def _ours(options: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _from_env(name: str, var: str, raw: str) -> Any:
-    if name == "lone":  # the variables say NO_LONE
-        return raw.strip().lower() not in TRUE
-    if name == "unpriced":
-        return raw.strip().lower() in TRUE
-    try:
-        if name in ("slot_grow", "lone_streams"):
-            return int(raw)
-        if name in ("memory_limit_gb", "prompt_cache_gb"):
-            return float(raw)
-    except ValueError:
-        raise ValueError(f"{var}={raw!r} is not a number") from None
-    return raw
+# kwarg -> the environment variables that may set it (from the fields' flags)
+ENVIRONMENT = {
+    f.name: flag_of(f).env for f in fields(EngineConfig) if flag_of(f) and flag_of(f).env
+}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -25,12 +24,12 @@ from flashlane.models.flashnext import FlashNext
 from flashlane.models.hub import resolve_model
 from flashlane.models.loader import load_checkpoint
 from flashlane.models.state import SessionState
+from flashlane.planning import memory
+from flashlane.planning.limits import read_ram_bytes
 from flashlane.request import SeedSource
 from flashlane.runner.backend import ModelBackend
 from flashlane.runner.costs import describe, time_costs
 from flashlane.sampling.grammar import Grammars
-from flashlane.sessions import memory
-from flashlane.sessions.limits import read_ram_bytes
 from flashlane.sessions.slots import parse_slot_contexts
 
 
@@ -105,17 +104,14 @@ class Engine:
             self.chat_template = read_template(config.chat_template)
         cfg = self.model_config
         self.seeds = SeedSource(config.seed)
-        self.kernels = select_kernels(self.device, log=self.log)
+        reference = config.kernels == "reference"
+        self.kernels = select_kernels(self.device, log=self.log, reference=reference)
         self.model.use_kernels(self.kernels)
         self.max_rows = config.max_rows or (64 if self.device.startswith("cuda") else 16)
         # the graphed parts and the lone driver are Flash Next's layers' (a sibling's blocks
         # run eagerly on the same kernels until the one-step issue covers them)
         self.graphed = cfg.family == "flashnext"
-        if (
-            self.kernels.name == "triton"
-            and os.environ.get("FLASHLANE_NO_GRAPHS") != "1"
-            and self.graphed
-        ):
+        if self.kernels.name == "triton" and config.graphs and self.graphed:
             self._capture_graphs()
         self.plan = self._plan(cfg, weights)
         self.sessions = [
@@ -188,7 +184,7 @@ class Engine:
         return "\n".join(lines)
 
     def _lone_driver(self):
-        """The lone driver on CUDA (graphed unless FLASHLANE_NO_GRAPHS=1), unless `lone` is
+        """The lone driver on CUDA (graphed unless `graphs` is off), unless `lone` is
         off; on the CPU a lone step costs what a shared round does, so shared rounds serve."""
         if not (self.config.lone and self.device.startswith("cuda") and self.graphed):
             return None

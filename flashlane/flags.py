@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import json
 import sys
+from dataclasses import fields
 from typing import NoReturn
+
+from flashlane.config import EngineConfig
+from flashlane.options import flag_name, flag_of, is_switch
 
 
 class FlagParser(argparse.ArgumentParser):
@@ -56,116 +59,29 @@ def unknown_message(extras: list[str], parser: argparse.ArgumentParser) -> str:
     return "; ".join(notes)
 
 
-def engine_flags(p: argparse.ArgumentParser) -> None:
-    """The engine options of DESIGN.md section 8. Unset flags fall back to the environment,
-    then to the defaults named here (EngineConfig holds them)."""
-    p.add_argument(
-        "--model",
-        "-m",
-        default=None,
-        help="checkpoint folder or hub id org/name (default: the embedded model)",
-    )
-    p.add_argument(
-        "--device",
-        default=None,
-        help="auto, cpu or cuda[:N] (default: auto, cuda when torch sees a GPU)",
-    )
-    p.add_argument(
-        "--dtype",
-        default=None,
-        help="auto, bfloat16, float32 or float64 (default: "
-        "auto, bfloat16 on cuda; the CPU always computes in float64, see README)",
-    )
-    p.add_argument(
-        "--quantization",
-        "-q",
-        default=None,
-        choices=["fp8"],
-        help="fp8: quantize a bf16/fp32 checkpoint's linears to block FP8 (128x128 "
-        "e4m3 blocks) at load; the GPU FP8 kernels are not built yet, so on cuda it "
-        "too dequantizes to bf16, and the CPU computes the FP8 model's values in "
-        "float64 (default: none, the weights as the checkpoint stores them; a block-"
-        "FP8 checkpoint is read and dequantized either way)",
-    )
-    p.add_argument(
-        "--parallel",
-        "--max-num-seqs",
-        "-np",
-        default=None,
-        metavar="N",
-        help="sessions, the replies decoded at once: auto or N (default: auto, as "
-        "many as fit, up to 16 on the CPU and 256 on a GPU)",
-    )
-    p.add_argument(
-        "--context",
-        "--max-model-len",
-        "-c",
-        type=int,
-        default=None,
-        metavar="TOKENS",
-        help="positions per session, prompt plus reply (default: the model's window;"
-        " unlike llama.cpp's -c, every session gets it, it is not divided by -np)",
-    )
-    p.add_argument(
-        "--slot-contexts",
-        default=None,
-        help="sessions of different sizes, e.g. "
-        '"65536,32768x3,16384x11" (default: FLASHNEXT_SLOT_CONTEXTS, else unset)',
-    )
-    p.add_argument(
-        "--slot-grow",
-        type=int,
-        default=None,
-        help="tokens of room a stream must "
-        "have to start a round (default: FLASHNEXT_SLOT_GROW, else 8192)",
-    )
-    p.add_argument(
-        "--memory-limit-gb",
-        type=float,
-        default=None,
-        help="GiB for weights, "
-        "sessions and workspace (default: FLASHNEXT_LOAD_LIMIT_GB, else 90%% of the "
-        "GPU or 70%% of RAM)",
-    )
-    p.add_argument(
-        "--gpu-memory-utilization",
-        type=float,
-        default=None,
-        metavar="FRACTION",
-        help="the memory limit as a fraction of the device's memory, vLLM's name "
-        "(default: 0.9 on a GPU, 0.7 of RAM on the CPU; --memory-limit-gb wins)",
-    )
-    p.add_argument(
-        "--max-rows",
-        type=int,
-        default=None,
-        help="rows per round, the verify batch (default: 64 on cuda, 16 on the CPU)",
-    )
-    p.add_argument(
-        "--max-queue",
-        type=int,
-        default=None,
-        help="requests that may wait for a session (default: 256)",
-    )
-    p.add_argument(
-        "--no-drafts", action="store_true", help="no MTP or copy drafts (default: drafts on)"
-    )
-    p.add_argument(
-        "--mtp-drafts", type=int, default=None, help="the longest MTP chain (default: 3)"
-    )
-    p.add_argument(
-        "--mtp-confidence",
-        type=float,
-        default=None,
-        help="the MTP head's probability a chain step needs (default: 0.7)",
-    )
-    p.add_argument(
-        "--prompt-cache-gb",
-        type=float,
-        default=None,
-        help="GiB of kept prompt "
-        "states; 0: off (default: 1 on the CPU, 4 on a GPU, at most 1/8 of the limit)",
-    )
+def engine_flags(p: argparse.ArgumentParser, *, serve: bool = False) -> None:
+    """The engine options of DESIGN.md section 8, one flag per EngineConfig field, named,
+    typed and documented by the field's metadata (`options.Flag`); with serve, also the
+    flags only `serve` has. Unset flags fall back to the environment, then to the field's
+    default."""
+    for f in fields(EngineConfig):
+        flag = flag_of(f)
+        if flag is None or (flag.serve_only and not serve):
+            continue
+        kwargs: dict = dict(help=flag.help)
+        if is_switch(f):
+            kwargs.update(action="store_true", default=None)
+        else:
+            kwargs.update(default=None, type=flag.type, metavar=flag.metavar, choices=flag.choices)
+        if flag.dest is not None:
+            kwargs.update(dest=flag.dest)
+        p.add_argument(flag_name(f), *flag.aliases, **kwargs)
+        if f.name == "prompt_cache_gb":
+            _prefix_caching_flag(p)
+
+
+def _prefix_caching_flag(p: argparse.ArgumentParser) -> None:
+    """vLLM's switch for the prompt cache: not a field, a spelling of prompt_cache_gb 0."""
     p.add_argument(
         "--enable-prefix-caching",
         action=argparse.BooleanOptionalAction,
@@ -173,49 +89,6 @@ def engine_flags(p: argparse.ArgumentParser) -> None:
         help="vLLM's name for the prompt cache; --no-enable-prefix-"
         "caching is --prompt-cache-gb 0 (default: on)",
     )
-    p.add_argument(
-        "--chat-template",
-        default=None,
-        metavar="FILE_OR_TEXT",
-        help="a jinja chat template, a file or the template itself (default: the checkpoint's)",
-    )
-    p.add_argument(
-        "--default-chat-template-kwargs",
-        type=_json_object,
-        default=None,
-        metavar="JSON",
-        help="chat_template_kwargs every chat starts from, e.g. "
-        "'{\"enable_thinking\": true}' (default: {}; the embedded model: "
-        '{"enable_thinking": false})',
-    )
-    p.add_argument(
-        "--unpriced",
-        action="store_true",
-        default=None,
-        help="draft rows without the timed cost table (default: priced; FLASHLANE_UNPRICED=1)",
-    )
-    p.add_argument(
-        "--no-lone",
-        action="store_true",
-        help="no lone driver for a single stream "
-        "on cuda (default: lone driver on; FLASHLANE_NO_LONE=1)",
-    )
-    p.add_argument(
-        "--lone-streams",
-        type=int,
-        default=None,
-        help="live streams the lone driver may decode together on cuda (default: every session)",
-    )
-
-
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object")
-    return value
 
 
 def serve_positional(p: argparse.ArgumentParser) -> None:
@@ -231,33 +104,21 @@ def serve_positional(p: argparse.ArgumentParser) -> None:
 
 def engine_options(args: argparse.Namespace) -> dict:
     """The LLM / AsyncEngine keyword arguments the parsed flags set (model excluded)."""
-    parallel = args.parallel
-    if parallel not in (None, "auto"):
+    opts = {}
+    for f in fields(EngineConfig):
+        flag = flag_of(f)
+        dest = flag.dest if flag and flag.dest else flag_name(f)[2:].replace("-", "_")
+        if flag is None or f.name == "model" or not hasattr(args, dest):
+            continue
+        value = getattr(args, dest)
+        if is_switch(f):  # given, the flag flips the default
+            value = (not f.default) if value else None
+        opts[f.name] = value
+    if opts.get("parallel") not in (None, "auto"):
         try:
-            parallel = int(parallel)
+            opts["parallel"] = int(opts["parallel"])
         except ValueError:
-            raise SystemExit(f"--parallel must be auto or an int, got {parallel!r}") from None
-    opts = dict(
-        device=args.device,
-        dtype=args.dtype,
-        quantization=args.quantization,
-        parallel=parallel,
-        context=args.context,
-        slot_contexts=args.slot_contexts,
-        slot_grow=args.slot_grow,
-        memory_limit_gb=args.memory_limit_gb,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_rows=args.max_rows,
-        max_queue=args.max_queue,
-        mtp_drafts=args.mtp_drafts,
-        mtp_confidence=args.mtp_confidence,
-        prompt_cache_gb=args.prompt_cache_gb,
-        chat_template=args.chat_template,
-        default_chat_template_kwargs=args.default_chat_template_kwargs,
-        unpriced=args.unpriced,
-        lone_streams=args.lone_streams,
-        seed=getattr(args, "engine_seed", None),
-    )
+            raise SystemExit(f"--parallel must be auto or an int, got {args.parallel!r}") from None
     if args.enable_prefix_caching is False:
         if args.prompt_cache_gb not in (None, 0):
             raise SystemExit(
@@ -265,10 +126,6 @@ def engine_options(args: argparse.Namespace) -> dict:
                 f"{args.prompt_cache_gb} disagree: give one"
             )
         opts["prompt_cache_gb"] = 0.0
-    if args.no_drafts:
-        opts["drafts"] = False
-    if args.no_lone:
-        opts["lone"] = False
     return {k: v for k, v in opts.items() if v is not None}
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -102,11 +101,12 @@ REFERENCE = Kernels(
 )
 
 
-def select_kernels(device: torch.device | str, log=None) -> Kernels:
+def select_kernels(device: torch.device | str, log=None, reference: bool = False) -> Kernels:
     """The kernels for a device, chosen once at engine start: the pure-torch references on
     the CPU; on CUDA the Triton kernels (row-invariant), or the references where Triton is
-    missing (then a row's bits may depend on the batch, and the log says so)."""
-    if torch.device(device).type != "cuda" or os.environ.get("FLASHLANE_KERNELS") == "reference":
+    missing (then a row's bits may depend on the batch, and the log says so) or asked for
+    (`reference`: EngineConfig.kernels, --kernels reference, FLASHLANE_KERNELS=reference)."""
+    if torch.device(device).type != "cuda" or reference:
         return REFERENCE
     try:
         from flashlane.kernels.gpu import TRITON

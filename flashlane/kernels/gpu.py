@@ -10,6 +10,7 @@ from flashlane.kernels import Kernels
 from flashlane.kernels.attention import triton as attention_tr
 from flashlane.kernels.attention import triton_blocks as blocks_tr
 from flashlane.kernels.attention import triton_causal as causal_tr
+from flashlane.kernels.attention import triton_sessions as sessions_tr
 from flashlane.kernels.conv import triton as conv_tr
 from flashlane.kernels.gdn import triton as gdn_tr
 from flashlane.kernels.linear.triton import linear
@@ -18,8 +19,10 @@ from flashlane.kernels.norms import triton as norms_tr
 from flashlane.kernels.rowwise import triton as rowwise_tr
 from flashlane.kernels.rowwise import triton_greedy as greedy_tr
 from flashlane.kernels.rowwise import triton_hc as hc_tr
+from flashlane.kernels.rowwise import triton_hc_up as hc_up_tr
 from flashlane.kernels.rowwise import triton_heads as heads_tr
 from flashlane.kernels.rowwise import triton_ple as ple_tr
+from flashlane.kernels.rowwise import triton_rope as rope_tr
 from flashlane.kernels.rowwise import triton_rows as rows_tr
 from flashlane.kernels.rowwise import triton_tables as tables_tr
 
@@ -35,21 +38,21 @@ TRITON = Kernels(
     pool_block_at=blocks_tr.pool_block_at,
     attention=attention_tr.attention,
     causal_attention=causal_tr.causal_attention,  # positions, no [B, T, L] mask
-    attend_sessions=attention_tr.attend_sessions,  # B sessions in six launches
+    attend_sessions=sessions_tr.attend_sessions,  # B sessions in six launches
     moe=moe_tr.moe,
     moe_shared=moe_tr.moe_shared,  # the shared expert as one more expert of the launches
     linear=linear,
     rms_norm=norms_tr.rms_norm,
     gated_rms_norm=norms_tr.gated_rms_norm,
     hc_down=hc_tr.hc_down,
-    hc_up_mix=hc_tr.hc_up_mix,  # the up projection with the mix in its tile
+    hc_up_mix=hc_up_tr.hc_up_mix,  # the up projection with the mix in its tile
     hc_write=hc_tr.hc_write,
     hc_write_norm=hc_tr.hc_write_norm,
     gdn_gates=rowwise_tr.gdn_gates,
     gdn_qk=rowwise_tr.gdn_qk,
-    rope=rowwise_tr.rope,
+    rope=rope_tr.rope,
     norm_rope_heads=heads_tr.norm_rope_heads,  # an attention's q, k, indexer q: one launch
-    cos_sin=rowwise_tr.cos_sin,
+    cos_sin=rope_tr.cos_sin,
     ngram_embed=ple_tr.ngram_embed,  # the n-gram rows and their embeddings
     ple_gate=ple_tr.ple_gate,  # two norms, the streams' sums, the gate and the conv's norm
     swiglu=rowwise_tr.swiglu,

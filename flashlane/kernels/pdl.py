@@ -7,7 +7,7 @@ kernel before it has completed and its memory is visible, so each kernel reads a
 exactly what it would serially, and no bit changes. `gdc_launch_dependents` then lets the
 next launch be scheduled (its programs take the SMs this kernel leaves free). Before its
 wait a kernel may only read memory nothing in the step writes: the linear prefetches its
-weights into L2 there (`kernels/linear/triton.py`), so a small product's first loads no
+weights into L2 there (`kernels/linear/prefetch.py`), so a small product's first loads no
 longer wait on DRAM after the kernel before it ends.
 
 Captured into a CUDA graph, the launches become programmatic edges. Kernels launched without

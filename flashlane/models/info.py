@@ -17,7 +17,7 @@ from flashlane.models.config import ModelConfig
 
 if TYPE_CHECKING:
     from flashlane.models.fp8 import QuantSpec
-    from flashlane.sessions.memory import MemoryPlan
+    from flashlane.planning.memory import MemoryPlan
 
 GIB = 2**30
 

@@ -22,6 +22,7 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from flashlane.planning.memory import OverMemoryLimit
 from flashlane.server.api import (
     attach_engine,
     build_app,
@@ -31,7 +32,6 @@ from flashlane.server.api import (
 )
 from flashlane.server.engine_api import EngineLike
 from flashlane.server.guard import allowed_hosts
-from flashlane.sessions.memory import OverMemoryLimit
 
 logger = logging.getLogger("flashlane.server")
 

@@ -15,7 +15,7 @@ from tests.kernels.triton_env import DEVICE, DTYPES, HAS_CUDA, needs_triton
 pytest.importorskip("triton")
 
 from flashlane.kernels.attention import reference as attn_ref
-from flashlane.kernels.attention import triton as attn_tri
+from flashlane.kernels.attention import triton_sessions as attn_ses
 from flashlane.kernels.gdn import triton as gdn_tri
 from flashlane.kernels.rowwise import reference as rows_ref
 from flashlane.kernels.rowwise import triton_tables
@@ -40,10 +40,10 @@ def test_attention_through_an_anchor_table(dtype):
     q, k, v, iq, raw, cos, sin, w = row_inputs(3, dtype, seed=4)
     args = (torch.tensor(positions, device=DEVICE), cos, sin, w, 1e-6, BLOCK, TOP, 0.125)
     alone = copies(rows)
-    want = attn_ref.attend_sessions(q, k, v, iq, raw, alone, *args, ops=attn_tri._PER_SESSION)
+    want = attn_ref.attend_sessions(q, k, v, iq, raw, alone, *args, ops=attn_ses._PER_SESSION)
     anchor_before = [t.clone() for t in buffers(anchor)]
     table = attn_table(rows, anchor[0])
-    got = attn_tri.attend_sessions(q, k, v, iq, raw, anchor * 3, *args, table=table)
+    got = attn_ses.attend_sessions(q, k, v, iq, raw, anchor * 3, *args, table=table)
     assert torch.equal(got, want)
     for x, y in zip(buffers(alone), buffers(rows)):
         assert torch.equal(x, y)

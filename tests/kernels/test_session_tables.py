@@ -21,7 +21,7 @@ from tests.kernels.triton_env import DEVICE, DTYPES, HAS_CUDA, needs_triton
 pytest.importorskip("triton")
 
 from flashlane.kernels.attention import reference as attn_ref
-from flashlane.kernels.attention import triton as attn_tri
+from flashlane.kernels.attention import triton_sessions as attn_ses
 from flashlane.kernels.gdn import reference as gdn_ref
 from flashlane.kernels.gdn import triton as gdn_tri
 from flashlane.models.state import AttnCache, attn_table, offsets_table
@@ -73,9 +73,9 @@ def test_batched_sessions_match_each_session_alone(dtype, positions):
     args = (pos, cos, sin, w, 1e-6, BLOCK, TOP, 0.125)
 
     alone = copies(base)
-    want = attn_ref.attend_sessions(q, k, v, iq, raw, alone, *args, ops=attn_tri._PER_SESSION)
+    want = attn_ref.attend_sessions(q, k, v, iq, raw, alone, *args, ops=attn_ses._PER_SESSION)
     together = copies(base)
-    got = attn_tri.attend_sessions(q, k, v, iq, raw, together, *args, table=attn_table(together))
+    got = attn_ses.attend_sessions(q, k, v, iq, raw, together, *args, table=attn_table(together))
     assert torch.equal(got, want)
     for a, b in zip(alone, together):
         for x, y in zip(
@@ -94,9 +94,9 @@ def test_one_session_without_a_table_runs_the_per_session_kernels():
     q, k, v, iq, raw, cos, sin, w = row_inputs(1, dtype, seed=6)
     args = (torch.tensor([17], device=DEVICE), cos, sin, w, 1e-6, BLOCK, TOP, 0.125)
     want = attn_ref.attend_sessions(
-        q, k, v, iq, raw, copies(base), *args, ops=attn_tri._PER_SESSION
+        q, k, v, iq, raw, copies(base), *args, ops=attn_ses._PER_SESSION
     )
-    assert torch.equal(attn_tri.attend_sessions(q, k, v, iq, raw, copies(base), *args), want)
+    assert torch.equal(attn_ses.attend_sessions(q, k, v, iq, raw, copies(base), *args), want)
 
 
 @pytest.mark.parametrize("position", [0, 17, 31])
@@ -109,9 +109,9 @@ def test_one_session_with_a_table_matches_the_per_session_kernels(position):
     q, k, v, iq, raw, cos, sin, w = row_inputs(1, dtype, seed=8)
     args = (torch.tensor([position], device=DEVICE), cos, sin, w, 1e-6, BLOCK, TOP, 0.125)
     alone = copies(base)
-    want = attn_ref.attend_sessions(q, k, v, iq, raw, alone, *args, ops=attn_tri._PER_SESSION)
+    want = attn_ref.attend_sessions(q, k, v, iq, raw, alone, *args, ops=attn_ses._PER_SESSION)
     one = copies(base)
-    got = attn_tri.attend_sessions(q, k, v, iq, raw, one, *args, table=attn_table(one))
+    got = attn_ses.attend_sessions(q, k, v, iq, raw, one, *args, table=attn_table(one))
     assert torch.equal(got, want)
     for x, y in zip(
         (alone[0].k, alone[0].v, alone[0].index_keys, alone[0].block_keys),

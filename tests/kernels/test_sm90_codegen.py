@@ -22,14 +22,13 @@ from triton.compiler import ASTSource  # noqa: E402
 from flashlane.kernels.linear import triton as linear  # noqa: E402
 from flashlane.kernels.norms import triton as norms  # noqa: E402
 from flashlane.kernels.rowwise import triton_heads as rowwise_heads  # noqa: E402
-from tests.kernels.test_sm90_compile import (  # noqa: E402
-    BF,
-    H200,
-    HEADS,
-    HEADS_SIZES,
-    KERNELS,
-    LINEAR,
-)
+from tests.kernels.sm90 import BF, H200  # noqa: E402
+from tests.kernels.test_sm90_compile import HEADS, HEADS_SIZES  # noqa: E402
+from tests.kernels.test_sm90_compile import KERNELS as NON_GEMMS  # noqa: E402
+from tests.kernels.test_sm90_compile_gemm import GEMMS, LINEAR  # noqa: E402
+
+# every kernel of both compile tables
+KERNELS = {**NON_GEMMS, **GEMMS}
 
 
 @pytest.mark.parametrize("tile", ["tile_config", "prefill_tile"])

@@ -2,7 +2,8 @@
 ptxas (bundled with triton) at Flash Next's sizes, bf16, without a GPU. A kernel that the
 interpreter runs but the GPU compiler rejects (types, shapes, constexpr use) fails here, in
 CI, before a device call finds it. Kernels added after a session's device time ran out
-belong here first.
+belong here first. This file holds the row-wise, attention, recurrent, norm, conv and
+sampler kernels; test_sm90_compile_gemm.py the GEMMs (linear, MoE).
 
     python -m pytest tests/kernels/test_sm90_compile.py     # needs triton; no GPU
 """
@@ -19,28 +20,22 @@ pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") == "1", reason="the interpreter replaces the compiler"
 )
 
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-
 from flashlane.kernels.attention import triton as attention  # noqa: E402
 from flashlane.kernels.attention import triton_blocks, triton_causal, triton_select  # noqa: E402
 from flashlane.kernels.conv import triton as conv  # noqa: E402
 from flashlane.kernels.gdn import triton as gdn  # noqa: E402
-from flashlane.kernels.linear import triton as linear  # noqa: E402
-from flashlane.kernels.moe import routing  # noqa: E402
-from flashlane.kernels.moe import triton as moe  # noqa: E402
 from flashlane.kernels.norms import triton as norms  # noqa: E402
 from flashlane.kernels.rowwise import triton as rowwise  # noqa: E402
 from flashlane.kernels.rowwise import triton_greedy as rowwise_greedy  # noqa: E402
 from flashlane.kernels.rowwise import triton_hc as rowwise_hc  # noqa: E402
+from flashlane.kernels.rowwise import triton_hc_up as rowwise_hc_up  # noqa: E402
 from flashlane.kernels.rowwise import triton_heads as rowwise_heads  # noqa: E402
 from flashlane.kernels.rowwise import triton_ple as rowwise_ple  # noqa: E402
+from flashlane.kernels.rowwise import triton_rope as rowwise_rope  # noqa: E402
 from flashlane.kernels.rowwise import triton_rows as rowwise_rows  # noqa: E402
 from flashlane.sampling import triton_draw, triton_lone, triton_top_p  # noqa: E402
+from tests.kernels.sm90 import BF, compiles_for_sm90  # noqa: E402
 
-H200 = GPUTarget("cuda", 90, 32)
-H200_SHARED = 232448  # the shared memory one program may take on the H200, bytes
-BF = "*bf16"
 BLOCK_KEY = dict(BLOCK=4, DI=128, R=32, BDI=128)  # the indexer: blocks of 4, 128 dims
 POOL_AT = dict(
     keys_ptr=BF,
@@ -151,19 +146,19 @@ KERNELS = {
     "gdn_qk": (rowwise._gdn_qk_kernel,
                dict(y_ptr=BF, q_ptr=BF, k_ptr=BF, v_ptr=BF, stride="i32", scale="fp32"),
                dict(HEADS=16, DIM=128, REP=3, BLOCK=128, WITH_V=True)),
-    "rope": (rowwise._rope_kernel,
+    "rope": (rowwise_rope._rope_kernel,
              dict(x_ptr=BF, cos_ptr=BF, sin_ptr=BF, y_ptr=BF, heads="i32", stride_n="i32",
                   stride_h="i32", stride_c="i32"), dict(D=256, R=64, BLOCK=256)),
     "norm_rope_heads": (rowwise_heads._norm_rope_heads_kernel, HEADS, HEADS_SIZES,
                         dict(num_warps=1, launch_pdl=True)),
-    "cos_sin": (rowwise._cos_sin_kernel, dict(pos_ptr="*i64", inv_ptr="*fp32", cos_ptr=BF,
+    "cos_sin": (rowwise_rope._cos_sin_kernel, dict(pos_ptr="*i64", inv_ptr="*fp32", cos_ptr=BF,
                                                sin_ptr=BF), dict(R=64, BLOCK=4, RP2=64)),
     "hc_squash": (rowwise_hc._squash_kernel, dict(d_ptr=BF, y_ptr=BF, stride="i32", n="i32"),
                   dict(HC=4, BLOCK=1024)),
     "hc_mix": (rowwise_hc._hc_mix_kernel,
                dict(u_ptr=BF, xn_ptr=BF, inj_ptr=BF, a_ptr=BF, w_ptr=BF, h="i32",
                     stride_inj="i32"), dict(HC=4, HC_P2=4, INJECT=True, BLOCK=1024)),
-    "hc_up_mix decode": (rowwise_hc._hc_up_mix_kernel,
+    "hc_up_mix decode": (rowwise_hc_up._hc_up_mix_kernel,
                          dict(x_ptr=BF, w_ptr=BF, xn_ptr=BF, inj_ptr=BF, a_ptr=BF, wo_ptr=BF,
                               M="i32", H="i32", K="i32", stride_x="i32", stride_inj="i32",
                               prefetch="i32"),
@@ -171,7 +166,7 @@ KERNELS = {
                               BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, FP32_PRODUCTS=False,
                               PDL=1),
                          dict(num_warps=4, num_stages=3, launch_pdl=True)),
-    "hc_up_mix 2 streams": (rowwise_hc._hc_up_mix_kernel,
+    "hc_up_mix 2 streams": (rowwise_hc_up._hc_up_mix_kernel,
                             dict(x_ptr=BF, w_ptr=BF, xn_ptr=BF, inj_ptr=BF, a_ptr=BF,
                                  wo_ptr=BF, M="i32", H="i32", K="i32", stride_x="i32",
                                  stride_inj="i32", prefetch="i32"),
@@ -200,30 +195,7 @@ KERNELS = {
 }  # fmt: skip
 
 
-def blocks(tile: dict) -> dict:
-    return {k: v for k, v in tile.items() if k.isupper()}
-
-
-def launch(tile: dict) -> dict:
-    return {k: v for k, v in tile.items() if not k.isupper()}
-
-
 # the kernels that have run on the H200 too, at the launch options they use there
-LINEAR = dict(
-    x_ptr=BF,
-    w_ptr=BF,
-    y_ptr=BF,
-    ws_ptr="*fp32",
-    count_ptr="*i32",
-    M="i32",
-    N="i32",
-    K="i32",
-    stride_x="i32",
-    stride_y="i32",
-    prefetch="i32",
-    squash_cols="i32",
-)
-TILE = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64)
 DRAW = dict(logits_ptr="*fp32", stride="i32", V="i32", ws_ptr="*i64", n="i32", C="i32")
 # the recurrent GDN's arguments; with GATES, g_ptr and beta_ptr hold a and b (unused)
 RECURRENT = dict(
@@ -248,100 +220,7 @@ RECURRENT = dict(
     keep_states="i32",
     use_table="i32",
 )
-EXPERTS = dict(
-    slot_pair_ptr="*i32",
-    block_expert_ptr="*i32",
-    H="i32",
-    I="i32",
-    num_routed="i32",
-    shared_id="i32",
-)
 KERNELS.update({
-    "linear split fixup": (linear._linear_kernel, LINEAR,
-                           dict(PARTS=4, BLOCKS_PER_PART=10, SPLIT=True, FIXUP=True, **TILE,
-                                FP32_PRODUCTS=False, SQUASH=0), dict(num_warps=4, num_stages=3)),
-    "linear in program": (linear._linear_kernel, LINEAR,
-                          dict(PARTS=4, BLOCKS_PER_PART=10, SPLIT=False, FIXUP=False, **TILE,
-                               FP32_PRODUCTS=False, SQUASH=0), dict(num_warps=4, num_stages=3)),
-    "linear decode m16 k128": (linear._linear_kernel, LINEAR,
-                               dict(PARTS=40, BLOCKS_PER_PART=2, SPLIT=True, FIXUP=True,
-                                    BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
-                                    FP32_PRODUCTS=False, SQUASH=0),
-                               dict(num_warps=4, num_stages=3)),
-    "linear prefill 128x128": (linear._linear_kernel, LINEAR,
-                               dict(PARTS=10, BLOCKS_PER_PART=4, SPLIT=False, FIXUP=False,
-                                    BLOCK_M=128, BLOCK_N=128, BLOCK_K=64,
-                                    FP32_PRODUCTS=False, SQUASH=0),
-                               dict(num_warps=8, num_stages=3)),
-    "linear prefill flat 128x64": (linear._linear_kernel, LINEAR,
-                                   dict(PARTS=40, BLOCKS_PER_PART=4, SPLIT=False, FIXUP=False,
-                                        BLOCK_M=128, BLOCK_N=64, BLOCK_K=64,
-                                        FP32_PRODUCTS=False, SQUASH=0, FLAT=True),
-                                   dict(num_warps=8, num_stages=3)),
-    "linear fp32 out on tensor cores": (linear._linear_kernel,
-                                        dict(LINEAR, y_ptr="*fp32"),
-                                        dict(PARTS=10, BLOCKS_PER_PART=2, SPLIT=True,
-                                             FIXUP=True, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
-                                             FP32_PRODUCTS=False, SQUASH=0),
-                                        dict(num_warps=4, num_stages=3)),
-    "linear PDL": (linear._linear_kernel, LINEAR,
-                   dict(PARTS=40, BLOCKS_PER_PART=2, SPLIT=True, FIXUP=True,
-                        BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
-                        FP32_PRODUCTS=False, SQUASH=0, PDL=1),
-                   dict(num_warps=4, num_stages=3, launch_pdl=True)),
-    "linear PDL in program": (linear._linear_kernel, LINEAR,
-                              dict(PARTS=1, BLOCKS_PER_PART=20, SPLIT=False, FIXUP=False,
-                                   BLOCK_M=64, BLOCK_N=64, BLOCK_K=128,
-                                   FP32_PRODUCTS=False, SQUASH=0, PDL=1),
-                              dict(num_warps=4, num_stages=3, launch_pdl=True)),
-    "linear squash out (hc down)": (linear._linear_kernel, LINEAR,
-                                    dict(PARTS=40, BLOCKS_PER_PART=2, SPLIT=True, FIXUP=True,
-                                         BLOCK_M=16, BLOCK_N=64, BLOCK_K=128,
-                                         FP32_PRODUCTS=False, SQUASH=4),
-                                    dict(num_warps=4, num_stages=3)),
-    "linear router fp32": (linear._linear_kernel, {**LINEAR, "y_ptr": "*fp32"},
-                           dict(PARTS=16, BLOCKS_PER_PART=5, SPLIT=True, FIXUP=True,
-                                BLOCK_M=16, BLOCK_N=64, BLOCK_K=32, FP32_PRODUCTS=True,
-                                SQUASH=0),
-                           dict(num_warps=4, num_stages=2)),
-    "sum_parts": (linear._sum_parts_kernel, dict(ws_ptr="*fp32", y_ptr=BF, numel="i32",
-                                                 n="i32", stride_y="i32",
-                                                 squash_cols="i32"),
-                  dict(PARTS=4, SQUASH=4, BLOCK=1024), {}),
-    "moe gate_up": (moe._gate_up_kernel,
-                    dict(x_ptr=BF, gate_ptr=BF, up_ptr=BF, act_ptr=BF, **EXPERTS),
-                    dict(TOP_K=10, BLOCK_M=16, **blocks(moe.GATE_UP_TILE), PRECISION="tf32"),
-                    launch(moe.GATE_UP_TILE)),
-    "moe gate_up one row": (moe._gate_up_kernel,
-                            dict(x_ptr=BF, gate_ptr=BF, up_ptr=BF, act_ptr=BF,
-                                 **dict(EXPERTS, slot_pair_ptr="*i64", block_expert_ptr="*i64")),
-                            dict(TOP_K=10, BLOCK_M=16, **blocks(moe.GATE_UP_TILE),
-                                 PRECISION="tf32", ONE_ROW=True),
-                            launch(moe.GATE_UP_TILE)),
-    "moe down": (moe._down_kernel, dict(act_ptr=BF, down_ptr=BF, y_ptr=BF, **EXPERTS),
-                 dict(BLOCK_M=16, **blocks(moe.DOWN_TILE), PRECISION="tf32"),
-                 launch(moe.DOWN_TILE)),
-    "moe gate_up prefill": (moe._gate_up_kernel,
-                            dict(x_ptr=BF, gate_ptr=BF, up_ptr=BF, act_ptr=BF, **EXPERTS),
-                            dict(TOP_K=10, BLOCK_M=64, **blocks(moe.GATE_UP_PREFILL),
-                                 PRECISION="tf32"),
-                            launch(moe.GATE_UP_PREFILL)),
-    "moe down prefill": (moe._down_kernel, dict(act_ptr=BF, down_ptr=BF, y_ptr=BF, **EXPERTS),
-                         dict(BLOCK_M=64, **blocks(moe.DOWN_PREFILL), PRECISION="tf32"),
-                         launch(moe.DOWN_PREFILL)),
-    "moe combine + shared": (moe._combine_kernel,
-                             dict(y_ptr=BF, w_ptr=BF, out_ptr=BF, gate_ptr=BF, s_ptr=BF,
-                                  H="i32", stride_gate="i32"),
-                             dict(TOP_K=10, SHARED=True, BLOCK=1024), {}),
-    "moe route": (routing._route_kernel, dict(l_ptr="*fp32", w_ptr=BF, ids_ptr="*i64",
-                                               stride_l="i32"),
-                  dict(E=512, TOP_K=10, NORMALIZE=True, BLOCK_E=512, BLOCK_K=16), {}),
-    "moe dispatch": (routing._dispatch_kernel,
-                     dict(ids_ptr="*i64", slot_pair_ptr="*i32", block_expert_ptr="*i32",
-                          num_pairs="i32", num_blocks="i32", shared_rows="i32",
-                          routed_blocks="i32"),
-                     dict(E=512, BLOCK_M=16, BLOCK_E=512, BLOCK_P=routing.PAIR_CHUNK,
-                          BLOCK_C=routing.CLEAR_CHUNK), {}),
     "rms_norm": (norms._rms_norm_kernel, dict(x_ptr=BF, w_ptr=BF, y_ptr=BF, rows="i32",
                                                eps="fp32", stride_x="i32"),
                  dict(D=10240, G=2560, BLOCK=4096), dict(num_warps=16)),
@@ -414,12 +293,4 @@ KERNELS.update({
 
 @pytest.mark.parametrize("name", sorted(KERNELS))
 def test_compiles_for_sm90(name):
-    fn, args, constexprs, *options = KERNELS[name]
-    signature = {**args, **dict.fromkeys(constexprs, "constexpr")}
-    compiled = triton.compile(
-        ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-        target=H200,
-        options=options[0] if options else None,
-    )
-    assert len(compiled.asm["cubin"]) > 0  # through ptxas: a binary the H200 would load
-    assert compiled.metadata.shared <= H200_SHARED  # else the launch fails (out of resources)
+    compiles_for_sm90(KERNELS[name])

@@ -18,8 +18,8 @@ pytestmark = needs_triton
 pytest.importorskip("triton")
 
 from flashlane.kernels.norms import triton as trn  # noqa: E402
-from flashlane.kernels.rowwise import triton as tr  # noqa: E402
 from flashlane.kernels.rowwise import triton_heads as trh  # noqa: E402
+from flashlane.kernels.rowwise import triton_rope as trope  # noqa: E402
 
 TOL = {torch.float32: 2e-6, torch.bfloat16: 2e-2}
 EPS = 1e-6
@@ -51,7 +51,7 @@ def _cos_sin(n, r, dtype, seed=9):
 
 def _separate(parts, cos, sin):
     """Today's launches: rms_norm, then rope, for each part."""
-    return [tr.rope(trn.rms_norm(x, w, eps), cos, sin) for x, w, eps in parts]
+    return [trope.rope(trn.rms_norm(x, w, eps), cos, sin) for x, w, eps in parts]
 
 
 def _check(parts, cos, sin, dtype):
@@ -144,6 +144,6 @@ def test_attention_project_is_the_separate_launches():
         (iqk[:, :-di].reshape(n, -1, di), attn.indexer.q_layernorm),
     ]
     for got, (part, norm) in zip((q, k, iq), want):
-        assert torch.equal(got, tr.rope(trn.rms_norm(part, norm.weight, norm.eps), cos, sin))
+        assert torch.equal(got, trope.rope(trn.rms_norm(part, norm.weight, norm.eps), cos, sin))
     assert torch.equal(raw, iqk[:, -di:]) and torch.equal(v, vv.reshape(n, -1, d))
     assert torch.equal(gate, qg.reshape(n, -1, 2 * d)[..., d:])

@@ -67,12 +67,12 @@ def test_record_row_posts_the_verdict_in_the_slot_of_the_k_it_leaves(b):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_step_angles_are_cos_sin_twice_and_the_lengths(dtype):
-    from flashlane.kernels.rowwise import triton as tr
+    from flashlane.kernels.rowwise import triton_rope as trope
 
     pos = torch.tensor([0, 5, 63, 64, 1000, 131071], device=DEVICE)
     inv = 1.0 / (1e7 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64)).to(DEVICE)
     got = trr.step_angles(pos, inv, dtype, 64)
-    want = (*tr.cos_sin(pos, inv, dtype), *tr.cos_sin(pos, inv, dtype, 64), pos + 1)
+    want = (*trope.cos_sin(pos, inv, dtype), *trope.cos_sin(pos, inv, dtype, 64), pos + 1)
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype and torch.equal(g, w)
     for g, w in zip(got, ref.step_angles(pos.cpu(), inv.cpu(), dtype, 64), strict=True):

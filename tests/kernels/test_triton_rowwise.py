@@ -22,6 +22,8 @@ pytest.importorskip("triton")
 from flashlane.kernels.norms import triton as trn  # noqa: E402
 from flashlane.kernels.rowwise import triton as tr  # noqa: E402
 from flashlane.kernels.rowwise import triton_hc as trh  # noqa: E402
+from flashlane.kernels.rowwise import triton_hc_up as trhu  # noqa: E402
+from flashlane.kernels.rowwise import triton_rope as trope  # noqa: E402
 
 TOL = {torch.float32: 2e-6, torch.bfloat16: 2e-2}
 
@@ -115,13 +117,13 @@ def test_hc_up_mix_is_the_up_projection_then_the_mix(dtype, hc, m):
     s, inj = both[:, :low], both[:, low : low + hc]
     up = _rand(hc * h, low, dtype=dtype, seed=41, scale=0.3)
     xn = _rand(m, hc * h, dtype=dtype, seed=42)
-    got = trh.hc_up_mix(s, up, xn, inj, hc)
+    got = trhu.hc_up_mix(s, up, xn, inj, hc)
     want = trh.hc_mix(linear(s, up), xn, inj, hc)
     assert_dot_equal(got[0], want[0])
     assert_dot_equal(got[1], want[1])
-    assert trh.hc_up_mix(s, up, xn, None, hc)[1] is None
+    assert trhu.hc_up_mix(s, up, xn, None, hc)[1] is None
     _close(got[0], ref.hc_mix(ref.linear(s, up), xn, inj, hc)[0], dtype)
-    _rows_invariant(lambda a, b, c: trh.hc_up_mix(a, up, b, c, hc), s, xn, inj, dots=True)
+    _rows_invariant(lambda a, b, c: trhu.hc_up_mix(a, up, b, c, hc), s, xn, inj, dots=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -177,8 +179,8 @@ def test_rope(dtype):
     n, heads, d, r = 7, 3, 20, 8  # partial rotary, D off the power-of-two block
     x = _rand(heads, n, d, dtype=dtype, seed=15).transpose(0, 1)  # strided, as block_keys
     cos, sin = _rand(n, r, dtype=dtype, seed=16), _rand(n, r, dtype=dtype, seed=17)
-    _close(tr.rope(x, cos, sin), ref.rope(x, cos, sin), dtype)
-    _rows_invariant(tr.rope, x.contiguous(), cos, sin)
+    _close(trope.rope(x, cos, sin), ref.rope(x, cos, sin), dtype)
+    _rows_invariant(trope.rope, x.contiguous(), cos, sin)
 
 
 def test_ngram_ids_bit_for_bit():
@@ -227,14 +229,14 @@ def test_cos_sin(dtype, block):
 
     inv = Rotary(64, 1e7).inv_freq.to(DEVICE)
     pos = torch.tensor([0, 1, 5, 63, 64, 1000, 4097, 262143], device=DEVICE)
-    got, want = tr.cos_sin(pos, inv, dtype, block), ref.cos_sin(pos, inv, dtype, block)
+    got, want = trope.cos_sin(pos, inv, dtype, block), ref.cos_sin(pos, inv, dtype, block)
     for g, w in zip(got, want):
         assert g.shape == w.shape == (8, 64) and g.dtype == dtype
         assert (g.double() - w.double()).abs().max().item() <= (1e-6 if dtype == torch.float32
                                                                 else 2**-7)  # fmt: skip
     if block > 1:  # the floor: 5 and 7 share their block's tables
-        assert torch.equal(tr.cos_sin(pos[2:3] + 2, inv, dtype, block)[0], got[0][2:3])
-    _rows_invariant(lambda p: tr.cos_sin(p, inv, dtype, block), pos)
+        assert torch.equal(trope.cos_sin(pos[2:3] + 2, inv, dtype, block)[0], got[0][2:3])
+    _rows_invariant(lambda p: trope.cos_sin(p, inv, dtype, block), pos)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -27,6 +27,7 @@ pytest.importorskip("triton")
 
 from flashlane.kernels.attention import triton as attn_tri  # noqa: E402
 from flashlane.kernels.attention import triton_select  # noqa: E402
+from flashlane.kernels.attention import triton_sessions as attn_ses  # noqa: E402
 
 HI, DI, BLOCK, TOP, D = 2, 16, 4, 4, 32
 # every block at 0.0; two blocks above 0.0 and the rest tied at it; one block above five
@@ -140,7 +141,7 @@ def test_lone_step_ties_go_to_lower_blocks(plant, batched):
     row = [x.to(DEVICE) for x in (q, k, v)] + [iq[:, 0], raw.to(DEVICE)]
     rest = [x.to(DEVICE) for x in (pos, cos, sin, weight)] + [1e-6, BLOCK, TOP, 1.0]
     ours = _sessions(capacities, keys)
-    got = attn_tri.attend_sessions(*row, ours, *rest, table=attn_table(ours) if batched else None)
+    got = attn_ses.attend_sessions(*row, ours, *rest, table=attn_table(ours) if batched else None)
     want = attn_ref.attend_sessions(*row, _sessions(capacities, keys), *rest)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)  # count / n, summed otherwise
     for bi, p in enumerate(positions):

@@ -7,8 +7,8 @@ import torch
 from flashlane.lanes.records import CostTable
 from flashlane.llm import LLM
 from flashlane.models.state import SessionState
+from flashlane.planning.memory import session_bytes
 from flashlane.request import SamplingParams
-from flashlane.sessions.memory import session_bytes
 from tests import DATA
 from tests.oracle import GATE_CHECKPOINTS
 
@@ -88,7 +88,7 @@ def test_memory_plan_bytes_equal_allocated_tensors(plain):
     ],
 )
 def test_options_that_cannot_hold_are_refused(tiny_ckpt, options, words):
-    from flashlane.sessions.memory import OptionConflict
+    from flashlane.planning.memory import OptionConflict
 
     with pytest.raises(OptionConflict) as err:
         LLM(str(tiny_ckpt), costs=COSTS, **options)

@@ -18,29 +18,22 @@ happen for a causal mask, whose diagonal is always allowed).
 select_mask, index_scores: the indexer (triton_select.py): its scores on the tensor cores,
 its mask ranked without a sort.
 
-attend_sessions: a lone step's attention for several sessions in one set of launches, each
-kernel reading and writing every session's own caches through a table of their offsets.
+attend_sessions (triton_sessions.py): a lone step's attention for several sessions at once.
 """
 
 from __future__ import annotations
 
 import functools
-from types import SimpleNamespace
 
 import torch
 import triton
 import triton.language as tl
 
-from flashlane.kernels.attention import reference as attention_ref
-from flashlane.kernels.attention import triton_blocks as blocks_tr
-from flashlane.kernels.attention.triton_select import (  # the indexer
-    index_scores,
-    select_from_scores,
-    select_mask,
-)
+from flashlane.kernels.attention.triton_select import index_scores, select_mask  # the indexer
 from flashlane.kernels.pdl import enter, pdl
 from flashlane.kernels.tables import K_COL, TABLE_WIDTH, V_COL, no_table
-from flashlane.models import state
+
+__all__ = ["CONFIGS", "attention", "index_scores", "select_mask"]
 
 # attention tiles: BLOCK_M (token, head) rows x BLOCK_L keys, D up to 256. The config depends
 # on the dtype only (never on T, B or L), so a row's bits are one function of the row: 16-bit
@@ -300,72 +293,3 @@ def attention(
         **pdl(q.device),
     )
     return o
-
-
-def attend_sessions(
-    q,
-    k,
-    v,
-    iq,
-    raw,
-    caches,
-    pos,
-    cos,
-    sin,
-    weight,
-    eps: float,
-    block: int,
-    top_blocks: int,
-    scale: float,
-    table: torch.Tensor | None = None,
-    lengths: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """reference.attend_sessions for B sessions in five launches whatever B (the row writes,
-    the pooling, the scores, the mask and the attention: each reads and writes the
-    sessions' caches in place through `table`, models.state.attn_table, built here when not
-    given; a CUDA graph needs it built before the capture). Every row runs the arithmetic of
-    the per-session kernels on its own session's values, so its bits are those of one
-    session alone (tests/kernels/test_attend_sessions.py). One session without a table
-    runs the per-session kernels. lengths: pos + 1 where the caller made it once for every
-    layer (else one launch more here)."""
-    if table is None:
-        if len(caches) == 1:
-            return attention_ref.attend_sessions(
-                q,
-                k,
-                v,
-                iq,
-                raw,
-                caches,
-                pos,
-                cos,
-                sin,
-                weight,
-                eps,
-                block,
-                top_blocks,
-                scale,
-                ops=_PER_SESSION,
-            )
-        table = state.attn_table(caches)
-    first = caches[0]
-    blocks_tr.put_rows_three(
-        [first.k, first.v, first.index_keys], ["k", "v", "index_keys"], table, pos, [k, v, raw]
-    )
-    blocks_tr.pool_block_at(
-        first.index_keys, first.block_keys, pos, cos, sin, weight, eps, block, table=table
-    )
-    nb = max(c.block_keys.shape[0] for c in caches)
-    num_keys = max(c.k.shape[0] for c in caches)
-    scores = index_scores(iq[:, None], first.block_keys[None], table, nb)
-    mask = select_from_scores(scores, pos[:, None], num_keys, block, top_blocks)
-    lengths = pos + 1 if lengths is None else lengths
-    return attention(
-        q[:, None], first.k[None], first.v[None], mask, scale, lengths, table, pos[:, None]
-    )[:, 0]
-
-
-# the per-session Triton kernels, for reference.attend_sessions' loop
-_PER_SESSION = SimpleNamespace(
-    pool_block_at=blocks_tr.pool_block_at, select_mask=select_mask, attention=attention
-)

@@ -86,7 +86,7 @@ def prefill_tile(n: int, k: int, dtype: torch.dtype) -> dict:
     * else outputs narrower than 1024 keep the decode tile (10240 x 320: 36 us at 2,048 rows);
     * else 128 x 128 wgmma tiles on 8 warps in blocks of K of 64 (16480 x 2560: 254 us).
     fp32 products: rows of 64 (FMAs in one chain per output in k's order whatever BLOCK_M:
-    tests/kernels/test_sm90_compile.py reads the chain in the compiled code)."""
+    tests/kernels/test_sm90_codegen.py reads the chain in the compiled code)."""
     t = tile_config(n, k, dtype)
     if dtype == torch.float32:
         return dict(t, BLOCK_M=64)

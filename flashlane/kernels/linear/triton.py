@@ -29,7 +29,7 @@ store the fp32 sums unrounded (`_TENSOR_CORE_FP32_OUT`; False casts them in regi
 fp32 path, bitwise `linear(x.float(), w.float())`).
 
 Prefill tiles with six partitions or more run them all in one pipelined loop over K (FLAT,
-`_all_partitions`): the same sums in the same order as the loop over partitions.
+`all_partitions`): the same sums in the same order as the loop over partitions.
 """
 
 from __future__ import annotations
@@ -38,10 +38,13 @@ import torch
 import triton
 import triton.language as tl
 
+from flashlane.kernels.linear.partitions import all_partitions, partition_sum
+from flashlane.kernels.linear.prefetch import prefetch_rows, prefetch_span
 from flashlane.kernels.linear.tiles import DECODE_ROWS, prefill_tile, row_tile, tile_config
 from flashlane.kernels.partials import add_partials, counters, last_to_arrive
 from flashlane.kernels.pdl import enter, pdl
 
+# partition_sum and the prefetch helpers (partitions.py, prefetch.py) re-exported from here
 __all__ = [
     "DECODE_ROWS",
     "linear",
@@ -58,123 +61,11 @@ _ALIGN = 16
 _IN_PROGRAM_TILES = 128
 # split partitions added by each tile's last program (`kernels/partials.py`), not a 2nd kernel
 _FIXUP = True
-# under programmatic dependent launch (`kernels/pdl.py`) a decode call's programs prefetch
-# their weights into L2 before they wait for the kernel before them: at most this many bytes
-# a launch (the H200's L2 holds 50 MB), and none when a program's share is under 128 bytes a
-# row. The weights are read, never written, by every kernel of a step.
-_PREFETCH_BYTES = 16 << 20
-_PREFETCH_MIN = 64
 # bf16 / fp16 inputs with fp32 out (the router) on the tensor cores: exact bf16 products
 # summed in fp32 by the bf16 tiles, row-invariant like every bf16 product, within 3.4e-7 of
 # the largest logit of the FMA chains' exact fp32 sums, and 7.5x faster at 2,048 rows on the
 # H200 (437 -> 59 us). False: FMA chains on the CUDA cores, bitwise linear(x.float(), ...)
 _TENSOR_CORE_FP32_OUT = True
-
-
-@triton.jit
-def _k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K: tl.constexpr):
-    """K block kb of x's rows and w's columns: a [BLOCK_M, BLOCK_K], b [BLOCK_K, BLOCK_N]."""
-    rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-    k_mask = rk < K
-    a = tl.load(
-        x_ptr + rm[:, None].to(tl.int64) * stride_x + rk[None, :],
-        mask=m_mask[:, None] & k_mask[None, :],
-        other=0.0,
-    )
-    b = tl.load(
-        w_ptr + rn[None, :].to(tl.int64) * K + rk[:, None],
-        mask=n_mask[None, :] & k_mask[:, None],
-        other=0.0,
-    )
-    return a, b
-
-
-@triton.jit
-def prefetch_rows(w_ptr, rn, N, K, k0, count, ELEM: tl.constexpr):
-    """L2 prefetch of w[rn, k0 : k0 + count] (count values, clipped at K): one bulk prefetch
-    a row (the rows past N repeat row N - 1). Addresses and sizes are multiples of 16 bytes
-    (`linear` checks the weight's alignment and K)."""
-    rows = tl.minimum(rn, N - 1).to(tl.int64)
-    addr = (w_ptr + rows * K + k0).to(tl.int64, bitcast=True)
-    size = tl.zeros_like(rn) + tl.minimum(count, K - k0) * ELEM
-    tl.inline_asm_elementwise(
-        "cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;",
-        "=r,l,r",
-        [addr, size],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
-
-
-@triton.jit
-def _product(a, b, acc, FP32_PRODUCTS: tl.constexpr):
-    if FP32_PRODUCTS:
-        # exact products of the inputs' values, whatever their dtype (no-op casts for fp32)
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(a, b, acc)
-
-
-@triton.jit
-def partition_sum(
-    x_ptr,
-    w_ptr,
-    rm,
-    rn,
-    m_mask,
-    n_mask,
-    part,
-    K,
-    stride_x,
-    BLOCKS_PER_PART: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    FP32_PRODUCTS: tl.constexpr,
-):
-    """Sum over partition `part`'s K blocks, in ascending order, from zero, in fp32."""
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_blocks = tl.cdiv(K, BLOCK_K)
-    start = part * BLOCKS_PER_PART
-    end = tl.minimum(start + BLOCKS_PER_PART, k_blocks)
-    for kb in range(start, end):
-        a, b = _k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K)
-        acc = _product(a, b, acc, FP32_PRODUCTS)
-    return acc
-
-
-@triton.jit
-def _all_partitions(
-    x_ptr,
-    w_ptr,
-    rm,
-    rn,
-    m_mask,
-    n_mask,
-    K,
-    stride_x,
-    BLOCKS_PER_PART: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    FP32_PRODUCTS: tl.constexpr,
-):
-    """((p0 + p1) + p2) + ... over every partition in one loop over all K blocks (one
-    software pipeline, not one a partition: partitions of 2-4 blocks spent most of their
-    time filling and draining it). At each partition's last block its sum joins the total
-    and the accumulator restarts from zero; elsewhere the total gets +0.0, which changes
-    nothing (neither sum is ever -0.0: both start at +0.0, and x + y is -0.0 only when both
-    are), so the bits are those of the loop over partitions."""
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_blocks = tl.cdiv(K, BLOCK_K)
-    for kb in range(0, k_blocks):
-        a, b = _k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K)
-        acc = _product(a, b, acc, FP32_PRODUCTS)
-        edge = ((kb + 1) % BLOCKS_PER_PART == 0) | (kb == k_blocks - 1)
-        total = total + tl.where(edge, acc, 0.0)
-        acc = tl.where(edge, 0.0, acc)
-    return total
 
 
 @triton.jit
@@ -263,7 +154,7 @@ def _linear_kernel(
                     mask=out_mask,
                 )
     elif FLAT:
-        total = _all_partitions(
+        total = all_partitions(
             x_ptr,
             w_ptr,
             rm,
@@ -338,20 +229,6 @@ def _sum_parts_kernel(
     total = add_partials(ws_ptr, offs, mask, numel.to(tl.int64), PARTS, "")
     y = _stored(total, offs % n, squash_cols, SQUASH, y_ptr.dtype.element_ty)
     tl.store(y_ptr + (offs // n) * stride_y + offs % n, y, mask=mask)
-
-
-def prefetch_span(w: torch.Tensor, cfg: dict, m: int, n_tiles: int, programs_k: int) -> int:
-    """The K values a program prefetches under PDL (0: none): a decode call's whole span of
-    K, cut to _PREFETCH_BYTES a launch, in 16-byte multiples; none where a row's address is
-    not 16-byte aligned."""
-    k = w.shape[1]
-    elem = w.element_size()
-    if m > DECODE_ROWS or w.data_ptr() % 16 or (k * elem) % 16:
-        return 0
-    span = cfg["BLOCKS_PER_PART"] * cfg["BLOCK_K"] if programs_k > 1 else k
-    share = _PREFETCH_BYTES // (n_tiles * cfg["BLOCK_N"] * programs_k * elem)
-    ahead = min(span, share) // (16 // elem) * (16 // elem)
-    return ahead if ahead >= _PREFETCH_MIN else 0
 
 
 def linear(

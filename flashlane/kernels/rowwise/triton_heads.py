@@ -17,7 +17,8 @@ import triton.language as tl
 
 from flashlane.kernels.norms.triton import _warps, rms_factor
 from flashlane.kernels.pdl import enter, pdl
-from flashlane.kernels.rowwise.triton import rotated, rounded
+from flashlane.kernels.rowwise.triton import rounded
+from flashlane.kernels.rowwise.triton_rope import rotated
 
 PARTS = 3  # parts a launch (q, k, the indexer's q); more take more launches
 

@@ -17,7 +17,7 @@ from flashlane.kernels.norms.triton import rms_factor
 from flashlane.kernels.partials import counters, last_to_arrive
 from flashlane.kernels.pdl import enter, pdl
 from flashlane.kernels.rowwise import reference as ref
-from flashlane.kernels.rowwise.triton import angles
+from flashlane.kernels.rowwise.triton_rope import angles
 
 __all__ = ["embed_rows", "post_ring", "posts_to_pinned", "record_row", "step_angles"]
 

@@ -12,7 +12,7 @@ import pytest
 from flashlane.models.census import state_bytes_per_stream
 from flashlane.models.config import ModelConfig
 from flashlane.models.info import describe
-from flashlane.sessions.memory import (
+from flashlane.planning.memory import (
     GIB,
     LIMIT_ENV,
     OptionConflict,
@@ -91,7 +91,7 @@ def test_prompt_pieces_are_planned() -> None:
     """A round's longest prompt piece adds its rows' activations to the workspace: a plan with
     8,192-row pieces holds 8,192 x prompt_row_bytes more than one without, and a real Flash
     Next row is estimated at a few hundred KB (the GPU run: ~2 GB at 8,192 rows)."""
-    from flashlane.sessions.buffers import prompt_row_bytes
+    from flashlane.planning.buffers import prompt_row_bytes
 
     limit = _limit(TINY, 10**6, 3.5) + 2 * GIB
     a = plan(TINY, device="cpu", limit_bytes=limit, weight_bytes=10**6, max_rows=16)
@@ -217,7 +217,7 @@ def test_check_options_accepts_what_holds() -> None:
 
 def test_sessions_and_census_import_no_torch() -> None:
     code = (
-        "import sys, flashlane.sessions.memory, flashlane.sessions.slots, flashlane.models.census,"
+        "import sys, flashlane.planning.memory, flashlane.sessions.slots, flashlane.models.census,"
         " flashlane.models.info;"
         "sys.exit('torch' in sys.modules)"
     )

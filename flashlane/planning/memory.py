@@ -1,8 +1,8 @@
 """The memory plan: sessions under the ceiling beside the weights, workspace and prompt cache,
 `--parallel auto`.
 
-No torch. What each part takes is in `sessions/buffers.py`, the ceiling and the prompt cache's
-budget in `sessions/limits.py`, the options predicate in `sessions/options.py`; their public
+No torch. What each part takes is in `planning/buffers.py`, the ceiling and the prompt cache's
+budget in `planning/limits.py`, the options predicate in `planning/options.py`; their public
 names are re-exported here. All sizes are GiB (2**30 bytes), whatever a flag says.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from flashlane.models.config import ModelConfig
-from flashlane.sessions.buffers import (
+from flashlane.planning.buffers import (
     ACTIVATION_FIXED,
     ELEMENT_BYTES,
     GIB,
@@ -26,7 +26,7 @@ from flashlane.sessions.buffers import (
     session_bytes,
     weight_bytes,
 )
-from flashlane.sessions.limits import (
+from flashlane.planning.limits import (
     GPU_FRACTION,
     LIMIT_ENV,
     PROMPT_CACHE_GB,
@@ -37,7 +37,7 @@ from flashlane.sessions.limits import (
     resolve_limit_bytes,
     resolve_prompt_cache_bytes,
 )
-from flashlane.sessions.options import OptionConflict, check_options
+from flashlane.planning.options import OptionConflict, check_options
 from flashlane.sessions.slots import format_slot_contexts
 
 __all__ = [

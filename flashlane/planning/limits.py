@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from flashlane.sessions.buffers import GIB
+from flashlane.planning.buffers import GIB
 
 LIMIT_ENV = "FLASHNEXT_LOAD_LIMIT_GB"
 GPU_FRACTION = 0.9  # default ceiling: of the GPU's total memory
