@@ -150,6 +150,23 @@ class EngineConfig:
         type=int,
         env=("FLASHLANE_LONE_STREAMS",),
     )
+    # sampled streams on the lone driver's keyed draw (the shared rounds' tokens: tests/gpu/
+    # test_lone_sampled_gpu.py); off, they decode in shared rounds
+    lone_sampled: bool = option(
+        True,
+        "sampled streams (temperature, top_p, top_k) decode in shared rounds, off the lone "
+        "driver (default: the lone driver takes them; FLASHLANE_NO_LONE_SAMPLED=1)",
+        env=("FLASHLANE_NO_LONE_SAMPLED",),
+    )
+    # a lone step stores its verdict into the pinned ring itself where the GPU writes host
+    # memory (runner/lone_buffers.posts_to_pinned); off, a copy follows each step
+    lone_post: bool = option(
+        True,
+        "copy each lone step's tokens to the host after it, not stored by the step itself "
+        "(default: stored by the step where the GPU can write host memory; "
+        "FLASHLANE_NO_LONE_POST=1)",
+        env=("FLASHLANE_NO_LONE_POST",),
+    )
     # the eager rounds, the reference the graphed step must equal bit for bit; read once, when
     # the engine is built (engine.py)
     graphs: bool = option(

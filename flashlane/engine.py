@@ -195,6 +195,8 @@ class Engine:
             self.sessions,
             graphs=self.model.graphs is not None,
             drafter=self.backend.drafter,
+            sampled=self.config.lone_sampled,
+            post=self.config.lone_post,
         )
         n = driver.capture_all()
         failed = f" (failed, steps run eagerly: {driver.failed})" if driver.failed else ""

@@ -16,8 +16,6 @@ READERS = {
     "cli.py": "`flashlane info` plans under the engine's variables without an engine",
     "kernels/pdl.py": "FLASHLANE_PDL, per launch: GPU tests and benchmarks flip it between "
     "calls in one process",
-    "runner/lone.py": "FLASHLANE_LONE_SAMPLED (to become a field: runner/ is the lead's)",
-    "runner/lone_buffers.py": "FLASHLANE_LONE_POST (to become a field: runner/ is the lead's)",
     "models/hub.py": "Hugging Face's own variables (HF_HUB_OFFLINE, HF_HOME, ...)",
     "llama_cpp/build.py": "FLASHLANE_LLAMA_CPP: where the peer benchmark's llama.cpp is",
     "bench/common.py": "FLASHLANE_COMMIT: the commit a benchmark's JSON names",

@@ -35,7 +35,7 @@ def lone_streams(host: LaneHost, running: Sequence[Stream]) -> list[Stream]:
     no logprobs, thinking budget, forced tokens or grammar; room for a step), oldest first,
     at most `lone_streams` of them. The rest (prompt pieces, other streams) go to a shared
     round beside them (LaneHost.run_once). Sampled streams only where the driver takes them
-    (`LoneDriver.sampled`; FLASHLANE_LONE_SAMPLED=0 turns them off)."""
+    (`LoneDriver.sampled`; EngineConfig.lone_sampled)."""
     if host.lone is None or not running:
         return []
     # A drafting stream too: a lone step costs less than a drafted shared round gains (tiny

@@ -31,7 +31,6 @@ runner/lone_step.py.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 
@@ -63,17 +62,20 @@ class LoneDriver:
         graphs: bool = True,
         drafter=None,
         max_steps: int = 64,
+        sampled: bool = True,
+        post: bool = True,
     ):
         """`drafter` (drafting.mtp.MtpDrafter): a drafting stream's steps queue their cells
-        there, as kept shared rounds do, so its MTP head catches up when it drafts again."""
+        there, as kept shared rounds do, so its MTP head catches up when it drafts again.
+        sampled: the driver takes sampled streams too (EngineConfig.lone_sampled); post: a
+        step stores its tokens into the pinned ring itself where it can (lone_post)."""
         self.model, self.sessions, self.drafter = model, sessions, drafter
         self.max_steps = max_steps
         self.device = model.embed_tokens.weight.device
         self.is_cuda = self.device.type == "cuda"
         # sampled streams too (lanes/lone_turn.py), the shared rounds' replies (tests/runner
-        # on the CPU; tests/gpu/test_lone_sampled_gpu.py passed on the H200 2026-11-30);
-        # FLASHLANE_LONE_SAMPLED=0 holds them to shared rounds
-        self.sampled = os.environ.get("FLASHLANE_LONE_SAMPLED", "1") == "1"
+        # on the CPU; tests/gpu/test_lone_sampled_gpu.py on the H200)
+        self.sampled, self.post = sampled, post
         # graphs name the sessions through size tables (no sessions: nothing to step)
         self.use_graphs = graphs and self.is_cuda and bool(sessions)
         self.events = [torch.cuda.Event() for _ in range(RING)] if self.is_cuda else []
@@ -278,7 +280,9 @@ class LoneDriver:
         (kernels.record_row with the ring) where the GPU can write host memory: then no copy
         is launched after each graph."""
         if self._posts is None:
-            self._posts = not self.is_cuda or posts_to_pinned(self.model, self.device)
+            self._posts = not self.is_cuda or (
+                self.post and posts_to_pinned(self.model, self.device)
+            )
         return self._posts
 
     def buffers(self, b: int, depth: int = 0, keyed: bool = False):

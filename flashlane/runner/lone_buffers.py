@@ -11,8 +11,6 @@ is row-invariant, so the streams' bits do not depend on the pad rows.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from flashlane.models.config import ModelConfig
@@ -73,8 +71,8 @@ class SizeTables:
 
 def posts_to_pinned(model: FlashNext, device: torch.device) -> bool:
     """Whether the model's kernels store a step's verdict into pinned memory here (the
-    Triton ones, once probed: `triton_rows.posts_to_pinned`; FLASHLANE_LONE_POST=0: never)."""
-    if os.environ.get("FLASHLANE_LONE_POST", "1") == "0" or model.kernels.name != "triton":
+    Triton ones, once probed: `triton_rows.posts_to_pinned`)."""
+    if model.kernels.name != "triton":
         return False
     from flashlane.kernels.rowwise.triton_rows import posts_to_pinned
 

@@ -37,6 +37,8 @@ GIVEN = {
     "unpriced": (None, True),
     "lone": (None, False),
     "lone_streams": ("2", 2),
+    "lone_sampled": (None, False),
+    "lone_post": (None, False),
     "graphs": (None, False),
     "kernels": ("reference", "reference"),
     "seed": ("7", 7),

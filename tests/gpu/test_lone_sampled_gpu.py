@@ -120,7 +120,7 @@ def test_unsettled_top_p_rows_are_settled_between_steps(lone_model, graphed, mon
 
 @pytest.mark.parametrize("mix", list(MIXES))
 def test_engine_sampled_replies_lone_and_shared_agree(tiny_ckpt, monkeypatch, mix):
-    monkeypatch.setenv("FLASHLANE_LONE_SAMPLED", "1")  # the default, whatever the caller's
+    monkeypatch.delenv("FLASHLANE_NO_LONE_SAMPLED", raising=False)  # the default: taken
     costs = CostTable(
         {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3, overhead_ms=0.2
     )
