@@ -87,8 +87,9 @@ def dense(w: torch.Tensor | Fp8Weight, dtype: torch.dtype) -> torch.Tensor:
 
 
 def cat_rows(weights: list[Fp8Weight]) -> Fp8Weight | None:
-    """FP8 weights [N_i, K] as one [sum N_i, K] weight (views of it: `Stacked`), or None where a block of scales would straddle two of them (an N_i
-    before the last that is not a multiple of 128): those run alone."""
+    """FP8 weights [N_i, K] as one [sum N_i, K] weight (`Stacked` makes them views of it),
+    or None where a block of scales would straddle two of them (an N_i before the last that
+    is not a multiple of 128): those run alone."""
     if any(w.q.ndim != 2 for w in weights) or any(w.shape[0] % BLOCK for w in weights[:-1]):
         return None
     return Fp8Weight(

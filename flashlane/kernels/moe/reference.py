@@ -6,7 +6,6 @@ import torch
 import torch.nn.functional as F
 
 from flashlane.kernels.linear.fp8 import Fp8Weight, dense
-
 from flashlane.kernels.rowwise.reference import gated_add
 
 
