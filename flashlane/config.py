@@ -56,9 +56,9 @@ class EngineConfig:
     # chat_template_kwargs a request's own override; None: {} for a checkpoint, and
     # {"enable_thinking": False} for the embedded model (EMBEDDED_CHAT_KWARGS)
     default_chat_template_kwargs: dict[str, Any] | None = None
-    # "fp8": a plain checkpoint's linears quantized to block FP8 at load, then dequantized to
-    # the compute dtype (models/fp8.py; the GPU FP8 GEMMs are issue 34's, not built yet); None:
-    # as the checkpoint stores them (a block-FP8 checkpoint is dequantized either way)
+    # "fp8": a plain checkpoint's linears quantized to block FP8 at load (models/fp8.py), kept
+    # FP8 on CUDA, dequantized to the compute dtype on the CPU (models/fp8_weights.py); None:
+    # as the checkpoint stores them (a block-FP8 checkpoint is read the same way)
     quantization: str | None = None
     # requests without a seed take seed, seed + 1, ... in submission order; None: fresh random
     seed: int | None = None

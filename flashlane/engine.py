@@ -81,13 +81,6 @@ class Engine:
         weights, cache, state = compute_dtypes(self.device, config.dtype)
         if built is None:
             path, self.name = resolve_model(config.model)
-            if config.quantization and self.device.startswith("cuda"):
-                logger.warning(
-                    "--quantization %s: no GPU FP8 kernels yet (issue 34); the "
-                    "quantized weights are dequantized to %s",
-                    config.quantization,
-                    weights,
-                )
             self.model_config, self.model = load_checkpoint(
                 path, weights, self.device, quantize=config.quantization
             )

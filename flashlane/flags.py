@@ -82,10 +82,10 @@ def engine_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         choices=["fp8"],
         help="fp8: quantize a bf16/fp32 checkpoint's linears to block FP8 (128x128 "
-        "e4m3 blocks) at load; the GPU FP8 kernels are not built yet, so on cuda it "
-        "too dequantizes to bf16, and the CPU computes the FP8 model's values in "
-        "float64 (default: none, the weights as the checkpoint stores them; a block-"
-        "FP8 checkpoint is read and dequantized either way)",
+        "e4m3 blocks) at load; on cuda they stay FP8 and run on the FP8 GEMMs, the "
+        "CPU dequantizes them and computes the FP8 model's values in float64 "
+        "(default: none, the weights as the checkpoint stores them; a block-FP8 "
+        "checkpoint is read the same way: FP8 on cuda, dequantized on the CPU)",
     )
     p.add_argument(
         "--parallel",
