@@ -60,6 +60,11 @@ class EngineConfig:
     # FP8 on CUDA, dequantized to the compute dtype on the CPU (models/fp8_weights.py); None:
     # as the checkpoint stores them (a block-FP8 checkpoint is read the same way)
     quantization: str | None = None
+    # where the n-gram (PLE) tables live: "cuda" (the model's GPU), "cpu" (pinned host memory,
+    # read by the GPU's kernel through mapped memory, or gathered on the host a round and
+    # copied in), None: the GPU when the memory plan fits with them there, else the host
+    # (always the host on the CPU)
+    ple_table_device: str | None = None
     # requests without a seed take seed, seed + 1, ... in submission order; None: fresh random
     seed: int | None = None
 
@@ -111,6 +116,11 @@ class EngineConfig:
             self.quantization in (None, "fp8"),
             "quantization",
             f"must be fp8 or unset, got {self.quantization!r}",
+        )
+        need(
+            self.ple_table_device in (None, "auto", "cpu", "cuda"),
+            "ple_table_device",
+            f"must be auto, cpu or cuda, got {self.ple_table_device!r}",
         )
         need(frac is None or 0 < frac <= 1, "gpu_memory_utilization", f"must be in (0, 1]: {frac}")
         need(self.max_rows is None or self.max_rows >= 1, "max_rows", "must be >= 1")

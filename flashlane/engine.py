@@ -22,6 +22,7 @@ from flashlane.lanes.records import CostTable
 from flashlane.lanes.stops import StopRules
 from flashlane.models.config import ModelConfig
 from flashlane.models.flashnext import FlashNext
+from flashlane.models.host_tables import TablePlace, device_bytes, host_bytes, table_place
 from flashlane.models.hub import resolve_model
 from flashlane.models.loader import load_checkpoint
 from flashlane.models.state import SessionState
@@ -79,10 +80,12 @@ class Engine:
             # thread that waits for a busy core stalls every op (seen: 60 ms -> 2 s a round).
             torch.set_num_threads(1)
         weights, cache, state = compute_dtypes(self.device, config.dtype)
+        self.max_rows = config.max_rows or (64 if self.device.startswith("cuda") else 16)
         if built is None:
             path, self.name = resolve_model(config.model)
+            place = self._table_place(ModelConfig.from_hf(path), path)
             self.model_config, self.model = load_checkpoint(
-                path, weights, self.device, quantize=config.quantization
+                path, weights, self.device, quantize=config.quantization, ple_tables=place
             )
             self.tokenizer = _tokenizer(path)
             self.generation_defaults = _json(path / "generation_config.json")
@@ -100,7 +103,6 @@ class Engine:
         self.seeds = SeedSource(config.seed)
         self.kernels = select_kernels(self.device, log=self.log)
         self.model.use_kernels(self.kernels)
-        self.max_rows = config.max_rows or (64 if self.device.startswith("cuda") else 16)
         # the graphed parts and the lone driver are Flash Next's layers' (a sibling's blocks
         # run eagerly on the same kernels until the one-step issue covers them)
         self.graphed = cfg.family == "flashnext"
@@ -110,7 +112,7 @@ class Engine:
             and self.graphed
         ):
             self._capture_graphs()
-        self.plan = self._plan(cfg, weights)
+        self.plan = self._plan(cfg, device_bytes(self.model), host_bytes(self.model))
         self.sessions = [
             SessionState.empty(cfg, c, cache, state, self.device) for c in self.plan.capacities
         ]
@@ -175,7 +177,12 @@ class Engine:
             f"  drafts    {mtp if c.drafts else 'off'}",
             f"  memory    {p.weight_bytes / gib:.2f} GiB weights, {sum(p.session_bytes) / gib:.2f}"
             f" GiB sessions, {p.prompt_cache_bytes / gib:.2f} GiB prompt cache; limit "
-            f"{p.limit_bytes / gib:.1f} GiB",
+            f"{p.limit_bytes / gib:.1f} GiB"
+            + (
+                f"; n-gram tables {p.host_bytes / gib:.2f} GiB in host memory"
+                if p.host_bytes
+                else ""
+            ),
             f"  costs     {describe(costs).removeprefix('costs ') if costs else 'unpriced'}",
         ]
         return "\n".join(lines)
@@ -214,7 +221,33 @@ class Engine:
             f"{used / 2**20:.0f} MiB{failed}"
         )
 
-    def _plan(self, cfg, weights: torch.dtype) -> memory.MemoryPlan:
+    def _table_place(self, cfg: ModelConfig, path: Path) -> TablePlace:
+        """Where the n-gram tables go (--ple-table-device; auto: the GPU when the memory plan
+        fits with them there, from the config's parameter counts, else the host)."""
+        c = self.config
+        if c.ple_table_device in ("cpu", "cuda") or not self.device.startswith("cuda"):
+            return table_place(c.ple_table_device, self.device, True)
+        from flashlane.models.census import count_params
+        from flashlane.models.fp8 import QuantSpec, read_quant_spec
+        from flashlane.models.info import fp8_bytes
+
+        spec = read_quant_spec(path) or (QuantSpec() if c.quantization == "fp8" else None)
+        table = 2 * count_params(cfg).ngram_table
+        mtp = c.drafts and cfg.num_mtp_layers > 0
+        text = (
+            fp8_bytes(cfg, spec).total_bytes - table
+            if spec is not None
+            else memory.weight_bytes(cfg, 2, table=False, mtp=mtp)
+        )
+        try:
+            self._plan(cfg, text + table, 0)
+        except memory.OverMemoryLimit:
+            return table_place(None, self.device, False)
+        return table_place(None, self.device, True)
+
+    def _plan(self, cfg, weight_bytes: int, host_bytes: int) -> memory.MemoryPlan:
+        """The memory plan for `weight_bytes` on the device and `host_bytes` of n-gram tables
+        in host memory (planned against RAM_FRACTION of RAM)."""
         c = self.config
         context = c.context or cfg.max_position_embeddings
         # an empty list given is refused (parse_slot_contexts), never taken as unset
@@ -240,12 +273,14 @@ class Engine:
             limit_gb = c.gpu_memory_utilization * total / memory.GIB
         limit = memory.resolve_limit_bytes(limit_gb, {}, kind, gpu_total)
         cache_bytes = memory.resolve_prompt_cache_bytes(c.prompt_cache_gb, kind, limit)
-        wbytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        host_limit = int(memory.RAM_FRACTION * read_ram_bytes()) if host_bytes else None
         return memory.plan(
             cfg,
             device=kind,
             limit_bytes=limit,
-            weight_bytes=wbytes,
+            weight_bytes=weight_bytes,
+            host_bytes=host_bytes,
+            host_limit_bytes=host_limit,
             max_rows=self.max_rows,
             context=context,
             slot_contexts=slots,

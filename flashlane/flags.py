@@ -88,6 +88,15 @@ def engine_flags(p: argparse.ArgumentParser) -> None:
         "checkpoint is read the same way: FP8 on cuda, dequantized on the CPU)",
     )
     p.add_argument(
+        "--ple-table-device",
+        default=None,
+        choices=["auto", "cpu", "cuda"],
+        help="where a GPU model's n-gram (PLE) tables live: cuda, or cpu (pinned host "
+        "memory, planned against 70%% of RAM; the GPU reads each round's rows through "
+        "mapped memory) (default: auto, cuda when the memory plan fits them there, "
+        "else cpu)",
+    )
+    p.add_argument(
         "--parallel",
         "--max-num-seqs",
         "-np",
@@ -241,6 +250,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         device=args.device,
         dtype=args.dtype,
         quantization=args.quantization,
+        ple_table_device=args.ple_table_device,
         parallel=parallel,
         context=args.context,
         slot_contexts=args.slot_contexts,

@@ -146,6 +146,9 @@ def _plan_lines(p: MemoryPlan) -> list[str]:
         lines.append("  fewer than two sessions fit: one reply at a time")
     if p.host_limit_bytes is not None:
         lines.append(f"  host (n-gram table) {gib(p.host_bytes)} of {gib(p.host_limit_bytes)}")
+        lines.append(f"  where              weights on {p.device}; n-gram tables in host memory")
+    else:
+        lines.append(f"  where              weights and n-gram tables on {p.device}")
     return lines
 
 

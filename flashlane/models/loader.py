@@ -34,6 +34,7 @@ from flashlane.models.fp8 import (
     read_quant_spec,
 )
 from flashlane.models.fp8_weights import WeightFormat, install_fp8, keeps, weight_format
+from flashlane.models.host_tables import TablePlace, is_table, mark_tables, pinned
 
 logger = logging.getLogger("flashlane")
 
@@ -189,11 +190,13 @@ def load_checkpoint(
     device: str | torch.device = "cpu",
     quantize: str | None = None,
     weights: WeightFormat | None = None,
+    ple_tables: TablePlace = "device",
 ) -> tuple[ModelConfig, FlashNext]:
     """Build the model of folder/config.json and fill it from the folder's safetensors
     (quantize="fp8": a plain checkpoint's linears quantized to block FP8 first). Block-FP8
     weights are kept FP8 (Fp8Weight) with weights="fp8", dequantized to dtype with
-    "dequantized"; None: `fp8_weights.weight_format(device, ...)` decides (FP8 on CUDA)."""
+    "dequantized"; None: `fp8_weights.weight_format(device, ...)` decides (FP8 on CUDA).
+    ple_tables="host": the n-gram tables stay in host memory (models/host_tables.py)."""
     folder = Path(folder)
     cfg = ModelConfig.from_hf(folder)
     spec, fresh = _specs(folder, quantize)
@@ -242,11 +245,15 @@ def load_checkpoint(
             )
     state = {
         n: t.to(
-            device=device, dtype=dtype if t.is_floating_point() and n not in fp8_names else t.dtype
+            device="cpu" if ple_tables == "host" and is_table(n) else device,
+            dtype=dtype if t.is_floating_point() and n not in fp8_names else t.dtype,
         )
         for n, t in tensors.items()
     }
+    if ple_tables == "host":
+        state = {n: pinned(t) if is_table(n) else t for n, t in state.items()}
     model.load_state_dict(state, assign=True, strict=True)
+    mark_tables(model, ple_tables)
     model.rotary = type(model.rotary)(cfg.rotary_dim, cfg.rope_theta)
     return cfg, model.eval().requires_grad_(False)
 
