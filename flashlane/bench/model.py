@@ -27,7 +27,7 @@ from flashlane.engine import Engine
 from flashlane.flags import FlagParser
 from flashlane.llm import LLM
 from flashlane.models.presets import PRESETS, config_dict
-from flashlane.models.random_weights import build_random
+from flashlane.models.random_weights import build_random, random_table_place
 from flashlane.request import SamplingParams
 from flashlane.roofline import decode_round_bytes, measure_ceilings, prefill_flops
 
@@ -56,6 +56,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="build the config's checkpoint with random weights on the device",
     )
     p.add_argument("--device", default="cuda", help="where the model runs")
+    p.add_argument(
+        "--quantization",
+        default=None,
+        choices=["fp8"],
+        help="build the linears and experts straight in block FP8 (no bf16 copy)",
+    )
+    p.add_argument(
+        "--ple-table-device",
+        default=None,
+        choices=["auto", "cpu", "cuda"],
+        help="where the n-gram tables go (auto: the GPU when the weights fit, else the host)",
+    )
     p.add_argument("--seed", type=int, default=0, help="of the random weights and prompts")
     p.add_argument(
         "--streams", type=_ints, default=[1, 4, 16], help="decode concurrencies, comma-separated"
@@ -117,8 +129,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def run_ours(args, raw: dict, ceilings: dict) -> dict:
     t0 = time.perf_counter()
     cuda = args.device.startswith("cuda")
+    tables = random_table_place(raw, args.device, args.quantization, args.ple_table_device)
     cfg, model = build_random(
-        raw, torch.bfloat16 if cuda else torch.float64, args.device, args.seed
+        raw,
+        torch.bfloat16 if cuda else torch.float64,
+        args.device,
+        args.seed,
+        quantize=args.quantization,
+        ple_tables=tables,
     )
     sync(args.device)
     built_s = time.perf_counter() - t0
@@ -351,6 +369,8 @@ def bench_model_main(argv: list[str]) -> int:
         )
         return 2
     raw = config_dict(args.config)
+    if args.quantization and args.peer != "none":
+        raise SystemExit("--quantization fp8 has no peer on the same weights: --peer none")
     ceilings = measure_ceilings(args.device) if cuda else {}
     if cuda:
         torch.cuda.empty_cache()

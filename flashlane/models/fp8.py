@@ -148,7 +148,7 @@ def quantize_blocks(
     x = w.to(torch.float32)
     *lead, n, k = x.shape
     gn, gk = scale_shape(tuple(x.shape), block)[-2:]
-    padded = torch.zeros(*lead, gn * block[0], gk * block[1], dtype=torch.float32)
+    padded = torch.zeros(*lead, gn * block[0], gk * block[1], dtype=torch.float32, device=x.device)
     padded[..., :n, :k] = x  # zero padding leaves each partial block's amax alone
     amax = padded.unflatten(-1, (gk, block[1])).unflatten(-3, (gn, block[0])).abs().amax((-3, -1))
     scale_inv = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))

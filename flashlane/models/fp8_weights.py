@@ -56,6 +56,35 @@ def install_fp8(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str,
     return out
 
 
+def install_empty_fp8(model: nn.Module, spec: QuantSpec) -> set[str]:
+    """Make every parameter of `model` (on the meta device) that `spec` converts (a 2-D
+    linear or an expert stack, by its checkpoint name: `model.` before the text model's, one
+    expert's for a stack) an empty Fp8Weight; returns their names (the random FP8 build)."""
+    names = set()
+    for name, p in list(model.named_parameters()):
+        hf = name if name.startswith(("lm_head.", "mtp.")) else "model." + name
+        expert = ".experts." in name and p.ndim == 3
+        if expert:  # stored per expert: experts.<e>.<proj>.weight
+            base, proj = hf.rsplit(".", 1)
+            hf = f"{base}.0.{proj}.weight"
+        if (p.ndim == 2 or expert) and spec.is_converted(hf):
+            owner, _, attr = name.rpartition(".")
+            module = model.get_submodule(owner)
+            delattr(module, attr)
+            setattr(module, attr, Fp8Weight.empty(tuple(p.shape)))
+            names.add(name)
+    return names
+
+
+def dequantize_modules(model: nn.Module, dtype: torch.dtype) -> None:
+    """Every Fp8Weight of `model` replaced by a plain parameter of its values in dtype."""
+    for name, w in list(fp8_weights(model).items()):
+        owner, _, attr = name.rpartition(".")
+        module = model.get_submodule(owner)
+        delattr(module, attr)
+        setattr(module, attr, nn.Parameter(w.dequantize(dtype), requires_grad=False))
+
+
 def fp8_weights(model: nn.Module) -> dict[str, Fp8Weight]:
     """The model's FP8 weights by their parameter's name (tests, `flashlane info`)."""
     return {n: m for n, m in model.named_modules() if isinstance(m, Fp8Weight)}
