@@ -22,6 +22,7 @@ from flashlane.lanes.records import CostTable
 from flashlane.lanes.stops import StopRules
 from flashlane.models.config import ModelConfig
 from flashlane.models.flashnext import FlashNext
+from flashlane.models.fp8_weights import fp8_weights
 from flashlane.models.host_tables import TablePlace, device_bytes, host_bytes, table_place
 from flashlane.models.hub import resolve_model
 from flashlane.models.loader import load_checkpoint
@@ -170,9 +171,13 @@ class Engine:
         cpu = " (the CPU's row-invariant path, whatever --dtype)" if self.device == "cpu" else ""
         mtp = f"MTP up to {c.mtp_drafts} + copy" if self.model.mtp else "copy only (no MTP head)"
         gib = memory.GIB
+        fp8 = fp8_weights(self.model)
+        fp8_gib = sum(w.q.nbytes + w.scale_inv.nbytes for w in fp8.values()) / gib
+        kept = f", {len(fp8)} block-FP8 weights ({fp8_gib:.2f} GiB)" if fp8 else ""
         lines = [
             f"loaded {self.name} on {self.device}",
-            f"  compute   {str(weights).removeprefix('torch.')}{cpu}, {self.kernels.name} kernels",
+            f"  compute   {str(weights).removeprefix('torch.')}{cpu}, {self.kernels.name} "
+            f"kernels{kept}",
             f"  sessions  {sessions} positions; {self.max_rows} rows a round, queue {c.max_queue}",
             f"  drafts    {mtp if c.drafts else 'off'}",
             f"  memory    {p.weight_bytes / gib:.2f} GiB weights, {sum(p.session_bytes) / gib:.2f}"
@@ -228,10 +233,13 @@ class Engine:
         if c.ple_table_device in ("cpu", "cuda") or not self.device.startswith("cuda"):
             return table_place(c.ple_table_device, self.device, True)
         from flashlane.models.census import count_params
-        from flashlane.models.fp8 import QuantSpec, read_quant_spec
+        from flashlane.models.fp8 import QuantizationError, QuantSpec, read_quant_spec
         from flashlane.models.info import fp8_bytes
 
-        spec = read_quant_spec(path) or (QuantSpec() if c.quantization == "fp8" else None)
+        try:
+            spec = read_quant_spec(path) or (QuantSpec() if c.quantization == "fp8" else None)
+        except QuantizationError:
+            return "device"  # the loader reports the checkpoint's error, naming the file
         table = 2 * count_params(cfg).ngram_table
         mtp = c.drafts and cfg.num_mtp_layers > 0
         text = (
