@@ -91,3 +91,24 @@ def test_quantize_at_load_keeps_the_fp8_checkpoints_values(fp8_trio):  # noqa: F
     for n in wa:
         assert torch.equal(wa[n].q.view(torch.uint8), wb[n].q.view(torch.uint8)), n
         assert torch.equal(wa[n].scale_inv, wb[n].scale_inv), n
+
+
+def test_mixed_fp8_and_plain_linears_stack_in_runs():
+    """The GDN's in_proj: FP8 qkv and z beside plain b and a: two products, one a run."""
+    qkv, z, b, a = linear(64, 256), linear(64, 128), linear(64, 8), linear(64, 8)
+    for m, seed in ((qkv, 1), (z, 2)):
+        del m.weight
+        m.weight = _fp8(m.out_features, 64, seed)
+    for m, seed in ((b, 3), (a, 4)):
+        m.weight.data = torch.randn(8, 64, generator=torch.Generator().manual_seed(seed)).double()
+    x = torch.randn(5, 64, dtype=torch.float64)
+    alone = [m(x) for m in (qkv, z, b, a)]
+    s = Stacked(qkv, z, b, a)
+    s.stack()
+    assert [len(r.linears) for r in s.runs] == [2, 2]
+    assert isinstance(s.runs[0].weight, Fp8Weight) and s.runs[1].weight is not None
+    assert s.stacked(x) is None  # no one weight for all of them
+    got = s(x)
+    assert len(got) == 4
+    for g, w in zip(got, alone):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
