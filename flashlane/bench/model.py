@@ -26,6 +26,7 @@ from flashlane.config import EngineConfig
 from flashlane.engine import Engine
 from flashlane.flags import FlagParser
 from flashlane.llm import LLM
+from flashlane.models.fp8 import QuantSpec
 from flashlane.models.presets import PRESETS, config_dict
 from flashlane.models.random_weights import build_random, random_table_place
 from flashlane.request import SamplingParams
@@ -263,7 +264,8 @@ def decode_figures(args, llm: LLM, cfg, n: int, greedy: SamplingParams, ceilings
     outs = replies(llm.generate(random_prompts(n, args.prompt_len, cfg.vocab_size, n), greedy))
     secs = max(o.stats.decode_seconds for o in outs)
     round_s = secs / args.decode_tokens
-    need = decode_round_bytes(cfg, n, args.prompt_len + args.decode_tokens)["total"]
+    fp8 = QuantSpec() if args.quantization == "fp8" else None
+    need = decode_round_bytes(cfg, n, args.prompt_len + args.decode_tokens, fp8=fp8)["total"]
     bw = ceilings.get("bandwidth_Bps")
     return {
         "tok_s": n * args.decode_tokens / secs,
