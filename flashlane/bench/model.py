@@ -57,17 +57,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="build the config's checkpoint with random weights on the device",
     )
     p.add_argument("--device", default="cuda", help="where the model runs")
+    p.add_argument("--quantization", choices=["fp8"], help="build the linears in block FP8")
     p.add_argument(
-        "--quantization",
-        default=None,
-        choices=["fp8"],
-        help="build the linears and experts straight in block FP8 (no bf16 copy)",
-    )
-    p.add_argument(
-        "--ple-table-device",
-        default=None,
-        choices=["auto", "cpu", "cuda"],
-        help="where the n-gram tables go (auto: the GPU when the weights fit, else the host)",
+        "--ple-table-device", choices=["auto", "cpu", "cuda"], help="auto: the GPU if it fits"
     )
     p.add_argument("--seed", type=int, default=0, help="of the random weights and prompts")
     p.add_argument(
@@ -130,15 +122,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def run_ours(args, raw: dict, ceilings: dict) -> dict:
     t0 = time.perf_counter()
     cuda = args.device.startswith("cuda")
-    tables = random_table_place(raw, args.device, args.quantization, args.ple_table_device)
-    cfg, model = build_random(
-        raw,
-        torch.bfloat16 if cuda else torch.float64,
-        args.device,
-        args.seed,
-        quantize=args.quantization,
-        ple_tables=tables,
-    )
+    q, tables = args.quantization, args.ple_table_device
+    tables = random_table_place(raw, args.device, q, tables)
+    dtype = torch.bfloat16 if cuda else torch.float64
+    cfg, model = build_random(raw, dtype, args.device, args.seed, q, tables)
     sync(args.device)
     built_s = time.perf_counter() - t0
     longest = max([*args.prefill, args.prompt_cache + 200 if args.prompt_cache else 0])
