@@ -84,3 +84,14 @@ def test_plan_counts_the_host_tables_apart(twins):
 def test_ple_table_device_is_checked(tiny_ckpt):
     with pytest.raises(ValueError, match="ple_table_device"):
         LLM(str(tiny_ckpt), ple_table_device="gpu")
+
+
+def test_info_says_where_each_part_lives(tiny_ckpt, capsys):
+    from flashlane.cli import main
+
+    base = ["info", str(tiny_ckpt), "--device", "cuda", "--parallel", "2"]
+    assert main([*base, "--ple-table-device", "cpu", "--quantization", "fp8"]) == 0
+    out = capsys.readouterr().out
+    assert "n-gram tables in host memory" in out and "host (n-gram table)" in out
+    assert main(base) == 0  # auto: the tiny tables fit the GPU
+    assert "weights and n-gram tables on cuda" in capsys.readouterr().out
