@@ -79,3 +79,26 @@ def test_fp8_kernel_compiles_for_sm90_on_the_tensor_cores(name):
     ptx = compiled.asm["ptx"]
     assert "mma.sync" in ptx or "wgmma" in ptx, "the products are not on the tensor cores"
     assert "cvt.rn.bf16x2.e4m3x2" in ptx or "e4m3" in ptx, "no e4m3 conversion"
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_fp8_kernel_waits_under_pdl_before_it_touches_memory(name):
+    """Launched early under PDL (kernels/pdl.py), a kernel's griddepcontrol.wait comes before
+    its first global load, store, async copy or atomic; with PDL 0 it has none."""
+    import re
+
+    fn, args, constexprs, options = KERNELS[name]
+
+    def ptx(flag: int) -> str:
+        c = {**constexprs, "PDL": flag}
+        signature = {**args, **dict.fromkeys(c, "constexpr")}
+        opts = dict(options, launch_pdl=bool(flag))
+        return triton.compile(
+            ASTSource(fn=fn, signature=signature, constexprs=c), target=H200, options=opts
+        ).asm["ptx"]
+
+    code = ptx(1)
+    wait = code.index("griddepcontrol.wait")
+    first = re.search(r"\b(ld\.global|st\.global|cp\.async|atom\.|red\.)", code)
+    assert first is None or wait < first.start()
+    assert "griddepcontrol" not in ptx(0)

@@ -29,6 +29,7 @@ from flashlane.kernels.linear import triton as dense_tr
 from flashlane.kernels.linear.fp8 import BLOCK, Fp8Weight
 from flashlane.kernels.linear.tiles import DECODE_ROWS
 from flashlane.kernels.partials import add_partials, counters, last_to_arrive
+from flashlane.kernels.pdl import enter, pdl
 
 # programs to aim for at one row (about two waves of the H200's 132 SMs), as tiles.py
 _TARGET_PROGRAMS = 264
@@ -89,8 +90,9 @@ def _fp8_linear_kernel(
     x_ptr, q_ptr, s_ptr, y_ptr, ws_ptr, count_ptr, M, N, K, KS, stride_x, stride_y,
     PARTS: tl.constexpr, BLOCKS_PER_PART: tl.constexpr, SPLIT: tl.constexpr,
     FIXUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, PDL: tl.constexpr = 0,
 ):  # fmt: skip
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -186,6 +188,7 @@ def linear_fp8(x: torch.Tensor, w: Fp8Weight, tile: dict | None = None) -> torch
         IEEE=x.dtype == torch.float32,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
+        **pdl(x.device),
     )
     ks = s.shape[1]
     if not split:

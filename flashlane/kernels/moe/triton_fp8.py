@@ -22,6 +22,7 @@ from flashlane.kernels.linear.fp8 import BLOCK, Fp8Weight
 from flashlane.kernels.linear.triton import DECODE_ROWS, linear
 from flashlane.kernels.moe import triton as dense_tr
 from flashlane.kernels.moe.routing import dispatch, pick_experts
+from flashlane.kernels.pdl import enter, pdl
 
 # decode tiles (up to DECODE_ROWS rows, and every fp32 call) and prefill tiles: the bf16
 # path's, with BLOCK_K the scale block
@@ -53,7 +54,9 @@ def _gate_up_fp8_kernel(
     H, I, HS, IS, num_routed, shared_id,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     IEEE: tl.constexpr, BLOCK_MAJOR: tl.constexpr = False, ONE_ROW: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):  # fmt: skip
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     blk, pid_n = dense_tr._tile_ids(BLOCK_MAJOR)
     e, slots, pair = dense_tr._block(
         blk, slot_pair_ptr, block_expert_ptr, num_routed, shared_id, BLOCK_M, ONE_ROW
@@ -102,8 +105,9 @@ def _down_fp8_kernel(
     act_ptr, down_ptr, down_s_ptr, y_ptr, slot_pair_ptr, block_expert_ptr,
     H, I, HS, IS, num_routed, shared_id,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_MAJOR: tl.constexpr = False, ONE_ROW: tl.constexpr = False,
+    BLOCK_MAJOR: tl.constexpr = False, ONE_ROW: tl.constexpr = False, PDL: tl.constexpr = 0,
 ):  # fmt: skip
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     blk, pid_n = dense_tr._tile_ids(BLOCK_MAJOR)
     e, slots, pair = dense_tr._block(
         blk, slot_pair_ptr, block_expert_ptr, num_routed, shared_id, BLOCK_M, ONE_ROW
@@ -175,12 +179,13 @@ def experts_fp8(
         x, gate.q.contiguous(), gate.scale_inv.contiguous(), up.q.contiguous(),
         up.scale_inv.contiguous(), act, slot_pair, block_expert, h, i, hs, is_, n * top_k,
         routed, TOP_K=top_k, BLOCK_M=bm, BLOCK_K=BLOCK, IEEE=ieee, ONE_ROW=one_row, **gu,
+        **pdl(x.device),
     )  # fmt: skip
     y = torch.empty((n * top_k + shared_rows, h), dtype=x.dtype, device=x.device)
     _down_fp8_kernel[dense_tr._grid(blocks, triton.cdiv(h, dn["BLOCK_N"]), dn)](
         act, down.q.contiguous(), down.scale_inv.contiguous(), y, slot_pair, block_expert,
         h, i, hs, is_, n * top_k, routed, BLOCK_M=bm, BLOCK_K=BLOCK, IEEE=ieee,
-        ONE_ROW=one_row, **dn,
+        ONE_ROW=one_row, **dn, **pdl(y.device),
     )  # fmt: skip
     if shared_logit is not None:
         shared = (shared_logit, y[n * top_k :])
@@ -189,6 +194,7 @@ def experts_fp8(
     dense_tr._combine_kernel[(n, triton.cdiv(h, dense_tr.COMBINE_BLOCK))](
         y, weights.contiguous(), out, g, s, h, g.stride(0), TOP_K=top_k,
         SHARED=shared is not None, BLOCK=dense_tr.COMBINE_BLOCK, num_warps=4,
+        **pdl(out.device),
     )  # fmt: skip
     return out
 
