@@ -85,18 +85,23 @@ def _partition(
     return acc
 
 
-@triton.jit(do_not_specialize=["M"])
+@triton.jit(do_not_specialize=["M", "prefetch"])
 def _fp8_linear_kernel(
-    x_ptr, q_ptr, s_ptr, y_ptr, ws_ptr, count_ptr, M, N, K, KS, stride_x, stride_y,
+    x_ptr, q_ptr, s_ptr, y_ptr, ws_ptr, count_ptr, M, N, K, KS, stride_x, stride_y, prefetch,
     PARTS: tl.constexpr, BLOCKS_PER_PART: tl.constexpr, SPLIT: tl.constexpr,
     FIXUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     IEEE: tl.constexpr, PDL: tl.constexpr = 0,
 ):  # fmt: skip
-    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # a constexpr and a runtime test in one `and` would not fold the constexpr away
+    if PDL:  # noqa: SIM102 (the e4m3 weights nothing writes, into L2 while the kernel before runs)
+        if prefetch > 0:
+            k0 = tl.program_id(2) * BLOCKS_PER_PART * BLOCK_K if SPLIT else 0
+            dense_tr.prefetch_rows(q_ptr, rn, N, K, k0, prefetch, 1)
+    enter(PDL)  # kernels/pdl.py: then nothing is read or written before the kernel before ends
     m_mask = rm < M
     n_mask = rn < N
     out_mask = m_mask[:, None] & n_mask[None, :]
@@ -188,18 +193,21 @@ def linear_fp8(x: torch.Tensor, w: Fp8Weight, tile: dict | None = None) -> torch
         IEEE=x.dtype == torch.float32,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
-        **pdl(x.device),
     )
+    launch = pdl(x.device)
+    meta.update(launch)
+    # a decode call's weights into L2 under PDL (kernels/linear/triton.py's prefetch_span)
+    ahead = dense_tr.prefetch_span(q, cfg, m, n_tiles, parts if split else 1) if launch else 0
     ks = s.shape[1]
     if not split:
         _fp8_linear_kernel[(m_tiles, n_tiles, 1)](
-            x2, q, s, y, y, y, m, n, k, ks, x2.stride(0), y.stride(0), **meta
+            x2, q, s, y, y, y, m, n, k, ks, x2.stride(0), y.stride(0), ahead, **meta
         )
         return y.reshape(*lead, n)
     ws = torch.empty((parts, m, n), dtype=torch.float32, device=x.device)
     _fp8_linear_kernel[(m_tiles, n_tiles, parts)](
         x2, q, s, y, ws, ws if count is None else count, m, n, k, ks, x2.stride(0),
-        y.stride(0), **meta,
+        y.stride(0), ahead, **meta,
     )  # fmt: skip
     if count is None:
         block = 1024
