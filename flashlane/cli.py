@@ -93,17 +93,25 @@ def cmd_info(args: argparse.Namespace) -> int:
     path = Path(args.model_path)
     cfg = ModelConfig.from_hf(path)
     quant = read_quant_spec(path)
+    if quant is None and args.quantization == "fp8":
+        from flashlane.models.fp8 import QuantSpec
+
+        quant = QuantSpec()
     plan = None
     asked = (args.slot_contexts, args.memory_limit_gb, args.context, args.parallel)
     if any(a is not None for a in asked) or os.environ.get(LIMIT_ENV):
-        plan = _info_plan(cfg, args, os.environ)
+        plan = _info_plan(cfg, args, os.environ, quant)
     print(describe(cfg, plan, quant))
     return 0
 
 
-def _info_plan(cfg, args, env):
-    """The plan the engine would make: the same ceiling (flag, then FLASHNEXT_LOAD_LIMIT_GB)
-    and the same prompt cache budget beside the sessions."""
+def _info_plan(cfg, args, env, quant=None):
+    """The plan the engine would make: the same ceiling (flag, then FLASHNEXT_LOAD_LIMIT_GB),
+    the same prompt cache budget beside the sessions, the weights in FP8 on cuda for a
+    block-FP8 checkpoint (or --quantization fp8), and the n-gram tables where
+    --ple-table-device puts them (auto: on cuda when the plan fits, else in host memory)."""
+    from flashlane.models.census import count_params
+    from flashlane.models.host_tables import table_place
     from flashlane.planning import memory
     from flashlane.sessions.slots import parse_slot_contexts
 
@@ -112,12 +120,18 @@ def _info_plan(cfg, args, env):
     cache_gb = args.prompt_cache_gb
     if cache_gb is None and env.get("FLASHLANE_PROMPT_CACHE_GB"):
         cache_gb = float(env["FLASHLANE_PROMPT_CACHE_GB"])
-    weights = memory.weight_bytes(cfg, 2 if device == "cuda" else 8, table=device != "cuda")
-    return memory.plan(
-        cfg,
+    elem = 2 if device == "cuda" else 8
+    table = elem * count_params(cfg).ngram_table
+    if quant is not None and device == "cuda":
+        from flashlane.models.info import fp8_bytes
+
+        weights = fp8_bytes(cfg, quant).total_bytes  # the table among the bf16 values
+    else:
+        weights = memory.weight_bytes(cfg, elem)
+    ram = int(memory.RAM_FRACTION * memory.read_ram_bytes())
+    opts = dict(
         device=device,
         limit_bytes=limit,
-        weight_bytes=weights,
         max_rows=args.max_rows or (64 if device == "cuda" else 16),
         context=args.context,
         slot_contexts=None if slots is None else parse_slot_contexts(slots),
@@ -125,6 +139,16 @@ def _info_plan(cfg, args, env):
         prompt_rows=memory.PREFILL_ROWS[device],
         prompt_cache_bytes=memory.resolve_prompt_cache_bytes(cache_gb, device, limit),
     )
+    host = dict(weight_bytes=weights - table, host_bytes=table, host_limit_bytes=ram)
+    requested = args.ple_table_device
+    if table_place(requested, device, True) == "host" or not table:
+        return memory.plan(cfg, **opts, **(host if table else dict(weight_bytes=weights)))
+    try:
+        return memory.plan(cfg, **opts, weight_bytes=weights)
+    except memory.OverMemoryLimit:
+        if table_place(requested, device, False) == "device":
+            raise
+        return memory.plan(cfg, **opts, **host)
 
 
 def build_parser() -> FlagParser:
@@ -176,6 +200,19 @@ def build_parser() -> FlagParser:
     )
     info.add_argument(
         "--max-rows", type=int, default=None, help="rows per round (default: 64 cuda, 16 cpu)"
+    )
+    info.add_argument(
+        "--quantization",
+        default=None,
+        choices=["fp8"],
+        help="plan a plain checkpoint quantized to block FP8 at load (default: as stored)",
+    )
+    info.add_argument(
+        "--ple-table-device",
+        default=None,
+        choices=["auto", "cpu", "cuda"],
+        help="where the n-gram tables go (default: auto, cuda when the plan fits, else the "
+        "host's memory)",
     )
     info.add_argument(
         "--prompt-cache-gb",

@@ -36,18 +36,30 @@ class EngineConfig:
         "auto, bfloat16, float32 or float64 (default: "
         "auto, bfloat16 on cuda; the CPU always computes in float64, see README)",
     )
-    # "fp8": a plain checkpoint's linears quantized to block FP8 at load, then dequantized to
-    # the compute dtype (models/fp8.py; the GPU FP8 GEMMs are issue 34's, not built yet); None:
-    # as the checkpoint stores them (a block-FP8 checkpoint is dequantized either way)
+    # "fp8": a plain checkpoint's linears quantized to block FP8 at load (models/fp8.py), kept
+    # FP8 on CUDA, dequantized to the compute dtype on the CPU (models/fp8_weights.py); None:
+    # as the checkpoint stores them (a block-FP8 checkpoint is read the same way)
     quantization: str | None = option(
         None,
         "fp8: quantize a bf16/fp32 checkpoint's linears to block FP8 (128x128 "
-        "e4m3 blocks) at load; the GPU FP8 kernels are not built yet, so on cuda it "
-        "too dequantizes to bf16, and the CPU computes the FP8 model's values in "
-        "float64 (default: none, the weights as the checkpoint stores them; a block-"
-        "FP8 checkpoint is read and dequantized either way)",
+        "e4m3 blocks) at load; on cuda they stay FP8 and run on the FP8 GEMMs, the "
+        "CPU dequantizes them and computes the FP8 model's values in float64 "
+        "(default: none, the weights as the checkpoint stores them; a block-FP8 "
+        "checkpoint is read the same way: FP8 on cuda, dequantized on the CPU)",
         aliases=("-q",),
         choices=("fp8",),
+    )
+    # where the n-gram (PLE) tables live: "cuda" (the model's GPU), "cpu" (pinned host memory,
+    # read by the GPU's kernel through mapped memory, or gathered on the host a round and
+    # copied in), None: the GPU when the memory plan fits with them there, else the host
+    # (always the host on the CPU)
+    ple_table_device: str | None = option(
+        None,
+        "where a GPU model's n-gram (PLE) tables live: cuda, or cpu (pinned host "
+        "memory, planned against 70%% of RAM; the GPU reads each round's rows through "
+        "mapped memory) (default: auto, cuda when the memory plan fits them there, "
+        "else cpu)",
+        choices=("auto", "cpu", "cuda"),
     )
     # sessions; auto: as many as fit, up to 16 (256 on a GPU); the flag's text is checked in
     # flags.engine_options
@@ -243,6 +255,11 @@ class EngineConfig:
             self.quantization in (None, "fp8"),
             "quantization",
             f"must be fp8 or unset, got {self.quantization!r}",
+        )
+        need(
+            self.ple_table_device in (None, "auto", "cpu", "cuda"),
+            "ple_table_device",
+            f"must be auto, cpu or cuda, got {self.ple_table_device!r}",
         )
         need(frac is None or 0 < frac <= 1, "gpu_memory_utilization", f"must be in (0, 1]: {frac}")
         need(self.max_rows is None or self.max_rows >= 1, "max_rows", "must be >= 1")

@@ -21,6 +21,8 @@ from flashlane.lanes.records import CostTable
 from flashlane.lanes.stops import StopRules
 from flashlane.models.config import ModelConfig
 from flashlane.models.flashnext import FlashNext
+from flashlane.models.fp8_weights import fp8_weights
+from flashlane.models.host_tables import TablePlace, device_bytes, host_bytes, table_place
 from flashlane.models.hub import resolve_model
 from flashlane.models.loader import load_checkpoint
 from flashlane.models.state import SessionState
@@ -78,17 +80,12 @@ class Engine:
             # thread that waits for a busy core stalls every op (seen: 60 ms -> 2 s a round).
             torch.set_num_threads(1)
         weights, cache, state = compute_dtypes(self.device, config.dtype)
+        self.max_rows = config.max_rows or (64 if self.device.startswith("cuda") else 16)
         if built is None:
             path, self.name = resolve_model(config.model)
-            if config.quantization and self.device.startswith("cuda"):
-                logger.warning(
-                    "--quantization %s: no GPU FP8 kernels yet (issue 34); the "
-                    "quantized weights are dequantized to %s",
-                    config.quantization,
-                    weights,
-                )
+            place = self._table_place(ModelConfig.from_hf(path), path)
             self.model_config, self.model = load_checkpoint(
-                path, weights, self.device, quantize=config.quantization
+                path, weights, self.device, quantize=config.quantization, ple_tables=place
             )
             self.tokenizer = _tokenizer(path)
             self.generation_defaults = _json(path / "generation_config.json")
@@ -107,13 +104,12 @@ class Engine:
         reference = config.kernels == "reference"
         self.kernels = select_kernels(self.device, log=self.log, reference=reference)
         self.model.use_kernels(self.kernels)
-        self.max_rows = config.max_rows or (64 if self.device.startswith("cuda") else 16)
         # the graphed parts and the lone driver are Flash Next's layers' (a sibling's blocks
         # run eagerly on the same kernels until the one-step issue covers them)
         self.graphed = cfg.family == "flashnext"
         if self.kernels.name == "triton" and config.graphs and self.graphed:
             self._capture_graphs()
-        self.plan = self._plan(cfg, weights)
+        self.plan = self._plan(cfg, device_bytes(self.model), host_bytes(self.model))
         self.sessions = [
             SessionState.empty(cfg, c, cache, state, self.device) for c in self.plan.capacities
         ]
@@ -171,14 +167,23 @@ class Engine:
         cpu = " (the CPU's row-invariant path, whatever --dtype)" if self.device == "cpu" else ""
         mtp = f"MTP up to {c.mtp_drafts} + copy" if self.model.mtp else "copy only (no MTP head)"
         gib = memory.GIB
+        fp8 = fp8_weights(self.model)
+        fp8_gib = sum(w.q.nbytes + w.scale_inv.nbytes for w in fp8.values()) / gib
+        kept = f", {len(fp8)} block-FP8 weights ({fp8_gib:.2f} GiB)" if fp8 else ""
         lines = [
             f"loaded {self.name} on {self.device}",
-            f"  compute   {str(weights).removeprefix('torch.')}{cpu}, {self.kernels.name} kernels",
+            f"  compute   {str(weights).removeprefix('torch.')}{cpu}, {self.kernels.name} "
+            f"kernels{kept}",
             f"  sessions  {sessions} positions; {self.max_rows} rows a round, queue {c.max_queue}",
             f"  drafts    {mtp if c.drafts else 'off'}",
             f"  memory    {p.weight_bytes / gib:.2f} GiB weights, {sum(p.session_bytes) / gib:.2f}"
             f" GiB sessions, {p.prompt_cache_bytes / gib:.2f} GiB prompt cache; limit "
-            f"{p.limit_bytes / gib:.1f} GiB",
+            f"{p.limit_bytes / gib:.1f} GiB"
+            + (
+                f"; n-gram tables {p.host_bytes / gib:.2f} GiB in host memory"
+                if p.host_bytes
+                else ""
+            ),
             f"  costs     {describe(costs).removeprefix('costs ') if costs else 'unpriced'}",
         ]
         return "\n".join(lines)
@@ -219,7 +224,36 @@ class Engine:
             f"{used / 2**20:.0f} MiB{failed}"
         )
 
-    def _plan(self, cfg, weights: torch.dtype) -> memory.MemoryPlan:
+    def _table_place(self, cfg: ModelConfig, path: Path) -> TablePlace:
+        """Where the n-gram tables go (--ple-table-device; auto: the GPU when the memory plan
+        fits with them there, from the config's parameter counts, else the host)."""
+        c = self.config
+        if c.ple_table_device in ("cpu", "cuda") or not self.device.startswith("cuda"):
+            return table_place(c.ple_table_device, self.device, True)
+        from flashlane.models.census import count_params
+        from flashlane.models.fp8 import QuantizationError, QuantSpec, read_quant_spec
+        from flashlane.models.info import fp8_bytes
+
+        try:
+            spec = read_quant_spec(path) or (QuantSpec() if c.quantization == "fp8" else None)
+        except QuantizationError:
+            return "device"  # the loader reports the checkpoint's error, naming the file
+        table = 2 * count_params(cfg).ngram_table
+        mtp = c.drafts and cfg.num_mtp_layers > 0
+        text = (
+            fp8_bytes(cfg, spec).total_bytes - table
+            if spec is not None
+            else memory.weight_bytes(cfg, 2, table=False, mtp=mtp)
+        )
+        try:
+            self._plan(cfg, text + table, 0)
+        except memory.OverMemoryLimit:
+            return table_place(None, self.device, False)
+        return table_place(None, self.device, True)
+
+    def _plan(self, cfg, weight_bytes: int, host_bytes: int) -> memory.MemoryPlan:
+        """The memory plan for `weight_bytes` on the device and `host_bytes` of n-gram tables
+        in host memory (planned against RAM_FRACTION of RAM)."""
         c = self.config
         context = c.context or cfg.max_position_embeddings
         # an empty list given is refused (parse_slot_contexts), never taken as unset
@@ -245,12 +279,14 @@ class Engine:
             limit_gb = c.gpu_memory_utilization * total / memory.GIB
         limit = memory.resolve_limit_bytes(limit_gb, {}, kind, gpu_total)
         cache_bytes = memory.resolve_prompt_cache_bytes(c.prompt_cache_gb, kind, limit)
-        wbytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        host_limit = int(memory.RAM_FRACTION * read_ram_bytes()) if host_bytes else None
         return memory.plan(
             cfg,
             device=kind,
             limit_bytes=limit,
-            weight_bytes=wbytes,
+            weight_bytes=weight_bytes,
+            host_bytes=host_bytes,
+            host_limit_bytes=host_limit,
             max_rows=self.max_rows,
             context=context,
             slot_contexts=slots,

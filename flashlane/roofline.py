@@ -13,6 +13,7 @@ import torch
 
 from flashlane.models import census
 from flashlane.models.config import ModelConfig
+from flashlane.models.fp8 import QuantSpec
 
 
 def expected_experts(cfg: ModelConfig, rows: int) -> float:
@@ -21,8 +22,14 @@ def expected_experts(cfg: ModelConfig, rows: int) -> float:
     return e * (1.0 - (1.0 - k / e) ** rows) if e else 0.0
 
 
-def decode_round_bytes(cfg: ModelConfig, rows: int, context: int, weight_bytes: int = 2) -> dict:
-    """Bytes one decode round of `rows` streams (one row each) moves, by part."""
+def decode_round_bytes(
+    cfg: ModelConfig, rows: int, context: int, weight_bytes: int = 2, fp8: QuantSpec | None = None
+) -> dict:
+    """Bytes one decode round of `rows` streams (one row each) moves, by part. fp8: the
+    weights that spec converts (every routed expert, and the dense linears it does not
+    leave) at one byte a value plus their float32 block scales, the rest at weight_bytes;
+    the n-gram table rows at weight_bytes wherever the table lives (host rows cross the bus
+    to the GPU: the same bytes)."""
     p = census.count_params(cfg)
     layers = sum(map(cfg.is_moe_layer, range(cfg.num_layers)))  # the MoE layers
     expert = census.expert_params(cfg)
@@ -33,13 +40,37 @@ def decode_round_bytes(cfg: ModelConfig, rows: int, context: int, weight_bytes: 
     ple_rows = rows * len(cfg.ple_layer_ids) * cfg.ple_embed_dim
     state = rows * census.state_bytes_per_stream(cfg) * 2  # read and written
     kv = rows * attention_bytes(cfg, context)
+    if fp8 is None:
+        weights = (dense + experts + embed_rows + ple_rows) * weight_bytes
+    else:
+        converted = converted_dense_params(cfg, fp8)
+        per_fp8 = 1 + 4 / (fp8.block[0] * fp8.block[1])
+        plain = dense - converted + embed_rows + ple_rows
+        weights = round(plain * weight_bytes + (converted + experts) * per_fp8)
     parts = {
-        "weights": (dense + experts + embed_rows + ple_rows) * weight_bytes,
+        "weights": weights,
         "state": state,
         "kv": kv,
     }
     parts["total"] = sum(parts.values())
     return parts
+
+
+def converted_dense_params(cfg: ModelConfig, spec: QuantSpec) -> int:
+    """The text model's dense (not routed-expert, not embedding, not MTP) parameters that a
+    block-FP8 checkpoint of `spec` stores in e4m3: its 2-D linears spec converts."""
+    from flashlane.models.build import build_model
+
+    with torch.device("meta"):
+        model = build_model(cfg)
+    total = 0
+    for name, p in model.named_parameters():
+        if name.startswith("mtp.") or ".experts." in name or p.ndim != 2:
+            continue
+        hf = name if name.startswith("lm_head.") else "model." + name
+        if spec.is_converted(hf):
+            total += p.numel()
+    return total
 
 
 def attention_bytes(cfg: ModelConfig, context: int, cache_bytes: int = 2) -> int:

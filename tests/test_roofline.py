@@ -69,3 +69,19 @@ def test_full_attention_reads_every_key():
     assert full > 0 and qwen.layer_types.count("sparse") == 0
     kv_token = 2 * qwen.num_kv_heads * qwen.head_dim * 2
     assert attention_bytes(qwen, 16384) == full * 16384 * kv_token
+
+
+def test_fp8_round_reads_one_byte_a_converted_value(cfg):
+    from flashlane.models.fp8 import QuantSpec
+    from flashlane.roofline import converted_dense_params
+
+    p = census.count_params(cfg)
+    spec = QuantSpec()
+    dense = p.text - p.experts - p.embeddings
+    converted = converted_dense_params(cfg, spec)
+    assert 0 < converted < dense
+    bf16 = decode_round_bytes(cfg, rows=1, context=0)["weights"]
+    fp8 = decode_round_bytes(cfg, rows=1, context=0, fp8=spec)["weights"]
+    # every converted value saves one byte, and its block's scale costs 4 / 16384 bytes
+    saved = converted + cfg.num_layers * 10 * census.expert_params(cfg)
+    assert fp8 == pytest.approx(bf16 - saved * (1 - 4 / 128**2), abs=1)

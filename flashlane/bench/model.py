@@ -26,8 +26,9 @@ from flashlane.config import EngineConfig
 from flashlane.engine import Engine
 from flashlane.flags import FlagParser
 from flashlane.llm import LLM
+from flashlane.models.fp8 import QuantSpec
 from flashlane.models.presets import PRESETS, config_dict
-from flashlane.models.random_weights import build_random
+from flashlane.models.random_weights import build_random, random_table_place
 from flashlane.request import SamplingParams
 from flashlane.roofline import decode_round_bytes, measure_ceilings, prefill_flops
 
@@ -56,6 +57,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="build the config's checkpoint with random weights on the device",
     )
     p.add_argument("--device", default="cuda", help="where the model runs")
+    p.add_argument("--quantization", choices=["fp8"], help="build the linears in block FP8")
+    p.add_argument(
+        "--ple-table-device", choices=["auto", "cpu", "cuda"], help="auto: the GPU if it fits"
+    )
     p.add_argument("--seed", type=int, default=0, help="of the random weights and prompts")
     p.add_argument(
         "--streams", type=_ints, default=[1, 4, 16], help="decode concurrencies, comma-separated"
@@ -117,9 +122,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def run_ours(args, raw: dict, ceilings: dict) -> dict:
     t0 = time.perf_counter()
     cuda = args.device.startswith("cuda")
-    cfg, model = build_random(
-        raw, torch.bfloat16 if cuda else torch.float64, args.device, args.seed
-    )
+    q, tables = args.quantization, args.ple_table_device
+    tables = random_table_place(raw, args.device, q, tables)
+    dtype = torch.bfloat16 if cuda else torch.float64
+    cfg, model = build_random(raw, dtype, args.device, args.seed, q, tables)
     sync(args.device)
     built_s = time.perf_counter() - t0
     longest = max([*args.prefill, args.prompt_cache + 200 if args.prompt_cache else 0])
@@ -245,7 +251,8 @@ def decode_figures(args, llm: LLM, cfg, n: int, greedy: SamplingParams, ceilings
     outs = replies(llm.generate(random_prompts(n, args.prompt_len, cfg.vocab_size, n), greedy))
     secs = max(o.stats.decode_seconds for o in outs)
     round_s = secs / args.decode_tokens
-    need = decode_round_bytes(cfg, n, args.prompt_len + args.decode_tokens)["total"]
+    fp8 = QuantSpec() if args.quantization == "fp8" else None
+    need = decode_round_bytes(cfg, n, args.prompt_len + args.decode_tokens, fp8=fp8)["total"]
     bw = ceilings.get("bandwidth_Bps")
     return {
         "tok_s": n * args.decode_tokens / secs,
@@ -351,6 +358,8 @@ def bench_model_main(argv: list[str]) -> int:
         )
         return 2
     raw = config_dict(args.config)
+    if args.quantization and args.peer != "none":
+        raise SystemExit("--quantization fp8 has no peer on the same weights: --peer none")
     ceilings = measure_ceilings(args.device) if cuda else {}
     if cuda:
         torch.cuda.empty_cache()

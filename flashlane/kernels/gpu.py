@@ -13,8 +13,8 @@ from flashlane.kernels.attention import triton_causal as causal_tr
 from flashlane.kernels.attention import triton_sessions as sessions_tr
 from flashlane.kernels.conv import triton as conv_tr
 from flashlane.kernels.gdn import triton as gdn_tr
-from flashlane.kernels.linear.triton import linear
-from flashlane.kernels.moe import triton as moe_tr
+from flashlane.kernels.linear.triton_fp8 import linear
+from flashlane.kernels.moe import triton_fp8 as moe_tr
 from flashlane.kernels.norms import triton as norms_tr
 from flashlane.kernels.rowwise import triton as rowwise_tr
 from flashlane.kernels.rowwise import triton_greedy as greedy_tr
@@ -39,9 +39,9 @@ TRITON = Kernels(
     attention=attention_tr.attention,
     causal_attention=causal_tr.causal_attention,  # positions, no [B, T, L] mask
     attend_sessions=sessions_tr.attend_sessions,  # B sessions in six launches
-    moe=moe_tr.moe,
+    moe=moe_tr.moe,  # bf16 or Fp8Weight expert stacks
     moe_shared=moe_tr.moe_shared,  # the shared expert as one more expert of the launches
-    linear=linear,
+    linear=linear,  # bf16 weights, and Fp8Weight's e4m3 bytes and block scales
     rms_norm=norms_tr.rms_norm,
     gated_rms_norm=norms_tr.gated_rms_norm,
     hc_down=hc_tr.hc_down,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,7 +148,7 @@ def quantize_blocks(
     x = w.to(torch.float32)
     *lead, n, k = x.shape
     gn, gk = scale_shape(tuple(x.shape), block)[-2:]
-    padded = torch.zeros(*lead, gn * block[0], gk * block[1], dtype=torch.float32)
+    padded = torch.zeros(*lead, gn * block[0], gk * block[1], dtype=torch.float32, device=x.device)
     padded[..., :n, :k] = x  # zero padding leaves each partial block's amax alone
     amax = padded.unflatten(-1, (gk, block[1])).unflatten(-3, (gn, block[0])).abs().amax((-3, -1))
     scale_inv = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
@@ -191,11 +192,15 @@ def quantize_state(tensors: dict[str, torch.Tensor], spec: QuantSpec) -> dict[st
 
 
 def dequantize_state(
-    tensors: dict[str, torch.Tensor], spec: QuantSpec | None, dtype: torch.dtype
+    tensors: dict[str, torch.Tensor],
+    spec: QuantSpec | None,
+    dtype: torch.dtype,
+    keep: Callable[[str], bool] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Checkpoint tensors with each e4m3 tensor and its `_scale_inv` folded into one tensor of
-    dtype. An e4m3 tensor without scale, a scale without its tensor, or e4m3 tensors without a
-    quantization_config are errors (QuantizationError naming the tensor)."""
+    dtype, except those `keep(name)` keeps as they are (e4m3 values and float32 scales, the
+    grid checked). An e4m3 tensor without scale, a scale without its tensor, or e4m3 tensors
+    without a quantization_config are errors (QuantizationError naming the tensor)."""
     scales = {n.removesuffix(SCALE_SUFFIX) for n in tensors if n.endswith(SCALE_SUFFIX)}
     out = {}
     for name, t in tensors.items():
@@ -218,7 +223,23 @@ def dequantize_state(
                 f"tensor {name!r} is float8_e4m3fn without {name}{SCALE_SUFFIX}"
             )
         try:
+            if keep is not None and keep(name):
+                out[name], out[name + SCALE_SUFFIX] = _checked(t, tensors[name + SCALE_SUFFIX])
+                continue
             out[name] = dequantize_blocks(t, tensors[name + SCALE_SUFFIX], dtype, spec.block)
         except QuantizationError as err:
             raise QuantizationError(f"tensor {name!r}: {err}") from None
     return out
+
+
+def _checked(q: torch.Tensor, scale_inv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An e4m3 tensor and its scales kept as FP8: the dtypes and the 128 x 128 grid checked."""
+    if q.dtype != FP8_DTYPE:
+        raise QuantizationError(f"expected float8_e4m3fn values, got {q.dtype}")
+    want = scale_shape(tuple(q.shape), (128, 128))
+    if tuple(scale_inv.shape) != want:
+        raise QuantizationError(
+            f"scale shape {tuple(scale_inv.shape)} does not fit the weight {tuple(q.shape)} "
+            f"in 128x128 blocks: expected {want}"
+        )
+    return q, scale_inv.to(torch.float32)

@@ -146,6 +146,9 @@ def _plan_lines(p: MemoryPlan) -> list[str]:
         lines.append("  fewer than two sessions fit: one reply at a time")
     if p.host_limit_bytes is not None:
         lines.append(f"  host (n-gram table) {gib(p.host_bytes)} of {gib(p.host_limit_bytes)}")
+        lines.append(f"  where              weights on {p.device}; n-gram tables in host memory")
+    else:
+        lines.append(f"  where              weights and n-gram tables on {p.device}")
     return lines
 
 
@@ -201,7 +204,7 @@ def _fp8_lines(b: Fp8Bytes, quant: QuantSpec) -> list[str]:
         f"  e4m3 values       {b.quantized / 1e9:>9.3f}B  x 1 byte",
         f"  fp32 scales       {b.scales / 1e6:>9.3f}M  x 4 bytes",
         f"  unquantized       {b.other / 1e9:>9.3f}B  x 2 bytes (bf16)",
-        "  (loaded today dequantized to the compute dtype: GPU FP8 kernels are not built yet)",
+        "  (kept FP8 on cuda, for the FP8 GEMMs; dequantized to the compute dtype on the CPU)",
     ]
 
 

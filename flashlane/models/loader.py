@@ -4,8 +4,9 @@ One name table turns checkpoint names into ours: the `model.` / `model.language_
 prefix goes, per-expert weights are stacked, the PLE table's shards are concatenated, and
 Qwen3-Next's fused GDN projections (in_proj_qkvz, in_proj_ba) are cut into Qwen3.5's four.
 The vision tower is not loaded. Errors name the tensor, the file and both shapes.
-Block-FP8 tensors (models/fp8.py) are dequantized to the model's dtype as they are read, and
-`quantize="fp8"` quantizes a plain checkpoint's linears the same way first.
+Block-FP8 tensors (models/fp8.py) are dequantized to the model's dtype as they are read, or,
+where `models/fp8_weights.weight_format` says "fp8" (CUDA), kept as e4m3 values and scales in
+Fp8Weight modules; `quantize="fp8"` quantizes a plain checkpoint's linears the same way first.
 """
 
 from __future__ import annotations
@@ -32,12 +33,16 @@ from flashlane.models.fp8 import (
     quantize_blocks,
     read_quant_spec,
 )
+from flashlane.models.fp8_weights import WeightFormat, install_fp8, keeps, weight_format
+from flashlane.models.host_tables import TablePlace, is_table, mark_tables, pinned
 
 logger = logging.getLogger("flashlane")
 
 PREFIXES = ("model.language_model.", "model.")
 IGNORED = (re.compile(r"^(model\.)?visual\."), re.compile(r"^model\.visual\."))
-EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight(_scale_inv)?$")
+# a fused expert stack and, in a kept FP8 checkpoint, its scales
+SUFFIXES = ("", SCALE_SUFFIX)
 SHARD = re.compile(r"^(.*\.ngram_embedding)\.shard_(\d+)\.weight$")
 
 
@@ -78,15 +83,17 @@ def _open(path: Path):
 
 
 def read_tensors(
-    folder: Path, dtype: torch.dtype = torch.float32, quantize: str | None = None
+    folder: Path,
+    dtype: torch.dtype = torch.float32,
+    quantize: str | None = None,
+    weights: WeightFormat = "dequantized",
 ) -> tuple[dict[str, torch.Tensor], dict[str, Path]]:
     """Our name -> tensor, and our name -> source file (for error messages). Block-FP8 tensors
-    come back dequantized to dtype; quantize="fp8" first quantizes a plain checkpoint's linears
-    (those QuantSpec() converts), so it loads the values its FP8 checkpoint would hold."""
-    spec = _quant_spec(folder)
-    if quantize not in (None, "fp8"):
-        raise CheckpointError(f"quantization {quantize!r} is not supported (only fp8)")
-    fresh = QuantSpec() if quantize == "fp8" and spec is None else None
+    come back dequantized to dtype, or with weights="fp8" as they are (`X` e4m3 and
+    `X_scale_inv`, the experts' stacked as their weights are); quantize="fp8" first quantizes
+    a plain checkpoint's linears (those QuantSpec() converts), so it loads the values its FP8
+    checkpoint would hold."""
+    spec, fresh = _specs(folder, quantize)
     files = checkpoint_files(folder)
     by_file: dict[Path, list[str]] = defaultdict(list)
     for name, f in files.items():
@@ -114,8 +121,11 @@ def read_tensors(
             t = tensors[ours]
             if fresh is not None and t.ndim == 2 and fresh.is_converted(name):
                 tensors[ours], tensors[ours + SCALE_SUFFIX] = quantize_blocks(t, fresh.block)
+                origin[ours + SCALE_SUFFIX] = f
     try:
-        tensors = dequantize_state(tensors, spec or fresh, dtype)
+        tensors = dequantize_state(
+            tensors, spec or fresh, dtype, keeps if weights == "fp8" else None
+        )
     except QuantizationError as err:
         named = re.search(r"'([^']+)'", str(err))
         where = origin.get(named.group(1).removesuffix(SCALE_SUFFIX)) if named else None
@@ -123,11 +133,15 @@ def read_tensors(
     return _stack_experts(_join_shards(tensors, origin), origin), origin
 
 
-def _quant_spec(folder: Path) -> QuantSpec | None:
+def _specs(folder: Path, quantize: str | None) -> tuple[QuantSpec | None, QuantSpec | None]:
+    """(the checkpoint's QuantSpec, the one quantize="fp8" applies to a plain checkpoint)."""
+    if quantize not in (None, "fp8"):
+        raise CheckpointError(f"quantization {quantize!r} is not supported (only fp8)")
     try:
-        return read_quant_spec(folder)
+        spec = read_quant_spec(folder)
     except QuantizationError as err:
         raise CheckpointError(str(err)) from None
+    return spec, QuantSpec() if quantize == "fp8" and spec is None else None
 
 
 def _join_shards(tensors: dict, origin: dict) -> dict:
@@ -149,19 +163,24 @@ def _stack_experts(tensors: dict, origin: dict) -> dict:
     groups: dict[tuple[str, str], dict[int, torch.Tensor]] = defaultdict(dict)
     for name in [n for n in tensors if EXPERT.match(n)]:
         m = EXPERT.match(name)
-        groups[(m.group(1), m.group(3))][int(m.group(2))] = tensors.pop(name)
-        origin[f"{m.group(1)}.{m.group(3)}"] = origin[name]
+        proj = m.group(3) + (m.group(4) or "")  # an FP8 stack's scales: <proj>_scale_inv
+        groups[(m.group(1), proj)][int(m.group(2))] = tensors.pop(name)
+        origin[f"{m.group(1)}.{proj}"] = origin[name]
     for (base, proj), experts in groups.items():
         if sorted(experts) != list(range(len(experts))):
             raise CheckpointError(
                 f"{origin[base + '.' + proj]}: {base}.*.{proj} are not 0..{len(experts) - 1}"
             )
         tensors[f"{base}.{proj}"] = torch.stack([experts[i] for i in range(len(experts))])
-    for name in [n for n in tensors if n.endswith(".experts.gate_up_proj")]:
+    for name in [
+        n for n in tensors if n.endswith(tuple(".experts.gate_up_proj" + x for x in SUFFIXES))
+    ]:
+        # halves of FP8 rows halve the scales' rows (the inner size a multiple of 128)
+        fused, tail = name.split(".experts.gate_up_proj")
         gate, up = tensors.pop(name).chunk(2, dim=1)
-        base = name[: -len(".gate_up_proj")]
-        tensors[base + ".gate_proj"], tensors[base + ".up_proj"] = gate, up
-        origin[base + ".gate_proj"] = origin[base + ".up_proj"] = origin[name]
+        base = fused + ".experts"
+        tensors[base + ".gate_proj" + tail], tensors[base + ".up_proj" + tail] = gate, up
+        origin[base + ".gate_proj" + tail] = origin[base + ".up_proj" + tail] = origin[name]
     return tensors
 
 
@@ -170,12 +189,20 @@ def load_checkpoint(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     quantize: str | None = None,
+    weights: WeightFormat | None = None,
+    ple_tables: TablePlace = "device",
 ) -> tuple[ModelConfig, FlashNext]:
     """Build the model of folder/config.json and fill it from the folder's safetensors
-    (block-FP8 weights dequantized to dtype; quantize="fp8": quantized to block FP8 first)."""
+    (quantize="fp8": a plain checkpoint's linears quantized to block FP8 first). Block-FP8
+    weights are kept FP8 (Fp8Weight) with weights="fp8", dequantized to dtype with
+    "dequantized"; None: `fp8_weights.weight_format(device, ...)` decides (FP8 on CUDA).
+    ple_tables="host": the n-gram tables stay in host memory (models/host_tables.py)."""
     folder = Path(folder)
     cfg = ModelConfig.from_hf(folder)
-    tensors, origin = read_tensors(folder, dtype, quantize)
+    spec, fresh = _specs(folder, quantize)
+    if weights is None:
+        weights = weight_format(device, spec or fresh)
+    tensors, origin = read_tensors(folder, dtype, quantize, weights)
     tensors = split_fused_gdn(tensors, origin, cfg)
     if cfg.num_mtp_layers and not any(n.startswith("mtp.") for n in tensors):
         logger.warning(
@@ -187,6 +214,13 @@ def load_checkpoint(
         cfg = replace(cfg, num_mtp_layers=0)  # no MTP head shipped: copy drafts only
     with torch.device("meta"):
         model = build_model(cfg)
+    fp8_names: set[str] = set()  # an Fp8Weight's tensors keep their dtypes (e4m3, float32)
+    if weights == "fp8":
+        before = set(tensors)
+        tensors = install_fp8(model, tensors)
+        fp8_names = set(tensors) - before
+        for name in fp8_names:
+            origin[name] = origin.get(name.rsplit(".", 1)[0], folder)
     expected = dict(model.state_dict())
     if cfg.tie_word_embeddings and "lm_head.weight" not in tensors:
         tensors["lm_head.weight"] = tensors.get("embed_tokens.weight")
@@ -210,10 +244,16 @@ def load_checkpoint(
                 f"the config needs {tuple(meta.shape)}"
             )
     state = {
-        n: t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+        n: t.to(
+            device="cpu" if ple_tables == "host" and is_table(n) else device,
+            dtype=dtype if t.is_floating_point() and n not in fp8_names else t.dtype,
+        )
         for n, t in tensors.items()
     }
+    if ple_tables == "host":
+        state = {n: pinned(t) if is_table(n) else t for n, t in state.items()}
     model.load_state_dict(state, assign=True, strict=True)
+    mark_tables(model, ple_tables)
     model.rotary = type(model.rotary)(cfg.rotary_dim, cfg.rope_theta)
     return cfg, model.eval().requires_grad_(False)
 

@@ -141,6 +141,7 @@ SIBLING_TINY = dict(
 PRESETS: dict[str, dict] = {
     "flashnext-tiny": TINY,
     "flashnext-48l": dict(FLASH_NEXT, layer_types=_layer_types(48)),
+    "flashnext": dict(FLASH_NEXT, layer_types=_layer_types(48)),  # the full model's name
     "flashnext-12l": _shorter(12, 200_000),
     "flashnext-4l": _shorter(4, 50_000),
     "qwen3-next-tiny": _sibling(dict(QWEN3_NEXT, **SIBLING_TINY, mlp_only_layers=[1]), 4),

@@ -4,6 +4,12 @@ Every tensor comes from its own generator, seeded by (seed, name), so a second m
 transformers peer of a benchmark) can be filled with the same values after ours is freed:
 two copies of a 70 GB model do not fit one GPU. Scales follow the training init: linears and
 embeddings N(0, 0.02), zero-centred norms at identity, GDN decays A in [1, 16], dt_bias 1.
+
+`quantize="fp8"` builds the linears and expert stacks `--quantization fp8` converts straight
+into block FP8 (Fp8Weight: the fp32 draw quantized tensor by tensor, a few experts at a time,
+on the device): no bf16 copy of the model is ever made, so the full Flash Next's FP8 text
+model is built on one H200. `ple_tables="host"` puts the n-gram tables in pinned host memory,
+drawn on the device a slice of rows at a time.
 """
 
 from __future__ import annotations
@@ -15,6 +21,19 @@ import torch
 from flashlane.models.build import build_model
 from flashlane.models.config import ModelConfig
 from flashlane.models.flashnext import FlashNext
+from flashlane.models.fp8 import QuantSpec, quantize_blocks
+from flashlane.models.fp8_weights import (
+    WeightFormat,
+    dequantize_modules,
+    install_empty_fp8,
+    weight_format,
+)
+from flashlane.models.host_tables import TablePlace, is_table, mark_tables, pinned, table_place
+
+# experts quantized at once (of an fp32 draw of the whole stack): bounds the transients
+_EXPERTS_AT_ONCE = 16
+# table rows drawn on the device at once, for a table in host memory
+_TABLE_ROWS_AT_ONCE = 1 << 20
 
 
 def _generator(seed: int, name: str, device: torch.device) -> torch.Generator:
@@ -40,23 +59,71 @@ def random_tensor(
 
 
 def build_random(
-    raw: dict, dtype: torch.dtype, device, seed: int = 0
+    raw: dict,
+    dtype: torch.dtype,
+    device,
+    seed: int = 0,
+    quantize: str | None = None,
+    ple_tables: TablePlace = "device",
+    weights: WeightFormat | None = None,
 ) -> tuple[ModelConfig, FlashNext]:
     """The model of config dict `raw` (any family) with random weights, made on `device`
-    tensor by tensor."""
+    tensor by tensor; quantize="fp8": the converted linears in block FP8 (module docstring),
+    kept as Fp8Weight under weights="fp8" or dequantized to dtype under "dequantized" (None:
+    fp8_weights.weight_format decides, FP8 on CUDA, as the loader does); ple_tables="host":
+    the n-gram tables in pinned host memory."""
+    if quantize not in (None, "fp8"):
+        raise ValueError(f"quantization {quantize!r} is not supported (only fp8)")
     cfg = ModelConfig.from_hf(raw)
     with torch.device("meta"):
         model = build_model(cfg)
+    fp8 = install_empty_fp8(model, QuantSpec()) if quantize == "fp8" else set()
     buffers = dict(model.named_buffers())  # the PLE's hash constants: computed, not drawn
-    state = {
-        name: buffers[name].to(device)
-        if name in buffers
-        else random_tensor(name, tuple(meta.shape), dtype, device, seed)
-        for name, meta in model.state_dict().items()
-    }
+    state = {}
+    for name, meta in model.state_dict().items():
+        if name in buffers:
+            state[name] = buffers[name].to(device)
+        elif name.endswith(".scale_inv") and name.removesuffix(".scale_inv") in fp8:
+            continue  # drawn with its values
+        elif name.endswith(".q") and name.removesuffix(".q") in fp8:
+            base = name.removesuffix(".q")
+            state[name], state[base + ".scale_inv"] = _fp8_tensor(base, meta.shape, device, seed)
+        elif ple_tables == "host" and is_table(name):
+            state[name] = _host_table(name, tuple(meta.shape), dtype, device, seed)
+        else:
+            state[name] = random_tensor(name, tuple(meta.shape), dtype, device, seed)
     model.load_state_dict(state, assign=True, strict=True)
+    if fp8 and (weights or weight_format(device, QuantSpec())) == "dequantized":
+        dequantize_modules(model, dtype)
+    mark_tables(model, ple_tables)
     model.rotary = type(model.rotary)(cfg.rotary_dim, cfg.rope_theta)
     return cfg, model.eval().requires_grad_(False)
+
+
+def _fp8_tensor(
+    name: str, shape: torch.Size, device, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp32 draw of `name` quantized to block FP8 on the device: (e4m3, scale_inv); an
+    expert stack _EXPERTS_AT_ONCE experts at a time."""
+    x = random_tensor(name, tuple(shape), torch.float32, device, seed)
+    if x.ndim == 2:
+        return quantize_blocks(x)
+    parts = [quantize_blocks(c) for c in x.split(_EXPERTS_AT_ONCE)]
+    del x
+    return torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])
+
+
+def _host_table(name: str, shape: tuple[int, ...], dtype: torch.dtype, device, seed: int):
+    """An n-gram table in pinned host memory, drawn on `device` a slice of rows at a time from
+    its generator (other values than random_tensor's one draw, the same distribution)."""
+    device = torch.device(device)
+    gen = _generator(seed, name, device)
+    out = torch.empty(shape, dtype=dtype)
+    for start in range(0, shape[0], _TABLE_ROWS_AT_ONCE):
+        rows = out[start : start + _TABLE_ROWS_AT_ONCE]
+        draw = torch.randn(rows.shape, generator=gen, device=device) * 0.02
+        rows.copy_(draw.to(dtype))
+    return pinned(out)
 
 
 def fill_transformers(model: torch.nn.Module, seed: int = 0) -> None:
@@ -99,3 +166,25 @@ def _fused_gdn(c, name: str, p: torch.Tensor, seed: int) -> torch.Tensor:
     else:
         parts = [ours("b", nv), ours("a", nv)]
     return torch.cat([t.unflatten(0, (nk, -1)) for t in parts], dim=1).flatten(0, 1)
+
+
+# what a random model's sessions and workspace get beside its weights, when `auto` decides
+# where its tables go (the engine then plans the sessions under its own limit)
+_ROOM_BYTES = 16 << 30
+
+
+def random_table_place(
+    raw: dict, device: str, quantize: str | None, requested: str | None
+) -> TablePlace:
+    """Where a random model's n-gram tables go (`--ple-table-device`); auto on CUDA: the GPU
+    when its weights with the tables (bf16, or block FP8 with quantize) and _ROOM_BYTES fit
+    90% of the GPU's memory, else the host."""
+    if not str(device).startswith("cuda") or requested in ("cpu", "cuda"):
+        return table_place(requested, str(device), True)
+    from flashlane.models.info import fp8_bytes
+    from flashlane.sessions.buffers import weight_bytes
+
+    cfg = ModelConfig.from_hf(raw)
+    weights = fp8_bytes(cfg, QuantSpec()).total_bytes if quantize else weight_bytes(cfg, 2)
+    total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    return table_place(None, str(device), weights + _ROOM_BYTES <= 0.9 * total)

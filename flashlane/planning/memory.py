@@ -84,11 +84,11 @@ REMEDIES = (
 class OverMemoryLimit(Exception):
     """A plan over the ceiling; the message says what needed how much, and the remedies."""
 
-    def __init__(self, what: str, need_bytes: int, limit_bytes: int):
+    def __init__(self, what: str, need_bytes: int, limit_bytes: int, remedies: str = REMEDIES):
         self.need_bytes, self.limit_bytes = need_bytes, limit_bytes
         super().__init__(
             f"{what} needs {need_bytes / GIB:.2f} GiB, over the {limit_bytes / GIB:.2f} GiB "
-            f"available under the memory limit; remedies: {REMEDIES}"
+            f"available under the memory limit; remedies: {remedies}"
         )
 
 
@@ -164,7 +164,13 @@ def plan(
         what = "the weights, the round's workspace and the prompt cache"
         raise OverMemoryLimit(what, fixed, limit_bytes)
     if host_limit_bytes is not None and host_bytes > host_limit_bytes:
-        raise OverMemoryLimit("the n-gram table in host memory", host_bytes, host_limit_bytes)
+        raise OverMemoryLimit(
+            "the n-gram table in host memory",
+            host_bytes,
+            host_limit_bytes,
+            f"a machine with more RAM (the host's ceiling is {RAM_FRACTION:.0%} of it), or the "
+            "table on the GPU (--ple-table-device cuda) if the GPU holds it",
+        )
     budget = limit_bytes - fixed
     context = cfg.max_position_embeddings if context is None else context
     one = session_bytes(cfg, context, cache_b, state_b, mtp)

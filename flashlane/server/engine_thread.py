@@ -265,8 +265,10 @@ def random_model(args, opts: dict):
     on the engine's device, in its compute dtype (a benchmark's model: no file read)."""
     from flashlane.engine import compute_dtypes
     from flashlane.models.presets import config_dict
-    from flashlane.models.random_weights import build_random
+    from flashlane.models.random_weights import build_random, random_table_place
 
     device = EngineConfig.resolve(**opts).resolved_device()
     weights, _, _ = compute_dtypes(device, opts.get("dtype") or "auto")
-    return build_random(config_dict(args.config), weights, device, args.weights_seed)
+    raw, quantize = config_dict(args.config), opts.get("quantization")
+    tables = random_table_place(raw, device, quantize, opts.get("ple_table_device"))
+    return build_random(raw, weights, device, args.weights_seed, quantize, tables)

@@ -19,6 +19,7 @@ GIVEN = {
     "model": ("some/dir", "some/dir"),
     "device": ("cpu", "cpu"),
     "dtype": ("float32", "float32"),
+    "ple_table_device": ("cpu", "cpu"),
     "quantization": ("fp8", "fp8"),
     "parallel": ("3", 3),
     "context": ("4096", 4096),

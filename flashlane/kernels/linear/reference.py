@@ -11,13 +11,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from flashlane.kernels.linear.fp8 import Fp8Weight, dense
+
 PAD_ROWS = 4
 # Below this many weights the copy costs more than the slower path (measured: 192 x 64).
 PAD_MIN_WEIGHTS = 65536
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x @ w.T for x [..., K], w [N, K]."""
+def linear(x: torch.Tensor, w: torch.Tensor | Fp8Weight) -> torch.Tensor:
+    """x @ w.T for x [..., K], w [N, K] (an Fp8Weight: dequantized to x's dtype first)."""
+    w = dense(w, x.dtype)
     n = x.shape[0]
     if (
         x.dim() == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from flashlane.kernels.linear.fp8 import Fp8Weight, dense
 from flashlane.kernels.rowwise.reference import gated_add
 
 
@@ -35,9 +36,9 @@ def swiglu(
 def moe(
     x: torch.Tensor,
     router: torch.Tensor,
-    gate: torch.Tensor,
-    up: torch.Tensor,
-    down: torch.Tensor,
+    gate: torch.Tensor | Fp8Weight,
+    up: torch.Tensor | Fp8Weight,
+    down: torch.Tensor | Fp8Weight,
     top_k: int,
     normalize: bool,
     shared: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -47,8 +48,10 @@ def moe(
     expert: out + sigmoid(gate logit) * output (rowwise gated_add).
 
     Each (row, slot) output is computed once and the slots are added in rank order, so a
-    row's result does not depend on which other rows share the call.
+    row's result does not depend on which other rows share the call. FP8 expert stacks
+    (Fp8Weight) are dequantized to x's dtype first.
     """
+    gate, up, down = (dense(w, x.dtype) for w in (gate, up, down))
     weights, ids = route(x, router, top_k, normalize)
     out_slots = x.new_zeros(x.shape[0], top_k, x.shape[1])
     flat = ids.flatten()
@@ -66,9 +69,9 @@ def moe(
 def moe_shared(
     x: torch.Tensor,
     router: torch.Tensor,
-    gate: torch.Tensor,
-    up: torch.Tensor,
-    down: torch.Tensor,
+    gate: torch.Tensor | Fp8Weight,
+    up: torch.Tensor | Fp8Weight,
+    down: torch.Tensor | Fp8Weight,
     top_k: int,
     normalize: bool,
 ) -> torch.Tensor:
@@ -76,6 +79,7 @@ def moe_shared(
     gate), gate, up [E+1, I, H], down [E+1, H, I] (expert E: the shared expert) -> the routed
     experts over E, plus sigmoid(x . router[E]) * swiglu_E(x), the logit in x's dtype."""
     e = router.shape[0] - 1
+    gate, up, down = (dense(w, x.dtype) for w in (gate, up, down))
     dt = torch.promote_types(x.dtype, torch.float32)
     logit = F.linear(x.to(dt), router[e:].to(dt)).to(x.dtype)
     shared = swiglu(x, gate[e], up[e], down[e])

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from flashlane.kernels import Kernels
+from flashlane.kernels.linear.fp8 import Fp8Weight, cat_stack
 from flashlane.models.config import ModelConfig
 from flashlane.models.layers.norms import Stacked, linear
 
@@ -42,22 +43,31 @@ class WithShared(Stacked):
     def __init__(self, moe: SparseMoe):
         super().__init__(moe.gate, moe.shared_expert_gate)
         self.moe = moe
-        self.experts: tuple[torch.Tensor, ...] = ()
+        self.experts: tuple[torch.Tensor | Fp8Weight, ...] = ()
 
     def stack(self) -> None:
         if self.moe.cfg.shared_expert_intermediate_size != self.moe.cfg.moe_intermediate_size:
             return  # the shared expert is not an expert's shape: it runs on its own
-        super().stack()
         e, se = self.moe.experts, self.moe.shared_expert
+        pairs = [
+            (e.gate_proj, se.gate_proj.weight),
+            (e.up_proj, se.up_proj.weight),
+            (e.down_proj, se.down_proj.weight),
+        ]
+        kinds = {isinstance(w, Fp8Weight) for pair in pairs for w in pair}
+        if len(kinds) > 1:
+            return  # FP8 experts beside a plain shared expert (or back): it runs on its own
+        super().stack()
         stacks = []
-        for p, lin in (
-            (e.gate_proj, se.gate_proj),
-            (e.up_proj, se.up_proj),
-            (e.down_proj, se.down_proj),
-        ):
-            w = torch.cat([p.detach(), lin.weight.detach()[None]])
-            p.data, lin.weight.data = w[:-1], w[-1]
-            stacks.append(w)
+        for p, w in pairs:
+            if isinstance(p, Fp8Weight):
+                s = cat_stack(p, w)
+                p.q.data, w.q.data = s.q[:-1], s.q[-1]
+                p.scale_inv.data, w.scale_inv.data = s.scale_inv[:-1], s.scale_inv[-1]
+            else:
+                s = torch.cat([p.detach(), w.detach()[None]])
+                p.data, w.data = s[:-1], s[-1]
+            stacks.append(s)
         self.experts = tuple(stacks)
 
     def stacked(self, x: torch.Tensor) -> torch.Tensor | None:

@@ -71,6 +71,10 @@ class NGramEmbedding(nn.Module):
         self.register_buffer("ngram_heads_offsets", torch.tensor(offsets, **ids))
         self.ngram_embedding = nn.Embedding(rows, cfg.ple_embed_dim // cfg.num_ngram_heads)
         self.ops: Kernels = REFERENCE  # FlashNext.use_kernels points it at the device's
+        # the table in host memory (FlashNext.put_ple_tables_on_host): its rows are read by
+        # the device's kernel through mapped memory (CUDA's Triton ngram_embed: pinned host
+        # memory has a device address), or gathered on the host and copied in (the references)
+        self.on_host = False
 
     def row_ids(self, history: torch.Tensor) -> torch.Tensor:
         """history: [B, n-1+T] ids -> [B, T, heads] table rows (the ones `embed` reads)."""
@@ -84,11 +88,24 @@ class NGramEmbedding(nn.Module):
         """history: [B, n-1+T] ids (the n-1 before the rows first) -> [B, T, heads * D]: each
         row's heads' table rows side by side."""
         cfg = self.cfg
+        if self.on_host and self.ops.name != "triton":
+            return gather_on_host(self.row_ids(history), self.ngram_embedding.weight).flatten(-2)
         return self.ops.ngram_embed(
             history, self.layer_multipliers, self.ngram_heads_vocab_sizes,
             self.ngram_heads_offsets, cfg.ngram_size, cfg.heads_per_ngram, cfg.ple_eos,
             self.ngram_embedding.weight,
         )  # fmt: skip
+
+
+def gather_on_host(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` [...] (any device) of a host `table` [R, D], gathered on the host (into
+    pinned memory where CUDA is there) and copied to ids' device: [..., D]. The copy waits
+    for the ids (one sync a call): a graph-free path, for the reference kernels."""
+    idx = ids.to("cpu").flatten()
+    pinned = ids.is_cuda
+    rows = torch.empty((idx.numel(), table.shape[1]), dtype=table.dtype, pin_memory=pinned)
+    torch.index_select(table, 0, idx, out=rows)
+    return rows.view(*ids.shape, table.shape[1]).to(ids.device, non_blocking=pinned)
 
 
 class PLELayer(nn.Module):

@@ -1,0 +1,235 @@
+"""Row-invariant block-FP8 GEMM: `linear(x, w)` for an Fp8Weight w, x @ (q * scale_inv).T.
+
+The weight is read as its e4m3 bytes (half bf16's), converted exactly to x's dtype in
+registers (e4m3's 3 significant bits and exponents fit bf16's), and each K block of 128 (one
+block of scales) is a dot from zero in fp32 which is then scaled and added,
+`acc = fma(dot_kb, scale[n // 128, kb], acc)`: the scales apply to fp32 sums, never to the
+bf16 operands, and the fma rounds once wherever it is compiled. The K blocks are cut into
+PARTS fixed partitions that depend on (N, K) only (`fp8_tile`); each partition sums its blocks
+in ascending order from zero, and the partitions are added in ascending order,
+`((p0 + p1) + p2) + ...` as the bf16 kernel's (kernels/linear/triton.py), so a row's bits never
+depend on the call's other rows. The tile's shape follows the row count (decode tiles of 16
+rows up to DECODE_ROWS, 64-row tiles above), never the partitions; with few tiles each
+partition is its own program and the tile's last program adds the fp32 partials in order
+(kernels/partials.py), else one program runs them all. Same sums, same order, same bits.
+
+fp32 inputs (the tests under the interpreter) take exact fp32 products (`ieee`): bitwise
+`x @ dequantize(w, fp32).T` summed in this order.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from flashlane.kernels.linear import triton as dense_tr
+from flashlane.kernels.linear.fp8 import BLOCK, Fp8Weight
+from flashlane.kernels.linear.tiles import DECODE_ROWS
+from flashlane.kernels.partials import add_partials, counters, last_to_arrive
+from flashlane.kernels.pdl import enter, pdl
+
+# programs to aim for at one row (about two waves of the H200's 132 SMs), as tiles.py
+_TARGET_PROGRAMS = 264
+# fewest K blocks in a partition (>= 2 keeps every partition a real loop)
+_MIN_BLOCKS_PER_PART = 2
+# row tiles x column tiles from which one program runs every partition
+_IN_PROGRAM_TILES = 128
+# split partitions added by each tile's last program; False: by a second kernel (the path
+# taken while a CUDA graph is captured before the counters exist; the tests take both)
+_FIXUP = True
+
+
+@triton.jit
+def _scaled_sum(
+    x_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, kb, acc, K, KS, stride_x,
+    BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """acc + (x[rm, kb's K] . q[rn, kb's K]) * scale_inv[rn // 128, kb], one fma rounding."""
+    rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+    k_mask = rk < K
+    a = tl.load(
+        x_ptr + rm[:, None].to(tl.int64) * stride_x + rk[None, :],
+        mask=m_mask[:, None] & k_mask[None, :],
+        other=0.0,
+    )
+    b = tl.load(
+        q_ptr + rn[None, :].to(tl.int64) * K + rk[:, None],
+        mask=n_mask[None, :] & k_mask[:, None],
+        other=0.0,
+    )
+    s = tl.load(s_ptr + (rn // BLOCK_K).to(tl.int64) * KS + kb, mask=n_mask, other=0.0)
+    if IEEE:
+        p = tl.dot(a, b.to(tl.float32), input_precision="ieee")
+    else:
+        p = tl.dot(a, b.to(a.dtype))
+    return tl.fma(p, s[None, :], acc)
+
+
+@triton.jit
+def _partition(
+    x_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, part, K, KS, stride_x,
+    BLOCKS_PER_PART: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """Partition `part`'s K blocks, ascending, from zero, in fp32."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    start = part * BLOCKS_PER_PART
+    end = tl.minimum(start + BLOCKS_PER_PART, tl.cdiv(K, BLOCK_K))
+    for kb in range(start, end):
+        acc = _scaled_sum(
+            x_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, kb, acc, K, KS, stride_x, BLOCK_K, IEEE
+        )
+    return acc
+
+
+@triton.jit(do_not_specialize=["M", "prefetch"])
+def _fp8_linear_kernel(
+    x_ptr, q_ptr, s_ptr, y_ptr, ws_ptr, count_ptr, M, N, K, KS, stride_x, stride_y, prefetch,
+    PARTS: tl.constexpr, BLOCKS_PER_PART: tl.constexpr, SPLIT: tl.constexpr,
+    FIXUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    IEEE: tl.constexpr, PDL: tl.constexpr = 0,
+):  # fmt: skip
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # a constexpr and a runtime test in one `and` would not fold the constexpr away
+    if PDL:  # noqa: SIM102 (the e4m3 weights nothing writes, into L2 while the kernel before runs)
+        if prefetch > 0:
+            k0 = tl.program_id(2) * BLOCKS_PER_PART * BLOCK_K if SPLIT else 0
+            dense_tr.prefetch_rows(q_ptr, rn, N, K, k0, prefetch, 1)
+    enter(PDL)  # kernels/pdl.py: then nothing is read or written before the kernel before ends
+    m_mask = rm < M
+    n_mask = rn < N
+    out_mask = m_mask[:, None] & n_mask[None, :]
+    offs_y = rm[:, None].to(tl.int64) * stride_y + rn[None, :]
+    dt: tl.constexpr = y_ptr.dtype.element_ty
+    if SPLIT:
+        part = tl.program_id(2)
+        acc = _partition(
+            x_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, part, K, KS, stride_x,
+            BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, IEEE,
+        )  # fmt: skip
+        plane = M.to(tl.int64) * N
+        offs = rm[:, None].to(tl.int64) * N + rn[None, :]
+        tl.store(ws_ptr + part * plane + offs, acc, mask=out_mask)
+        # a constexpr and a runtime test in one `and` would not fold the constexpr away
+        if FIXUP:  # noqa: SIM102
+            if last_to_arrive(count_ptr + pid_m * tl.num_programs(1) + pid_n, PARTS):
+                total = add_partials(ws_ptr, offs, out_mask, plane, PARTS, ".cg")
+                tl.store(y_ptr + offs_y, total.to(dt), mask=out_mask)
+    else:
+        total = _partition(
+            x_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, 0, K, KS, stride_x,
+            BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, IEEE,
+        )  # fmt: skip
+        for p in range(1, PARTS):
+            acc = _partition(
+                x_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, p, K, KS, stride_x,
+                BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, IEEE,
+            )  # fmt: skip
+            total = total + acc
+        tl.store(y_ptr + offs_y, total.to(dt), mask=out_mask)
+
+
+@functools.cache
+def fp8_parts(n: int, k: int) -> tuple[int, int]:
+    """(PARTS, BLOCKS_PER_PART) of an [N, K] FP8 weight: enough partitions to fill about two
+    waves at one row in decode tiles of 64 columns, at least two K blocks each; N and K only
+    (whatever the rows and x's dtype), so they fix a product's bits."""
+    k_blocks = -(-k // BLOCK)
+    n_tiles = -(-n // 64)
+    parts = max(1, min(k_blocks // _MIN_BLOCKS_PER_PART, _TARGET_PROGRAMS // n_tiles))
+    per_part = -(-k_blocks // parts)
+    return -(-k_blocks // per_part), per_part  # no empty partition
+
+
+def fp8_tile(m: int, n: int, k: int) -> dict:
+    """The tile of a call of m rows: 16 x 64 up to DECODE_ROWS rows (mma rows of 16: a
+    decode step reads the weight once), 64 x 128 above; the partitions of (N, K) in both."""
+    parts, per_part = fp8_parts(n, k)
+    if m <= DECODE_ROWS:
+        shape = dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=4)
+    else:
+        shape = dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3)
+    return dict(shape, BLOCK_K=BLOCK, PARTS=parts, BLOCKS_PER_PART=per_part)
+
+
+def linear_fp8(x: torch.Tensor, w: Fp8Weight, tile: dict | None = None) -> torch.Tensor:
+    """x @ dequantize(w).T. x: [..., K] (bf16 / fp16 / fp32); w: Fp8Weight [N, K] -> [..., N]
+    in x's dtype, fp32 sums rounded once. tile: fp8_tile's keys, to check another tile."""
+    k = x.shape[-1]
+    n, kw = w.shape
+    if w.q.ndim != 2 or kw != k:
+        raise ValueError(f"linear: x has K={k}, the FP8 weight is {tuple(w.shape)}")
+    lead = x.shape[:-1]
+    x2 = x if x.dim() == 2 and x.stride(-1) == 1 else x.reshape(-1, k).contiguous()
+    q, s = w.q.contiguous(), w.scale_inv.contiguous()
+    m = x2.shape[0]
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return y.reshape(*lead, n)
+    if k == 0:
+        return y.zero_().reshape(*lead, n)
+    cfg = tile or fp8_tile(m, n, k)
+    if cfg["BLOCK_K"] != BLOCK:
+        raise ValueError(f"linear: an FP8 tile's BLOCK_K is its scale block, {BLOCK}")
+    bm, bn, parts = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["PARTS"]
+    m_tiles, n_tiles = triton.cdiv(m, bm), triton.cdiv(n, bn)
+    split = parts > 1 and cfg.get("SPLIT", m_tiles * n_tiles < _IN_PROGRAM_TILES)
+    # None while a graph is captured before the counters exist: a second kernel adds
+    count = counters(x.device, m_tiles * n_tiles) if split and _FIXUP else None
+    meta = dict(
+        PARTS=parts,
+        BLOCKS_PER_PART=cfg["BLOCKS_PER_PART"],
+        SPLIT=split,
+        FIXUP=count is not None,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=cfg["BLOCK_K"],
+        IEEE=x.dtype == torch.float32,
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    launch = pdl(x.device)
+    meta.update(launch)
+    # a decode call's weights into L2 under PDL (kernels/linear/triton.py's prefetch_span)
+    ahead = dense_tr.prefetch_span(q, cfg, m, n_tiles, parts if split else 1) if launch else 0
+    ks = s.shape[1]
+    if not split:
+        _fp8_linear_kernel[(m_tiles, n_tiles, 1)](
+            x2, q, s, y, y, y, m, n, k, ks, x2.stride(0), y.stride(0), ahead, **meta
+        )
+        return y.reshape(*lead, n)
+    ws = torch.empty((parts, m, n), dtype=torch.float32, device=x.device)
+    _fp8_linear_kernel[(m_tiles, n_tiles, parts)](
+        x2, q, s, y, ws, ws if count is None else count, m, n, k, ks, x2.stride(0),
+        y.stride(0), ahead, **meta,
+    )  # fmt: skip
+    if count is None:
+        block = 1024
+        dense_tr._sum_parts_kernel[(triton.cdiv(m * n, block),)](
+            ws, y, m * n, n, y.stride(0), 0, PARTS=parts, SQUASH=0, BLOCK=block, num_warps=4
+        )
+    return y.reshape(*lead, n)
+
+
+def linear(
+    x: torch.Tensor,
+    w: torch.Tensor | Fp8Weight,
+    out_dtype: torch.dtype | None = None,
+    squash: tuple[int, int] | None = None,
+    tile: dict | None = None,
+    aligned: bool = False,
+) -> torch.Tensor:
+    """The kernels' linear on CUDA: an Fp8Weight through `linear_fp8`, a plain weight through
+    the bf16 kernel (kernels/linear/triton.py, whose options it takes). x: [..., K]; w: [N, K].
+    The FP8 path has none of those options (its users, the quantized linears, need none)."""
+    if not isinstance(w, Fp8Weight):
+        return dense_tr.linear(x, w, out_dtype, squash, tile, aligned)
+    if out_dtype not in (None, x.dtype) or squash is not None or aligned:
+        raise ValueError("linear: an FP8 weight takes no out_dtype, squash or aligned")
+    return linear_fp8(x, w, tile)

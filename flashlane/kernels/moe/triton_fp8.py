@@ -1,0 +1,239 @@
+"""Row-invariant Triton MoE over block-FP8 expert stacks; the CUDA kernel set's `moe` and
+`moe_shared`, which take bf16 stacks (kernels/moe/triton.py's kernels) or Fp8Weight stacks.
+
+FP8 experts run the bf16 path's grouped launches (routing, the expert-sorted layout, the
+combine in rank order: kernels/moe/triton.py), with gate/up and down kernels that read e4m3
+weights [E, N, K] and their scales [E, ceil(N/128), ceil(K/128)]: each K block of 128 is a
+dot from zero in fp32 of x's dtype and the exactly converted e4m3 values, then added scaled
+by its block's scale with one fma, in ascending K order (kernels/linear/triton_fp8.py's
+arithmetic, without partitions: a tile runs all of K). A pair's row of a tile comes from its
+own x row and its expert's weights alone, so it does not depend on which other pairs share the
+tile; the roundings after the sums (gate x, up x, silu, product, down, each weighted slot, to
+x's dtype) are the bf16 path's. The reference dequantizes (kernels/moe/reference.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flashlane.kernels.linear.fp8 import BLOCK, Fp8Weight
+from flashlane.kernels.linear.triton import DECODE_ROWS, linear
+from flashlane.kernels.moe import triton as dense_tr
+from flashlane.kernels.moe.routing import dispatch, pick_experts
+from flashlane.kernels.pdl import enter, pdl
+
+# decode tiles (up to DECODE_ROWS rows, and every fp32 call) and prefill tiles: the bf16
+# path's, with BLOCK_K the scale block
+GATE_UP_TILE = dict(BLOCK_N=32, num_warps=4, num_stages=4)
+DOWN_TILE = dict(BLOCK_N=64, num_warps=4, num_stages=3)
+GATE_UP_PREFILL = dict(BLOCK_N=64, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
+DOWN_PREFILL = dict(BLOCK_N=128, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
+
+
+@triton.jit
+def _scaled(a, q_ptr, s_ptr, w_base, s_base, rn, n_mask, rk, k_mask, kb, K, KS, acc, IEEE):
+    """acc + (a . q[rn, rk]) * scale_inv[rn // 128, kb]: one K block of one expert."""
+    b = tl.load(
+        q_ptr + w_base + rn[None, :].to(tl.int64) * K + rk[:, None],
+        mask=n_mask[None, :] & k_mask[:, None],
+        other=0.0,
+    )
+    s = tl.load(s_ptr + s_base + (rn // 128).to(tl.int64) * KS + kb, mask=n_mask, other=0.0)
+    if IEEE:
+        p = tl.dot(a, b.to(tl.float32), input_precision="ieee")
+    else:
+        p = tl.dot(a, b.to(a.dtype))
+    return tl.fma(p, s[None, :], acc)
+
+
+@triton.jit(do_not_specialize=["num_routed", "shared_id"])
+def _gate_up_fp8_kernel(
+    x_ptr, gate_ptr, gate_s_ptr, up_ptr, up_s_ptr, act_ptr, slot_pair_ptr, block_expert_ptr,
+    H, I, HS, IS, num_routed, shared_id,
+    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    IEEE: tl.constexpr, BLOCK_MAJOR: tl.constexpr = False, ONE_ROW: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
+):  # fmt: skip
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
+    blk, pid_n = dense_tr._tile_ids(BLOCK_MAJOR)
+    e, slots, pair = dense_tr._block(
+        blk, slot_pair_ptr, block_expert_ptr, num_routed, shared_id, BLOCK_M, ONE_ROW
+    )
+    if e < 0:
+        return
+    valid = pair >= 0
+    # a routed pair is row * TOP_K + slot; the shared expert's pairs follow, one a row
+    row = tl.where(pair < num_routed, pair // TOP_K, pair - num_routed)
+    row = tl.where(valid, row, 0).to(tl.int64)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < I
+    w_base = e * I * H
+    s_base = e * IS * HS
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(H, BLOCK_K)):
+        rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_mask = rk < H
+        a = tl.load(
+            x_ptr + row[:, None] * H + rk[None, :],
+            mask=valid[:, None] & k_mask[None, :],
+            other=0.0,
+        )
+        acc_g = _scaled(
+            a, gate_ptr, gate_s_ptr, w_base, s_base, rn, n_mask, rk, k_mask, kb, H, HS, acc_g,
+            IEEE,
+        )  # fmt: skip
+        acc_u = _scaled(
+            a, up_ptr, up_s_ptr, w_base, s_base, rn, n_mask, rk, k_mask, kb, H, HS, acc_u, IEEE
+        )
+    dt = act_ptr.dtype.element_ty
+    g = acc_g.to(dt).to(tl.float32)
+    u = acc_u.to(dt).to(tl.float32)
+    s = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
+    h = (s * u).to(dt)
+    tl.store(
+        act_ptr + slots[:, None].to(tl.int64) * I + rn[None, :],
+        h,
+        mask=valid[:, None] & n_mask[None, :],
+    )
+
+
+@triton.jit(do_not_specialize=["num_routed", "shared_id"])
+def _down_fp8_kernel(
+    act_ptr, down_ptr, down_s_ptr, y_ptr, slot_pair_ptr, block_expert_ptr,
+    H, I, HS, IS, num_routed, shared_id,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_MAJOR: tl.constexpr = False, ONE_ROW: tl.constexpr = False, PDL: tl.constexpr = 0,
+):  # fmt: skip
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
+    blk, pid_n = dense_tr._tile_ids(BLOCK_MAJOR)
+    e, slots, pair = dense_tr._block(
+        blk, slot_pair_ptr, block_expert_ptr, num_routed, shared_id, BLOCK_M, ONE_ROW
+    )
+    if e < 0:
+        return
+    valid = pair >= 0
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < H
+    w_base = e * H * I
+    s_base = e * HS * IS
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(I, BLOCK_K)):
+        rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_mask = rk < I
+        a = tl.load(
+            act_ptr + slots[:, None].to(tl.int64) * I + rk[None, :],
+            mask=valid[:, None] & k_mask[None, :],
+            other=0.0,
+        )
+        acc = _scaled(
+            a, down_ptr, down_s_ptr, w_base, s_base, rn, n_mask, rk, k_mask, kb, I, IS, acc, IEEE
+        )
+    tl.store(
+        y_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * H + rn[None, :],
+        acc.to(y_ptr.dtype.element_ty),
+        mask=valid[:, None] & n_mask[None, :],
+    )
+
+
+def experts_fp8(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    gate: Fp8Weight,
+    up: Fp8Weight,
+    down: Fp8Weight,
+    shared: tuple[torch.Tensor, torch.Tensor] | None = None,
+    shared_logit: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """kernels/moe/triton.py's `experts` over FP8 stacks: gate, up [E, I, H], down [E, H, I]
+    (Fp8Weight); x [N, H]; weights, ids [N, k]; shared / shared_logit as there."""
+    n, h = x.shape
+    e, i, _ = gate.shape
+    if up.shape != gate.shape or down.shape != (e, h, i):
+        raise ValueError(f"moe: FP8 stacks {gate.shape}, {up.shape}, {down.shape} for H={h}")
+    top_k = ids.shape[1]
+    routed = e - (shared_logit is not None)
+    out = torch.empty_like(x)
+    if n == 0:
+        return out
+    x = x.contiguous()
+    if n > DECODE_ROWS and x.dtype != torch.float32:  # a prompt chunk: wgmma tiles
+        bm, gu, dn = dense_tr.PREFILL_BLOCK_M, GATE_UP_PREFILL, DOWN_PREFILL
+    else:
+        bm, gu, dn = dense_tr.BLOCK_M, GATE_UP_TILE, DOWN_TILE
+    shared_rows = n if shared_logit is not None else 0
+    one_row = n == 1  # its pairs' experts differ: block b holds pair b (`_block`)
+    if one_row:
+        slot_pair, block_expert = ids.flatten(), ids.flatten()
+        blocks = top_k + shared_rows
+    else:
+        slot_pair, block_expert = dispatch(ids, routed, bm, shared_rows)
+        blocks = block_expert.numel()
+    hs, is_ = -(-h // BLOCK), -(-i // BLOCK)
+    ieee = x.dtype == torch.float32
+    act = torch.empty((blocks * bm, i), dtype=x.dtype, device=x.device)
+    _gate_up_fp8_kernel[dense_tr._grid(blocks, triton.cdiv(i, gu["BLOCK_N"]), gu)](
+        x, gate.q.contiguous(), gate.scale_inv.contiguous(), up.q.contiguous(),
+        up.scale_inv.contiguous(), act, slot_pair, block_expert, h, i, hs, is_, n * top_k,
+        routed, TOP_K=top_k, BLOCK_M=bm, BLOCK_K=BLOCK, IEEE=ieee, ONE_ROW=one_row, **gu,
+        **pdl(x.device),
+    )  # fmt: skip
+    y = torch.empty((n * top_k + shared_rows, h), dtype=x.dtype, device=x.device)
+    _down_fp8_kernel[dense_tr._grid(blocks, triton.cdiv(h, dn["BLOCK_N"]), dn)](
+        act, down.q.contiguous(), down.scale_inv.contiguous(), y, slot_pair, block_expert,
+        h, i, hs, is_, n * top_k, routed, BLOCK_M=bm, BLOCK_K=BLOCK, IEEE=ieee,
+        ONE_ROW=one_row, **dn, **pdl(y.device),
+    )  # fmt: skip
+    if shared_logit is not None:
+        shared = (shared_logit, y[n * top_k :])
+    g, s = shared if shared is not None else (out, out)  # unread without SHARED
+    s = s.contiguous()
+    dense_tr._combine_kernel[(n, triton.cdiv(h, dense_tr.COMBINE_BLOCK))](
+        y, weights.contiguous(), out, g, s, h, g.stride(0), TOP_K=top_k,
+        SHARED=shared is not None, BLOCK=dense_tr.COMBINE_BLOCK, num_warps=4,
+        **pdl(out.device),
+    )  # fmt: skip
+    return out
+
+
+def experts(x, weights, ids, gate, up, down, shared=None, shared_logit=None) -> torch.Tensor:
+    """The grouped experts of bf16 stacks (kernels/moe/triton.py) or FP8 ones (experts_fp8)."""
+    run = experts_fp8 if isinstance(gate, Fp8Weight) else dense_tr.experts
+    return run(x, weights, ids, gate, up, down, shared, shared_logit)
+
+
+def moe(
+    x: torch.Tensor,
+    router: torch.Tensor,
+    gate: torch.Tensor | Fp8Weight,
+    up: torch.Tensor | Fp8Weight,
+    down: torch.Tensor | Fp8Weight,
+    top_k: int,
+    normalize: bool,
+    shared: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """reference.moe: x: [N, H]; router [E, H]; gate, up: [E, I, H]; down: [E, H, I] (bf16
+    or Fp8Weight) -> [N, H]; with `shared` (gate logit [N, 1], output [N, H]) its gated add."""
+    weights, ids = dense_tr.route(x, router, top_k, normalize)
+    return experts(x, weights, ids, gate, up, down, shared)
+
+
+def moe_shared(
+    x: torch.Tensor,
+    router: torch.Tensor,
+    gate: torch.Tensor | Fp8Weight,
+    up: torch.Tensor | Fp8Weight,
+    down: torch.Tensor | Fp8Weight,
+    top_k: int,
+    normalize: bool,
+) -> torch.Tensor:
+    """reference.moe_shared: router [E+1, H] (its last row the shared expert's gate), gate,
+    up [E+1, I, H], down [E+1, H, I] (the last expert the shared one; bf16 or Fp8Weight):
+    the shared expert is one more block of every grouped launch (kernels/moe/triton.py)."""
+    e = router.shape[0] - 1
+    logits = linear(x, router, out_dtype=torch.float32, aligned=True)
+    weights, ids = pick_experts(logits[:, :e], top_k, normalize, x.dtype)
+    return experts(x, weights, ids, gate, up, down, shared_logit=logits[:, e:])

@@ -1,0 +1,106 @@
+"""The block-FP8 kernels compile for the H200 (sm_90) on any machine, as
+test_sm90_compile.py's: through ptxas at Flash Next's tiles, bf16 activations and e4m3
+weights, without a GPU; and the products use the tensor cores (the e4m3 values converted to
+bf16 in registers, not fp32 FMAs).
+
+    python -m pytest tests/kernels/test_sm90_compile_fp8.py     # needs triton; no GPU
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+triton = pytest.importorskip("triton")
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") == "1", reason="the interpreter replaces the compiler"
+)
+
+from triton.compiler import ASTSource  # noqa: E402
+
+from flashlane.kernels.linear import triton_fp8 as linear  # noqa: E402
+from flashlane.kernels.moe import triton_fp8 as moe  # noqa: E402
+from tests.kernels.test_sm90_compile import H200, H200_SHARED, blocks, launch  # noqa: E402
+
+BF, F8 = "*bf16", "*fp8e4nv"
+LINEAR = dict(x_ptr=BF, q_ptr=F8, s_ptr="*fp32", y_ptr=BF, ws_ptr="*fp32", count_ptr="*i32",
+              M="i32", N="i32", K="i32", KS="i32", stride_x="i32", stride_y="i32",
+              prefetch="i32")  # fmt: skip
+EXPERTS = dict(slot_pair_ptr="*i64", block_expert_ptr="*i64", H="i32", I="i32", HS="i32",
+               IS="i32", num_routed="i32", shared_id="i32")  # fmt: skip
+GATE_UP = dict(x_ptr=BF, gate_ptr=F8, gate_s_ptr="*fp32", up_ptr=F8, up_s_ptr="*fp32",
+               act_ptr=BF, **EXPERTS)  # fmt: skip
+DOWN = dict(act_ptr=BF, down_ptr=F8, down_s_ptr="*fp32", y_ptr=BF, **EXPERTS)
+
+
+def _linear(m: int, split: bool) -> tuple:
+    t = linear.fp8_tile(m, 2560, 6144)
+    consts = dict(PARTS=t["PARTS"], BLOCKS_PER_PART=t["BLOCKS_PER_PART"], SPLIT=split,
+                  FIXUP=split, BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"],
+                  BLOCK_K=t["BLOCK_K"], IEEE=False)  # fmt: skip
+    return linear._fp8_linear_kernel, LINEAR, consts, launch(t)
+
+
+KERNELS = {
+    "fp8 linear decode split": _linear(1, True),
+    "fp8 linear decode in program": _linear(16, False),
+    "fp8 linear prefill": _linear(4096, False),
+    "fp8 moe gate_up": (moe._gate_up_fp8_kernel, GATE_UP,
+                        dict(TOP_K=10, BLOCK_M=16, BLOCK_K=128, IEEE=False,
+                             **blocks(moe.GATE_UP_TILE)), launch(moe.GATE_UP_TILE)),
+    "fp8 moe gate_up one row": (moe._gate_up_fp8_kernel, GATE_UP,
+                                dict(TOP_K=10, BLOCK_M=16, BLOCK_K=128, IEEE=False,
+                                     ONE_ROW=True, **blocks(moe.GATE_UP_TILE)),
+                                launch(moe.GATE_UP_TILE)),
+    "fp8 moe down": (moe._down_fp8_kernel, DOWN,
+                     dict(BLOCK_M=16, BLOCK_K=128, IEEE=False, **blocks(moe.DOWN_TILE)),
+                     launch(moe.DOWN_TILE)),
+    "fp8 moe gate_up prefill": (moe._gate_up_fp8_kernel, GATE_UP,
+                                dict(TOP_K=10, BLOCK_M=64, BLOCK_K=128, IEEE=False,
+                                     **blocks(moe.GATE_UP_PREFILL)),
+                                launch(moe.GATE_UP_PREFILL)),
+    "fp8 moe down prefill": (moe._down_fp8_kernel, DOWN,
+                             dict(BLOCK_M=64, BLOCK_K=128, IEEE=False,
+                                  **blocks(moe.DOWN_PREFILL)), launch(moe.DOWN_PREFILL)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_fp8_kernel_compiles_for_sm90_on_the_tensor_cores(name):
+    fn, args, constexprs, options = KERNELS[name]
+    signature = {**args, **dict.fromkeys(constexprs, "constexpr")}
+    compiled = triton.compile(
+        ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+        target=H200,
+        options=options,
+    )
+    assert len(compiled.asm["cubin"]) > 0
+    assert compiled.metadata.shared <= H200_SHARED
+    ptx = compiled.asm["ptx"]
+    assert "mma.sync" in ptx or "wgmma" in ptx, "the products are not on the tensor cores"
+    assert "cvt.rn.bf16x2.e4m3x2" in ptx or "e4m3" in ptx, "no e4m3 conversion"
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_fp8_kernel_waits_under_pdl_before_it_touches_memory(name):
+    """Launched early under PDL (kernels/pdl.py), a kernel's griddepcontrol.wait comes before
+    its first global load, store, async copy or atomic (the linear's L2 prefetch of its
+    weights aside); with PDL 0 it has none."""
+    import re
+
+    fn, args, constexprs, options = KERNELS[name]
+
+    def ptx(flag: int) -> str:
+        c = {**constexprs, "PDL": flag}
+        signature = {**args, **dict.fromkeys(c, "constexpr")}
+        opts = dict(options, launch_pdl=bool(flag))
+        return triton.compile(
+            ASTSource(fn=fn, signature=signature, constexprs=c), target=H200, options=opts
+        ).asm["ptx"]
+
+    code = ptx(1)
+    wait = code.index("griddepcontrol.wait")
+    first = re.search(r"\b(ld\.global|st\.global|cp\.async(?!\.bulk\.prefetch)|atom\.|red\.)", code)
+    assert first is None or wait < first.start()
+    assert "griddepcontrol" not in ptx(0)

@@ -1,0 +1,142 @@
+"""Triton block-FP8 linear (kernels/linear/triton_fp8.py): against the reference (dequantize,
+then the product in float64), and row invariance (a row's output bitwise the same alone or
+in a batch of 1..17 rows, at any offset, whatever the other rows: on the GPU; under the
+interpreter, whose dot is the host BLAS's, within triton_env.DOT_TOL, see assert_dot_equal).
+
+The weights are real e4m3 tensors with float32 block scales: the interpreter loads e4m3 and
+converts it to fp32 exactly (checked: every one of the 256 codes in
+test_interpreter_reads_e4m3), so the tests run the kernel's own loads, in fp32 (x fp32: exact
+fp32 products). Tolerances, as max |ours - ref| / max |ref|: fp32 1e-5 (fp32 sums in another
+order than float64's); bf16 (GPU) 8e-3 (one bf16 rounding of the output plus fp32 noise).
+
+CPU: `TRITON_INTERPRET=1 python -m pytest -m triton tests/kernels/test_triton_fp8.py`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashlane.kernels.linear.fp8 import Fp8Weight
+from flashlane.models.fp8 import quantize_blocks
+from tests.kernels.triton_env import DEVICE, DTYPES, HAS_CUDA, dot_mismatch, needs_triton
+
+pytestmark = needs_triton
+pytest.importorskip("triton")
+
+from flashlane.kernels.linear import triton_fp8 as tfp8  # noqa: E402 (after the skip marker)
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
+if HAS_CUDA:
+    NK = [(70, 130), (33, 300), (130, 1100), (2560, 2560), (640, 6144), (16480, 2560)]
+    M_SWEEP, OFFSETS = [*range(1, 18), 31, 64], [0, 1, 7, 33]
+else:
+    NK = [(70, 130), (33, 300), (130, 1100)]
+    M_SWEEP, OFFSETS = [1, 2, 3, 5, 16, 17], [0, 3]
+
+
+def _x(m, k, dtype, seed):
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    return torch.randn(m, k, generator=g, device=DEVICE).to(dtype)
+
+
+def _w(n, k, seed, spread=False):
+    """An FP8 weight; spread: block scales over 2^-8..2^8 (each block its own magnitude)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g)
+    if spread:
+        w = w * 2.0 ** torch.randint(-8, 9, (n, 1), generator=g).float()
+    q, s = quantize_blocks(w)
+    return Fp8Weight(q.to(DEVICE), s.to(DEVICE))
+
+
+def _rel_err(out, ref):
+    out, ref = out.double(), ref.double()
+    return ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+def test_interpreter_reads_e4m3():
+    """Every e4m3 code through the kernel (a 1 x 256 identity product) comes back exact."""
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    finite = codes.float().isfinite()
+    q = codes[finite].reshape(-1, 1).to(DEVICE)  # [N, 1]: one column, K = 1
+    w = Fp8Weight(q, torch.ones(2, 1, device=DEVICE))
+    y = tfp8.linear(torch.ones(1, 1, device=DEVICE), w)
+    assert torch.equal(y[0].cpu(), codes[finite].float())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("nk", NK)
+@pytest.mark.parametrize("m", [1, 3, 17, 64, 65])
+def test_linear_fp8_matches_reference(m, nk, dtype):
+    n, k = nk
+    x, w = _x(m, k, dtype, 1), _w(n, k, 2, spread=True)
+    y = tfp8.linear(x, w)
+    assert y.dtype == dtype and y.shape == (m, n)
+    ref = x.double() @ w.dequantize(torch.float64).T
+    assert _rel_err(y, ref) < TOL[dtype]
+
+
+def test_linear_fp8_leading_dims_empty_and_dispatch():
+    x, w = _x(6, 300, torch.float32, 3), _w(40, 300, 4)
+    y = tfp8.linear(x.reshape(2, 3, 300), w)
+    assert y.shape == (2, 3, 40)
+    assert _rel_err(y.reshape(6, 40), x.double() @ w.dequantize(torch.float64).T) < 1e-5
+    assert tfp8.linear(x[:0], w).shape == (0, 40)
+    plain = w.dequantize(torch.float32)  # a plain weight takes the bf16 kernel's path
+    assert _rel_err(tfp8.linear(x, plain), x.double() @ plain.double().T) < 1e-5
+    with pytest.raises(ValueError, match="K=300"):
+        tfp8.linear(x, _w(40, 200, 4))
+    with pytest.raises(ValueError, match="out_dtype"):
+        tfp8.linear(x, w, out_dtype=torch.float64)
+
+
+def _check_rows(fn, full):
+    ref = fn(full)
+    bad = []
+    for m in M_SWEEP:
+        for o in OFFSETS:
+            if o + m <= full.shape[0]:
+                why = dot_mismatch(fn(full[o : o + m]), ref[o : o + m])
+                if why:
+                    bad.append((m, o, why))
+    assert not bad, f"rows differ from the full batch at (M, offset) {bad[:10]}"
+
+
+@pytest.mark.parametrize("fixup", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("nk", NK)
+def test_linear_fp8_row_invariant(nk, dtype, fixup, monkeypatch):
+    """A row alone or among 1..17 (and, with 70 rows, the prefill tile's call of all of them)
+    gives the same bits; and rows stay the same when every other row changes."""
+    monkeypatch.setattr(tfp8, "_FIXUP", fixup)
+    n, k = nk
+    full = _x(200 if HAS_CUDA else 70, k, dtype, 5)
+    w = _w(n, k, 6, spread=True)
+    fn = lambda x: tfp8.linear(x, w)  # noqa: E731
+    _check_rows(fn, full)
+    other = full.clone()
+    other[17:] = _x(full.shape[0] - 17, k, dtype, 7)
+    assert torch.equal(fn(full)[:17], fn(other)[:17])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_fp8_split_and_in_program_sums_agree(dtype):
+    """The split path (a program a partition, partials added in order) and the in-program
+    path (one program, every partition) give the same bits for the same tile."""
+    n, k = (640, 6144) if HAS_CUDA else (70, 1100)
+    x, w = _x(20, k, dtype, 8), _w(n, k, 9, spread=True)
+    tile = tfp8.fp8_tile(20, n, k)
+    assert tile["PARTS"] > 1
+    split = tfp8.linear(x, w, tile=dict(tile, SPLIT=True))
+    whole = tfp8.linear(x, w, tile=dict(tile, SPLIT=False))
+    assert torch.equal(split, whole)
+
+
+def test_fp8_partitions_depend_on_n_and_k_only():
+    for m in (1, 16, 64, 65, 4096):
+        t = tfp8.fp8_tile(m, 2560, 6144)
+        assert (t["PARTS"], t["BLOCKS_PER_PART"], t["BLOCK_K"]) == (
+            *tfp8.fp8_parts(2560, 6144),
+            128,
+        )

@@ -1,0 +1,106 @@
+"""The Triton MoE over block-FP8 expert stacks (kernels/moe/triton_fp8.py): against the
+reference (which dequantizes the stacks), and row invariance, test_triton_moe.py's pattern.
+The stacks are real e4m3 tensors with float32 block scales (the interpreter loads and
+converts e4m3 exactly: test_triton_fp8.py); shapes with two K blocks and partial blocks.
+Tolerances: test_triton_moe.py's (fp32 1e-5, bf16 3e-2 against the bf16 reference).
+
+CPU: `TRITON_INTERPRET=1 python -m pytest -m triton tests/kernels/test_triton_moe_fp8.py`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from flashlane.kernels.linear.fp8 import Fp8Weight, cat_stack
+from flashlane.models.fp8 import quantize_blocks
+from tests.kernels.test_triton_dense import _check_other_rows, _check_rows, _rand, _rel_err
+from tests.kernels.triton_env import DEVICE, DTYPES, HAS_CUDA, assert_dot_equal, needs_triton
+
+pytestmark = needs_triton
+pytest.importorskip("triton")
+
+from flashlane.kernels.moe import reference as moe_ref  # noqa: E402
+from flashlane.kernels.moe import triton_fp8 as tmoe  # noqa: E402
+
+MOE_TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
+# (H, E, I, top_k): two K blocks in each product, partial edge blocks
+SMALL = (160, 6, 136, 3)
+CASES = [(SMALL, dt) for dt in DTYPES] + (
+    [((2560, 64, 640, 10), torch.bfloat16)] if HAS_CUDA else []
+)
+
+
+def _fp8(*shape, seed):
+    w = _rand(*shape, scale=shape[-1] ** -0.5, seed=seed)
+    return Fp8Weight(*quantize_blocks(w.cpu()))
+
+
+@functools.cache
+def _weights(h, e, i, dtype, seed=40):
+    router = _rand(e, h, scale=h**-0.5, seed=seed).to(dtype)
+    gate, up = _fp8(e, i, h, seed=seed + 1), _fp8(e, i, h, seed=seed + 2)
+    down = _fp8(e, h, i, seed=seed + 3)
+    return router, *(w.to(DEVICE) for w in (gate, up, down))
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("m", [1, 3, 17, 65])
+def test_moe_fp8_matches_reference(m, case, normalize):
+    (h, e, i, k), dtype = case
+    router, gate, up, down = _weights(h, e, i, dtype)
+    x = _rand(m, h, dtype=dtype, seed=41)
+    out = tmoe.moe(x, router, gate, up, down, k, normalize)
+    assert out.dtype == dtype and out.shape == x.shape
+    want = moe_ref.moe(x, router, gate, up, down, k, normalize)
+    assert _rel_err(out, want) < MOE_TOL[dtype]
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_moe_fp8_with_the_shared_expert(case):
+    """The shared expert as its own add (moe's `shared`) and as one more expert of the
+    stacks (moe_shared): both near the reference, and rows alone give the call's bits."""
+    (h, e, i, k), dtype = case
+    router, gate, up, down = _weights(h, e, i, dtype)
+    x = _rand(33, h, dtype=dtype, seed=42)
+    logits = _rand(33, 3, dtype=dtype, seed=43)[:, 1:2]
+    s = _rand(33, h, dtype=dtype, seed=44)
+    got = tmoe.moe(x, router, gate, up, down, k, True, (logits, s))
+    want = moe_ref.moe(x, router, gate, up, down, k, True, (logits, s))
+    assert _rel_err(got, want) < MOE_TOL[dtype]
+    sr = _rand(1, h, dtype=dtype, scale=h**-0.5, seed=45)
+    sg, su = (_fp8(i, h, seed=sd).to(DEVICE) for sd in (46, 47))
+    sd = _fp8(h, i, seed=48).to(DEVICE)
+    r1 = torch.cat([router, sr])
+    g1, u1, d1 = cat_stack(gate, sg), cat_stack(up, su), cat_stack(down, sd)
+    both = tmoe.moe_shared(x, r1, g1, u1, d1, k, True)
+    assert _rel_err(both, moe_ref.moe_shared(x, r1, g1, u1, d1, k, True)) < MOE_TOL[dtype]
+    for o, m in ((0, 1), (5, 7), (20, 13)):
+        part = (logits[o : o + m], s[o : o + m])
+        assert_dot_equal(
+            tmoe.moe(x[o : o + m], router, gate, up, down, k, True, part), got[o : o + m]
+        )
+        assert_dot_equal(tmoe.moe_shared(x[o : o + m], r1, g1, u1, d1, k, True), both[o : o + m])
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_moe_fp8_row_invariant(case):
+    (h, e, i, k), dtype = case
+    router, gate, up, down = _weights(h, e, i, dtype)
+    full = _rand(150 if HAS_CUDA else 24, h, dtype=dtype, seed=49)
+    fn = lambda x: tmoe.moe(x, router, gate, up, down, k, True)  # noqa: E731
+    _check_rows(fn, full, m_sweep=[*range(1, 18)] if HAS_CUDA else [1, 2, 5, 17])
+    _check_other_rows(fn, full, same_tiles=False)
+
+
+def test_moe_fp8_plain_stacks_take_the_bf16_path():
+    h, e, i, k = SMALL
+    router, gate, up, down = _weights(h, e, i, torch.float32)
+    plain = [w.dequantize(torch.float32) for w in (gate, up, down)]
+    x = _rand(5, h, seed=50)
+    assert_dot_equal(
+        tmoe.moe(x, router, *plain, k, True), tmoe.moe(x, router, gate, up, down, k, True)
+    )
