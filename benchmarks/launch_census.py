@@ -85,25 +85,48 @@ class Census(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default="flashnext-tiny")
-    args = ap.parse_args()
-    cfg, model = build_random(preset(args.config), torch.float32, "cpu", 0)
-    model.use_kernels(TRITON)
+def plain_step(cfg, model):
+    """One session's plain lone step, as the engine's first graph runs it."""
     s = [SessionState.empty(cfg, 256, torch.float32, torch.float32, "cpu")]
     tok, pos = torch.tensor([5]), torch.tensor([0])
     out, k = torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, dtype=torch.long)
     rows = torch.zeros(4, 1, cfg.hc_count * cfg.hidden_size)
-    lone.step(model, s, tok, pos, out, (rows, k))  # the first step may take other branches
+    return lambda: lone.step(model, s, tok, pos, out, (rows, k))
+
+
+def drafted_step(cfg, model, depth: int):
+    """One session's drafted lone step of `depth` drafts, named by size tables as its graph
+    names it (runner/lone_draft.py)."""
+    from flashlane.runner.lone_buffers import SizeTables
+    from flashlane.runner.lone_draft import DraftBuffers
+
+    s = [SessionState.empty(cfg, 256, torch.float32, torch.float32, "cpu")]
+    sizes = SizeTables(cfg, s, 8 * (depth + 1), torch.device("cpu"))
+    width = cfg.hc_count * cfg.hidden_size
+    io = DraftBuffers(1, depth, width, torch.float32, torch.device("cpu"))
+    io.table, io.table_keys = sizes.of((0,), 1, drafted=True).clone(), sizes.draft_keys
+    io.tok.fill_(5)
+    return lambda: io.step(model, [sizes.anchor], io.tables())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", default="flashnext-tiny")
+    ap.add_argument("--depth", type=int, default=0, help="a drafted step's (default: plain)")
+    args = ap.parse_args()
+    cfg, model = build_random(preset(args.config), torch.float32, "cpu", 0)
+    model.use_kernels(TRITON)
+    run = drafted_step(cfg, model, args.depth) if args.depth else plain_step(cfg, model)
+    run()  # the first step may take other branches
     census = Census()
     with census:
-        lone.step(model, s, tok, pos, out, (rows, k))
+        run()
     where: collections.Counter = collections.Counter()
     for (fn, _), n in census.counts.items():
         where[fn] += n
     total = sum(where.values())
-    print(f"{args.config}: {total} launches a lone step ({len(model.layers)} layers)")
+    kind = f"drafted lone step (depth {args.depth})" if args.depth else "lone step"
+    print(f"{args.config}: {total} launches a {kind} ({len(model.layers)} layers)")
     for fn, n in where.most_common():
         ops = sorted(
             ((op, c) for (f, op), c in census.counts.items() if f == fn), key=lambda x: -x[1]

@@ -250,8 +250,12 @@ def draft_step(
 
     window = torch.cat([io.tok[:, None], io.drafts], dim=1)  # [B, T]
     at = (io.pos[:, None] + io.offsets).flatten()  # [B*T] each row's position
-    r = model.embed_tokens(window.flatten()).repeat(1, cfg.hc_count)
-    cos, sin = model.rotary.cos_sin(at, r.dtype)
+    # as a plain step (lone_step.step): the first read's norm in the embedding's launch, the
+    # rows' angles and attention_once's tensors in one, each read's norm in the write before
+    r, xn = lone_step.embedded(model, window.flatten())
+    cos, sin, *once = kernels.step_angles(
+        at, model.rotary.inv(at.device), r.dtype, cfg.indexer_block
+    )
     # (states, rows of the window [B, T+tail, ...] or None, states after each row or None,
     # table, column): what _commit puts back
     pending = []
@@ -260,31 +264,32 @@ def draft_step(
             states = [s.ple[idx] for s in sessions]
             table = tables.get(("ple", idx))
             r = _ple(layer.ple, r.view(b, t, -1), states, window, kernels, pending, table)
-        a, w = layer.attn_hyper_connection.read(r)
+        a, w = layer.attn_hyper_connection.read(r, xn)
         if layer.kind == "linear":
             states = [s.gdn[idx] for s in sessions]
             y = _gdn(layer.linear_attn, a.view(b, t, -1), states, kernels, pending, tables.get(idx))
         else:
             caches = [s.attn[idx] for s in sessions for _ in range(t)]
             y = lone_step.attention_step(
-                layer.self_attn, a, caches, at, cos, sin, model.rotary, kernels, rows_of(idx)
+                layer.self_attn, a, caches, at, cos, sin, model.rotary, kernels, rows_of(idx), once
             )
-        r = layer.mlp_half(r, y, w, kernels)
-    top, ids = model.logits(r).max(dim=1)  # the first maximum: ties to the lower id
-    ids, finite = ids.view(b, t), torch.isfinite(top).view(b, t)
+        r, xn = lone_step.mlp_half(model, idx, r, y, w)
+    # the first maximum (ties to the lower id); bf16 logits hold the fp32 ones' order
+    top, ids = model.head_logits(r, xn).max(dim=1)
+    # finite: |top| < inf is false for NaN and both infinities, in two launches
+    ids, finite = ids.view(b, t), (top.abs() < float("inf")).view(b, t)
     lands = (io.drafts == ids[:, :k]) & finite[:, :k]
     kept = 1 + lands.long().cumprod(dim=1).sum(dim=1)  # [B] rows kept, 1..T
     last = kept - 1
     every = torch.arange(b, device=ids.device)
     _commit(pending, kept, every, kernels)
-    io.out[:, :t] = ids
-    io.out[:, t : 2 * t] = finite
-    io.out[:, 2 * t] = kept
+    torch.cat([ids, finite, kept[:, None]], dim=1, out=io.out)
     io.last.copy_(r.view(b, t, -1)[every, last])
     io.tok.copy_(ids[every, last])
     heads = range(len(model.mtp.layers))
     mtp_tables = ([rows_of(("mtp", j)) for j in heads], [tables.get(("mtp", j)) for j in heads])
-    _draft_next(model, sessions, io, r, ids.flatten(), at, cos, sin, every * t + last, mtp_tables)
+    angles = (at, cos, sin, once)
+    _draft_next(model, sessions, io, r, ids.flatten(), angles, every * t + last, mtp_tables)
     io.pos.add_(kept)
 
 
@@ -330,12 +335,15 @@ def _commit(pending, kept: torch.Tensor, every: torch.Tensor, kernels) -> None:
     """Each session's state after its kept rows: a tail of inputs (conv windows, PLE ids)
     from index kept on, or the recurrent state after row kept-1 (`every`: arange(B)), put
     back through the table where there is one."""
-    dsts, srcs = [], []
+    dsts, srcs, last, spans = [], [], kept - 1, {}
     for states, inputs, after, table, column in pending:
         if after is not None:
-            chosen = after[every, kept - 1]
+            chosen = after[every, last]
         else:
-            span = kept[:, None] + torch.arange(states[0].shape[0], device=kept.device)
+            n = states[0].shape[0]  # the tail's length: kept .. kept + n - 1, made once
+            if n not in spans:
+                spans[n] = kept[:, None] + torch.arange(n, device=kept.device)
+            span = spans[n]
             index = span.view(*span.shape, *[1] * (inputs.dim() - 2))
             chosen = inputs.gather(1, index.expand(-1, -1, *inputs.shape[2:]))
         if table is not None:
@@ -346,44 +354,41 @@ def _commit(pending, kept: torch.Tensor, every: torch.Tensor, kernels) -> None:
     copy_all(dsts, srcs)
 
 
-def _draft_next(model, sessions, io, r, next_ids, at, cos, sin, rows, tables) -> None:
+def _draft_next(model, sessions, io, r, next_ids, angles, rows, tables) -> None:
     """The MTP head absorbs the window's cells (row i with the draw after it, at row i's
     position) and chains K drafts from the cell of each session's last kept row (`rows`).
-    tables: (each head layer's table of the window's rows, of the sessions)."""
-    mtp, k = model.mtp, io.drafts.shape[1]
+    angles: the window rows' (positions, cos, sin, attention_once's); tables: (each head
+    layer's table of the window's rows, of the sessions)."""
+    mtp, k, cfg = model.mtp, io.drafts.shape[1], model.cfg
     heads = range(len(mtp.layers))
     window_tables, chain = tables
-    x = _cells(
-        model,
-        r,
-        next_ids,
-        [[s.mtp[j] for s in sessions for _ in range(k + 1)] for j in heads],
-        at,
-        cos,
-        sin,
-        window_tables,
-    )
+    window_caches = [[s.mtp[j] for s in sessions for _ in range(k + 1)] for j in heads]
+    x = _cells(model, r, next_ids, window_caches, angles, window_tables)
     x, pos = x[rows], io.pos + io.out[:, 2 * (k + 1)]  # the pending token's new position
     caches = [[s.mtp[j] for s in sessions] for j in heads]
     for d in range(k):
-        top = model.lm_head(mtp.hyper_connection_mixer.read(x)[0]).float()
-        io.drafts[:, d] = top.argmax(dim=1)
+        # the first maximum; bf16 logits hold the fp32 ones' order
+        io.drafts[:, d] = model.lm_head(mtp.hyper_connection_mixer.read(x)[0]).argmax(dim=1)
         if d + 1 < k:  # cell at the pending token's position: the head's residual with draft d
-            c, s = model.rotary.cos_sin(pos + d, x.dtype)
-            x = _cells(model, x, io.drafts[:, d], caches, pos + d, c, s, chain)
+            at = pos + d
+            c, s, *once = model.kernels.step_angles(
+                at, model.rotary.inv(at.device), x.dtype, cfg.indexer_block
+            )
+            x = _cells(model, x, io.drafts[:, d], caches, (at, c, s, once), chain)
 
 
-def _cells(model, residual, next_ids, caches, at, cos, sin, tables) -> torch.Tensor:
+def _cells(model, residual, next_ids, caches, angles, tables) -> torch.Tensor:
     """MTP cells (models/layers/mtp.py) of rows at positions `at`, each reading and writing
     its own session's head cache -> the cells' output residual."""
     mtp, cfg, kernels = model.mtp, model.cfg, model.kernels
+    at, cos, sin, once = angles
     e = mtp.fc_embedding(mtp.pre_fc_norm_embedding(model.embed_tokens(next_ids)))
     hn = mtp.pre_fc_norm_hidden(residual).unflatten(-1, (cfg.hc_count, cfg.hidden_size))
     x = (mtp.fc_hidden(hn) + e.unsqueeze(-2)).flatten(-2)
     for layer, layer_caches, table in zip(mtp.layers, caches, tables):
         a, w = layer.attn_hyper_connection.read(x)
         y = lone_step.attention_step(
-            layer.self_attn, a, layer_caches, at, cos, sin, model.rotary, kernels, table
+            layer.self_attn, a, layer_caches, at, cos, sin, model.rotary, kernels, table, once
         )
         x = layer.mlp_half(x, y, w, kernels)
     return x

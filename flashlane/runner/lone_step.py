@@ -66,14 +66,7 @@ def step(
     session_tables, made where not given), so the bits are theirs."""
     cfg, kernels = model.cfg, model.kernels
     tables = tables or {}
-    first = model.layers[0]
-    if first.ple is None:  # the first read's norm in the embedding's launch
-        norm = first.attn_hyper_connection.hc_norm
-        r, xn = kernels.embed_rows(
-            model.embed_tokens.weight, tok, cfg.hc_count, (norm.weight, norm.eps)
-        )
-    else:
-        r, xn = kernels.embed_rows(model.embed_tokens.weight, tok, cfg.hc_count), None
+    r, xn = embedded(model, tok)
     # the rows' cos / sin, and attention_once's tensors, in one launch
     cos, sin, *once = kernels.step_angles(
         pos, model.rotary.inv(pos.device), r.dtype, cfg.indexer_block
@@ -103,15 +96,31 @@ def step(
                 tables.get(idx),
                 once,
             )
-        then = _next_read(model, idx)
-        if then is None:
-            r, xn = layer.mlp_half(r, y, w, kernels), None
-        else:
-            r, xn = layer.mlp_half(r, y, w, kernels, then)
+        r, xn = mlp_half(model, idx, r, y, w)
     # the draw for pos + 1 (greedy: the first maximum), its flag, the next token, position
     (draw or kernels.greedy_step)(model.head_logits(r, xn), out, tok, pos)
     # the rows recorded for the MTP head, and the verdict posted, in one launch at the end
     kernels.record_row(record[0], record[1], r, out, ring)
+
+
+def embedded(model: FlashNext, tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The rows of tokens tok [N] on the hyper-connection streams [N, hc*H], and the first
+    layer's read norm of them in the same launch (None before a PLE layer, which adds to the
+    streams first)."""
+    kernels, first, hc = model.kernels, model.layers[0], model.cfg.hc_count
+    if first.ple is None:
+        norm = first.attn_hyper_connection.hc_norm
+        return kernels.embed_rows(model.embed_tokens.weight, tok, hc, (norm.weight, norm.eps))
+    return kernels.embed_rows(model.embed_tokens.weight, tok, hc), None
+
+
+def mlp_half(model: FlashNext, idx: int, r, y, w) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Layer idx's mlp_half, with the next read's norm from its last write where one follows
+    (`_next_read`): (the residual, that norm or None)."""
+    layer, then = model.layers[idx], _next_read(model, idx)
+    if then is None:
+        return layer.mlp_half(r, y, w, model.kernels), None
+    return layer.mlp_half(r, y, w, model.kernels, then)
 
 
 def _next_read(model: FlashNext, idx: int):

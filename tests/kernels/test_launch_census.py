@@ -19,19 +19,24 @@ from tests.kernels.triton_env import needs_triton
 pytestmark = needs_triton
 
 BUDGET = 92  # 583 at 7a78073, 102 at b40f7c7, 89 at 01616f3
+# a drafted step of depth 2 (runner/lone_draft.py): 240 at 225da56, 218 with the plain step's
+# fused reads, angles and head
+DRAFTED_BUDGET = 220
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="counts on the CPU")
-def test_tiny_lone_step_launches_within_budget(capsys):
+@pytest.mark.parametrize("depth,budget", [(0, BUDGET), (2, DRAFTED_BUDGET)])
+def test_tiny_lone_step_launches_within_budget(capsys, depth, budget):
     path = Path(__file__).parents[2] / "benchmarks" / "launch_census.py"
     spec = importlib.util.spec_from_file_location("launch_census", path)
     census = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(census)
-    argv, sys.argv = sys.argv, ["launch_census.py", "--config", "flashnext-tiny"]
+    argv = sys.argv
+    sys.argv = ["launch_census.py", "--config", "flashnext-tiny", "--depth", str(depth)]
     try:
         census.main()
     finally:
         sys.argv = argv
     first = capsys.readouterr().out.splitlines()[0]
     launches = int(first.split(": ")[1].split()[0])
-    assert 0 < launches <= BUDGET, first
+    assert 0 < launches <= budget, first

@@ -216,16 +216,16 @@ def test_a_row_without_a_finite_logit_ends_its_step(tiny_ckpt, monkeypatch):
     drafting = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0)).drafting
     # draft 1 the true token; draft 2 the id a row of NaN draws (the first): it must not land
     monkeypatch.setattr(drafting, "_first_drafts", lambda ids, sids, draws: [[want[1], 0]])
-    logits, calls = model.logits, [0]
+    logits, calls = model.head_logits, [0]
 
-    def poisoned(r):
-        out = logits(r)
+    def poisoned(r, xn=None):
+        out = logits(r, xn)
         calls[0] += 1
         if calls[0] == 1:
             out[1] = float("nan")  # the window's second row: the draw after draft 1
         return out
 
-    monkeypatch.setattr(model, "logits", poisoned)
+    monkeypatch.setattr(model, "head_logits", poisoned)
     got = []
     drafting.decode(
         [0],
