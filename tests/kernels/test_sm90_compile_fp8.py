@@ -21,7 +21,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from flashlane.kernels.linear import triton_fp8 as linear  # noqa: E402
 from flashlane.kernels.moe import triton_fp8 as moe  # noqa: E402
-from tests.kernels.test_sm90_compile import H200, H200_SHARED, blocks, launch  # noqa: E402
+from tests.kernels.sm90 import H200, H200_SHARED, blocks, launch  # noqa: E402
 
 BF, F8 = "*bf16", "*fp8e4nv"
 LINEAR = dict(x_ptr=BF, q_ptr=F8, s_ptr="*fp32", y_ptr=BF, ws_ptr="*fp32", count_ptr="*i32",
