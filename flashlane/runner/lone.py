@@ -226,7 +226,7 @@ class LoneDriver:
 
     def capture_all(self) -> int:
         """Capture the greedy step of every size now (engine start), and the drafted step of
-        every size that drafts (lone_draft.EAGER_SIZES), so no greedy request pays a capture;
+        every size that drafts (Drafting.eager_sizes), so no greedy request pays a capture;
         returns how many graphs there are. If a capture fails, lone steps run eagerly (same
         bits, more launches) and `failed` says why."""
         kinds = [(size, 0) for size in self.sizes]

@@ -1,0 +1,202 @@
+"""A drafted lone step (runner/lone_draft.py runs it): verify, acceptance, commit and the next
+drafts, all on the device.
+
+A drafted step of depth K feeds each session's window (its pending token and K drafts, at
+its positions) through the model as B*(K+1) rows, draws greedily at every row, keeps the
+rows up to the first draft that differs from the draw before it (kept = 1..K+1), commits the
+state after the last kept row, and moves the pending token and position on. Then the MTP
+head absorbs the window's cells (row i with the draw after it) and chains from the cell of
+the last kept row: K new drafts for the next step. No host value enters a step.
+
+Exactness: every op is the shared rounds' on the same rows. The window's rows write their
+keys at their own positions and attend through a table that names their session once per
+row (kernels.attend_sessions: each row reads its own length); the recurrent rule runs the
+window's rows from the session's state (gathered through the table) and keeps the state after
+each, so the commit is an index put back in place (`_commit`); conv windows and PLE ids are
+the inputs' tails from the kept length on. Rows past the kept ones leave keys beyond the
+length (written over before any row reads them) and cells in the MTP cache past its own
+(likewise). The drafts steer only how many rows a step keeps: the kept tokens are the greedy
+draws of the target, so a reply is the one plain steps give (tests/runner/test_lone_draft.py,
+tests/gpu/test_lone_gpu.py, tests/kernels/test_drafted_size_tables.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from flashlane.models.flashnext import FlashNext
+from flashlane.models.rows import copy_all
+from flashlane.models.state import GDN_CONV_COLUMN, PLE_IDS_COLUMN, SessionState
+from flashlane.runner import lone_step
+
+if TYPE_CHECKING:  # its buffers' module imports this one
+    from flashlane.runner.lone_draft import DraftBuffers
+
+__all__ = ["draft_step"]
+
+
+@torch.no_grad()
+def draft_step(
+    model: FlashNext, sessions: list[SessionState], io: DraftBuffers, tables: dict | None
+) -> None:
+    """One drafted step (module docstring) of io's sessions, reading and writing io.
+    `tables`: lone_step.session_tables(..., mtp=True) of the sessions, one row each (the
+    window's rows get each session's row T times); None: the kernels make their own and the
+    states are stacked (eager steps)."""
+    cfg, kernels = model.cfg, model.kernels
+    tables = tables or {}
+    b, k = io.drafts.shape
+    t = k + 1
+
+    def rows_of(key):  # a session table with each session's row once per window row
+        table = tables.get(key)  # (a copy: the kernels read rows TABLE_WIDTH apart)
+        return (
+            None if table is None else table[:, None].expand(-1, t, -1).contiguous().flatten(0, 1)
+        )
+
+    window = torch.cat([io.tok[:, None], io.drafts], dim=1)  # [B, T]
+    at = (io.pos[:, None] + io.offsets).flatten()  # [B*T] each row's position
+    # as a plain step (lone_step.step): the first read's norm in the embedding's launch, the
+    # rows' angles and attention_once's tensors in one, each read's norm in the write before
+    r, xn = lone_step.embedded(model, window.flatten())
+    cos, sin, *once = kernels.step_angles(
+        at, model.rotary.inv(at.device), r.dtype, cfg.indexer_block
+    )
+    # (states, rows of the window [B, T+tail, ...] or None, states after each row or None,
+    # table, column): what _commit puts back
+    pending = []
+    for idx, layer in enumerate(model.layers):
+        if layer.ple is not None:
+            states = [s.ple[idx] for s in sessions]
+            table = tables.get(("ple", idx))
+            r = _ple(layer.ple, r.view(b, t, -1), states, window, kernels, pending, table)
+        a, w = layer.attn_hyper_connection.read(r, xn)
+        if layer.kind == "linear":
+            states = [s.gdn[idx] for s in sessions]
+            y = _gdn(layer.linear_attn, a.view(b, t, -1), states, kernels, pending, tables.get(idx))
+        else:
+            caches = [s.attn[idx] for s in sessions for _ in range(t)]
+            y = lone_step.attention_step(
+                layer.self_attn, a, caches, at, cos, sin, model.rotary, kernels, rows_of(idx), once
+            )
+        r, xn = lone_step.mlp_half(model, idx, r, y, w)
+    # the first maximum (ties to the lower id); bf16 logits hold the fp32 ones' order
+    top, ids = model.head_logits(r, xn).max(dim=1)
+    # finite: |top| < inf is false for NaN and both infinities, in two launches
+    ids, finite = ids.view(b, t), (top.abs() < float("inf")).view(b, t)
+    lands = (io.drafts == ids[:, :k]) & finite[:, :k]
+    kept = 1 + lands.long().cumprod(dim=1).sum(dim=1)  # [B] rows kept, 1..T
+    last = kept - 1
+    every = torch.arange(b, device=ids.device)
+    _commit(pending, kept, every, kernels)
+    torch.cat([ids, finite, kept[:, None]], dim=1, out=io.out)
+    io.last.copy_(r.view(b, t, -1)[every, last])
+    io.tok.copy_(ids[every, last])
+    heads = range(len(model.mtp.layers))
+    mtp_tables = ([rows_of(("mtp", j)) for j in heads], [tables.get(("mtp", j)) for j in heads])
+    angles = (at, cos, sin, once)
+    _draft_next(model, sessions, io, r, ids.flatten(), angles, every * t + last, mtp_tables)
+    io.pos.add_(kept)
+
+
+def _gathered(kernels, tensors, table, column) -> torch.Tensor:
+    """The sessions' buffers stacked [B, ...]: through the table (the anchor's offsets), or
+    stacked as they are (one session: a view)."""
+    if table is None:
+        return lone_step.stacked(tensors)
+    return kernels.gather_sessions(tensors, table, column)
+
+
+def _ple(ple, r3, states, window, kernels, pending, table) -> torch.Tensor:
+    ids, conv = [p.ids for p in states], [p.conv for p in states]
+    history = torch.cat([_gathered(kernels, ids, table, PLE_IDS_COLUMN), window], dim=1)
+    add, xfull = ple.stacked(r3, history, _gathered(kernels, conv, table, 0), kernels)
+    pending.append((conv, xfull, None, table, 0))
+    pending.append((ids, history, None, table, PLE_IDS_COLUMN))
+    return (r3 + add).flatten(0, 1)
+
+
+def _gdn(gdn, a3, states, kernels, pending, table) -> torch.Tensor:
+    b, t = a3.shape[:2]
+    convs, recurrents = [g.conv for g in states], [g.recurrent for g in states]
+    qkv, gate_a, gate_b, z = gdn.project(a3.flatten(0, 1))
+    qkv, gate_a, gate_b = (x.unflatten(0, (b, t)) for x in (qkv, gate_a, gate_b))
+    window = _gathered(kernels, convs, table, GDN_CONV_COLUMN)
+    q, k, v, xfull = gdn.conv_qkv(qkv, window, kernels)
+    o, after = kernels.recurrent_gdn(
+        q,
+        k,
+        v,
+        None,
+        None,
+        _gathered(kernels, recurrents, table, 0),
+        gates=gdn.gates(gate_a, gate_b),
+    )
+    pending.append((convs, xfull, None, table, GDN_CONV_COLUMN))
+    pending.append((recurrents, None, after, table, 0))
+    return gdn.finish(o.flatten(0, 1), z)
+
+
+def _commit(pending, kept: torch.Tensor, every: torch.Tensor, kernels) -> None:
+    """Each session's state after its kept rows: a tail of inputs (conv windows, PLE ids)
+    from index kept on, or the recurrent state after row kept-1 (`every`: arange(B)), put
+    back through the table where there is one."""
+    dsts, srcs, last, spans = [], [], kept - 1, {}
+    for states, inputs, after, table, column in pending:
+        if after is not None:
+            chosen = after[every, last]
+        else:
+            n = states[0].shape[0]  # the tail's length: kept .. kept + n - 1, made once
+            if n not in spans:
+                spans[n] = kept[:, None] + torch.arange(n, device=kept.device)
+            span = spans[n]
+            index = span.view(*span.shape, *[1] * (inputs.dim() - 2))
+            chosen = inputs.gather(1, index.expand(-1, -1, *inputs.shape[2:]))
+        if table is not None:
+            kernels.put_sessions(states, chosen, table, column)
+        else:
+            dsts += states
+            srcs += list(chosen.to(states[0].dtype))
+    copy_all(dsts, srcs)
+
+
+def _draft_next(model, sessions, io, r, next_ids, angles, rows, tables) -> None:
+    """The MTP head absorbs the window's cells (row i with the draw after it, at row i's
+    position) and chains K drafts from the cell of each session's last kept row (`rows`).
+    angles: the window rows' (positions, cos, sin, attention_once's); tables: (each head
+    layer's table of the window's rows, of the sessions)."""
+    mtp, k, cfg = model.mtp, io.drafts.shape[1], model.cfg
+    heads = range(len(mtp.layers))
+    window_tables, chain = tables
+    window_caches = [[s.mtp[j] for s in sessions for _ in range(k + 1)] for j in heads]
+    x = _cells(model, r, next_ids, window_caches, angles, window_tables)
+    x, pos = x[rows], io.pos + io.out[:, 2 * (k + 1)]  # the pending token's new position
+    caches = [[s.mtp[j] for s in sessions] for j in heads]
+    for d in range(k):
+        # the first maximum; bf16 logits hold the fp32 ones' order
+        io.drafts[:, d] = model.lm_head(mtp.hyper_connection_mixer.read(x)[0]).argmax(dim=1)
+        if d + 1 < k:  # cell at the pending token's position: the head's residual with draft d
+            at = pos + d
+            c, s, *once = model.kernels.step_angles(
+                at, model.rotary.inv(at.device), x.dtype, cfg.indexer_block
+            )
+            x = _cells(model, x, io.drafts[:, d], caches, (at, c, s, once), chain)
+
+
+def _cells(model, residual, next_ids, caches, angles, tables) -> torch.Tensor:
+    """MTP cells (models/layers/mtp.py) of rows at positions `at`, each reading and writing
+    its own session's head cache -> the cells' output residual."""
+    mtp, cfg, kernels = model.mtp, model.cfg, model.kernels
+    at, cos, sin, once = angles
+    e = mtp.fc_embedding(mtp.pre_fc_norm_embedding(model.embed_tokens(next_ids)))
+    hn = mtp.pre_fc_norm_hidden(residual).unflatten(-1, (cfg.hc_count, cfg.hidden_size))
+    x = (mtp.fc_hidden(hn) + e.unsqueeze(-2)).flatten(-2)
+    for layer, layer_caches, table in zip(mtp.layers, caches, tables):
+        a, w = layer.attn_hyper_connection.read(x)
+        y = lone_step.attention_step(
+            layer.self_attn, a, layer_caches, at, cos, sin, model.rotary, kernels, table, once
+        )
+        x = layer.mlp_half(x, y, w, kernels)
+    return x
