@@ -62,6 +62,9 @@ class EngineConfig:
     quantization: str | None = None
     # requests without a seed take seed, seed + 1, ... in submission order; None: fresh random
     seed: int | None = None
+    # processes (one per device) the model's heads and experts are split over (parallel/);
+    # past 1, rank 0 spawns the others, or joins the group torchrun started
+    tensor_parallel_size: int = 1
 
     @classmethod
     def resolve(cls, **options: Any) -> EngineConfig:
@@ -119,6 +122,11 @@ class EngineConfig:
             self.lone_streams is None or self.lone_streams >= 1,
             "lone_streams",
             f"must be >= 1, got {self.lone_streams}",
+        )
+        need(
+            isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
+            "tensor_parallel_size",
+            f"must be an int >= 1, got {self.tensor_parallel_size!r}",
         )
         need(0 <= self.mtp_drafts <= 16, "mtp_drafts", "must be in 0..16")
         need(0.0 <= self.mtp_confidence <= 1.0, "mtp_confidence", "must be in [0, 1]")

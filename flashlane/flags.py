@@ -201,6 +201,14 @@ def engine_flags(p: argparse.ArgumentParser) -> None:
         "on cuda (default: lone driver on; FLASHLANE_NO_LONE=1)",
     )
     p.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=None,
+        help="processes (one per device) the heads and experts are split over; rank 0 "
+        "spawns the others, or joins the group torchrun started (default: 1)",
+    )
+    p.add_argument(
         "--lone-streams",
         type=int,
         default=None,
@@ -256,6 +264,7 @@ def engine_options(args: argparse.Namespace) -> dict:
         default_chat_template_kwargs=args.default_chat_template_kwargs,
         unpriced=args.unpriced,
         lone_streams=args.lone_streams,
+        tensor_parallel_size=args.tensor_parallel_size,
         seed=getattr(args, "engine_seed", None),
     )
     if args.enable_prefix_caching is False:

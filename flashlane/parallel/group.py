@@ -33,6 +33,7 @@ class TensorParallel:
     size: int
     group: Any  # torch.distributed.ProcessGroup
     control: Any  # torch.distributed.ProcessGroup (gloo)
+    device: str  # this rank's: cpu, or cuda:LOCAL_RANK
 
     @property
     def is_leader(self) -> bool:
@@ -85,10 +86,12 @@ def in_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
-def join(device: str, size: int, rank: int | None = None, port: int | None = None):
+def join(
+    device: str, size: int, rank: int | None = None, port: int | None = None
+) -> TensorParallel:
     """Join the group of `size` ranks: from torchrun's environment when rank is None, else
-    as `rank` of a group flashlane spawned on 127.0.0.1:port. Returns (TensorParallel, the
-    device this rank runs on: cuda:LOCAL_RANK on GPUs)."""
+    as `rank` of a group flashlane spawned on 127.0.0.1:port (on GPUs rank r takes
+    cuda:LOCAL_RANK, or cuda:r when spawned)."""
     if rank is None:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         if world != size:
@@ -113,7 +116,7 @@ def join(device: str, size: int, rank: int | None = None, port: int | None = Non
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=size, timeout=TIMEOUT)
     group = dist.group.WORLD
     control = group if backend == "gloo" else dist.new_group(backend="gloo", timeout=TIMEOUT)
-    return TensorParallel(rank, size, group, control), device
+    return TensorParallel(rank, size, group, control, device)
 
 
 def leave() -> None:

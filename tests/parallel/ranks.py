@@ -82,7 +82,7 @@ def replies(ckpt: str, tp: TensorParallel | None) -> dict:
 def run_rank(rank: int, size: int, port: int, ckpt: str, out: str) -> None:
     """One spawned rank: join the group on 127.0.0.1:port, compute, rank 0 saves."""
     torch.set_num_threads(1)
-    tp, _ = join("cpu", size, rank, port)
+    tp = join("cpu", size, rank, port)
     try:
         result = replies(ckpt, tp)
         if rank == 0:
