@@ -21,12 +21,14 @@ from tests.parallel.ranks import replies, run_rank
 TOLERANCE = 1e-6
 
 
-@pytest.fixture(scope="module")
-def both(tiny_ckpt, tmp_path_factory):
+# Flash Next's tiny checkpoint; Qwen3-Next's covers gated full attention, a dense MLP layer
+# and a shared expert wider than the routed ones (run beside them, not stacked)
+@pytest.fixture(scope="module", params=["tiny", pytest.param("qwen3_next", marks=pytest.mark.slow)])
+def both(request, oracle_by_name, tmp_path_factory):
+    ckpt = str(oracle_by_name(request.param))
     out = tmp_path_factory.mktemp("tp") / "rank0.pt"
-    args = (2, free_port(), str(tiny_ckpt), str(out))
-    mp.spawn(run_rank, args=args, nprocs=2, join=True)
-    return replies(str(tiny_ckpt), None), torch.load(out)
+    mp.spawn(run_rank, args=(2, free_port(), ckpt, str(out)), nprocs=2, join=True)
+    return replies(ckpt, None), torch.load(out)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
