@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from flashlane.config import EngineConfig
@@ -35,6 +36,11 @@ def start(config: EngineConfig, device: str) -> TensorParallel:
             sys.exit(0)
         atexit.register(leave)
         return tp
+    if dist.is_initialized():
+        raise ValueError(
+            f"--tensor-parallel-size {size}: this process already belongs to a process group "
+            "(one tensor-parallel engine per process)"
+        )
     port = free_port()
     context = mp.get_context("spawn")
     procs = [

@@ -5,6 +5,7 @@ TP=1's, drafts on (MTP and copy), seeded."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +59,18 @@ def test_a_size_that_does_not_divide_the_heads_is_refused_by_name():
     assert done.returncode != 0
     assert "tensor-parallel size 3 does not divide" in done.stderr
     assert "attention heads (num_attention_heads) 4" in done.stderr
+
+
+@pytest.mark.slow
+def test_two_ranks_alone_batched_and_drafted_equal_one_rank():
+    def run(size: int) -> dict:
+        cmd = [sys.executable, str(Path(__file__).with_name("engine_replies.py")), str(size)]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    two, one = run(2), run(1)
+    assert two["together"] == two["alone"]  # at TP=2: batched and drafted == alone, undrafted
+    assert two["cached"] > 0  # the prompt cache's keep_state and resume were replayed
+    assert two == one
