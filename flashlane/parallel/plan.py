@@ -2,7 +2,9 @@
 
 Split across ranks (rank r holds the r-th contiguous block):
 - attention heads: q_proj (each head's query and gate rows), k_proj and v_proj (KV heads),
-  o_proj's columns; a rank's sessions hold only its KV heads' keys and values;
+  o_proj's columns; a rank's sessions hold only its KV heads' keys and values. With fewer KV
+  heads than ranks (Flash Next has 2) each rank holds the one KV head its query heads read,
+  replicated over size / KV heads ranks, as GQA under vLLM's TP does; GDN key heads alike;
 - GDN heads: the q, k and v rows of in_proj_qkv and the conv taps (key heads, with the value
   heads each key head serves: gdn_qk repeats a key head over adjacent value heads), in_proj_z,
   in_proj_a, in_proj_b, A_log and dt_bias (value heads), out_proj's columns; a rank's
@@ -54,8 +56,6 @@ def shard_config(cfg: ModelConfig, size: int) -> ModelConfig:
     by `size`. Raises ShardingError naming every count `size` does not divide."""
     counts = {
         "attention heads (num_attention_heads)": cfg.num_attention_heads,
-        "KV heads (num_key_value_heads)": cfg.num_kv_heads,
-        "GDN key heads (linear_num_key_heads)": cfg.linear_num_k_heads,
         "GDN value heads (linear_num_value_heads)": cfg.linear_num_v_heads,
         "expert width (moe_intermediate_size)": cfg.moe_intermediate_size,
         "shared expert width (shared_expert_intermediate_size)": (
@@ -67,6 +67,12 @@ def shard_config(cfg: ModelConfig, size: int) -> ModelConfig:
     if size < 1:
         raise ShardingError(f"tensor-parallel size must be >= 1, got {size}")
     bad = [f"{name} {n}" for name, n in counts.items() if n % size]
+    # grouped heads: split, or one per rank replicated over size / n ranks
+    grouped = {
+        "KV heads (num_key_value_heads)": cfg.num_kv_heads,
+        "GDN key heads (linear_num_key_heads)": cfg.linear_num_k_heads,
+    }
+    bad += [f"{name} {n}" for name, n in grouped.items() if n % size and size % n]
     if bad:
         raise ShardingError(
             f"tensor-parallel size {size} does not divide the model's " + ", ".join(bad)
@@ -76,8 +82,8 @@ def shard_config(cfg: ModelConfig, size: int) -> ModelConfig:
     return replace(
         cfg,
         num_attention_heads=cfg.num_attention_heads // size,
-        num_kv_heads=cfg.num_kv_heads // size,
-        linear_num_k_heads=cfg.linear_num_k_heads // size,
+        num_kv_heads=max(1, cfg.num_kv_heads // size),
+        linear_num_k_heads=max(1, cfg.linear_num_k_heads // size),
         linear_num_v_heads=cfg.linear_num_v_heads // size,
         moe_intermediate_size=cfg.moe_intermediate_size // size,
         shared_expert_intermediate_size=cfg.shared_expert_intermediate_size // size,
@@ -118,6 +124,15 @@ def _block(w: torch.Tensor, dim: int, tp: TensorParallel, parts: int = 1) -> tor
     return torch.cat([r.chunk(tp.size, dim=dim)[tp.rank] for r in runs], dim=dim).clone()
 
 
+def _heads(w: torch.Tensor, heads: int, tp: TensorParallel) -> torch.Tensor:
+    """Rank tp.rank's rows of a [heads * D, ...] weight of grouped heads: its block, or with
+    fewer heads than ranks the one head its query (value) heads read."""
+    if heads % tp.size == 0:
+        return _block(w, 0, tp)
+    d, h = w.shape[0] // heads, tp.rank * heads // tp.size
+    return w[h * d : (h + 1) * d].clone()
+
+
 def _set(module: nn.Module, name: str, w: torch.Tensor) -> None:
     setattr(module, name, nn.Parameter(w, requires_grad=False))
 
@@ -143,7 +158,8 @@ def _shard_gdn(m: GatedDeltaNet, cfg: ModelConfig, local: ModelConfig, tp: Tenso
 
     def qkv(w: torch.Tensor) -> torch.Tensor:  # [conv_dim, ...]: q, k, v runs, each split
         q, k, v = w.split([kd, kd, vd])
-        return torch.cat([_block(q, 0, tp), _block(k, 0, tp), _block(v, 0, tp)])
+        nk = cfg.linear_num_k_heads
+        return torch.cat([_heads(q, nk, tp), _heads(k, nk, tp), _block(v, 0, tp)])
 
     _set(m.in_proj_qkv, "weight", qkv(m.in_proj_qkv.weight.detach()))
     m.in_proj_qkv.out_features = local.linear_conv_dim
@@ -159,8 +175,9 @@ def _shard_gdn(m: GatedDeltaNet, cfg: ModelConfig, local: ModelConfig, tp: Tenso
 
 def _shard_heads(m: nn.Module, cfg: ModelConfig, local: ModelConfig, tp: TensorParallel):
     _rows(m.q_proj, tp)  # [heads * 2D]: head h's query and gate rows side by side
-    _rows(m.k_proj, tp)
-    _rows(m.v_proj, tp)
+    for lin in (m.k_proj, m.v_proj):
+        _set(lin, "weight", _heads(lin.weight.detach(), cfg.num_kv_heads, tp))
+        lin.out_features = lin.weight.shape[0]
     _columns(m.o_proj, tp, tp.all_reduce)
     _restack(m.in_proj)
     m.cfg = local  # the indexer keeps the whole config: it is replicated

@@ -21,13 +21,23 @@ from tests.parallel.ranks import replies, run_rank
 TOLERANCE = 1e-6
 
 
-# Flash Next's tiny checkpoint; Qwen3-Next's covers gated full attention, a dense MLP layer
-# and a shared expert wider than the routed ones (run beside them, not stacked)
-@pytest.fixture(scope="module", params=["tiny", pytest.param("qwen3_next", marks=pytest.mark.slow)])
+# (checkpoint, ranks): Flash Next's tiny one on 2; Qwen3-Next's covers gated full attention,
+# a dense MLP layer and a shared expert wider than the routed ones (run beside them, not
+# stacked); on 4 ranks the tiny one has fewer KV and GDN key heads than ranks (replicated)
+@pytest.fixture(
+    scope="module",
+    params=[
+        ("tiny", 2),
+        pytest.param(("qwen3_next", 2), marks=pytest.mark.slow),
+        pytest.param(("tiny", 4), marks=pytest.mark.slow),
+    ],
+    ids=lambda p: f"{p[0]}-tp{p[1]}",
+)
 def both(request, oracle_by_name, tmp_path_factory):
-    ckpt = str(oracle_by_name(request.param))
+    name, size = request.param
+    ckpt = str(oracle_by_name(name))
     out = tmp_path_factory.mktemp("tp") / "rank0.pt"
-    mp.spawn(run_rank, args=(2, free_port(), ckpt, str(out)), nprocs=2, join=True)
+    mp.spawn(run_rank, args=(size, free_port(), ckpt, str(out)), nprocs=size, join=True)
     return replies(ckpt, None), torch.load(out)
 
 
@@ -61,6 +71,10 @@ def test_a_size_that_does_not_divide_names_the_numbers(tiny_ckpt):
     cfg = ModelConfig.from_hf(tiny_ckpt / "config.json")
     with pytest.raises(ShardingError, match=r"size 3 .*attention heads .*4.*KV heads .*2"):
         shard_config(cfg, 3)
+    with pytest.raises(ShardingError, match=r"size 8 .*attention heads .*4"):
+        shard_config(cfg, 8)
+    four = shard_config(cfg, 4)  # one KV head and one GDN key head a rank, replicated
+    assert (four.num_kv_heads, four.linear_num_k_heads, four.linear_num_v_heads) == (1, 1, 1)
     local = shard_config(cfg, 2)
     assert (local.num_attention_heads, local.num_kv_heads) == (2, 1)
     assert (local.linear_num_k_heads, local.linear_num_v_heads) == (1, 2)
