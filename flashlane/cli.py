@@ -95,9 +95,13 @@ def cmd_info(args: argparse.Namespace) -> int:
     quant = read_quant_spec(path)
     plan = None
     asked = (args.slot_contexts, args.memory_limit_gb, args.context, args.parallel)
-    if any(a is not None for a in asked) or os.environ.get(LIMIT_ENV):
+    tp = args.tensor_parallel_size
+    if any(a is not None for a in asked) or os.environ.get(LIMIT_ENV) or tp > 1:
         plan = _info_plan(cfg, args, os.environ)
     print(describe(cfg, plan, quant))
+    if tp > 1:
+        print(f"\n(the memory plan is one rank's of {tp}: heads, expert widths and the lm_head")
+        print(" split, the rest replicated; flashlane/parallel/plan.py)")
     return 0
 
 
@@ -113,6 +117,14 @@ def _info_plan(cfg, args, env):
     if cache_gb is None and env.get("FLASHLANE_PROMPT_CACHE_GB"):
         cache_gb = float(env["FLASHLANE_PROMPT_CACHE_GB"])
     weights = memory.weight_bytes(cfg, 2 if device == "cuda" else 8, table=device != "cuda")
+    tp = args.tensor_parallel_size
+    if tp > 1:
+        from flashlane.parallel.footprint import rank_params
+        from flashlane.parallel.plan import shard_config
+
+        param_bytes = 2 if device == "cuda" else 8
+        weights = rank_params(cfg, tp, table=device != "cuda") * param_bytes
+        cfg = shard_config(cfg, tp)
     return memory.plan(
         cfg,
         device=device,
@@ -176,6 +188,13 @@ def build_parser() -> FlagParser:
     )
     info.add_argument(
         "--max-rows", type=int, default=None, help="rows per round (default: 64 cuda, 16 cpu)"
+    )
+    info.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=1,
+        help="plan one rank of N: its weights and its sessions' heads (default: 1)",
     )
     info.add_argument(
         "--prompt-cache-gb",
