@@ -33,6 +33,7 @@ def start(config: EngineConfig, device: str) -> TensorParallel:
         tp = join(device, size)
         if not tp.is_leader:
             run_worker(config, tp)
+            leave()
             sys.exit(0)
         atexit.register(leave)
         return tp
