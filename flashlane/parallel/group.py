@@ -46,10 +46,12 @@ class TensorParallel:
         (DESIGN.md section 1). Gathering the parts and adding them in a fixed order keeps
         each row's result its own, alone, batched or drafted."""
         parts = self._gather(x)
-        out = parts[0]
+        # added in at least fp32 and rounded once, as one rank's GEMM rounds its fp32 sums
+        acc = torch.promote_types(x.dtype, torch.float32)
+        out = parts[0].to(acc)
         for part in parts[1:]:
-            out = out + part
-        return out
+            out = out + part.to(acc)
+        return out.to(x.dtype)
 
     def gather_columns(self, x: torch.Tensor) -> torch.Tensor:
         """Every rank's x [..., D] side by side in rank order -> [..., size * D] (a

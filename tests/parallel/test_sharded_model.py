@@ -3,9 +3,9 @@ tiny oracle checkpoint, sharded by parallel/plan.py.
 
 Tolerance: logits within 1e-6 of the largest |logit| of TP=1 (the CPU computes in fp64 and
 rounds logits to fp32, so a different summation order of the row-parallel parts almost never
-shows; on a GPU in bf16 expect ~1e-2). Tokens, greedy and seeded, equal TP=1's exactly; at
-TP=2 a prompt's logits are the same bits alone and batched, and a drafted window's the same
-bits as its rows fed one at a time."""
+shows; bf16 on GPUs is not measured here: no multi-GPU machine was lent). Tokens, greedy and
+seeded, equal TP=1's exactly; at TP=2 a prompt's logits are the same bits alone and batched,
+and a drafted window's the same bits as its rows fed one at a time."""
 
 from __future__ import annotations
 
