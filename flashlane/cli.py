@@ -99,9 +99,13 @@ def cmd_info(args: argparse.Namespace) -> int:
         quant = QuantSpec()
     plan = None
     asked = (args.slot_contexts, args.memory_limit_gb, args.context, args.parallel)
-    if any(a is not None for a in asked) or os.environ.get(LIMIT_ENV):
+    tp = args.tensor_parallel_size
+    if any(a is not None for a in asked) or os.environ.get(LIMIT_ENV) or tp > 1:
         plan = _info_plan(cfg, args, os.environ, quant)
     print(describe(cfg, plan, quant))
+    if tp > 1:
+        print(f"\n(the memory plan is one rank's of {tp}: heads, expert widths and the lm_head")
+        print(" split, the rest replicated; flashlane/parallel/plan.py)")
     return 0
 
 
@@ -128,6 +132,13 @@ def _info_plan(cfg, args, env, quant=None):
         weights = fp8_bytes(cfg, quant).total_bytes  # the table among the bf16 values
     else:
         weights = memory.weight_bytes(cfg, elem)
+    tp = args.tensor_parallel_size
+    if tp > 1:  # one rank's weights (bf16; the table whole, replicated) and heads
+        from flashlane.parallel.footprint import rank_params
+        from flashlane.parallel.plan import shard_config
+
+        weights = rank_params(cfg, tp) * elem
+        cfg = shard_config(cfg, tp)
     ram = int(memory.RAM_FRACTION * memory.read_ram_bytes())
     opts = dict(
         device=device,
@@ -213,6 +224,13 @@ def build_parser() -> FlagParser:
         choices=["auto", "cpu", "cuda"],
         help="where the n-gram tables go (default: auto, cuda when the plan fits, else the "
         "host's memory)",
+    )
+    info.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=1,
+        help="plan one rank of N: its weights and its sessions' heads (default: 1)",
     )
     info.add_argument(
         "--prompt-cache-gb",

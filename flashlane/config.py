@@ -206,6 +206,15 @@ class EngineConfig:
         serve_only=True,
         dest="engine_seed",
     )
+    # processes (one per device) the model's heads and experts are split over (parallel/);
+    # past 1, rank 0 spawns the others, or joins the group torchrun started
+    tensor_parallel_size: int = option(
+        1,
+        "processes (one per device) the heads and experts are split over; rank 0 "
+        "spawns the others, or joins the group torchrun started (default: 1)",
+        aliases=("-tp",),
+        type=int,
+    )
 
     @classmethod
     def resolve(cls, **options: Any) -> EngineConfig:
@@ -268,6 +277,11 @@ class EngineConfig:
             self.lone_streams is None or self.lone_streams >= 1,
             "lone_streams",
             f"must be >= 1, got {self.lone_streams}",
+        )
+        need(
+            isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1,
+            "tensor_parallel_size",
+            f"must be an int >= 1, got {self.tensor_parallel_size!r}",
         )
         need(0 <= self.mtp_drafts <= 16, "mtp_drafts", "must be in 0..16")
         need(0.0 <= self.mtp_confidence <= 1.0, "mtp_confidence", "must be in [0, 1]")

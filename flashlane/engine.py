@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import sys
@@ -26,6 +27,10 @@ from flashlane.models.host_tables import TablePlace, device_bytes, host_bytes, t
 from flashlane.models.hub import resolve_model
 from flashlane.models.loader import load_checkpoint
 from flashlane.models.state import SessionState
+from flashlane.parallel.group import TensorParallel
+from flashlane.parallel.launch import start as start_group
+from flashlane.parallel.plan import shard_config, shard_model
+from flashlane.parallel.replay import ReplayedBackend
 from flashlane.planning import memory
 from flashlane.planning.limits import read_ram_bytes
 from flashlane.request import SeedSource
@@ -61,14 +66,24 @@ class Engine:
         log=None,
         built: tuple[ModelConfig, FlashNext] | None = None,
         tokenizer_from: Path | None = None,
+        tp: TensorParallel | None = None,
     ):
         """`built` serves a model made elsewhere (a random checkpoint on the GPU) instead of
         loading config.model_path; it has no tokenizer, so requests pass token ids, unless
         `tokenizer_from` names a model folder whose tokenizer and chat template it takes
-        (ids past that tokenizer's words decode to no text)."""
+        (ids past that tokenizer's words decode to no text). `tp`: this rank's group under
+        tensor parallel (parallel/launch.py); a rank past 0 builds no host (its backend
+        replays rank 0's calls); None with config.tensor_parallel_size > 1: start the group."""
         self.config = config
         self.log = log or _default_log()
         self.device = config.resolved_device()
+        if tp is None and config.tensor_parallel_size > 1:
+            # a size the model cannot be split by fails here, before any process starts
+            cfg = built[0] if built else ModelConfig.from_hf(resolve_model(config.model)[0])
+            shard_config(cfg, config.tensor_parallel_size)
+            tp = start_group(config, self.device)
+        self.tp = tp
+        self.device = tp.device if tp is not None else self.device
         if self.device == "cpu" and config.dtype not in ("auto", "float64"):
             logger.warning(
                 "--dtype %s: the CPU computes in float64 whatever the dtype (its "
@@ -100,18 +115,25 @@ class Engine:
         if config.chat_template is not None:
             self.chat_template = read_template(config.chat_template)
         cfg = self.model_config
+        # a rank's layers and sessions: its heads and expert widths (parallel/plan.py)
+        rank_cfg = shard_config(cfg, tp.size if tp else 1)
+        if tp is not None:
+            shard_model(self.model, tp)
         self.seeds = SeedSource(config.seed)
         reference = config.kernels == "reference"
         self.kernels = select_kernels(self.device, log=self.log, reference=reference)
         self.model.use_kernels(self.kernels)
         # the graphed parts and the lone driver are Flash Next's layers' (a sibling's blocks
         # run eagerly on the same kernels until the one-step issue covers them)
-        self.graphed = cfg.family == "flashnext"
+        # (not under tensor parallel yet: its collectives run eagerly, issue 36)
+        self.graphed = cfg.family == "flashnext" and tp is None
         if self.kernels.name == "triton" and config.graphs and self.graphed:
             self._capture_graphs()
-        self.plan = self._plan(cfg, device_bytes(self.model), host_bytes(self.model))
+        self.plan = self._plan(rank_cfg, device_bytes(self.model), host_bytes(self.model))
+        if tp is not None:  # every rank holds the sessions rank 0 planned
+            self.plan = tp.broadcast(self.plan)
         self.sessions = [
-            SessionState.empty(cfg, c, cache, state, self.device) for c in self.plan.capacities
+            SessionState.empty(rank_cfg, c, cache, state, self.device) for c in self.plan.capacities
         ]
         # The host's pieces and the backend's limit are one number (memory.PREFILL_ROWS: each
         # GPU piece reads every expert's weights once a layer, 5 GB of flashnext-12l's, which
@@ -127,14 +149,23 @@ class Engine:
             max_prompt_rows=prefill_rows,
             grammars=self._grammars(rules),
         )
-        if costs is None and not config.unpriced:
+        timed = costs is None and not config.unpriced
+        if tp is not None:  # the timed forwards' collectives run on every rank
+            timed = tp.broadcast(timed)
+        if timed:
             scratch = [
-                SessionState.empty(cfg, 64 + self.max_rows, cache, state, self.device)
+                SessionState.empty(rank_cfg, 64 + self.max_rows, cache, state, self.device)
                 for _ in range(min(self.max_rows, len(self.sessions)))
             ]
             costs = time_costs(self.model, scratch, self.max_rows)
         if costs is not None:
             self.backend.set_costs(costs)
+        if tp is not None and not tp.is_leader:
+            self.host = None
+            return
+        if tp is not None:
+            self.backend = ReplayedBackend(self.backend, tp)
+            atexit.register(self.backend.close)
         drafts = config.drafts
         lanes = LaneConfig(
             max_rows=self.max_rows,
@@ -186,6 +217,10 @@ class Engine:
             ),
             f"  costs     {describe(costs).removeprefix('costs ') if costs else 'unpriced'}",
         ]
+        if self.tp is not None:
+            lines.append(
+                f"  parallel  tensor parallel over {self.tp.size} ranks (weights per rank)"
+            )
         return "\n".join(lines)
 
     def _lone_driver(self):

@@ -139,6 +139,11 @@ class LLM:
         if ids.numel() == 0:
             raise ValueError("token_ids is empty")
         e = self.engine
+        if e.tp is not None:
+            raise ValueError(
+                "LLM.logits runs the model on this process alone: not with "
+                f"tensor_parallel_size {e.tp.size} (use tensor_parallel_size=1)"
+            )
         s = SessionState.empty(
             e.model_config,
             int(ids.numel()),

@@ -19,6 +19,9 @@ READERS = {
     "models/hub.py": "Hugging Face's own variables (HF_HUB_OFFLINE, HF_HOME, ...)",
     "llama_cpp/build.py": "FLASHLANE_LLAMA_CPP: where the peer benchmark's llama.cpp is",
     "bench/common.py": "FLASHLANE_COMMIT: the commit a benchmark's JSON names",
+    "parallel/group.py": "torchrun's RANK / WORLD_SIZE / MASTER_ADDR, and the transports' own "
+    "(GLOO_SOCKET_IFNAME, NCCL_NVLS_ENABLE=0: NVLink multicast stays off)",
+    "parallel/launch.py": "OMP_NUM_THREADS for the ranks it spawns",
 }
 
 

@@ -69,7 +69,10 @@ class MtpDrafter:
         hidden, out = m.mtp(residual, m.embed_tokens(next_ids), rows, m.rotary, m.kernels, m.graphs)
         if draw_at is not None:
             hidden = hidden[draw_at]
-        return torch.nn.functional.linear(hidden.to(self._head.dtype), self._head).float(), out
+        logits = torch.nn.functional.linear(hidden.to(self._head.dtype), self._head)
+        # a tensor-parallel rank's head holds a slice of the vocabulary (parallel/plan.py)
+        combine = m.lm_head.combine
+        return (logits if combine is None else combine(logits)).float(), out
 
     def forget(self, stream_id: int) -> None:
         self.waiting.pop(stream_id, None)

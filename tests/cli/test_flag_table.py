@@ -43,6 +43,7 @@ GIVEN = {
     "graphs": (None, False),
     "kernels": ("reference", "reference"),
     "seed": ("7", 7),
+    "tensor_parallel_size": ("2", 2),
 }
 
 

@@ -95,8 +95,16 @@ class SparseMoe(nn.Module):
         self.shared_expert = MLP(h, cfg.shared_expert_intermediate_size)
         self.shared_expert_gate = linear(h, 1)
         self.with_shared = WithShared(self)
+        # On a tensor-parallel rank each expert holds a slice of its width, so the block's
+        # output is a part; parallel/plan.py sets `combine` to the sum over ranks.
+        self.combine = None
 
     def forward(self, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
+        """x: [N, H] -> [N, H] (parts summed over the ranks under tensor parallel)."""
+        out = self.experts_out(x, kernels)
+        return out if self.combine is None else self.combine(out)
+
+    def experts_out(self, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
         """x: [N, H] -> [N, H]: the routed experts, plus the shared expert gated by its
         logit: as one more expert of the routed experts' launches once the weights are
         stacked (WithShared), else on its own and added in their last launch."""

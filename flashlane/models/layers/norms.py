@@ -47,9 +47,14 @@ class Linear(nn.Linear):
     CUDA, where cuBLAS picks its algorithm by the row count)."""
 
     op = staticmethod(linear_ref)
+    # A tensor-parallel rank's linear holds a slice of the weight; parallel/plan.py sets
+    # `combine` where the slices' outputs meet: the sum over ranks (a row-parallel output
+    # projection) or the concatenation (a vocab-parallel head). None: the whole weight.
+    combine = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.op(x, self.weight)
+        y = self.op(x, self.weight)
+        return y if self.combine is None else self.combine(y)
 
 
 class Stacked:
