@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import sys
 from collections import Counter
@@ -14,16 +13,18 @@ from pathlib import Path
 
 import torch
 
+from flashlane import engine_plan
 from flashlane.config import EngineConfig
 from flashlane.kernels import select_kernels
 from flashlane.lanes.core import LaneConfig
 from flashlane.lanes.host import HostConfig, LaneHost
 from flashlane.lanes.records import CostTable
 from flashlane.lanes.stops import StopRules
+from flashlane.models import folder
 from flashlane.models.config import ModelConfig
 from flashlane.models.flashnext import FlashNext
 from flashlane.models.fp8_weights import fp8_weights
-from flashlane.models.host_tables import TablePlace, device_bytes, host_bytes, table_place
+from flashlane.models.host_tables import device_bytes, host_bytes
 from flashlane.models.hub import resolve_model
 from flashlane.models.loader import load_checkpoint
 from flashlane.models.state import SessionState
@@ -32,12 +33,10 @@ from flashlane.parallel.launch import start as start_group
 from flashlane.parallel.plan import shard_config, shard_model
 from flashlane.parallel.replay import ReplayedBackend
 from flashlane.planning import memory
-from flashlane.planning.limits import read_ram_bytes
 from flashlane.request import SeedSource
 from flashlane.runner.backend import ModelBackend
 from flashlane.runner.costs import describe, time_costs
 from flashlane.sampling.grammar import Grammars
-from flashlane.sessions.slots import parse_slot_contexts
 
 
 def compute_dtypes(device: str, dtype: str) -> tuple[torch.dtype, torch.dtype, torch.dtype]:
@@ -98,22 +97,24 @@ class Engine:
         self.max_rows = config.max_rows or (64 if self.device.startswith("cuda") else 16)
         if built is None:
             path, self.name = resolve_model(config.model)
-            place = self._table_place(ModelConfig.from_hf(path), path)
+            place = engine_plan.table_place_for(
+                config, ModelConfig.from_hf(path), path, self.device, self.max_rows
+            )
             self.model_config, self.model = load_checkpoint(
                 path, weights, self.device, quantize=config.quantization, ple_tables=place
             )
-            self.tokenizer = _tokenizer(path)
-            self.generation_defaults = _json(path / "generation_config.json")
-            self.chat_template = _chat_template(path)
+            self.tokenizer = folder.tokenizer(path)
+            self.generation_defaults = folder.generation_defaults(path)
+            self.chat_template = folder.chat_template(path)
         else:
             self.model_config, self.model = built
             self.tokenizer, self.generation_defaults, self.chat_template = None, {}, None
             if tokenizer_from is not None:
-                self.tokenizer = _tokenizer(tokenizer_from)
-                self.chat_template = _chat_template(tokenizer_from)
+                self.tokenizer = folder.tokenizer(tokenizer_from)
+                self.chat_template = folder.chat_template(tokenizer_from)
             self.name = "a model built in memory"
         if config.chat_template is not None:
-            self.chat_template = read_template(config.chat_template)
+            self.chat_template = folder.read_template(config.chat_template)
         cfg = self.model_config
         # a rank's layers and sessions: its heads and expert widths (parallel/plan.py)
         rank_cfg = shard_config(cfg, tp.size if tp else 1)
@@ -129,7 +130,15 @@ class Engine:
         self.graphed = cfg.family == "flashnext" and tp is None
         if self.kernels.name == "triton" and config.graphs and self.graphed:
             self._capture_graphs()
-        self.plan = self._plan(rank_cfg, device_bytes(self.model), host_bytes(self.model))
+        self.plan = engine_plan.plan_for(
+            config,
+            rank_cfg,
+            self.device,
+            self.max_rows,
+            self.model.mtp is not None,
+            device_bytes(self.model),
+            host_bytes(self.model),
+        )
         if tp is not None:  # every rank holds the sessions rank 0 planned
             self.plan = tp.broadcast(self.plan)
         self.sessions = [
@@ -259,78 +268,6 @@ class Engine:
             f"{used / 2**20:.0f} MiB{failed}"
         )
 
-    def _table_place(self, cfg: ModelConfig, path: Path) -> TablePlace:
-        """Where the n-gram tables go (--ple-table-device; auto: the GPU when the memory plan
-        fits with them there, from the config's parameter counts, else the host)."""
-        c = self.config
-        if c.ple_table_device in ("cpu", "cuda") or not self.device.startswith("cuda"):
-            return table_place(c.ple_table_device, self.device, True)
-        from flashlane.models.census import count_params
-        from flashlane.models.fp8 import QuantizationError, QuantSpec, read_quant_spec
-        from flashlane.models.info import fp8_bytes
-
-        try:
-            spec = read_quant_spec(path) or (QuantSpec() if c.quantization == "fp8" else None)
-        except QuantizationError:
-            return "device"  # the loader reports the checkpoint's error, naming the file
-        table = 2 * count_params(cfg).ngram_table
-        mtp = c.drafts and cfg.num_mtp_layers > 0
-        text = (
-            fp8_bytes(cfg, spec).total_bytes - table
-            if spec is not None
-            else memory.weight_bytes(cfg, 2, table=False, mtp=mtp)
-        )
-        try:
-            self._plan(cfg, text + table, 0)
-        except memory.OverMemoryLimit:
-            return table_place(None, self.device, False)
-        return table_place(None, self.device, True)
-
-    def _plan(self, cfg, weight_bytes: int, host_bytes: int) -> memory.MemoryPlan:
-        """The memory plan for `weight_bytes` on the device and `host_bytes` of n-gram tables
-        in host memory (planned against RAM_FRACTION of RAM)."""
-        c = self.config
-        context = c.context or cfg.max_position_embeddings
-        # an empty list given is refused (parse_slot_contexts), never taken as unset
-        slots = None if c.slot_contexts is None else parse_slot_contexts(c.slot_contexts)
-        parallel = None if c.parallel == "auto" else int(c.parallel)
-        memory.check_options(
-            model_window=cfg.max_position_embeddings,
-            max_rows=self.max_rows,
-            mtp_drafts=c.mtp_drafts,
-            drafts=c.drafts,
-            context=c.context,
-            slot_contexts=slots,
-            parallel=parallel,
-            slot_grow=c.slot_grow,
-        )
-        kind = "cuda" if self.device.startswith("cuda") else "cpu"
-        gpu_total = (
-            torch.cuda.get_device_properties(self.device).total_memory if kind == "cuda" else None
-        )
-        limit_gb = c.memory_limit_gb
-        if limit_gb is None and c.gpu_memory_utilization is not None:
-            total = gpu_total if kind == "cuda" else read_ram_bytes()
-            limit_gb = c.gpu_memory_utilization * total / memory.GIB
-        limit = memory.resolve_limit_bytes(limit_gb, {}, kind, gpu_total)
-        cache_bytes = memory.resolve_prompt_cache_bytes(c.prompt_cache_gb, kind, limit)
-        host_limit = int(memory.RAM_FRACTION * read_ram_bytes()) if host_bytes else None
-        return memory.plan(
-            cfg,
-            device=kind,
-            limit_bytes=limit,
-            weight_bytes=weight_bytes,
-            host_bytes=host_bytes,
-            host_limit_bytes=host_limit,
-            max_rows=self.max_rows,
-            context=context,
-            slot_contexts=slots,
-            parallel=parallel,
-            mtp=self.model.mtp is not None,
-            prompt_cache_bytes=cache_bytes,
-            prompt_rows=memory.PREFILL_ROWS[kind],
-        )
-
     def _grammars(self, rules: StopRules) -> Grammars | None:
         """Constrained decoding's view of the tokenizer (none without one); a finished grammar
         allows only the ids that end a reply."""
@@ -373,28 +310,3 @@ def _default_log():
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
     return logger.info
-
-
-def _tokenizer(path: Path):
-    from tokenizers import Tokenizer
-
-    file = path / "tokenizer.json"
-    return Tokenizer.from_file(str(file)) if file.exists() else None
-
-
-def _json(file: Path) -> dict:
-    return json.loads(file.read_text()) if file.exists() else {}
-
-
-def _chat_template(path: Path) -> str | None:
-    if (path / "chat_template.jinja").exists():
-        return (path / "chat_template.jinja").read_text()
-    return _json(path / "tokenizer_config.json").get("chat_template")
-
-
-def read_template(given: str) -> str:
-    """--chat-template: a file's text, or the template itself (vLLM takes either)."""
-    file = Path(given)
-    if "{" not in given and not file.is_file():
-        raise ValueError(f"--chat-template {given!r}: no such file (nor a jinja template)")
-    return file.read_text() if "{" not in given else given

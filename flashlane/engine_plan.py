@@ -1,0 +1,98 @@
+"""The engine's memory plan from its options (`plan_for`), and where the n-gram tables go
+when --ple-table-device is auto (`table_place_for`): the GPU when the plan fits with them
+there, else host memory. Read once, at engine start (engine.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from flashlane.config import EngineConfig
+from flashlane.models.config import ModelConfig
+from flashlane.models.host_tables import TablePlace, table_place
+from flashlane.planning import memory
+from flashlane.planning.limits import read_ram_bytes
+from flashlane.sessions.slots import parse_slot_contexts
+
+__all__ = ["plan_for", "table_place_for"]
+
+
+def table_place_for(
+    c: EngineConfig, cfg: ModelConfig, path: Path, device: str, max_rows: int
+) -> TablePlace:
+    """Where the n-gram tables go (--ple-table-device; auto: the GPU when the memory plan
+    fits with them there, from the config's parameter counts, else the host)."""
+    if c.ple_table_device in ("cpu", "cuda") or not device.startswith("cuda"):
+        return table_place(c.ple_table_device, device, True)
+    from flashlane.models.census import count_params
+    from flashlane.models.fp8 import QuantizationError, QuantSpec, read_quant_spec
+    from flashlane.models.info import fp8_bytes
+
+    try:
+        spec = read_quant_spec(path) or (QuantSpec() if c.quantization == "fp8" else None)
+    except QuantizationError:
+        return "device"  # the loader reports the checkpoint's error, naming the file
+    table = 2 * count_params(cfg).ngram_table
+    mtp = c.drafts and cfg.num_mtp_layers > 0
+    text = (
+        fp8_bytes(cfg, spec).total_bytes - table
+        if spec is not None
+        else memory.weight_bytes(cfg, 2, table=False, mtp=mtp)
+    )
+    try:
+        plan_for(c, cfg, device, max_rows, cfg.num_mtp_layers > 0, text + table, 0)
+    except memory.OverMemoryLimit:
+        return table_place(None, device, False)
+    return table_place(None, device, True)
+
+
+def plan_for(
+    c: EngineConfig,
+    cfg: ModelConfig,
+    device: str,
+    max_rows: int,
+    mtp: bool,
+    weight_bytes: int,
+    host_bytes: int,
+) -> memory.MemoryPlan:
+    """The memory plan for `weight_bytes` on the device and `host_bytes` of n-gram tables
+    in host memory (planned against RAM_FRACTION of RAM); mtp: the model has an MTP head."""
+    context = c.context or cfg.max_position_embeddings
+    # an empty list given is refused (parse_slot_contexts), never taken as unset
+    slots = None if c.slot_contexts is None else parse_slot_contexts(c.slot_contexts)
+    parallel = None if c.parallel == "auto" else int(c.parallel)
+    memory.check_options(
+        model_window=cfg.max_position_embeddings,
+        max_rows=max_rows,
+        mtp_drafts=c.mtp_drafts,
+        drafts=c.drafts,
+        context=c.context,
+        slot_contexts=slots,
+        parallel=parallel,
+        slot_grow=c.slot_grow,
+    )
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    gpu_total = torch.cuda.get_device_properties(device).total_memory if kind == "cuda" else None
+    limit_gb = c.memory_limit_gb
+    if limit_gb is None and c.gpu_memory_utilization is not None:
+        total = gpu_total if kind == "cuda" else read_ram_bytes()
+        limit_gb = c.gpu_memory_utilization * total / memory.GIB
+    limit = memory.resolve_limit_bytes(limit_gb, {}, kind, gpu_total)
+    cache_bytes = memory.resolve_prompt_cache_bytes(c.prompt_cache_gb, kind, limit)
+    host_limit = int(memory.RAM_FRACTION * read_ram_bytes()) if host_bytes else None
+    return memory.plan(
+        cfg,
+        device=kind,
+        limit_bytes=limit,
+        weight_bytes=weight_bytes,
+        host_bytes=host_bytes,
+        host_limit_bytes=host_limit,
+        max_rows=max_rows,
+        context=context,
+        slot_contexts=slots,
+        parallel=parallel,
+        mtp=mtp,
+        prompt_cache_bytes=cache_bytes,
+        prompt_rows=memory.PREFILL_ROWS[kind],
+    )
