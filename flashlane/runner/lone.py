@@ -1,32 +1,25 @@
-"""The lone driver: the decoding streams' rounds as device-side steps (issues 9 and 28).
+"""The lone driver: the decoding streams' rounds as device-side steps.
 
 The host hands it every decoding stream whose rows the fused keyed draw takes (greedy, or
 sampled without logit_bias or penalties: lanes/lone_turn.py), up to `lone_streams`, whatever
-else runs (prompt pieces and other streams get a shared round beside them); the streams step
-in lockstep, one row each, their attention, pooling and state commits per session inside the
-step and the rest batched. A step feeds the pending token at its position through the model,
-reading and writing the session's state in place, draws the next token on the device
-(greedy: kernels.greedy_step; sampled, or greedy beside sampled: the keyed draw of
-sampling/lone_draw.py, the shared rounds' fused kernels keyed by the stream's seed and the
-position drawn, whose parameter table is written when the driver takes the streams), writes
-it back as the next step's token and advances the position there: no host value enters a
-step, so on CUDA one graph per batch size (1, 2, 4, ... sessions; keyed steps per shape of
-their draw's kernels too) replays it for any sessions, named by tables written before the
-call (runner/lone_buffers.py; greedy graphs captured at engine start, the rest at first
-use). The host launches step n+1 before it reads step n's tokens from a small pinned ring
-(two rounds in flight), hands each landed token to the stop rules (a row without a token, to
-the stream's error), and stops after a landed round when a reply ends, a budget or room is
-spent, or the host has new work. The sessions then hold the streams' state as shared rounds
-would have left it (every fed token committed), and the lane core takes the streams on.
+else runs (prompt pieces and other streams get a shared round beside them). The streams step
+in lockstep, one row each (runner/lone_step.py: each op the shared rounds' on the same row,
+the sessions' state read and written in place, the next token drawn on the device, greedily
+or by the keyed draw of sampling/lone_draw.py), or a window each with drafts
+(runner/lone_draft.py). No host value enters a step, so on CUDA one graph per batch size
+(keyed steps per shape of their draw's kernels too) replays it for any sessions, named by
+tables written before the call (runner/lone_buffers.py; greedy and small drafted graphs
+captured at engine start, the rest at first use). The host launches step n+1 before it reads
+step n's tokens from a small pinned ring (two in flight), hands each landed token to the stop
+rules (a row without a token, to the stream's error), and stops after a landed step when a
+reply ends, a budget or room is spent, or the host has new work. The sessions then hold the
+streams' state as shared rounds would have left it, and the lane core takes the streams on.
 
-A top_p row's cut may be too close to call on the device (UNSETTLED, as shared rounds' fused
-draw returns None for it); a call with such a row runs one step in flight instead: the host
-reads step n, settles an unsettled row from the logits the step kept with the shared rounds'
-own fallback, and writes the token where step n+1 reads it before launching it
-(lone_draw.KeyedDraw.settle). No step ever feeds a provisional token, so nothing rolls back.
-
-The step itself (what each layer runs, and why its bits are the shared rounds') is
-runner/lone_step.py.
+A top_p row's cut may be too close to call on the device (UNSETTLED, as in shared rounds); a
+call with such a row runs one step in flight: the host reads step n, settles the row from the
+logits the step kept with the shared rounds' own fallback, and writes the token where step
+n+1 reads it before launching it (lone_draw.KeyedDraw.settle). No step feeds a provisional
+token, so nothing rolls back.
 """
 
 from __future__ import annotations
@@ -39,7 +32,13 @@ import torch
 from flashlane.models.flashnext import FlashNext
 from flashlane.models.state import SessionState
 from flashlane.runner.graphs import bucket_of, buckets
-from flashlane.runner.lone_buffers import RING, SizeTables, StepBuffers, posts_to_pinned
+from flashlane.runner.lone_buffers import (
+    RING,
+    SizeTables,
+    StepBuffers,
+    posts_to_pinned,
+    warm_up,
+)
 from flashlane.runner.lone_step import session_tables, step
 from flashlane.sampling.lone_draw import KeyedDraw, keyed_specs
 
@@ -75,11 +74,13 @@ class LoneDriver:
         self.is_cuda = self.device.type == "cuda"
         # sampled streams too (lanes/lone_turn.py), the shared rounds' replies (tests/runner
         # on the CPU; tests/gpu/test_lone_sampled_gpu.py on the H200)
-        self.sampled, self.post = sampled, post
+        self.sampled = sampled
         # graphs name the sessions through size tables (no sessions: nothing to step)
         self.use_graphs = graphs and self.is_cuda and bool(sessions)
         self.events = [torch.cuda.Event() for _ in range(RING)] if self.is_cuda else []
-        self._posts: bool | None = None  # `posts`, found with the first buffers
+        # whether a plain step stores its verdict into the pinned ring itself
+        # (kernels.record_row) where the GPU can write host memory: no copy after each graph
+        self.posts = not self.is_cuda or (post and posts_to_pinned(model, self.device))
         # per (sessions, depth, keyed): static buffers
         self.io: dict[tuple[int, int, bool], StepBuffers] = {}
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # io.key() -> its step, by size
@@ -169,33 +170,30 @@ class LoneDriver:
         launched = self.run_steps(tuple(session_ids), io, budget, land)
         for i, sid in enumerate(session_ids):
             self.sessions[sid].length = positions[i] + launched
-        drafter = self.drafter
-        for i, d in enumerate(draws):
-            # a failed stream keeps no cells (as a failed shared round): its ids may be codes
-            if (
-                d is not None
-                and d.params.draft
-                and drafter is not None
-                and drafter.enabled
-                and not failed[i]
-            ):
-                rows = io.rows[:launched, i].clone()  # the next call overwrites the buffer
-                drafter.absorb_later(stream_ids[i], rows, got[i][:launched], got[i][launched], d)
-                if len(drafter.waiting[stream_ids[i]].next_ids) >= MAX_WAITING:
-                    drafter.catch_up(stream_ids[i], self.sessions[session_ids[i]])
+        if self.drafter is not None and self.drafter.enabled:
+            for i, d in enumerate(draws):
+                # a failed stream keeps no cells (as a failed shared round): its ids may be
+                # codes; the next call overwrites io.rows
+                if d is not None and d.params.draft and not failed[i]:
+                    rows = io.rows[:launched, i]
+                    self._queue_cells(stream_ids[i], session_ids[i], rows, got[i], d)
         return launched
+
+    def _queue_cells(self, stream_id: int, session_id: int, rows, got: list[int], draws) -> None:
+        """A drafting stream's steps' residual rows for its MTP head, absorbed when it drafts
+        again, or now past MAX_WAITING."""
+        n = rows.shape[0]
+        self.drafter.absorb_later(stream_id, rows.clone(), got[:n], got[n], draws)
+        if len(self.drafter.waiting[stream_id].next_ids) >= MAX_WAITING:
+            self.drafter.catch_up(stream_id, self.sessions[session_id])
 
     def run_steps(
         self, ids: tuple[int, ...], io, budget: int, land: Callable[[list[list[int]]], bool]
     ) -> int:
-        """Up to `budget` steps of these sessions with io, two in flight: each landed step's
-        ring rows (one per session) go to land(), and once it says stop, the step in flight
-        lands too. A keyed draw whose rows may land unsettled (top_p) runs one in flight: a
-        landed step's unsettled rows are settled on the host, their tokens written where the
-        next step reads them, before it is launched (lone_draw.KeyedDraw.settle). Counts the
-        steps and folds their mean wall time into step_ms by (sessions, io.depth) (greedy
-        calls of four steps or more: two in flight hide the host's work only past the
-        first). Returns the steps launched."""
+        """Up to `budget` steps with io, two in flight (one where a top_p row may land
+        unsettled: module docstring): each landed step's ring rows go to land(), and once it
+        says stop the step in flight lands too. Folds greedy calls' mean step time into
+        step_ms by (sessions, io.depth), from four steps on. Returns the steps launched."""
         run = self.runner(ids, io)
         draw = getattr(io, "draw", None)
         settle = draw is not None and draw.may_need_host
@@ -257,13 +255,7 @@ class LoneDriver:
         drafting = self.drafting
         if drafting is None or self.drafter is None or not self.drafter.enabled:
             return None
-        depth = drafting.choose(session_ids)
-        if not depth:
-            return None
-        steps = drafting.decode(
-            session_ids, tokens, positions, budget, room, takes, stream_ids, draws
-        )
-        return None if steps is None else (steps, depth, list(drafting.landed))
+        return drafting.run(session_ids, tokens, positions, budget, room, takes, stream_ids, draws)
 
     def step_seconds(self, b: int) -> float | None:
         """A plain step's measured wall time for b sessions (the nearest count measured
@@ -273,17 +265,6 @@ class LoneDriver:
             return None
         near = min(measured, key=lambda n: (abs(n - b), n))
         return self.step_ms[(near, 0)] / 1e3
-
-    @property
-    def posts(self) -> bool:
-        """Whether a plain step stores its verdict into the pinned ring itself
-        (kernels.record_row with the ring) where the GPU can write host memory: then no copy
-        is launched after each graph."""
-        if self._posts is None:
-            self._posts = not self.is_cuda or (
-                self.post and posts_to_pinned(self.model, self.device)
-            )
-        return self._posts
 
     def buffers(self, b: int, depth: int = 0, keyed: bool = False):
         """The static buffers of a step of b sessions (depth > 0: a drafted step's; keyed: a
@@ -364,19 +345,5 @@ class LoneDriver:
         return graph
 
     def _warm(self, ids: tuple[int, ...], io: StepBuffers) -> None:
-        """One step with every row the pad session's; io's inputs and the call's tables are
-        put back after."""
-        loaded = io.table.clone()
-        io.table.copy_(self.size_tables.of((), io.size, drafted=io.depth > 0))
-        saved = [x.clone() for x in io.inputs()]
-        for x in io.inputs():
-            x.zero_()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._step(ids, io)
-        torch.cuda.current_stream().wait_stream(side)
-        for live, value in zip(io.inputs(), saved):
-            live.copy_(value)
-        io.table.copy_(loaded)
-        io.warm = True
+        pad = self.size_tables.of((), io.size, drafted=io.depth > 0)
+        warm_up(io, pad, lambda: self._step(ids, io))

@@ -19,7 +19,7 @@ from flashlane.models.state import TABLE_WIDTH, SessionState
 from flashlane.runner.lone_step import session_tables, step
 from flashlane.sampling.lone_draw import KeyedDraw
 
-__all__ = ["MAX_TABLES", "RING", "SizeTables", "StepBuffers", "posts_to_pinned"]
+__all__ = ["MAX_TABLES", "RING", "SizeTables", "StepBuffers", "posts_to_pinned", "warm_up"]
 
 RING = 4  # landed tokens waiting to be read (two in flight need two)
 MAX_TABLES = 1024  # the session tables of plain steps kept on the host, by tuple of sessions
@@ -77,6 +77,26 @@ def posts_to_pinned(model: FlashNext, device: torch.device) -> bool:
     from flashlane.kernels.rowwise.triton_rows import posts_to_pinned
 
     return posts_to_pinned(device)
+
+
+def warm_up(io, pad: torch.Tensor, run) -> None:
+    """A step of io (run()) before its size's first capture, on a side stream with every row
+    the pad session's (`pad`: its tables) and the inputs zeroed, so that every kernel is
+    compiled and the allocator warm; io's inputs and the call's tables are put back after."""
+    loaded = io.table.clone()
+    io.table.copy_(pad)
+    saved = [x.clone() for x in io.inputs()]
+    for x in io.inputs():
+        x.zero_()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    for live, value in zip(io.inputs(), saved):
+        live.copy_(value)
+    io.table.copy_(loaded)
+    io.warm = True
 
 
 class StepBuffers:

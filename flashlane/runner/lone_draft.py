@@ -58,6 +58,15 @@ class Drafting:
             return 0
         return self._better(len(ids))
 
+    def run(self, ids, tokens, positions, budget, room, takes, stream_ids, draws):
+        """LoneDriver.decode_drafted: `decode` where `choose` drafts -> (steps, depth, drafts
+        landed per session); None: plain steps (nothing ran)."""
+        depth = self.choose(ids)
+        if not depth:
+            return None
+        steps = self.decode(ids, tokens, positions, budget, room, takes, stream_ids, draws)
+        return None if steps is None else (steps, depth, list(self.landed))
+
     def eager_sizes(self) -> list[int]:
         """The sizes whose drafted step is captured at engine start."""
         return [n for n in self.driver.sizes if n <= EAGER_STREAMS]
