@@ -3,14 +3,23 @@
 # machine from the repository root:
 #
 #     bash scripts/gpu_check.sh                      # everything
-#     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, exact, sweep, benches, model,
-#                                                    # drafts, diag, serve, peer-build, peer
+#     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, exact, lone, sweep, benches,
+#                                                    # model, drafts, diag, serve, fp8,
+#                                                    # peer-build, peer
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
 #          exactness of the engine on the GPU, the GPU sampler), then 10,000 full-width rows
 #          of the GPU keyed draw against the CPU path (benchmarks/check_gpu_draw.py);
 # exact:   the engine's bitwise tests alone (lone greedy and sampled steps against shared
-#          rounds, shared rows against each stream alone, the PLE kernels; over 2 minutes);
+#          rounds, shared rows against each stream alone, the PLE kernels; 568 s on the H200
+#          at e1cf0e1, near a call's 600: run `lone` and the rest apart when short of time);
+# lone:    the lone driver's tests only: plain and drafted steps by size, churn, sampled
+#          steps, drafted steps through size tables (tests/gpu/test_lone*_gpu.py,
+#          tests/kernels/test_drafted_size_tables.py);
+# fp8:     the block-FP8 GEMMs against their references and row invariance, the FP8 engine's
+#          exactness and the n-gram tables in host memory (tests/kernels/test_triton_*fp8.py,
+#          tests/gpu/test_fp8_gpu.py), then `bench model` on flashnext-12l in FP8 at 1 and 16
+#          streams (FP8_ARGS overrides);
 # benches: every benchmarks/bench_*.py that takes `--device`, run with `--device cuda`;
 # model:   `flashlane bench model` on a random flashnext-12l against transformers
 #          (MODEL_ARGS overrides its arguments);
@@ -76,6 +85,26 @@ if [[ " $steps " == *" exact "* ]]; then
     echo "== python -m pytest -m 'cuda or triton' $exact_tests"
     python -m pytest -m "cuda or triton" -q -rf --tb=short -p no:cacheprovider $exact_tests \
         2>&1 | tee "$out/gpu_exact_$stamp.log" || failed+=("exact")
+fi
+
+if [[ " $steps " == *" lone "* ]]; then
+    lone_tests="tests/gpu/test_lone_gpu.py tests/gpu/test_lone_sampled_gpu.py"
+    lone_tests+=" tests/kernels/test_drafted_size_tables.py"
+    echo "== python -m pytest -m 'cuda or triton' $lone_tests"
+    python -m pytest -m "cuda or triton" -q -rf --tb=short -p no:cacheprovider $lone_tests \
+        2>&1 | tee "$out/gpu_lone_$stamp.log" || failed+=("lone")
+fi
+
+if [[ " $steps " == *" fp8 "* ]]; then
+    fp8_tests="tests/kernels/test_triton_fp8.py tests/kernels/test_triton_moe_fp8.py"
+    fp8_tests+=" tests/gpu/test_fp8_gpu.py"
+    echo "== python -m pytest -m 'cuda or triton' $fp8_tests"
+    python -m pytest -m "cuda or triton" -q -rf --tb=short -p no:cacheprovider $fp8_tests \
+        2>&1 | tee "$out/gpu_fp8_$stamp.log" || failed+=("fp8 tests")
+    args="${FP8_ARGS:---config flashnext-12l --random-weights --quantization fp8 --streams 1,16}"
+    echo "== flashlane bench model $args"
+    python -m flashlane.cli bench model $args --json "$out/bench_model_fp8_$stamp.json" 2>&1 \
+        | tee "$out/bench_model_fp8_$stamp.log" || failed+=("bench model fp8")
 fi
 
 if [[ " $steps " == *" sweep "* ]]; then
