@@ -3,6 +3,10 @@ each served every way (tests/sweep_gates.py: alone, batched with 2 and 15 others
 not, fresh or resumed, moved or paused; greedy and seeded), replies compared token for token.
 
     python benchmarks/shape_sweep.py --device cuda [--configs 20] [--jobs 4] [--json F]
+    python benchmarks/shape_sweep.py --device cuda --siblings [--configs 24]   # issue 33
+
+--siblings sweeps tests/sweep_configs.sibling_configs instead: Qwen3-Next, Qwen3.5-MoE and
+Qwen3.5 dense shapes.
 
 --jobs runs configs in that many processes at once (Triton compiles each config's kernels
 on the CPU; the bits do not depend on it). Prints a table, ends with one JSON line; exits 1
@@ -24,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.oracle import build_oracle
-from tests.sweep_configs import sweep_configs
+from tests.sweep_configs import sibling_configs, sweep_configs
 from tests.sweep_gates import check_replies
 
 FIELDS = (
@@ -39,15 +43,17 @@ FIELDS = (
 )
 
 
-def one(index: int, device: str, streams: int) -> dict:
-    spec = sweep_configs(index + 1)[index]
+def one(index: int, device: str, streams: int, siblings: bool = False) -> dict:
+    spec = (sibling_configs if siblings else sweep_configs)(index + 1)[index]
     with tempfile.TemporaryDirectory() as tmp:
         folder = build_oracle(Path(tmp), spec, seed=index)
         t0 = time.perf_counter()
         seen = check_replies(folder, device, spec["vocab_size"], num=streams)
     return dict(
         config=index,
-        **{k: spec[k] for k in FIELDS},
+        model_type=spec.get("model_type", "qwen4_exp_text"),
+        # a sibling has no hyper-connections (one stream) and Qwen3.5 dense no experts
+        **{k: spec.get(k, 1 if k == "hc_count" else 0) for k in FIELDS},
         **seen,
         seconds=round(time.perf_counter() - t0, 1),
     )
@@ -63,6 +69,7 @@ def in_process(index: int, args) -> dict:
         str(args.streams),
         "--only",
         str(index),
+        *(["--siblings"] if args.siblings else []),
     ]
     run = subprocess.run(cmd, capture_output=True, text=True)
     lines = run.stdout.strip().splitlines()
@@ -81,6 +88,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--only", type=int, nargs="*", help="these config indices alone")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--siblings", action="store_true", help="the siblings' shapes (issue 33)")
     args = ap.parse_args()
     indices = args.only if args.only else list(range(args.configs))
     print(
@@ -92,7 +100,7 @@ def main() -> int:
         with ThreadPoolExecutor(args.jobs) as pool:
             rows = list(pool.map(lambda i: in_process(i, args), indices))
     else:
-        rows = [one(i, args.device, args.streams) for i in indices]
+        rows = [one(i, args.device, args.streams, args.siblings) for i in indices]
     for r in rows:
         if "failure" in r:
             print(f"{r['config']:>3} failed: {r['failure']}")
@@ -114,6 +122,7 @@ def main() -> int:
         commit=commit or None,
         command=" ".join(sys.argv),
         streams=args.streams,
+        siblings=args.siblings,
         configs=[r["config"] for r in rows],
         compared=sum(r["compared"] for r in rows),
         differ=sum(r["differ"] for r in rows),

@@ -34,7 +34,8 @@
 #          (benchmarks/route_warps.py)
 # sweep:   issue 26's shape sweep: 20 seeded random small qwen4_exp configs, each served
 #          alone, batched with 2 and 15 others, drafted, resumed and moved, replies compared
-#          token for token (benchmarks/shape_sweep.py; SWEEP_ARGS overrides its arguments)
+#          token for token (benchmarks/shape_sweep.py; SWEEP_ARGS overrides its arguments;
+#          SWEEP_ARGS="--device cuda --siblings --configs 24 --jobs 6": issue 33's families)
 # serve:   `flashlane serve --config flashnext-12l --random-weights` on the GPU (SERVE_MODEL
 #          overrides the model flags), measured by `flashlane bench serve` with Poisson
 #          arrivals at concurrency 1, 4, 16, 64, replies checked against each alone (SERVE_ARGS

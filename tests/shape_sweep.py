@@ -17,7 +17,7 @@ import torch
 from flashlane.lanes.records import CostTable
 from flashlane.llm import LLM
 from flashlane.request import SamplingParams
-from tests.oracle import build_oracle, lower_id_ties
+from tests.oracle import build_oracle, hf_classes, lower_id_ties
 
 TOL = 1e-4  # of the largest |logit|, as the parity tests
 COSTS = CostTable({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3, overhead_ms=0.2)
@@ -39,9 +39,14 @@ FULL = Sweep(num_tokens=40, parallel=12)
 def describe(spec: dict) -> str:
     """A test id: the fields the sweep varies most."""
     kinds = "".join("L" if t == "linear_attention" else "S" for t in spec["layer_types"])
+    family = {"qwen3_next": "q3n-", "qwen3_5_moe_text": "q35moe-", "qwen3_5_text": "q35-"}
+    experts = ""
+    if "num_experts" in spec:
+        experts = f"-e{spec['num_experts']}k{spec['num_experts_per_tok']}"
     return (
-        f"{kinds}-hc{spec['hc_count']}-h{spec['hidden_size']}-kv{spec['linear_key_head_dim']}"
-        f"x{spec['linear_value_head_dim']}-e{spec['num_experts']}k{spec['num_experts_per_tok']}"
+        f"{family.get(spec.get('model_type'), '')}{kinds}-hc{spec.get('hc_count', 1)}"
+        f"-h{spec['hidden_size']}-kv{spec['linear_key_head_dim']}"
+        f"x{spec['linear_value_head_dim']}{experts}"
         f"-v{spec['vocab_size']}-mtp{spec['mtp_num_hidden_layers']}"
     )
 
@@ -62,10 +67,9 @@ def prompts(spec: dict, count: int, seed: int) -> list[list[int]]:
 
 def build(folder: Path, spec: dict, seed: int, sweep: Sweep):
     """The randomised checkpoint, the transformers oracle on it and our engine on it."""
-    from transformers import Qwen4ExpForCausalLM
-
     build_oracle(folder, spec, seed=seed)
-    oracle = Qwen4ExpForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model_class, _ = hf_classes(spec.get("model_type", "qwen4_exp_text"))
+    oracle = model_class.from_pretrained(folder, dtype=torch.float32).eval()
     llm = LLM(str(folder), costs=COSTS, parallel=sweep.parallel, max_rows=16)
     return oracle, llm
 

@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import random
 
-from tests.oracle import ROPE, TINY
+from tests.oracle import ROPE, SIBLING_ROPE, TINY
+
+# the siblings' text model_types, cycled by sibling_configs
+SIBLING_TYPES = ("qwen3_next", "qwen3_5_moe_text", "qwen3_5_text")
 
 ISSUE_26 = dict(
     TINY,
@@ -128,3 +131,70 @@ def _layer_types(rng: random.Random, num_layers: int) -> list[str]:
         ]
         if "linear_attention" in types and len(set(types) - {"linear_attention"}) > 0:
             return types
+
+
+def sibling_configs(num: int = 6, seed: int = 1) -> list[dict]:
+    """`num` seeded random small configs of the siblings (issue 33: Qwen3-Next, Qwen3.5-MoE,
+    Qwen3.5 dense, cycled), HF config dicts their transformers classes and
+    `ModelConfig.from_hf` accept: head and KV head counts, head and GDN dims, the rotated
+    fraction and mRoPE sections, conv taps, experts, dense layers, tied embeddings and MTP
+    on and off drawn or cycled as in sweep_configs."""
+    if num < 1:
+        raise ValueError(f"num must be positive, got {num}")
+    rng = random.Random(seed)
+    return [_draw_sibling(rng, i, SIBLING_TYPES[i % len(SIBLING_TYPES)]) for i in range(num)]
+
+
+def _draw_sibling(rng: random.Random, i: int, model_type: str) -> dict:
+    num_layers = rng.randint(2, 5)
+    while True:  # at least one GDN layer and one attention layer, in any order
+        types = [rng.choice(["linear_attention", "full_attention"]) for _ in range(num_layers)]
+        if len(set(types)) == 2:
+            break
+    num_heads, num_kv_heads = rng.choice([(4, 2), (3, 1), (6, 3), (5, 5), (4, 1), (6, 2)])
+    head_dim = rng.choice([16, 32])
+    partial = rng.choice([0.25, 0.5, 1.0])
+    half = int(head_dim * partial) // 2  # rotated pairs: the mRoPE sections' sum
+    linear_k_heads = rng.choice([1, 2, 3])
+    k_dim, v_dim = rng.choice([(32, 16), (16, 32), (16, 16), (8, 16), (32, 32)])
+    eos = rng.choice([1, 2])
+    spec = dict(
+        model_type=model_type,
+        vocab_size=rng.choice([512, 517, 777, 1000, 901]),
+        hidden_size=rng.choice([48, 64, 80, 96, 112]),
+        num_hidden_layers=num_layers,
+        layer_types=types,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=head_dim,
+        linear_num_key_heads=linear_k_heads,
+        linear_num_value_heads=linear_k_heads * rng.choice([1, 2, 3]),
+        linear_key_head_dim=k_dim,
+        linear_value_head_dim=v_dim,
+        linear_conv_kernel_dim=rng.choice([2, 3, 4]),
+        intermediate_size=rng.choice([40, 72, 96, 120]),
+        hidden_act="silu",
+        max_position_embeddings=512,
+        tie_word_embeddings=rng.random() < 0.3,
+        eos_token_id=eos,
+        bos_token_id=eos,
+        mtp_num_hidden_layers=(i // len(SIBLING_TYPES)) % 2 ^ 1,
+    )
+    rope = dict(SIBLING_ROPE, rope_theta=rng.choice([1e4, 1e6, 1e7]), partial_rotary_factor=partial)
+    if model_type != "qwen3_next":  # Qwen3.5: the text config's mRoPE sections
+        third = half // 3
+        rope.update(mrope_section=[half - 2 * third, third, third], mrope_interleaved=True)
+    spec["rope_parameters"] = rope
+    if model_type != "qwen3_5_text":  # the MoE families
+        num_experts = rng.choice([3, 5, 6, 7, 9])
+        spec.update(
+            num_experts=num_experts,
+            num_experts_per_tok=rng.randint(1, min(4, num_experts)),
+            moe_intermediate_size=rng.choice([24, 32, 40, 56]),
+            shared_expert_intermediate_size=rng.choice([24, 32, 48, 72]),
+            norm_topk_prob=rng.random() < 0.8,
+            decoder_sparse_step=1,
+        )
+        if model_type == "qwen3_next" and rng.random() < 0.5:  # a dense layer among them
+            spec["mlp_only_layers"] = [rng.randrange(num_layers)]
+    return spec
