@@ -57,6 +57,7 @@ class Kernels:
     push_history: Callable
     gather_sessions: Callable  # session buffers through a table (runner/lone.py's graphs)
     put_sessions: Callable
+    put_sessions_from: Callable  # a slice of each batch's rows (drafted steps' commits)
 
 
 REFERENCE = Kernels(
@@ -98,6 +99,7 @@ REFERENCE = Kernels(
     push_history=rowwise_ref.push_history,
     gather_sessions=rowwise_ref.gather_sessions,
     put_sessions=rowwise_ref.put_sessions,
+    put_sessions_from=rowwise_ref.put_sessions_from,
 )
 
 

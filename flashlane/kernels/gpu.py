@@ -65,4 +65,5 @@ TRITON = Kernels(
     push_history=ple_tr.push_history,  # its n-gram ids moved on in place, in one launch
     gather_sessions=tables_tr.gather_sessions,  # session buffers through a table
     put_sessions=tables_tr.put_sessions,
+    put_sessions_from=tables_tr.put_sessions_from,
 )

@@ -141,10 +141,17 @@ def _gdn(gdn, a3, states, kernels, pending, table) -> torch.Tensor:
 
 def _commit(pending, kept: torch.Tensor, every: torch.Tensor, kernels) -> None:
     """Each session's state after its kept rows: a tail of inputs (conv windows, PLE ids)
-    from index kept on, or the recurrent state after row kept-1 (`every`: arange(B)), put
-    back through the table where there is one."""
+    from index kept on, or the recurrent state after row kept-1 (`every`: arange(B)); put
+    back through the table where there is one (kernels.put_sessions_from), else copied."""
     dsts, srcs, last, spans = [], [], kept - 1, {}
     for states, inputs, after, table, column in pending:
+        if table is not None:  # the kept slice read where it lies and put back: one launch
+            if after is not None:
+                kernels.put_sessions_from(states, after.contiguous(), last, 1, table, column)
+            else:
+                n = states[0].shape[0]
+                kernels.put_sessions_from(states, inputs.contiguous(), kept, n, table, column)
+            continue
         if after is not None:
             chosen = after[every, last]
         else:
@@ -154,11 +161,8 @@ def _commit(pending, kept: torch.Tensor, every: torch.Tensor, kernels) -> None:
             span = spans[n]
             index = span.view(*span.shape, *[1] * (inputs.dim() - 2))
             chosen = inputs.gather(1, index.expand(-1, -1, *inputs.shape[2:]))
-        if table is not None:
-            kernels.put_sessions(states, chosen, table, column)
-        else:
-            dsts += states
-            srcs += list(chosen.to(states[0].dtype))
+        dsts += states
+        srcs += list(chosen.to(states[0].dtype))
     copy_all(dsts, srcs)
 
 

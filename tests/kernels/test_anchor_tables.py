@@ -105,3 +105,38 @@ def test_gather_and_put_through_an_anchor_table(column):
     assert torch.equal(getattr(anchor, column), kept)
     # without a table: the buffers handed in, from the first
     assert torch.equal(triton_tables.gather_sessions(mine), torch.stack(mine))
+
+
+@pytest.mark.parametrize("column", ["conv", "ids"])
+def test_put_a_slice_of_each_rows_through_an_anchor_table(column):
+    """put_sessions_from (a drafted step's commit): session b gets src[b, start[b] : start[b]
+    + n] in one launch, as the reference's gather and put; other buffers untouched."""
+    before, (anchor,), after = ple_states(2, 1), ple_states(1, 2), ple_states(2, 3)
+    rows = [after[1], before[0], after[0], before[1]]
+    col = 0 if column == "conv" else 1
+    table = ple_table(rows, anchor)
+    mine = [getattr(p, column) for p in rows]
+    n = mine[0].shape[0]
+    kept = getattr(anchor, column).clone()
+    gen = torch.Generator().manual_seed(5)
+    src = torch.randn(4, n + 3, *mine[0].shape[1:], generator=gen) * 50
+    src = src.to(mine[0].dtype).to(DEVICE)
+    start = torch.tensor([0, 3, 1, 2], device=DEVICE)
+    want = [m.clone() for m in mine]
+    rows_ref.put_sessions_from(want, src, start, n)
+    triton_tables.put_sessions_from([getattr(anchor, column)] * 4, src, start, n, table, col)
+    for got, w, b in zip(mine, want, range(4)):
+        assert torch.equal(got, w)
+        assert torch.equal(got, src[b, int(start[b]) : int(start[b]) + n])
+    assert torch.equal(getattr(anchor, column), kept)
+
+
+def test_put_one_row_of_each_through_a_table():
+    """The recurrent state's commit: one row of [B, T, ...] per session (rows = 1)."""
+    states = [torch.zeros(3, 4, 5, device=DEVICE) for _ in range(3)]
+    src = torch.randn(3, 4, 3, 4, 5, generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    start = torch.tensor([2, 0, 3], device=DEVICE)
+    table = offsets_table([states], align=[1])
+    triton_tables.put_sessions_from(states, src, start, 1, table, 0)
+    for b, s in enumerate(states):
+        assert torch.equal(s, src[b, int(start[b])])

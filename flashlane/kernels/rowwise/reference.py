@@ -302,3 +302,21 @@ def put_sessions(
 ) -> None:
     """gather_sessions' inverse: session b's buffer gets values[b], in place."""
     torch._foreach_copy_(tensors, list(values))
+
+
+def put_sessions_from(
+    tensors: list[torch.Tensor],
+    src: torch.Tensor,
+    start: torch.Tensor,
+    rows: int,
+    table: torch.Tensor | None = None,
+    column: int = 0,
+) -> None:
+    """put_sessions of a slice of each batch's rows: session b's buffer gets src[b, start[b] :
+    start[b] + rows] (src [B, L, ...] contiguous, start [B] on its device; the buffer holds
+    those rows' elements), in place (a drafted step's kept tails and states:
+    runner/draft_step.py)."""
+    span = start[:, None] + torch.arange(rows, device=start.device)
+    index = span.view(*span.shape, *[1] * (src.dim() - 2)).expand(-1, -1, *src.shape[2:])
+    chosen = src.gather(1, index)
+    put_sessions(tensors, chosen.reshape(len(tensors), *tensors[0].shape), table, column)

@@ -13,7 +13,7 @@ import triton.language as tl
 from flashlane.kernels.pdl import enter, pdl
 from flashlane.kernels.tables import TABLE_WIDTH
 
-__all__ = ["gather_sessions", "put_sessions"]
+__all__ = ["gather_sessions", "put_sessions", "put_sessions_from"]
 
 BLOCK = 1024
 
@@ -79,3 +79,63 @@ def put_sessions(
 
         table, column = offsets_table([tensors], align=[1]), 0
     _launch(tensors[0], table, values.to(tensors[0].dtype).contiguous(), column, True)
+
+
+@triton.jit(do_not_specialize=["n", "row", "stride"])
+def _put_from_kernel(
+    base_ptr,
+    tab_ptr,
+    src_ptr,
+    start_ptr,
+    n,
+    row,
+    stride,
+    COLUMN: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
+    b = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    at = tl.load(tab_ptr + b * TABLE_WIDTH + COLUMN)  # elements from the first buffer
+    first = b * stride + tl.load(start_ptr + b) * row  # src[b, start[b]]
+    value = tl.load(src_ptr + first + cols, mask=mask)
+    tl.store(base_ptr + at + cols, value.to(base_ptr.dtype.element_ty), mask=mask)
+
+
+def put_sessions_from(
+    tensors: list[torch.Tensor],
+    src: torch.Tensor,
+    start: torch.Tensor,
+    rows: int,
+    table: torch.Tensor | None = None,
+    column: int = 0,
+) -> None:
+    """reference.put_sessions_from in one launch, through `table` (as gather_sessions'): the
+    slice is read where it lies, cast to the buffers' dtype, and written in place."""
+    if table is None:
+        from flashlane.models.state import offsets_table
+
+        table, column = offsets_table([tensors], align=[1]), 0
+    first, b = tensors[0], table.shape[0]
+    row = src[0, 0].numel()  # elements of one src row
+    if not first.is_contiguous() or not src.is_contiguous():
+        raise ValueError("put_sessions_from: contiguous buffers only")
+    if first.numel() != rows * row:
+        raise ValueError(
+            f"put_sessions_from: a buffer of {first.numel()} elements, {rows} rows of {row}"
+        )
+    if b and first.numel():
+        _put_from_kernel[(b, triton.cdiv(first.numel(), BLOCK))](
+            first,
+            table,
+            src,
+            start,
+            first.numel(),
+            row,
+            src[0].numel(),
+            COLUMN=column,
+            BLOCK=BLOCK,
+            **pdl(first.device),
+        )
