@@ -89,15 +89,15 @@ def draft_step(
     lands = (io.drafts == ids[:, :k]) & finite[:, :k]
     kept = 1 + lands.long().cumprod(dim=1).sum(dim=1)  # [B] rows kept, 1..T
     last = kept - 1
-    every = torch.arange(b, device=ids.device)
-    _commit(pending, kept, every, kernels)
+    rows = io.firsts + last  # each session's last kept row among the B*T
+    _commit(pending, kept, last, io.every, kernels)
     torch.cat([ids, finite, kept[:, None]], dim=1, out=io.out)
-    io.last.copy_(r.view(b, t, -1)[every, last])
-    io.tok.copy_(ids[every, last])
+    torch.index_select(r, 0, rows, out=io.last)
+    torch.index_select(ids.flatten(), 0, rows, out=io.tok)
     heads = range(len(model.mtp.layers))
     mtp_tables = ([rows_of(("mtp", j)) for j in heads], [tables.get(("mtp", j)) for j in heads])
     angles = (at, cos, sin, once)
-    _draft_next(model, sessions, io, r, ids.flatten(), angles, every * t + last, mtp_tables)
+    _draft_next(model, sessions, io, r, ids.flatten(), angles, rows, mtp_tables)
     io.pos.add_(kept)
 
 
@@ -139,11 +139,11 @@ def _gdn(gdn, a3, states, kernels, pending, table) -> torch.Tensor:
     return gdn.finish(o.flatten(0, 1), z)
 
 
-def _commit(pending, kept: torch.Tensor, every: torch.Tensor, kernels) -> None:
+def _commit(pending, kept: torch.Tensor, last: torch.Tensor, every: torch.Tensor, kernels) -> None:
     """Each session's state after its kept rows: a tail of inputs (conv windows, PLE ids)
     from index kept on, or the recurrent state after row kept-1 (`every`: arange(B)); put
     back through the table where there is one (kernels.put_sessions_from), else copied."""
-    dsts, srcs, last, spans = [], [], kept - 1, {}
+    dsts, srcs, spans = [], [], {}
     for states, inputs, after, table, column in pending:
         if table is not None:  # the kept slice read where it lies and put back: one launch
             if after is not None:

@@ -204,6 +204,8 @@ class DraftBuffers:
         self.tok, self.pos = torch.zeros(b, **on), torch.zeros(b, **on)
         self.drafts = torch.zeros(b, depth, **on)
         self.offsets = torch.arange(t, **on)
+        self.every = torch.arange(b, **on)
+        self.firsts = self.every * t  # each session's first row among the B*T
         self.out = torch.zeros(b, 2 * t + 1, **on)
         self.last = torch.zeros(b, width, dtype=dtype, device=device)
         self.ring = torch.zeros(
