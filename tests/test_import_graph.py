@@ -8,9 +8,14 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[1] / "flashlane"
+# Circles known and owned, each with the change that ends it; an entry that no longer matches
+# a circle fails the test too, so the list only shrinks.
+KNOWN_CIRCLES = {
+    # parallel/launch.py's worker ranks build an Engine, and engine.py starts the group: the
+    # fix hands the engine type to launch.start from engine.py, which is being split (issue 35)
+    frozenset({"engine", "parallel"}),
+}
 
 
 def _unit(path: Path) -> str:
@@ -96,13 +101,19 @@ def _cycles(edges) -> list[list[str]]:
     return found
 
 
-@pytest.mark.xfail(strict=True, reason="issue 35: the circles are being broken")
 def test_no_import_circles_between_packages():
     edges = import_edges()
     assert len(edges) > 20, "the scan found almost no imports: is the package path right?"
-    report = []
-    for component in _cycles(edges):
+    found = _cycles(edges)
+    report = [
+        f"known circle {' <-> '.join(sorted(known))} is gone: drop it from KNOWN_CIRCLES"
+        for known in KNOWN_CIRCLES
+        if known not in {frozenset(c) for c in found}
+    ]
+    for component in found:
         members = set(component)
+        if members in KNOWN_CIRCLES:
+            continue
         report.append("circle: " + " <-> ".join(component))
         for (source, target), files in sorted(edges.items()):
             if source in members and target in members:
