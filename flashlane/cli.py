@@ -88,7 +88,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     from flashlane.models.config import ModelConfig
     from flashlane.models.fp8 import read_quant_spec
-    from flashlane.models.info import describe
+    from flashlane.planning.info import describe
 
     path = Path(args.model_path)
     cfg = ModelConfig.from_hf(path)
@@ -127,7 +127,7 @@ def _info_plan(cfg, args, env, quant=None):
     elem = 2 if device == "cuda" else 8
     table = elem * count_params(cfg).ngram_table
     if quant is not None and device == "cuda":
-        from flashlane.models.info import fp8_bytes
+        from flashlane.models.weight_bytes import fp8_bytes
 
         weights = fp8_bytes(cfg, quant).total_bytes  # the table among the bf16 values
     else:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from flashlane.options import flag_of, from_env, json_object, option
+from flashlane.options import environment_values, flag_of, json_object, option, our_names
 
 DEFAULT_MODEL = Path(__file__).parent / "default_model"
 # The embedded model was trained on code, not on reasoning traces: a think block it opens
@@ -221,22 +221,13 @@ class EngineConfig:
         """Options (kwargs) over the environment over defaults; unknown -> TypeError.
         vLLM's keyword names (max_model_len, max_num_seqs, enable_prefix_caching) are
         accepted for ours."""
-        options = _ours(options)
+        options = our_names(options)
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - names)
         if unknown:
             raise TypeError(f"unknown engine option(s): {', '.join(unknown)}")
         values = {k: v for k, v in options.items() if v is not None}
-        for f in fields(cls):
-            if f.name in values or flag_of(f) is None:
-                continue
-            for var in flag_of(f).env:
-                raw = os.environ.get(var)
-                if raw is None or raw == "":
-                    continue
-                values[f.name] = from_env(f, var, raw)
-                break
-        return cls(**values)
+        return cls(**values, **environment_values(fields(cls), values, os.environ))
 
     def __post_init__(self) -> None:
         def need(ok: bool, name: str, why: str) -> None:
@@ -323,29 +314,6 @@ class EngineConfig:
                 " (or auto), or install a CUDA build of torch"
             )
         return self.device
-
-
-# vLLM's LLM(...) keyword -> ours
-VLLM_NAMES = {"max_model_len": "context", "max_num_seqs": "parallel"}
-
-
-def _ours(options: dict[str, Any]) -> dict[str, Any]:
-    out = dict(options)
-    for theirs, name in VLLM_NAMES.items():
-        if theirs not in out:
-            continue
-        value = out.pop(theirs)
-        if out.get(name) is not None and value is not None and out[name] != value:
-            raise TypeError(f"{theirs}={value!r} and {name}={out[name]!r} disagree: give one")
-        if value is not None:
-            out[name] = value
-    if "enable_prefix_caching" in out:
-        on = out.pop("enable_prefix_caching")
-        if on is False:
-            if out.get("prompt_cache_gb") not in (None, 0):
-                raise TypeError("enable_prefix_caching=False and prompt_cache_gb disagree")
-            out["prompt_cache_gb"] = 0.0
-    return out
 
 
 # kwarg -> the environment variables that may set it (from the fields' flags)

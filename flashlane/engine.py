@@ -80,7 +80,7 @@ class Engine:
             # a size the model cannot be split by fails here, before any process starts
             cfg = built[0] if built else ModelConfig.from_hf(resolve_model(config.model)[0])
             shard_config(cfg, config.tensor_parallel_size)
-            tp = start_group(config, self.device)
+            tp = start_group(config, self.device, type(self))
         self.tp = tp
         self.device = tp.device if tp is not None else self.device
         if self.device == "cpu" and config.dtype not in ("auto", "float64"):

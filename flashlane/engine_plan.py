@@ -27,7 +27,7 @@ def table_place_for(
         return table_place(c.ple_table_device, device, True)
     from flashlane.models.census import count_params
     from flashlane.models.fp8 import QuantizationError, QuantSpec, read_quant_spec
-    from flashlane.models.info import fp8_bytes
+    from flashlane.models.weight_bytes import fp8_bytes
 
     try:
         spec = read_quant_spec(path) or (QuantSpec() if c.quantization == "fp8" else None)

@@ -1,13 +1,14 @@
 """How one engine option is spelled outside Python: the `Flag` record an EngineConfig field
 carries in its metadata (help, aliases, type, environment variables), from which `flags.py`
-builds the command line and `EngineConfig.resolve` reads the environment. A field without
-a flag is marked `internal`, with the reason, so that a new field cannot be left out."""
+builds the command line and `EngineConfig.resolve` reads the environment, and vLLM's
+keyword names for LLM(...). A field without a flag is marked `internal`, with the reason, so
+that a new field cannot be left out."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import Field, dataclass, field
 from typing import Any
 
@@ -66,6 +67,49 @@ def from_env(f: Field, var: str, raw: str) -> Any:
         except ValueError:
             raise ValueError(f"{var}={raw!r} is not a number") from None
     return raw
+
+
+def environment_values(
+    fields: Iterable[Field], given: Mapping[str, Any], environ: Mapping[str, str]
+) -> dict[str, Any]:
+    """The values the environment sets for the fields not `given` (the first of a flag's
+    variables that is set and not empty wins)."""
+    values = {}
+    for f in fields:
+        if f.name in given or flag_of(f) is None:
+            continue
+        for var in flag_of(f).env:
+            raw = environ.get(var)
+            if raw is None or raw == "":
+                continue
+            values[f.name] = from_env(f, var, raw)
+            break
+    return values
+
+
+# vLLM's LLM(...) keyword -> ours
+VLLM_NAMES = {"max_model_len": "context", "max_num_seqs": "parallel"}
+
+
+def our_names(options: dict[str, Any]) -> dict[str, Any]:
+    """LLM(...) keywords with vLLM's names (max_model_len, max_num_seqs,
+    enable_prefix_caching) given as ours; a name given both ways must agree."""
+    out = dict(options)
+    for theirs, name in VLLM_NAMES.items():
+        if theirs not in out:
+            continue
+        value = out.pop(theirs)
+        if out.get(name) is not None and value is not None and out[name] != value:
+            raise TypeError(f"{theirs}={value!r} and {name}={out[name]!r} disagree: give one")
+        if value is not None:
+            out[name] = value
+    if "enable_prefix_caching" in out:
+        on = out.pop("enable_prefix_caching")
+        if on is False:
+            if out.get("prompt_cache_gb") not in (None, 0):
+                raise TypeError("enable_prefix_caching=False and prompt_cache_gb disagree")
+            out["prompt_cache_gb"] = 0.0
+    return out
 
 
 def json_object(text: str) -> dict:

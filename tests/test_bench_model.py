@@ -50,7 +50,7 @@ def test_bench_model_smoke_on_cpu(tmp_path, capsys):
 
 
 def test_a_failed_reply_is_an_error_not_a_figure():
-    from flashlane.bench.model import replies
+    from flashlane.bench.model_figures import replies
     from flashlane.request import FinishReason, RequestOutput
 
     ok = RequestOutput("a", [1], [2], "", FinishReason.LENGTH, 0)

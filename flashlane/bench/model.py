@@ -22,17 +22,22 @@ import time
 import torch
 
 from flashlane.bench.common import FLAT_COSTS, commit, random_prompts, sync
+from flashlane.bench.model_figures import (
+    decode_figures,
+    launches_per_token,
+    prompt_cache_ttft,
+    replies,
+    sampled_params,
+)
+from flashlane.bench.model_table import table
 from flashlane.config import EngineConfig
 from flashlane.engine import Engine
 from flashlane.flags import FlagParser
 from flashlane.llm import LLM
-from flashlane.models.fp8 import QuantSpec
 from flashlane.models.presets import PRESETS, config_dict
 from flashlane.models.random_weights import build_random, random_table_place
 from flashlane.request import SamplingParams
-from flashlane.roofline import decode_round_bytes, measure_ceilings, prefill_flops
-
-# drafts are off, so the allocator never prices a draft row: any monotone table will do
+from flashlane.roofline import measure_ceilings, prefill_flops
 
 
 def _ints(text: str) -> list[int]:
@@ -157,7 +162,7 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
             finally:
                 llm.engine.host.lone = lone
     if args.sampled:
-        for params in _sampled(args).values():
+        for params in sampled_params(args).values():
             llm.generate(random_prompts(1, args.prompt_len, cfg.vocab_size, 95), params)
     for length in args.prefill:
         replies(llm.generate(random_prompts(1, length, cfg.vocab_size, 98), one))
@@ -177,7 +182,7 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
             # one stream count the engine cannot run ends its row, not the run (and the peer's)
             out["decode"][n] = {"error": str(err).splitlines()[0]}
     if args.sampled:  # one stream each, greedy again beside them
-        runs = {"greedy": greedy, **_sampled(args)}
+        runs = {"greedy": greedy, **sampled_params(args)}
         out["decode_sampled"] = {
             k: decode_figures(args, llm, cfg, 1, p, ceilings) for k, p in runs.items()
         }
@@ -223,129 +228,6 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
     if cuda:
         torch.cuda.empty_cache()
     return out
-
-
-def _sampled(args) -> dict[str, SamplingParams]:
-    """The sampled streams --sampled times: a keyed top_k draw and a top_p one."""
-    common = dict(
-        max_tokens=args.decode_tokens + 1, temperature=0.8, seed=7, ignore_eos=True, draft=False
-    )
-    return {
-        "top_k 40": SamplingParams(top_k=40, **common),
-        "top_p 0.9": SamplingParams(top_p=0.9, **common),
-    }
-
-
-def replies(outs: list) -> list:
-    """The outputs, once each is a whole reply: an error (a refused prompt, a failed round)
-    raises here instead of timing nothing (a refused 8,192-token prompt once read as 63M
-    tokens a second)."""
-    for o in outs:
-        if o.error or not o.token_ids:
-            raise RuntimeError(f"bench model: request {o.request_id} failed: {o.error}")
-    return outs
-
-
-def decode_figures(args, llm: LLM, cfg, n: int, greedy: SamplingParams, ceilings: dict) -> dict:
-    """n streams decoding together: tok/s, the round's time and its roofline."""
-    outs = replies(llm.generate(random_prompts(n, args.prompt_len, cfg.vocab_size, n), greedy))
-    secs = max(o.stats.decode_seconds for o in outs)
-    round_s = secs / args.decode_tokens
-    fp8 = QuantSpec() if args.quantization == "fp8" else None
-    need = decode_round_bytes(cfg, n, args.prompt_len + args.decode_tokens, fp8=fp8)["total"]
-    bw = ceilings.get("bandwidth_Bps")
-    return {
-        "tok_s": n * args.decode_tokens / secs,
-        "round_ms": 1e3 * round_s,
-        "round_bytes": need,
-        "roofline_ms": 1e3 * need / bw if bw else None,
-        "of_roofline": need / bw / round_s if bw else None,
-    }
-
-
-def launches_per_token(llm: LLM, cfg) -> float:
-    """Kernel launches (a graph replay counts one) per decoded token of one greedy stream:
-    a 9-token reply's launches less a 1-token reply's (the prompt piece), over 8 tokens."""
-    from torch.profiler import ProfilerActivity, profile
-
-    prompt = random_prompts(1, 64, cfg.vocab_size, 5)
-    names = ("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch")
-    counts = []
-    for tokens in (1, 9):
-        params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, draft=False)
-        llm.generate(prompt, params)
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            llm.generate(prompt, params)
-        counts.append(sum(e.count for e in prof.key_averages() if e.key.startswith(names)))
-    return (counts[1] - counts[0]) / 8
-
-
-def prompt_cache_ttft(args, cfg, model, config: EngineConfig) -> dict:
-    """Time to first token of one long prompt: cold, resent, and extended by one turn."""
-    from dataclasses import replace
-
-    llm = LLM.from_engine(
-        Engine(replace(config, prompt_cache_gb=8.0), costs=FLAT_COSTS, built=(cfg, model))
-    )
-    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, draft=False)
-    length = args.prompt_cache
-    prompt = random_prompts(1, length, cfg.vocab_size, 7)[0]
-    turn = random_prompts(1, 200, cfg.vocab_size, 8)[0]
-    out = {"tokens": length}
-    for name, ids in (("cold", prompt), ("resent", prompt), ("extended", prompt + turn)):
-        o = llm.generate([ids], one)[0]
-        out[name] = {"ttft_s": o.stats.prefill_seconds, "cached_tokens": o.stats.cached_tokens}
-    for name in ("resent", "extended"):
-        out[name]["of_cold"] = out[name]["ttft_s"] / out["cold"]["ttft_s"]
-    del llm
-    gc.collect()
-    return out
-
-
-def table(result: dict) -> str:
-    """ours, the peer, ours / the peer, and ours against the roofline, per measured figure."""
-    peer = result.get("peer") or {}
-    name = peer.get("name", "transformers")[:13]
-    lines = [f"{'':24}{'ours':>12}{name:>14}{'ours/peer':>10}{'roofline':>10}"]
-    for kind, key in (("decode", "tok_s"), ("prefill", "tok_s")):
-        for n, r in result["ours"][kind].items():
-            theirs = (peer.get(kind) or {}).get(n, {}).get(key)
-            label = f"{kind} {n} {'streams' if kind == 'decode' else 'tokens'} tok/s"
-            peer_s = f"{theirs:14.1f}" if theirs else f"{'-':>14}"
-            if key not in r:  # a stream count ours could not run
-                lines.append(f"{label:24}{'failed':>12}{peer_s}   {r.get('error', '')[:60]}")
-                continue
-            eff = r.get("of_roofline") or r.get("of_matrix_rate")
-            eff_s = f"{eff:10.0%}" if eff else f"{'-':>10}"
-            ratio = f"{r[key] / theirs:10.2f}" if theirs else f"{'-':>10}"
-            lines.append(f"{label:24}{r[key]:12.1f}{peer_s}{ratio}{eff_s}")
-    ours = result["ours"]
-    shared = (ours.get("decode_shared_rounds") or {}).get(1)
-    if shared:
-        lines.append(
-            f"{'decode 1 stream, shared':24}{shared['tok_s']:12.1f}{'-':>14}{'-':>10}"
-            f"{shared['of_roofline'] or 0:10.0%}   lone / shared "
-            f"{ours['lone']['over_shared_rounds']:.2f}x"
-        )
-    for kind, r in (ours.get("decode_sampled") or {}).items():
-        greedy = ours["decode_sampled"]["greedy"]["tok_s"]
-        lines.append(
-            f"{'decode 1 stream, ' + kind:24}{r['tok_s']:12.1f}{'-':>14}{'-':>10}"
-            f"{r['of_roofline'] or 0:10.0%}   over greedy {r['tok_s'] / greedy:.2f}x"
-        )
-    if "launches_per_token" in ours:
-        lines.append(
-            f"launches per token, one stream: {ours['launches_per_token']:.1f}"
-            f" (shared rounds {ours.get('launches_per_token_shared_rounds', 0):.1f})"
-        )
-    pc = ours.get("prompt_cache")
-    if pc:
-        lines.append(
-            f"prompt cache, {pc['tokens']} tokens: TTFT cold {pc['cold']['ttft_s']:.3f} s, "
-            f"resent {pc['resent']['ttft_s']:.3f} s ({pc['resent']['of_cold']:.1%}), "
-            f"extended {pc['extended']['ttft_s']:.3f} s ({pc['extended']['of_cold']:.1%})"
-        )
-    return "\n".join(lines)
 
 
 def bench_model_main(argv: list[str]) -> int:

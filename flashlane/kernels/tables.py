@@ -1,4 +1,4 @@
-"""Session tables in the Triton kernels: models.state's table layout as constexprs, and the
+"""Session tables in the Triton kernels: session_tables' layout as constexprs, and the
 stand-in table of a launch that has none (its flag says it is unused). Needs triton."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ import functools
 import torch
 import triton.language as tl
 
-from flashlane.models import state
+from flashlane.kernels import session_tables as layout
 
-TABLE_WIDTH = tl.constexpr(state.TABLE_WIDTH)
+TABLE_WIDTH = tl.constexpr(layout.TABLE_WIDTH)
 K_COL, V_COL, INDEX_COL, BLOCKS_COL, NB_COL = (
-    tl.constexpr(state.TABLE_COLUMNS.index(c)) for c in state.TABLE_COLUMNS
+    tl.constexpr(layout.TABLE_COLUMNS.index(c)) for c in layout.TABLE_COLUMNS
 )
 
 
 @functools.cache
 def no_table(device: torch.device) -> torch.Tensor:
-    return torch.zeros(state.TABLE_WIDTH, dtype=torch.long, device=device)
+    return torch.zeros(layout.TABLE_WIDTH, dtype=torch.long, device=device)

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from flashlane.detok import IncrementalDetokenizer, StopMatcher
-from flashlane.drafting.copy import CopyIndex
 from flashlane.lanes.cached_prompts import keep_marks, resume
+from flashlane.lanes.copy_drafts import CopyIndex
 from flashlane.lanes.core import LaneConfig, LaneCore, RoundFailed
 from flashlane.lanes.lone_turn import beside_budget, lone_drawn, lone_streams, run_lone
 from flashlane.lanes.outputs import TextDecoder

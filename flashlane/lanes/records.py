@@ -26,11 +26,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+# The GDN chunk size; prompt pieces start on this grid (DESIGN.md section 3). It is the
+# prompt cache's mark grid too, which sessions/ (below the lane core) defines.
+from flashlane.sessions.prompt_cache import CHUNK as CHUNK
+
 if TYPE_CHECKING:
     from flashlane.request import SamplingParams
-
-# The GDN chunk size; prompt pieces start on this grid (DESIGN.md section 3).
-CHUNK = 64
 
 WindowKind = Literal["decode", "prompt"]
 

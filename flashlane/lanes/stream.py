@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from flashlane.detok import IncrementalDetokenizer, StopMatcher
-from flashlane.drafting.copy import CopyIndex
+from flashlane.lanes.copy_drafts import CopyIndex
 from flashlane.lanes.records import Draws
 
 if TYPE_CHECKING:

@@ -181,8 +181,7 @@ def random_table_place(
     90% of the GPU's memory, else the host."""
     if not str(device).startswith("cuda") or requested in ("cpu", "cuda"):
         return table_place(requested, str(device), True)
-    from flashlane.models.info import fp8_bytes
-    from flashlane.sessions.buffers import weight_bytes
+    from flashlane.models.weight_bytes import fp8_bytes, weight_bytes
 
     cfg = ModelConfig.from_hf(raw)
     weights = fp8_bytes(cfg, QuantSpec()).total_bytes if quantize else weight_bytes(cfg, 2)

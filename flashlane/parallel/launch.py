@@ -23,16 +23,17 @@ from flashlane.parallel.group import TensorParallel, free_port, in_torchrun, joi
 logger = logging.getLogger("flashlane")
 
 
-def start(config: EngineConfig, device: str) -> TensorParallel:
+def start(config: EngineConfig, device: str, engine: type) -> TensorParallel:
     """The group of config.tensor_parallel_size ranks, joined as rank 0 (a torchrun rank past
-    0 serves as a worker here and exits). `device`: the engine's resolved device."""
+    0 serves as a worker here and exits). `device`: the engine's resolved device; `engine`:
+    the engine class a worker builds (engine.Engine, handed in: this package sits below it)."""
     size = config.tensor_parallel_size
     if device.startswith("cuda:"):
         raise ValueError(f"--tensor-parallel-size {size}: give --device cuda, not {device}")
     if in_torchrun():
         tp = join(device, size)
         if not tp.is_leader:
-            run_worker(config, tp)
+            run_worker(config, tp, engine)
             leave()
             sys.exit(0)
         atexit.register(leave)
@@ -45,7 +46,9 @@ def start(config: EngineConfig, device: str) -> TensorParallel:
     port = free_port()
     context = mp.get_context("spawn")
     procs = [
-        context.Process(target=_spawned, args=(config, rank, size, port, device), daemon=True)
+        context.Process(
+            target=_spawned, args=(config, rank, size, port, device, engine), daemon=True
+        )
         for rank in range(1, size)
     ]
     for p in procs:
@@ -55,21 +58,22 @@ def start(config: EngineConfig, device: str) -> TensorParallel:
     return tp
 
 
-def run_worker(config: EngineConfig, tp: TensorParallel) -> None:
+def run_worker(config: EngineConfig, tp: TensorParallel, engine: type) -> None:
     """A rank past 0: the engine's model and backend (no host), replaying rank 0's calls."""
-    from flashlane.engine import Engine
     from flashlane.parallel.replay import serve
 
-    engine = Engine(config, log=lambda *_: None, tp=tp)
-    serve(engine.backend, tp)
+    built = engine(config, log=lambda *_: None, tp=tp)
+    serve(built.backend, tp)
 
 
-def _spawned(config: EngineConfig, rank: int, size: int, port: int, device: str) -> None:
+def _spawned(
+    config: EngineConfig, rank: int, size: int, port: int, device: str, engine: type
+) -> None:
     if device == "cpu":
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     tp = join(device, size, rank, port)
     try:
-        run_worker(config, tp)
+        run_worker(config, tp, engine)
     finally:
         leave()
 

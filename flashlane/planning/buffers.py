@@ -11,8 +11,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from flashlane.models.census import count_params
 from flashlane.models.config import ModelConfig
+
+# the weights' bytes are the model's census; the plan names them here with the other parts
+from flashlane.models.weight_bytes import weight_bytes as weight_bytes
 
 GIB = 2**30
 MIB = 2**20
@@ -114,11 +116,3 @@ def prompt_row_bytes(cfg: ModelConfig, device: str, context: int) -> int:
     moe = (cfg.num_experts_per_tok + 1) * (cfg.hidden_size + 3 * cfg.moe_intermediate_size) * c
     state = cfg.linear_num_v_heads * cfg.linear_k_head_dim * cfg.linear_v_head_dim * 4 // 64
     return residual + moe + state + 4 * cfg.linear_conv_dim * c + context
-
-
-def weight_bytes(cfg: ModelConfig, param_bytes: int, table: bool = True, mtp: bool = True) -> int:
-    """Bytes of the weights flashlane loads onto one device: text, the n-gram table when it
-    lives there (a GPU model may keep it in host memory), the MTP head when drafting."""
-    counts = count_params(cfg)
-    params = counts.text + (counts.ngram_table if table else 0) + (counts.mtp if mtp else 0)
-    return params * param_bytes

@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from flashlane.lanes.records import CHUNK
-
+# The GDN chunk size C: marks, and the prompt pieces the lane core cuts (lanes/records.py),
+# start on this grid (DESIGN.md section 3).
+CHUNK = 64
 DEFAULT_EVERY = 4096  # a long prompt keeps a state every this many tokens
 
 

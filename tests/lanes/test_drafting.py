@@ -3,8 +3,8 @@
 import dataclasses
 import itertools
 
-from flashlane.drafting.copy import CopyIndex
 from flashlane.lanes.allocate import allocate
+from flashlane.lanes.copy_drafts import CopyIndex
 from flashlane.lanes.depth import (
     PROBE_EVERY,
     PROBE_IDLE_EVERY,

@@ -17,7 +17,7 @@ from flashlane.models.census import (
     state_bytes_per_stream,
 )
 from flashlane.models.config import ModelConfig
-from flashlane.models.info import describe
+from flashlane.planning.info import describe
 from tests import DATA
 from tests.oracle import TINY as ORACLE_TINY
 

@@ -13,7 +13,7 @@ import torch
 
 from flashlane.models.census import count_params, kv_bytes_per_token, state_bytes_per_stream
 from flashlane.models.config import ModelConfig
-from flashlane.models.info import describe
+from flashlane.planning.info import describe
 from flashlane.planning.memory import session_bytes
 from tests.models.test_census import _assert_parts
 from tests.oracle import SIBLINGS, hf_classes

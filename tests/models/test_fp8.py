@@ -22,8 +22,8 @@ from flashlane.models.fp8 import (
     quantize_blocks,
     quantize_state,
 )
-from flashlane.models.info import fp8_bytes
 from flashlane.models.loader import CheckpointError, load_checkpoint
+from flashlane.models.weight_bytes import fp8_bytes
 
 # The embedded (trained) model quantized at load against itself, 16 tokens of code, measured
 # 2026-12-01: max |dlogit| / max |logit| 0.0288, max KL(original || FP8) 0.0066 nats, every

@@ -11,7 +11,7 @@ import pytest
 
 from flashlane.models.census import state_bytes_per_stream
 from flashlane.models.config import ModelConfig
-from flashlane.models.info import describe
+from flashlane.planning.info import describe
 from flashlane.planning.memory import (
     GIB,
     LIMIT_ENV,
@@ -218,7 +218,7 @@ def test_check_options_accepts_what_holds() -> None:
 def test_sessions_and_census_import_no_torch() -> None:
     code = (
         "import sys, flashlane.planning.memory, flashlane.sessions.slots, flashlane.models.census,"
-        " flashlane.models.info;"
+        " flashlane.models.weight_bytes, flashlane.planning.info;"
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

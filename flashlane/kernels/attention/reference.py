@@ -205,7 +205,7 @@ def attend_sessions(
 
     Session by session with `ops` (a module or Kernels with pool_block_at, select_mask and
     attention; these references by default): the bits each row would get alone. `table`
-    (models.state.attn_table) is for the batched kernels and is not needed here, nor
+    (session_tables.attn_table) is for the batched kernels and is not needed here, nor
     `lengths` (pos + 1, made once by the caller for the batched kernels)."""
     ops = ops or _REFERENCES
     outs = []

@@ -153,8 +153,8 @@ def _attention_kernel(
     q_ptr += i_b.to(tl.int64) * T * HQ * D
     o_ptr += i_b.to(tl.int64) * T * HQ * D
     mask_ptr += i_b.to(tl.int64) * T * L
-    # batch b's keys and values: session b's caches (state.attn_table) with a table; runtime
-    # flags, so one compiled kernel serves every use
+    # batch b's keys and values: session b's caches (session_tables.attn_table) with a
+    # table; runtime flags, so one compiled kernel serves every use
     k_off = i_b.to(tl.int64) * L * HKV * D
     v_off = k_off
     if HAS_TABLE != 0:
@@ -235,7 +235,7 @@ def attention(
     q, k and v should share a dtype (k and v are read in theirs; q is cast to k's).
     `lengths` ([B] ints on the device): keys at or past lengths[b] are never read, exactly as
     if k and v ended there (the lone driver passes whole caches and the length on the device).
-    `table` (state.attn_table of B sessions' caches, with lengths): k and v are the first
+    `table` (session_tables.attn_table of B sessions' caches, with lengths): k and v are the first
     session's cache [1, L0, Hkv, D], batch b reads session b's in place, and mask is
     [B, T, L] for the longest cache; each row's sums are those of its session alone.
     `positions` ([B, T] on the device): row (b, t) sees no key past positions[b, t] (its mask

@@ -13,8 +13,8 @@ import triton.language as tl
 
 from flashlane.kernels.norms.triton import rms_factor
 from flashlane.kernels.pdl import enter, pdl
+from flashlane.kernels.session_tables import TABLE_COLUMNS
 from flashlane.kernels.tables import BLOCKS_COL, INDEX_COL, NB_COL, TABLE_WIDTH, no_table
-from flashlane.models import state
 
 
 @triton.jit
@@ -114,7 +114,7 @@ def _pool_block_at_kernel(
     BDI: tl.constexpr,
     PDL: tl.constexpr = 0,
 ):
-    # with a table, program i pools session i's block (state.attn_table) at its position,
+    # with a table, program i pools session i's block (session_tables.attn_table) at its position,
     # with its cos / sin; a runtime flag, so one compiled kernel serves both uses
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     i = tl.program_id(0)
@@ -180,9 +180,9 @@ def pool_block_at(
     block: int,
     table: torch.Tensor | None = None,
 ) -> None:
-    """reference.pool_block_at; with `table` (state.attn_table of B sessions): index_keys and
-    out are the first session's, pos [B], cos and sin [B, R], and program b pools session b's
-    block in place."""
+    """reference.pool_block_at; with `table` (session_tables.attn_table of B sessions):
+    index_keys and out are the first session's, pos [B], cos and sin [B, R], and program b
+    pools session b's block in place."""
     if table is None and out.shape[0] == 0:
         return
     _pool_block_at_kernel[(1 if table is None else table.shape[0],)](
@@ -272,7 +272,7 @@ def put_rows_three(
         s.reshape(s.shape[0], w).to(d.dtype).contiguous()
         for s, w, d in zip(srcs, ws, dsts, strict=True)
     ]
-    cols = [state.TABLE_COLUMNS.index(c) for c in columns]
+    cols = [TABLE_COLUMNS.index(c) for c in columns]
     _put_three_kernel[(srcs[0].shape[0], 3)](
         srcs[0],
         dsts[0],
@@ -294,7 +294,7 @@ def put_rows_three(
 def put_rows(
     dst: torch.Tensor, column: str, table: torch.Tensor, pos: torch.Tensor, src: torch.Tensor
 ) -> None:
-    """Session i's buffer `column` (state.attn_table; dst: the first session's) gets src[i]
+    """Session i's buffer `column` (session_tables.attn_table; dst: the first session's) gets src[i]
     at row pos[i]: each session's index_copy_ of one row, in one launch."""
     w = dst[0].numel()
     src = src.reshape(src.shape[0], w).to(dst.dtype).contiguous()
@@ -305,7 +305,7 @@ def put_rows(
         table,
         pos,
         w,
-        COL=state.TABLE_COLUMNS.index(column),
+        COL=TABLE_COLUMNS.index(column),
         BLOCK=block,
         **pdl(dst.device),
     )

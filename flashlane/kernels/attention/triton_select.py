@@ -222,7 +222,7 @@ def index_scores(
     tensor-core dot: a decode row over a long cache is spread over the SMs (one program
     walking 2,112 block keys took 50 us on the H200), the tile never depends on T, and each
     score is summed over the heads in order whatever the grid. With `table`
-    (state.attn_table): block_keys is the first session's [NB0, Di], batch b scores session
+    (session_tables.attn_table): block_keys is the first session's [NB0, Di], batch b scores session
     b's in place, and the scores have nb columns, those past session b's own left unwritten."""
     b, t, hi, di = index_q.shape
     if table is None:

@@ -18,7 +18,7 @@ from flashlane.kernels.attention.triton_select import (
     select_from_scores,
     select_mask,
 )
-from flashlane.models import state
+from flashlane.kernels.session_tables import attn_table
 
 
 def attend_sessions(
@@ -41,7 +41,7 @@ def attend_sessions(
 ) -> torch.Tensor:
     """reference.attend_sessions for B sessions in five launches whatever B (the row writes,
     the pooling, the scores, the mask and the attention: each reads and writes the
-    sessions' caches in place through `table`, models.state.attn_table, built here when not
+    sessions' caches in place through `table`, session_tables.attn_table, built here when not
     given; a CUDA graph needs it built before the capture). Every row runs the arithmetic of
     the per-session kernels on its own session's values, so its bits are those of one
     session alone (tests/kernels/test_attend_sessions.py). One session without a table
@@ -66,7 +66,7 @@ def attend_sessions(
                 scale,
                 ops=_PER_SESSION,
             )
-        table = state.attn_table(caches)
+        table = attn_table(caches)
     first = caches[0]
     blocks_tr.put_rows_three(
         [first.k, first.v, first.index_keys], ["k", "v", "index_keys"], table, pos, [k, v, raw]

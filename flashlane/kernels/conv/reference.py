@@ -42,7 +42,7 @@ def conv_sessions(
     """causal_conv (silu, no dilation) of B sessions' rows x [B, T, C], batch b after
     session b's window windows[b] [W, C], which then moves past the T rows in place (a lone
     step of several sessions). Here the windows are stacked, run together and copied back;
-    `table` (state.gdn_table) is for the in-place kernel and unused here."""
+    `table` (session_tables.gdn_table) is for the in-place kernel and unused here."""
     y, xfull = causal_conv(x, torch.stack(windows), weight)
     torch._foreach_copy_(windows, list(xfull[:, x.shape[1] :]))
     return y, xfull

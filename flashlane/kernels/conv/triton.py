@@ -24,10 +24,10 @@ import triton.language as tl
 
 from flashlane.kernels.conv import reference
 from flashlane.kernels.pdl import enter, pdl
+from flashlane.kernels.session_tables import GDN_CONV_COLUMN, offsets_table
 from flashlane.kernels.tables import TABLE_WIDTH, no_table
-from flashlane.models import state
 
-CONV_COL = tl.constexpr(state.GDN_CONV_COLUMN)
+CONV_COL = tl.constexpr(GDN_CONV_COLUMN)
 # rows per tile stop at 16 (prompts); channels per tile at 256: a decode step (T = 1) over
 # C = 10240 channels still spreads over 40 programs per sequence
 MAX_BLOCK_T = 16
@@ -74,7 +74,7 @@ def _causal_conv_kernel(
     mask_t = o_t < T
     p_x = x_ptr + i_b * stride_xb + o_c[None, :] * stride_xc
     # batch b's window: row b of the input, or session b's conv window where it lies
-    # (state.gdn_table's conv column: elements from the first session's)
+    # (session_tables.gdn_table's conv column: elements from the first session's)
     win_b = i_b * stride_winb
     if use_table != 0:
         win_b = tl.load(tab_ptr + i_b * TABLE_WIDTH + CONV_COL)
@@ -202,12 +202,12 @@ def conv_sessions(
     table: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """reference.conv_sessions in one launch: batch b reads session b's window where it lies
-    (through `table`, state.gdn_table of the sessions, made here when not given; a CUDA
+    (through `table`, session_tables.gdn_table of the sessions, made here when not given; a CUDA
     graph needs it made before its capture) and moves it past its rows in place: no
     stacked copy and no copy back. The same arithmetic as causal_conv."""
     if x.shape[1] == 0 or x.shape[2] == 0:
         return reference.conv_sessions(x, windows, weight)
     if table is None:  # the windows' offsets in the GDN table's conv column
-        cols = state.GDN_CONV_COLUMN + 1
-        table = state.offsets_table([windows] * cols, align=[1] * cols)
+        cols = GDN_CONV_COLUMN + 1
+        table = offsets_table([windows] * cols, align=[1] * cols)
     return causal_conv(x, windows[0][None], weight, shift=True, table=table)

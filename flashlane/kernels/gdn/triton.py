@@ -30,8 +30,8 @@ from flashlane.kernels.gdn import reference
 from flashlane.kernels.norms.triton import rows_view
 from flashlane.kernels.pdl import enter, pdl
 from flashlane.kernels.rowwise.triton import gdn_gate_values
+from flashlane.kernels.session_tables import offsets_table
 from flashlane.kernels.tables import TABLE_WIDTH, no_table
-from flashlane.models import state
 
 # Dv block of the recurrent kernel: a [128, 32] fp32 state tile is 32 registers per thread
 # with 4 warps, and Dv = 128 gives 4 programs per (b, h) (48 heads -> 192 programs at B = 1).
@@ -82,8 +82,8 @@ def _recurrent_gdn_kernel(
     m_kv = m_k[:, None] & m_v[None, :]
     tile = o_k[:, None] * DV + o_v[None, :]  # offsets inside one [DK, DV] state
 
-    # batch b's state is session b's (state.gdn_table), read and written in place; a runtime
-    # flag, so one compiled kernel (one layout of the state tile) serves both uses
+    # batch b's state is session b's (session_tables.gdn_table), read and written in place;
+    # a runtime flag, so one compiled kernel (one layout of the state tile) serves both uses
     base_s0 = i_bh.to(tl.int64) * DK * DV
     if use_table != 0:
         base_s0 = tl.multiple_of(tl.load(tab_ptr + i_b * TABLE_WIDTH), 16) + i_h * DK * DV
@@ -289,12 +289,12 @@ def gdn_sessions(
     gates: tuple | None = None,
 ) -> torch.Tensor:
     """reference.gdn_sessions in one launch: batch b's rows run from session b's state, which
-    the kernel reads and writes in place through `table` (state.gdn_table of the sessions,
+    the kernel reads and writes in place through `table` (session_tables.gdn_table of the sessions,
     made here when not given; a CUDA graph needs it made before its capture): no stacked
     copy and no copy back. The same arithmetic per (b, h) tile as recurrent_gdn, so the bits
     of a session alone. gates: as recurrent_gdn's."""
     if table is None:
-        table = state.offsets_table([states])
+        table = offsets_table([states])
     b, t, h, dk = k.shape
     dv = v.shape[-1]
     first = states[0]

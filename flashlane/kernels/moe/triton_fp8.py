@@ -21,6 +21,7 @@ import triton.language as tl
 from flashlane.kernels.linear.fp8 import BLOCK, Fp8Weight
 from flashlane.kernels.linear.triton import DECODE_ROWS, linear
 from flashlane.kernels.moe import triton as dense_tr
+from flashlane.kernels.moe import triton_pairs as pairs
 from flashlane.kernels.moe.routing import dispatch, pick_experts
 from flashlane.kernels.pdl import enter, pdl
 
@@ -57,8 +58,8 @@ def _gate_up_fp8_kernel(
     PDL: tl.constexpr = 0,
 ):  # fmt: skip
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
-    blk, pid_n = dense_tr._tile_ids(BLOCK_MAJOR)
-    e, slots, pair = dense_tr._block(
+    blk, pid_n = pairs._tile_ids(BLOCK_MAJOR)
+    e, slots, pair = pairs._block(
         blk, slot_pair_ptr, block_expert_ptr, num_routed, shared_id, BLOCK_M, ONE_ROW
     )
     if e < 0:
@@ -108,8 +109,8 @@ def _down_fp8_kernel(
     BLOCK_MAJOR: tl.constexpr = False, ONE_ROW: tl.constexpr = False, PDL: tl.constexpr = 0,
 ):  # fmt: skip
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
-    blk, pid_n = dense_tr._tile_ids(BLOCK_MAJOR)
-    e, slots, pair = dense_tr._block(
+    blk, pid_n = pairs._tile_ids(BLOCK_MAJOR)
+    e, slots, pair = pairs._block(
         blk, slot_pair_ptr, block_expert_ptr, num_routed, shared_id, BLOCK_M, ONE_ROW
     )
     if e < 0:
@@ -161,9 +162,9 @@ def experts_fp8(
         return out
     x = x.contiguous()
     if n > DECODE_ROWS and x.dtype != torch.float32:  # a prompt chunk: wgmma tiles
-        bm, gu, dn = dense_tr.PREFILL_BLOCK_M, GATE_UP_PREFILL, DOWN_PREFILL
+        bm, gu, dn = pairs.PREFILL_BLOCK_M, GATE_UP_PREFILL, DOWN_PREFILL
     else:
-        bm, gu, dn = dense_tr.BLOCK_M, GATE_UP_TILE, DOWN_TILE
+        bm, gu, dn = pairs.BLOCK_M, GATE_UP_TILE, DOWN_TILE
     shared_rows = n if shared_logit is not None else 0
     one_row = n == 1  # its pairs' experts differ: block b holds pair b (`_block`)
     if one_row:
@@ -175,14 +176,14 @@ def experts_fp8(
     hs, is_ = -(-h // BLOCK), -(-i // BLOCK)
     ieee = x.dtype == torch.float32
     act = torch.empty((blocks * bm, i), dtype=x.dtype, device=x.device)
-    _gate_up_fp8_kernel[dense_tr._grid(blocks, triton.cdiv(i, gu["BLOCK_N"]), gu)](
+    _gate_up_fp8_kernel[pairs._grid(blocks, triton.cdiv(i, gu["BLOCK_N"]), gu)](
         x, gate.q.contiguous(), gate.scale_inv.contiguous(), up.q.contiguous(),
         up.scale_inv.contiguous(), act, slot_pair, block_expert, h, i, hs, is_, n * top_k,
         routed, TOP_K=top_k, BLOCK_M=bm, BLOCK_K=BLOCK, IEEE=ieee, ONE_ROW=one_row, **gu,
         **pdl(x.device),
     )  # fmt: skip
     y = torch.empty((n * top_k + shared_rows, h), dtype=x.dtype, device=x.device)
-    _down_fp8_kernel[dense_tr._grid(blocks, triton.cdiv(h, dn["BLOCK_N"]), dn)](
+    _down_fp8_kernel[pairs._grid(blocks, triton.cdiv(h, dn["BLOCK_N"]), dn)](
         act, down.q.contiguous(), down.scale_inv.contiguous(), y, slot_pair, block_expert,
         h, i, hs, is_, n * top_k, routed, BLOCK_M=bm, BLOCK_K=BLOCK, IEEE=ieee,
         ONE_ROW=one_row, **dn, **pdl(y.device),
@@ -191,9 +192,9 @@ def experts_fp8(
         shared = (shared_logit, y[n * top_k :])
     g, s = shared if shared is not None else (out, out)  # unread without SHARED
     s = s.contiguous()
-    dense_tr._combine_kernel[(n, triton.cdiv(h, dense_tr.COMBINE_BLOCK))](
+    pairs._combine_kernel[(n, triton.cdiv(h, pairs.COMBINE_BLOCK))](
         y, weights.contiguous(), out, g, s, h, g.stride(0), TOP_K=top_k,
-        SHARED=shared is not None, BLOCK=dense_tr.COMBINE_BLOCK, num_warps=4,
+        SHARED=shared is not None, BLOCK=pairs.COMBINE_BLOCK, num_warps=4,
         **pdl(out.device),
     )  # fmt: skip
     return out

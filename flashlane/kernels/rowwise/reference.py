@@ -289,7 +289,7 @@ def gather_sessions(
     tensors: list[torch.Tensor], table: torch.Tensor | None = None, column: int = 0
 ) -> torch.Tensor:
     """B sessions' buffers of one kind (the same shape each), stacked: [B, *shape]. `table`
-    (a models.state table naming them from tensors[0]) is for the Triton kernel, which
+    (a session_tables table naming them from tensors[0]) is for the Triton kernel, which
     reads them where they lie; here they are stacked."""
     return torch.stack(tensors)
 

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from flashlane.kernels.pdl import enter, pdl
+from flashlane.kernels.session_tables import offsets_table
 from flashlane.kernels.tables import TABLE_WIDTH
 
 __all__ = ["gather_sessions", "put_sessions", "put_sessions_from"]
@@ -58,8 +59,6 @@ def gather_sessions(
     """reference.gather_sessions in one launch, through `table` (made here when not given:
     a CUDA graph needs it made before its capture)."""
     if table is None:
-        from flashlane.models.state import offsets_table
-
         table, column = offsets_table([tensors], align=[1]), 0
     first = tensors[0]
     out = torch.empty((table.shape[0], *first.shape), dtype=first.dtype, device=first.device)
@@ -75,8 +74,6 @@ def put_sessions(
 ) -> None:
     """reference.put_sessions in one launch, through `table` (as gather_sessions')."""
     if table is None:
-        from flashlane.models.state import offsets_table
-
         table, column = offsets_table([tensors], align=[1]), 0
     _launch(tensors[0], table, values.to(tensors[0].dtype).contiguous(), column, True)
 
@@ -115,8 +112,6 @@ def put_sessions_from(
     """reference.put_sessions_from in one launch, through `table` (as gather_sessions'): the
     slice is read where it lies, cast to the buffers' dtype, and written in place."""
     if table is None:
-        from flashlane.models.state import offsets_table
-
         table, column = offsets_table([tensors], align=[1]), 0
     first, b = tensors[0], table.shape[0]
     row = src[0, 0].numel()  # elements of one src row

@@ -1,10 +1,10 @@
 """describe: the text of `flashlane info MODEL` (config, parameters by part, cache and state
-sizes, and the memory plan when one is given), from the figures in `models/census.py`."""
+sizes, and the memory plan when one is given), from the figures in `models/census.py`.
+No torch."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
 from flashlane.models.census import (
@@ -14,6 +14,8 @@ from flashlane.models.census import (
     state_bytes_per_stream,
 )
 from flashlane.models.config import ModelConfig
+from flashlane.models.weight_bytes import Fp8Bytes, fp8_bytes
+from flashlane.sessions.slots import format_slot_contexts
 
 if TYPE_CHECKING:
     from flashlane.models.fp8 import QuantSpec
@@ -124,8 +126,6 @@ def _cache_lines(cfg: ModelConfig) -> list[str]:
 
 
 def _plan_lines(p: MemoryPlan) -> list[str]:
-    from flashlane.sessions.slots import format_slot_contexts
-
     def gib(n: int) -> str:
         return f"{n / GIB:9.2f} GiB ({n:,} bytes)"
 
@@ -150,51 +150,6 @@ def _plan_lines(p: MemoryPlan) -> list[str]:
     else:
         lines.append(f"  where              weights and n-gram tables on {p.device}")
     return lines
-
-
-@dataclass(frozen=True, slots=True)
-class Fp8Bytes:
-    """The loaded weights (text + table + MTP) of a block-FP8 checkpoint."""
-
-    quantized: int  # values stored in e4m3, one byte each
-    scales: int  # float32 scale_inv entries, four bytes each
-    other: int  # values the quantization_config leaves unquantized (bf16, two bytes each)
-
-    @property
-    def total_bytes(self) -> int:
-        return self.quantized + 4 * self.scales + 2 * self.other
-
-
-def fp8_bytes(cfg: ModelConfig, quant: QuantSpec) -> Fp8Bytes:
-    """Which of cfg's parameters a block-FP8 checkpoint with quant's rules stores in e4m3:
-    the 2-D linear weights (each expert's apart) its modules_to_not_convert leaves, under the
-    checkpoint's names (Qwen3-Next's fused GDN projections are counted as the four they load
-    as, which moves a few edge scales only). Imports torch (a meta-device model): the rest of
-    this module, like the memory plan, needs none."""
-    import torch
-
-    from flashlane.models.build import build_model
-    from flashlane.models.fp8 import scale_shape
-
-    with torch.device("meta"):
-        model = build_model(cfg)
-    quantized = scales = other = 0
-    for name, t in model.state_dict().items():
-        if not t.is_floating_point():
-            continue  # the n-gram hash's int buffers, not weights
-        hf = name if name.startswith(("lm_head.", "mtp.")) else "model." + name
-        expert = ".experts." in name and t.ndim == 3
-        if expert:  # stored per expert: experts.<e>.<proj>.weight
-            base, proj = hf.rsplit(".", 1)
-            hf = f"{base}.0.{proj}.weight"
-        # a multimodal checkpoint's patterns name model.language_model.*: either spelling
-        nested = hf.replace("model.", "model.language_model.", 1)
-        if (t.ndim == 2 or expert) and quant.is_converted(hf) and quant.is_converted(nested):
-            quantized += t.numel()
-            scales += math.prod(scale_shape(tuple(t.shape), quant.block))
-        else:
-            other += t.numel()
-    return Fp8Bytes(quantized, scales, other)
 
 
 def _fp8_lines(b: Fp8Bytes, quant: QuantSpec) -> list[str]:

@@ -1,0 +1,92 @@
+"""The figures `flashlane bench model` measures on a built engine, one function each: n
+streams decoding together against the roofline, kernel launches per token, and the prompt
+cache's time to first token; and the check that every timed reply is whole."""
+
+from __future__ import annotations
+
+import gc
+
+from flashlane.bench.common import FLAT_COSTS, random_prompts
+from flashlane.config import EngineConfig
+from flashlane.engine import Engine
+from flashlane.llm import LLM
+from flashlane.models.fp8 import QuantSpec
+from flashlane.request import SamplingParams
+from flashlane.roofline import decode_round_bytes
+
+
+def sampled_params(args) -> dict[str, SamplingParams]:
+    """The sampled streams --sampled times: a keyed top_k draw and a top_p one."""
+    common = dict(
+        max_tokens=args.decode_tokens + 1, temperature=0.8, seed=7, ignore_eos=True, draft=False
+    )
+    return {
+        "top_k 40": SamplingParams(top_k=40, **common),
+        "top_p 0.9": SamplingParams(top_p=0.9, **common),
+    }
+
+
+def replies(outs: list) -> list:
+    """The outputs, once each is a whole reply: an error (a refused prompt, a failed round)
+    raises here instead of timing nothing (a refused 8,192-token prompt once read as 63M
+    tokens a second)."""
+    for o in outs:
+        if o.error or not o.token_ids:
+            raise RuntimeError(f"bench model: request {o.request_id} failed: {o.error}")
+    return outs
+
+
+def decode_figures(args, llm: LLM, cfg, n: int, greedy: SamplingParams, ceilings: dict) -> dict:
+    """n streams decoding together: tok/s, the round's time and its roofline."""
+    outs = replies(llm.generate(random_prompts(n, args.prompt_len, cfg.vocab_size, n), greedy))
+    secs = max(o.stats.decode_seconds for o in outs)
+    round_s = secs / args.decode_tokens
+    fp8 = QuantSpec() if args.quantization == "fp8" else None
+    need = decode_round_bytes(cfg, n, args.prompt_len + args.decode_tokens, fp8=fp8)["total"]
+    bw = ceilings.get("bandwidth_Bps")
+    return {
+        "tok_s": n * args.decode_tokens / secs,
+        "round_ms": 1e3 * round_s,
+        "round_bytes": need,
+        "roofline_ms": 1e3 * need / bw if bw else None,
+        "of_roofline": need / bw / round_s if bw else None,
+    }
+
+
+def launches_per_token(llm: LLM, cfg) -> float:
+    """Kernel launches (a graph replay counts one) per decoded token of one greedy stream:
+    a 9-token reply's launches less a 1-token reply's (the prompt piece), over 8 tokens."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prompt = random_prompts(1, 64, cfg.vocab_size, 5)
+    names = ("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch")
+    counts = []
+    for tokens in (1, 9):
+        params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, draft=False)
+        llm.generate(prompt, params)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            llm.generate(prompt, params)
+        counts.append(sum(e.count for e in prof.key_averages() if e.key.startswith(names)))
+    return (counts[1] - counts[0]) / 8
+
+
+def prompt_cache_ttft(args, cfg, model, config: EngineConfig) -> dict:
+    """Time to first token of one long prompt: cold, resent, and extended by one turn."""
+    from dataclasses import replace
+
+    llm = LLM.from_engine(
+        Engine(replace(config, prompt_cache_gb=8.0), costs=FLAT_COSTS, built=(cfg, model))
+    )
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, draft=False)
+    length = args.prompt_cache
+    prompt = random_prompts(1, length, cfg.vocab_size, 7)[0]
+    turn = random_prompts(1, 200, cfg.vocab_size, 8)[0]
+    out = {"tokens": length}
+    for name, ids in (("cold", prompt), ("resent", prompt), ("extended", prompt + turn)):
+        o = llm.generate([ids], one)[0]
+        out[name] = {"ttft_s": o.stats.prefill_seconds, "cached_tokens": o.stats.cached_tokens}
+    for name in ("resent", "extended"):
+        out[name]["of_cold"] = out[name]["ttft_s"] / out["cold"]["ttft_s"]
+    del llm
+    gc.collect()
+    return out
