@@ -4,7 +4,7 @@
 #
 #     bash scripts/gpu_check.sh                      # everything
 #     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, exact, lone, sweep, benches,
-#                                                    # model, drafts, diag, serve, fp8,
+#                                                    # model, long, drafts, diag, serve, fp8,
 #                                                    # peer-build, peer
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
@@ -23,6 +23,9 @@
 # benches: every benchmarks/bench_*.py that takes `--device`, run with `--device cuda`;
 # model:   `flashlane bench model` on a random flashnext-12l against transformers
 #          (MODEL_ARGS overrides its arguments);
+# long:    issue 29's long contexts: `flashlane bench model` on flashnext-12l decoding at 64,
+#          16k, 64k and 128k-token prompts at 1, 4 and 16 streams, and prefill at 2k-32k
+#          (LONG_ARGS overrides)
 # drafts:  drafts on against off with the embedded model on code prompts at 1, 4, 16 and 64
 #          streams, default flags (benchmarks/bench_lanes_cpu.py --device cuda; DRAFT_ARGS
 #          overrides)
@@ -135,6 +138,13 @@ if [[ " $steps " == *" model "* ]]; then
     echo "== flashlane bench model $args"
     python -m flashlane.cli bench model $args --json "$out/bench_model_$stamp.json" 2>&1 \
         | tee "$out/bench_model_$stamp.log" || failed+=("bench model")
+fi
+
+if [[ " $steps " == *" long "* ]]; then
+    args="${LONG_ARGS:---config flashnext-12l --random-weights --streams 1,4,16 --prompt-len 64,16384,65536,131072 --prefill 2048,8192,16384,32768}"
+    echo "== flashlane bench model $args"
+    python -m flashlane.cli bench model $args --json "$out/bench_model_long_$stamp.json" 2>&1 \
+        | tee "$out/bench_model_long_$stamp.log" || failed+=("bench model long")
 fi
 
 if [[ " $steps " == *" drafts "* ]]; then

@@ -49,6 +49,23 @@ def test_bench_model_smoke_on_cpu(tmp_path, capsys):
     assert "decode 2 streams" in printed and "decode 1 stream, top_p 0.9" in printed
 
 
+def test_bench_model_decodes_at_each_prompt_length(tmp_path, capsys):
+    """--prompt-len 8,300 (issue 29's long contexts, here short): decode at the first length
+    in `decode`, at the others in `decode_context`, each against its own roofline bytes."""
+    out = tmp_path / "r.json"
+    argv = ["--config", "flashnext-tiny", "--random-weights", "--device", "cpu"]
+    argv += ["--streams", "1,2", "--prompt-len", "8,300", "--prefill", "64"]
+    argv += ["--decode-tokens", "4", "--peer", "none", "--json", str(out)]
+    assert bench_model_main(argv) == 0
+    ours = json.loads(out.read_text())["ours"]
+    assert set(ours["decode"]) == {"1", "2"} and set(ours["decode_context"]) == {"300"}
+    short, long = ours["decode"]["2"], ours["decode_context"]["300"]["2"]
+    assert long["tok_s"] > 0 and long["round_bytes"] > short["round_bytes"]
+    assert "decode 2 at 300" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench_model_main([*argv[:5], "--prompt-len", "0"])
+
+
 def test_a_failed_reply_is_an_error_not_a_figure():
     from flashlane.bench.model_figures import replies
     from flashlane.request import FinishReason, RequestOutput

@@ -70,7 +70,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--streams", type=_ints, default=[1, 4, 16], help="decode concurrencies, comma-separated"
     )
-    p.add_argument("--prompt-len", type=int, default=64, help="each decode stream's prompt")
+    p.add_argument(
+        "--prompt-len",
+        type=_ints,
+        default=[64],
+        help="each decode stream's prompt, comma-separated: decode is timed at the first in "
+        "`decode`, at the others (long contexts, issue 29) in `decode_context`",
+    )
     p.add_argument("--decode-tokens", type=int, default=64, help="tokens timed per stream")
     p.add_argument(
         "--prefill",
@@ -121,7 +127,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "beside one greedy stream",
     )
     p.add_argument("--json", default=None, help="also write the result here")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not args.prompt_len or min(args.prompt_len) < 1:
+        p.error(f"--prompt-len: positive lengths, got {args.prompt_len}")
+    # the first length is the one every other figure (and the peers) use
+    args.prompt_lens, args.prompt_len = args.prompt_len, args.prompt_len[0]
+    return args
 
 
 def run_ours(args, raw: dict, ceilings: dict) -> dict:
@@ -134,7 +145,7 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
     sync(args.device)
     built_s = time.perf_counter() - t0
     longest = max([*args.prefill, args.prompt_cache + 200 if args.prompt_cache else 0])
-    context = longest + args.prompt_len + args.decode_tokens + 64
+    context = longest + max(args.prompt_lens) + args.decode_tokens + 64
     config = EngineConfig.resolve(
         device=args.device,
         parallel=max(args.streams),
@@ -151,8 +162,9 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
     # run every measured shape once first, so the figures below time no compilation
     t0 = time.perf_counter()
     warm = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, draft=False)
-    for n in args.streams:
-        llm.generate(random_prompts(n, args.prompt_len, cfg.vocab_size, 99), warm)
+    for length in args.prompt_lens:
+        for n in args.streams:
+            llm.generate(random_prompts(n, length, cfg.vocab_size, 99), warm)
     if 1 in args.streams:  # one stream's lone steps warm too (their graphs are made at start)
         llm.generate(random_prompts(1, args.prompt_len, cfg.vocab_size, 97), greedy)
         if llm.engine.host.lone is not None:  # and its shared rounds, measured below
@@ -175,12 +187,12 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
     }
     host = llm.engine.host
     lone = host.lone
-    for n in args.streams:
-        try:
-            out["decode"][n] = decode_figures(args, llm, cfg, n, greedy, ceilings)
-        except (RuntimeError, torch.OutOfMemoryError) as err:
-            # one stream count the engine cannot run ends its row, not the run (and the peer's)
-            out["decode"][n] = {"error": str(err).splitlines()[0]}
+    out["decode"] = decode_rows(args, llm, cfg, greedy, ceilings, args.prompt_len)
+    if args.prompt_lens[1:]:  # the same streams at longer contexts
+        out["decode_context"] = {
+            length: decode_rows(args, llm, cfg, greedy, ceilings, length)
+            for length in args.prompt_lens[1:]
+        }
     if args.sampled:  # one stream each, greedy again beside them
         runs = {"greedy": greedy, **sampled_params(args)}
         out["decode_sampled"] = {
@@ -228,6 +240,18 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
     if cuda:
         torch.cuda.empty_cache()
     return out
+
+
+def decode_rows(args, llm, cfg, greedy, ceilings, prompt_len: int) -> dict:
+    """decode_figures for each --streams count at this prompt length; a count the engine
+    cannot run ends its row, not the run (and the peer's)."""
+    rows = {}
+    for n in args.streams:
+        try:
+            rows[n] = decode_figures(args, llm, cfg, n, greedy, ceilings, prompt_len)
+        except (RuntimeError, torch.OutOfMemoryError) as err:
+            rows[n] = {"error": str(err).splitlines()[0]}
+    return rows
 
 
 def bench_model_main(argv: list[str]) -> int:

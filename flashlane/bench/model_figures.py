@@ -36,13 +36,17 @@ def replies(outs: list) -> list:
     return outs
 
 
-def decode_figures(args, llm: LLM, cfg, n: int, greedy: SamplingParams, ceilings: dict) -> dict:
-    """n streams decoding together: tok/s, the round's time and its roofline."""
-    outs = replies(llm.generate(random_prompts(n, args.prompt_len, cfg.vocab_size, n), greedy))
+def decode_figures(
+    args, llm: LLM, cfg, n: int, greedy: SamplingParams, ceilings: dict, prompt_len=None
+) -> dict:
+    """n streams decoding together after prompts of prompt_len (default --prompt-len's
+    first): tok/s, the round's time and its roofline."""
+    prompt_len = prompt_len or args.prompt_len
+    outs = replies(llm.generate(random_prompts(n, prompt_len, cfg.vocab_size, n), greedy))
     secs = max(o.stats.decode_seconds for o in outs)
     round_s = secs / args.decode_tokens
     fp8 = QuantSpec() if args.quantization == "fp8" else None
-    need = decode_round_bytes(cfg, n, args.prompt_len + args.decode_tokens, fp8=fp8)["total"]
+    need = decode_round_bytes(cfg, n, prompt_len + args.decode_tokens, fp8=fp8)["total"]
     bw = ceilings.get("bandwidth_Bps")
     return {
         "tok_s": n * args.decode_tokens / secs,

@@ -22,6 +22,14 @@ def table(result: dict) -> str:
             ratio = f"{r[key] / theirs:10.2f}" if theirs else f"{'-':>10}"
             lines.append(f"{label:24}{r[key]:12.1f}{peer_s}{ratio}{eff_s}")
     ours = result["ours"]
+    for length, rows in (ours.get("decode_context") or {}).items():
+        for n, r in rows.items():
+            label = f"decode {n} at {length}"
+            if "tok_s" not in r:
+                lines.append(f"{label:24}{'failed':>12}{'-':>14}   {r.get('error', '')[:60]}")
+                continue
+            eff = f"{r['of_roofline']:10.0%}" if r.get("of_roofline") else f"{'-':>10}"
+            lines.append(f"{label:24}{r['tok_s']:12.1f}{'-':>14}{'-':>10}{eff}")
     shared = (ours.get("decode_shared_rounds") or {}).get(1)
     if shared:
         lines.append(
