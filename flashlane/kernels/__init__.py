@@ -50,6 +50,7 @@ class Kernels:
     swiglu: Callable
     gated_heads: Callable
     greedy_step: Callable
+    accept_window: Callable  # a drafted step's verdict (runner/draft_step.py)
     embed_rows: Callable
     record_row: Callable
     step_angles: Callable
@@ -92,6 +93,7 @@ REFERENCE = Kernels(
     swiglu=rowwise_ref.swiglu,
     gated_heads=rowwise_ref.gated_heads,
     greedy_step=rowwise_ref.greedy_step,
+    accept_window=rowwise_ref.accept_window,
     embed_rows=rowwise_ref.embed_rows,
     record_row=rowwise_ref.record_row,
     step_angles=rowwise_ref.step_angles,

@@ -17,6 +17,7 @@ from flashlane.kernels.linear.triton_fp8 import linear
 from flashlane.kernels.moe import triton_fp8 as moe_tr
 from flashlane.kernels.norms import triton as norms_tr
 from flashlane.kernels.rowwise import triton as rowwise_tr
+from flashlane.kernels.rowwise import triton_accept as accept_tr
 from flashlane.kernels.rowwise import triton_greedy as greedy_tr
 from flashlane.kernels.rowwise import triton_hc as hc_tr
 from flashlane.kernels.rowwise import triton_hc_up as hc_up_tr
@@ -57,6 +58,7 @@ TRITON = Kernels(
     ple_gate=ple_tr.ple_gate,  # two norms, the streams' sums, the gate and the conv's norm
     swiglu=rowwise_tr.swiglu,
     gated_heads=rowwise_tr.gated_heads,
+    accept_window=accept_tr.accept_window,  # a drafted step's kept rows, in one launch
     greedy_step=greedy_tr.greedy_step,  # a lone step's first maximum, flag, token, position
     embed_rows=rows_tr.embed_rows,  # a lone step's first rows, PDL launches (torch's are not)
     record_row=rows_tr.record_row,  # with the step's verdict stored into the pinned ring

@@ -84,21 +84,18 @@ def draft_step(
         r, xn = lone_step.mlp_half(model, idx, r, y, w)
     # the first maximum (ties to the lower id); bf16 logits hold the fp32 ones' order
     top, ids = model.head_logits(r, xn).max(dim=1)
-    # finite: |top| < inf is false for NaN and both infinities, in two launches
-    ids, finite = ids.view(b, t), (top.abs() < float("inf")).view(b, t)
-    lands = (io.drafts == ids[:, :k]) & finite[:, :k]
-    kept = 1 + lands.long().cumprod(dim=1).sum(dim=1)  # [B] rows kept, 1..T
-    last = kept - 1
-    rows = io.firsts + last  # each session's last kept row among the B*T
+    # the kept rows (1..T), the host's verdict, the pending token and position moved on:
+    # kept, kept - 1 and each session's last kept row among the B*T in io.marks
+    kernels.accept_window(
+        ids.view(b, t), top.view(b, t), io.drafts, io.firsts, io.out, io.tok, io.pos, io.marks
+    )
+    kept, last, rows = io.marks
     _commit(pending, kept, last, io.every, kernels)
-    torch.cat([ids, finite, kept[:, None]], dim=1, out=io.out)
     torch.index_select(r, 0, rows, out=io.last)
-    torch.index_select(ids.flatten(), 0, rows, out=io.tok)
     heads = range(len(model.mtp.layers))
     mtp_tables = ([rows_of(("mtp", j)) for j in heads], [tables.get(("mtp", j)) for j in heads])
     angles = (at, cos, sin, once)
-    _draft_next(model, sessions, io, r, ids.flatten(), angles, rows, mtp_tables)
-    io.pos.add_(kept)
+    _draft_next(model, sessions, io, r, ids, angles, rows, mtp_tables)
 
 
 def _gathered(kernels, tensors, table, column) -> torch.Tensor:
@@ -176,7 +173,7 @@ def _draft_next(model, sessions, io, r, next_ids, angles, rows, tables) -> None:
     window_tables, chain = tables
     window_caches = [[s.mtp[j] for s in sessions for _ in range(k + 1)] for j in heads]
     x = _cells(model, r, next_ids, window_caches, angles, window_tables)
-    x, pos = x[rows], io.pos + io.out[:, 2 * (k + 1)]  # the pending token's new position
+    x, pos = x[rows], io.pos  # the pending token's new position (accept_window moved it)
     caches = [[s.mtp[j] for s in sessions] for j in heads]
     for d in range(k):
         # the first maximum; bf16 logits hold the fp32 ones' order

@@ -26,6 +26,7 @@ from flashlane.kernels.conv import triton as conv  # noqa: E402
 from flashlane.kernels.gdn import triton as gdn  # noqa: E402
 from flashlane.kernels.norms import triton as norms  # noqa: E402
 from flashlane.kernels.rowwise import triton as rowwise  # noqa: E402
+from flashlane.kernels.rowwise import triton_accept as rowwise_accept  # noqa: E402
 from flashlane.kernels.rowwise import triton_greedy as rowwise_greedy  # noqa: E402
 from flashlane.kernels.rowwise import triton_hc as rowwise_hc  # noqa: E402
 from flashlane.kernels.rowwise import triton_hc_up as rowwise_hc_up  # noqa: E402
@@ -33,6 +34,7 @@ from flashlane.kernels.rowwise import triton_heads as rowwise_heads  # noqa: E40
 from flashlane.kernels.rowwise import triton_ple as rowwise_ple  # noqa: E402
 from flashlane.kernels.rowwise import triton_rope as rowwise_rope  # noqa: E402
 from flashlane.kernels.rowwise import triton_rows as rowwise_rows  # noqa: E402
+from flashlane.kernels.rowwise import triton_tables as rowwise_tables  # noqa: E402
 from flashlane.sampling import triton_draw, triton_lone, triton_top_p  # noqa: E402
 from tests.kernels.sm90 import BF, compiles_for_sm90  # noqa: E402
 
@@ -125,6 +127,15 @@ KERNELS = {
     "step_angles": (rowwise_rows._step_angles_kernel,
                     dict(pos_ptr="*i64", inv_ptr="*fp32", cos_ptr=BF, sin_ptr=BF, len_ptr="*i64",
                          n="i32"), dict(R=64, RP2=64, BLOCK=64, PDL=1), dict(launch_pdl=True)),
+    "accept_window": (rowwise_accept._accept_kernel,
+                      dict(ids_ptr="*i64", top_ptr=BF, drafts_ptr="*i64", firsts_ptr="*i64",
+                           out_ptr="*i64", tok_ptr="*i64", pos_ptr="*i64", marks_ptr="*i64",
+                           B="i32"),
+                      dict(T=3, BT=4, PDL=1), dict(launch_pdl=True)),
+    "put_sessions_from": (rowwise_tables._put_from_kernel,
+                          dict(base_ptr="*fp32", tab_ptr="*i64", src_ptr="*fp32",
+                               start_ptr="*i64", n="i32", row="i32", stride="i32"),
+                          dict(COLUMN=0, BLOCK=1024, PDL=1), dict(launch_pdl=True)),
     "post_ring": (rowwise_rows._post_ring_kernel,
                   dict(out_ptr="*i64", ring_ptr="*i64", k_ptr="*i64", n="i32"),
                   dict(RING=4, BLOCK=16, PDL=1), dict(launch_pdl=True)),

@@ -227,6 +227,34 @@ def greedy_step(
     pos.add_(1)
 
 
+def accept_window(
+    ids: torch.Tensor,
+    top: torch.Tensor,
+    drafts: torch.Tensor,
+    firsts: torch.Tensor,
+    out: torch.Tensor,
+    tok: torch.Tensor,
+    pos: torch.Tensor,
+    marks: torch.Tensor,
+) -> None:
+    """A drafted step's verdict, in place (runner/draft_step.py): ids, top [B, T] each window
+    row's draw and its logit, drafts [B, K] (K = T-1), firsts [B] each session's first row
+    among the B*T. A row is finite where |top| < inf (not NaN, not infinite); the kept rows
+    are 1 + the leading drafts that equal the draw before them on a finite row. Writes out
+    [B, 2T+1] (the draws, their finite flags, the kept count), tok [B] the last kept row's
+    draw, marks [3, B] (kept, kept - 1, firsts + kept - 1), and moves pos on by kept."""
+    t = ids.shape[1]
+    finite = top.abs() < float("inf")
+    lands = (drafts == ids[:, : t - 1]) & finite[:, : t - 1]
+    kept = 1 + lands.long().cumprod(dim=1).sum(dim=1)
+    out[:, :t] = ids
+    out[:, t : 2 * t] = finite
+    out[:, 2 * t] = kept
+    tok.copy_(ids.gather(1, (kept - 1)[:, None])[:, 0])
+    marks[0], marks[1], marks[2] = kept, kept - 1, firsts + kept - 1
+    pos.add_(kept)
+
+
 def embed_rows(weight: torch.Tensor, tok: torch.Tensor, copies: int, norm=None):
     """A lone step's first residual streams: each token's embedding row, `copies` times
     side by side, [B, copies * H]; with norm = (weight [copies * H], eps), also their grouped
