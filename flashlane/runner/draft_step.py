@@ -120,8 +120,11 @@ def _gdn(gdn, a3, states, kernels, pending, table) -> torch.Tensor:
     convs, recurrents = [g.conv for g in states], [g.recurrent for g in states]
     qkv, gate_a, gate_b, z = gdn.project(a3.flatten(0, 1))
     qkv, gate_a, gate_b = (x.unflatten(0, (b, t)) for x in (qkv, gate_a, gate_b))
-    window = _gathered(kernels, convs, table, GDN_CONV_COLUMN)
-    q, k, v, xfull = gdn.conv_qkv(qkv, window, kernels)
+    if table is None:
+        q, k, v, xfull = gdn.conv_qkv(qkv, lone_step.stacked(convs), kernels)
+    else:  # the conv reads each session's window where it lies (its table's conv column)
+        y, xfull = kernels.causal_conv(qkv, convs[0][None], gdn.conv_weight, table=table)
+        q, k, v = gdn.heads(y, kernels)
     o, after = kernels.recurrent_gdn(
         q,
         k,
