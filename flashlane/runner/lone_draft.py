@@ -23,7 +23,9 @@ from flashlane.runner.draft_step import draft_step
 from flashlane.runner.lone_buffers import RING
 
 DEPTH = 2  # drafts a drafted step carries (the embedded model lands ~3 in 4 at depth 1)
-PROBE_EVERY = 8  # calls between tries of the kind measured slower
+PROBE_EVERY = 8  # calls before a try of the kind measured slower (landing drifts with text)
+MAX_PROBE_EVERY = 128  # the gap doubles while each try confirms the measures, up to this
+PROBE_STEPS = 8  # steps a drafted try runs: enough to measure (run_steps folds from 4)
 # the most sessions a drafted step takes: past it a step's B*(K+1) rows read most experts
 # (plain steps are measured to win there), and each size is one more graph to capture
 MAX_STREAMS = 16
@@ -47,13 +49,18 @@ class Drafting:
         # call left the stream's pending token and drafts on the device; a later call from
         # there (with these streams or a few of them) takes them over without the host
         self.carry: dict[int, tuple[tuple[int, int, int], DraftBuffers, int]] = {}
+        self.best: int | None = None  # the kind the measures chose last
+        self.probe_every = self.until_probe = PROBE_EVERY
+        self.probing = False  # this call tries the kind measured slower (or unmeasured)
 
     def choose(self, ids: list[int]) -> int:
         """The depth, or 0 (plain steps), for a call of these sessions: drafts while a
         drafted step's expected tokens per ms beat a plain step's, both measured as the
-        steps run (driver.step_ms); the kind measured slower is tried again every
-        PROBE_EVERY calls (landing drifts with the text). More than MAX_STREAMS: plain."""
+        steps run (driver.step_ms); the kind measured slower is tried again after
+        PROBE_EVERY calls, the gap doubling while the tries confirm it (a drafted try runs
+        PROBE_STEPS steps). More than MAX_STREAMS: plain."""
         self.num_calls += 1
+        self.probing = False
         if len(ids) > MAX_STREAMS:
             return 0
         return self._better(len(ids))
@@ -64,6 +71,8 @@ class Drafting:
         depth = self.choose(ids)
         if not depth:
             return None
+        if self.probing:
+            budget = min(budget, PROBE_STEPS)
         steps = self.decode(ids, tokens, positions, budget, room, takes, stream_ids, draws)
         return None if steps is None else (steps, depth, list(self.landed))
 
@@ -78,15 +87,22 @@ class Drafting:
         near = min(measured, key=lambda n: (abs(n - b), n), default=b)
         plain, drafted = (self.driver.step_ms.get((near, d)) for d in (0, self.depth))
         if drafted is None or plain is None:
+            self.probing = drafted is None  # a drafted try: its steps measure it
             return 0 if drafted is not None else self.depth
         landing, expected = 1.0, 1.0
         for d in range(1, self.depth + 1):
             landing *= self.stats.rate(d)
             expected += landing
         better = self.depth if expected / drafted > 1 / plain else 0
-        if self.num_calls % PROBE_EVERY == 0:
-            return self.depth - better
-        return better
+        if better != self.best:  # the measures changed their mind: try the other kind soon
+            self.best, self.probe_every = better, PROBE_EVERY
+            self.until_probe = min(self.until_probe, PROBE_EVERY)
+        self.until_probe -= 1
+        if self.until_probe > 0:
+            return better
+        self.probing = True
+        self.probe_every = self.until_probe = min(2 * self.probe_every, MAX_PROBE_EVERY)
+        return self.depth - better
 
     def decode(
         self,

@@ -181,7 +181,7 @@ def test_drafting_is_chosen_while_it_pays(tiny_ckpt):
     """choose(): unmeasured sides first (drafted, then plain), then whichever gives more
     tokens a ms by the landing rate and the measured steps of the nearest session count,
     the slower kind tried again every PROBE_EVERY calls."""
-    from flashlane.runner.lone_draft import MAX_STREAMS, PROBE_EVERY
+    from flashlane.runner.lone_draft import MAX_STREAMS, PROBE_EVERY, PROBE_STEPS
 
     cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
     s, _ = prefilled(model, cfg, prompts()[0])
@@ -193,12 +193,19 @@ def test_drafting_is_chosen_while_it_pays(tiny_ckpt):
     driver.step_ms[(1, 0)] = 1.0
     d.stats.record([1.0, 1.0], 2)  # drafts landing: 1 + 2/3 + 4/9 tokens for 1.5x the time
     d.stats.record([1.0, 1.0], 2)
-    # four sessions: the figures of one stand in
-    picks = [d.choose([0, 1, 2, 3]) for _ in range(2 * PROBE_EVERY)]
-    assert picks.count(2) == 2 * PROBE_EVERY - 2 and picks.count(0) == 2
-    driver.step_ms[(1, 2)] = 3.0  # now dearer than its tokens
+    # four sessions: the figures of one stand in; the slower kind is tried after PROBE_EVERY
+    # calls, then after twice as many while the tries confirm the measures
+    picks = [d.choose([0, 1, 2, 3]) for _ in range(4 * PROBE_EVERY)]
+    assert [i for i, p in enumerate(picks) if p == 0] == [PROBE_EVERY - 1, 3 * PROBE_EVERY - 1]
+    driver.step_ms[(1, 2)] = 3.0  # now dearer than its tokens: tried again soon, then less
     picks = [d.choose([0]) for _ in range(PROBE_EVERY)]
     assert picks.count(0) == PROBE_EVERY - 1 and picks.count(2) == 1
+    # a drafted try runs PROBE_STEPS steps whatever the call's budget
+    budgets = []
+    d.decode = lambda ids, tokens, positions, budget, *rest: budgets.append(budget) or 1
+    for _ in range(2 * PROBE_EVERY):
+        d.run([0], [5], [9], 64, 400, [None], [0], [None])
+    assert budgets == [PROBE_STEPS]
     # past MAX_STREAMS sessions: plain steps, whatever the measures
     driver.step_ms[(1, 2)] = 1.5
     assert [d.choose([0, 1]) for _ in range(PROBE_EVERY)].count(2) == PROBE_EVERY - 1
