@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from flashlane.models.flashnext import FlashNext
-from flashlane.models.rows import copy_all
 from flashlane.models.state import GDN_CONV_COLUMN, PLE_IDS_COLUMN, SessionState
 from flashlane.runner import lone_step
 
@@ -90,7 +89,7 @@ def draft_step(
         ids.view(b, t), top.view(b, t), io.drafts, io.firsts, io.out, io.tok, io.pos, io.marks
     )
     kept, last, rows = io.marks
-    _commit(pending, kept, last, io.every, kernels)
+    _commit(pending, kept, last, kernels)
     torch.index_select(r, 0, rows, out=io.last)
     heads = range(len(model.mtp.layers))
     mtp_tables = ([rows_of(("mtp", j)) for j in heads], [tables.get(("mtp", j)) for j in heads])
@@ -139,31 +138,16 @@ def _gdn(gdn, a3, states, kernels, pending, table) -> torch.Tensor:
     return gdn.finish(o.flatten(0, 1), z)
 
 
-def _commit(pending, kept: torch.Tensor, last: torch.Tensor, every: torch.Tensor, kernels) -> None:
-    """Each session's state after its kept rows: a tail of inputs (conv windows, PLE ids)
-    from index kept on, or the recurrent state after row kept-1 (`every`: arange(B)); put
-    back through the table where there is one (kernels.put_sessions_from), else copied."""
-    dsts, srcs, spans = [], [], {}
+def _commit(pending, kept: torch.Tensor, last: torch.Tensor, kernels) -> None:
+    """Each session's state after its kept rows (kernels.put_sessions_from, through the
+    table where there is one): a tail of inputs (conv windows, PLE ids) from row kept on, or
+    the recurrent state after row kept - 1 (`last`)."""
     for states, inputs, after, table, column in pending:
-        if table is not None:  # the kept slice read where it lies and put back: one launch
-            if after is not None:
-                kernels.put_sessions_from(states, after.contiguous(), last, 1, table, column)
-            else:
-                n = states[0].shape[0]
-                kernels.put_sessions_from(states, inputs.contiguous(), kept, n, table, column)
-            continue
         if after is not None:
-            chosen = after[every, last]
+            kernels.put_sessions_from(states, after.contiguous(), last, 1, table, column)
         else:
-            n = states[0].shape[0]  # the tail's length: kept .. kept + n - 1, made once
-            if n not in spans:
-                spans[n] = kept[:, None] + torch.arange(n, device=kept.device)
-            span = spans[n]
-            index = span.view(*span.shape, *[1] * (inputs.dim() - 2))
-            chosen = inputs.gather(1, index.expand(-1, -1, *inputs.shape[2:]))
-        dsts += states
-        srcs += list(chosen.to(states[0].dtype))
-    copy_all(dsts, srcs)
+            n = states[0].shape[0]
+            kernels.put_sessions_from(states, inputs.contiguous(), kept, n, table, column)
 
 
 def _draft_next(model, sessions, io, r, next_ids, angles, rows, tables) -> None:

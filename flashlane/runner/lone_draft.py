@@ -220,8 +220,7 @@ class DraftBuffers:
         self.tok, self.pos = torch.zeros(b, **on), torch.zeros(b, **on)
         self.drafts = torch.zeros(b, depth, **on)
         self.offsets = torch.arange(t, **on)
-        self.every = torch.arange(b, **on)
-        self.firsts = self.every * t  # each session's first row among the B*T
+        self.firsts = torch.arange(b, **on) * t  # each session's first row among the B*T
         self.marks = torch.zeros(3, b, **on)  # kept, kept - 1, the last kept row (of B*T)
         self.out = torch.zeros(b, 2 * t + 1, **on)
         self.last = torch.zeros(b, width, dtype=dtype, device=device)
