@@ -81,30 +81,30 @@ if [[ " $steps " == *" tests "* ]]; then
         || failed+=("check_gpu_draw")
 fi
 
+# gpu_pytest NAME FILES...: the tests marked cuda or triton among FILES, logged as gpu_NAME
+gpu_pytest() {
+    local name="$1"
+    shift
+    echo "== python -m pytest -m 'cuda or triton' $*"
+    python -m pytest -m "cuda or triton" -q -rf --tb=short -p no:cacheprovider "$@" 2>&1 \
+        | tee "$out/gpu_${name}_$stamp.log" || failed+=("$name")
+}
+
 if [[ " $steps " == *" exact "* ]]; then
     # the engine's exactness on the GPU first, in one short call: lone steps (greedy and
     # sampled) against shared rounds, shared rows against each stream alone, the PLE kernels
-    exact_tests="tests/gpu/test_lone_gpu.py tests/gpu/test_lone_sampled_gpu.py"
-    exact_tests+=" tests/gpu/test_exact_gpu.py tests/kernels/test_triton_ple.py"
-    echo "== python -m pytest -m 'cuda or triton' $exact_tests"
-    python -m pytest -m "cuda or triton" -q -rf --tb=short -p no:cacheprovider $exact_tests \
-        2>&1 | tee "$out/gpu_exact_$stamp.log" || failed+=("exact")
+    gpu_pytest exact tests/gpu/test_lone_gpu.py tests/gpu/test_lone_sampled_gpu.py \
+        tests/gpu/test_exact_gpu.py tests/kernels/test_triton_ple.py
 fi
 
 if [[ " $steps " == *" lone "* ]]; then
-    lone_tests="tests/gpu/test_lone_gpu.py tests/gpu/test_lone_sampled_gpu.py"
-    lone_tests+=" tests/kernels/test_drafted_size_tables.py"
-    echo "== python -m pytest -m 'cuda or triton' $lone_tests"
-    python -m pytest -m "cuda or triton" -q -rf --tb=short -p no:cacheprovider $lone_tests \
-        2>&1 | tee "$out/gpu_lone_$stamp.log" || failed+=("lone")
+    gpu_pytest lone tests/gpu/test_lone_gpu.py tests/gpu/test_lone_sampled_gpu.py \
+        tests/kernels/test_drafted_size_tables.py
 fi
 
 if [[ " $steps " == *" fp8 "* ]]; then
-    fp8_tests="tests/kernels/test_triton_fp8.py tests/kernels/test_triton_moe_fp8.py"
-    fp8_tests+=" tests/gpu/test_fp8_gpu.py"
-    echo "== python -m pytest -m 'cuda or triton' $fp8_tests"
-    python -m pytest -m "cuda or triton" -q -rf --tb=short -p no:cacheprovider $fp8_tests \
-        2>&1 | tee "$out/gpu_fp8_$stamp.log" || failed+=("fp8 tests")
+    gpu_pytest fp8 tests/kernels/test_triton_fp8.py tests/kernels/test_triton_moe_fp8.py \
+        tests/gpu/test_fp8_gpu.py
     args="${FP8_ARGS:---config flashnext-12l --random-weights --quantization fp8 --streams 1,16}"
     echo "== flashlane bench model $args"
     python -m flashlane.cli bench model $args --json "$out/bench_model_fp8_$stamp.json" 2>&1 \
