@@ -281,8 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "info":
             return cmd_info(args)
         if args.command == "serve":
-            from flashlane.server.serve import serve_main
-
+            serve_main = _serve_main()
             # checked before the port is bound: a bad model or device is one line, exit 2
             if args.random_weights:
                 _check_random(args)
@@ -319,11 +318,21 @@ def _check_random(args: argparse.Namespace) -> None:
 
 
 def _serve_flags(p: argparse.ArgumentParser) -> None:
-    try:
-        from flashlane.server.serve import add_serve_flags
-    except ImportError:
-        return
+    from flashlane.server.flags import add_serve_flags
+
     add_serve_flags(p)
+
+
+def _serve_main():
+    """serve_main, or a ValueError naming the server package this Python lacks."""
+    try:
+        from flashlane.server.serve import serve_main
+    except ImportError as err:
+        raise ValueError(
+            f"flashlane serve needs {err.name or err}, which this Python cannot import; "
+            "reinstall flashlane (pip install flashlane) to get fastapi and uvicorn"
+        ) from err
+    return serve_main
 
 
 def _bench(args: argparse.Namespace) -> int:

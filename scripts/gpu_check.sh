@@ -195,8 +195,10 @@ if [[ " $steps " == *" serve "* ]]; then
     for _ in $(seq 480); do
         python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8123/health')" \
             2> /dev/null && break
+        kill -0 "$server" 2> /dev/null || break  # it exited: its log says why
         sleep 0.5
     done
+    kill -0 "$server" 2> /dev/null || { tail -n 5 "$out/serve_cuda_$tag.log"; failed+=("serve"); }
     python -m flashlane.cli bench serve --url http://127.0.0.1:8123 $args \
         --output-json "$out/bench_serve_cuda_$tag.json" 2>&1 \
         | tee "$out/bench_serve_cuda_$tag.log" || failed+=("bench serve")

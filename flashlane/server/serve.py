@@ -31,77 +31,13 @@ from flashlane.server.api import (
     start_draining,
 )
 from flashlane.server.engine_api import EngineLike
+from flashlane.server.flags import add_serve_flags
 from flashlane.server.guard import allowed_hosts
 
 logger = logging.getLogger("flashlane.server")
 
 EngineFactory = Callable[[], EngineLike]
-
-
-def add_serve_flags(parser: argparse.ArgumentParser) -> None:
-    """The HTTP flags of `flashlane serve` (the engine flags are cli.py's)."""
-    parser.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to listen on (default: 127.0.0.1; 0.0.0.0 for every interface)",
-    )
-    parser.add_argument("--port", type=int, default=8000, help="(default: 8000)")
-    parser.add_argument(
-        "--api-key",
-        action="append",
-        default=[],
-        help="accepted Bearer key for every route but /health and /metrics, repeatable "
-        "(default: none, no key needed)",
-    )
-    parser.add_argument(
-        "--metrics-key",
-        action="append",
-        default=[],
-        help="Bearer key /metrics requires, repeatable (default: none, /metrics open)",
-    )
-    parser.add_argument(
-        "--allowed-hosts",
-        action="append",
-        default=[],
-        help="Host header values served, comma-separated ('*': any); default: the --host "
-        "address (with localhost when it is loopback), any when bound to every interface",
-    )
-    parser.add_argument(
-        "--allowed-origins",
-        action="append",
-        default=[],
-        help="origins CORS lets read replies, comma-separated ('*': any); default: none",
-    )
-    parser.add_argument(
-        "--served-model-name",
-        default=None,
-        help="the model id clients send and /v1/models lists (default: the hub id or the "
-        "folder's name)",
-    )
-    parser.add_argument(
-        "--log-level",
-        default="info",
-        choices=["critical", "error", "warning", "info", "debug"],
-        help="(default: info)",
-    )
-    parser.add_argument(
-        "--request-timeout",
-        type=float,
-        default=None,
-        help="seconds a request may take before it is aborted, 408 (default: no limit)",
-    )
-    parser.add_argument(
-        "--max-body-mb",
-        type=float,
-        default=32.0,
-        help="largest request body in MiB, 413 beyond (default: 32)",
-    )
-    parser.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=30.0,
-        help="seconds live streams get to finish after SIGTERM (default: 30)",
-    )
+__all__ = ["add_serve_flags", "serve_main"]
 
 
 def serve_main(args: argparse.Namespace, make_engine: EngineFactory | None = None) -> None:

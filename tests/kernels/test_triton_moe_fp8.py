@@ -23,6 +23,7 @@ pytestmark = needs_triton
 pytest.importorskip("triton")
 
 from flashlane.kernels.moe import reference as moe_ref  # noqa: E402
+from flashlane.kernels.moe import triton as dense_moe  # noqa: E402
 from flashlane.kernels.moe import triton_fp8 as tmoe  # noqa: E402
 
 MOE_TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
@@ -101,6 +102,7 @@ def test_moe_fp8_plain_stacks_take_the_bf16_path():
     router, gate, up, down = _weights(h, e, i, torch.float32)
     plain = [w.dequantize(torch.float32) for w in (gate, up, down)]
     x = _rand(5, h, seed=50)
-    assert_dot_equal(
-        tmoe.moe(x, router, *plain, k, True), tmoe.moe(x, router, gate, up, down, k, True)
-    )
+    got = tmoe.moe(x, router, *plain, k, True)
+    assert torch.equal(got, dense_moe.moe(x, router, *plain, k, True))  # the same kernels
+    # and the FP8 stacks give the same values up to the sums' order (per K block, then scaled)
+    assert _rel_err(tmoe.moe(x, router, gate, up, down, k, True), got) < MOE_TOL[torch.float32]
