@@ -180,6 +180,9 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             f"{'-' if alone is None else ('ok' if alone == 0 else alone):>6}"
         )
     print("(medians unless marked p99; TPOT = (E2E - TTFT)/(tokens - 1), ITL per chunk)")
+    for r in rows:
+        for d in r.get("alone_differ", []):
+            print(f"concurrency {r['concurrency']}: differs from alone: {d}")
 
 
 def plot(rows: list[dict[str, Any]], path: str) -> bool:
@@ -203,6 +206,18 @@ def plot(rows: list[dict[str, Any]], path: str) -> bool:
     return True
 
 
+def differs(index: int, r: Result, alone: tuple | None) -> dict[str, Any] | None:
+    """None when reply `index` equals its alone reply; else where they part: the first
+    differing token (or character) and both lengths, for the log."""
+    if r.ok and alone is not None and compared(r) == alone:
+        return None
+    if not r.ok or alone is None:
+        return {"prompt": index, "error": r.error or "the alone request failed"}
+    got, want = compared(r)[1], alone[1]
+    first = next((j for j, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
+    return {"prompt": index, "first": first, "len": len(got), "alone_len": len(want)}
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     levels = [int(c) for c in args.concurrency.split(",")]
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -221,9 +236,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             results, duration = await run_level(client, args, model, prompts, level)
             row = summarize(level, results, duration)
             if alone is not None:
-                row["alone_mismatches"] = sum(
-                    1 for r, a in zip(results, alone) if not r.ok or a is None or compared(r) != a
-                )
+                differ = [differs(i, r, a) for i, (r, a) in enumerate(zip(results, alone))]
+                differ = [d for d in differ if d is not None]
+                row["alone_mismatches"] = len(differ)
+                row["alone_differ"] = differ[:16]
             rows.append(row)
     return {
         "url": args.url,

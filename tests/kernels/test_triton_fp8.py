@@ -140,3 +140,14 @@ def test_fp8_partitions_depend_on_n_and_k_only():
             *tfp8.fp8_parts(2560, 6144),
             128,
         )
+
+
+def test_fp8_tiles_never_take_rows_of_64():
+    """Rows of 64 run on wgmma, whose per-block dot from zero gave other bits than mma.sync's
+    in a few elements on the H200 (benchmarks/fp8_bits_probe.py): every FP8 tile, linear and
+    MoE, keeps to rows of 16 or 32."""
+    from flashlane.kernels.moe import triton_fp8 as moe_fp8
+
+    for m in (1, 16, 64, 65, 200, 4096):
+        assert tfp8.fp8_tile(m, 2560, 2560)["BLOCK_M"] in (16, 32)
+    assert moe_fp8.PREFILL_BLOCK_M in (16, 32)

@@ -272,3 +272,17 @@ def test_bench_serve_with_poisson_arrivals(live, capsys, tok_file):
     assert result["request_rate"] == 20.0
     assert (row["completed"], row["errors"], row["alone_mismatches"]) == (8, 0, 0)
     assert row["duration_s"] >= poisson_arrivals(8, 20.0, 2)[-1]
+
+
+def test_differs_says_where_a_reply_parts_from_alone():
+    from flashlane.bench.client import Result, compared
+    from flashlane.bench.serve import differs
+
+    alone = Result(ok=True, token_ids=[5, 6, 7, 8])
+    assert differs(3, Result(ok=True, token_ids=[5, 6, 7, 8]), compared(alone)) is None
+    got = differs(3, Result(ok=True, token_ids=[5, 6, 9, 8, 1]), compared(alone))
+    assert got == {"prompt": 3, "first": 2, "len": 5, "alone_len": 4}
+    short = differs(0, Result(ok=True, token_ids=[5, 6]), compared(alone))
+    assert short == {"prompt": 0, "first": 2, "len": 2, "alone_len": 4}
+    failed = differs(1, Result(ok=False, error="timeout"), compared(alone))
+    assert failed == {"prompt": 1, "error": "timeout"}

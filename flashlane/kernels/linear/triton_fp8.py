@@ -149,12 +149,15 @@ def fp8_parts(n: int, k: int) -> tuple[int, int]:
 
 def fp8_tile(m: int, n: int, k: int) -> dict:
     """The tile of a call of m rows: 16 x 64 up to DECODE_ROWS rows (mma rows of 16: a
-    decode step reads the weight once), 64 x 128 above; the partitions of (N, K) in both."""
+    decode step reads the weight once), 32 x 128 above; the partitions of (N, K) in both.
+    Never rows of 64: there Triton takes wgmma, whose per-block dot from zero differs from
+    mma.sync's in a few elements of 10^5 on the H200 (benchmarks/fp8_bits_probe.py: 5 of
+    512,000 at 2560 x 2560 on 64-row tiles, none on 16 or 32; fp8_bits_probe_h200_9dea15f)."""
     parts, per_part = fp8_parts(n, k)
     if m <= DECODE_ROWS:
         shape = dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=4)
     else:
-        shape = dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=3)
+        shape = dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3)
     return dict(shape, BLOCK_K=BLOCK, PARTS=parts, BLOCKS_PER_PART=per_part)
 
 

@@ -29,6 +29,11 @@ from flashlane.kernels.pdl import enter, pdl
 # path's, with BLOCK_K the scale block
 GATE_UP_TILE = dict(BLOCK_N=32, num_warps=4, num_stages=4)
 DOWN_TILE = dict(BLOCK_N=64, num_warps=4, num_stages=3)
+# prefill tiles of 32 rows, not the bf16 path's 64: a per-block dot from zero on wgmma (rows of
+# 64) and on mma.sync (rows of 16 or 32) differs in a few elements of 10^5 on the H200
+# (benchmarks/fp8_bits_probe.py, results/fp8_bits_probe_h200_9dea15f.txt), so every FP8 tile
+# stays on mma.sync
+PREFILL_BLOCK_M = 32
 GATE_UP_PREFILL = dict(BLOCK_N=64, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
 DOWN_PREFILL = dict(BLOCK_N=128, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
 
@@ -161,8 +166,8 @@ def experts_fp8(
     if n == 0:
         return out
     x = x.contiguous()
-    if n > DECODE_ROWS and x.dtype != torch.float32:  # a prompt chunk: wgmma tiles
-        bm, gu, dn = pairs.PREFILL_BLOCK_M, GATE_UP_PREFILL, DOWN_PREFILL
+    if n > DECODE_ROWS and x.dtype != torch.float32:  # a prompt chunk
+        bm, gu, dn = PREFILL_BLOCK_M, GATE_UP_PREFILL, DOWN_PREFILL
     else:
         bm, gu, dn = pairs.BLOCK_M, GATE_UP_TILE, DOWN_TILE
     shared_rows = n if shared_logit is not None else 0
