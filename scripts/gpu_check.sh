@@ -4,7 +4,8 @@
 #
 #     bash scripts/gpu_check.sh                      # everything
 #     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, exact, lone, sweep, benches,
-#                                                    # model, long, drafts, diag, serve, fp8,
+#                                                    # model, long, drafts, diag, serve,
+#                                                    # serve-bisect, fp8,
 #                                                    # peer-build, peer
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
@@ -43,8 +44,12 @@
 #          overrides the model flags), measured by `flashlane bench serve` with Poisson
 #          arrivals at concurrency 1, 4, 16, 64, replies checked against each alone (SERVE_ARGS
 #          overrides). Needs fastapi, starlette, uvicorn, pydantic(-core), annotated-types,
-#          typing-inspection and llguidance: carry their wheels in .whl/ (the GPU machine has
-#          none).
+#          typing-inspection, llguidance, anyio, idna, click, h11, annotated-doc,
+#          opentelemetry-api and typing-extensions: carry their wheels in .whl/ (the GPU
+#          machine has none; without them `flashlane serve` says which one it lacks).
+# serve-bisect: the served replies against alone at concurrency 4 with one mechanism off at a
+#          time (--no-drafts, --no-lone, --no-graphs, --no-enable-prefix-caching; BISECT_FLAGS
+#          and BISECT_ARGS override): which one a reply that differs from alone needs.
 # peer-build: llama.cpp b11434 for sm_90 from .peer/llama.cpp-b11434.tar.gz (made by
 #          scripts/llama_cpp_subset.py; carry .peer) into .peer/src and .peer/build, and at the
 #          same time the GGUF of the random flashnext-4l (seed 0) into .peer/gguf/ (28.9 GB; the
@@ -182,14 +187,14 @@ if [[ " $steps " == *" diag "* ]]; then
         || failed+=("route_warps")
 fi
 
-if [[ " $steps " == *" serve "* ]]; then
-    # issue 28's served run: flashnext-12l built in memory behind the server, default flags,
-    # Poisson arrivals at each concurrency, every reply compared with it alone (by its ids)
-    serve_model="${SERVE_MODEL:---config flashnext-12l --random-weights}"
-    args="${SERVE_ARGS:---concurrency 1,4,16,64 --num-prompts 64 --input-len 128 --output-len 128 --request-rate 32 --check-alone}"
-    tag="$stamp"
-    echo "== flashlane serve $serve_model --device cuda; flashlane bench serve $args"
-    python -m flashlane.cli serve $serve_model --device cuda --port 8123 \
+# serve_and_bench TAG ENGINE_FLAGS BENCH_ARGS: flashlane serve on port 8123 with
+# SERVE_MODEL and ENGINE_FLAGS, measured by bench serve (its JSON and logs named by TAG)
+serve_and_bench() {
+    local tag="$1" flags="$2" args="$3" server
+    local serve_model="${SERVE_MODEL:---config flashnext-12l --random-weights}"
+    echo "== flashlane serve $serve_model $flags --device cuda; flashlane bench serve $args"
+    # shellcheck disable=SC2086
+    python -m flashlane.cli serve $serve_model $flags --device cuda --port 8123 \
         > "$out/serve_cuda_$tag.log" 2>&1 &
     server=$!
     for _ in $(seq 480); do
@@ -199,11 +204,29 @@ if [[ " $steps " == *" serve "* ]]; then
         sleep 0.5
     done
     kill -0 "$server" 2> /dev/null || { tail -n 5 "$out/serve_cuda_$tag.log"; failed+=("serve"); }
+    # shellcheck disable=SC2086
     python -m flashlane.cli bench serve --url http://127.0.0.1:8123 $args \
         --output-json "$out/bench_serve_cuda_$tag.json" 2>&1 \
-        | tee "$out/bench_serve_cuda_$tag.log" || failed+=("bench serve")
+        | tee "$out/bench_serve_cuda_$tag.log" || failed+=("bench serve $tag")
     kill "$server"
     wait "$server"
+}
+
+if [[ " $steps " == *" serve "* ]]; then
+    # issue 28's served run: flashnext-12l built in memory behind the server, default flags,
+    # Poisson arrivals at each concurrency, every reply compared with it alone (by its ids)
+    serve_and_bench "$stamp" "" "${SERVE_ARGS:---concurrency 1,4,16,64 --num-prompts 64 --input-len 128 --output-len 128 --request-rate 32 --check-alone}"
+fi
+
+if [[ " $steps " == *" serve-bisect "* ]]; then
+    # which mechanism a served reply that differs from alone needs: the same prompts at
+    # concurrency 4, with one mechanism off at a time (BISECT_FLAGS, ;-separated)
+    args="${BISECT_ARGS:---concurrency 4 --num-prompts 64 --input-len 128 --output-len 128 --request-rate 32 --check-alone}"
+    IFS=';' read -ra variants <<< "${BISECT_FLAGS:---no-drafts;--no-lone;--no-graphs;--no-enable-prefix-caching}"
+    for flags in "${variants[@]}"; do
+        serve_and_bench "bisect${flags// /}_$stamp" "$flags" "$args"
+    done
+    grep -h "differs from alone\|^ *4 " "$out"/bench_serve_cuda_bisect*_"$stamp".log
 fi
 
 # PEER_CONFIG, PEER_DEVICE (cpu: a CPU build, a CPU-made GGUF) and PEER_BUILD let the steps run
