@@ -104,7 +104,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         plan = _info_plan(cfg, args, os.environ, quant)
     print(describe(cfg, plan, quant))
     if tp > 1:
-        print(f"\n(the memory plan is one rank's of {tp}: heads, expert widths and the lm_head")
+        experts = "experts placed" if args.expert_parallel else "expert widths"
+        print(f"\n(the memory plan is one rank's of {tp}: heads, {experts} and the lm_head")
         print(" split, the rest replicated; flashlane/parallel/plan.py)")
     return 0
 
@@ -137,8 +138,8 @@ def _info_plan(cfg, args, env, quant=None):
         from flashlane.parallel.footprint import rank_params
         from flashlane.parallel.plan import shard_config
 
-        weights = rank_params(cfg, tp) * elem
-        cfg = shard_config(cfg, tp)
+        weights = rank_params(cfg, tp, placed=args.expert_parallel) * elem
+        cfg = shard_config(cfg, tp, args.expert_parallel)
     ram = int(memory.RAM_FRACTION * memory.read_ram_bytes())
     opts = dict(
         device=device,
@@ -233,6 +234,11 @@ def build_parser() -> FlagParser:
         help="plan one rank of N: its weights and its sessions' heads (default: 1)",
     )
     info.add_argument(
+        "--expert-parallel",
+        action="store_true",
+        help="with -tp N: experts placed whole on the ranks, E / N each (default: split)",
+    )
+    info.add_argument(
         "--prompt-cache-gb",
         type=float,
         default=None,
@@ -281,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "info":
             return cmd_info(args)
         if args.command == "serve":
-            serve_main = _serve_main()
+            from flashlane.server.flags import load_serve_main
+
+            serve_main = load_serve_main()
             # checked before the port is bound: a bad model or device is one line, exit 2
             if args.random_weights:
                 _check_random(args)
@@ -321,18 +329,6 @@ def _serve_flags(p: argparse.ArgumentParser) -> None:
     from flashlane.server.flags import add_serve_flags
 
     add_serve_flags(p)
-
-
-def _serve_main():
-    """serve_main, or a ValueError naming the server package this Python lacks."""
-    try:
-        from flashlane.server.serve import serve_main
-    except ImportError as err:
-        raise ValueError(
-            f"flashlane serve needs {err.name or err}, which this Python cannot import; "
-            "reinstall flashlane (pip install flashlane) to get fastapi and uvicorn"
-        ) from err
-    return serve_main
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -216,6 +216,13 @@ class EngineConfig:
         type=int,
     )
 
+    expert_parallel: bool = option(
+        False,
+        "with --tensor-parallel-size N: place whole experts on the ranks (E / N each) instead "
+        "of splitting every expert's width; replies are the same bits as one rank's; the "
+        "CPU's kernels only so far (default: off, experts split)",
+    )
+
     @classmethod
     def resolve(cls, **options: Any) -> EngineConfig:
         """Options (kwargs) over the environment over defaults; unknown -> TypeError.

@@ -76,10 +76,15 @@ class Engine:
         self.config = config
         self.log = log or _default_log()
         self.device = config.resolved_device()
+        if config.expert_parallel and self.device.startswith("cuda"):
+            raise ValueError(
+                "--expert-parallel runs on the CPU's kernels only so far; on GPUs tensor "
+                "parallel splits every expert's width (drop --expert-parallel)"
+            )
         if tp is None and config.tensor_parallel_size > 1:
             # a size the model cannot be split by fails here, before any process starts
             cfg = built[0] if built else ModelConfig.from_hf(resolve_model(config.model)[0])
-            shard_config(cfg, config.tensor_parallel_size)
+            shard_config(cfg, config.tensor_parallel_size, config.expert_parallel)
             tp = start_group(config, self.device, type(self))
         self.tp = tp
         self.device = tp.device if tp is not None else self.device
@@ -117,9 +122,9 @@ class Engine:
             self.chat_template = folder.read_template(config.chat_template)
         cfg = self.model_config
         # a rank's layers and sessions: its heads and expert widths (parallel/plan.py)
-        rank_cfg = shard_config(cfg, tp.size if tp else 1)
+        rank_cfg = shard_config(cfg, tp.size if tp else 1, config.expert_parallel)
         if tp is not None:
-            shard_model(self.model, tp)
+            shard_model(self.model, tp, config.expert_parallel)
         self.seeds = SeedSource(config.seed)
         reference = config.kernels == "reference"
         self.kernels = select_kernels(self.device, log=self.log, reference=reference)

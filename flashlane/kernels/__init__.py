@@ -32,6 +32,7 @@ class Kernels:
     attend_sessions: Callable
     moe: Callable
     moe_shared: Callable
+    moe_placed: Callable  # an expert-parallel rank's experts (parallel/plan.py)
     linear: Callable
     rms_norm: Callable
     gated_rms_norm: Callable
@@ -76,6 +77,7 @@ REFERENCE = Kernels(
     attend_sessions=attention_ref.attend_sessions,
     moe=moe_ref.moe,
     moe_shared=moe_ref.moe_shared,
+    moe_placed=moe_ref.moe_placed,
     linear=linear_ref.linear,
     rms_norm=norms_ref.rms_norm,
     gated_rms_norm=norms_ref.gated_rms_norm,

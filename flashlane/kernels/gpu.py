@@ -42,6 +42,7 @@ TRITON = Kernels(
     attend_sessions=sessions_tr.attend_sessions,  # B sessions in six launches
     moe=moe_tr.moe,  # bf16 or Fp8Weight expert stacks
     moe_shared=moe_tr.moe_shared,  # the shared expert as one more expert of the launches
+    moe_placed=moe_tr.moe_placed,  # expert parallel: not on the GPU yet (it says so)
     linear=linear,  # bf16 weights, and Fp8Weight's e4m3 bytes and block scales
     rms_norm=norms_tr.rms_norm,
     gated_rms_norm=norms_tr.gated_rms_norm,

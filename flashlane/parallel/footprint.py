@@ -28,12 +28,15 @@ class _Shape:
         return x
 
 
-def rank_params(cfg: ModelConfig, size: int, table: bool = True, mtp: bool = True) -> int:
+def rank_params(
+    cfg: ModelConfig, size: int, table: bool = True, mtp: bool = True, placed: bool = False
+) -> int:
     """Parameters one rank of `size` holds: the n-gram table unless `table` is False (a GPU
-    model keeps it in host memory), the MTP head unless `mtp` is False."""
+    model keeps it in host memory), the MTP head unless `mtp` is False; `placed`: experts
+    placed whole (expert parallel) instead of split."""
     with torch.device("meta"):
         model = build_model(cfg)
-    shard_model(model, _Shape(0, size))
+    shard_model(model, _Shape(0, size), placed)
     total = 0
     for name, p in model.named_parameters():
         if (not table and "ngram_embedding" in name) or (not mtp and name.startswith("mtp.")):

@@ -10,6 +10,9 @@ Split across ranks (rank r holds the r-th contiguous block):
   in_proj_a, in_proj_b, A_log and dt_bias (value heads), out_proj's columns; a rank's
   sessions hold only its heads' recurrent states and conv windows;
 - experts (TP): every expert's and the shared expert's width (gate and up rows, down columns);
+  or placed (EP, `expert_parallel`): rank r holds experts r * E / size .. whole, the shared
+  expert stays whole on every rank, and the ranks' slot outputs are summed before the slots
+  are added (kernels.moe_placed: the same bits as one rank; the CPU's kernels only so far);
 - the lm_head by vocabulary rows, the logits gathered (concatenated: the same bits as one
   rank's product, and each rank reads 1/size of the largest dense weight at decode).
 Column-parallel input projections need no communication: a rank's heads read only its
@@ -37,6 +40,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from flashlane.kernels.linear.fp8 import Fp8Weight
 from flashlane.models.config import ModelConfig
 from flashlane.models.layers.gated_attention import GatedAttention
 from flashlane.models.layers.gated_deltanet import GatedDeltaNet
@@ -51,19 +55,23 @@ class ShardingError(ValueError):
     """A tensor-parallel size the model cannot be split by (names the numbers)."""
 
 
-def shard_config(cfg: ModelConfig, size: int) -> ModelConfig:
+def shard_config(cfg: ModelConfig, size: int, placed: bool = False) -> ModelConfig:
     """The config one rank's layers and sessions see: head counts and expert widths divided
-    by `size`. Raises ShardingError naming every count `size` does not divide."""
+    by `size` (with `placed`, expert parallel: the experts' count instead, widths whole).
+    Raises ShardingError naming every count `size` does not divide."""
     counts = {
         "attention heads (num_attention_heads)": cfg.num_attention_heads,
         "GDN value heads (linear_num_value_heads)": cfg.linear_num_v_heads,
-        "expert width (moe_intermediate_size)": cfg.moe_intermediate_size,
-        "shared expert width (shared_expert_intermediate_size)": (
-            cfg.shared_expert_intermediate_size
-        ),
         "dense MLP width (intermediate_size)": cfg.intermediate_size,
         "vocabulary (vocab_size)": cfg.vocab_size,
     }
+    if placed:
+        counts["experts (num_experts)"] = cfg.num_experts
+    else:
+        counts["expert width (moe_intermediate_size)"] = cfg.moe_intermediate_size
+        counts["shared expert width (shared_expert_intermediate_size)"] = (
+            cfg.shared_expert_intermediate_size
+        )
     if size < 1:
         raise ShardingError(f"tensor-parallel size must be >= 1, got {size}")
     bad = [f"{name} {n}" for name, n in counts.items() if n % size]
@@ -79,24 +87,26 @@ def shard_config(cfg: ModelConfig, size: int) -> ModelConfig:
         )
     if size == 1:
         return cfg
+    width = 1 if placed else size
     return replace(
         cfg,
         num_attention_heads=cfg.num_attention_heads // size,
         num_kv_heads=max(1, cfg.num_kv_heads // size),
         linear_num_k_heads=max(1, cfg.linear_num_k_heads // size),
         linear_num_v_heads=cfg.linear_num_v_heads // size,
-        moe_intermediate_size=cfg.moe_intermediate_size // size,
-        shared_expert_intermediate_size=cfg.shared_expert_intermediate_size // size,
+        moe_intermediate_size=cfg.moe_intermediate_size // width,
+        shared_expert_intermediate_size=cfg.shared_expert_intermediate_size // width,
         intermediate_size=cfg.intermediate_size // size,
     )
 
 
-def shard_model(model: nn.Module, tp: TensorParallel) -> nn.Module:
+def shard_model(model: nn.Module, tp: TensorParallel, placed: bool = False) -> nn.Module:
     """Cut a built, loaded model (before `use_kernels`: it stacks the sliced weights) down to
-    rank tp.rank's part, in place, and point its sharded layers at the group's collectives.
-    The model code is unchanged: its layers read the rank's config."""
+    rank tp.rank's part, in place, and point its sharded layers at the group's collectives;
+    `placed`: experts placed whole on the ranks (expert parallel), not split. The model code
+    is unchanged: its layers read the rank's config."""
     cfg = model.cfg
-    local = shard_config(cfg, tp.size)
+    local = shard_config(cfg, tp.size, placed)
     if tp.size == 1:
         return model
     for m in list(model.modules()):
@@ -105,7 +115,7 @@ def shard_model(model: nn.Module, tp: TensorParallel) -> nn.Module:
         elif isinstance(m, QSAttention | GatedAttention):
             _shard_heads(m, cfg, local, tp)
         elif isinstance(m, SparseMoe):
-            _shard_moe(m, local, tp)
+            (_place_moe if placed else _shard_moe)(m, local, tp)
         elif isinstance(m, DenseMlp):
             _rows(m.gate_proj, tp)
             _rows(m.up_proj, tp)
@@ -195,4 +205,17 @@ def _shard_moe(m: SparseMoe, local: ModelConfig, tp: TensorParallel) -> None:
     _set(se.down_proj, "weight", _block(se.down_proj.weight.detach(), 1, tp))
     se.down_proj.in_features = se.down_proj.weight.shape[1]
     m.combine = tp.all_reduce
+    m.cfg = local
+
+
+def _place_moe(m: SparseMoe, local: ModelConfig, tp: TensorParallel) -> None:
+    """Expert parallel: rank r keeps experts r * E / size .. (r + 1) * E / size - 1 whole; the
+    router and the shared expert stay whole (every rank routes every row the same way)."""
+    e = m.experts
+    if isinstance(e.gate_proj, Fp8Weight):
+        raise ShardingError("expert parallel takes bf16 / fp32 experts, not FP8 stacks yet")
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        _set(e, name, _block(getattr(e, name).detach(), 0, tp))
+    m.placed = tp.rank * (local.num_experts // tp.size)
+    m.reduce_slots = tp.all_reduce
     m.cfg = local

@@ -1,4 +1,5 @@
-"""The HTTP flags of `flashlane serve`, apart from the server so that they need no fastapi."""
+"""The HTTP flags of `flashlane serve`, apart from the server so that they need no fastapi,
+and the server's entry point loaded with a clear error where fastapi or uvicorn is missing."""
 
 from __future__ import annotations
 
@@ -69,3 +70,15 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds live streams get to finish after SIGTERM (default: 30)",
     )
+
+
+def load_serve_main():
+    """server.serve.serve_main, or a ValueError naming the package this Python lacks."""
+    try:
+        from flashlane.server.serve import serve_main
+    except ImportError as err:
+        raise ValueError(
+            f"flashlane serve needs {err.name or err}, which this Python cannot import; "
+            "reinstall flashlane (pip install flashlane) to get fastapi and uvicorn"
+        ) from err
+    return serve_main

@@ -9,6 +9,7 @@ import torch
 
 from flashlane.kernels import REFERENCE
 from flashlane.models.flashnext import run_piece
+from flashlane.models.layers.moe import SparseMoe
 from flashlane.models.loader import load_checkpoint
 from flashlane.models.rows import Rows
 from flashlane.models.state import SessionState
@@ -26,13 +27,14 @@ GREEDY = SamplingParams(temperature=0.0)
 SEEDED = SamplingParams(temperature=0.9, top_p=0.95, top_k=50)
 
 
-def load(ckpt: str, tp: TensorParallel | None):
-    """The checkpoint in fp64 (the CPU path), cut to tp's rank; (rank's config, model)."""
+def load(ckpt: str, tp: TensorParallel | None, placed: bool = False):
+    """The checkpoint in fp64 (the CPU path), cut to tp's rank (`placed`: experts placed
+    whole, expert parallel); (rank's config, model)."""
     cfg, model = load_checkpoint(Path(ckpt), torch.float64, "cpu")
     if tp is not None:
-        shard_model(model, tp)
+        shard_model(model, tp, placed)
     model.use_kernels(REFERENCE)
-    return shard_config(cfg, tp.size if tp else 1), model
+    return shard_config(cfg, tp.size if tp else 1, placed), model
 
 
 def session(cfg, capacity: int = 64) -> SessionState:
@@ -58,12 +60,14 @@ def decode(model, s: SessionState, last: torch.Tensor, params, seed: int):
     return reply, torch.stack(rows)
 
 
-def replies(ckpt: str, tp: TensorParallel | None) -> dict:
+def replies(ckpt: str, tp: TensorParallel | None, placed: bool = False) -> dict:
     """The prompt's logits, greedy and seeded replies, and at this degree: two prompts in
     one forward (batched) and the greedy reply fed back as one window (drafted)."""
-    cfg, model = load(ckpt, tp)
+    cfg, model = load(ckpt, tp, placed)
+    moe = next(m for m in model.modules() if isinstance(m, SparseMoe))
+    held = tuple(moe.experts.gate_proj.shape[:2])  # the rank's (experts, width)
     s = session(cfg)
-    out = {"logits": run_piece(model, s, torch.tensor(PROMPT), 0, False)}
+    out = {"logits": run_piece(model, s, torch.tensor(PROMPT), 0, False), "held": held}
     seeded, drafted = fork(cfg, s), fork(cfg, s)
     out["greedy"], out["greedy_logits"] = decode(model, s, out["logits"][-1], GREEDY, 0)
     out["seeded"], out["seeded_logits"] = decode(model, seeded, out["logits"][-1], SEEDED, 99)
@@ -79,12 +83,12 @@ def replies(ckpt: str, tp: TensorParallel | None) -> dict:
     return out
 
 
-def run_rank(rank: int, size: int, port: int, ckpt: str, out: str) -> None:
+def run_rank(rank: int, size: int, port: int, ckpt: str, out: str, placed: bool = False) -> None:
     """One spawned rank: join the group on 127.0.0.1:port, compute, rank 0 saves."""
     torch.set_num_threads(1)
     tp = join("cpu", size, rank, port)
     try:
-        result = replies(ckpt, tp)
+        result = replies(ckpt, tp, placed)
         if rank == 0:
             torch.save(result, out)
     finally:

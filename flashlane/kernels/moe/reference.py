@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -51,19 +53,66 @@ def moe(
     row's result does not depend on which other rows share the call. FP8 expert stacks
     (Fp8Weight) are dequantized to x's dtype first.
     """
-    gate, up, down = (dense(w, x.dtype) for w in (gate, up, down))
     weights, ids = route(x, router, top_k, normalize)
+    return add_slots(expert_slots(x, ids, gate, up, down), weights, shared)
+
+
+def expert_slots(
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    gate: torch.Tensor | Fp8Weight,
+    up: torch.Tensor | Fp8Weight,
+    down: torch.Tensor | Fp8Weight,
+    first: int = 0,
+) -> torch.Tensor:
+    """Each (row, slot)'s expert output, once. x: [N, H]; ids: [N, k] expert ids; the stacks
+    hold experts first .. first + E - 1 (gate, up: [E, I, H]; down: [E, H, I]) -> [N, k, H],
+    zero where a slot's expert is not among them (expert parallel: another rank's)."""
+    gate, up, down = (dense(w, x.dtype) for w in (gate, up, down))
+    top_k, held = ids.shape[1], gate.shape[0]
     out_slots = x.new_zeros(x.shape[0], top_k, x.shape[1])
     flat = ids.flatten()
     for e in torch.unique(flat).tolist():
+        if not first <= e < first + held:
+            continue
         where = (flat == e).nonzero().squeeze(1)
         rows = where // top_k
-        y = swiglu(x[rows], gate[e], up[e], down[e])
+        y = swiglu(x[rows], gate[e - first], up[e - first], down[e - first])
         out_slots = out_slots.index_put((rows, where % top_k), y)
-    out = out_slots[:, 0] * weights[:, 0:1]
-    for k in range(1, top_k):
-        out = out + out_slots[:, k] * weights[:, k : k + 1]
+    return out_slots
+
+
+def add_slots(
+    slots: torch.Tensor,
+    weights: torch.Tensor,
+    shared: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """The slots [N, k, H] weighted [N, k] and added in rank order (slot 0 first), plus the
+    gated shared expert (moe's `shared`) -> [N, H]."""
+    out = slots[:, 0] * weights[:, 0:1]
+    for k in range(1, slots.shape[1]):
+        out = out + slots[:, k] * weights[:, k : k + 1]
     return out if shared is None else gated_add(out, *shared)
+
+
+def moe_placed(
+    x: torch.Tensor,
+    router: torch.Tensor,
+    gate: torch.Tensor | Fp8Weight,
+    up: torch.Tensor | Fp8Weight,
+    down: torch.Tensor | Fp8Weight,
+    top_k: int,
+    normalize: bool,
+    first: int,
+    reduce: Callable[[torch.Tensor], torch.Tensor],
+    shared: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """moe on an expert-parallel rank: the router [E, H] routes over every expert, the stacks
+    hold experts first .. first + E_rank - 1; `reduce` sums the ranks' slots [N, k, H] (each
+    slot is one rank's, zeros elsewhere, so the sum is that rank's value exactly) and the
+    slots are added as moe adds them: the same bits as one rank holding every expert."""
+    weights, ids = route(x, router, top_k, normalize)
+    return add_slots(reduce(expert_slots(x, ids, gate, up, down, first)), weights, shared)
 
 
 def moe_shared(

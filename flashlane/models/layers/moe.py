@@ -46,6 +46,8 @@ class WithShared(Stacked):
         self.experts: tuple[torch.Tensor | Fp8Weight, ...] = ()
 
     def stack(self) -> None:
+        if self.moe.placed is not None:
+            return  # expert parallel: the rank's experts are not the router's E
         if self.moe.cfg.shared_expert_intermediate_size != self.moe.cfg.moe_intermediate_size:
             return  # the shared expert is not an expert's shape: it runs on its own
         e, se = self.moe.experts, self.moe.shared_expert
@@ -96,8 +98,12 @@ class SparseMoe(nn.Module):
         self.shared_expert_gate = linear(h, 1)
         self.with_shared = WithShared(self)
         # On a tensor-parallel rank each expert holds a slice of its width, so the block's
-        # output is a part; parallel/plan.py sets `combine` to the sum over ranks.
+        # output is a part; parallel/plan.py sets `combine` to the sum over ranks. On an
+        # expert-parallel rank the stacks hold experts placed, placed + 1, ... whole, and
+        # `reduce_slots` sums the ranks' slot outputs (kernels.moe_placed).
         self.combine = None
+        self.placed: int | None = None
+        self.reduce_slots = None
 
     def forward(self, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
         """x: [N, H] -> [N, H] (parts summed over the ranks under tensor parallel)."""
@@ -109,6 +115,14 @@ class SparseMoe(nn.Module):
         logit: as one more expert of the routed experts' launches once the weights are
         stacked (WithShared), else on its own and added in their last launch."""
         cfg, e = self.cfg, self.experts
+        if self.placed is not None:
+            se = self.shared_expert
+            shared = se.down_proj(kernels.swiglu(se.gate_proj(x), se.up_proj(x)))
+            return kernels.moe_placed(
+                x, self.gate.weight, e.gate_proj, e.up_proj, e.down_proj,
+                cfg.num_experts_per_tok, cfg.norm_topk_prob, self.placed, self.reduce_slots,
+                (self.shared_expert_gate(x), shared),
+            )  # fmt: skip
         router = self.with_shared.stacked(x)
         if router is not None:
             return kernels.moe_shared(
