@@ -91,7 +91,7 @@ gpu_pytest() {
     local name="$1"
     shift
     echo "== python -m pytest -m 'cuda or triton' $*"
-    python -m pytest -m "cuda or triton" -q -rf --tb=short -p no:cacheprovider "$@" 2>&1 \
+    python -m pytest -m "cuda or triton" -v -rf --tb=short --durations=30 -p no:cacheprovider "$@" 2>&1 \
         | tee "$out/gpu_${name}_$stamp.log" || failed+=("$name")
 }
 
