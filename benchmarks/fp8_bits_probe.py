@@ -4,7 +4,9 @@ tests/kernels/test_triton_fp8.py at (2560, 2560), (640, 6144), (16480, 2560) in 
 For each (N, K): 200 rows through fp8_tile's own choice and through tiles forced to each
 shape (split or in one program), against 16-row calls on the decode tile; prints how many
 elements differ and, for the first, the exact float64 value of the sums. And the e4m3 codes
-converted in the kernel (an identity product in bf16 on each tile) against torch's.
+converted in the kernel (an identity product in bf16 on each tile) against torch's. Then the
+same question for the bf16 kernels of the default path (`--bf16`): the dense linear and the
+MoE over 2,048 rows, every row's bits in one call against 16-row calls.
 
     python benchmarks/fp8_bits_probe.py [--device cuda]
 """
@@ -80,10 +82,41 @@ def codes(device):
         print(f"  e4m3 codes via a {rows}-row bf16 call: {(y != want).sum().item()} differ")
 
 
+def bf16(device):
+    """The bf16 linear and MoE (the default path's kernels): 2,048 rows in one call (prefill
+    tiles) against 16-row calls (decode tiles), every element compared."""
+    from flashlane.kernels.linear import triton as dense_tr
+    from flashlane.kernels.moe import triton as moe_tr
+
+    g = torch.Generator(device=device).manual_seed(11)
+    rows = 2048
+    for n, k in [(2560, 2560), (640, 6144), (16480, 2560)]:
+        x = torch.randn(rows, k, generator=g, device=device).bfloat16()
+        w = (torch.randn(n, k, generator=g, device=device) * k**-0.5).bfloat16()
+        full = dense_tr.linear(x, w)
+        parts = torch.cat([dense_tr.linear(x[i : i + 16], w) for i in range(0, rows, 16)])
+        print(f"  bf16 linear ({n}, {k}): {(full != parts).sum().item()} of {full.numel()} differ")
+    h, e, i, top = 2560, 64, 640, 10
+    x = torch.randn(rows, h, generator=g, device=device).bfloat16()
+    router = torch.randn(e, h, generator=g, device=device).bfloat16()
+    gate, up = (
+        (torch.randn(e, i, h, generator=g, device=device) * h**-0.5).bfloat16() for _ in "gu"
+    )
+    down = (torch.randn(e, h, i, generator=g, device=device) * i**-0.5).bfloat16()
+    full = moe_tr.moe(x, router, gate, up, down, top, True)
+    parts = torch.cat(
+        [moe_tr.moe(x[r : r + 16], router, gate, up, down, top, True) for r in range(0, rows, 16)]
+    )
+    print(f"  bf16 MoE ({h}, {e} x {i}, top {top}): {(full != parts).sum().item()} differ")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--bf16", action="store_true", help="only the bf16 kernels' check")
     a = ap.parse_args()
+    if a.bf16:
+        return bf16(a.device)
     dtype = torch.bfloat16 if a.device.startswith("cuda") else torch.float32
     codes(a.device)
     dims = [(2560, 2560), (640, 6144)] if a.device.startswith("cuda") else [(70, 300)]
