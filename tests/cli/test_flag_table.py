@@ -44,6 +44,7 @@ GIVEN = {
     "kernels": ("reference", "reference"),
     "seed": ("7", 7),
     "tensor_parallel_size": ("2", 2),
+    "expert_parallel": (None, True),
 }
 
 
