@@ -159,32 +159,42 @@ def _draft_next(model, sessions, io, r, next_ids, angles, rows, tables) -> None:
     heads = range(len(mtp.layers))
     window_tables, chain = tables
     window_caches = [[s.mtp[j] for s in sessions for _ in range(k + 1)] for j in heads]
-    x = _cells(model, r, next_ids, window_caches, angles, window_tables)
-    x, pos = x[rows], io.pos  # the pending token's new position (accept_window moved it)
+    x, _ = _cells(model, r, next_ids, window_caches, angles, window_tables, False)
+    # the pending token's new position (accept_window moved it); xn: the mixer's norm of x
+    x, xn, pos = x[rows], None, io.pos
     caches = [[s.mtp[j] for s in sessions] for j in heads]
     for d in range(k):
         # the first maximum; bf16 logits hold the fp32 ones' order
-        io.drafts[:, d] = model.lm_head(mtp.hyper_connection_mixer.read(x)[0]).argmax(dim=1)
+        logits = model.lm_head(mtp.hyper_connection_mixer.read(x, xn)[0])
+        model.kernels.draft_pick(logits, io.drafts, d)
         if d + 1 < k:  # cell at the pending token's position: the head's residual with draft d
-            at = pos + d
+            at = pos + d if d else pos
             c, s, *once = model.kernels.step_angles(
                 at, model.rotary.inv(at.device), x.dtype, cfg.indexer_block
             )
-            x = _cells(model, x, io.drafts[:, d], caches, (at, c, s, once), chain)
+            x, xn = _cells(model, x, io.drafts[:, d], caches, (at, c, s, once), chain, True)
 
 
-def _cells(model, residual, next_ids, caches, angles, tables) -> torch.Tensor:
+def _cells(model, residual, next_ids, caches, angles, tables, mixed: bool):
     """MTP cells (models/layers/mtp.py) of rows at positions `at`, each reading and writing
-    its own session's head cache -> the cells' output residual."""
+    its own session's head cache -> (the cells' output residual, with `mixed` the head's
+    mixer's norm of it from the last write's launch, else None). The embedding and its norm
+    are one launch (kernels.embed_rows, the same bits as the norm alone)."""
     mtp, cfg, kernels = model.mtp, model.cfg, model.kernels
     at, cos, sin, once = angles
-    e = mtp.fc_embedding(mtp.pre_fc_norm_embedding(model.embed_tokens(next_ids)))
+    norm = mtp.pre_fc_norm_embedding
+    _, en = kernels.embed_rows(model.embed_tokens.weight, next_ids, 1, (norm.weight, norm.eps))
+    e = mtp.fc_embedding(en)
     hn = mtp.pre_fc_norm_hidden(residual).unflatten(-1, (cfg.hc_count, cfg.hidden_size))
     x = (mtp.fc_hidden(hn) + e.unsqueeze(-2)).flatten(-2)
-    for layer, layer_caches, table in zip(mtp.layers, caches, tables):
+    xn = None
+    for j, (layer, layer_caches, table) in enumerate(zip(mtp.layers, caches, tables)):
         a, w = layer.attn_hyper_connection.read(x)
         y = lone_step.attention_step(
             layer.self_attn, a, layer_caches, at, cos, sin, model.rotary, kernels, table, once
         )
-        x = layer.mlp_half(x, y, w, kernels)
-    return x
+        if mixed and j + 1 == len(mtp.layers):
+            x, xn = layer.mlp_half(x, y, w, kernels, mtp.hyper_connection_mixer)
+        else:
+            x = layer.mlp_half(x, y, w, kernels)
+    return x, xn
