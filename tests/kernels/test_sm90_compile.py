@@ -103,7 +103,7 @@ KERNELS = {
     "pool_block_at": (triton_blocks._pool_block_at_kernel, POOL_AT, BLOCK_KEY),
     "put_three": (triton_blocks._put_three_kernel,
                   dict(s0=BF, d0=BF, s1=BF, d1=BF, s2=BF, d2=BF, tab_ptr="*i64", pos_ptr="*i64",
-                       W0="i32", W1="i32", W2="i32"),
+                       W0="i32", W1="i32", W2="i32", S0="i32", S1="i32", S2="i32"),
                   dict(C0=0, C1=1, C2=2, BLOCK=512, PDL=1), dict(launch_pdl=True)),
     "put_rows": (triton_blocks._put_rows_kernel,
                  dict(src_ptr=BF, dst_ptr=BF, tab_ptr="*i64", pos_ptr="*i64", W="i32"),
