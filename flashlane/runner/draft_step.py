@@ -50,12 +50,14 @@ def draft_step(
     t = k + 1
 
     def rows_of(key):  # a session table with each session's row once per window row
+        if ("rows", key) in tables:  # DraftBuffers.tables: every key's in one copy
+            return tables[("rows", key)]
         table = tables.get(key)  # (a copy: the kernels read rows TABLE_WIDTH apart)
         return (
             None if table is None else table[:, None].expand(-1, t, -1).contiguous().flatten(0, 1)
         )
 
-    window = torch.cat([io.tok[:, None], io.drafts], dim=1)  # [B, T]
+    window = io.window  # [B, T]: tok and drafts are its views
     at = (io.pos[:, None] + io.offsets).flatten()  # [B*T] each row's position
     # as a plain step (lone_step.step): the first read's norm in the embedding's launch, the
     # rows' angles and attention_once's tensors in one, each read's norm in the write before
@@ -108,10 +110,11 @@ def _gathered(kernels, tensors, table, column) -> torch.Tensor:
 def _ple(ple, r3, states, window, kernels, pending, table) -> torch.Tensor:
     ids, conv = [p.ids for p in states], [p.conv for p in states]
     history = torch.cat([_gathered(kernels, ids, table, PLE_IDS_COLUMN), window], dim=1)
-    add, xfull = ple.stacked(r3, history, _gathered(kernels, conv, table, 0), kernels)
+    # r3 plus the addition in one launch (kernels.ple_add, the same bits as the two adds)
+    added, xfull = ple.stacked(r3, history, _gathered(kernels, conv, table, 0), kernels, added=True)
     pending.append((conv, xfull, None, table, 0))
     pending.append((ids, history, None, table, PLE_IDS_COLUMN))
-    return (r3 + add).flatten(0, 1)
+    return added.flatten(0, 1)
 
 
 def _gdn(gdn, a3, states, kernels, pending, table) -> torch.Tensor:
@@ -124,15 +127,15 @@ def _gdn(gdn, a3, states, kernels, pending, table) -> torch.Tensor:
     else:  # the conv reads each session's window where it lies (its table's conv column)
         y, xfull = kernels.causal_conv(qkv, convs[0][None], gdn.conv_weight, table=table)
         q, k, v = gdn.heads(y, kernels)
-    o, after = kernels.recurrent_gdn(
-        q,
-        k,
-        v,
-        None,
-        None,
-        _gathered(kernels, recurrents, table, 0),
-        gates=gdn.gates(gate_a, gate_b),
-    )
+    gates = gdn.gates(gate_a, gate_b)
+    if table is None:
+        state = lone_step.stacked(recurrents)
+        o, after = kernels.recurrent_gdn(q, k, v, None, None, state, gates=gates)
+    else:  # each session's state read where it lies (and moved on to the window's last row,
+        # which the commit replaces by the kept row's); the state after every row in `after`
+        s = recurrents[0]
+        after = torch.empty((b, t, *s.shape), dtype=s.dtype, device=s.device)
+        o = kernels.gdn_sessions(q, k, v, None, None, recurrents, table, gates, after)
     pending.append((convs, xfull, None, table, GDN_CONV_COLUMN))
     pending.append((recurrents, None, after, table, 0))
     return gdn.finish(o.flatten(0, 1), z)
@@ -159,7 +162,7 @@ def _draft_next(model, sessions, io, r, next_ids, angles, rows, tables) -> None:
     heads = range(len(mtp.layers))
     window_tables, chain = tables
     window_caches = [[s.mtp[j] for s in sessions for _ in range(k + 1)] for j in heads]
-    x, _ = _cells(model, r, next_ids, window_caches, angles, window_tables, False)
+    x, _ = _cells(model, r, next_ids, window_caches, angles, window_tables, io.units, False)
     # the pending token's new position (accept_window moved it); xn: the mixer's norm of x
     x, xn, pos = x[rows], None, io.pos
     caches = [[s.mtp[j] for s in sessions] for j in heads]
@@ -172,24 +175,30 @@ def _draft_next(model, sessions, io, r, next_ids, angles, rows, tables) -> None:
             c, s, *once = model.kernels.step_angles(
                 at, model.rotary.inv(at.device), x.dtype, cfg.indexer_block
             )
-            x, xn = _cells(model, x, io.drafts[:, d], caches, (at, c, s, once), chain, True)
+            angles = (at, c, s, once)
+            x, xn = _cells(model, x, io.drafts[:, d], caches, angles, chain, io.units, True)
 
 
-def _cells(model, residual, next_ids, caches, angles, tables, mixed: bool):
+def _cells(model, residual, next_ids, caches, angles, tables, units, mixed: bool):
     """MTP cells (models/layers/mtp.py) of rows at positions `at`, each reading and writing
     its own session's head cache -> (the cells' output residual, with `mixed` the head's
-    mixer's norm of it from the last write's launch, else None). The embedding and its norm
-    are one launch (kernels.embed_rows, the same bits as the norm alone)."""
+    mixer's norm of it from the last write's launch, else None). units: ones [>= rows, hc].
+
+    Fewer launches, the same bits: the embedding and its norm are one (kernels.embed_rows);
+    fc_hidden(hn_c) + e on every stream c is a hyper-connection write of e with unit weights
+    (y * 1 is y: one rounding, as the add's), whose launch makes the first layer's read norm
+    too (kernels.hc_write_norm)."""
     mtp, cfg, kernels = model.mtp, model.cfg, model.kernels
     at, cos, sin, once = angles
     norm = mtp.pre_fc_norm_embedding
     _, en = kernels.embed_rows(model.embed_tokens.weight, next_ids, 1, (norm.weight, norm.eps))
     e = mtp.fc_embedding(en)
     hn = mtp.pre_fc_norm_hidden(residual).unflatten(-1, (cfg.hc_count, cfg.hidden_size))
-    x = (mtp.fc_hidden(hn) + e.unsqueeze(-2)).flatten(-2)
-    xn = None
+    h = mtp.fc_hidden(hn).flatten(-2)
+    first = mtp.layers[0].attn_hyper_connection.hc_norm
+    x, xn = kernels.hc_write_norm(h, e, units[: h.shape[0]], first.weight, first.eps)
     for j, (layer, layer_caches, table) in enumerate(zip(mtp.layers, caches, tables)):
-        a, w = layer.attn_hyper_connection.read(x)
+        a, w = layer.attn_hyper_connection.read(x, xn if j == 0 else None)
         y = lone_step.attention_step(
             layer.self_attn, a, layer_caches, at, cos, sin, model.rotary, kernels, table, once
         )
@@ -197,4 +206,4 @@ def _cells(model, residual, next_ids, caches, angles, tables, mixed: bool):
             x, xn = layer.mlp_half(x, y, w, kernels, mtp.hyper_connection_mixer)
         else:
             x = layer.mlp_half(x, y, w, kernels)
-    return x, xn
+    return x, (xn if mixed else None)

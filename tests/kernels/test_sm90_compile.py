@@ -130,7 +130,7 @@ KERNELS = {
     "accept_window": (rowwise_accept._accept_kernel,
                       dict(ids_ptr="*i64", top_ptr=BF, drafts_ptr="*i64", firsts_ptr="*i64",
                            out_ptr="*i64", tok_ptr="*i64", pos_ptr="*i64", marks_ptr="*i64",
-                           B="i32"),
+                           B="i32", stride_d="i32", stride_tok="i32"),
                       dict(T=3, BT=4, PDL=1), dict(launch_pdl=True)),
     "put_sessions_from": (rowwise_tables._put_from_kernel,
                           dict(base_ptr="*fp32", tab_ptr="*i64", src_ptr="*fp32",
