@@ -65,8 +65,8 @@ def draft_step(
     cos, sin, *once = kernels.step_angles(
         at, model.rotary.inv(at.device), r.dtype, cfg.indexer_block
     )
-    # (states, rows of the window [B, T+tail, ...] or None, states after each row or None,
-    # table, column): what _commit puts back
+    # (table, a layer's puts: (states, rows of the window [B, T+tail, ...] or None, states
+    # after each row or None, column)): what _commit puts back
     pending = []
     for idx, layer in enumerate(model.layers):
         if layer.ple is not None:
@@ -112,8 +112,7 @@ def _ple(ple, r3, states, window, kernels, pending, table) -> torch.Tensor:
     history = torch.cat([_gathered(kernels, ids, table, PLE_IDS_COLUMN), window], dim=1)
     # r3 plus the addition in one launch (kernels.ple_add, the same bits as the two adds)
     added, xfull = ple.stacked(r3, history, _gathered(kernels, conv, table, 0), kernels, added=True)
-    pending.append((conv, xfull, None, table, 0))
-    pending.append((ids, history, None, table, PLE_IDS_COLUMN))
+    pending.append((table, [(conv, xfull, None, 0), (ids, history, None, PLE_IDS_COLUMN)]))
     return added.flatten(0, 1)
 
 
@@ -136,21 +135,26 @@ def _gdn(gdn, a3, states, kernels, pending, table) -> torch.Tensor:
         s = recurrents[0]
         after = torch.empty((b, t, *s.shape), dtype=s.dtype, device=s.device)
         o = kernels.gdn_sessions(q, k, v, None, None, recurrents, table, gates, after)
-    pending.append((convs, xfull, None, table, GDN_CONV_COLUMN))
-    pending.append((recurrents, None, after, table, 0))
+    pending.append((table, [(convs, xfull, None, GDN_CONV_COLUMN), (recurrents, None, after, 0)]))
     return gdn.finish(o.flatten(0, 1), z)
 
 
 def _commit(pending, kept: torch.Tensor, last: torch.Tensor, kernels) -> None:
     """Each session's state after its kept rows (kernels.put_sessions_from, through the
     table where there is one): a tail of inputs (conv windows, PLE ids) from row kept on, or
-    the recurrent state after row kept - 1 (`last`)."""
-    for states, inputs, after, table, column in pending:
-        if after is not None:
-            kernels.put_sessions_from(states, after.contiguous(), last, 1, table, column)
-        else:
-            n = states[0].shape[0]
-            kernels.put_sessions_from(states, inputs.contiguous(), kept, n, table, column)
+    the recurrent state after row kept - 1 (`last`). A layer's two puts are one launch."""
+    for table, puts in pending:
+        (states, src, start, rows, column), *also = [_put(p, kept, last) for p in puts]
+        also = also[0] if also else None
+        kernels.put_sessions_from(states, src, start, rows, table, column, also=also)
+
+
+def _put(put, kept: torch.Tensor, last: torch.Tensor) -> tuple:
+    """A pending put's (states, src, start, rows, column) for kernels.put_sessions_from."""
+    states, inputs, after, column = put
+    if after is not None:
+        return states, after.contiguous(), last, 1, column
+    return states, inputs.contiguous(), kept, states[0].shape[0], column
 
 
 def _draft_next(model, sessions, io, r, next_ids, angles, rows, tables) -> None:

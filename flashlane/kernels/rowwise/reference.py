@@ -323,13 +323,9 @@ def gather_sessions(
     return torch.stack(tensors)
 
 
-def put_sessions(
-    tensors: list[torch.Tensor],
-    values: torch.Tensor,
-    table: torch.Tensor | None = None,
-    column: int = 0,
-) -> None:
-    """gather_sessions' inverse: session b's buffer gets values[b], in place."""
+def put_sessions(tensors: list[torch.Tensor], values: torch.Tensor, table=None, column=0) -> None:
+    """gather_sessions' inverse: session b's buffer gets values[b], in place (`table`, the
+    column of the sessions' in it: as gather_sessions')."""
     torch._foreach_copy_(tensors, list(values))
 
 
@@ -340,11 +336,15 @@ def put_sessions_from(
     rows: int,
     table: torch.Tensor | None = None,
     column: int = 0,
+    also: tuple | None = None,
 ) -> None:
     """put_sessions of a slice of each batch's rows: session b's buffer gets src[b, start[b] :
     start[b] + rows] (src [B, L, ...] contiguous, start [B] on its device; the buffer holds
-    those rows' elements), in place (a drafted step's kept tails and states)."""
+    those rows' elements), in place (a drafted step's kept tails and states). also: a second
+    (tensors, src, start, rows, column) through the same table (one launch in Triton)."""
     span = start[:, None] + torch.arange(rows, device=start.device)
     index = span.view(*span.shape, *[1] * (src.dim() - 2)).expand(-1, -1, *src.shape[2:])
     chosen = src.gather(1, index)
     put_sessions(tensors, chosen.reshape(len(tensors), *tensors[0].shape), table, column)
+    if also is not None:
+        put_sessions_from(*also[:4], table, also[4])
