@@ -11,9 +11,9 @@ the last kept row: K new drafts for the next step. No host value enters a step.
 Exactness: every op is the shared rounds' on the same rows. The window's rows write their
 keys at their own positions and attend through a table that names their session once per
 row (kernels.attend_sessions: each row reads its own length); the recurrent rule runs the
-window's rows from the session's state (gathered through the table) and keeps the state after
-each, so the commit is an index put back in place (`_commit`); conv windows and PLE ids are
-the inputs' tails from the kept length on. Rows past the kept ones leave keys beyond the
+window's rows from the session's state (read where it lies, through the table) and keeps the
+state after each, so the commit is an index put back in place (`_commit`); conv windows and
+PLE ids are the inputs' tails from the kept length on. Rows past the kept ones leave keys beyond the
 length (written over before any row reads them) and cells in the MTP cache past its own
 (likewise). The drafts steer only how many rows a step keeps: the kept tokens are the greedy
 draws of the target, so a reply is the one plain steps give (tests/runner/test_lone_draft.py,
@@ -167,26 +167,30 @@ def _draft_next(model, sessions, io, r, next_ids, angles, rows, tables) -> None:
     window_tables, chain = tables
     window_caches = [[s.mtp[j] for s in sessions for _ in range(k + 1)] for j in heads]
     x, _ = _cells(model, r, next_ids, window_caches, angles, window_tables, io.units, False)
-    # the pending token's new position (accept_window moved it); xn: the mixer's norm of x
-    x, xn, pos = x[rows], None, io.pos
+    # the last kept rows' cells are read where they lie (kernels.rms_norm's rows, no copy):
+    # by the mixer's norm here and the first chained cell's; xn: the mixer's norm of x
+    mixer, picked, pos = mtp.hyper_connection_mixer, rows, io.pos  # accept_window moved pos
+    norm = mixer.hc_norm
+    xn = model.kernels.rms_norm(x, norm.weight, norm.eps, norm.group, rows=rows)
     caches = [[s.mtp[j] for s in sessions] for j in heads]
     for d in range(k):
-        # the first maximum; bf16 logits hold the fp32 ones' order
-        logits = model.lm_head(mtp.hyper_connection_mixer.read(x, xn)[0])
-        model.kernels.draft_pick(logits, io.drafts, d)
+        # the first maximum; bf16 logits hold the fp32 ones' order (x unread: xn given)
+        model.kernels.draft_pick(model.lm_head(mixer.read(x, xn)[0]), io.drafts, d)
         if d + 1 < k:  # cell at the pending token's position: the head's residual with draft d
             at = pos + d if d else pos
             c, s, *once = model.kernels.step_angles(
                 at, model.rotary.inv(at.device), x.dtype, cfg.indexer_block
             )
             angles = (at, c, s, once)
-            x, xn = _cells(model, x, io.drafts[:, d], caches, angles, chain, io.units, True)
+            x, xn = _cells(model, x, io.drafts[:, d], caches, angles, chain, io.units, True, picked)
+            picked = None
 
 
-def _cells(model, residual, next_ids, caches, angles, tables, units, mixed: bool):
+def _cells(model, residual, next_ids, caches, angles, tables, units, mixed: bool, picked=None):
     """MTP cells (models/layers/mtp.py) of rows at positions `at`, each reading and writing
     its own session's head cache -> (the cells' output residual, with `mixed` the head's
-    mixer's norm of it from the last write's launch, else None). units: ones [>= rows, hc].
+    mixer's norm of it from the last write's launch, else None). units: ones [>= rows, hc];
+    picked: the rows of `residual` the cells read (None: all).
 
     Fewer launches, the same bits: the embedding and its norm are one (kernels.embed_rows);
     fc_hidden(hn_c) + e on every stream c is a hyper-connection write of e with unit weights
@@ -197,7 +201,9 @@ def _cells(model, residual, next_ids, caches, angles, tables, units, mixed: bool
     norm = mtp.pre_fc_norm_embedding
     _, en = kernels.embed_rows(model.embed_tokens.weight, next_ids, 1, (norm.weight, norm.eps))
     e = mtp.fc_embedding(en)
-    hn = mtp.pre_fc_norm_hidden(residual).unflatten(-1, (cfg.hc_count, cfg.hidden_size))
+    pre = mtp.pre_fc_norm_hidden
+    hn = kernels.rms_norm(residual, pre.weight, pre.eps, pre.group, rows=picked)
+    hn = hn.unflatten(-1, (cfg.hc_count, cfg.hidden_size))
     h = mtp.fc_hidden(hn).flatten(-2)
     first = mtp.layers[0].attn_hyper_connection.hc_norm
     x, xn = kernels.hc_write_norm(h, e, units[: h.shape[0]], first.weight, first.eps)

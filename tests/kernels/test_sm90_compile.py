@@ -245,9 +245,13 @@ RECURRENT = dict(
     use_table="i32",
 )
 KERNELS.update({
-    "rms_norm": (norms._rms_norm_kernel, dict(x_ptr=BF, w_ptr=BF, y_ptr=BF, rows="i32",
-                                               eps="fp32", stride_x="i32"),
+    "rms_norm": (norms._rms_norm_kernel, dict(x_ptr=BF, w_ptr=BF, y_ptr=BF, idx_ptr=BF,
+                                               rows="i32", eps="fp32", stride_x="i32"),
                  dict(D=10240, G=2560, BLOCK=4096), dict(num_warps=16)),
+    "rms_norm gathered": (norms._rms_norm_kernel,
+                          dict(x_ptr=BF, w_ptr=BF, y_ptr=BF, idx_ptr="*i64", rows="i32",
+                               eps="fp32", stride_x="i32"),
+                          dict(D=10240, G=10240, BLOCK=16384, GATHER=1), dict(num_warps=16)),
     "gated_rms_norm": (norms._gated_rms_norm_kernel,
                        dict(x_ptr=BF, gate_ptr=BF, w_ptr=BF, y_ptr=BF, rows="i32", eps="fp32",
                             per="i32", stride_g="i32"),
