@@ -52,6 +52,7 @@ class Kernels:
     gated_heads: Callable
     greedy_step: Callable
     accept_window: Callable  # a drafted step's verdict (runner/draft_step.py)
+    draft_pick: Callable  # its MTP drafts' greedy picks
     embed_rows: Callable
     record_row: Callable
     step_angles: Callable
@@ -96,6 +97,7 @@ REFERENCE = Kernels(
     gated_heads=rowwise_ref.gated_heads,
     greedy_step=rowwise_ref.greedy_step,
     accept_window=rowwise_ref.accept_window,
+    draft_pick=rowwise_ref.draft_pick,
     embed_rows=rowwise_ref.embed_rows,
     record_row=rowwise_ref.record_row,
     step_angles=rowwise_ref.step_angles,

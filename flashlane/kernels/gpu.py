@@ -61,6 +61,7 @@ TRITON = Kernels(
     gated_heads=rowwise_tr.gated_heads,
     accept_window=accept_tr.accept_window,  # a drafted step's kept rows, in one launch
     greedy_step=greedy_tr.greedy_step,  # a lone step's first maximum, flag, token, position
+    draft_pick=greedy_tr.draft_pick,  # an MTP draft's first maximum into its column
     embed_rows=rows_tr.embed_rows,  # a lone step's first rows, PDL launches (torch's are not)
     record_row=rows_tr.record_row,  # with the step's verdict stored into the pinned ring
     step_angles=rows_tr.step_angles,  # the rows' and their blocks' cos / sin, and lengths

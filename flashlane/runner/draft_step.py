@@ -11,9 +11,9 @@ the last kept row: K new drafts for the next step. No host value enters a step.
 Exactness: every op is the shared rounds' on the same rows. The window's rows write their
 keys at their own positions and attend through a table that names their session once per
 row (kernels.attend_sessions: each row reads its own length); the recurrent rule runs the
-window's rows from the session's state (gathered through the table) and keeps the state after
-each, so the commit is an index put back in place (`_commit`); conv windows and PLE ids are
-the inputs' tails from the kept length on. Rows past the kept ones leave keys beyond the
+window's rows from the session's state (read where it lies, through the table) and keeps the
+state after each, so the commit is an index put back in place (`_commit`); conv windows and
+PLE ids are the inputs' tails from the kept length on. Rows past the kept ones leave keys beyond the
 length (written over before any row reads them) and cells in the MTP cache past its own
 (likewise). The drafts steer only how many rows a step keeps: the kept tokens are the greedy
 draws of the target, so a reply is the one plain steps give (tests/runner/test_lone_draft.py,
@@ -50,12 +50,14 @@ def draft_step(
     t = k + 1
 
     def rows_of(key):  # a session table with each session's row once per window row
+        if ("rows", key) in tables:  # DraftBuffers.tables: every key's in one copy
+            return tables[("rows", key)]
         table = tables.get(key)  # (a copy: the kernels read rows TABLE_WIDTH apart)
         return (
             None if table is None else table[:, None].expand(-1, t, -1).contiguous().flatten(0, 1)
         )
 
-    window = torch.cat([io.tok[:, None], io.drafts], dim=1)  # [B, T]
+    window = io.window  # [B, T]: tok and drafts are its views
     at = (io.pos[:, None] + io.offsets).flatten()  # [B*T] each row's position
     # as a plain step (lone_step.step): the first read's norm in the embedding's launch, the
     # rows' angles and attention_once's tensors in one, each read's norm in the write before
@@ -63,8 +65,8 @@ def draft_step(
     cos, sin, *once = kernels.step_angles(
         at, model.rotary.inv(at.device), r.dtype, cfg.indexer_block
     )
-    # (states, rows of the window [B, T+tail, ...] or None, states after each row or None,
-    # table, column): what _commit puts back
+    # (table, a layer's puts: (states, rows of the window [B, T+tail, ...] or None, states
+    # after each row or None, column)): what _commit puts back
     pending = []
     for idx, layer in enumerate(model.layers):
         if layer.ple is not None:
@@ -108,10 +110,10 @@ def _gathered(kernels, tensors, table, column) -> torch.Tensor:
 def _ple(ple, r3, states, window, kernels, pending, table) -> torch.Tensor:
     ids, conv = [p.ids for p in states], [p.conv for p in states]
     history = torch.cat([_gathered(kernels, ids, table, PLE_IDS_COLUMN), window], dim=1)
-    add, xfull = ple.stacked(r3, history, _gathered(kernels, conv, table, 0), kernels)
-    pending.append((conv, xfull, None, table, 0))
-    pending.append((ids, history, None, table, PLE_IDS_COLUMN))
-    return (r3 + add).flatten(0, 1)
+    # r3 plus the addition in one launch (kernels.ple_add, the same bits as the two adds)
+    added, xfull = ple.stacked(r3, history, _gathered(kernels, conv, table, 0), kernels, added=True)
+    pending.append((table, [(conv, xfull, None, 0), (ids, history, None, PLE_IDS_COLUMN)]))
+    return added.flatten(0, 1)
 
 
 def _gdn(gdn, a3, states, kernels, pending, table) -> torch.Tensor:
@@ -124,30 +126,35 @@ def _gdn(gdn, a3, states, kernels, pending, table) -> torch.Tensor:
     else:  # the conv reads each session's window where it lies (its table's conv column)
         y, xfull = kernels.causal_conv(qkv, convs[0][None], gdn.conv_weight, table=table)
         q, k, v = gdn.heads(y, kernels)
-    o, after = kernels.recurrent_gdn(
-        q,
-        k,
-        v,
-        None,
-        None,
-        _gathered(kernels, recurrents, table, 0),
-        gates=gdn.gates(gate_a, gate_b),
-    )
-    pending.append((convs, xfull, None, table, GDN_CONV_COLUMN))
-    pending.append((recurrents, None, after, table, 0))
+    gates = gdn.gates(gate_a, gate_b)
+    if table is None:
+        state = lone_step.stacked(recurrents)
+        o, after = kernels.recurrent_gdn(q, k, v, None, None, state, gates=gates)
+    else:  # each session's state read where it lies (and moved on to the window's last row,
+        # which the commit replaces by the kept row's); the state after every row in `after`
+        s = recurrents[0]
+        after = torch.empty((b, t, *s.shape), dtype=s.dtype, device=s.device)
+        o = kernels.gdn_sessions(q, k, v, None, None, recurrents, table, gates, after)
+    pending.append((table, [(convs, xfull, None, GDN_CONV_COLUMN), (recurrents, None, after, 0)]))
     return gdn.finish(o.flatten(0, 1), z)
 
 
 def _commit(pending, kept: torch.Tensor, last: torch.Tensor, kernels) -> None:
     """Each session's state after its kept rows (kernels.put_sessions_from, through the
     table where there is one): a tail of inputs (conv windows, PLE ids) from row kept on, or
-    the recurrent state after row kept - 1 (`last`)."""
-    for states, inputs, after, table, column in pending:
-        if after is not None:
-            kernels.put_sessions_from(states, after.contiguous(), last, 1, table, column)
-        else:
-            n = states[0].shape[0]
-            kernels.put_sessions_from(states, inputs.contiguous(), kept, n, table, column)
+    the recurrent state after row kept - 1 (`last`). A layer's two puts are one launch."""
+    for table, puts in pending:
+        (states, src, start, rows, column), *also = [_put(p, kept, last) for p in puts]
+        also = also[0] if also else None
+        kernels.put_sessions_from(states, src, start, rows, table, column, also=also)
+
+
+def _put(put, kept: torch.Tensor, last: torch.Tensor) -> tuple:
+    """A pending put's (states, src, start, rows, column) for kernels.put_sessions_from."""
+    states, inputs, after, column = put
+    if after is not None:
+        return states, after.contiguous(), last, 1, column
+    return states, inputs.contiguous(), kept, states[0].shape[0], column
 
 
 def _draft_next(model, sessions, io, r, next_ids, angles, rows, tables) -> None:
@@ -159,32 +166,54 @@ def _draft_next(model, sessions, io, r, next_ids, angles, rows, tables) -> None:
     heads = range(len(mtp.layers))
     window_tables, chain = tables
     window_caches = [[s.mtp[j] for s in sessions for _ in range(k + 1)] for j in heads]
-    x = _cells(model, r, next_ids, window_caches, angles, window_tables)
-    x, pos = x[rows], io.pos  # the pending token's new position (accept_window moved it)
+    x, _ = _cells(model, r, next_ids, window_caches, angles, window_tables, io.units, False)
+    # the last kept rows' cells are read where they lie (kernels.rms_norm's rows, no copy):
+    # by the mixer's norm here and the first chained cell's; xn: the mixer's norm of x
+    mixer, picked, pos = mtp.hyper_connection_mixer, rows, io.pos  # accept_window moved pos
+    norm = mixer.hc_norm
+    xn = model.kernels.rms_norm(x, norm.weight, norm.eps, norm.group, rows=rows)
     caches = [[s.mtp[j] for s in sessions] for j in heads]
     for d in range(k):
-        # the first maximum; bf16 logits hold the fp32 ones' order
-        io.drafts[:, d] = model.lm_head(mtp.hyper_connection_mixer.read(x)[0]).argmax(dim=1)
+        # the first maximum; bf16 logits hold the fp32 ones' order (x unread: xn given)
+        model.kernels.draft_pick(model.lm_head(mixer.read(x, xn)[0]), io.drafts, d)
         if d + 1 < k:  # cell at the pending token's position: the head's residual with draft d
-            at = pos + d
+            at = pos + d if d else pos
             c, s, *once = model.kernels.step_angles(
                 at, model.rotary.inv(at.device), x.dtype, cfg.indexer_block
             )
-            x = _cells(model, x, io.drafts[:, d], caches, (at, c, s, once), chain)
+            angles = (at, c, s, once)
+            x, xn = _cells(model, x, io.drafts[:, d], caches, angles, chain, io.units, True, picked)
+            picked = None
 
 
-def _cells(model, residual, next_ids, caches, angles, tables) -> torch.Tensor:
+def _cells(model, residual, next_ids, caches, angles, tables, units, mixed: bool, picked=None):
     """MTP cells (models/layers/mtp.py) of rows at positions `at`, each reading and writing
-    its own session's head cache -> the cells' output residual."""
+    its own session's head cache -> (the cells' output residual, with `mixed` the head's
+    mixer's norm of it from the last write's launch, else None). units: ones [>= rows, hc];
+    picked: the rows of `residual` the cells read (None: all).
+
+    Fewer launches, the same bits: the embedding and its norm are one (kernels.embed_rows);
+    fc_hidden(hn_c) + e on every stream c is a hyper-connection write of e with unit weights
+    (y * 1 is y: one rounding, as the add's), whose launch makes the first layer's read norm
+    too (kernels.hc_write_norm)."""
     mtp, cfg, kernels = model.mtp, model.cfg, model.kernels
     at, cos, sin, once = angles
-    e = mtp.fc_embedding(mtp.pre_fc_norm_embedding(model.embed_tokens(next_ids)))
-    hn = mtp.pre_fc_norm_hidden(residual).unflatten(-1, (cfg.hc_count, cfg.hidden_size))
-    x = (mtp.fc_hidden(hn) + e.unsqueeze(-2)).flatten(-2)
-    for layer, layer_caches, table in zip(mtp.layers, caches, tables):
-        a, w = layer.attn_hyper_connection.read(x)
+    norm = mtp.pre_fc_norm_embedding
+    _, en = kernels.embed_rows(model.embed_tokens.weight, next_ids, 1, (norm.weight, norm.eps))
+    e = mtp.fc_embedding(en)
+    pre = mtp.pre_fc_norm_hidden
+    hn = kernels.rms_norm(residual, pre.weight, pre.eps, pre.group, rows=picked)
+    hn = hn.unflatten(-1, (cfg.hc_count, cfg.hidden_size))
+    h = mtp.fc_hidden(hn).flatten(-2)
+    first = mtp.layers[0].attn_hyper_connection.hc_norm
+    x, xn = kernels.hc_write_norm(h, e, units[: h.shape[0]], first.weight, first.eps)
+    for j, (layer, layer_caches, table) in enumerate(zip(mtp.layers, caches, tables)):
+        a, w = layer.attn_hyper_connection.read(x, xn if j == 0 else None)
         y = lone_step.attention_step(
             layer.self_attn, a, layer_caches, at, cos, sin, model.rotary, kernels, table, once
         )
-        x = layer.mlp_half(x, y, w, kernels)
-    return x
+        if mixed and j + 1 == len(mtp.layers):
+            x, xn = layer.mlp_half(x, y, w, kernels, mtp.hyper_connection_mixer)
+        else:
+            x = layer.mlp_half(x, y, w, kernels)
+    return x, (xn if mixed else None)

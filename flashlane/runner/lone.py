@@ -273,11 +273,12 @@ class LoneDriver:
         if self.use_graphs:
             b = bucket_of(b, self.sizes) or b
         if (b, depth, keyed) not in self.io:
-            width = self.model.cfg.hc_count * self.model.cfg.hidden_size
+            cfg = self.model.cfg
+            width = cfg.hc_count * cfg.hidden_size
             if depth:
                 from flashlane.runner.lone_draft import DraftBuffers
 
-                io = DraftBuffers(b, depth, width, self.model.dtype, self.device)
+                io = DraftBuffers(b, depth, cfg.hc_count, width, self.model.dtype, self.device)
                 if self.size_tables is not None:
                     io.table = self.size_tables.device_table(b, drafted=True)
                     io.table_keys = self.size_tables.draft_keys

@@ -206,24 +206,30 @@ class Drafting:
 
 class DraftBuffers:
     """A drafted step's static inputs and outputs for B sessions (`size`) at depth K: tok
-    [B], drafts [B, K], pos [B]; out [B, 2T+1] (T = K+1): the T draws, their finite flags,
-    the kept count; last [B, hc*H] the last kept row's residual (the MTP's cell at the
-    hand-off). Graphed: `table` [keys, B, TABLE_WIDTH] names the sessions from the anchor
-    (runner/lone_buffers.SizeTables, `draft_keys`), written before a call."""
+    [B] and drafts [B, K] (views of window [B, T], T = K+1), pos [B]; out [B, 2T+1]: the T
+    draws, their finite flags, the kept count; last [B, hc*H] the last kept row's residual
+    (the MTP's cell at the hand-off); units [B*T, hc] ones (the MTP cells' sums as
+    hyper-connection writes of unit weights: runner/draft_step._cells). Graphed: `table`
+    [keys, B, TABLE_WIDTH] names the sessions from the anchor (runner/lone_buffers.SizeTables,
+    `draft_keys`), written before a call."""
 
-    def __init__(self, b: int, depth: int, width: int, dtype, device: torch.device):
+    def __init__(self, b: int, depth: int, hc: int, width: int, dtype, device: torch.device):
         on = dict(dtype=torch.long, device=device)
         t = depth + 1
         self.size, self.depth = b, depth
         self.table: torch.Tensor | None = None
         self.table_keys: list = []
-        self.tok, self.pos = torch.zeros(b, **on), torch.zeros(b, **on)
-        self.drafts = torch.zeros(b, depth, **on)
+        # the window [B, T]: the pending token, then the drafts (views: a step reads the
+        # window with no cat)
+        self.window = torch.zeros(b, t, **on)
+        self.tok, self.drafts = self.window[:, 0], self.window[:, 1:]
+        self.pos = torch.zeros(b, **on)
         self.offsets = torch.arange(t, **on)
         self.firsts = torch.arange(b, **on) * t  # each session's first row among the B*T
         self.marks = torch.zeros(3, b, **on)  # kept, kept - 1, the last kept row (of B*T)
         self.out = torch.zeros(b, 2 * t + 1, **on)
         self.last = torch.zeros(b, width, dtype=dtype, device=device)
+        self.units = torch.ones(b * t, hc, dtype=dtype, device=device)
         self.ring = torch.zeros(
             RING, b, 2 * t + 1, dtype=torch.long, pin_memory=device.type == "cuda"
         )
@@ -236,7 +242,14 @@ class DraftBuffers:
         return self.tok, self.pos, self.drafts
 
     def tables(self) -> dict:
-        return dict(zip(self.table_keys, self.table))
+        """The sessions' tables by key, and by ("rows", key) each session's row once per
+        window row [B*T, TABLE_WIDTH] (runner/draft_step.py): all keys' in one copy."""
+        # a copy (a view's rows of stride 0 would reach the kernels, which read rows
+        # TABLE_WIDTH apart)
+        rows = self.table[:, :, None].expand(-1, -1, self.depth + 1, -1).contiguous()
+        rows = rows.flatten(1, 2)
+        rows_of = {("rows", key): r for key, r in zip(self.table_keys, rows)}
+        return dict(zip(self.table_keys, self.table)) | rows_of
 
     def step(self, model: FlashNext, sessions: list[SessionState], tables) -> None:
         draft_step(model, sessions, self, tables)

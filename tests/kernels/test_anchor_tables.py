@@ -140,3 +140,28 @@ def test_put_one_row_of_each_through_a_table():
     triton_tables.put_sessions_from(states, src, start, 1, table, 0)
     for b, s in enumerate(states):
         assert torch.equal(s, src[b, int(start[b])])
+
+
+def test_put_two_slices_of_each_in_one_launch():
+    """A drafted step's commit of a layer's two states (`also`): the PLE conv windows and
+    ids (other dtypes, other widths) through one table in one launch, each as put alone
+    (and as the reference's two puts); the anchor untouched."""
+    before, (anchor,), after = ple_states(2, 7), ple_states(1, 8), ple_states(2, 9)
+    rows = [after[1], before[0], after[0], before[1]]
+    table = ple_table(rows, anchor)
+    kept = [anchor.conv.clone(), anchor.ids.clone()]
+    gen = torch.Generator().manual_seed(10)
+    convs = torch.randn(4, 6 + 2, 16, generator=gen).to(DEVICE)
+    ids = torch.randint(0, 500, (4, 3 + 2), generator=gen).to(DEVICE)
+    start = torch.tensor([0, 2, 1, 2], device=DEVICE)
+    want = [(p.conv.clone(), p.ids.clone()) for p in rows]
+    rows_ref.put_sessions_from(
+        [w[0] for w in want], convs, start, 6, also=([w[1] for w in want], ids, start, 3, 1)
+    )
+    also = ([anchor.ids] * 4, ids, start, 3, 1)
+    triton_tables.put_sessions_from([anchor.conv] * 4, convs, start, 6, table, 0, also=also)
+    for b, (p, (conv, id_)) in enumerate(zip(rows, want)):
+        s = int(start[b])
+        assert torch.equal(p.conv, conv) and torch.equal(p.conv, convs[b, s : s + 6])
+        assert torch.equal(p.ids, id_) and torch.equal(p.ids, ids[b, s : s + 3])
+    assert torch.equal(anchor.conv, kept[0]) and torch.equal(anchor.ids, kept[1])

@@ -172,3 +172,38 @@ def test_gdn_sessions_update_each_state_in_place(dtype):
     torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol)
     for s, r in zip(states, ref_states):
         torch.testing.assert_close(s, r, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gdn_sessions_keep_the_state_after_every_row(dtype):
+    """A drafted step's window of T rows through the table: `after` gets the state after
+    each row, bitwise recurrent_gdn's from the stacked states, and each session's state
+    ends at its last row's; the reference keeps the same states."""
+    h, dk, dv, b, t = 4, 16, 48, 2, 3
+    gen = torch.Generator().manual_seed(8)
+    q, k = (
+        torch.nn.functional.normalize(torch.randn(b, t, h, dk, generator=gen), dim=-1)
+        .to(dtype)
+        .to(DEVICE)
+        for _ in range(2)
+    )
+    v = torch.randn(b, t, h, dv, generator=gen).to(dtype).to(DEVICE)
+    g = (-torch.rand(b, t, h, generator=gen)).to(DEVICE)
+    beta = torch.rand(b, t, h, generator=gen).to(dtype).to(DEVICE)
+    states = [torch.randn(h, dk, dv, generator=gen).to(DEVICE) for _ in range(b)]
+    want_o, want = gdn_tri.recurrent_gdn(q, k, v, g, beta, torch.stack(states))
+    ref_states = [s.clone() for s in states]
+    ref_after = torch.full((b, t, h, dk, dv), float("nan"), device=DEVICE)
+    ref_o = gdn_ref.gdn_sessions(q, k, v, g, beta, ref_states, after=ref_after)
+    after = torch.full((b, t, h, dk, dv), float("nan"), device=DEVICE)
+    got = gdn_tri.gdn_sessions(q, k, v, g, beta, states, offsets_table([states]), after=after)
+    assert torch.equal(got, want_o) and torch.equal(after, want)
+    for i, s in enumerate(states):
+        assert torch.equal(s, want[i, -1])
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(ref_o.float(), got.float(), rtol=tol, atol=tol)
+    torch.testing.assert_close(ref_after, after, rtol=1e-4, atol=1e-4)
+    for s, r in zip(states, ref_states):
+        torch.testing.assert_close(s, r, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="after must be"):
+        gdn_tri.gdn_sessions(q, k, v, g, beta, states, after=after[:, :1])

@@ -49,3 +49,25 @@ def test_accept_window_matches_the_reference(t):
     assert kept[0] == t and kept[1] == 1 and kept[3] == 1
     assert kept[2] == t - 1 or t == 2
     assert torch.equal(want[2], torch.arange(b, device=DEVICE) * 10 + kept)
+
+
+def test_accept_window_reads_and_writes_the_window_views():
+    """DraftBuffers' tok and drafts are views of one window [B, T] (a step embeds it with no
+    cat): the kernel reads the drafts and writes the pending token where they lie."""
+    b, t = 3, 4
+    gen = torch.Generator().manual_seed(9)
+    ids = torch.randint(0, 4, (b, t), generator=gen)
+    top = torch.randn(b, t, generator=gen)
+    firsts = torch.arange(b) * t
+    runs = []
+    for fn in (reference.accept_window, triton_accept.accept_window):
+        window = torch.cat([torch.full((b, 1), 9), ids[:, : t - 1]], dim=1)
+        window[1, 2] += 1  # session 1 keeps two rows
+        window, bufs = window.to(DEVICE), buffers(b, t)
+        fn(ids.to(DEVICE), top.to(DEVICE), window[:, 1:], firsts.to(DEVICE),
+           bufs[0], window[:, 0], bufs[2], bufs[3])  # fmt: skip
+        runs.append((window, bufs))
+    (want, want_bufs), (got, got_bufs) = runs
+    assert torch.equal(got, want) and all(map(torch.equal, got_bufs, want_bufs))
+    assert got[:, 0].tolist() == [ids[0, t - 1], ids[1, 1], ids[2, t - 1]]
+    assert torch.equal(got[:, 1:], want[:, 1:]) and got_bufs[0][:, 2 * t].tolist() == [t, 2, t]

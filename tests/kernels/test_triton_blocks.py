@@ -59,3 +59,36 @@ def test_pool_block_at_is_block_keys_for_that_block(dtype):
     ref.pool_block_at(keys, want, torch.tensor([21], device=DEVICE), cos[:1], sin[:1], w,
                       1e-6, 4)  # fmt: skip
     assert torch.equal(want, before)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_put_rows_three_reads_column_slices_where_they_lie(dtype):
+    """A window's keys, values and raw indexer keys are column slices of one fused
+    projection (rows wider than theirs): put_rows_three stores each session's row at its
+    position as index_copy_ of the rows would, with no copy made first."""
+    from flashlane.kernels.session_tables import attn_table
+    from flashlane.models.state import AttnCache
+
+    g = torch.Generator(device=DEVICE).manual_seed(6)
+    caches = [
+        AttnCache(
+            *(
+                torch.zeros(s, device=DEVICE, dtype=dtype)
+                for s in [(16, 2, 8)] * 2 + [(16, 8), (4, 8)]
+            )
+        )
+        for _ in range(3)
+    ]
+    fused = torch.randn(3, 2 * 16 + 8 + 5, generator=g, device=DEVICE).to(dtype)
+    k, v, raw = fused[:, :16], fused[:, 16:32], fused[:, 32:40]
+    pos = torch.tensor([0, 5, 15], device=DEVICE)
+    first = caches[0]
+    tr.put_rows_three(
+        [first.k, first.v, first.index_keys], ["k", "v", "index_keys"], attn_table(caches),
+        pos, [k.view(3, 2, 8), v, raw]
+    )  # fmt: skip
+    for i, (c, p) in enumerate(zip(caches, pos.tolist())):
+        assert torch.equal(c.k[p].flatten(), k[i]) and torch.equal(c.v[p].flatten(), v[i])
+        assert torch.equal(c.index_keys[p], raw[i])
+        rest = [j for j in range(16) if j != p]
+        assert not c.k[rest].any() and not c.v[rest].any() and not c.index_keys[rest].any()

@@ -64,3 +64,26 @@ def test_greedy_step_runs_again_on_its_counters(dtype):
         logits = torch.randn(2, v, generator=g, device=DEVICE).to(dtype)
         (out, _, _), (want, _, _) = _both(logits)
         assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_draft_pick_is_the_first_maximum_into_its_column(dtype):
+    """A drafted step's MTP draft d: torch's argmax of each row into drafts[:, d] (a column,
+    rows K apart), the other columns untouched; a row alone gets the same id as in a batch."""
+    v = 2 * tg.CHUNK + 300
+    g = torch.Generator(device=DEVICE).manual_seed(5)
+    logits = torch.randn(5, v, generator=g, device=DEVICE).to(dtype)
+    logits[1, [9, tg.CHUNK + 4]] = 40.0  # ties across chunks: the first wins
+    logits[2, v - 1] = 40.0  # the maximum in the ragged chunk
+    logits[3, 0] = -float("inf")
+    runs = []
+    for fn in (tg.draft_pick, ref.draft_pick):
+        drafts = torch.full((5, 3), -7, dtype=torch.long, device=DEVICE)
+        fn(logits, drafts, 1)
+        runs.append(drafts)
+    got, want = runs
+    assert torch.equal(got, want)
+    assert got[1:3, 1].tolist() == [9, v - 1] and (got[:, [0, 2]] == -7).all()
+    alone = torch.full((1, 2), -7, dtype=torch.long, device=DEVICE)
+    tg.draft_pick(logits[3:4], alone, 0)
+    assert alone[0, 0] == got[3, 1] and alone[0, 1] == -7

@@ -91,6 +91,24 @@ def test_rms_norm_reads_evenly_spaced_rows_where_they_lie(n):
     )
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_of_gathered_rows_is_the_norm_of_those_rows(dtype):
+    """rows: the norm of x[rows] (a drafted step's last kept rows, read where they lie),
+    bitwise the norm of the gathered copy, with or without groups, a row picked twice too;
+    the reference likewise."""
+    x = _rand(7, 96, seed=27).to(dtype)
+    w = _rand(96, scale=0.1, seed=28).to(dtype)
+    rows = torch.tensor([5, 0, 5], device=x.device)
+    for group in (None, 32):
+        got = tnorm.rms_norm(x, w, 1e-6, group, rows=rows)
+        assert got.shape == (3, 96)
+        assert torch.equal(got, tnorm.rms_norm(x[rows], w, 1e-6, group))
+        want = norms_ref.rms_norm(x, w, 1e-6, group, rows=rows)
+        assert torch.equal(want, norms_ref.rms_norm(x[rows], w, 1e-6, group))
+    with pytest.raises(ValueError, match="rows index"):
+        tnorm.rms_norm(x[None], w, 1e-6, rows=rows)
+
+
 def test_norms_leading_dims():
     x = _rand(2, 3, 4, 64, seed=13)
     g = _rand(2, 3, 4, 64, seed=14)

@@ -113,6 +113,14 @@ def test_embed_rows_with_the_first_norm_is_rms_norm_of_the_rows(dtype, b):
     assert torch.equal(xn, trn.rms_norm(r, norm_w, 1e-6, h))
     want = ref.embed_rows(weight.cpu(), tok.cpu(), copies, (norm_w.cpu(), 1e-6))
     torch.testing.assert_close(xn.cpu().float(), want[1].float(), rtol=2e-2, atol=2e-2)
+    # the ids read where they lie: a column of a drafted step's drafts [B, K]
+    drafts = torch.full((b, 3), 5, device=DEVICE)
+    drafts[:, 1] = tok
+    r2, xn2 = trr.embed_rows(weight, drafts[:, 1], copies, (norm_w, 1e-6))
+    assert torch.equal(r2, r) and torch.equal(xn2, xn)
+    # one copy: the MTP cell's embedding norm (pre_fc_norm_embedding) is rms_norm alone
+    _, one = trr.embed_rows(weight, drafts[:, 1], 1, (norm_w[:h], 1e-6))
+    assert torch.equal(one, trn.rms_norm(weight[tok], norm_w[:h], 1e-6))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -203,14 +203,14 @@ def pool_block_at(
 
 @triton.jit
 def _put_row(
-    src_ptr, dst_ptr, tab_ptr, pos_ptr, i, chunk, W, COL: tl.constexpr, BLOCK: tl.constexpr
+    src_ptr, dst_ptr, tab_ptr, pos_ptr, i, chunk, W, S, COL: tl.constexpr, BLOCK: tl.constexpr
 ):
-    """Chunk `chunk` of row i of src (W values) to session i's buffer (table column COL) at
-    row pos[i]."""
+    """Chunk `chunk` of row i of src (W values, rows S apart) to session i's buffer (table
+    column COL) at row pos[i]."""
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
     m = cols < W
     at = tl.load(pos_ptr + i) * W + tl.load(tab_ptr + i * TABLE_WIDTH + COL)
-    tl.store(dst_ptr + at + cols, tl.load(src_ptr + i * W + cols, mask=m), mask=m)
+    tl.store(dst_ptr + at + cols, tl.load(src_ptr + i * S + cols, mask=m), mask=m)
 
 
 @triton.jit
@@ -225,7 +225,8 @@ def _put_rows_kernel(
     PDL: tl.constexpr = 0,
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
-    _put_row(src_ptr, dst_ptr, tab_ptr, pos_ptr, tl.program_id(0), tl.program_id(1), W, COL, BLOCK)
+    i, chunk = tl.program_id(0), tl.program_id(1)
+    _put_row(src_ptr, dst_ptr, tab_ptr, pos_ptr, i, chunk, W, W, COL, BLOCK)
 
 
 @triton.jit
@@ -241,6 +242,9 @@ def _put_three_kernel(
     W0,
     W1,
     W2,
+    S0,
+    S1,
+    S2,
     C0: tl.constexpr,
     C1: tl.constexpr,
     C2: tl.constexpr,
@@ -251,26 +255,26 @@ def _put_three_kernel(
     i = tl.program_id(0)
     which = tl.program_id(1)
     if which == 0:
-        _put_row(s0, d0, tab_ptr, pos_ptr, i, 0, W0, C0, BLOCK)
+        _put_row(s0, d0, tab_ptr, pos_ptr, i, 0, W0, S0, C0, BLOCK)
     elif which == 1:
-        _put_row(s1, d1, tab_ptr, pos_ptr, i, 0, W1, C1, BLOCK)
+        _put_row(s1, d1, tab_ptr, pos_ptr, i, 0, W1, S1, C1, BLOCK)
     else:
-        _put_row(s2, d2, tab_ptr, pos_ptr, i, 0, W2, C2, BLOCK)
+        _put_row(s2, d2, tab_ptr, pos_ptr, i, 0, W2, S2, C2, BLOCK)
 
 
 def put_rows_three(
     dsts: list, columns: list[str], table: torch.Tensor, pos: torch.Tensor, srcs: list
 ) -> None:
     """put_rows for three buffers (the attention's keys, values and raw indexer keys) in one
-    launch where each row fits a block; else three launches. Copies: the same values."""
+    launch where each row fits a block; else three launches. Copies: the same values. Each
+    source's rows are read where they lie (a column slice of a fused projection: no copy)."""
     ws = [d[0].numel() for d in dsts]
     if len(dsts) != 3 or max(ws) > 1024:
         for dst, column, src in zip(dsts, columns, srcs, strict=True):
             put_rows(dst, column, table, pos, src)
         return
     srcs = [
-        s.reshape(s.shape[0], w).to(d.dtype).contiguous()
-        for s, w, d in zip(srcs, ws, dsts, strict=True)
+        _rows(s.reshape(s.shape[0], w).to(d.dtype)) for s, w, d in zip(srcs, ws, dsts, strict=True)
     ]
     cols = [TABLE_COLUMNS.index(c) for c in columns]
     _put_three_kernel[(srcs[0].shape[0], 3)](
@@ -283,12 +287,19 @@ def put_rows_three(
         table,
         pos,
         *ws,
+        *(s.stride(0) for s in srcs),
         C0=cols[0],
         C1=cols[1],
         C2=cols[2],
         BLOCK=triton.next_power_of_2(max(ws)),
         **pdl(dsts[0].device),
     )
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [N, W] as rows of contiguous values, evenly spaced: x itself where it is (a view's
+    row stride is passed on), else a copy."""
+    return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
 
 
 def put_rows(

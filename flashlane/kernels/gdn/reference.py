@@ -114,13 +114,25 @@ def recurrent_gdn(
 
 
 def gdn_sessions(
-    q, k, v, g, beta, states: list[torch.Tensor], table=None, gates: tuple | None = None
+    q,
+    k,
+    v,
+    g,
+    beta,
+    states: list[torch.Tensor],
+    table=None,
+    gates: tuple | None = None,
+    after: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """B sessions' rows (a lone step of several sessions), batch b from session b's
     recurrent state states[b] [H, Dk, Dv], which ends holding the state after b's last row
     -> o [B, T, H, Dv]. Here the states are stacked, run together and copied back (a row's
     bits do not depend on its batch); `table` is for the in-place kernel and unused here.
-    gates: as recurrent_gdn's."""
-    o, after = recurrent_gdn(q, k, v, g, beta, torch.stack(states), keep_states=False, gates=gates)
-    torch._foreach_copy_(states, list(after[:, -1]))
+    gates: as recurrent_gdn's. after: [B, T, H, Dk, Dv] gets the state after every row (a
+    drafted step's window, whose commit puts back the kept row's)."""
+    keep = after is not None
+    o, s = recurrent_gdn(q, k, v, g, beta, torch.stack(states), keep_states=keep, gates=gates)
+    if keep:
+        after.copy_(s)
+    torch._foreach_copy_(states, list(s[:, -1]))
     return o

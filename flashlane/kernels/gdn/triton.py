@@ -287,12 +287,14 @@ def gdn_sessions(
     states: list[torch.Tensor],
     table: torch.Tensor | None = None,
     gates: tuple | None = None,
+    after: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """reference.gdn_sessions in one launch: batch b's rows run from session b's state, which
     the kernel reads and writes in place through `table` (session_tables.gdn_table of the sessions,
     made here when not given; a CUDA graph needs it made before its capture): no stacked
     copy and no copy back. The same arithmetic per (b, h) tile as recurrent_gdn, so the bits
-    of a session alone. gates: as recurrent_gdn's."""
+    of a session alone. gates: as recurrent_gdn's. after: contiguous fp32 [B, T, H, Dk, Dv]
+    for the state after every row (keep_states, a runtime flag: the same compiled kernel)."""
     if table is None:
         table = offsets_table([states])
     b, t, h, dk = k.shape
@@ -300,6 +302,11 @@ def gdn_sessions(
     first = states[0]
     if first.dtype != torch.float32 or tuple(first.shape) != (h, dk, dv):
         raise ValueError(f"gdn_sessions: states of {first.dtype} {tuple(first.shape)}")
+    keep, shape = after is not None, (b, t, h, dk, dv)
+    if keep and not (after.dtype == torch.float32 and after.is_contiguous()):
+        raise ValueError(f"gdn_sessions: after must be contiguous fp32 {shape}")
+    if keep and after.shape != shape:
+        raise ValueError(f"gdn_sessions: after must be contiguous fp32 {shape}")
     q, k = q.contiguous(), k.contiguous()
     v, stride_v = _rows(v)
     o = torch.empty(b, t, h, dv, dtype=v.dtype, device=v.device)
@@ -311,13 +318,13 @@ def gdn_sessions(
         v_ptr=v,
         s0_ptr=first,
         o_ptr=o,
-        states_ptr=first,
+        states_ptr=after if keep else first,
         tab_ptr=table,
         T=t,
         H=h,
         stride_v=stride_v,
         **_gate_args(g, beta, gates),
-        keep_states=0,
+        keep_states=int(keep),
         use_table=1,
         DK=dk,
         DV=dv,

@@ -7,14 +7,20 @@ import torch.nn.functional as F
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    group: int | None = None,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Zero-centred RMSNorm `x * rsqrt(mean(x^2) + eps) * (1 + w)` over the last dim.
 
     x: [..., D]; weight: [D]. With `group`, each run of `group` values is normalised alone
     (the hyper-connection norms normalise each of the hc streams of a [.., hc*H] residual).
-    Computes in at least fp32 and returns x's dtype.
+    rows: [M] indices into x [N, D]: the norm of x[rows]. Computes in at least fp32 and
+    returns x's dtype.
     """
+    x = x if rows is None else x[rows]
     dtype = x.dtype
     h = x.to(torch.promote_types(dtype, torch.float32))
     if group is not None:

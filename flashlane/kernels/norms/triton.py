@@ -50,23 +50,27 @@ def _rms_norm_kernel(
     x_ptr,
     w_ptr,
     y_ptr,
+    idx_ptr,
     rows,
     eps,
     stride_x,
     D: tl.constexpr,
     G: tl.constexpr,
     BLOCK: tl.constexpr,
+    GATHER: tl.constexpr = 0,
     PDL: tl.constexpr = 0,
 ):
     # program = one (row, group) of G values; the weight is indexed across the whole row D;
-    # x's rows of D values lie stride_x apart (y's are contiguous)
+    # x's rows of D values lie stride_x apart (y's are contiguous); GATHER: y's row i is
+    # x's row idx[i]
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < G
     groups: tl.constexpr = D // G
     wcols = (pid % groups) * G + cols
-    x = tl.load(x_ptr + (pid // groups) * stride_x + wcols, mask=mask, other=0.0).to(tl.float32)
+    row = tl.load(idx_ptr + pid // groups) if GATHER else pid // groups
+    x = tl.load(x_ptr + row * stride_x + wcols, mask=mask, other=0.0).to(tl.float32)
     r = rms_factor(x, G, eps)
     w = tl.load(w_ptr + wcols, mask=mask, other=0.0).to(tl.float32)
     y = (x * r) * (1.0 + w)
@@ -74,29 +78,39 @@ def _rms_norm_kernel(
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, group: int | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    group: int | None = None,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Zero-centred RMSNorm `x * rsqrt(mean(x^2) + eps) * (1 + w)` over the last dim,
-    per run of `group` values when given. x: [..., D]; weight: [D]."""
+    per run of `group` values when given. x: [..., D]; weight: [D]. rows: [M] indices into
+    x [N, D]: the norm of x[rows] [M, D], the rows read where they lie (no gathered copy)."""
     d = x.shape[-1]
     g = d if group is None else group
     if d % g:
         raise ValueError(f"rms_norm: width {d} is not a multiple of group {g}")
+    if rows is not None and x.dim() != 2:
+        raise ValueError(f"rms_norm: rows index an [N, D] x, not {tuple(x.shape)}")
     xc = rows_view(x, d)  # a view where x's rows are evenly spaced (a column slice): no copy
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    programs = xc.numel() // g
+    shape = x.shape if rows is None else (rows.shape[0], d)
+    y = torch.empty(shape, dtype=x.dtype, device=x.device)
+    programs = y.numel() // g
     if programs:
         block = triton.next_power_of_2(g)
         _rms_norm_kernel[(programs,)](
             xc,
             weight.contiguous(),
             y,
+            y if rows is None else rows,
             programs,
             eps,
             xc.stride(0),
             D=d,
             G=g,
             BLOCK=block,
+            GATHER=rows is not None,
             num_warps=_warps(block),
             **pdl(xc.device),
         )

@@ -217,14 +217,18 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def greedy_step(
     logits: torch.Tensor, out: torch.Tensor, tok: torch.Tensor, pos: torch.Tensor
 ) -> None:
-    """A greedy step's tail, in place: logits [B, V] -> out[:, 0] the first maximum of each
-    row (ties to the lower id), out[:, 1] 1 if that maximum is finite (0 for a NaN row), tok
-    the ids, pos moved on by one."""
+    """A greedy step's tail, in place: logits [B, V] -> out[:, 0] each row's first maximum
+    (ties: the lower id), out[:, 1] 1 if it is finite (0 for a NaN row), tok the ids, pos + 1."""
     top, ids = logits.float().max(dim=1)
     out[:, 0] = ids
     out[:, 1] = torch.isfinite(top)
     tok.copy_(ids)
     pos.add_(1)
+
+
+def draft_pick(logits: torch.Tensor, drafts: torch.Tensor, d: int) -> None:
+    """A drafted step's MTP draft d, in place: drafts[:, d] ([B, K]) = argmax of logits [B, V]."""
+    drafts[:, d] = logits.argmax(dim=1)
 
 
 def accept_window(
@@ -287,8 +291,7 @@ def step_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dt
 
 
 def post_ring(out: torch.Tensor, ring: torch.Tensor, k: torch.Tensor) -> None:
-    """A lone step's verdict out [B, 2] into its ring slot: ring[(k - 1) % len(ring)] (k:
-    the recorded steps, this one's included)."""
+    """A lone step's verdict out [B, 2] into ring[(k - 1) % len(ring)] (k: steps recorded)."""
     ring[(int(k) - 1) % ring.shape[0]].copy_(out)
 
 
@@ -300,8 +303,7 @@ def record_row(
     ring: torch.Tensor | None = None,
 ) -> None:
     """A lone step's residual rows r [B, W] kept for the MTP head, in place: rows[k] = r
-    (rows [n, B, W], k [1] on the device), then k moves on by one; with out and ring, then
-    post_ring(out, ring, k)."""
+    (rows [n, B, W], k [1]), k moves on by one; with out and ring, post_ring(out, ring, k)."""
     rows.index_copy_(0, k, r[None])
     k.add_(1)
     if ring is not None:
@@ -317,18 +319,13 @@ def gather_sessions(
     tensors: list[torch.Tensor], table: torch.Tensor | None = None, column: int = 0
 ) -> torch.Tensor:
     """B sessions' buffers of one kind (the same shape each), stacked: [B, *shape]. `table`
-    (a session_tables table naming them from tensors[0]) is for the Triton kernel, which
-    reads them where they lie; here they are stacked."""
+    (session_tables', from tensors[0]) lets the Triton kernel read them where they lie."""
     return torch.stack(tensors)
 
 
-def put_sessions(
-    tensors: list[torch.Tensor],
-    values: torch.Tensor,
-    table: torch.Tensor | None = None,
-    column: int = 0,
-) -> None:
-    """gather_sessions' inverse: session b's buffer gets values[b], in place."""
+def put_sessions(tensors: list[torch.Tensor], values: torch.Tensor, table=None, column=0) -> None:
+    """gather_sessions' inverse: session b's buffer gets values[b], in place (`table`, the
+    column of the sessions' in it: as gather_sessions')."""
     torch._foreach_copy_(tensors, list(values))
 
 
@@ -339,12 +336,15 @@ def put_sessions_from(
     rows: int,
     table: torch.Tensor | None = None,
     column: int = 0,
+    also: tuple | None = None,
 ) -> None:
     """put_sessions of a slice of each batch's rows: session b's buffer gets src[b, start[b] :
     start[b] + rows] (src [B, L, ...] contiguous, start [B] on its device; the buffer holds
-    those rows' elements), in place (a drafted step's kept tails and states:
-    runner/draft_step.py)."""
+    those rows' elements), in place (a drafted step's kept tails and states). also: a second
+    (tensors, src, start, rows, column) through the same table (one launch in Triton)."""
     span = start[:, None] + torch.arange(rows, device=start.device)
     index = span.view(*span.shape, *[1] * (src.dim() - 2)).expand(-1, -1, *src.shape[2:])
     chosen = src.gather(1, index)
     put_sessions(tensors, chosen.reshape(len(tensors), *tensors[0].shape), table, column)
+    if also is not None:
+        put_sessions_from(*also[:4], table, also[4])

@@ -24,6 +24,8 @@ def _accept_kernel(
     pos_ptr,
     marks_ptr,
     B,
+    stride_d,
+    stride_tok,
     T: tl.constexpr,
     BT: tl.constexpr,
     PDL: tl.constexpr = 0,
@@ -36,14 +38,14 @@ def _accept_kernel(
     top = tl.load(top_ptr + b * T + j, mask=row, other=0.0).to(tl.float32)
     finite = tl.abs(top) < float("inf")  # false for NaN too
     draft = j < T - 1
-    d = tl.load(drafts_ptr + b * (T - 1) + j, mask=draft, other=-1)
+    d = tl.load(drafts_ptr + b * stride_d + j, mask=draft, other=-1)
     lands = (d == ids) & finite & draft
     # the first draft that does not land (T-1 when all do): the kept rows are one more
     kept = tl.min(tl.where(draft & (lands == 0), j, T - 1), axis=0) + 1
     tl.store(out_ptr + b * (2 * T + 1) + j, ids, mask=row)
     tl.store(out_ptr + b * (2 * T + 1) + T + j, finite.to(tl.int64), mask=row)
     tl.store(out_ptr + b * (2 * T + 1) + 2 * T, kept.to(tl.int64))
-    tl.store(tok_ptr + b, tl.sum(tl.where(j == kept - 1, ids, 0), axis=0))
+    tl.store(tok_ptr + b * stride_tok, tl.sum(tl.where(j == kept - 1, ids, 0), axis=0))
     tl.store(marks_ptr + b, kept.to(tl.int64))
     tl.store(marks_ptr + B + b, (kept - 1).to(tl.int64))
     tl.store(marks_ptr + 2 * B + b, tl.load(firsts_ptr + b) + kept - 1)
@@ -51,12 +53,13 @@ def _accept_kernel(
 
 
 def accept_window(ids, top, drafts, firsts, out, tok, pos, marks) -> None:
-    """reference.accept_window in one launch (contiguous [B, T] ids and top)."""
+    """reference.accept_window in one launch (contiguous [B, T] ids and top; drafts' rows
+    and tok may lie apart: views of a drafted step's window [B, T], DraftBuffers)."""
     b, t = ids.shape
     if b == 0:
         return
-    if not (ids.is_contiguous() and top.is_contiguous() and drafts.is_contiguous()):
-        raise ValueError("accept_window: contiguous ids, top and drafts only")
+    if not (ids.is_contiguous() and top.is_contiguous() and drafts.stride(-1) == 1):
+        raise ValueError("accept_window: contiguous ids and top, drafts' rows only")
     _accept_kernel[(b,)](
         ids,
         top,
@@ -67,6 +70,8 @@ def accept_window(ids, top, drafts, firsts, out, tok, pos, marks) -> None:
         pos,
         marks,
         b,
+        drafts.stride(0),
+        tok.stride(0),
         T=t,
         BT=triton.next_power_of_2(t),
         **pdl(ids.device),

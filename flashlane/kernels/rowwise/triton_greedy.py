@@ -44,8 +44,10 @@ def _greedy_kernel(
     PARTS_P2: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK: tl.constexpr,
+    PICK: tl.constexpr = 0,
     PDL: tl.constexpr = 0,
 ):
+    # PICK: the first maximum alone, into out (a column of drafts, rows stride_out apart)
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     part = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
@@ -82,9 +84,10 @@ def _greedy_kernel(
         first = tl.min(tl.where(bests == top, ats, 2147483647), axis=0).to(tl.int64)
         finite = (row_nans == 0) & (top != float("inf")) & (top != -float("inf"))
         tl.store(out_ptr + row * stride_out, first)
-        tl.store(out_ptr + row * stride_out + 1, finite.to(tl.int64))
-        tl.store(tok_ptr + row, first)
-        tl.store(pos_ptr + row, tl.load(pos_ptr + row) + 1)
+        if not PICK:
+            tl.store(out_ptr + row * stride_out + 1, finite.to(tl.int64))
+            tl.store(tok_ptr + row, first)
+            tl.store(pos_ptr + row, tl.load(pos_ptr + row) + 1)
 
 
 def greedy_step(
@@ -109,8 +112,12 @@ def greedy_step(
     ):
         reference.greedy_step(logits, out, tok, pos)
         return
+    _launch(logits, count, out, tok, pos, out.stride(0))
+
+
+def _launch(logits, count, out, tok, pos, stride_out: int, pick: int = 0) -> None:
+    (b, v), dev = logits.shape, logits.device
     parts = triton.cdiv(v, CHUNK)
-    dev = logits.device
     best = torch.empty((b, parts), dtype=torch.float32, device=dev)
     at = torch.empty((b, parts), dtype=torch.int32, device=dev)
     nan = torch.empty((b, parts), dtype=torch.int32, device=dev)
@@ -125,11 +132,34 @@ def greedy_step(
         pos,
         v,
         logits.stride(0),
-        out.stride(0),
+        stride_out,
         PARTS=parts,
         PARTS_P2=triton.next_power_of_2(parts),
         CHUNK=CHUNK,
         BLOCK=BLOCK,
+        PICK=pick,
         num_warps=4,
         **pdl(dev),
     )
+
+
+def draft_pick(logits: torch.Tensor, drafts: torch.Tensor, d: int) -> None:
+    """reference.draft_pick in one launch (greedy_step's programs, storing the first
+    maximum alone): drafts[:, d] (drafts [B, K] int64) gets each row's first maximum of
+    logits [B, V], NaN set aside (torch's argmax may pick a NaN's id: a draft no target
+    draw equals). The reference's ops where greedy_step would fall back to them."""
+    b, v = logits.shape
+    count = counters(logits.device, b)
+    col = drafts[:, d]
+    if (
+        count is None
+        or drafts.dtype != torch.long
+        or drafts.device != logits.device
+        or logits.stride(-1) != 1
+        or b == 0
+        or v == 0
+        or v >= 2**31
+    ):
+        reference.draft_pick(logits, drafts, d)
+        return
+    _launch(logits, count, col, col, col, col.stride(0), pick=1)

@@ -36,7 +36,7 @@ def _embed_rows_kernel(
     tl.store(out_ptr + row * width + cols, tl.load(w_ptr + t * h + cols % h, mask=mask), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_tok"])
 def _embed_norm_kernel(
     w_ptr,
     tok_ptr,
@@ -44,6 +44,7 @@ def _embed_norm_kernel(
     out_ptr,
     xn_ptr,
     eps,
+    stride_tok,
     H: tl.constexpr,
     COPIES: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -56,7 +57,7 @@ def _embed_norm_kernel(
     c = tl.program_id(1)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
-    t = tl.load(tok_ptr + row)
+    t = tl.load(tok_ptr + row * stride_tok)
     e = tl.load(w_ptr + t * H + cols, mask=mask, other=0.0)
     at = row * COPIES * H + c * H + cols
     tl.store(out_ptr + at, e, mask=mask)
@@ -68,7 +69,8 @@ def _embed_norm_kernel(
 
 def embed_rows(weight: torch.Tensor, tok: torch.Tensor, copies: int, norm=None):
     """reference.embed_rows in one launch: row b is weight[tok[b]], `copies` times; with
-    norm = (weight [copies * H], eps), (rows, their grouped RMSNorm by H) in that launch."""
+    norm = (weight [copies * H], eps), (rows, their grouped RMSNorm by H) in that launch,
+    tok read where it lies (a column of a drafted step's drafts: no copy launched)."""
     b, h = tok.shape[0], weight.shape[1]
     out = torch.empty((b, copies * h), dtype=weight.dtype, device=weight.device)
     if norm is not None:
@@ -77,11 +79,12 @@ def embed_rows(weight: torch.Tensor, tok: torch.Tensor, copies: int, norm=None):
             block = triton.next_power_of_2(h)
             _embed_norm_kernel[(b, copies)](
                 weight.contiguous(),
-                tok.contiguous(),
+                tok,
                 norm[0].contiguous(),
                 out,
                 xn,
                 norm[1],
+                tok.stride(0),
                 H=h,
                 COPIES=copies,
                 BLOCK=block,

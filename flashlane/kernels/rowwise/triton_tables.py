@@ -78,6 +78,17 @@ def put_sessions(
     _launch(tensors[0], table, values.to(tensors[0].dtype).contiguous(), column, True)
 
 
+@triton.jit
+def _put_from(base_ptr, tab_ptr, src_ptr, start_ptr, n, row, stride, b, chunk, COLUMN, BLOCK):
+    """Chunk `chunk` of batch b's slice src[b, start[b]:] (n elements) to its buffer."""
+    cols = chunk.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    at = tl.load(tab_ptr + b * TABLE_WIDTH + COLUMN)  # elements from the first buffer
+    first = b * stride + tl.load(start_ptr + b) * row  # src[b, start[b]]
+    value = tl.load(src_ptr + first + cols, mask=mask)
+    tl.store(base_ptr + at + cols, value.to(base_ptr.dtype.element_ty), mask=mask)
+
+
 @triton.jit(do_not_specialize=["n", "row", "stride"])
 def _put_from_kernel(
     base_ptr,
@@ -93,12 +104,37 @@ def _put_from_kernel(
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     b = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n
-    at = tl.load(tab_ptr + b * TABLE_WIDTH + COLUMN)  # elements from the first buffer
-    first = b * stride + tl.load(start_ptr + b) * row  # src[b, start[b]]
-    value = tl.load(src_ptr + first + cols, mask=mask)
-    tl.store(base_ptr + at + cols, value.to(base_ptr.dtype.element_ty), mask=mask)
+    _put_from(base_ptr, tab_ptr, src_ptr, start_ptr, n, row, stride, b, tl.program_id(1),
+              COLUMN, BLOCK)  # fmt: skip
+
+
+@triton.jit(do_not_specialize=["n0", "row0", "stride0", "n1", "row1", "stride1"])
+def _put_from_two_kernel(
+    base0,
+    src0,
+    start0,
+    base1,
+    src1,
+    start1,
+    tab_ptr,
+    n0,
+    row0,
+    stride0,
+    n1,
+    row1,
+    stride1,
+    C0: tl.constexpr,
+    C1: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
+    # program (b, chunk, which): put `which` of the two, through one table
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
+    b, chunk = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    if tl.program_id(2) == 0:
+        _put_from(base0, tab_ptr, src0, start0, n0, row0, stride0, b, chunk, C0, BLOCK)
+    else:
+        _put_from(base1, tab_ptr, src1, start1, n1, row1, stride1, b, chunk, C1, BLOCK)
 
 
 def put_sessions_from(
@@ -108,11 +144,34 @@ def put_sessions_from(
     rows: int,
     table: torch.Tensor | None = None,
     column: int = 0,
+    also: tuple | None = None,
 ) -> None:
     """reference.put_sessions_from in one launch, through `table` (as gather_sessions'): the
-    slice is read where it lies, cast to the buffers' dtype, and written in place."""
-    if table is None:
-        table, column = offsets_table([tensors], align=[1]), 0
+    slice is read where it lies, cast to the buffers' dtype, and written in place. also: a
+    second put (tensors, src, start, rows, column) through the same table, in that launch
+    (a layer's two states: a drafted step's commit)."""
+    puts = [(tensors, src, start, rows, column)] + ([also] if also is not None else [])
+    if table is None:  # a table of each put's own buffers
+        for ts, x, at, n, _ in puts:
+            _put_from_args(ts, x, at, n, offsets_table([ts], align=[1]), 0, launch=True)
+        return
+    args = [_put_from_args(*put[:4], table, put[4]) for put in puts]
+    b = table.shape[0]
+    if len(args) == 1 or not b:
+        for ts, x, at, n, c in puts:
+            _put_from_args(ts, x, at, n, table, c, launch=True)
+        return
+    (p0, c0), (p1, c1) = args
+    n = max(p0[4], p1[4])
+    _put_from_two_kernel[(b, triton.cdiv(n, BLOCK), 2)](
+        *p0[:3], *p1[:3], table, *p0[4:], *p1[4:],
+        C0=c0, C1=c1, BLOCK=BLOCK, **pdl(p0[0].device),
+    )  # fmt: skip
+
+
+def _put_from_args(tensors, src, start, rows, table, column, launch=False):
+    """put_sessions_from's checks -> ((first, src, start, table, n, row, stride), column);
+    launch: its own launch too."""
     first, b = tensors[0], table.shape[0]
     row = src[0, 0].numel()  # elements of one src row
     if not first.is_contiguous() or not src.is_contiguous():
@@ -121,16 +180,10 @@ def put_sessions_from(
         raise ValueError(
             f"put_sessions_from: a buffer of {first.numel()} elements, {rows} rows of {row}"
         )
-    if b and first.numel():
+    args = (first, src, start, table, first.numel(), row, src[0].numel())
+    if launch and b and first.numel():
         _put_from_kernel[(b, triton.cdiv(first.numel(), BLOCK))](
-            first,
-            table,
-            src,
-            start,
-            first.numel(),
-            row,
-            src[0].numel(),
-            COLUMN=column,
-            BLOCK=BLOCK,
+            first, table, src, start, *args[4:], COLUMN=column, BLOCK=BLOCK,
             **pdl(first.device),
-        )
+        )  # fmt: skip
+    return args, column
