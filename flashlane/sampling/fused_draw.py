@@ -1,8 +1,8 @@
-"""The host side of the fused keyed draw (the kernels: triton_draw): a call's row kinds and
-parameter table go in, the rows' tokens come back as the sampler's results.
+"""The host side of the fused keyed draw (its kernels: kernels/sampling/triton_draw.py): a
+call's row kinds and parameter table go in, the rows' tokens come back as the sampler's results.
 
 gpu.fused_kernels loads this module once, where Triton imports; lone_draw reaches the kernels'
-Launches, launch, DTYPES and BLOCK through it too, so Triton is imported in one place.
+Launches, launch, DTYPES and BLOCK through it too.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from flashlane.sampling.choose import DrawSpec, SampleError, no_candidate
-from flashlane.sampling.kinds import OTHER, TOP_K, row_kind
-from flashlane.sampling.triton_draw import (
+from flashlane.kernels.sampling.triton_draw import (
     BAD_LOGIT,
     BLOCK,
     DTYPES,
@@ -24,7 +22,9 @@ from flashlane.sampling.triton_draw import (
     Launches,
     launch,
 )
-from flashlane.sampling.triton_keyed import NPARAM
+from flashlane.kernels.sampling.triton_keyed import NPARAM
+from flashlane.sampling.choose import DrawSpec, SampleError, no_candidate
+from flashlane.sampling.kinds import OTHER, TOP_K, row_kind
 
 __all__ = ["BLOCK", "DTYPES", "Launches", "draw_rows_fused", "launch", "param_table"]
 

@@ -223,7 +223,8 @@ def test_the_kernels_number_row_kinds_and_statuses_as_the_sampler_does():
     """kinds.py and spec.py name the kernels' row kinds and statuses without Triton, and the
     kernels name their own (they import nothing from the sampler): the two must agree."""
     pytest.importorskip("triton")
-    from flashlane.sampling import kinds, spec, triton_draw, triton_keyed
+    from flashlane.kernels.sampling import triton_draw, triton_keyed
+    from flashlane.sampling import kinds, spec
 
     names = ("OTHER", "GREEDY", "PLAIN", "TOP_K", "TOP_P")
     assert [getattr(triton_keyed, n) for n in names] == [getattr(kinds, n) for n in names]

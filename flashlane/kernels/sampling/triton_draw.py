@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlane.sampling.triton_keyed import (
+from flashlane.kernels.sampling.triton_keyed import (
     BAD,
     BEST,
     BID,
@@ -65,7 +65,12 @@ from flashlane.sampling.triton_keyed import (
     row_top,
     workspace_words,
 )
-from flashlane.sampling.triton_top_p import TOP_P_SCORES, launch_mass, top_p_scores, top_p_token
+from flashlane.kernels.sampling.triton_top_p import (
+    TOP_P_SCORES,
+    launch_mass,
+    top_p_scores,
+    top_p_token,
+)
 
 BLOCK = 4096  # ids per program in the launches on rows x chunks
 WARPS = 8
