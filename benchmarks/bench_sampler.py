@@ -119,7 +119,7 @@ def bench_device(dev: torch.device, repeats: int, path: str) -> dict:
             got = draw_rows_gpu(logits, specs, fused=use_fused)
             same = same and got == draw_rows(logits.cpu(), specs)
         if use_fused:
-            from flashlane.sampling.triton_draw import draw_rows_fused
+            from flashlane.sampling.fused_draw import draw_rows_fused
 
             fused_rows = sum(t is not None for t in draw_rows_fused(logits, specs))
         times = []

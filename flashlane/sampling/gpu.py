@@ -61,17 +61,18 @@ def draw_rows_gpu(
     return out  # type: ignore[return-value]
 
 
-_TRITON: list = []  # the triton_draw module, or None where Triton does not import
+_TRITON: list = []  # the fused_draw module, or None where Triton does not import
 
 
 def fused_kernels():
-    """The triton_draw module, or None where Triton does not import (imported once)."""
+    """The fused_draw module (the host side of triton_draw's kernels), or None where Triton
+    does not import (imported once)."""
     if not _TRITON:
         try:
-            from flashlane.sampling import triton_draw
+            from flashlane.sampling import fused_draw
         except ImportError:
-            triton_draw = None
-        _TRITON.append(triton_draw)
+            fused_draw = None
+        _TRITON.append(fused_draw)
     return _TRITON[0]
 
 

@@ -1,7 +1,7 @@
 """Which rows the fused keyed draw (triton_draw) takes, without importing Triton.
 
 The lane host asks this when it hands streams to the lone driver (lanes/lone_turn.py), and
-triton_draw when it writes a call's parameter table; one definition serves both, so a stream
+fused_draw when it writes a call's parameter table; one definition serves both, so a stream
 admitted as lone is one whose rows the kernels take. The lone driver asks `is_always_settled`
 too: a call with a row that may come back unsettled (a top_p cut) runs one step in flight.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from flashlane.request import SamplingParams
 from flashlane.sampling.spec import GREEDY_TEMPERATURE
 
-# Row kinds in the kernels' parameter table (triton_keyed's kernels compare them as literals).
+# Row kinds in the kernels' parameter table (kernels/sampling/triton_keyed names the same numbers).
 OTHER, GREEDY, PLAIN, TOP_K, TOP_P = 0, 1, 2, 3, 4
 MAX_TOP_K = 128  # larger top_k rows take the torch path
 

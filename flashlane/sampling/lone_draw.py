@@ -103,7 +103,7 @@ class KeyedDraw:
             fused = device.type == "cuda"
         self.fused = fused and fused_kernels() is not None
         if self.fused:
-            from flashlane.sampling.triton_keyed import NPARAM
+            from flashlane.kernels.sampling.triton_keyed import NPARAM
 
             # sized for the largest call (top_k rows up to MAX_TOP_K) and never reallocated:
             # a graph holds its address. KEYS is the last region, so a smaller K fits.
@@ -143,7 +143,7 @@ class KeyedDraw:
         """logits [B, V] -> out [B, 2] (token or failure code, flag), tok, pos + 1."""
         tdraw = fused_kernels()
         if self.fused and logits.dtype in tdraw.DTYPES and logits.stride(1) == 1:
-            from flashlane.sampling.triton_lone import land
+            from flashlane.kernels.sampling.triton_lone import land
 
             if self.may_need_host:
                 # fp32 widens exactly: the kernels read the bits shared rounds draw from

@@ -35,7 +35,7 @@ from flashlane.kernels.rowwise import triton_ple as rowwise_ple  # noqa: E402
 from flashlane.kernels.rowwise import triton_rope as rowwise_rope  # noqa: E402
 from flashlane.kernels.rowwise import triton_rows as rowwise_rows  # noqa: E402
 from flashlane.kernels.rowwise import triton_tables as rowwise_tables  # noqa: E402
-from flashlane.sampling import triton_draw, triton_lone, triton_top_p  # noqa: E402
+from flashlane.kernels.sampling import triton_draw, triton_lone, triton_top_p  # noqa: E402
 from tests.kernels.sm90 import BF, compiles_for_sm90  # noqa: E402
 
 BLOCK_KEY = dict(BLOCK=4, DI=128, R=32, BDI=128)  # the indexer: blocks of 4, 128 dims

@@ -140,7 +140,7 @@ def triton_test(f):
 @triton_test
 @pytest.mark.parametrize("num_rows", [1, len(ADMITTED)])
 def test_fused_steps_equal_the_cpu_draws(num_rows):
-    from flashlane.sampling.triton_draw import draw_rows_fused
+    from flashlane.sampling.fused_draw import draw_rows_fused
 
     rng = np.random.default_rng(num_rows)
     specs = specs_of(rng, ADMITTED[-num_rows:])
@@ -217,3 +217,16 @@ def test_fused_unsettled_rows_are_settled_as_shared_rounds_do():
         assert tok.cpu().tolist() == want
         assert want == draw_rows_gpu(logits, at, fused=True)
     assert num_unsettled >= 5
+
+
+def test_the_kernels_number_row_kinds_and_statuses_as_the_sampler_does():
+    """kinds.py and spec.py name the kernels' row kinds and statuses without Triton, and the
+    kernels name their own (they import nothing from the sampler): the two must agree."""
+    pytest.importorskip("triton")
+    from flashlane.kernels.sampling import triton_draw, triton_keyed
+    from flashlane.sampling import kinds, spec
+
+    names = ("OTHER", "GREEDY", "PLAIN", "TOP_K", "TOP_P")
+    assert [getattr(triton_keyed, n) for n in names] == [getattr(kinds, n) for n in names]
+    assert len({getattr(kinds, n) for n in names}) == len(names)
+    assert (triton_draw.NO_CANDIDATE, triton_draw.UNSETTLED) == (spec.NO_CANDIDATE, spec.UNSETTLED)

@@ -39,7 +39,7 @@ FUSED = [  # every kind the kernels take, at its edges
 
 
 def fused(logits, specs):
-    from flashlane.sampling.triton_draw import draw_rows_fused
+    from flashlane.sampling.fused_draw import draw_rows_fused
 
     return draw_rows_fused(logits.to(DEVICE), specs, block=BLOCK)
 
@@ -180,7 +180,7 @@ SMALL_BLOCK = 512  # small rows still span several chunks under the interpreter
 
 
 def fused_small(logits, specs):
-    from flashlane.sampling.triton_draw import draw_rows_fused
+    from flashlane.sampling.fused_draw import draw_rows_fused
 
     return draw_rows_fused(logits.to(DEVICE), specs, block=SMALL_BLOCK)
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# Row kinds in the parameter table (kinds.py, which needs no Triton, defines them).
-from flashlane.sampling.kinds import GREEDY, OTHER, PLAIN, TOP_K, TOP_P  # noqa: F401
+# Row kinds in the parameter table: the numbers of sampling/kinds.py, which the sampler's pure
+# half imports without Triton (a test checks that they agree); the kernels compare literals.
+OTHER, GREEDY, PLAIN, TOP_K, TOP_P = 0, 1, 2, 3, 4
 
 NPARAM = 7  # kind, T, top_k, top_p, min_p, seed, position (floats as their int64 bits)
 # Workspace regions, in order (constexprs, so kernels name them too).

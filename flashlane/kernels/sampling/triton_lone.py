@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlane.sampling.triton_keyed import BIG_ID, OUT, region
+from flashlane.kernels.sampling.triton_keyed import BIG_ID, OUT, region
 
 SCAN = 1024  # ids a failed row's program reads at a time
 

@@ -1,9 +1,10 @@
 """The keyed draw (DESIGN.md section 5) for the common rows of a batch in three or four launches.
 
-gpu.draw_rows_gpu calls this on CUDA (tests call it on the CPU under TRITON_INTERPRET=1). It takes
-rows with no logit_bias or penalties that are greedy, plain or min_p (any T), top_k up to
-MAX_TOP_K (with or without top_p and min_p), or top_p without top_k (with or without min_p);
-every other row, and any row it cannot settle, comes back as None for the caller's torch path.
+Their host side is sampling/fused_draw.py (gpu.draw_rows_gpu calls it on CUDA, tests on the CPU
+under TRITON_INTERPRET=1). They take rows with no logit_bias or penalties that are greedy, plain
+or min_p (any T), top_k up to MAX_TOP_K (with or without top_p and min_p), or top_p without top_k
+(with or without min_p); every other row, and any row they cannot settle, comes back as None for
+the caller's torch path.
 Launches, on [rows, chunks of BLOCK ids], all in one int64 workspace (triton_keyed):
 
 1. `_stats_kernel`: each chunk's largest logit and its first id, whether it holds a NaN or +inf,
@@ -32,18 +33,14 @@ proves it (gpu.py's bound); otherwise the row is returned as None and the caller
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
 
-from flashlane.sampling.choose import DrawSpec, SampleError, no_candidate
-from flashlane.sampling.kinds import OTHER, PLAIN, TOP_K, TOP_P, row_kind
-from flashlane.sampling.triton_keyed import (
+from flashlane.kernels.sampling.triton_keyed import (
     BAD,
     BEST,
     BID,
@@ -53,8 +50,9 @@ from flashlane.sampling.triton_keyed import (
     KEYS,
     MAX,
     NOISE_BOUND,
-    NPARAM,
     OUT,
+    PLAIN,
+    TOP_P,
     as_f64,
     as_words,
     best_of,
@@ -67,7 +65,12 @@ from flashlane.sampling.triton_keyed import (
     row_top,
     workspace_words,
 )
-from flashlane.sampling.triton_top_p import TOP_P_SCORES, launch_mass, top_p_scores, top_p_token
+from flashlane.kernels.sampling.triton_top_p import (
+    TOP_P_SCORES,
+    launch_mass,
+    top_p_scores,
+    top_p_token,
+)
 
 BLOCK = 4096  # ids per program in the launches on rows x chunks
 WARPS = 8
@@ -234,20 +237,6 @@ def _finish_kernel(
         tl.store(region(ws_ptr, n, C, OUT, KP) + r, res)
 
 
-def param_table(specs: Sequence[DrawSpec], kinds: list[int], vocab: int) -> torch.Tensor:
-    """The kernels' parameter rows [n, NPARAM] int64 on the host (floats as their bits); the
-    kernels hash seed and position into the row key themselves."""
-    ints, floats = [], []
-    for spec, kind in zip(specs, kinds):
-        p = spec.params
-        ints.append((kind, min(p.top_k, vocab), spec.seed, spec.position))
-        floats.append((p.temperature, p.top_p, p.min_p))
-    table = np.empty((len(specs), NPARAM), dtype=np.int64)
-    table[:, [0, 2, 5, 6]] = ints
-    table[:, [1, 3, 4]] = np.array(floats, dtype=np.float64).view(np.int64)
-    return torch.from_numpy(table)
-
-
 @dataclass(frozen=True, slots=True)
 class Launches:
     """What the launches of a call are compiled for and how its workspace is laid out."""
@@ -299,31 +288,3 @@ def launch(logits: torch.Tensor, ws: torch.Tensor, shape: Launches) -> None:
     if shape.top_p_rows:
         launch_mass(logits, ws, n, chunks, shape.block, kp, WARPS)
     _finish_kernel[(n,)](*rows, cp, k, kp, shape.top_p_rows, num_warps=WARPS)
-
-
-def draw_rows_fused(
-    logits: torch.Tensor, specs: Sequence[DrawSpec], block: int = BLOCK
-) -> list[int | SampleError | None]:
-    """The draws of the rows the kernels take, None for the others (logits [N, V], fp32, bf16
-    or fp16, on CUDA or, under TRITON_INTERPRET=1, the CPU). `block`: ids per program, a power
-    of two (tests shrink it to cover many chunks)."""
-    n, vocab = logits.shape
-    kinds = [row_kind(s.params, vocab) for s in specs]
-    if logits.dtype not in DTYPES or not any(kinds):
-        return [None] * n
-    if logits.stride(1) != 1:
-        logits = logits.contiguous()
-    top_ks = [s.params.top_k for s, k in zip(specs, kinds) if k == TOP_K]
-    shape = Launches.of(n, vocab, kinds, top_ks, block)
-    # The one allocation: every launch's scratch, the parameters and the output (triton_keyed).
-    ws = torch.empty(shape.words, dtype=torch.int64, device=logits.device)
-    ws[: n * NPARAM].copy_(param_table(specs, kinds, vocab).view(-1))
-    launch(logits, ws, shape)
-    out = ws[n * NPARAM : n * (NPARAM + 1)].tolist()  # the one transfer
-    results: list[int | SampleError | None] = []
-    for kind, v in zip(kinds, out):
-        if kind == OTHER or v in (BAD_LOGIT, UNSETTLED):
-            results.append(None)  # the caller's path names the bad id, or settles the cut
-        else:
-            results.append(no_candidate(-math.inf) if v == NO_CANDIDATE else v)
-    return results

@@ -25,7 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flashlane.sampling.triton_keyed import (
+from flashlane.kernels.sampling.triton_keyed import (
     BEST,
     BID,
     BIG_ID,
