@@ -92,7 +92,6 @@ def draft_step(
     )
     kept, last, rows = io.marks
     _commit(pending, kept, last, kernels)
-    torch.index_select(r, 0, rows, out=io.last)
     heads = range(len(model.mtp.layers))
     mtp_tables = ([rows_of(("mtp", j)) for j in heads], [tables.get(("mtp", j)) for j in heads])
     angles = (at, cos, sin, once)
@@ -166,7 +165,10 @@ def _draft_next(model, sessions, io, r, next_ids, angles, rows, tables) -> None:
     heads = range(len(mtp.layers))
     window_tables, chain = tables
     window_caches = [[s.mtp[j] for s in sessions for _ in range(k + 1)] for j in heads]
-    x, _ = _cells(model, r, next_ids, window_caches, angles, window_tables, io.units, False)
+    # the window cells' pre_fc norm also keeps each session's last kept row of r in io.last
+    # (the hand-off's residual: kernels.rms_norm's keep, no index_select)
+    cells = (window_caches, angles, window_tables, io.units, False)
+    x, _ = _cells(model, r, next_ids, *cells, keep=(rows, io.last))
     # the last kept rows' cells are read where they lie (kernels.rms_norm's rows, no copy):
     # by the mixer's norm here and the first chained cell's; xn: the mixer's norm of x
     mixer, picked, pos = mtp.hyper_connection_mixer, rows, io.pos  # accept_window moved pos
@@ -186,11 +188,14 @@ def _draft_next(model, sessions, io, r, next_ids, angles, rows, tables) -> None:
             picked = None
 
 
-def _cells(model, residual, next_ids, caches, angles, tables, units, mixed: bool, picked=None):
+def _cells(
+    model, residual, next_ids, caches, angles, tables, units, mixed: bool, picked=None, keep=None
+):
     """MTP cells (models/layers/mtp.py) of rows at positions `at`, each reading and writing
     its own session's head cache -> (the cells' output residual, with `mixed` the head's
     mixer's norm of it from the last write's launch, else None). units: ones [>= rows, hc];
-    picked: the rows of `residual` the cells read (None: all).
+    picked: the rows of `residual` the cells read (None: all); keep: (picks [B], out [B, D])
+    out[b] = residual[picks[b]] from the pre_fc norm's launch (kernels.rms_norm's keep).
 
     Fewer launches, the same bits: the embedding and its norm are one (kernels.embed_rows);
     fc_hidden(hn_c) + e on every stream c is a hyper-connection write of e with unit weights
@@ -202,7 +207,10 @@ def _cells(model, residual, next_ids, caches, angles, tables, units, mixed: bool
     _, en = kernels.embed_rows(model.embed_tokens.weight, next_ids, 1, (norm.weight, norm.eps))
     e = mtp.fc_embedding(en)
     pre = mtp.pre_fc_norm_hidden
-    hn = kernels.rms_norm(residual, pre.weight, pre.eps, pre.group, rows=picked)
+    if keep is None:
+        hn = kernels.rms_norm(residual, pre.weight, pre.eps, pre.group, rows=picked)
+    else:
+        hn = kernels.rms_norm(residual, pre.weight, pre.eps, pre.group, keep=keep)
     hn = hn.unflatten(-1, (cfg.hc_count, cfg.hidden_size))
     h = mtp.fc_hidden(hn).flatten(-2)
     first = mtp.layers[0].attn_hyper_connection.hc_norm

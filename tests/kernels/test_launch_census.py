@@ -25,8 +25,9 @@ BUDGET = 92  # 583 at 7a78073, 102 at b40f7c7, 89 at 01616f3
 # launch (kernels.accept_window), 183 with the GDN conv reading the windows in place, 165
 # with the MTP cells' picks, embedding norms and sums fused, the tables' and window's
 # copies gone and the GDN rule reading the states in place, 161 with a layer's two
-# commits in one launch, 160 with the kept cells' norms gathering their rows
-DRAFTED_BUDGET = 160
+# commits in one launch, 160 with the kept cells' norms gathering their rows, 159 with
+# the hand-off residual kept by the window cells' norm
+DRAFTED_BUDGET = 159
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="counts on the CPU")

@@ -109,6 +109,29 @@ def test_rms_norm_of_gathered_rows_is_the_norm_of_those_rows(dtype):
         tnorm.rms_norm(x[None], w, 1e-6, rows=rows)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_keeps_each_runs_picked_row_in_the_same_launch(dtype):
+    """keep: out[b] = x[picks[b]] (each pick in its own run of N / B rows: a drafted step's
+    last kept rows) while the norm is the plain one, bitwise; the reference likewise; a
+    session's kept row depends on its own pick alone."""
+    x = _rand(9, 96, seed=29).to(dtype)
+    w = _rand(96, scale=0.1, seed=30).to(dtype)
+    picks = torch.tensor([2, 3, 7], device=x.device)
+    for group in (None, 32):
+        for norm in (tnorm.rms_norm, norms_ref.rms_norm):
+            out = torch.zeros(3, 96, dtype=dtype, device=x.device)
+            got = norm(x, w, 1e-6, group, keep=(picks, out))
+            assert torch.equal(got, norm(x, w, 1e-6, group))
+            assert torch.equal(out, x[picks])
+    out = torch.zeros(3, 96, dtype=dtype, device=x.device)
+    tnorm.rms_norm(x, w, 1e-6, keep=(torch.tensor([0, 5, 8], device=x.device), out))
+    assert torch.equal(out[0], x[0]) and torch.equal(out[1:], x[[5, 8]])
+    with pytest.raises(ValueError, match="keep needs"):
+        tnorm.rms_norm(x, w, 1e-6, keep=(picks[:2], out[:2]))
+    with pytest.raises(ValueError, match="keep needs"):
+        tnorm.rms_norm(x, w, 1e-6, rows=picks, keep=(picks, out))
+
+
 def test_norms_leading_dims():
     x = _rand(2, 3, 4, 64, seed=13)
     g = _rand(2, 3, 4, 64, seed=14)

@@ -12,14 +12,18 @@ def rms_norm(
     eps: float,
     group: int | None = None,
     rows: torch.Tensor | None = None,
+    keep: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Zero-centred RMSNorm `x * rsqrt(mean(x^2) + eps) * (1 + w)` over the last dim.
 
     x: [..., D]; weight: [D]. With `group`, each run of `group` values is normalised alone
     (the hyper-connection norms normalise each of the hc streams of a [.., hc*H] residual).
-    rows: [M] indices into x [N, D]: the norm of x[rows]. Computes in at least fp32 and
-    returns x's dtype.
+    rows: [M] indices into x [N, D]: the norm of x[rows]. keep: (picks [B], out [B, D]):
+    also out[b] = x[picks[b]], each pick in its own run of N / B rows (a drafted step's last
+    kept rows). Computes in at least fp32 and returns x's dtype.
     """
+    if keep is not None:
+        torch.index_select(x, 0, keep[0], out=keep[1])
     x = x if rows is None else x[rows]
     dtype = x.dtype
     h = x.to(torch.promote_types(dtype, torch.float32))

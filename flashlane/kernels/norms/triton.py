@@ -54,15 +54,19 @@ def _rms_norm_kernel(
     rows,
     eps,
     stride_x,
+    keep_ptr,
+    per,
     D: tl.constexpr,
     G: tl.constexpr,
     BLOCK: tl.constexpr,
     GATHER: tl.constexpr = 0,
+    KEEP: tl.constexpr = 0,
     PDL: tl.constexpr = 0,
 ):
     # program = one (row, group) of G values; the weight is indexed across the whole row D;
     # x's rows of D values lie stride_x apart (y's are contiguous); GATHER: y's row i is
-    # x's row idx[i]
+    # x's row idx[i]; KEEP: row i is also stored as it is into keep's row i // per when
+    # idx[i // per] is i (the run of `per` rows it belongs to picks it)
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -71,6 +75,10 @@ def _rms_norm_kernel(
     wcols = (pid % groups) * G + cols
     row = tl.load(idx_ptr + pid // groups) if GATHER else pid // groups
     x = tl.load(x_ptr + row * stride_x + wcols, mask=mask, other=0.0).to(tl.float32)
+    if KEEP:
+        run = row // per
+        picked = tl.load(idx_ptr + run) == row
+        tl.store(keep_ptr + run * D + wcols, x.to(keep_ptr.dtype.element_ty), mask=mask & picked)
     r = rms_factor(x, G, eps)
     w = tl.load(w_ptr + wcols, mask=mask, other=0.0).to(tl.float32)
     y = (x * r) * (1.0 + w)
@@ -83,16 +91,20 @@ def rms_norm(
     eps: float,
     group: int | None = None,
     rows: torch.Tensor | None = None,
+    keep: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Zero-centred RMSNorm `x * rsqrt(mean(x^2) + eps) * (1 + w)` over the last dim,
     per run of `group` values when given. x: [..., D]; weight: [D]. rows: [M] indices into
-    x [N, D]: the norm of x[rows] [M, D], the rows read where they lie (no gathered copy)."""
+    x [N, D]: the norm of x[rows] [M, D], the rows read where they lie (no gathered copy).
+    keep: (picks [B], out [B, D]): out[b] = x[picks[b]] in the same launch, each pick in its
+    own run of N / B rows (a drafted step's last kept row of each session's window)."""
     d = x.shape[-1]
     g = d if group is None else group
     if d % g:
         raise ValueError(f"rms_norm: width {d} is not a multiple of group {g}")
-    if rows is not None and x.dim() != 2:
+    if (rows is not None or keep is not None) and x.dim() != 2:
         raise ValueError(f"rms_norm: rows index an [N, D] x, not {tuple(x.shape)}")
+    per = _keep_run(x, keep, rows)
     xc = rows_view(x, d)  # a view where x's rows are evenly spaced (a column slice): no copy
     shape = x.shape if rows is None else (rows.shape[0], d)
     y = torch.empty(shape, dtype=x.dtype, device=x.device)
@@ -103,18 +115,34 @@ def rms_norm(
             xc,
             weight.contiguous(),
             y,
-            y if rows is None else rows,
+            y if rows is None and keep is None else (rows if keep is None else keep[0]),
             programs,
             eps,
             xc.stride(0),
+            y if keep is None else keep[1],
+            per,
             D=d,
             G=g,
             BLOCK=block,
             GATHER=rows is not None,
+            KEEP=keep is not None,
             num_warps=_warps(block),
             **pdl(xc.device),
         )
     return y
+
+
+def _keep_run(x: torch.Tensor, keep, rows) -> int:
+    """The rows of x a keep's pick is taken from (1 without keep); checks keep's shapes."""
+    if keep is None:
+        return 1
+    picks, out = keep
+    n, b = x.shape[0], picks.shape[0]
+    if rows is not None or b == 0 or n % b or out.shape != (b, x.shape[1]):
+        raise ValueError(f"rms_norm: keep needs [B] picks and [B, D] out, B dividing {n}")
+    if not out.is_contiguous():
+        raise ValueError("rms_norm: keep's out must be contiguous")
+    return n // b
 
 
 def rows_view(x: torch.Tensor, d: int) -> torch.Tensor:
