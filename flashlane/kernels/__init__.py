@@ -14,6 +14,7 @@ from flashlane.kernels.linear import reference as linear_ref
 from flashlane.kernels.moe import reference as moe_ref
 from flashlane.kernels.norms import reference as norms_ref
 from flashlane.kernels.rowwise import reference as rowwise_ref
+from flashlane.kernels.rowwise import reference_step as step_ref
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,8 +100,8 @@ REFERENCE = Kernels(
     accept_window=rowwise_ref.accept_window,
     draft_pick=rowwise_ref.draft_pick,
     embed_rows=rowwise_ref.embed_rows,
-    record_row=rowwise_ref.record_row,
-    step_angles=rowwise_ref.step_angles,
+    record_row=step_ref.record_row,
+    step_angles=step_ref.step_angles,
     ple_add=rowwise_ref.ple_add,
     push_history=rowwise_ref.push_history,
     gather_sessions=rowwise_ref.gather_sessions,

@@ -58,13 +58,13 @@ def draft_step(
         )
 
     window = io.window  # [B, T]: tok and drafts are its views
-    at = (io.pos[:, None] + io.offsets).flatten()  # [B*T] each row's position
     # as a plain step (lone_step.step): the first read's norm in the embedding's launch, the
-    # rows' angles and attention_once's tensors in one, each read's norm in the write before
+    # rows' angles and attention_once's tensors in one (with `at`, each row's position
+    # io.pos + j), each read's norm in the write before
     r, xn = lone_step.embedded(model, window.flatten())
-    cos, sin, *once = kernels.step_angles(
-        at, model.rotary.inv(at.device), r.dtype, cfg.indexer_block
-    )
+    at = torch.empty(b * t, dtype=io.pos.dtype, device=io.pos.device)  # [B*T]
+    inv = model.rotary.inv(at.device)
+    cos, sin, *once = kernels.step_angles(io.pos, inv, r.dtype, cfg.indexer_block, window=at)
     # (table, a layer's puts: (states, rows of the window [B, T+tail, ...] or None, states
     # after each row or None, column)): what _commit puts back
     pending = []

@@ -224,7 +224,6 @@ class DraftBuffers:
         self.window = torch.zeros(b, t, **on)
         self.tok, self.drafts = self.window[:, 0], self.window[:, 1:]
         self.pos = torch.zeros(b, **on)
-        self.offsets = torch.arange(t, **on)
         self.firsts = torch.arange(b, **on) * t  # each session's first row among the B*T
         self.marks = torch.zeros(3, b, **on)  # kept, kept - 1, the last kept row (of B*T)
         self.out = torch.zeros(b, 2 * t + 1, **on)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from flashlane.kernels.rowwise import reference as ref
+from flashlane.kernels.rowwise import reference_step as step_ref
 from tests.kernels.triton_env import DEVICE, DTYPES, needs_triton
 
 pytestmark = needs_triton
@@ -41,7 +42,7 @@ def test_record_row_writes_row_k_and_moves_k_on(dtype, b):
     for step in range(3):  # k = 1, 2, 3: each launch reads the k the one before left
         r = torch.randn(b, width, generator=g).to(dtype).to(DEVICE)
         trr.record_row(rows, k, r)
-        ref.record_row(want_rows, want_k, r)
+        step_ref.record_row(want_rows, want_k, r)
         assert int(k) == 2 + step and torch.equal(k, want_k)
         assert torch.equal(rows, want_rows)
     assert torch.equal(rows[0], torch.zeros_like(rows[0]))  # never written
@@ -75,9 +76,31 @@ def test_step_angles_are_cos_sin_twice_and_the_lengths(dtype):
     want = (*trope.cos_sin(pos, inv, dtype), *trope.cos_sin(pos, inv, dtype, 64), pos + 1)
     for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype and torch.equal(g, w)
-    for g, w in zip(got, ref.step_angles(pos.cpu(), inv.cpu(), dtype, 64), strict=True):
+    for g, w in zip(got, step_ref.step_angles(pos.cpu(), inv.cpu(), dtype, 64), strict=True):
         tol = 2e-6 if dtype == torch.float32 else 1e-2
         torch.testing.assert_close(g.cpu(), w, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_step_angles_of_windows_write_each_rows_position(dtype):
+    """window: positions [B] are the windows' first, row b*T + j at positions[b] + j (a
+    drafted step's rows), written into window; the angles and lengths are the plain ones of
+    those positions, bitwise; the reference likewise."""
+    pos = torch.tensor([0, 62, 1000], device=DEVICE)
+    inv = 1.0 / (1e7 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64)).to(DEVICE)
+    rows = torch.tensor([0, 1, 2, 62, 63, 64, 1000, 1001, 1002], device=DEVICE)
+    window = torch.full((9,), -1, device=DEVICE)
+    got = trr.step_angles(pos, inv, dtype, 64, window=window)
+    assert torch.equal(window, rows)
+    for g, w in zip(got, trr.step_angles(rows, inv, dtype, 64), strict=True):
+        assert torch.equal(g, w)
+    want_window = torch.full((9,), -1)
+    want = step_ref.step_angles(pos.cpu(), inv.cpu(), dtype, 64, window=want_window)
+    assert torch.equal(want_window, rows.cpu())
+    for w, plain in zip(want, step_ref.step_angles(rows.cpu(), inv.cpu(), dtype, 64)):
+        assert torch.equal(w, plain)
+    with pytest.raises(ValueError, match="window"):
+        trr.step_angles(pos, inv, dtype, 64, window=window[:8])
 
 
 @pytest.mark.parametrize("b", [1, 16])
@@ -94,7 +117,7 @@ def test_post_ring_stores_the_verdict_in_slot_k_minus_one(b):
         if pinned:
             torch.cuda.synchronize()
         want = torch.full((4, b, 2), -1, dtype=torch.long)
-        ref.post_ring(out.cpu(), want, torch.tensor([k]))
+        step_ref.post_ring(out.cpu(), want, torch.tensor([k]))
         assert torch.equal(ring, want) and torch.equal(ring[(k - 1) % 4], out.cpu())
 
 

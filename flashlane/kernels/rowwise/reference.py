@@ -280,36 +280,6 @@ def push_history(ids: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
     return history
 
 
-def step_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, block: int):
-    """A lone step's rotary inputs at once: cos, sin of the rows' positions; cos, sin of
-    their blocks' first positions (`block`); the rows' cache lengths positions + 1."""
-    return (
-        *cos_sin(positions, inv_freq, dtype),
-        *cos_sin(positions, inv_freq, dtype, block),
-        positions + 1,
-    )
-
-
-def post_ring(out: torch.Tensor, ring: torch.Tensor, k: torch.Tensor) -> None:
-    """A lone step's verdict out [B, 2] into ring[(k - 1) % len(ring)] (k: steps recorded)."""
-    ring[(int(k) - 1) % ring.shape[0]].copy_(out)
-
-
-def record_row(
-    rows: torch.Tensor,
-    k: torch.Tensor,
-    r: torch.Tensor,
-    out: torch.Tensor | None = None,
-    ring: torch.Tensor | None = None,
-) -> None:
-    """A lone step's residual rows r [B, W] kept for the MTP head, in place: rows[k] = r
-    (rows [n, B, W], k [1]), k moves on by one; with out and ring, post_ring(out, ring, k)."""
-    rows.index_copy_(0, k, r[None])
-    k.add_(1)
-    if ring is not None:
-        post_ring(out, ring, k)
-
-
 def gated_add(base: torch.Tensor, gate: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     """base + sigmoid(gate) * s: gate [N, 1] scales each row of s [N, H]."""
     return base + torch.sigmoid(gate) * s

@@ -16,7 +16,7 @@ from flashlane.kernels.norms.triton import _warps as norm_warps
 from flashlane.kernels.norms.triton import rms_factor
 from flashlane.kernels.partials import counters, last_to_arrive
 from flashlane.kernels.pdl import enter, pdl
-from flashlane.kernels.rowwise import reference as ref
+from flashlane.kernels.rowwise import reference_step as step_ref
 from flashlane.kernels.rowwise.triton_rope import angles
 
 __all__ = ["embed_rows", "post_ring", "posts_to_pinned", "record_row", "step_angles"]
@@ -165,7 +165,7 @@ def record_row(
         or rows.shape[1:] != r.shape
         or not rows.is_contiguous()
     ):
-        ref.record_row(rows, k, r, out, ring)
+        step_ref.record_row(rows, k, r, out, ring)
         return
     post = (
         dict(RING=ring.shape[0], OUT_BLOCK=triton.next_power_of_2(max(out.numel(), 16)))
@@ -195,30 +195,52 @@ def _step_angles_kernel(
     cos_ptr,
     sin_ptr,
     len_ptr,
+    win_ptr,
     n,
     R: tl.constexpr,
     RP2: tl.constexpr,
     BLOCK: tl.constexpr,
+    T: tl.constexpr = 0,
     PDL: tl.constexpr = 0,
 ):
+    # T: a drafted step's rows, T a window: row b*T + j at pos[b] + j, stored into win
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     blocks = tl.program_id(1)  # 0: the rows' positions; 1: their blocks' first positions
-    pos = tl.load(pos_ptr + row)
+    if T:
+        pos = tl.load(pos_ptr + row // T) + row % T
+    else:
+        pos = tl.load(pos_ptr + row)
     if blocks == 1:
         pos = (pos // BLOCK) * BLOCK  # positions are never negative: floor
     else:
         tl.store(len_ptr + row, pos + 1)
+        if T:
+            tl.store(win_ptr + row, pos)
     at = (blocks * n + row) * R
     angles(pos, inv_ptr, cos_ptr + at, sin_ptr + at, R, RP2)
 
 
-def step_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, block: int):
-    """reference.step_angles in one launch."""
-    n, r = positions.shape[0], 2 * inv_freq.shape[0]
+def step_angles(
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    dtype: torch.dtype,
+    block: int,
+    window: torch.Tensor | None = None,
+):
+    """reference_step.step_angles in one launch (window: [B*T] out, contiguous, of
+    positions' dtype; positions [B] the windows' first)."""
+    t = 0 if window is None else window.numel() // max(1, positions.numel())
+    if window is not None and (
+        t * positions.numel() != window.numel() or window.dtype != positions.dtype
+    ):
+        raise ValueError("step_angles: window is [B*T] of the positions' dtype")
+    if window is not None and not window.is_contiguous():
+        raise ValueError("step_angles: window must be contiguous")
+    n, r = (positions.shape[0] if window is None else window.numel()), 2 * inv_freq.shape[0]
     cos = torch.empty((2, n, r), dtype=dtype, device=positions.device)
     sin = torch.empty_like(cos)
-    lengths = torch.empty_like(positions)
+    lengths = torch.empty(n, dtype=positions.dtype, device=positions.device)
     if n:
         _step_angles_kernel[(n, 2)](
             positions.contiguous(),
@@ -226,10 +248,12 @@ def step_angles(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dt
             cos,
             sin,
             lengths,
+            lengths if window is None else window,
             n,
             R=r,
             RP2=triton.next_power_of_2(r),
             BLOCK=block,
+            T=t,
             **pdl(cos.device),
         )
     return cos[0], sin[0], cos[1], sin[1], lengths
