@@ -98,17 +98,19 @@ def draft_step(
     _draft_next(model, sessions, io, r, ids, angles, rows, mtp_tables)
 
 
-def _gathered(kernels, tensors, table, column) -> torch.Tensor:
-    """The sessions' buffers stacked [B, ...]: through the table (the anchor's offsets), or
-    stacked as they are (one session: a view)."""
+def _gathered(kernels, tensors, table, column, tail=None) -> torch.Tensor:
+    """The sessions' buffers stacked [B, ...] (then `tail` [B, m, ...] along dim 1): through
+    the table (the anchor's offsets) in one launch, or stacked as they are (one session: a
+    view)."""
     if table is None:
-        return lone_step.stacked(tensors)
-    return kernels.gather_sessions(tensors, table, column)
+        stacked = lone_step.stacked(tensors)
+        return stacked if tail is None else torch.cat([stacked, tail], dim=1)
+    return kernels.gather_sessions(tensors, table, column, tail=tail)
 
 
 def _ple(ple, r3, states, window, kernels, pending, table) -> torch.Tensor:
     ids, conv = [p.ids for p in states], [p.conv for p in states]
-    history = torch.cat([_gathered(kernels, ids, table, PLE_IDS_COLUMN), window], dim=1)
+    history = _gathered(kernels, ids, table, PLE_IDS_COLUMN, tail=window)  # ids, then window
     # r3 plus the addition in one launch (kernels.ple_add, the same bits as the two adds)
     added, xfull = ple.stacked(r3, history, _gathered(kernels, conv, table, 0), kernels, added=True)
     pending.append((table, [(conv, xfull, None, 0), (ids, history, None, PLE_IDS_COLUMN)]))

@@ -108,6 +108,25 @@ def test_gather_and_put_through_an_anchor_table(column):
 
 
 @pytest.mark.parametrize("column", ["conv", "ids"])
+def test_gather_with_a_tail_appends_each_sessions_rows_in_one_launch(column):
+    """tail [B, m, ...]: gather_sessions' [B, n + m, ...] is the gathered buffers then the
+    tail's rows (a drafted step's PLE ids, then its window), as the reference's; session b's
+    row reads its own buffer and tail row alone."""
+    before, (anchor,), after = ple_states(2, 4), ple_states(1, 5), ple_states(2, 6)
+    rows = [after[1], before[0], after[0], before[1]]
+    col = 0 if column == "conv" else 1
+    table = ple_table(rows, anchor)
+    mine = [getattr(p, column) for p in rows]
+    tail = torch.stack(mine)[:, :2] * 3 + 1
+    got = triton_tables.gather_sessions([getattr(anchor, column)] * 4, table, col, tail=tail)
+    want = torch.cat([torch.stack(mine), tail], dim=1)
+    assert torch.equal(got, want)
+    assert torch.equal(rows_ref.gather_sessions(mine, tail=tail), want)
+    with pytest.raises(ValueError, match="tail"):
+        triton_tables.gather_sessions([getattr(anchor, column)] * 4, table, col, tail=tail[:3])
+
+
+@pytest.mark.parametrize("column", ["conv", "ids"])
 def test_put_a_slice_of_each_rows_through_an_anchor_table(column):
     """put_sessions_from (a drafted step's commit): session b gets src[b, start[b] : start[b]
     + n] in one launch, as the reference's gather and put; other buffers untouched."""

@@ -286,11 +286,16 @@ def gated_add(base: torch.Tensor, gate: torch.Tensor, s: torch.Tensor) -> torch.
 
 
 def gather_sessions(
-    tensors: list[torch.Tensor], table: torch.Tensor | None = None, column: int = 0
+    tensors: list[torch.Tensor],
+    table: torch.Tensor | None = None,
+    column: int = 0,
+    tail: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """B sessions' buffers of one kind (the same shape each), stacked: [B, *shape]. `table`
-    (session_tables', from tensors[0]) lets the Triton kernel read them where they lie."""
-    return torch.stack(tensors)
+    (session_tables', from tensors[0]) lets the Triton kernel read them where they lie.
+    tail [B, m, ...]: appended along dim 1 ([B, shape[0] + m, ...])."""
+    out = torch.stack(tensors)
+    return out if tail is None else torch.cat([out, tail.to(out.dtype)], dim=1)
 
 
 def put_sessions(tensors: list[torch.Tensor], values: torch.Tensor, table=None, column=0) -> None:

@@ -19,50 +19,90 @@ __all__ = ["gather_sessions", "put_sessions", "put_sessions_from"]
 BLOCK = 1024
 
 
-@triton.jit(do_not_specialize=["n"])
+@triton.jit(do_not_specialize=["n", "nt"])
 def _sessions_kernel(
     base_ptr,
     tab_ptr,
     dense_ptr,
+    tail_ptr,
     n,
+    nt,
     COLUMN: tl.constexpr,
     PUT: tl.constexpr,
     BLOCK: tl.constexpr,
     PDL: tl.constexpr = 0,
 ):
+    # dense's rows are n + nt apart: session b's n elements, then (a gather's) tail's row b
+    # of nt, copied by the programs past the first cdiv(n, BLOCK)
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     b = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n
-    at = tl.load(tab_ptr + b * TABLE_WIDTH + COLUMN)  # elements from the first buffer
-    if PUT:
-        tl.store(base_ptr + at + cols, tl.load(dense_ptr + b * n + cols, mask=mask), mask=mask)
+    block = tl.program_id(1).to(tl.int64)
+    row = n + nt
+    if block * BLOCK < n:
+        cols = block * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < n
+        at = tl.load(tab_ptr + b * TABLE_WIDTH + COLUMN)  # elements from the first buffer
+        if PUT:
+            values = tl.load(dense_ptr + b * row + cols, mask=mask)
+            tl.store(base_ptr + at + cols, values, mask=mask)
+        else:
+            values = tl.load(base_ptr + at + cols, mask=mask)
+            tl.store(dense_ptr + b * row + cols, values, mask=mask)
     else:
-        tl.store(dense_ptr + b * n + cols, tl.load(base_ptr + at + cols, mask=mask), mask=mask)
+        cols = (block - tl.cdiv(n, BLOCK)) * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < nt
+        tail = tl.load(tail_ptr + b * nt + cols, mask=mask)
+        tl.store(dense_ptr + b * row + n + cols, tail, mask=mask)
 
 
 def _launch(
-    first: torch.Tensor, table: torch.Tensor, dense: torch.Tensor, column: int, put: bool
+    first: torch.Tensor,
+    table: torch.Tensor,
+    dense: torch.Tensor,
+    column: int,
+    put: bool,
+    tail: torch.Tensor | None = None,
 ) -> None:
     if not first.is_contiguous() or not dense.is_contiguous():
         raise ValueError("gather_sessions / put_sessions: contiguous buffers only")
     b, n = table.shape[0], first.numel()
-    if b and n:
-        _sessions_kernel[(b, triton.cdiv(n, BLOCK))](
-            first, table, dense, n, COLUMN=column, PUT=put, BLOCK=BLOCK, **pdl(first.device)
+    nt = 0 if tail is None else tail[0].numel()
+    if b and n + nt:
+        grid = (b, triton.cdiv(n, BLOCK) + triton.cdiv(nt, BLOCK))
+        _sessions_kernel[grid](
+            first,
+            table,
+            dense,
+            dense if tail is None else tail,
+            n,
+            nt,
+            COLUMN=column,
+            PUT=put,
+            BLOCK=BLOCK,
+            **pdl(first.device),
         )
 
 
 def gather_sessions(
-    tensors: list[torch.Tensor], table: torch.Tensor | None = None, column: int = 0
+    tensors: list[torch.Tensor],
+    table: torch.Tensor | None = None,
+    column: int = 0,
+    tail: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """reference.gather_sessions in one launch, through `table` (made here when not given:
-    a CUDA graph needs it made before its capture)."""
+    a CUDA graph needs it made before its capture); tail [B, m, ...] appended along dim 1
+    in the same launch."""
     if table is None:
         table, column = offsets_table([tensors], align=[1]), 0
     first = tensors[0]
-    out = torch.empty((table.shape[0], *first.shape), dtype=first.dtype, device=first.device)
-    _launch(first, table, out, column, False)
+    shape = (table.shape[0], *first.shape)
+    if tail is not None:
+        if tail.shape[0] != shape[0] or tail.shape[2:] != first.shape[1:]:
+            raise ValueError(f"gather_sessions: tail {tuple(tail.shape)} does not follow {shape}")
+        tail = tail.to(first.dtype).contiguous()
+        shape = (shape[0], shape[1] + tail.shape[1], *shape[2:])
+    out = torch.empty(shape, dtype=first.dtype, device=first.device)
+    _launch(first, table, out, column, False, tail)
     return out
 
 
