@@ -111,8 +111,13 @@ def _gathered(kernels, tensors, table, column, tail=None) -> torch.Tensor:
 def _ple(ple, r3, states, window, kernels, pending, table) -> torch.Tensor:
     ids, conv = [p.ids for p in states], [p.conv for p in states]
     history = _gathered(kernels, ids, table, PLE_IDS_COLUMN, tail=window)  # ids, then window
-    # r3 plus the addition in one launch (kernels.ple_add, the same bits as the two adds)
-    added, xfull = ple.stacked(r3, history, _gathered(kernels, conv, table, 0), kernels, added=True)
+    # r3 plus the addition in one launch (kernels.ple_add, the same bits as the two adds);
+    # the conv reads each session's window where it lies (its table's column 0)
+    if table is None:
+        stacked = lone_step.stacked(conv)
+        added, xfull = ple.stacked(r3, history, stacked, kernels, added=True)
+    else:
+        added, xfull = ple.stacked(r3, history, conv[0][None], kernels, added=True, table=table)
     pending.append((table, [(conv, xfull, None, 0), (ids, history, None, PLE_IDS_COLUMN)]))
     return added.flatten(0, 1)
 

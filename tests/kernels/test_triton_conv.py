@@ -187,3 +187,22 @@ def test_conv_sessions_reads_and_moves_each_window_in_place(b, t):
     assert torch.equal(xfull_ref, xfull_want)
     for i in range(b):
         assert torch.equal(ref_windows[i], windows[i])
+
+
+@pytest.mark.parametrize("b, t", [(2, 3), (3, 1)])
+def test_conv_reads_the_windows_through_any_table_column(b, t):
+    """column: batch b's window lies at table row b's `column` (a PLE table's conv tails at
+    column 0, dilation 3, a drafted step's window of t rows): y and xfull bitwise those of
+    the stacked windows, the windows untouched without shift."""
+    from flashlane.kernels.session_tables import offsets_table
+
+    c, k, dil = 40, 4, 3
+    x, window, weight = _inputs(b, t, c, k, dil)
+    w2 = weight[:, 0, :]
+    windows = [window[i].clone() for i in range(b)]  # each its own buffer
+    table = offsets_table([windows], align=[1])
+    y_want, xfull_want = conv_tri.causal_conv(x, window.clone(), w2, dilation=dil)
+    y, xfull = conv_tri.causal_conv(x, windows[0][None], w2, dil, table=table, column=0)
+    assert torch.equal(y, y_want) and torch.equal(xfull, xfull_want)
+    for i in range(b):
+        assert torch.equal(windows[i], window[i])

@@ -27,7 +27,6 @@ from flashlane.kernels.pdl import enter, pdl
 from flashlane.kernels.session_tables import GDN_CONV_COLUMN, offsets_table
 from flashlane.kernels.tables import TABLE_WIDTH, no_table
 
-CONV_COL = tl.constexpr(GDN_CONV_COLUMN)
 # rows per tile stop at 16 (prompts); channels per tile at 256: a decode step (T = 1) over
 # C = 10240 channels still spreads over 40 programs per sequence
 MAX_BLOCK_T = 16
@@ -60,6 +59,7 @@ def _causal_conv_kernel(
     BLOCK_C: tl.constexpr,
     BLOCK_W: tl.constexpr,
     SHIFT: tl.constexpr = False,
+    COLUMN: tl.constexpr = GDN_CONV_COLUMN,
     PDL: tl.constexpr = 0,
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
@@ -74,10 +74,11 @@ def _causal_conv_kernel(
     mask_t = o_t < T
     p_x = x_ptr + i_b * stride_xb + o_c[None, :] * stride_xc
     # batch b's window: row b of the input, or session b's conv window where it lies
-    # (session_tables.gdn_table's conv column: elements from the first session's)
+    # (the table's COLUMN, gdn_table's conv column by default: elements from the first
+    # session's)
     win_b = i_b * stride_winb
     if use_table != 0:
-        win_b = tl.load(tab_ptr + i_b * TABLE_WIDTH + CONV_COL)
+        win_b = tl.load(tab_ptr + i_b * TABLE_WIDTH + COLUMN)
     p_win = win_ptr + win_b + o_c[None, :] * stride_winc
     # xfull and y are made contiguous: [B, W+T, C] and [B, T, C]
     p_xfull = xfull_ptr + i_b * (W + T) * C + o_c[None, :]
@@ -132,6 +133,7 @@ def causal_conv(
     silu: bool = True,
     shift: bool = False,
     table: torch.Tensor | None = None,
+    column: int = GDN_CONV_COLUMN,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """y_t = act(sum_j w[:, j] * xfull[t + j * dilation]), xfull = cat(window, x).
 
@@ -141,7 +143,7 @@ def causal_conv(
     shift: also write the window after the T rows (xfull's last W) into `window` in place,
     in the same launch (T up to MAX_BLOCK_T: one row block reads each channel's window).
     table: window is the first of B sessions' [1, W, C] windows, batch b's at the offset
-    of table row b's conv column (conv_sessions).
+    of table row b's `column` (the GDN table's conv column: conv_sessions; the PLE's 0).
     """
     b, t, c = x.shape
     k = weight.shape[-1]
@@ -188,6 +190,7 @@ def causal_conv(
         BLOCK_C=block_c,
         BLOCK_W=triton.next_power_of_2(max(w, 1)),
         SHIFT=shift and w > 0,
+        COLUMN=column,
         num_warps=4,
         enable_fp_fusion=False,
         **pdl(y.device),

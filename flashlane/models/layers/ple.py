@@ -143,18 +143,22 @@ class PLELayer(nn.Module):
         kernels,
         shift: bool = False,
         added: bool = False,
+        table: torch.Tensor | None = None,
     ):
         """forward for B windows of T rows, from tensors alone (a CUDA graph replays it):
         r3 [B, T, hc*H], history [B, n-1+T] ids, window [B, tail, hc*H] ->
         (the addition [B, T, hc*H], the conv inputs [B, tail+T, hc*H]). shift: the conv
         also moves `window` past the rows in place (a session's own window). added: r3 plus
-        the addition in its place (kernels.ple_add: one launch, the same bits)."""
+        the addition in its place (kernels.ple_add: one launch, the same bits). table: window
+        is the first session's [1, tail, hc*H], session b's at its PLE table row's column 0
+        (the Triton conv reads each where it lies)."""
         b, t = r3.shape[:2]
         emb = self.ple_embedding.embed(history).flatten(0, 1)
         gated, normed = self._gated(r3.flatten(0, 1), emb, kernels)
+        where = {} if table is None else dict(table=table, column=0)
         y, xfull = kernels.causal_conv(
             normed.unflatten(0, (b, t)), window, self.conv1d.weight[:, 0, :],
-            dilation=self.cfg.ple_conv_dilation, shift=shift,
+            dilation=self.cfg.ple_conv_dilation, shift=shift, **where,
         )  # fmt: skip
         if added:
             return kernels.ple_add(r3, gated.unflatten(0, (b, t)), y), xfull
