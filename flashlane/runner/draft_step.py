@@ -186,9 +186,11 @@ def _draft_next(model, sessions, io, r, next_ids, angles, rows, tables) -> None:
         # the first maximum; bf16 logits hold the fp32 ones' order (x unread: xn given)
         model.kernels.draft_pick(model.lm_head(mixer.read(x, xn)[0]), io.drafts, d)
         if d + 1 < k:  # cell at the pending token's position: the head's residual with draft d
-            at = pos + d if d else pos
+            # at = pos + d, written by step_angles (no add)
+            at = torch.empty_like(pos)
+            inv = model.rotary.inv(at.device)
             c, s, *once = model.kernels.step_angles(
-                at, model.rotary.inv(at.device), x.dtype, cfg.indexer_block
+                pos, inv, x.dtype, cfg.indexer_block, window=at, first=d
             )
             angles = (at, c, s, once)
             x, xn = _cells(model, x, io.drafts[:, d], caches, angles, chain, io.units, True, picked)

@@ -101,6 +101,15 @@ def test_step_angles_of_windows_write_each_rows_position(dtype):
         assert torch.equal(w, plain)
     with pytest.raises(ValueError, match="window"):
         trr.step_angles(pos, inv, dtype, 64, window=window[:8])
+    # first: an MTP chain's cell d drafts on, one row a session at positions + d
+    cell = torch.full((3,), -1, device=DEVICE)
+    got = trr.step_angles(pos, inv, dtype, 64, window=cell, first=2)
+    assert torch.equal(cell, pos + 2)
+    for g, w in zip(got, trr.step_angles(pos + 2, inv, dtype, 64), strict=True):
+        assert torch.equal(g, w)
+    want_cell = torch.full((3,), -1)
+    step_ref.step_angles(pos.cpu(), inv.cpu(), dtype, 64, window=want_cell, first=2)
+    assert torch.equal(want_cell, pos.cpu() + 2)
 
 
 @pytest.mark.parametrize("b", [1, 16])

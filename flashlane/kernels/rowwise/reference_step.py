@@ -15,15 +15,16 @@ def step_angles(
     dtype: torch.dtype,
     block: int,
     window: torch.Tensor | None = None,
+    first: int = 0,
 ):
     """A lone step's rotary inputs at once: cos, sin of the rows' positions; cos, sin of
     their blocks' first positions (`block`); the rows' cache lengths positions + 1.
 
-    window: [B*T] out for a drafted step's rows: positions [B] are the windows' first, row
-    b*T + j is at positions[b] + j, written into `window`."""
+    window: [B*T] out for a drafted step's rows: row b*T + j is at positions[b] + first + j,
+    written into `window` (a window's rows; an MTP chain's cell `first` drafts on, T = 1)."""
     if window is not None:
         t = window.numel() // positions.numel()
-        offsets = torch.arange(t, dtype=positions.dtype, device=positions.device)
+        offsets = torch.arange(first, first + t, dtype=positions.dtype, device=positions.device)
         positions = window.copy_((positions[:, None] + offsets).flatten())
     return (
         *cos_sin(positions, inv_freq, dtype),

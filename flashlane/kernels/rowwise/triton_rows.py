@@ -197,18 +197,19 @@ def _step_angles_kernel(
     len_ptr,
     win_ptr,
     n,
+    first,
     R: tl.constexpr,
     RP2: tl.constexpr,
     BLOCK: tl.constexpr,
     T: tl.constexpr = 0,
     PDL: tl.constexpr = 0,
 ):
-    # T: a drafted step's rows, T a window: row b*T + j at pos[b] + j, stored into win
+    # T: a drafted step's rows, T a window: row b*T + j at pos[b] + first + j, stored into win
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     blocks = tl.program_id(1)  # 0: the rows' positions; 1: their blocks' first positions
     if T:
-        pos = tl.load(pos_ptr + row // T) + row % T
+        pos = tl.load(pos_ptr + row // T) + first + row % T
     else:
         pos = tl.load(pos_ptr + row)
     if blocks == 1:
@@ -227,9 +228,10 @@ def step_angles(
     dtype: torch.dtype,
     block: int,
     window: torch.Tensor | None = None,
+    first: int = 0,
 ):
     """reference_step.step_angles in one launch (window: [B*T] out, contiguous, of
-    positions' dtype; positions [B] the windows' first)."""
+    positions' dtype; positions [B] the windows' first, less `first`)."""
     t = 0 if window is None else window.numel() // max(1, positions.numel())
     if window is not None and (
         t * positions.numel() != window.numel() or window.dtype != positions.dtype
@@ -250,6 +252,7 @@ def step_angles(
             lengths,
             lengths if window is None else window,
             n,
+            first,
             R=r,
             RP2=triton.next_power_of_2(r),
             BLOCK=block,
