@@ -115,22 +115,22 @@ class SparseMoe(nn.Module):
         logit: as one more expert of the routed experts' launches once the weights are
         stacked (WithShared), else on its own and added in their last launch."""
         cfg, e = self.cfg, self.experts
-        if self.placed is not None:
-            se = self.shared_expert
-            shared = se.down_proj(kernels.swiglu(se.gate_proj(x), se.up_proj(x)))
-            return kernels.moe_placed(
-                x, self.gate.weight, e.gate_proj, e.up_proj, e.down_proj,
-                cfg.num_experts_per_tok, cfg.norm_topk_prob, self.placed, self.reduce_slots,
-                (self.shared_expert_gate(x), shared),
-            )  # fmt: skip
-        router = self.with_shared.stacked(x)
+        router = self.with_shared.stacked(x)  # None on an expert-parallel rank (unstacked)
         if router is not None:
             return kernels.moe_shared(
                 x, router, *self.with_shared.experts, cfg.num_experts_per_tok, cfg.norm_topk_prob
             )
         se = self.shared_expert
-        shared = se.down_proj(kernels.swiglu(se.gate_proj(x), se.up_proj(x)))
+        shared = (
+            self.shared_expert_gate(x),
+            se.down_proj(kernels.swiglu(se.gate_proj(x), se.up_proj(x))),
+        )
+        stacks, k = (e.gate_proj, e.up_proj, e.down_proj), cfg.num_experts_per_tok
+        if self.placed is not None:
+            return kernels.moe_placed(
+                x, self.gate.weight, *stacks, k, cfg.norm_topk_prob, self.placed,
+                self.reduce_slots, shared,
+            )  # fmt: skip
         return kernels.moe(
-            x, self.gate.weight, e.gate_proj, e.up_proj, e.down_proj,
-            cfg.num_experts_per_tok, cfg.norm_topk_prob, (self.shared_expert_gate(x), shared),
+            x, self.gate.weight, *stacks, k, cfg.norm_topk_prob, shared,
         )  # fmt: skip
