@@ -329,3 +329,20 @@ def test_linear_decode_and_prefill_tiles_agree(dtype):
         for o in (0, 70, 200 - tlin.DECODE_ROWS):
             rows = full[o : o + tlin.DECODE_ROWS]
             assert_dot_equal(tlin.linear(rows, w), big[o : o + tlin.DECODE_ROWS], o)
+
+
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_linear_keeps_the_padded_row_stride_for_every_row_count(m):
+    """An aligned product's rows keep their padded stride for one row as for many (torch's
+    reshape renormalised a size-1 dim: one row came back with stride N, and a kernel
+    specialised on its input's stride compiled another variant for it; issue 28), through
+    leading dims too."""
+    g = torch.Generator(device=DEVICE).manual_seed(m)
+    w = torch.randn(513, 64, generator=g, device=DEVICE)
+    x = torch.randn(m, 64, generator=g, device=DEVICE)
+    y = tlin.linear(x, w, aligned=True)
+    assert y.shape == (m, 513) and y.stride() == (528, 1)
+    y3 = tlin.linear(x[None], w, aligned=True)
+    assert y3.shape == (1, m, 513) and y3.stride() == (528 * m, 528, 1)
+    assert torch.equal(y3[0], y)
+    assert tlin.linear(x[0], w, aligned=True).shape == (513,)

@@ -184,3 +184,29 @@ def test_pick_from_a_wider_aligned_row_is_the_pick_from_its_copy(dtype):
     got = routing.pick_experts(wide[:, :512], 10, True, dtype)
     want = routing.pick_experts(wide[:, :512].contiguous(), 10, True, dtype)
     assert torch.equal(_bits(got[0]), _bits(want[0])) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("e", [512, 60])
+def test_pick_bits_do_not_follow_the_row_stride(e):
+    """A row's weights are the same bits whatever its view's row stride (contiguous, the
+    padded 528 of moe_shared's router, an odd 513 as a single row's reshape left it) and
+    whatever rows share the call. The kernel is specialised on the stride: on the H200 a
+    stride of 513 loaded one value a thread, 528 four, and the softmax sum parted in its
+    last bits (issue 28: a served reply alone and beside others). fp32 weights, so any
+    difference shows."""
+    rows = 2048 if DEVICE == "cuda" else 6
+    g = torch.Generator(device=DEVICE).manual_seed(e)
+    base = torch.randn(rows, e, generator=g, device=DEVICE)
+    want = routing.pick_experts(base, 10, True, torch.float32)
+    for width in (e, e + 1, -(-(e + 1) // 16) * 16):
+        wide = torch.zeros(rows, width, device=DEVICE)
+        wide[:, :e] = base
+        view = wide[:, :e]
+        got = routing.pick_experts(view, 10, True, torch.float32)
+        assert torch.equal(_bits(got[0]), _bits(want[0])), width
+        assert torch.equal(got[1], want[1]), width
+        for i in (0, rows - 1):  # one row alone, its stride as torch's reshape leaves it
+            one = view[i : i + 1].reshape(1, e)
+            got = routing.pick_experts(one, 10, True, torch.float32)
+            assert torch.equal(_bits(got[0][0]), _bits(want[0][i])), (width, i)
+            assert torch.equal(got[1][0], want[1][i]), (width, i)

@@ -32,7 +32,7 @@ CLEAR_CHUNK = 1024
 ROUTE_WARPS, DISPATCH_WARPS = 1, 2
 
 
-@triton.jit  # stride_l specialised: a multiple of 16 loads as E = 512 did (the same sums)
+@triton.jit  # stride_l specialised, always a multiple of 16 (pick_experts sees to it)
 def _route_kernel(
     l_ptr,
     w_ptr,
@@ -88,8 +88,13 @@ def pick_experts(
     Returns (weights [N, k] in dtype, ids [N, k] int64), ids in rank order.
     """
     n, e = logits.shape
-    if logits.stride(-1) != 1:
-        logits = logits.contiguous()
+    if logits.stride(-1) != 1 or logits.stride(0) % 16 or logits.data_ptr() % 16:
+        # the kernel is specialised on its stride and pointer (16 divides them or not): its
+        # loads, and with them the softmax sum's order, follow. One variant for every call,
+        # or a row's weights depend on the rows beside it (a single row's view of a padded
+        # product had stride 513, two rows 528: other bits)
+        padded = torch.empty((n, -(-e // 16) * 16), dtype=logits.dtype, device=logits.device)
+        logits = padded[:, :e].copy_(logits)
     assert top_k <= e, f"top_k {top_k} > {e} experts"
     weights = torch.empty((n, top_k), dtype=dtype, device=logits.device)
     ids = torch.empty((n, top_k), dtype=torch.int64, device=logits.device)
