@@ -113,3 +113,19 @@ def prefill_tile(n: int, k: int, dtype: torch.dtype) -> dict:
         num_warps=8,
         num_stages=3,
     )
+
+
+def shaped(y: torch.Tensor, lead: tuple[int, ...]) -> torch.Tensor:
+    """A product y [M, N] (its rows perhaps padded past N) as [*lead, N], its row stride kept.
+    torch's reshape gives a dim of size 1 a contiguous tensor's stride: one row of the
+    router's aligned product (512 experts and the shared gate) came back with stride 513, two
+    rows with 528, and a kernel specialised on its stride (16 divides it or not) compiled
+    another variant for one row: the router's pick summed its softmax in another order."""
+    if len(lead) == 1:
+        return y
+    if not lead:
+        return y.reshape(y.shape[1])
+    strides = [y.stride(0)]
+    for size in reversed(lead[1:]):
+        strides.insert(0, strides[0] * size)
+    return y.as_strided((*lead, y.shape[1]), (*strides, 1))

@@ -40,7 +40,7 @@ import triton.language as tl
 
 from flashlane.kernels.linear.partitions import all_partitions, partition_sum
 from flashlane.kernels.linear.prefetch import prefetch_rows, prefetch_span
-from flashlane.kernels.linear.tiles import DECODE_ROWS, prefill_tile, row_tile, tile_config
+from flashlane.kernels.linear.tiles import DECODE_ROWS, prefill_tile, row_tile, shaped, tile_config
 from flashlane.kernels.partials import add_partials, counters, last_to_arrive
 from flashlane.kernels.pdl import enter, pdl
 
@@ -312,7 +312,7 @@ def linear(
         _linear_kernel[(m_tiles, n_tiles, 1)](
             x2, w, y, y, y, m, n, k, x2.stride(0), y.stride(0), ahead, squash_cols, **meta
         )
-        return _shaped(y, lead)
+        return shaped(y, lead)
     ws = torch.empty((parts, m, n), dtype=torch.float32, device=x.device)
     _linear_kernel[(m_tiles, n_tiles, parts)](
         x2,
@@ -343,22 +343,4 @@ def linear(
             BLOCK=block,
             num_warps=4,
         )
-    return _shaped(y, lead)
-
-
-def _shaped(y: torch.Tensor, lead: tuple[int, ...]) -> torch.Tensor:
-    """y [M, N] (its rows perhaps padded past N) as [*lead, N] with the row stride kept.
-    torch's reshape gives a dim of size 1 a contiguous tensor's stride: one row of an aligned
-    product came back with row stride N (513: the router's 512 experts and the shared gate),
-    two rows with the padded width (528), and a kernel specialised on its stride (16 divides
-    it or not) compiled another variant for one row than for more. The router's pick then
-    summed its softmax in another order: a stream's bits alone and beside others parted
-    (issue 28's served run)."""
-    if len(lead) == 1:
-        return y
-    if not lead:
-        return y.reshape(y.shape[1])
-    strides = [y.stride(0)]
-    for size in reversed(lead[1:]):
-        strides.insert(0, strides[0] * size)
-    return y.as_strided((*lead, y.shape[1]), (*strides, 1))
+    return shaped(y, lead)
