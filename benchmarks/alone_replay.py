@@ -12,7 +12,7 @@ ignore_eos, the engine on its default flags. The replies are generated:
   all:        every prompt at once.
 
 and every variant's replies are compared with `alone`: which prompts differ and the first
-token where. Prints one line per variant and a JSON line.
+token where. Prints one line per variant and a JSON line; exits 1 if any reply differs.
 
     python benchmarks/alone_replay.py --device cuda --config flashnext-12l
 """
@@ -20,6 +20,7 @@ token where. Prints one line per variant and a JSON line.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 from types import SimpleNamespace
@@ -93,7 +94,9 @@ def main() -> None:
         print(f"{name:>9}: {len(diff)} of {n} differ from alone {diff}", flush=True)
     if differing:
         del llm
-        torch.cuda.empty_cache() if args.device.startswith("cuda") else None
+        gc.collect()  # the engine's graphs and pools go with it before the next is built
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
         fresh = new_llm(args)
         diff = {}
         for i in sorted(differing):
@@ -104,6 +107,8 @@ def main() -> None:
         print(f"    fresh: {len(diff)} of {len(differing)} differ from alone {diff}")
     result["seconds"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(result))
+    if any(result["variants"].values()):
+        raise SystemExit(1)  # a reply that differs from alone fails the check
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 #     bash scripts/gpu_check.sh                      # everything
 #     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, exact, lone, sweep, benches,
 #                                                    # model, long, drafts, diag, serve,
-#                                                    # serve-bisect, fp8,
+#                                                    # serve-bisect, replay, fp8,
 #                                                    # peer-build, peer
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
@@ -50,6 +50,9 @@
 # serve-bisect: the served replies against alone at concurrency 4 with one mechanism off at a
 #          time (--no-drafts, --no-lone, --no-graphs, --no-enable-prefix-caching; BISECT_FLAGS
 #          and BISECT_ARGS override): which one a reply that differs from alone needs.
+# replay:  bench serve's 64 prompts through an engine without the server, alone and in groups
+#          (benchmarks/alone_replay.py: which replies differ from alone and where; about 2
+#          minutes on the H200 with flashnext-12l; REPLAY_ARGS overrides)
 # peer-build: llama.cpp b11434 for sm_90 from .peer/llama.cpp-b11434.tar.gz (made by
 #          scripts/llama_cpp_subset.py; carry .peer) into .peer/src and .peer/build, and at the
 #          same time the GGUF of the random flashnext-4l (seed 0) into .peer/gguf/ (28.9 GB; the
@@ -227,6 +230,15 @@ if [[ " $steps " == *" serve-bisect "* ]]; then
         serve_and_bench "bisect${flags// /}_$stamp" "$flags" "$args"
     done
     grep -h "differs from alone\|^ *4 " "$out"/bench_serve_cuda_bisect*_"$stamp".log
+fi
+
+if [[ " $steps " == *" replay "* ]]; then
+    args="${REPLAY_ARGS:---device cuda --config flashnext-12l}"
+    echo "== python benchmarks/alone_replay.py $args"
+    # shellcheck disable=SC2086
+    python benchmarks/alone_replay.py $args 2>&1 | tee "$out/alone_replay_$stamp.log" \
+        || failed+=("replay")
+    tail -n 1 "$out/alone_replay_$stamp.log" > "$out/alone_replay_$stamp.json"
 fi
 
 # PEER_CONFIG, PEER_DEVICE (cpu: a CPU build, a CPU-made GGUF) and PEER_BUILD let the steps run
