@@ -188,7 +188,7 @@ def record_row(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "first"])  # one variant for one stream and many
 def _step_angles_kernel(
     pos_ptr,
     inv_ptr,
