@@ -89,12 +89,15 @@ if [[ " $steps " == *" tests "* ]]; then
         || failed+=("check_gpu_draw")
 fi
 
-# gpu_pytest NAME FILES...: the tests marked cuda or triton among FILES, logged as gpu_NAME
+# gpu_pytest NAME FILES...: the tests marked cuda or triton among FILES (PYTEST_K narrows them:
+# `PYTEST_K=drafted GPU_STEPS=lone`, then `PYTEST_K="not drafted"`), logged as gpu_NAME
 gpu_pytest() {
     local name="$1"
     shift
     echo "== python -m pytest -m 'cuda or triton' $*"
-    python -m pytest -m "cuda or triton" -v -rf --tb=short --durations=30 -p no:cacheprovider "$@" 2>&1 \
+    # PYTEST_K: a -k expression, to split a long step over two calls
+    python -m pytest -m "cuda or triton" -v -rf --tb=short --durations=30 -p no:cacheprovider \
+        ${PYTEST_K:+-k "$PYTEST_K"} "$@" 2>&1 \
         | tee "$out/gpu_${name}_$stamp.log" || failed+=("$name")
 }
 
