@@ -9,18 +9,15 @@ import dataclasses
 import pytest
 import torch
 
-from flashlane.kernels import select_kernels
 from flashlane.lanes.records import CostTable
 from flashlane.llm import LLM
 from flashlane.models.flashnext import commit, run_piece
-from flashlane.models.loader import load_checkpoint
-from flashlane.models.presets import preset
-from flashlane.models.random_weights import build_random
 from flashlane.models.rows import Rows
 from flashlane.models.state import SessionState
 from flashlane.request import SamplingParams
 from flashlane.runner.backend import copy_session
 from flashlane.runner.graphs import Graphs
+from tests.gpu.models import gpu_model_named
 from tests.oracle import GATE_CHECKPOINTS, SIBLINGS
 
 pytestmark = [
@@ -32,15 +29,7 @@ CAP = 512
 
 @pytest.fixture(scope="module", params=["tiny", "flashnext-4l", *sorted(SIBLINGS), "qwen3-next-4l"])
 def gpu_model(request, oracle_by_name):
-    if request.param.endswith("-4l"):
-        cfg, model = build_random(preset(request.param), torch.bfloat16, "cuda", seed=1)
-    else:
-        cfg, model = load_checkpoint(
-            oracle_by_name(request.param), dtype=torch.bfloat16, device="cuda"
-        )
-    kernels = select_kernels("cuda")
-    assert kernels.name == "triton"
-    model.use_kernels(kernels)
+    cfg, model = gpu_model_named(request.param, oracle_by_name)
     if request.param == "flashnext-4l":  # the tiny models run eagerly, this one with graphs
         model.graphs = Graphs(max_rows=64)
     yield cfg, model

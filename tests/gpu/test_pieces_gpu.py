@@ -16,17 +16,16 @@ import torch
 
 from flashlane.config import EngineConfig
 from flashlane.engine import Engine
-from flashlane.kernels import select_kernels
 from flashlane.lanes.records import CostTable
 from flashlane.llm import LLM
 from flashlane.models.flashnext import commit
-from flashlane.models.loader import load_checkpoint
 from flashlane.models.presets import preset
 from flashlane.models.random_weights import build_random
 from flashlane.models.rows import Rows
 from flashlane.models.state import SessionState
 from flashlane.request import SamplingParams
 from flashlane.runner.graphs import Graphs
+from tests.gpu.models import gpu_model_named
 
 pytestmark = [
     pytest.mark.cuda,
@@ -38,13 +37,7 @@ STEPS = 12
 
 @pytest.fixture(scope="module", params=["tiny", "flashnext-4l"])
 def gpu_model(request, oracle_by_name):
-    if request.param.endswith("-4l"):
-        cfg, model = build_random(preset(request.param), torch.bfloat16, "cuda", seed=1)
-    else:
-        cfg, model = load_checkpoint(
-            oracle_by_name(request.param), dtype=torch.bfloat16, device="cuda"
-        )
-    model.use_kernels(select_kernels("cuda"))
+    cfg, model = gpu_model_named(request.param, oracle_by_name)
     model.graphs = Graphs(max_rows=64)  # pieces of 64 rows replay, longer ones run eagerly
     yield cfg, model
     del model
