@@ -39,6 +39,8 @@ HARMLESS = {
     ("_cos_sin_kernel", "pos_ptr"): "elementwise: each angle from its own position",
     ("_causal_conv_kernel", "stride_xb"): "taps added one by one in a static loop",
     ("_causal_conv_kernel", "stride_xt"): "taps added one by one in a static loop",
+    ("_accept_kernel", "B"): "the verdict only compares integer ids",
+    ("_put_from_two_kernel", "start1"): "a copy: start positions read as integers",
 }
 
 
@@ -146,6 +148,25 @@ def _lone(cfg, model, n: int) -> dict:
     return v.seen
 
 
+def _drafted(cfg, model, n: int, depth: int = 2) -> dict:
+    """n sessions' drafted lone step, named by size tables as its graph names it
+    (benchmarks/launch_census.py's drafted_step for n sessions)."""
+    from flashlane.runner.lone_buffers import SizeTables
+    from flashlane.runner.lone_draft import DraftBuffers
+
+    sessions = _sessions(cfg, model, n)
+    sizes = SizeTables(cfg, sessions, 8 * (depth + 1), torch.device("cpu"))
+    width = cfg.hc_count * cfg.hidden_size
+    io = DraftBuffers(n, depth, cfg.hc_count, width, torch.float32, torch.device("cpu"))
+    io.table = sizes.of(tuple(range(n)), n, drafted=True).clone()
+    io.table_keys = sizes.draft_keys
+    io.tok.fill_(5)
+    io.pos.copy_(torch.tensor([s.length for s in sessions]))
+    with torch.no_grad(), Variants() as v:
+        io.step(model, [sizes.anchor], io.tables())
+    return v.seen
+
+
 def _differences(one: dict, many: dict) -> list[str]:
     """Kernels launched in both runs whose specialisations differ. A kernel's launches are
     pooled over its call sites: one window and several take different paths to the same
@@ -177,3 +198,10 @@ def test_lone_steps_compile_one_variant_for_one_stream_and_many(tiny):
     one = _lone(cfg, model, 1)
     assert one, "no launch recorded: the hook missed the kernels"
     assert not _differences(one, _lone(cfg, model, 2))
+
+
+def test_drafted_steps_compile_one_variant_for_one_stream_and_many(tiny):
+    cfg, model = tiny
+    one = _drafted(cfg, model, 1)
+    assert one, "no launch recorded: the hook missed the kernels"
+    assert not _differences(one, _drafted(cfg, model, 2))
