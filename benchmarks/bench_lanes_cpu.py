@@ -98,6 +98,12 @@ def main() -> None:
                     drafted += sum(o.stats.drafted for o in outs)
                     accepted += sum(o.stats.accepted for o in outs)
         ratios = sorted(a / b for a, b in zip(rates["on"], rates["off"]))
+        # the lone driver's measured step times (ms) by (sessions, drafts a step), which its
+        # depth rule compares: why a level drafted or not
+        lone = getattr(llm.engine.host, "lone", None)
+        step_ms = {
+            f"{b},{d}": round(ms, 4) for (b, d), ms in sorted(getattr(lone, "step_ms", {}).items())
+        }
         rows.append(
             {
                 "streams": n,
@@ -110,6 +116,7 @@ def main() -> None:
                 "on_over_off_runs": ratios,
                 "drafted": drafted,
                 "accepted": accepted,
+                "lone_step_ms": step_ms,
             }
         )
     one = rows[0]["shared_off_tok_s"]
