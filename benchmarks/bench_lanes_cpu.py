@@ -98,11 +98,13 @@ def main() -> None:
                     drafted += sum(o.stats.drafted for o in outs)
                     accepted += sum(o.stats.accepted for o in outs)
         ratios = sorted(a / b for a, b in zip(rates["on"], rates["off"]))
-        # the lone driver's measured step times (ms) by (sessions, drafts a step), which its
-        # depth rule compares: why a level drafted or not
+        # the lone driver's measured ms a step by (sessions, drafts a step), which its depth
+        # rule compares (step_ms), and with the calls' loads (call_ms): why a level drafted
         lone = getattr(llm.engine.host, "lone", None)
-        step_ms = {
-            f"{b},{d}": round(ms, 4) for (b, d), ms in sorted(getattr(lone, "step_ms", {}).items())
+        measured = {
+            name: {f"{b},{d}": round(ms, 4) for (b, d), ms in sorted(table.items())}
+            for name in ("step_ms", "call_ms")
+            if (table := getattr(lone, name, None)) is not None
         }
         rows.append(
             {
@@ -116,7 +118,7 @@ def main() -> None:
                 "on_over_off_runs": ratios,
                 "drafted": drafted,
                 "accepted": accepted,
-                "lone_step_ms": step_ms,
+                "lone_ms": measured,
             }
         )
     one = rows[0]["shared_off_tok_s"]

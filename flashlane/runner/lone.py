@@ -32,13 +32,7 @@ import torch
 from flashlane.models.flashnext import FlashNext
 from flashlane.models.state import SessionState
 from flashlane.runner.graphs import bucket_of, buckets
-from flashlane.runner.lone_buffers import (
-    RING,
-    SizeTables,
-    StepBuffers,
-    posts_to_pinned,
-    warm_up,
-)
+from flashlane.runner.lone_buffers import RING, SizeTables, StepBuffers, posts_to_pinned, warm_up
 from flashlane.runner.lone_step import session_tables, step
 from flashlane.sampling.lone_draw import KeyedDraw, keyed_specs
 
@@ -91,8 +85,9 @@ class LoneDriver:
         self.failed: str | None = None  # why the steps run eagerly, if a capture failed
         self.num_steps = 0
         self.widest = 0  # the most sessions one call has decoded together
-        # a landed step's wall time in ms, by (sessions, depth): what drafting weighs
+        # ms a landed step by (sessions, depth), what drafting weighs; call_ms: with its loads
         self.step_ms: dict[tuple[int, int], float] = {}
+        self.call_ms: dict[tuple[int, int], float] = {}
         self.drafting = None  # drafted steps (runner/lone_draft.py), with an MTP head
         if drafter is not None and model.mtp is not None:
             from flashlane.runner.lone_draft import Drafting
@@ -139,7 +134,7 @@ class LoneDriver:
         token; each landed step's tokens go to their takes, and once any take says no, the
         step in flight (if any) lands and is handed over too. Returns the steps every session
         holds."""
-        budget = min(budget, self.max_steps)
+        started, budget = time.perf_counter(), min(budget, self.max_steps)
         if budget <= 0:
             return 0
         b = len(session_ids)
@@ -167,7 +162,7 @@ class LoneDriver:
                 going = takes[i](token_id, bool(finite)) and going
             return going
 
-        launched = self.run_steps(tuple(session_ids), io, budget, land)
+        launched = self.run_steps(tuple(session_ids), io, budget, land, started)
         for i, sid in enumerate(session_ids):
             self.sessions[sid].length = positions[i] + launched
         if self.drafter is not None and self.drafter.enabled:
@@ -188,12 +183,14 @@ class LoneDriver:
             self.drafter.catch_up(stream_id, self.sessions[session_id])
 
     def run_steps(
-        self, ids: tuple[int, ...], io, budget: int, land: Callable[[list[list[int]]], bool]
+        self, ids: tuple[int, ...], io, budget: int, land: Callable, started: float = 0.0
     ) -> int:
         """Up to `budget` steps with io, two in flight (one where a top_p row may land
         unsettled: module docstring): each landed step's ring rows go to land(), and once it
-        says stop the step in flight lands too. Folds greedy calls' mean step time into
-        step_ms by (sessions, io.depth), from four steps on. Returns the steps launched."""
+        says stop the step in flight lands too. From four greedy steps on (keyed ones have
+        more launches) folds the mean step time into step_ms and the call's time since
+        `started` (its loads, a drafted call's first chain) a step into call_ms, by
+        (sessions, io.depth). Returns the steps launched."""
         run = self.runner(ids, io)
         draw = getattr(io, "draw", None)
         settle = draw is not None and draw.may_need_host
@@ -215,11 +212,11 @@ class LoneDriver:
         seconds, b = time.perf_counter() - t0, len(ids)
         self.num_steps += launched
         self.widest = max(self.widest, b)
-        # drafting weighs greedy steps against drafted ones: keyed steps (more launches) are
-        # not folded in
         if launched >= 4 and draw is None:
-            ms, old = 1e3 * seconds / launched, self.step_ms.get((b, io.depth))
-            self.step_ms[(b, io.depth)] = ms if old is None else 0.75 * old + 0.25 * ms
+            now, key = time.perf_counter(), (b, io.depth)
+            for table, s in ((self.step_ms, seconds), (self.call_ms, now - (started or t0))):
+                ms, old = 1e3 * s / launched, table.get(key)
+                table[key] = ms if old is None else 0.75 * old + 0.25 * ms
         return launched
 
     def capture_all(self) -> int:

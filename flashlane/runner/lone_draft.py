@@ -10,6 +10,7 @@ the anchor session (runner/lone_buffers.py), two in flight, as plain lone steps 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -118,7 +119,7 @@ class Drafting:
         """LoneDriver.decode_many in drafted steps: up to `budget` steps while each fits in
         `room` positions; every landed step's kept tokens go to the takes in order. Returns
         the steps launched (None: no step fits, nothing ran)."""
-        drv, depth = self.driver, self.depth
+        drv, depth, started = self.driver, self.depth, time.perf_counter()
         t = depth + 1
         budget = min(budget, room // t, drv.max_steps)
         if drv.size_tables is not None:  # the pad rows' room, from position 0
@@ -147,7 +148,7 @@ class Drafting:
                     going = takes[i](row[j], bool(row[t + j])) and going
             return going
 
-        launched = drv.run_steps(tuple(ids), io, budget, land)
+        launched = drv.run_steps(tuple(ids), io, budget, land, started)
         after = [p + n for p, n in zip(positions, kept)]
         self.carry = {sid: c for sid, c in self.carry.items() if c[1] is not io}
         self.carry.update(

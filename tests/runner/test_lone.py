@@ -112,6 +112,21 @@ def test_sessions_decoded_together_equal_each_alone(tiny_ckpt):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+def test_lone_calls_fold_step_and_call_times(tiny_ckpt):
+    """A greedy call of four steps or more folds its mean step time into step_ms (what
+    drafting weighs) and its time from the call's start into call_ms, by (sessions, depth);
+    a shorter call folds nothing."""
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    prompt = prompts()[0]
+    s, first = prefilled(model, cfg, prompt)
+    driver = LoneDriver(model, [s])
+    driver.decode(0, first, len(prompt), 3, lambda t, f: True)
+    assert driver.step_ms == {} and driver.call_ms == {}
+    driver.decode(0, first, s.length, 6, lambda t, f: True)
+    assert set(driver.step_ms) == set(driver.call_ms) == {(1, 0)}
+    assert 0 < driver.step_ms[(1, 0)] <= driver.call_ms[(1, 0)]
+
+
 def test_lone_stops_after_a_landed_step_and_lands_the_one_in_flight(tiny_ckpt):
     cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
     prompt = prompts()[0]
