@@ -98,69 +98,24 @@ def cmd_info(args: argparse.Namespace) -> int:
 
         quant = QuantSpec()
     plan = None
-    asked = (args.slot_contexts, args.memory_limit_gb, args.context, args.parallel)
+    asked = (
+        args.slot_contexts,
+        args.memory_limit_gb,
+        args.context,
+        args.parallel,
+        args.ple_table_dtype,
+    )
     tp = args.tensor_parallel_size
     if any(a is not None for a in asked) or os.environ.get(LIMIT_ENV) or tp > 1:
-        plan = _info_plan(cfg, args, os.environ, quant)
+        from flashlane.planning.info_plan import info_plan
+
+        plan = info_plan(cfg, args, os.environ, quant)
     print(describe(cfg, plan, quant))
     if tp > 1:
         experts = "experts placed" if args.expert_parallel else "expert widths"
         print(f"\n(the memory plan is one rank's of {tp}: heads, {experts} and the lm_head")
         print(" split, the rest replicated; flashlane/parallel/plan.py)")
     return 0
-
-
-def _info_plan(cfg, args, env, quant=None):
-    """The plan the engine would make: the same ceiling (flag, then FLASHNEXT_LOAD_LIMIT_GB),
-    the same prompt cache budget beside the sessions, the weights in FP8 on cuda for a
-    block-FP8 checkpoint (or --quantization fp8), and the n-gram tables where
-    --ple-table-device puts them (auto: on cuda when the plan fits, else in host memory)."""
-    from flashlane.models.census import count_params
-    from flashlane.models.host_tables import table_place
-    from flashlane.planning import memory
-    from flashlane.sessions.slots import parse_slot_contexts
-
-    device, slots = args.device or "cuda", args.slot_contexts
-    limit = memory.resolve_limit_bytes(args.memory_limit_gb, env, device, 141 * 2**30)
-    cache_gb = args.prompt_cache_gb
-    if cache_gb is None and env.get("FLASHLANE_PROMPT_CACHE_GB"):
-        cache_gb = float(env["FLASHLANE_PROMPT_CACHE_GB"])
-    elem = 2 if device == "cuda" else 8
-    table = elem * count_params(cfg).ngram_table
-    if quant is not None and device == "cuda":
-        from flashlane.models.weight_bytes import fp8_bytes
-
-        weights = fp8_bytes(cfg, quant).total_bytes  # the table among the bf16 values
-    else:
-        weights = memory.weight_bytes(cfg, elem)
-    tp = args.tensor_parallel_size
-    if tp > 1:  # one rank's weights (bf16; the table whole, replicated) and heads
-        from flashlane.parallel.footprint import rank_params
-        from flashlane.parallel.plan import shard_config
-
-        weights = rank_params(cfg, tp, placed=args.expert_parallel) * elem
-        cfg = shard_config(cfg, tp, args.expert_parallel)
-    ram = int(memory.RAM_FRACTION * memory.read_ram_bytes())
-    opts = dict(
-        device=device,
-        limit_bytes=limit,
-        max_rows=args.max_rows or (64 if device == "cuda" else 16),
-        context=args.context,
-        slot_contexts=None if slots is None else parse_slot_contexts(slots),
-        parallel=None if args.parallel in (None, "auto") else int(args.parallel),
-        prompt_rows=memory.PREFILL_ROWS[device],
-        prompt_cache_bytes=memory.resolve_prompt_cache_bytes(cache_gb, device, limit),
-    )
-    host = dict(weight_bytes=weights - table, host_bytes=table, host_limit_bytes=ram)
-    requested = args.ple_table_device
-    if table_place(requested, device, True) == "host" or not table:
-        return memory.plan(cfg, **opts, **(host if table else dict(weight_bytes=weights)))
-    try:
-        return memory.plan(cfg, **opts, weight_bytes=weights)
-    except memory.OverMemoryLimit:
-        if table_place(requested, device, False) == "device":
-            raise
-        return memory.plan(cfg, **opts, **host)
 
 
 def build_parser() -> FlagParser:
@@ -225,6 +180,14 @@ def build_parser() -> FlagParser:
         choices=["auto", "cpu", "cuda"],
         help="where the n-gram tables go (default: auto, cuda when the plan fits, else the "
         "host's memory)",
+    )
+    info.add_argument(
+        "--ple-table-dtype",
+        default=None,
+        choices=["auto", "bf16", "int8"],
+        help="the n-gram tables' values in host memory: bf16 or int8 with a per-row scale "
+        "(int8 puts them there) (default: auto, int8 only where bf16 is over the host's "
+        "ceiling)",
     )
     info.add_argument(
         "--tensor-parallel-size",

@@ -61,6 +61,16 @@ class EngineConfig:
         "else cpu)",
         choices=("auto", "cpu", "cuda"),
     )
+    # the n-gram tables' values: "bf16" (as the weights) or "int8" (models/table8.py; host
+    # memory only); "auto": int8 only where the host's ceiling holds those and not bf16
+    ple_table_dtype: str = option(
+        "auto",
+        "the n-gram (PLE) tables' values: bf16 (as the weights) or int8 (one fp32 scale "
+        "per row, about half the bytes; host memory only: int8 puts the tables there and "
+        "refuses --ple-table-device cuda) (default: auto, bf16 unless the tables in host "
+        "memory are over its ceiling and int8 fits)",
+        choices=("auto", "bf16", "int8"),
+    )
     # sessions; auto: as many as fit, up to 16 (256 on a GPU); the flag's text is checked in
     # flags.engine_options
     parallel: int | str = option(
@@ -267,6 +277,17 @@ class EngineConfig:
             self.ple_table_device in (None, "auto", "cpu", "cuda"),
             "ple_table_device",
             f"must be auto, cpu or cuda, got {self.ple_table_device!r}",
+        )
+        need(
+            self.ple_table_dtype in ("auto", "bf16", "int8"),
+            "ple_table_dtype",
+            f"must be auto, bf16 or int8, got {self.ple_table_dtype!r}",
+        )
+        need(
+            not (self.ple_table_dtype == "int8" and self.ple_table_device == "cuda"),
+            "ple_table_dtype",
+            "int8 tables live in host memory only: drop --ple-table-device cuda (int8 "
+            "puts them there) or keep them bf16 on the GPU",
         )
         need(frac is None or 0 < frac <= 1, "gpu_memory_utilization", f"must be in (0, 1]: {frac}")
         need(self.max_rows is None or self.max_rows >= 1, "max_rows", "must be >= 1")

@@ -24,7 +24,7 @@ from flashlane.models import folder
 from flashlane.models.config import ModelConfig
 from flashlane.models.flashnext import FlashNext
 from flashlane.models.fp8_weights import fp8_weights
-from flashlane.models.host_tables import device_bytes, host_bytes
+from flashlane.models.host_tables import device_bytes, host_bytes, table_dtype_of
 from flashlane.models.hub import resolve_model
 from flashlane.models.loader import load_checkpoint
 from flashlane.models.state import SessionState
@@ -102,11 +102,18 @@ class Engine:
         self.max_rows = config.max_rows or (64 if self.device.startswith("cuda") else 16)
         if built is None:
             path, self.name = resolve_model(config.model)
-            place = engine_plan.table_place_for(
-                config, ModelConfig.from_hf(path), path, self.device, self.max_rows
+            raw_cfg = ModelConfig.from_hf(path)
+            place = engine_plan.table_place_for(config, raw_cfg, path, self.device, self.max_rows)
+            table_dtype = engine_plan.table_dtype_for(
+                config.ple_table_dtype, raw_cfg, place, weights.itemsize
             )
             self.model_config, self.model = load_checkpoint(
-                path, weights, self.device, quantize=config.quantization, ple_tables=place
+                path,
+                weights,
+                self.device,
+                quantize=config.quantization,
+                ple_tables=place,
+                table_dtype=table_dtype,
             )
             self.tokenizer = folder.tokenizer(path)
             self.generation_defaults = folder.generation_defaults(path)
@@ -143,6 +150,7 @@ class Engine:
             self.model.mtp is not None,
             device_bytes(self.model),
             host_bytes(self.model),
+            table_dtype_of(self.model),
         )
         if tp is not None:  # every rank holds the sessions rank 0 planned
             self.plan = tp.broadcast(self.plan)
@@ -225,7 +233,7 @@ class Engine:
             f" GiB sessions, {p.prompt_cache_bytes / gib:.2f} GiB prompt cache; limit "
             f"{p.limit_bytes / gib:.1f} GiB"
             + (
-                f"; n-gram tables {p.host_bytes / gib:.2f} GiB in host memory"
+                f"; n-gram tables {p.host_bytes / gib:.2f} GiB in host memory ({p.host_dtype})"
                 if p.host_bytes
                 else ""
             ),

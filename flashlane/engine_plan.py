@@ -11,18 +11,22 @@ import torch
 from flashlane.config import EngineConfig
 from flashlane.models.config import ModelConfig
 from flashlane.models.host_tables import TablePlace, table_place
+from flashlane.models.table8 import TableDtype, choose_table_dtype
 from flashlane.planning import memory
 from flashlane.planning.limits import read_ram_bytes
 from flashlane.sessions.slots import parse_slot_contexts
 
-__all__ = ["plan_for", "table_place_for"]
+__all__ = ["plan_for", "table_dtype_for", "table_place_for"]
 
 
 def table_place_for(
     c: EngineConfig, cfg: ModelConfig, path: Path, device: str, max_rows: int
 ) -> TablePlace:
     """Where the n-gram tables go (--ple-table-device; auto: the GPU when the memory plan
-    fits with them there, from the config's parameter counts, else the host)."""
+    fits with them there, from the config's parameter counts, else the host); int8 tables
+    (--ple-table-dtype int8) live in host memory only."""
+    if c.ple_table_dtype == "int8":
+        return "host"
     if c.ple_table_device in ("cpu", "cuda") or not device.startswith("cuda"):
         return table_place(c.ple_table_device, device, True)
     from flashlane.models.census import count_params
@@ -47,6 +51,18 @@ def table_place_for(
     return table_place(None, device, True)
 
 
+def table_dtype_for(requested: str, cfg: ModelConfig, place: TablePlace, elem: int) -> TableDtype:
+    """--ple-table-dtype for tables at `place` whose values take `elem` bytes unquantized
+    (the weights'); auto: int8 where the host's ceiling (RAM_FRACTION of RAM) holds the
+    8-bit tables and not these (table8.choose_table_dtype, which logs it)."""
+    from flashlane.models.census import count_params
+
+    values = count_params(cfg).ngram_table
+    width = cfg.ple_embed_dim // max(cfg.num_ngram_heads, 1)
+    limit = int(memory.RAM_FRACTION * read_ram_bytes()) if place == "host" else None
+    return choose_table_dtype(requested, place == "host", values, width, elem, limit)
+
+
 def plan_for(
     c: EngineConfig,
     cfg: ModelConfig,
@@ -55,9 +71,11 @@ def plan_for(
     mtp: bool,
     weight_bytes: int,
     host_bytes: int,
+    host_dtype: TableDtype = "bf16",
 ) -> memory.MemoryPlan:
     """The memory plan for `weight_bytes` on the device and `host_bytes` of n-gram tables
-    in host memory (planned against RAM_FRACTION of RAM); mtp: the model has an MTP head."""
+    in host memory (planned against RAM_FRACTION of RAM), their values in `host_dtype`;
+    mtp: the model has an MTP head."""
     context = c.context or cfg.max_position_embeddings
     # an empty list given is refused (parse_slot_contexts), never taken as unset
     slots = None if c.slot_contexts is None else parse_slot_contexts(c.slot_contexts)
@@ -88,6 +106,7 @@ def plan_for(
         weight_bytes=weight_bytes,
         host_bytes=host_bytes,
         host_limit_bytes=host_limit,
+        host_dtype=host_dtype,
         max_rows=max_rows,
         context=context,
         slot_contexts=slots,

@@ -23,13 +23,19 @@ def expected_experts(cfg: ModelConfig, rows: int) -> float:
 
 
 def decode_round_bytes(
-    cfg: ModelConfig, rows: int, context: int, weight_bytes: int = 2, fp8: QuantSpec | None = None
+    cfg: ModelConfig,
+    rows: int,
+    context: int,
+    weight_bytes: int = 2,
+    fp8: QuantSpec | None = None,
+    table_int8: bool = False,
 ) -> dict:
     """Bytes one decode round of `rows` streams (one row each) moves, by part. fp8: the
     weights that spec converts (every routed expert, and the dense linears it does not
     leave) at one byte a value plus their float32 block scales, the rest at weight_bytes;
     the n-gram table rows at weight_bytes wherever the table lives (host rows cross the bus
-    to the GPU: the same bytes)."""
+    to the GPU: the same bytes), or with table_int8 at one byte a value plus a float32
+    scale a table row (models/table8.py)."""
     p = census.count_params(cfg)
     layers = sum(map(cfg.is_moe_layer, range(cfg.num_layers)))  # the MoE layers
     expert = census.expert_params(cfg)
@@ -40,13 +46,15 @@ def decode_round_bytes(
     ple_rows = rows * len(cfg.ple_layer_ids) * cfg.ple_embed_dim
     state = rows * census.state_bytes_per_stream(cfg) * 2  # read and written
     kv = rows * attention_bytes(cfg, context)
+    width = cfg.ple_embed_dim // max(cfg.num_ngram_heads, 1)
+    table = ple_rows * (1 + 4 / width) if table_int8 else ple_rows * weight_bytes
     if fp8 is None:
-        weights = (dense + experts + embed_rows + ple_rows) * weight_bytes
+        weights = (dense + experts + embed_rows) * weight_bytes + table
     else:
         converted = converted_dense_params(cfg, fp8)
         per_fp8 = 1 + 4 / (fp8.block[0] * fp8.block[1])
-        plain = dense - converted + embed_rows + ple_rows
-        weights = round(plain * weight_bytes + (converted + experts) * per_fp8)
+        plain = dense - converted + embed_rows
+        weights = round(plain * weight_bytes + table + (converted + experts) * per_fp8)
     parts = {
         "weights": weights,
         "state": state,

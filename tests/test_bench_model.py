@@ -66,6 +66,30 @@ def test_bench_model_decodes_at_each_prompt_length(tmp_path, capsys):
         bench_model_main([*argv[:5], "--prompt-len", "0"])
 
 
+def test_bench_model_with_8bit_host_tables(tmp_path, monkeypatch):
+    """--ple-table-dtype int8: the random tables drawn straight into 8 bits in host memory
+    (random_weights._host_table); the run decodes; with --ple-table-device cuda refused."""
+    import flashlane.bench.model as bench
+    from flashlane.models.host_tables import host_bytes, table_dtype_of
+
+    built = []
+
+    def recorded(*args, **kwargs):
+        built.append(build_random(*args, **kwargs)[1])
+        return built[-1].cfg, built[-1]
+
+    monkeypatch.setattr(bench, "build_random", recorded)
+    out = tmp_path / "r.json"
+    argv = ["--config", "flashnext-tiny", "--random-weights", "--device", "cpu"]
+    argv += ["--streams", "1", "--prompt-len", "8", "--prefill", "16", "--decode-tokens", "2"]
+    argv += ["--peer", "none", "--ple-table-dtype", "int8", "--json", str(out)]
+    assert bench_model_main(argv) == 0
+    assert json.loads(out.read_text())["ours"]["decode"]["1"]["tok_s"] > 0
+    assert table_dtype_of(built[0]) == "int8" and host_bytes(built[0]) > 0
+    with pytest.raises(SystemExit):
+        bench_model_main([*argv, "--ple-table-device", "cuda"])
+
+
 def test_a_failed_reply_is_an_error_not_a_figure():
     from flashlane.bench.model_figures import replies
     from flashlane.request import FinishReason, RequestOutput

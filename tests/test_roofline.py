@@ -32,6 +32,14 @@ def test_one_stream_reads_every_dense_weight_and_ten_experts_a_layer(cfg):
     assert got["total"] == pytest.approx(4.41e9, rel=0.01)  # the figure BENCHMARKS.md uses
 
 
+def test_8bit_tables_move_a_byte_a_value_and_a_scale_a_row(cfg):
+    whole = decode_round_bytes(cfg, rows=4, context=0)["weights"]
+    eight = decode_round_bytes(cfg, rows=4, context=0, table_int8=True)["weights"]
+    values = 4 * len(cfg.ple_layer_ids) * cfg.ple_embed_dim
+    scales = 4 * len(cfg.ple_layer_ids) * cfg.num_ngram_heads
+    assert whole - eight == pytest.approx(2 * values - (values + 4 * scales))
+
+
 def test_prefill_flops_are_two_per_active_weight_plus_attention(cfg):
     p = census.count_params(cfg)
     dense_part = 2.0 * (p.active - cfg.hidden_size) * 2048

@@ -32,8 +32,10 @@ from flashlane.bench.model_figures import (
 from flashlane.bench.model_table import table
 from flashlane.config import EngineConfig
 from flashlane.engine import Engine
+from flashlane.engine_plan import table_dtype_for
 from flashlane.flags import FlagParser
 from flashlane.llm import LLM
+from flashlane.models.config import ModelConfig
 from flashlane.models.presets import PRESETS, config_dict
 from flashlane.models.random_weights import build_random, random_table_place
 from flashlane.request import SamplingParams
@@ -65,6 +67,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--quantization", choices=["fp8"], help="build the linears in block FP8")
     p.add_argument(
         "--ple-table-device", choices=["auto", "cpu", "cuda"], help="auto: the GPU if it fits"
+    )
+    p.add_argument(
+        "--ple-table-dtype",
+        choices=["auto", "bf16", "int8"],
+        default="auto",
+        help="int8: the tables in host memory in 8 bits; auto: int8 only where bf16 is over "
+        "the host's ceiling",
     )
     p.add_argument("--seed", type=int, default=0, help="of the random weights and prompts")
     p.add_argument(
@@ -128,6 +137,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--json", default=None, help="also write the result here")
     args = p.parse_args(argv)
+    if args.ple_table_dtype == "int8" and args.ple_table_device == "cuda":
+        p.error("--ple-table-dtype int8: the 8-bit tables live in host memory only")
     if not args.prompt_len or min(args.prompt_len) < 1:
         p.error(f"--prompt-len: positive lengths, got {args.prompt_len}")
     # the first length is the one every other figure (and the peers) use
@@ -138,10 +149,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def run_ours(args, raw: dict, ceilings: dict) -> dict:
     t0 = time.perf_counter()
     cuda = args.device.startswith("cuda")
-    q, tables = args.quantization, args.ple_table_device
-    tables = random_table_place(raw, args.device, q, tables)
+    q, tables, asked = args.quantization, args.ple_table_device, args.ple_table_dtype
+    tables = random_table_place(raw, args.device, q, tables, asked)
     dtype = torch.bfloat16 if cuda else torch.float64
-    cfg, model = build_random(raw, dtype, args.device, args.seed, q, tables)
+    eight = table_dtype_for(asked, ModelConfig.from_hf(raw), tables, dtype.itemsize)
+    cfg, model = build_random(raw, dtype, args.device, args.seed, q, tables, table_dtype=eight)
     sync(args.device)
     built_s = time.perf_counter() - t0
     longest = max([*args.prefill, args.prompt_cache + 200 if args.prompt_cache else 0])

@@ -11,6 +11,7 @@ from flashlane.config import EngineConfig
 from flashlane.engine import Engine
 from flashlane.llm import LLM
 from flashlane.models.fp8 import QuantSpec
+from flashlane.models.host_tables import table_dtype_of
 from flashlane.request import SamplingParams
 from flashlane.roofline import decode_round_bytes
 
@@ -46,7 +47,9 @@ def decode_figures(
     secs = max(o.stats.decode_seconds for o in outs)
     round_s = secs / args.decode_tokens
     fp8 = QuantSpec() if args.quantization == "fp8" else None
-    need = decode_round_bytes(cfg, n, prompt_len + args.decode_tokens, fp8=fp8)["total"]
+    int8 = table_dtype_of(llm.engine.model) == "int8"
+    context = prompt_len + args.decode_tokens
+    need = decode_round_bytes(cfg, n, context, fp8=fp8, table_int8=int8)["total"]
     bw = ceilings.get("bandwidth_Bps")
     return {
         "tok_s": n * args.decode_tokens / secs,

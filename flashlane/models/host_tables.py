@@ -7,6 +7,7 @@ of the caching host allocator's rounding up to a power of two) so that the GPU's
 `ngram_embed` kernel reads the round's rows through mapped memory, inside CUDA graphs too;
 with the reference kernels each call's rows are gathered on the host and copied in
 (layers/ple.py `gather_on_host`), which is also the CPU's path when the tables are "host".
+In host memory a table may also be kept in 8 bits (table8.py: int8 with a per-row scale).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from flashlane.models.layers.ple import NGramEmbedding
+from flashlane.models.table8 import Int8Table, TableDtype, quantize_rows
 
 TablePlace = Literal["device", "host"]
 TABLE_SUFFIX = "ngram_embedding.weight"
@@ -62,12 +64,51 @@ def mark_tables(model: nn.Module, place: TablePlace) -> None:
             m.on_host = place == "host"
 
 
+def expect_int8_tables(model: nn.Module, dtype: torch.dtype) -> None:
+    """Every PLE layer of `model` (built on the meta device) made to hold an 8-bit table
+    (an empty Int8Table, read back in `dtype`): its state's names become
+    `...ngram_embedding.q` and `.scale` for load_state_dict(assign=True) to fill."""
+    for m in model.modules():
+        if isinstance(m, NGramEmbedding):
+            rows, width = m.ngram_embedding.weight.shape
+            q = torch.empty((rows, width), dtype=torch.int8, device="meta")
+            scale = torch.empty(rows, dtype=torch.float32, device="meta")
+            m.ngram_embedding = Int8Table(q, scale, dtype)
+
+
+def int8_state(name: str, table: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Table `name` (our `...ngram_embedding.weight`) [R, D] as its 8-bit pair in pinned
+    host memory, under the names expect_int8_tables gives them."""
+    base = name.removesuffix(".weight")
+    q, scale = quantize_rows(table)
+    return {base + ".q": pinned(q.cpu()), base + ".scale": pinned(scale.cpu())}
+
+
+def host_state(name: str, table: torch.Tensor, table_dtype: TableDtype) -> dict:
+    """Table `name` [R, D] as the state of a table in host memory: pinned as it is (bf16),
+    or its 8-bit pair (int8_state)."""
+    return int8_state(name, table) if table_dtype == "int8" else {name: pinned(table)}
+
+
+def check_table_dtype(table_dtype: TableDtype, place: TablePlace) -> None:
+    if table_dtype == "int8" and place != "host":
+        raise ValueError("8-bit n-gram tables live in host memory only (ple_tables='host')")
+
+
+def table_dtype_of(model: nn.Module) -> TableDtype:
+    """The dtype the model's n-gram tables are kept in: int8 (8-bit pairs) or bf16 (as the
+    weights)."""
+    eight = any(isinstance(m, Int8Table) for m in model.modules())
+    return "int8" if eight else "bf16"
+
+
 def _host_tables(model: nn.Module) -> list[torch.Tensor]:
-    return [
-        m.ngram_embedding.weight
-        for m in model.modules()
-        if isinstance(m, NGramEmbedding) and m.on_host
-    ]
+    out = []
+    for m in model.modules():
+        if isinstance(m, NGramEmbedding) and m.on_host:
+            table = m.ngram_embedding
+            out += [table.q, table.scale] if isinstance(table, Int8Table) else [table.weight]
+    return out
 
 
 def host_bytes(model: nn.Module) -> int:

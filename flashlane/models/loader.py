@@ -22,6 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from flashlane.models import host_tables
 from flashlane.models.build import build_model
 from flashlane.models.config import ModelConfig
 from flashlane.models.flashnext import FlashNext
@@ -34,7 +35,8 @@ from flashlane.models.fp8 import (
     read_quant_spec,
 )
 from flashlane.models.fp8_weights import WeightFormat, install_fp8, keeps, weight_format
-from flashlane.models.host_tables import TablePlace, is_table, mark_tables, pinned
+from flashlane.models.host_tables import TablePlace, is_table, mark_tables
+from flashlane.models.table8 import TableDtype
 
 logger = logging.getLogger("flashlane")
 
@@ -191,12 +193,15 @@ def load_checkpoint(
     quantize: str | None = None,
     weights: WeightFormat | None = None,
     ple_tables: TablePlace = "device",
+    table_dtype: TableDtype = "bf16",
 ) -> tuple[ModelConfig, FlashNext]:
     """Build the model of folder/config.json and fill it from the folder's safetensors
     (quantize="fp8": a plain checkpoint's linears quantized to block FP8 first). Block-FP8
     weights are kept FP8 (Fp8Weight) with weights="fp8", dequantized to dtype with
     "dequantized"; None: `fp8_weights.weight_format(device, ...)` decides (FP8 on CUDA).
-    ple_tables="host": the n-gram tables stay in host memory (models/host_tables.py)."""
+    ple_tables="host": the n-gram tables stay in host memory (models/host_tables.py);
+    table_dtype="int8" (host only): each quantized from dtype to 8 bits (models/table8.py)."""
+    host_tables.check_table_dtype(table_dtype, ple_tables)
     folder = Path(folder)
     cfg = ModelConfig.from_hf(folder)
     spec, fresh = _specs(folder, quantize)
@@ -243,15 +248,14 @@ def load_checkpoint(
                 f"{origin[name]}: tensor {name!r} has shape {tuple(tensors[name].shape)}, "
                 f"the config needs {tuple(meta.shape)}"
             )
-    state = {
-        n: t.to(
-            device="cpu" if ple_tables == "host" and is_table(n) else device,
-            dtype=dtype if t.is_floating_point() and n not in fp8_names else t.dtype,
-        )
-        for n, t in tensors.items()
-    }
-    if ple_tables == "host":
-        state = {n: pinned(t) if is_table(n) else t for n, t in state.items()}
+    state = {}
+    for n, t in tensors.items():  # a table at a time: never the model's tables twice
+        host = ple_tables == "host" and is_table(n)
+        kept = dtype if t.is_floating_point() and n not in fp8_names else t.dtype
+        t = t.to(device="cpu" if host else device, dtype=kept)
+        state.update(host_tables.host_state(n, t, table_dtype) if host else {n: t})
+    if table_dtype == "int8":
+        host_tables.expect_int8_tables(model, dtype)
     model.load_state_dict(state, assign=True, strict=True)
     mark_tables(model, ple_tables)
     model.rotary = type(model.rotary)(cfg.rotary_dim, cfg.rope_theta)

@@ -9,7 +9,9 @@ embeddings N(0, 0.02), zero-centred norms at identity, GDN decays A in [1, 16], 
 into block FP8 (Fp8Weight: the fp32 draw quantized tensor by tensor, a few experts at a time,
 on the device): no bf16 copy of the model is ever made, so the full Flash Next's FP8 text
 model is built on one H200. `ple_tables="host"` puts the n-gram tables in pinned host memory,
-drawn on the device a slice of rows at a time.
+drawn on the device a slice of rows at a time; with `table_dtype="int8"` each slice is drawn
+in the compute dtype and quantized to 8 bits there (table8.quantize_rows, a row at a time):
+the same pair as quantizing the bf16 table of the same seed, no bf16 table ever whole.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import zlib
 
 import torch
 
+from flashlane.models import host_tables
 from flashlane.models.build import build_model
 from flashlane.models.config import ModelConfig
 from flashlane.models.flashnext import FlashNext
@@ -29,6 +32,7 @@ from flashlane.models.fp8_weights import (
     weight_format,
 )
 from flashlane.models.host_tables import TablePlace, is_table, mark_tables, pinned, table_place
+from flashlane.models.table8 import TableDtype, quantize_rows
 
 # experts quantized at once (of an fp32 draw of the whole stack): bounds the transients
 _EXPERTS_AT_ONCE = 16
@@ -66,12 +70,14 @@ def build_random(
     quantize: str | None = None,
     ple_tables: TablePlace = "device",
     weights: WeightFormat | None = None,
+    table_dtype: TableDtype = "bf16",
 ) -> tuple[ModelConfig, FlashNext]:
     """The model of config dict `raw` (any family) with random weights, made on `device`
     tensor by tensor; quantize="fp8": the converted linears in block FP8 (module docstring),
     kept as Fp8Weight under weights="fp8" or dequantized to dtype under "dequantized" (None:
     fp8_weights.weight_format decides, FP8 on CUDA, as the loader does); ple_tables="host":
-    the n-gram tables in pinned host memory."""
+    the n-gram tables in pinned host memory, in 8 bits with table_dtype="int8"."""
+    host_tables.check_table_dtype(table_dtype, ple_tables)
     if quantize not in (None, "fp8"):
         raise ValueError(f"quantization {quantize!r} is not supported (only fp8)")
     cfg = ModelConfig.from_hf(raw)
@@ -89,9 +95,11 @@ def build_random(
             base = name.removesuffix(".q")
             state[name], state[base + ".scale_inv"] = _fp8_tensor(base, meta.shape, device, seed)
         elif ple_tables == "host" and is_table(name):
-            state[name] = _host_table(name, tuple(meta.shape), dtype, device, seed)
+            state.update(_host_table(name, tuple(meta.shape), dtype, device, seed, table_dtype))
         else:
             state[name] = random_tensor(name, tuple(meta.shape), dtype, device, seed)
+    if table_dtype == "int8":
+        host_tables.expect_int8_tables(model, dtype)
     model.load_state_dict(state, assign=True, strict=True)
     if fp8 and (weights or weight_format(device, QuantSpec())) == "dequantized":
         dequantize_modules(model, dtype)
@@ -113,17 +121,31 @@ def _fp8_tensor(
     return torch.cat([q for q, _ in parts]), torch.cat([s for _, s in parts])
 
 
-def _host_table(name: str, shape: tuple[int, ...], dtype: torch.dtype, device, seed: int):
-    """An n-gram table in pinned host memory, drawn on `device` a slice of rows at a time from
-    its generator (other values than random_tensor's one draw, the same distribution)."""
+def _host_table(
+    name: str, shape: tuple[int, ...], dtype: torch.dtype, device, seed: int, table_dtype: str
+) -> dict[str, torch.Tensor]:
+    """An n-gram table's state in pinned host memory, drawn on `device` a slice of rows at a
+    time from its generator (other values than random_tensor's one draw, the same
+    distribution), in dtype or as its 8-bit pair (`...q`, `...scale`: host_tables.int8_state's
+    names) quantized from the slice in dtype."""
     device = torch.device(device)
     gen = _generator(seed, name, device)
-    out = torch.empty(shape, dtype=dtype)
+    eight = table_dtype == "int8"
+    out = torch.empty(shape, dtype=torch.int8 if eight else dtype)
+    scale = torch.empty(shape[0] if eight else 0, dtype=torch.float32)
     for start in range(0, shape[0], _TABLE_ROWS_AT_ONCE):
         rows = out[start : start + _TABLE_ROWS_AT_ONCE]
-        draw = torch.randn(rows.shape, generator=gen, device=device) * 0.02
-        rows.copy_(draw.to(dtype))
-    return pinned(out)
+        draw = (torch.randn(rows.shape, generator=gen, device=device) * 0.02).to(dtype)
+        if eight:
+            q, s = quantize_rows(draw)
+            rows.copy_(q)
+            scale[start : start + rows.shape[0]].copy_(s)
+        else:
+            rows.copy_(draw)
+    if not eight:
+        return {name: pinned(out)}
+    base = name.removesuffix(".weight")
+    return {base + ".q": pinned(out), base + ".scale": pinned(scale)}
 
 
 def fill_transformers(model: torch.nn.Module, seed: int = 0) -> None:
@@ -174,11 +196,13 @@ _ROOM_BYTES = 16 << 30
 
 
 def random_table_place(
-    raw: dict, device: str, quantize: str | None, requested: str | None
+    raw: dict, device: str, quantize: str | None, requested: str | None, table_dtype=None
 ) -> TablePlace:
-    """Where a random model's n-gram tables go (`--ple-table-device`); auto on CUDA: the GPU
-    when its weights with the tables (bf16, or block FP8 with quantize) and _ROOM_BYTES fit
-    90% of the GPU's memory, else the host."""
+    """Where a random model's n-gram tables go (`--ple-table-device`; the host for
+    `--ple-table-dtype int8`); auto on CUDA: the GPU when its weights with the tables (bf16,
+    or block FP8 with quantize) and _ROOM_BYTES fit 90% of the GPU's memory, else the host."""
+    if table_dtype == "int8":
+        return "host"
     if not str(device).startswith("cuda") or requested in ("cpu", "cuda"):
         return table_place(requested, str(device), True)
     from flashlane.models.weight_bytes import fp8_bytes, weight_bytes

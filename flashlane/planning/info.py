@@ -146,7 +146,10 @@ def _plan_lines(p: MemoryPlan) -> list[str]:
         lines.append("  fewer than two sessions fit: one reply at a time")
     if p.host_limit_bytes is not None:
         lines.append(f"  host (n-gram table) {gib(p.host_bytes)} of {gib(p.host_limit_bytes)}")
-        lines.append(f"  where              weights on {p.device}; n-gram tables in host memory")
+        eight = ", int8 with a per-row scale" if p.host_dtype == "int8" else ", bf16"
+        lines.append(
+            f"  where              weights on {p.device}; n-gram tables in host memory{eight}"
+        )
     else:
         lines.append(f"  where              weights and n-gram tables on {p.device}")
     return lines

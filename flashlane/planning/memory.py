@@ -109,6 +109,7 @@ class MemoryPlan:
     serial: bool  # fewer than two sessions fit: one reply at a time
     host_bytes: int = 0  # host memory for a GPU model's n-gram table
     host_limit_bytes: int | None = None  # its ceiling (70% of RAM)
+    host_dtype: str = "bf16"  # the table's values there: bf16, or int8 with a per-row scale
     prompt_rows: int = 0  # the longest prompt piece of a round
     prompt_cache_bytes: int = 0  # the prompt cache's budget (kept states), under the limit
 
@@ -149,6 +150,7 @@ def plan(
     host_limit_bytes: int | None = None,
     prompt_cache_bytes: int = 0,
     prompt_rows: int = 0,
+    host_dtype: str = "bf16",
 ) -> MemoryPlan:
     """Sessions under the ceiling: `slot_contexts` as listed, else `parallel` sessions of
     `context` (default: the model's window), else (`parallel=None`, auto) as many as fit up to
@@ -164,12 +166,13 @@ def plan(
         what = "the weights, the round's workspace and the prompt cache"
         raise OverMemoryLimit(what, fixed, limit_bytes)
     if host_limit_bytes is not None and host_bytes > host_limit_bytes:
+        eight = "" if host_dtype == "int8" else "the table in 8 bits (--ple-table-dtype int8), "
         raise OverMemoryLimit(
             "the n-gram table in host memory",
             host_bytes,
             host_limit_bytes,
-            f"a machine with more RAM (the host's ceiling is {RAM_FRACTION:.0%} of it), or the "
-            "table on the GPU (--ple-table-device cuda) if the GPU holds it",
+            f"a machine with more RAM (the host's ceiling is {RAM_FRACTION:.0%} of it), "
+            f"{eight}or the table on the GPU (--ple-table-device cuda) if the GPU holds it",
         )
     budget = limit_bytes - fixed
     context = cfg.max_position_embeddings if context is None else context
@@ -196,6 +199,7 @@ def plan(
         serial=len(capacities) < 2,
         host_bytes=host_bytes,
         host_limit_bytes=host_limit_bytes,
+        host_dtype=host_dtype,
         prompt_rows=prompt_rows,
         prompt_cache_bytes=prompt_cache_bytes,
     )

@@ -264,11 +264,17 @@ def random_model(args, opts: dict):
     """`--config NAME --random-weights`: the preset (or config.json) with random weights made
     on the engine's device, in its compute dtype (a benchmark's model: no file read)."""
     from flashlane.engine import compute_dtypes
+    from flashlane.engine_plan import table_dtype_for
+    from flashlane.models.config import ModelConfig
     from flashlane.models.presets import config_dict
     from flashlane.models.random_weights import build_random, random_table_place
 
     device = EngineConfig.resolve(**opts).resolved_device()
     weights, _, _ = compute_dtypes(device, opts.get("dtype") or "auto")
     raw, quantize = config_dict(args.config), opts.get("quantization")
-    tables = random_table_place(raw, device, quantize, opts.get("ple_table_device"))
-    return build_random(raw, weights, device, args.weights_seed, quantize, tables)
+    asked = opts.get("ple_table_dtype") or "auto"
+    tables = random_table_place(raw, device, quantize, opts.get("ple_table_device"), asked)
+    table_dtype = table_dtype_for(asked, ModelConfig.from_hf(raw), tables, weights.itemsize)
+    return build_random(
+        raw, weights, device, args.weights_seed, quantize, tables, table_dtype=table_dtype
+    )

@@ -20,6 +20,7 @@ GIVEN = {
     "device": ("cpu", "cpu"),
     "dtype": ("float32", "float32"),
     "ple_table_device": ("cpu", "cpu"),
+    "ple_table_dtype": ("int8", "int8"),
     "quantization": ("fp8", "fp8"),
     "parallel": ("3", 3),
     "context": ("4096", 4096),

@@ -85,3 +85,38 @@ def test_host_tables_read_through_mapped_memory_reply_the_same(tiny_ckpt):
     assert [o.token_ids for o in on_host.generate(ps, params)] == [
         o.token_ids for o in in_place.generate(ps, params)
     ]
+
+
+def test_int8_host_tables_through_mapped_memory_give_the_reference_bits(tiny_ckpt):
+    """8-bit tables in host memory (models/table8.py): the Triton ngram_embed reading them
+    through mapped memory gives the reference's bits (rows and scales gathered on the host,
+    copied in, read back); replies batched equal alone."""
+    from flashlane.kernels import REFERENCE
+    from flashlane.models.layers.ple import NGramEmbedding
+
+    llm = LLM(
+        str(tiny_ckpt), costs=COSTS, parallel=4, max_rows=16, device="cuda", ple_table_dtype="int8"
+    )
+    assert llm.engine.plan.host_dtype == "int8"
+    layers = [m for m in llm.engine.model.modules() if isinstance(m, NGramEmbedding)]
+    assert layers and all(m.on_host and m.ops.name == "triton" for m in layers)
+    table = layers[0].ngram_embedding
+    assert table.q.device.type == "cpu" and table.q.is_pinned() and table.scale.is_pinned()
+    cfg = llm.engine.model_config
+    g = torch.Generator(device="cuda").manual_seed(8)
+    history = torch.randint(
+        0, cfg.vocab_size, (3, cfg.ngram_size - 1 + 9), generator=g, device="cuda"
+    )
+    history[1, 4] = cfg.ple_eos
+    for m in layers:
+        got, ops = m.embed(history), m.ops
+        m.ops = REFERENCE
+        try:
+            want = m.embed(history)
+        finally:
+            m.ops = ops
+        assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    ps = prompts(500, 4)
+    params = SamplingParams(max_tokens=16, temperature=0.0)
+    together = [o.token_ids for o in llm.generate(ps, params)]
+    assert together == [llm.generate(p, params)[0].token_ids for p in ps]

@@ -38,6 +38,31 @@ def test_ngram_embed_bit_for_bit(d):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [16, 20])
+def test_ngram_embed_int8_table_bit_for_bit(d, dtype):
+    """An 8-bit table (models/table8.py): the kernel scales each loaded row as the reference
+    does (q.float() * scale, rounded to dtype once): the same bits, each row its own."""
+    from flashlane.models.table8 import quantize_rows
+
+    n, heads, eos = 4, 3, 1
+    g = torch.Generator(device=DEVICE).manual_seed(46)
+    history = torch.randint(0, 9, (4, n - 1 + 6), generator=g, device=DEVICE)
+    mult = torch.tensor([2**61 + 3, 2**62 - 57, 2**60 + 11, 2**59 + 7], device=DEVICE)
+    sizes = torch.tensor([7, 11, 13, 17, 19, 23, 29, 31, 37], device=DEVICE)
+    offsets = torch.cumsum(sizes, 0) - sizes
+    table = _rand(int(sizes.sum()), d, dtype=torch.float32, seed=47)
+    table[3] = 0  # a zero row: scale 1, zeros
+    q, scale = quantize_rows(table)
+    args = (mult, sizes, offsets, n, heads, eos, q)
+    got = trp.ngram_embed(history, *args, scale, dtype)
+    want = ref.ngram_embed(history, *args, scale, dtype)
+    assert got.dtype == dtype and got.shape == (4, 6, (n - 1) * heads * d)
+    assert torch.equal(got, want)
+    assert not torch.equal(want, ref.ngram_embed(history, *args[:-1], table.to(dtype)))
+    assert torch.equal(trp.ngram_embed(history[2:], *args, scale, dtype), got[2:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("h", [64, 48])
 def test_ple_gate(dtype, h):
     m, hc = 9, 4

@@ -174,11 +174,18 @@ def ngram_embed(
     heads: int,
     eos: int,
     table: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """ngram_ids' rows of `table` [R, D], each row's side by side: [B, T, (n-1) * heads * D]."""
-    return F.embedding(
-        ngram_ids(history, multipliers, sizes, offsets, n, heads, eos), table
-    ).flatten(-2)
+    """ngram_ids' rows of `table` [R, D], each row's side by side: [B, T, (n-1) * heads * D].
+    An 8-bit table (models/table8.py): table int8 [R, D] with scale [R] fp32, its rows read
+    back as q.float() * scale rounded to `dtype` (the output's dtype)."""
+    ids = ngram_ids(history, multipliers, sizes, offsets, n, heads, eos)
+    rows = F.embedding(ids, table)
+    if scale is not None:
+        # table8.dequantize_rows' arithmetic (kernels import no model code)
+        rows = (rows.float() * scale[ids].unsqueeze(-1)).to(dtype)
+    return rows.flatten(-2)
 
 
 def ple_gate(

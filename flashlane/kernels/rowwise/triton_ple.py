@@ -7,7 +7,7 @@ elementwise ops and the conv's norm. Here:
 
 * `ngram_embed`: one program a row hashes its n-gram rows (`triton.ngram_rows`, the ids
   `ngram_ids` stores) and gathers every head's embedding in one load: the same bits as the
-  reference (a copy).
+  reference (a copy; an 8-bit table's rows scaled in the load, as the reference does).
 * `ple_gate`: one program a (row, stream) norms the stream's key and query, sums their
   product in its own order (not the product with ones: other bits than before, the same in
   every path, each row its own), takes the signed square root and sigmoid, gates the value
@@ -35,6 +35,7 @@ def _ngram_embed_kernel(
     size_ptr,
     off_ptr,
     table_ptr,
+    scale_ptr,
     out_ptr,
     t,
     stride,
@@ -44,6 +45,7 @@ def _ngram_embed_kernel(
     HP2: tl.constexpr,
     D: tl.constexpr,
     DP2: tl.constexpr,
+    SCALED: tl.constexpr,
     PDL: tl.constexpr = 0,
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
@@ -60,18 +62,34 @@ def _ngram_embed_kernel(
         rows, mixed, broken = ngram_rows(
             src, mult_ptr, size_ptr, off_ptr, eos, mixed, broken, s, heads, HEADS
         )
-        vals = tl.load(table_ptr + rows[:, None] * D + dims[None, :], mask=mask, other=0.0)
+        vals = tl.load(table_ptr + rows[:, None] * D + dims[None, :], mask=mask, other=0)
+        if SCALED:  # an 8-bit table: q.float() * scale, rounded to the output's dtype once
+            s_row = tl.load(scale_ptr + rows, mask=heads < HEADS, other=0.0)
+            vals = (vals.to(tl.float32) * s_row[:, None]).to(out_ptr.dtype.element_ty)
         at = ((s - 1) * HEADS + heads)[:, None] * D + dims[None, :]
         tl.store(out + at, vals, mask=mask)
 
 
-def ngram_embed(history, multipliers, sizes, offsets, n: int, heads: int, eos: int, table):
+def ngram_embed(
+    history,
+    multipliers,
+    sizes,
+    offsets,
+    n: int,
+    heads: int,
+    eos: int,
+    table,
+    scale=None,
+    dtype=None,
+):
     b, width = history.shape
     t = width - (n - 1)
     d = table.shape[1]
     hist = history if history.stride(-1) == 1 else history.contiguous()
+    # a host table is read in place through mapped memory: never copied (host_tables.pinned)
     table = table.contiguous()
-    out = torch.empty((b, t, (n - 1) * heads * d), dtype=table.dtype, device=history.device)
+    out_dtype = table.dtype if scale is None else dtype
+    out = torch.empty((b, t, (n - 1) * heads * d), dtype=out_dtype, device=history.device)
     if b and t:
         _ngram_embed_kernel[(b, t)](
             hist,
@@ -79,6 +97,7 @@ def ngram_embed(history, multipliers, sizes, offsets, n: int, heads: int, eos: i
             sizes,
             offsets,
             table,
+            table if scale is None else scale,
             out,
             t,
             hist.stride(0),
@@ -88,6 +107,7 @@ def ngram_embed(history, multipliers, sizes, offsets, n: int, heads: int, eos: i
             HP2=triton.next_power_of_2(heads),
             D=d,
             DP2=triton.next_power_of_2(d),
+            SCALED=scale is not None,
             num_warps=4,
             **pdl(out.device),
         )

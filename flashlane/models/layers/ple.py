@@ -18,6 +18,7 @@ from flashlane.models.config import ModelConfig
 from flashlane.models.layers.gated_deltanet import ConvWeight
 from flashlane.models.layers.norms import RMSNorm, linear
 from flashlane.models.rows import Rows
+from flashlane.models.table8 import Int8Table, dequantize_rows
 
 MASK64 = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15
@@ -71,6 +72,7 @@ class NGramEmbedding(nn.Module):
         self.register_buffer("ngram_heads_offsets", torch.tensor(offsets, **ids))
         self.ngram_embedding = nn.Embedding(rows, cfg.ple_embed_dim // cfg.num_ngram_heads)
         self.ops: Kernels = REFERENCE  # FlashNext.use_kernels points it at the device's
+        # an 8-bit table (table8.py) puts an Int8Table in ngram_embedding's place, on the host;
         # the table in host memory (FlashNext.put_ple_tables_on_host): its rows are read by
         # the device's kernel through mapped memory (CUDA's Triton ngram_embed: pinned host
         # memory has a device address), or gathered on the host and copied in (the references)
@@ -86,21 +88,41 @@ class NGramEmbedding(nn.Module):
 
     def embed(self, history: torch.Tensor) -> torch.Tensor:
         """history: [B, n-1+T] ids (the n-1 before the rows first) -> [B, T, heads * D]: each
-        row's heads' table rows side by side."""
+        row's heads' table rows side by side (an 8-bit table's in its compute dtype)."""
         cfg = self.cfg
+        table = self.ngram_embedding
+        if isinstance(table, Int8Table):
+            values, eight = table.q, dict(scale=table.scale, dtype=table.dtype)
+        else:
+            values, eight = table.weight, {}
         if self.on_host and self.ops.name != "triton":
-            return gather_on_host(self.row_ids(history), self.ngram_embedding.weight).flatten(-2)
+            return gather_on_host(self.row_ids(history), values, **eight).flatten(-2)
         return self.ops.ngram_embed(
             history, self.layer_multipliers, self.ngram_heads_vocab_sizes,
             self.ngram_heads_offsets, cfg.ngram_size, cfg.heads_per_ngram, cfg.ple_eos,
-            self.ngram_embedding.weight,
+            values, **eight,
         )  # fmt: skip
 
 
-def gather_on_host(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+def gather_on_host(
+    ids: torch.Tensor,
+    table: torch.Tensor,
+    scale: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
     """Rows `ids` [...] (any device) of a host `table` [R, D], gathered on the host (into
     pinned memory where CUDA is there) and copied to ids' device: [..., D]. The copy waits
-    for the ids (one sync a call): a graph-free path, for the reference kernels."""
+    for the ids (one sync a call): a graph-free path, for the reference kernels. An 8-bit
+    table (table int8 [R, D], scale [R] fp32): its int8 rows and their scales are gathered
+    and copied (half the bytes of bf16 rows), then read back in `dtype` on ids' device."""
+    rows = _gathered(ids, table)
+    if scale is None:
+        return rows
+    return dequantize_rows(rows, _gathered(ids, scale.unsqueeze(-1)).squeeze(-1), dtype)
+
+
+def _gathered(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` [...] of a host `table` [R, D] -> [..., D] on ids' device."""
     idx = ids.to("cpu").flatten()
     pinned = ids.is_cuda
     rows = torch.empty((idx.numel(), table.shape[1]), dtype=table.dtype, pin_memory=pinned)
