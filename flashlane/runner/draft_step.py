@@ -50,7 +50,7 @@ def draft_step(
     t = k + 1
 
     def rows_of(key):  # a session table with each session's row once per window row
-        if ("rows", key) in tables:  # DraftBuffers.tables: every key's in one copy
+        if ("rows", key) in tables:  # DraftBuffers.tables: made on the host
             return tables[("rows", key)]
         table = tables.get(key)  # (a copy: the kernels read rows TABLE_WIDTH apart)
         return (
