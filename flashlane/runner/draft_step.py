@@ -83,13 +83,13 @@ def draft_step(
                 layer.self_attn, a, caches, at, cos, sin, model.rotary, kernels, rows_of(idx), once
             )
         r, xn = lone_step.mlp_half(model, idx, r, y, w)
-    # the first maximum (ties to the lower id); bf16 logits hold the fp32 ones' order
-    top, ids = model.head_logits(r, xn).max(dim=1)
-    # the kept rows (1..T), the host's verdict, the pending token and position moved on:
-    # kept, kept - 1 and each session's last kept row among the B*T in io.marks
-    kernels.accept_window(
-        ids.view(b, t), top.view(b, t), io.drafts, io.firsts, io.out, io.tok, io.pos, io.marks
-    )
+    # each row's draw (the first maximum, ties to the lower id: bf16 logits hold the fp32
+    # ones' order) into ids, the kept rows (1..T), the host's verdict, the pending token and
+    # position moved on: kept, kept - 1 and each session's last kept row among the B*T in
+    # io.marks, all in one launch
+    ids = torch.empty(b * t, dtype=io.pos.dtype, device=io.pos.device)  # [B*T]
+    logits = model.head_logits(r, xn)
+    kernels.accept_window(logits, io.drafts, io.firsts, io.out, io.tok, io.pos, io.marks, ids)
     kept, last, rows = io.marks
     _commit(pending, kept, last, kernels)
     heads = range(len(model.mtp.layers))
