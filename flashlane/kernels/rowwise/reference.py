@@ -68,12 +68,18 @@ def hc_write(r: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def hc_write_norm(
-    r: torch.Tensor, y: torch.Tensor, w: torch.Tensor, weight: torch.Tensor, eps: float
+    r: torch.Tensor,
+    y: torch.Tensor,
+    w: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """hc_write, then the next read's grouped RMSNorm of the result (`weight` [hc*H], groups
-    of H = y's width): (R + y (x) w, its norm)."""
+    of H = y's width): (R + y (x) w, its norm); rows [B]: the norm of those rows of the
+    result alone [B, hc*H], each pick in its own run of N / B rows."""
     out = hc_write(r, y, w)
-    return out, rms_norm(out, weight, eps, y.shape[-1])
+    return out, rms_norm(out, weight, eps, y.shape[-1], rows=rows)
 
 
 def gdn_gates(
