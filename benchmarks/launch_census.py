@@ -104,7 +104,7 @@ def drafted_step(cfg, model, depth: int):
     sizes = SizeTables(cfg, s, 8 * (depth + 1), torch.device("cpu"))
     width = cfg.hc_count * cfg.hidden_size
     io = DraftBuffers(1, depth, cfg.hc_count, width, torch.float32, torch.device("cpu"))
-    io.table, io.table_keys = sizes.of((0,), 1, drafted=True).clone(), sizes.draft_keys
+    io.table, io.table_keys = sizes.of((0,), 1, depth).clone(), sizes.draft_keys
     io.tok.fill_(5)
     return lambda: io.step(model, [sizes.anchor], io.tables())
 

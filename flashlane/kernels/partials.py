@@ -52,8 +52,9 @@ def add_partials(ws_ptr, offs, mask, plane, PARTS: tl.constexpr, CACHE: tl.const
 
 
 @triton.jit
-def last_to_arrive(count_ptr, PARTS: tl.constexpr):
-    """True in the program that is the last of its tile's PARTS to get here (partial stored).
+def last_to_arrive(count_ptr, PARTS):
+    """True in the program that is the last of its tile's PARTS (a constexpr or a runtime
+    count) to get here (partial stored).
 
     The barrier orders every thread's partial store before the count's release; the acquire
     makes the other programs' partials visible to the last one, which resets the counter for

@@ -50,7 +50,7 @@ def draft_step(
     t = k + 1
 
     def rows_of(key):  # a session table with each session's row once per window row
-        if ("rows", key) in tables:  # DraftBuffers.tables: every key's in one copy
+        if ("rows", key) in tables:  # DraftBuffers.tables: made on the host
             return tables[("rows", key)]
         table = tables.get(key)  # (a copy: the kernels read rows TABLE_WIDTH apart)
         return (
@@ -83,13 +83,13 @@ def draft_step(
                 layer.self_attn, a, caches, at, cos, sin, model.rotary, kernels, rows_of(idx), once
             )
         r, xn = lone_step.mlp_half(model, idx, r, y, w)
-    # the first maximum (ties to the lower id); bf16 logits hold the fp32 ones' order
-    top, ids = model.head_logits(r, xn).max(dim=1)
-    # the kept rows (1..T), the host's verdict, the pending token and position moved on:
-    # kept, kept - 1 and each session's last kept row among the B*T in io.marks
-    kernels.accept_window(
-        ids.view(b, t), top.view(b, t), io.drafts, io.firsts, io.out, io.tok, io.pos, io.marks
-    )
+    # each row's draw (the first maximum, ties to the lower id: bf16 logits hold the fp32
+    # ones' order) into ids, the kept rows (1..T), the host's verdict, the pending token and
+    # position moved on: kept, kept - 1 and each session's last kept row among the B*T in
+    # io.marks, all in one launch
+    ids = torch.empty(b * t, dtype=io.pos.dtype, device=io.pos.device)  # [B*T]
+    logits = model.head_logits(r, xn)
+    kernels.accept_window(logits, io.drafts, io.firsts, io.out, io.tok, io.pos, io.marks, ids)
     kept, last, rows = io.marks
     _commit(pending, kept, last, kernels)
     heads = range(len(model.mtp.layers))
@@ -173,14 +173,13 @@ def _draft_next(model, sessions, io, r, next_ids, angles, rows, tables) -> None:
     window_tables, chain = tables
     window_caches = [[s.mtp[j] for s in sessions for _ in range(k + 1)] for j in heads]
     # the window cells' pre_fc norm also keeps each session's last kept row of r in io.last
-    # (the hand-off's residual: kernels.rms_norm's keep, no index_select)
-    cells = (window_caches, angles, window_tables, io.units, False)
-    x, _ = _cells(model, r, next_ids, *cells, keep=(rows, io.last))
-    # the last kept rows' cells are read where they lie (kernels.rms_norm's rows, no copy):
-    # by the mixer's norm here and the first chained cell's; xn: the mixer's norm of x
+    # (the hand-off's residual: kernels.rms_norm's keep, no index_select); their last write
+    # makes xn, the mixer's norm of each session's last kept cell alone (hc_write_norm's rows)
+    cells = (window_caches, angles, window_tables, io.units, True)
+    x, xn = _cells(model, r, next_ids, *cells, keep=(rows, io.last))
+    # the last kept rows' cells are read where they lie by the first chained cell's norm
+    # (kernels.rms_norm's rows, no copy)
     mixer, picked, pos = mtp.hyper_connection_mixer, rows, io.pos  # accept_window moved pos
-    norm = mixer.hc_norm
-    xn = model.kernels.rms_norm(x, norm.weight, norm.eps, norm.group, rows=rows)
     caches = [[s.mtp[j] for s in sessions] for j in heads]
     for d in range(k):
         # the first maximum; bf16 logits hold the fp32 ones' order (x unread: xn given)
@@ -204,7 +203,8 @@ def _cells(
     its own session's head cache -> (the cells' output residual, with `mixed` the head's
     mixer's norm of it from the last write's launch, else None). units: ones [>= rows, hc];
     picked: the rows of `residual` the cells read (None: all); keep: (picks [B], out [B, D])
-    out[b] = residual[picks[b]] from the pre_fc norm's launch (kernels.rms_norm's keep).
+    out[b] = residual[picks[b]] from the pre_fc norm's launch (kernels.rms_norm's keep), and
+    the mixer's norm of the output's rows picks alone [B, D] (kernels.hc_write_norm's rows).
 
     Fewer launches, the same bits: the embedding and its norm are one (kernels.embed_rows);
     fc_hidden(hn_c) + e on every stream c is a hyper-connection write of e with unit weights
@@ -230,7 +230,8 @@ def _cells(
             layer.self_attn, a, layer_caches, at, cos, sin, model.rotary, kernels, table, once
         )
         if mixed and j + 1 == len(mtp.layers):
-            x, xn = layer.mlp_half(x, y, w, kernels, mtp.hyper_connection_mixer)
+            then, picks = mtp.hyper_connection_mixer, None if keep is None else keep[0]
+            x, xn = layer.mlp_half(x, y, w, kernels, then, picks)
         else:
             x = layer.mlp_half(x, y, w, kernels)
     return x, (xn if mixed else None)

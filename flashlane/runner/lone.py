@@ -277,7 +277,7 @@ class LoneDriver:
 
                 io = DraftBuffers(b, depth, cfg.hc_count, width, self.model.dtype, self.device)
                 if self.size_tables is not None:
-                    io.table = self.size_tables.device_table(b, drafted=True)
+                    io.table = self.size_tables.device_table(b, depth)
                     io.table_keys = self.size_tables.draft_keys
             else:
                 draw = KeyedDraw(b, self.model.cfg.vocab_size, self.device) if keyed else None
@@ -343,5 +343,5 @@ class LoneDriver:
         return graph
 
     def _warm(self, ids: tuple[int, ...], io: StepBuffers) -> None:
-        pad = self.size_tables.of((), io.size, drafted=io.depth > 0)
+        pad = self.size_tables.of((), io.size, io.depth)
         warm_up(io, pad, lambda: self._step(ids, io))

@@ -47,24 +47,30 @@ class SizeTables:
         self.draft_keys = list(session_tables([self.anchor], self.anchor, host=True, mtp=True))
         self.host: dict[tuple, torch.Tensor] = {}
 
-    def device_table(self, size: int, drafted: bool = False) -> torch.Tensor:
-        """A step's table buffer of `size` rows [layers, size, TABLE_WIDTH] (by `keys`, or
-        drafted: by `draft_keys`)."""
-        n = len(self.draft_keys if drafted else self.keys)
-        return torch.zeros(n, size, TABLE_WIDTH, dtype=torch.long, device=self.device)
+    def device_table(self, size: int, depth: int = 0) -> torch.Tensor:
+        """A step's table buffer of `size` sessions [layers, rows, TABLE_WIDTH] (`of`'s
+        layout: by `keys`, or for a drafted step of `depth` drafts by `draft_keys`)."""
+        n = len(self.draft_keys if depth else self.keys)
+        rows = size * (depth + 2) if depth else size
+        return torch.zeros(n, rows, TABLE_WIDTH, dtype=torch.long, device=self.device)
 
-    def of(self, ids: tuple[int, ...], size: int, drafted: bool = False) -> torch.Tensor:
+    def of(self, ids: tuple[int, ...], size: int, depth: int = 0) -> torch.Tensor:
         """The tables of a step of these sessions padded to `size` rows, every layer's
         stacked as `device_table` holds them, pinned; kept by tuple of sessions (a call's
-        few milliseconds of offsets, made once)."""
-        key = (drafted, size, ids)
+        few milliseconds of offsets, made once). A drafted step's (`depth` > 0) have
+        [layers, size * (depth + 2), TABLE_WIDTH]: the sessions' rows, then each session's
+        row once per window row (depth + 1 times: runner/lone_draft.DraftBuffers.tables),
+        made here, so that no step copies them."""
+        key = (depth, size, ids)
         table = self.host.get(key)
         if table is None:
             if len(self.host) >= MAX_TABLES:
                 self.host.clear()
             rows = [self.sessions[i] for i in ids] + [self.pad] * (size - len(ids))
-            tables = session_tables(rows, self.anchor, host=True, mtp=drafted)
+            tables = session_tables(rows, self.anchor, host=True, mtp=depth > 0)
             table = torch.stack(list(tables.values()))
+            if depth:
+                table = torch.cat([table, table.repeat_interleave(depth + 1, dim=1)], dim=1)
             table = self.host[key] = table.pin_memory() if self.pinned else table
         return table
 

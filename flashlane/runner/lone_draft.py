@@ -129,7 +129,7 @@ class Drafting:
         b = len(ids)
         io = drv.buffers(b, depth)
         if io.table is not None:  # rows past b: the pad session's
-            io.table.copy_(drv.size_tables.of(tuple(ids), io.size, drafted=True), non_blocking=True)
+            io.table.copy_(drv.size_tables.of(tuple(ids), io.size, depth), non_blocking=True)
         self._load(io, ids, tokens, positions, stream_ids, draws)
         kept, last = [0] * b, list(tokens)
         self.landed = [0] * b
@@ -211,8 +211,8 @@ class DraftBuffers:
     draws, their finite flags, the kept count; last [B, hc*H] the last kept row's residual
     (the MTP's cell at the hand-off); units [B*T, hc] ones (the MTP cells' sums as
     hyper-connection writes of unit weights: runner/draft_step._cells). Graphed: `table`
-    [keys, B, TABLE_WIDTH] names the sessions from the anchor (runner/lone_buffers.SizeTables,
-    `draft_keys`), written before a call."""
+    [keys, B*(T+1), TABLE_WIDTH] names the sessions from the anchor, then each session once
+    per window row (runner/lone_buffers.SizeTables.of, `draft_keys`), written before a call."""
 
     def __init__(self, b: int, depth: int, hc: int, width: int, dtype, device: torch.device):
         on = dict(dtype=torch.long, device=device)
@@ -242,14 +242,14 @@ class DraftBuffers:
         return self.tok, self.pos, self.drafts
 
     def tables(self) -> dict:
-        """The sessions' tables by key, and by ("rows", key) each session's row once per
-        window row [B*T, TABLE_WIDTH] (runner/draft_step.py): all keys' in one copy."""
-        # a copy (a view's rows of stride 0 would reach the kernels, which read rows
-        # TABLE_WIDTH apart)
-        rows = self.table[:, :, None].expand(-1, -1, self.depth + 1, -1).contiguous()
-        rows = rows.flatten(1, 2)
+        """The sessions' tables by key [B, TABLE_WIDTH], and by ("rows", key) each session's
+        row once per window row [B*T, TABLE_WIDTH] (runner/draft_step.py): views of `table`
+        (SizeTables.of made the rows on the host: copies, since a view's rows of stride 0
+        would reach the kernels, which read rows TABLE_WIDTH apart)."""
+        b = self.size
+        sessions, rows = self.table[:, :b], self.table[:, b:]
         rows_of = {("rows", key): r for key, r in zip(self.table_keys, rows)}
-        return dict(zip(self.table_keys, self.table)) | rows_of
+        return dict(zip(self.table_keys, sessions)) | rows_of
 
     def step(self, model: FlashNext, sessions: list[SessionState], tables) -> None:
         draft_step(model, sessions, self, tables)

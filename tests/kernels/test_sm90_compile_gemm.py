@@ -45,6 +45,16 @@ EXPERTS = dict(
     num_routed="i32",
     shared_id="i32",
 )
+# the route's layout arguments (read only with LAYOUT: routing.pick_and_lay_out)
+ROUTE_LAYOUT = dict(
+    count_ptr="*i32",
+    slot_pair_ptr="*i32",
+    block_expert_ptr="*i32",
+    n="i32",
+    num_blocks="i32",
+    shared_rows="i32",
+    routed_blocks="i32",
+)
 GEMMS = {
     "linear split fixup": (linear._linear_kernel, LINEAR,
                            dict(PARTS=4, BLOCKS_PER_PART=10, SPLIT=True, FIXUP=True, **TILE,
@@ -123,8 +133,15 @@ GEMMS = {
                                   H="i32", stride_gate="i32"),
                              dict(TOP_K=10, SHARED=True, BLOCK=1024), {}),
     "moe route": (routing._route_kernel, dict(l_ptr="*fp32", w_ptr=BF, ids_ptr="*i64",
-                                               stride_l="i32"),
+                                               stride_l="i32", **ROUTE_LAYOUT),
                   dict(E=512, TOP_K=10, NORMALIZE=True, BLOCK_E=512, BLOCK_K=16), {}),
+    "moe route with the layout": (routing._route_kernel,
+                                  dict(l_ptr="*fp32", w_ptr=BF, ids_ptr="*i64", stride_l="i32",
+                                       **ROUTE_LAYOUT),
+                                  dict(E=512, TOP_K=10, NORMALIZE=True, BLOCK_E=512, BLOCK_K=16,
+                                       LAYOUT=True, BLOCK_M=16, BLOCK_P=routing.PAIR_CHUNK,
+                                       BLOCK_C=routing.CLEAR_CHUNK),
+                                  dict(num_warps=routing.ROUTE_WARPS)),
     "moe dispatch": (routing._dispatch_kernel,
                      dict(ids_ptr="*i64", slot_pair_ptr="*i32", block_expert_ptr="*i32",
                           num_pairs="i32", num_blocks="i32", shared_rows="i32",

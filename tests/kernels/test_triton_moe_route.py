@@ -164,6 +164,38 @@ def test_dispatch_fused_at_the_threshold():
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("rows, k, e", [(2, 3, 8), (7, 8, 512), (13, 10, 60)])
+def test_pick_and_lay_out_is_the_pick_then_the_layout(rows, k, e):
+    """One launch: the pick's weights and ids bitwise, and dispatch's layout of those ids
+    (every block size, with and without the shared expert's rows); its counter is left at
+    zero, so the next call (a replayed step) lays out right too."""
+    g = torch.Generator(device=DEVICE).manual_seed(rows)
+    logits = torch.randn(rows, e, generator=g, device=DEVICE) * 3
+    logits[1, : e // 2] = logits[1, 0]  # ties: the lower ids first, pairs sharing experts
+    want_w, want_ids = routing.pick_experts(logits, k, True, torch.float32)
+    for block_m, shared in ((tmoe.BLOCK_M, 0), (2, 0), (tmoe.BLOCK_M, rows), (64, rows)):
+        for _ in range(2):
+            w, ids, slot_pair, block_expert = routing.pick_and_lay_out(
+                logits, k, True, torch.float32, block_m, shared
+            )
+            assert torch.equal(_bits(w), _bits(want_w)) and torch.equal(ids, want_ids)
+            want = routing.dispatch_by_sort(want_ids, e, block_m, shared)
+            assert torch.equal(slot_pair, want[0]), (block_m, shared)
+            assert torch.equal(block_expert, want[1]), (block_m, shared)
+
+
+def test_pick_and_lay_out_past_the_fused_pairs():
+    """Past FUSED_DISPATCH_MAX_PAIRS the layout is dispatch's own launches: the same."""
+    e, k = 64, 16
+    rows = routing.FUSED_DISPATCH_MAX_PAIRS // k + 1
+    logits = torch.randn(rows, e, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    w, ids, *layout = routing.pick_and_lay_out(logits, k, False, torch.float32, tmoe.BLOCK_M)
+    want_w, want_ids = routing.pick_experts(logits, k, False, torch.float32)
+    want = routing.dispatch_by_sort(want_ids, e, tmoe.BLOCK_M)
+    assert torch.equal(w, want_w) and torch.equal(ids, want_ids)
+    assert all(map(torch.equal, layout, want))
+
+
 def test_moe_same_through_either_dispatch(monkeypatch):
     h, e, i, k = 32, 8, 24, 3
     router = _rand(e, h, seed=8, scale=h**-0.5)

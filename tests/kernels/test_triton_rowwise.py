@@ -88,6 +88,26 @@ def test_hc_write_norm(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_hc_write_norm_of_picked_rows(dtype):
+    """rows [B]: the norm of one picked row of each run of N / B (a drafted step's last kept
+    cell of each session's window), the bits of the whole call's norm of that row; the
+    write's rows all as without."""
+    m, hc, h = 9, 4, 48
+    r, y = _rand(m, hc * h, dtype=dtype, seed=31), _rand(m, h, dtype=dtype, seed=32)
+    w = _rand(m, hc, dtype=dtype, seed=33, scale=1.0)
+    weight = _rand(hc * h, dtype=dtype, seed=34, scale=0.1)
+    rows = torch.tensor([2, 3, 8], device=DEVICE)  # runs of three rows: first, first, last
+    out, xn = trh.hc_write_norm(r, y, w, weight, 1e-6, rows)
+    whole = trh.hc_write_norm(r, y, w, weight, 1e-6)
+    assert torch.equal(out, whole[0]) and torch.equal(xn, whole[1][rows])
+    want = ref.hc_write_norm(r, y, w, weight, 1e-6, rows)
+    _close(out, want[0], dtype)
+    _close(xn, want[1], dtype)
+    with pytest.raises(ValueError, match="dividing"):
+        trh.hc_write_norm(r, y, w, weight, 1e-6, rows[:2])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("inject", [True, False])
 def test_hc_mix(dtype, inject):
     m, hc, h = 9, 4, 1100  # h > one block: two column programs, the second ragged

@@ -202,10 +202,13 @@ def test_size_tables_name_sessions_from_the_anchor(tiny_ckpt):
             for row, buf in enumerate(column):
                 at = b.data_ptr() + int(table[row, col]) * b.element_size()
                 assert at == buf.data_ptr()
-    # a drafted step's tables name the MTP head's caches too
-    drafted = tables.of((2, 0), 4, drafted=True)
-    assert drafted.shape == (len(tables.draft_keys), 4, 8)
+    # a drafted step's tables name the MTP head's caches too, and after the sessions' rows
+    # each session's row once per window row (depth 2: three times)
+    drafted = tables.of((2, 0), 4, depth=2)
+    assert drafted.shape == (len(tables.draft_keys), 4 + 4 * 3, 8)
     assert tables.draft_keys[: len(tables.keys)] == tables.keys
+    assert torch.equal(drafted[: len(tables.keys), :4], got)
+    assert torch.equal(drafted[:, 4:], drafted[:, :4].repeat_interleave(3, dim=1))
     for j, table in enumerate(drafted[len(tables.keys) :]):
         base = tables.anchor.mtp[j].k
         for row, s in enumerate(rows):

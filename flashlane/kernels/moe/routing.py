@@ -9,6 +9,10 @@
   expert, in worst-case-sized buffers (no host sync). Up to FUSED_DISPATCH_MAX_PAIRS pairs
   (decode, verify rounds) one single-program kernel lays them out; beyond that (prefill)
   about 25 torch launches do it with a sort. Both give the same tensors; the tests check it.
+* `pick_and_lay_out`: both in the pick's launch: the last row's program to finish
+  (kernels/partials.py's counter) lays the pairs out as `dispatch`'s kernel does, on the
+  pick's one warp (a launch saved; the layout alone measured 1.2 us slower on one warp than
+  on two on the H200, route_warps_acbb0d2_h200.log).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flashlane.kernels.partials import counters, last_to_arrive
 from flashlane.kernels.pdl import enter, pdl
 
 # most pairs laid out by the one-program kernel: it walks them in order on one SM
@@ -32,19 +37,32 @@ CLEAR_CHUNK = 1024
 ROUTE_WARPS, DISPATCH_WARPS = 1, 2
 
 
-@triton.jit  # stride_l specialised, always a multiple of 16 (pick_experts sees to it)
+# stride_l specialised, always a multiple of 16 (pick_experts sees to it)
+@triton.jit(do_not_specialize=["n", "num_blocks", "shared_rows", "routed_blocks"])
 def _route_kernel(
     l_ptr,
     w_ptr,
     ids_ptr,
     stride_l,
+    count_ptr,
+    slot_pair_ptr,
+    block_expert_ptr,
+    n,
+    num_blocks,
+    shared_rows,
+    routed_blocks,
     E: tl.constexpr,
     TOP_K: tl.constexpr,
     NORMALIZE: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    LAYOUT: tl.constexpr = 0,
+    BLOCK_M: tl.constexpr = 16,
+    BLOCK_P: tl.constexpr = 16,
+    BLOCK_C: tl.constexpr = 1024,
     PDL: tl.constexpr = 0,
 ):
+    # LAYOUT: the last of the n rows' programs to finish lays the pairs out (`_layout`)
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     i_row = tl.program_id(0).to(tl.int64)
     o_e = tl.arange(0, BLOCK_E)
@@ -77,6 +95,13 @@ def _route_kernel(
     mask_k = o_k < TOP_K
     tl.store(w_ptr + i_row * TOP_K + o_k, b_top.to(w_ptr.dtype.element_ty), mask=mask_k)
     tl.store(ids_ptr + i_row * TOP_K + o_k, b_ids, mask=mask_k)
+    # a constexpr and a runtime test in one `and` would not fold the constexpr away
+    if LAYOUT:  # noqa: SIM102
+        if last_to_arrive(count_ptr, n):  # every row's ids stored: read them through L2
+            _layout(
+                ids_ptr, slot_pair_ptr, block_expert_ptr, n * TOP_K, num_blocks, shared_rows,
+                routed_blocks, E, BLOCK_M, BLOCK_E, BLOCK_P, BLOCK_C, ".cg",
+            )  # fmt: skip
 
 
 def pick_experts(
@@ -87,6 +112,44 @@ def pick_experts(
 
     Returns (weights [N, k] in dtype, ids [N, k] int64), ids in rank order.
     """
+    weights, ids, _ = _pick(logits, top_k, normalize, dtype)
+    return weights, ids
+
+
+def pick_and_lay_out(
+    logits: torch.Tensor,
+    top_k: int,
+    normalize: bool,
+    dtype: torch.dtype,
+    block_m: int,
+    shared_rows: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """pick_experts, then dispatch(ids, E, block_m, shared_rows), in the pick's launch where
+    the pairs are at most FUSED_DISPATCH_MAX_PAIRS (else, or while a CUDA graph is captured
+    before the counters exist, in two launches): the same tensors.
+
+    Returns (weights [N, k], ids [N, k], slot_pair, block_expert) as those two give them.
+    """
+    n, e = logits.shape
+    pairs = n * top_k
+    count = counters(logits.device, 1) if 0 < pairs <= FUSED_DISPATCH_MAX_PAIRS else None
+    if count is None:
+        weights, ids = pick_experts(logits, top_k, normalize, dtype)
+        return weights, ids, *dispatch(ids, e, block_m, shared_rows)
+    routed = _routed_blocks(pairs, e, block_m)
+    num_blocks = routed + triton.cdiv(shared_rows, block_m)
+    slot_pair = torch.empty(num_blocks * block_m, dtype=torch.int32, device=logits.device)
+    block_expert = torch.empty(num_blocks, dtype=torch.int32, device=logits.device)
+    layout = dict(
+        count=count, slot_pair=slot_pair, block_expert=block_expert, num_blocks=num_blocks,
+        shared_rows=shared_rows, routed_blocks=routed, block_m=block_m,
+    )  # fmt: skip
+    weights, ids, _ = _pick(logits, top_k, normalize, dtype, layout)
+    return weights, ids, slot_pair, block_expert
+
+
+def _pick(logits, top_k: int, normalize: bool, dtype, layout: dict | None = None):
+    """The pick's launch (with `layout`: pick_and_lay_out's buffers, laid out in it too)."""
     n, e = logits.shape
     if logits.stride(-1) != 1 or logits.stride(0) % 16 or logits.data_ptr() % 16:
         # the kernel is specialised on its stride and pointer (16 divides them or not): its
@@ -99,20 +162,32 @@ def pick_experts(
     weights = torch.empty((n, top_k), dtype=dtype, device=logits.device)
     ids = torch.empty((n, top_k), dtype=torch.int64, device=logits.device)
     if n:
+        lay = layout or {}
         _route_kernel[(n,)](
             logits,
             weights,
             ids,
             logits.stride(0),
+            lay.get("count", ids),
+            lay.get("slot_pair", ids),
+            lay.get("block_expert", ids),
+            n,
+            lay.get("num_blocks", 0),
+            lay.get("shared_rows", 0),
+            lay.get("routed_blocks", 0),
             E=e,
             TOP_K=top_k,
             NORMALIZE=normalize,
             BLOCK_E=triton.next_power_of_2(e),
             BLOCK_K=triton.next_power_of_2(top_k),
+            LAYOUT=layout is not None,
+            BLOCK_M=lay.get("block_m", 16),
+            BLOCK_P=PAIR_CHUNK,
+            BLOCK_C=CLEAR_CHUNK,
             num_warps=ROUTE_WARPS,
             **pdl(ids.device),
         )
-    return weights, ids
+    return weights, ids, layout
 
 
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks", "shared_rows", "routed_blocks"])
@@ -132,6 +207,30 @@ def _dispatch_kernel(
     PDL: tl.constexpr = 0,
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
+    _layout(
+        ids_ptr, slot_pair_ptr, block_expert_ptr, num_pairs, num_blocks, shared_rows,
+        routed_blocks, E, BLOCK_M, BLOCK_E, BLOCK_P, BLOCK_C, "",
+    )  # fmt: skip
+
+
+@triton.jit
+def _layout(
+    ids_ptr,
+    slot_pair_ptr,
+    block_expert_ptr,
+    num_pairs,
+    num_blocks,
+    shared_rows,
+    routed_blocks,
+    E: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    CACHE: tl.constexpr,
+):
+    """`dispatch`'s layout from one program: the ids loaded with cache modifier CACHE (".cg"
+    where other programs of the launch stored them)."""
     o_e = tl.arange(0, BLOCK_E)
     o_p = tl.arange(0, BLOCK_P)
     o_c = tl.arange(0, BLOCK_C)
@@ -143,7 +242,8 @@ def _dispatch_kernel(
     b_count = tl.zeros([BLOCK_E], dtype=tl.int32)
     for p0 in range(0, num_pairs, BLOCK_P):
         mask_p = p0 + o_p < num_pairs
-        b_e = tl.load(ids_ptr + p0 + o_p, mask=mask_p, other=0).to(tl.int32)
+        b_e = tl.load(ids_ptr + p0 + o_p, mask=mask_p, other=0, cache_modifier=CACHE)
+        b_e = b_e.to(tl.int32)
         b_count += tl.histogram(b_e, BLOCK_E, mask=mask_p)
     b_blocks = (b_count + BLOCK_M - 1) // BLOCK_M
     # each expert's next free slot: its segment starts after the padded earlier experts
@@ -154,7 +254,8 @@ def _dispatch_kernel(
     for p0 in range(0, num_pairs, BLOCK_P):
         mask_p = p0 + o_p < num_pairs
         # a masked pair reads expert 0: never stored, and after every real pair of the chunk
-        b_e = tl.load(ids_ptr + p0 + o_p, mask=mask_p, other=0).to(tl.int32)
+        b_e = tl.load(ids_ptr + p0 + o_p, mask=mask_p, other=0, cache_modifier=CACHE)
+        b_e = b_e.to(tl.int32)
         is_e = b_e[:, None] == o_e[None, :]
         mates = (b_e[:, None] == b_e[None, :]) & (o_p[None, :] < o_p[:, None])
         # b_next of each pair's expert (a one-hot sum gathers from registers), plus its rank

@@ -2,12 +2,13 @@
 
 Router: fp32 logits through the row-invariant `linear` kernel (exact fp32 products), then
 `routing.pick_experts`, one launch: softmax, top k (ties to the lower expert id) and
-renormalisation with the k weights added in rank order. `routing.dispatch` sorts the
-(row, slot) pairs by expert (stable) and pads each expert to BLOCK_M, in one launch at decode
-sizes, without a host sync: the buffers are sized by the worst case (cdiv(pairs, BLOCK_M) +
-min(E, pairs) blocks) and unused blocks exit at once. A call of one row (a lone step) skips
-that launch: its k experts differ, so block b holds pair b alone in its first slot, as the
-layout would put it (`_block`), and the tiles and bits are the same.
+renormalisation with the k weights added in rank order. `routing.dispatch`'s layout sorts the
+(row, slot) pairs by expert (stable) and pads each expert to BLOCK_M, at decode sizes in the
+pick's launch (`route_logits`: routing.pick_and_lay_out), without a host sync: the buffers
+are sized by the worst case (cdiv(pairs, BLOCK_M) + min(E, pairs) blocks) and unused blocks
+exit at once. A call of one row (a lone step) needs no layout: its k experts differ, so
+block b holds pair b alone in its first slot, as the layout would put it (`_block`), and the
+tiles and bits are the same.
 
 Experts as a grouped GEMM over those expert-sorted pairs (their blocks and the combine:
 `triton_pairs.py`, shared with the FP8 experts):
@@ -33,7 +34,7 @@ import triton
 import triton.language as tl
 
 from flashlane.kernels.linear.triton import DECODE_ROWS, linear
-from flashlane.kernels.moe.routing import dispatch, pick_experts
+from flashlane.kernels.moe.routing import dispatch, pick_and_lay_out, pick_experts
 from flashlane.kernels.moe.triton_pairs import (
     BLOCK_M,
     COMBINE_BLOCK,
@@ -65,6 +66,41 @@ def route(
     """
     logits = linear(x, router, out_dtype=torch.float32)
     return pick_experts(logits, top_k, normalize, x.dtype)
+
+
+def pair_block(n: int, dtype: torch.dtype, prefill: int = PREFILL_BLOCK_M) -> int:
+    """Pairs a tile of the grouped launches for a call of n rows of x's dtype: `prefill`
+    (the experts' prompt tile: the FP8 ones' is another) above DECODE_ROWS rows."""
+    return prefill if n > DECODE_ROWS and dtype != torch.float32 else BLOCK_M
+
+
+def route_logits(
+    x: torch.Tensor,
+    logits: torch.Tensor,
+    top_k: int,
+    normalize: bool,
+    shared_rows: int,
+    prefill: int = PREFILL_BLOCK_M,
+):
+    """The rows' experts from fp32 router logits [N, E] -> (weights [N, k], ids [N, k], the
+    pairs' layout (slot_pair, block_expert, block_m) for `experts`, or None): for more than
+    one row laid out in the pick's launch (routing.pick_and_lay_out), in tiles of
+    pair_block(N, x's dtype, prefill) pairs; one row needs none."""
+    if x.shape[0] <= 1:
+        return *pick_experts(logits, top_k, normalize, x.dtype), None
+    bm = pair_block(x.shape[0], x.dtype, prefill)
+    weights, ids, *layout = pick_and_lay_out(logits, top_k, normalize, x.dtype, bm, shared_rows)
+    return weights, ids, (*layout, bm)
+
+
+def laid_out(layout: tuple | None, block_m: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """route_logits' layout (slot_pair, block_expert) for experts in tiles of block_m pairs
+    (None: none given)."""
+    if layout is None:
+        return None
+    if layout[2] != block_m:
+        raise ValueError(f"moe: pairs laid out in blocks of {layout[2]}, tiles of {block_m}")
+    return layout[0], layout[1]
 
 
 @triton.jit(do_not_specialize=["num_routed", "shared_id"])
@@ -191,12 +227,14 @@ def experts(
     down: torch.Tensor,
     shared: tuple[torch.Tensor, torch.Tensor] | None = None,
     shared_logit: torch.Tensor | None = None,
+    layout: tuple | None = None,
 ) -> torch.Tensor:
     """sum_j weights[:, j] * swiglu_{ids[:, j]}(x), added in rank order, then with `shared`
     (gate logit [N, 1], s [N, H]) + sigmoid(gate logit) * s in the same launch. x: [N, H].
     shared_logit [N, 1] (fp32 or x's dtype) in place of `shared`: the last expert of gate,
     up, down is the shared expert, which every row takes in the same grouped launches, and
-    its output s is added so."""
+    its output s is added so. layout: the pairs' (slot_pair, block_expert, block_m) from
+    `route_logits` (else laid out here: routing.dispatch)."""
     n, h = x.shape
     e, i, _ = gate.shape
     top_k = ids.shape[1]
@@ -206,17 +244,16 @@ def experts(
         return out
     x = x.contiguous()
     gate, up, down = gate.contiguous(), up.contiguous(), down.contiguous()
-    if n > DECODE_ROWS and x.dtype != torch.float32:  # a prompt chunk: wgmma tiles
-        bm, gu, dn = PREFILL_BLOCK_M, GATE_UP_PREFILL, DOWN_PREFILL
-    else:
-        bm, gu, dn = BLOCK_M, GATE_UP_TILE, DOWN_TILE
+    bm = pair_block(n, x.dtype)  # PREFILL_BLOCK_M: a prompt chunk, on wgmma tiles
+    prefill = bm == PREFILL_BLOCK_M
+    gu, dn = (GATE_UP_PREFILL, DOWN_PREFILL) if prefill else (GATE_UP_TILE, DOWN_TILE)
     shared_rows = n if shared_logit is not None else 0
     one_row = n == 1  # its pairs' experts differ: block b holds pair b (`_block`)
     if one_row:
         slot_pair, block_expert = ids.flatten(), ids.flatten()
         blocks = top_k + shared_rows
     else:
-        slot_pair, block_expert = dispatch(ids, routed, bm, shared_rows)
+        slot_pair, block_expert = laid_out(layout, bm) or dispatch(ids, routed, bm, shared_rows)
         blocks = block_expert.numel()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     act = torch.empty((blocks * bm, i), dtype=x.dtype, device=x.device)
@@ -278,8 +315,9 @@ def moe(
 ) -> torch.Tensor:
     """reference.moe: x: [N, H]; gate, up: [E, I, H]; down: [E, H, I] -> [N, H]; with
     `shared` (gate logit [N, 1], the shared expert's output) its gated add too."""
-    weights, ids = route(x, router, top_k, normalize)
-    return experts(x, weights, ids, gate, up, down, shared)
+    logits = linear(x, router, out_dtype=torch.float32)
+    weights, ids, layout = route_logits(x, logits, top_k, normalize, 0)
+    return experts(x, weights, ids, gate, up, down, shared, layout=layout)
 
 
 def moe_shared(
@@ -298,5 +336,5 @@ def moe_shared(
     grouped launch (each row a pair of expert E), so it costs no launch of its own."""
     e = router.shape[0] - 1
     logits = linear(x, router, out_dtype=torch.float32, aligned=True)
-    weights, ids = pick_experts(logits[:, :e], top_k, normalize, x.dtype)
-    return experts(x, weights, ids, gate, up, down, shared_logit=logits[:, e:])
+    weights, ids, layout = route_logits(x, logits[:, :e], top_k, normalize, x.shape[0])
+    return experts(x, weights, ids, gate, up, down, shared_logit=logits[:, e:], layout=layout)

@@ -19,10 +19,10 @@ import triton
 import triton.language as tl
 
 from flashlane.kernels.linear.fp8 import BLOCK, Fp8Weight
-from flashlane.kernels.linear.triton import DECODE_ROWS, linear
+from flashlane.kernels.linear.triton import linear
 from flashlane.kernels.moe import triton as dense_tr
 from flashlane.kernels.moe import triton_pairs as pairs
-from flashlane.kernels.moe.routing import dispatch, pick_experts
+from flashlane.kernels.moe.routing import dispatch
 from flashlane.kernels.pdl import enter, pdl
 
 # decode tiles (up to DECODE_ROWS rows, and every fp32 call) and prefill tiles: the bf16
@@ -153,9 +153,10 @@ def experts_fp8(
     down: Fp8Weight,
     shared: tuple[torch.Tensor, torch.Tensor] | None = None,
     shared_logit: torch.Tensor | None = None,
+    layout: tuple | None = None,
 ) -> torch.Tensor:
     """kernels/moe/triton.py's `experts` over FP8 stacks: gate, up [E, I, H], down [E, H, I]
-    (Fp8Weight); x [N, H]; weights, ids [N, k]; shared / shared_logit as there."""
+    (Fp8Weight); x [N, H]; weights, ids [N, k]; shared / shared_logit / layout as there."""
     n, h = x.shape
     e, i, _ = gate.shape
     if up.shape != gate.shape or down.shape != (e, h, i):
@@ -166,17 +167,18 @@ def experts_fp8(
     if n == 0:
         return out
     x = x.contiguous()
-    if n > DECODE_ROWS and x.dtype != torch.float32:  # a prompt chunk
-        bm, gu, dn = PREFILL_BLOCK_M, GATE_UP_PREFILL, DOWN_PREFILL
-    else:
-        bm, gu, dn = pairs.BLOCK_M, GATE_UP_TILE, DOWN_TILE
+    bm = dense_tr.pair_block(n, x.dtype, PREFILL_BLOCK_M)  # PREFILL_BLOCK_M: a prompt chunk
+    prefill = bm == PREFILL_BLOCK_M
+    gu, dn = (GATE_UP_PREFILL, DOWN_PREFILL) if prefill else (GATE_UP_TILE, DOWN_TILE)
     shared_rows = n if shared_logit is not None else 0
     one_row = n == 1  # its pairs' experts differ: block b holds pair b (`_block`)
     if one_row:
         slot_pair, block_expert = ids.flatten(), ids.flatten()
         blocks = top_k + shared_rows
     else:
-        slot_pair, block_expert = dispatch(ids, routed, bm, shared_rows)
+        slot_pair, block_expert = dense_tr.laid_out(layout, bm) or dispatch(
+            ids, routed, bm, shared_rows
+        )
         blocks = block_expert.numel()
     hs, is_ = -(-h // BLOCK), -(-i // BLOCK)
     ieee = x.dtype == torch.float32
@@ -205,10 +207,12 @@ def experts_fp8(
     return out
 
 
-def experts(x, weights, ids, gate, up, down, shared=None, shared_logit=None) -> torch.Tensor:
+def experts(
+    x, weights, ids, gate, up, down, shared=None, shared_logit=None, layout=None
+) -> torch.Tensor:
     """The grouped experts of bf16 stacks (kernels/moe/triton.py) or FP8 ones (experts_fp8)."""
     run = experts_fp8 if isinstance(gate, Fp8Weight) else dense_tr.experts
-    return run(x, weights, ids, gate, up, down, shared, shared_logit)
+    return run(x, weights, ids, gate, up, down, shared, shared_logit, layout)
 
 
 def moe(
@@ -223,8 +227,9 @@ def moe(
 ) -> torch.Tensor:
     """reference.moe: x: [N, H]; router [E, H]; gate, up: [E, I, H]; down: [E, H, I] (bf16
     or Fp8Weight) -> [N, H]; with `shared` (gate logit [N, 1], output [N, H]) its gated add."""
-    weights, ids = dense_tr.route(x, router, top_k, normalize)
-    return experts(x, weights, ids, gate, up, down, shared)
+    logits = linear(x, router, out_dtype=torch.float32)
+    weights, ids, layout = _route(x, logits, top_k, normalize, 0, gate)
+    return experts(x, weights, ids, gate, up, down, shared, layout=layout)
 
 
 def moe_shared(
@@ -241,8 +246,14 @@ def moe_shared(
     the shared expert is one more block of every grouped launch (kernels/moe/triton.py)."""
     e = router.shape[0] - 1
     logits = linear(x, router, out_dtype=torch.float32, aligned=True)
-    weights, ids = pick_experts(logits[:, :e], top_k, normalize, x.dtype)
-    return experts(x, weights, ids, gate, up, down, shared_logit=logits[:, e:])
+    weights, ids, layout = _route(x, logits[:, :e], top_k, normalize, x.shape[0], gate)
+    return experts(x, weights, ids, gate, up, down, shared_logit=logits[:, e:], layout=layout)
+
+
+def _route(x, logits, top_k: int, normalize: bool, shared_rows: int, gate):
+    """dense_tr.route_logits in the tiles of the experts that `gate`'s kind runs."""
+    prefill = PREFILL_BLOCK_M if isinstance(gate, Fp8Weight) else dense_tr.PREFILL_BLOCK_M
+    return dense_tr.route_logits(x, logits, top_k, normalize, shared_rows, prefill)
 
 
 def moe_placed(*args, **kwargs):

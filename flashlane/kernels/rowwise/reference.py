@@ -68,12 +68,18 @@ def hc_write(r: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def hc_write_norm(
-    r: torch.Tensor, y: torch.Tensor, w: torch.Tensor, weight: torch.Tensor, eps: float
+    r: torch.Tensor,
+    y: torch.Tensor,
+    w: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """hc_write, then the next read's grouped RMSNorm of the result (`weight` [hc*H], groups
-    of H = y's width): (R + y (x) w, its norm)."""
+    of H = y's width): (R + y (x) w, its norm); rows [B]: the norm of those rows of the
+    result alone [B, hc*H], each pick in its own run of N / B rows."""
     out = hc_write(r, y, w)
-    return out, rms_norm(out, weight, eps, y.shape[-1])
+    return out, rms_norm(out, weight, eps, y.shape[-1], rows=rows)
 
 
 def gdn_gates(
@@ -239,29 +245,34 @@ def draft_pick(logits: torch.Tensor, drafts: torch.Tensor, d: int) -> None:
 
 
 def accept_window(
-    ids: torch.Tensor,
-    top: torch.Tensor,
+    logits: torch.Tensor,
     drafts: torch.Tensor,
     firsts: torch.Tensor,
     out: torch.Tensor,
     tok: torch.Tensor,
     pos: torch.Tensor,
     marks: torch.Tensor,
+    ids: torch.Tensor,
 ) -> None:
-    """A drafted step's verdict, in place (runner/draft_step.py): ids, top [B, T] each window
-    row's draw and its logit, drafts [B, K] (K = T-1), firsts [B] each session's first row
-    among the B*T. A row is finite where |top| < inf (not NaN, not infinite); the kept rows
-    are 1 + the leading drafts that equal the draw before them on a finite row. Writes out
-    [B, 2T+1] (the draws, their finite flags, the kept count), tok [B] the last kept row's
-    draw, marks [3, B] (kept, kept - 1, firsts + kept - 1), and moves pos on by kept."""
-    t = ids.shape[1]
+    """A drafted step's verdict, in place (runner/draft_step.py): logits [B*T, V] the window
+    rows' (session b's rows b*T .. b*T + T-1), drafts [B, K] (K = T-1), firsts [B] each
+    session's first row among the B*T. Each row's draw is its first maximum (ties: the lower
+    id), into ids [B*T]; a row is finite where that maximum is (not NaN, not infinite); the
+    kept rows are 1 + the leading drafts that equal the draw before them on a finite row.
+    Writes out [B, 2T+1] (the draws, their finite flags, the kept count), tok [B] the last
+    kept row's draw, marks [3, B] (kept, kept - 1, firsts + kept - 1), and moves pos on by
+    kept."""
+    b, t = drafts.shape[0], drafts.shape[1] + 1
+    top, got = logits.max(dim=1)
+    ids.copy_(got)
+    top, got = top.view(b, t), got.view(b, t)
     finite = top.abs() < float("inf")
-    lands = (drafts == ids[:, : t - 1]) & finite[:, : t - 1]
+    lands = (drafts == got[:, : t - 1]) & finite[:, : t - 1]
     kept = 1 + lands.long().cumprod(dim=1).sum(dim=1)
-    out[:, :t] = ids
+    out[:, :t] = got
     out[:, t : 2 * t] = finite
     out[:, 2 * t] = kept
-    tok.copy_(ids.gather(1, (kept - 1)[:, None])[:, 0])
+    tok.copy_(got.gather(1, (kept - 1)[:, None])[:, 0])
     marks[0], marks[1], marks[2] = kept, kept - 1, firsts + kept - 1
     pos.add_(kept)
 

@@ -27,6 +27,48 @@ CHUNK = 4096
 BLOCK = 1024
 
 
+@triton.jit
+def chunk_first_max(l_ptr, row, stride_l, v, part, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """Chunk `part` of logits row `row` [v]: (its largest value with NaN set aside, the
+    first index that holds it, its NaNs)."""
+    start = part * CHUNK
+    best = -float("inf")
+    at = start
+    nans = 0
+    for b in tl.static_range(0, CHUNK, BLOCK):
+        offs = start + b + tl.arange(0, BLOCK)
+        ok = offs < v
+        x = tl.load(l_ptr + row * stride_l + offs, mask=ok, other=-float("inf")).to(tl.float32)
+        nan = x != x
+        nans += tl.sum((nan & ok).to(tl.int32), axis=0)
+        x = tl.where(nan, -float("inf"), x)
+        m = tl.max(x, axis=0)
+        i = tl.min(tl.where(x == m, offs, 2147483647), axis=0)
+        at = tl.where(m > best, i, at)  # strictly larger: an earlier tie keeps its index
+        best = tl.maximum(best, m)
+    return best, at, nans
+
+
+@triton.jit
+def row_first_max(best_ptr, at_ptr, nan_ptr, row, PARTS: tl.constexpr, PARTS_P2: tl.constexpr):
+    """In the row's last program to arrive: (the row's first maximum from its chunks', in
+    chunk order, the lowest index on ties; whether it is finite with no NaN in the row). The
+    chunks' are read through L2 (partials.last_to_arrive)."""
+    p = tl.arange(0, PARTS_P2)
+    in_row = p < PARTS
+    bests = tl.load(
+        best_ptr + row * PARTS + p, mask=in_row, other=-float("inf"), cache_modifier=".cg"
+    )
+    ats = tl.load(at_ptr + row * PARTS + p, mask=in_row, other=2147483647, cache_modifier=".cg")
+    row_nans = tl.sum(
+        tl.load(nan_ptr + row * PARTS + p, mask=in_row, other=0, cache_modifier=".cg"), axis=0
+    )
+    top = tl.max(bests, axis=0)
+    first = tl.min(tl.where(bests == top, ats, 2147483647), axis=0).to(tl.int64)
+    finite = (row_nans == 0) & (top != float("inf")) & (top != -float("inf"))
+    return first, finite
+
+
 @triton.jit(do_not_specialize=["v", "stride_l"])
 def _greedy_kernel(
     l_ptr,
@@ -51,43 +93,27 @@ def _greedy_kernel(
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     part = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
-    start = part * CHUNK
-    best = -float("inf")
-    at = start
-    nans = 0
-    for b in tl.static_range(0, CHUNK, BLOCK):
-        offs = start + b + tl.arange(0, BLOCK)
-        ok = offs < v
-        x = tl.load(l_ptr + row * stride_l + offs, mask=ok, other=-float("inf")).to(tl.float32)
-        nan = x != x
-        nans += tl.sum((nan & ok).to(tl.int32), axis=0)
-        x = tl.where(nan, -float("inf"), x)
-        m = tl.max(x, axis=0)
-        i = tl.min(tl.where(x == m, offs, 2147483647), axis=0)
-        at = tl.where(m > best, i, at)  # strictly larger: an earlier tie keeps its index
-        best = tl.maximum(best, m)
+    best, at, nans = chunk_first_max(l_ptr, row, stride_l, v, part, CHUNK, BLOCK)
     slot = row * PARTS + part
     tl.store(best_ptr + slot, best)
     tl.store(at_ptr + slot, at)
     tl.store(nan_ptr + slot, nans)
     if last_to_arrive(count_ptr + row, PARTS):
-        p = tl.arange(0, PARTS_P2)
-        in_row = p < PARTS
-        bests = tl.load(
-            best_ptr + row * PARTS + p, mask=in_row, other=-float("inf"), cache_modifier=".cg"
-        )
-        ats = tl.load(at_ptr + row * PARTS + p, mask=in_row, other=2147483647, cache_modifier=".cg")
-        row_nans = tl.sum(
-            tl.load(nan_ptr + row * PARTS + p, mask=in_row, other=0, cache_modifier=".cg"), axis=0
-        )
-        top = tl.max(bests, axis=0)
-        first = tl.min(tl.where(bests == top, ats, 2147483647), axis=0).to(tl.int64)
-        finite = (row_nans == 0) & (top != float("inf")) & (top != -float("inf"))
+        first, finite = row_first_max(best_ptr, at_ptr, nan_ptr, row, PARTS, PARTS_P2)
         tl.store(out_ptr + row * stride_out, first)
         if not PICK:
             tl.store(out_ptr + row * stride_out + 1, finite.to(tl.int64))
             tl.store(tok_ptr + row, first)
             tl.store(pos_ptr + row, tl.load(pos_ptr + row) + 1)
+
+
+def chunk_partials(rows: int, parts: int, device) -> tuple[torch.Tensor, ...]:
+    """The chunks' (best [rows, parts] fp32, at and nans int32) for chunk_first_max."""
+    return (
+        torch.empty((rows, parts), dtype=torch.float32, device=device),
+        torch.empty((rows, parts), dtype=torch.int32, device=device),
+        torch.empty((rows, parts), dtype=torch.int32, device=device),
+    )
 
 
 def greedy_step(
@@ -118,9 +144,7 @@ def greedy_step(
 def _launch(logits, count, out, tok, pos, stride_out: int, pick: int = 0) -> None:
     (b, v), dev = logits.shape, logits.device
     parts = triton.cdiv(v, CHUNK)
-    best = torch.empty((b, parts), dtype=torch.float32, device=dev)
-    at = torch.empty((b, parts), dtype=torch.int32, device=dev)
-    nan = torch.empty((b, parts), dtype=torch.int32, device=dev)
+    best, at, nan = chunk_partials(b, parts, dev)
     _greedy_kernel[(parts, b)](
         logits,
         best,

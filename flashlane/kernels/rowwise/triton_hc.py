@@ -152,7 +152,7 @@ def hc_write(r: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@triton.jit(do_not_specialize=["eps"])
+@triton.jit(do_not_specialize=["eps", "per"])
 def _hc_write_norm_kernel(
     r_ptr,
     y_ptr,
@@ -160,12 +160,17 @@ def _hc_write_norm_kernel(
     nw_ptr,
     out_ptr,
     xn_ptr,
+    idx_ptr,
     eps,
+    per,
     H: tl.constexpr,
     HC: tl.constexpr,
     BLOCK: tl.constexpr,
+    PICK: tl.constexpr = 0,
     PDL: tl.constexpr = 0,
 ):
+    # PICK: the norm of row i is stored only where the run of `per` rows it belongs to picks
+    # it (idx[i // per] is i), into xn's row i // per
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)  # one stream: the norm's group
@@ -180,14 +185,30 @@ def _hc_write_norm_kernel(
     # the norms kernel's arithmetic on the written values
     rs = rms_factor(x, H, eps)
     nw = tl.load(nw_ptr + c * H + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(xn_ptr + at, ((x * rs) * (1.0 + nw)).to(dt), mask=mask)
+    xn = ((x * rs) * (1.0 + nw)).to(dt)
+    if PICK:
+        run = row // per
+        picked = tl.load(idx_ptr + run) == row
+        tl.store(xn_ptr + run * HC * H + c * H + cols, xn, mask=mask & picked)
+    else:
+        tl.store(xn_ptr + at, xn, mask=mask)
 
 
-def hc_write_norm(r, y, w, weight, eps: float):
+def hc_write_norm(r, y, w, weight, eps: float, rows: torch.Tensor | None = None):
+    """reference.hc_write_norm in one launch. rows [B]: the norm of the written rows
+    rows[b] alone, [B, hc*H], each pick in its own run of N / B rows (a drafted step's last
+    kept row of each session's window), read nowhere else."""
     m, hc = w.shape
     h = y.shape[1]
     r, y, w = r.contiguous(), y.contiguous(), w.contiguous()
-    out, xn = torch.empty_like(r), torch.empty_like(r)
+    out = torch.empty_like(r)
+    if rows is None:
+        xn, per = torch.empty_like(r), 1
+    else:
+        b = rows.shape[0]
+        if b == 0 or m % b or not rows.is_contiguous():
+            raise ValueError(f"hc_write_norm: rows [B] contiguous, B dividing {m}")
+        xn, per = torch.empty((b, r.shape[1]), dtype=r.dtype, device=r.device), m // b
     if m and h:
         block = triton.next_power_of_2(h)
         _hc_write_norm_kernel[(m, hc)](
@@ -197,10 +218,13 @@ def hc_write_norm(r, y, w, weight, eps: float):
             weight.contiguous(),
             out,
             xn,
+            xn if rows is None else rows,
             eps,
+            per,
             H=h,
             HC=hc,
             BLOCK=block,
+            PICK=rows is not None,
             num_warps=max(1, min(16, block // 256)),
             **pdl(r.device),
         )

@@ -149,13 +149,14 @@ class DecoderLayer(nn.Module):
 
         return {**out, "read": read, "conv": conv, "mlp": mlp}
 
-    def mlp_half(self, r, y, w, kernels: Kernels, then: HyperConnection | None = None):
+    def mlp_half(self, r, y, w, kernels: Kernels, then: HyperConnection | None = None, rows=None):
         """The mixer's output written to the streams, then the MLP block behind its own
         hyper-connection. With `then` (the hyper-connection that reads the result next),
-        (the residual, then's norm of it) from one launch (the same bits as its read's)."""
+        (the residual, then's norm of it) from one launch (the same bits as its read's);
+        rows [B]: then's norm of those rows alone (HyperConnection.write_norm)."""
         r, xn = self.attn_hyper_connection.write_norm(r, y, w, self.mlp_hyper_connection)
         hc = self.mlp_hyper_connection
         a, w = hc.read(r, xn)
         if then is None:
             return hc.write(r, self.mlp(a, kernels), w)
-        return hc.write_norm(r, self.mlp(a, kernels), w, then)
+        return hc.write_norm(r, self.mlp(a, kernels), w, then, rows)

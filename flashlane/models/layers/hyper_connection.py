@@ -50,7 +50,10 @@ class HyperConnection(nn.Module):
         """R + y (x) w: y [N, H] added to each stream c with weight w[:, c]."""
         return self.ops.hc_write(r, y, w)
 
-    def write_norm(self, r, y, w, then: HyperConnection) -> tuple[torch.Tensor, torch.Tensor]:
-        """write(), and `then`'s norm of the result for its read, in one launch."""
+    def write_norm(
+        self, r, y, w, then: HyperConnection, rows: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """write(), and `then`'s norm of the result for its read, in one launch; rows [B]:
+        of those rows alone, each in its own run of N / B (kernels.hc_write_norm)."""
         norm = then.hc_norm
-        return self.ops.hc_write_norm(r, y, w, norm.weight, norm.eps)
+        return self.ops.hc_write_norm(r, y, w, norm.weight, norm.eps, rows)
