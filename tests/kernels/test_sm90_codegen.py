@@ -196,3 +196,44 @@ def test_norm_rope_heads_sums_squares_as_rms_norm():
             norms._warps(width),
         )
         assert alone == [(width, layout)]
+
+
+def _softmax_ir(layout: bool, stride_on_16: bool) -> list[str]:
+    """The pick's softmax in _route_kernel's TTGIR for sm_90 (from the logits' load to the
+    divide), with SSA names, locations and layout names taken out."""
+    import re
+
+    from flashlane.kernels.moe import routing
+
+    fn, signature, constexprs, options = KERNELS[
+        "moe route with the layout" if layout else "moe route"
+    ]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(3 + stride_on_16)}
+    compiled = triton.compile(
+        ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+        target=H200,
+        options=dict(options, num_warps=routing.ROUTE_WARPS),
+    )
+    lines = compiled.asm["ttgir"].splitlines()
+    start = next(i for i, s in enumerate(lines) if "tt.load" in s and "512x!tt.ptr<f32>" in s)
+    end = next(i for i, s in enumerate(lines) if "arith.divf" in s and "512xf32" in s)
+    layouts = dict(re.findall(r"^(#\w+) = (#ttg\.blocked<.*>)$", compiled.asm["ttgir"], re.M))
+    out = []
+    for s in lines[start : end + 1]:
+        s = re.sub(r"loc\([^()]*(\([^()]*\))?[^()]*\)", "", s)
+        s = re.sub(r"%[\w.]+", "%v", s)
+        out.append(re.sub(r"#blocked\d*", lambda m: layouts.get(m.group(0), m.group(0)), s))
+    return out
+
+
+def test_the_picks_softmax_is_one_variant_with_and_without_the_layout():
+    """The pick's weights must not depend on the rows beside them: decode rounds pick with
+    the layout in the same launch (routing.pick_and_lay_out), rounds of more than
+    FUSED_DISPATCH_MAX_PAIRS pairs without it. The softmax (load, max, exp, sum, divide)
+    compiles to the same ops in the same layout either way. A row stride that 16 does not
+    divide would load one value a thread instead of four and sum in another order (issue
+    28's served reply): pick_experts never passes one, and this shows the difference."""
+    plain = _softmax_ir(layout=False, stride_on_16=True)
+    assert plain == _softmax_ir(layout=True, stride_on_16=True)
+    assert any("sizePerThread = [4]" in s for s in plain)
+    assert plain != _softmax_ir(layout=False, stride_on_16=False)

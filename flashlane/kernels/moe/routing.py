@@ -164,29 +164,14 @@ def _pick(logits, top_k: int, normalize: bool, dtype, layout: dict | None = None
     if n:
         lay = layout or {}
         _route_kernel[(n,)](
-            logits,
-            weights,
-            ids,
-            logits.stride(0),
-            lay.get("count", ids),
-            lay.get("slot_pair", ids),
-            lay.get("block_expert", ids),
-            n,
-            lay.get("num_blocks", 0),
-            lay.get("shared_rows", 0),
-            lay.get("routed_blocks", 0),
-            E=e,
-            TOP_K=top_k,
-            NORMALIZE=normalize,
-            BLOCK_E=triton.next_power_of_2(e),
-            BLOCK_K=triton.next_power_of_2(top_k),
-            LAYOUT=layout is not None,
-            BLOCK_M=lay.get("block_m", 16),
-            BLOCK_P=PAIR_CHUNK,
-            BLOCK_C=CLEAR_CHUNK,
-            num_warps=ROUTE_WARPS,
-            **pdl(ids.device),
-        )
+            logits, weights, ids, logits.stride(0),
+            lay.get("count", ids), lay.get("slot_pair", ids), lay.get("block_expert", ids), n,
+            lay.get("num_blocks", 0), lay.get("shared_rows", 0), lay.get("routed_blocks", 0),
+            E=e, TOP_K=top_k, NORMALIZE=normalize, BLOCK_E=triton.next_power_of_2(e),
+            BLOCK_K=triton.next_power_of_2(top_k), LAYOUT=layout is not None,
+            BLOCK_M=lay.get("block_m", 16), BLOCK_P=PAIR_CHUNK, BLOCK_C=CLEAR_CHUNK,
+            num_warps=ROUTE_WARPS, **pdl(ids.device),
+        )  # fmt: skip
     return weights, ids, layout
 
 
