@@ -158,7 +158,7 @@ def _drafted(cfg, model, n: int, depth: int = 2) -> dict:
     sizes = SizeTables(cfg, sessions, 8 * (depth + 1), torch.device("cpu"))
     width = cfg.hc_count * cfg.hidden_size
     io = DraftBuffers(n, depth, cfg.hc_count, width, torch.float32, torch.device("cpu"))
-    io.table = sizes.of(tuple(range(n)), n, drafted=True).clone()
+    io.table = sizes.of(tuple(range(n)), n, depth).clone()
     io.table_keys = sizes.draft_keys
     io.tok.fill_(5)
     io.pos.copy_(torch.tensor([s.length for s in sessions]))
