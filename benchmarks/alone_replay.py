@@ -3,7 +3,8 @@ without the server, to find what a served reply that differs from its alone repl
 
 The model is the one `flashlane serve --config C --random-weights` builds (weights seed 0),
 the prompts are bench serve's (its words, the embedded tokenizer, no seed), greedy with
-ignore_eos, the engine on its default flags. The replies are generated:
+ignore_eos (with --seed: temperature 1, seed + i, as bench serve --seed sends them), the
+engine on its default flags. The replies are generated:
 
   alone:      one prompt at a time, in order (as --check-alone does, on a used engine);
   fresh:      the prompts that differ anywhere, each alone on a new engine;
@@ -46,10 +47,11 @@ def new_llm(args) -> LLM:
     return LLM.from_engine(Engine(config, built=built))
 
 
-def replies(llm: LLM, prompts: list[list[int]], params, groups: list[list[int]]) -> dict:
+def replies(llm: LLM, prompts: list[list[int]], params: list, groups: list[list[int]]) -> dict:
+    """Prompt i's token ids with params[i], the prompts sent group by group."""
     out = {}
     for g in groups:
-        for i, r in zip(g, llm.generate([prompts[i] for i in g], params)):
+        for i, r in zip(g, llm.generate([prompts[i] for i in g], [params[i] for i in g])):
             if r.error is not None:
                 raise RuntimeError(f"prompt {i}: {r.error}")
             out[i] = r.token_ids
@@ -67,12 +69,21 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--seed", type=int, default=None, help="sampled replies (default: greedy)")
     args = p.parse_args()
     prompts = make_prompts(
         load_tokenizer(EMBEDDED),
         SimpleNamespace(seed=None, num_prompts=args.num_prompts, input_len=args.input_len),
     )
-    params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+    # as bench serve sends them: greedy, or with --seed temperature 1 and seed + i
+    params = [
+        SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+        if args.seed is None
+        else SamplingParams(
+            max_tokens=args.output_len, temperature=1.0, seed=args.seed + i, ignore_eos=True
+        )
+        for i in range(args.num_prompts)
+    ]
     n = len(prompts)
     llm = new_llm(args)
     vocab = llm.engine.model_config.vocab_size  # a tiny config's ids folded into its vocab
@@ -84,7 +95,8 @@ def main() -> None:
         "shifted4": [list(range(a, min(a + 4, n))) for a in range(2, n, 4)] + [[0, 1]],
         "all": [list(range(n))],
     }
-    result = {"config": args.config, "device": args.device, "prompts": n, "variants": {}}
+    result = {"config": args.config, "device": args.device, "prompts": n, "seed": args.seed}
+    result["variants"] = {}
     differing: set[int] = set()
     for name, groups in variants.items():
         got = replies(llm, prompts, params, groups)
