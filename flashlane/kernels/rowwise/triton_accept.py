@@ -21,9 +21,9 @@ from flashlane.kernels.rowwise import reference
 from flashlane.kernels.rowwise.triton_greedy import (
     BLOCK,
     CHUNK,
-    chunk_first_max,
     chunk_partials,
     row_first_max,
+    store_chunk_max,
 )
 
 __all__ = ["accept_window"]
@@ -59,11 +59,7 @@ def _accept_kernel(
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     part = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
-    best, at, nans = chunk_first_max(l_ptr, row, stride_l, v, part, CHUNK, BLOCK)
-    slot = row * PARTS + part
-    tl.store(best_ptr + slot, best)
-    tl.store(at_ptr + slot, at)
-    tl.store(nan_ptr + slot, nans)
+    store_chunk_max(l_ptr, row, stride_l, v, part, best_ptr, at_ptr, nan_ptr, PARTS, CHUNK, BLOCK)
     if last_to_arrive(count_ptr + row, PARTS):
         first, finite = row_first_max(best_ptr, at_ptr, nan_ptr, row, PARTS, PARTS_P2)
         b = row // T

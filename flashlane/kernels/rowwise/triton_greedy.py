@@ -50,6 +50,20 @@ def chunk_first_max(l_ptr, row, stride_l, v, part, CHUNK: tl.constexpr, BLOCK: t
 
 
 @triton.jit
+def store_chunk_max(
+    l_ptr, row, stride_l, v, part, best_ptr, at_ptr, nan_ptr, PARTS: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """chunk_first_max of chunk `part` of row `row`, stored in the row's partials (the slot
+    row * PARTS + part) for row_first_max."""
+    best, at, nans = chunk_first_max(l_ptr, row, stride_l, v, part, CHUNK, BLOCK)
+    slot = row * PARTS + part
+    tl.store(best_ptr + slot, best)
+    tl.store(at_ptr + slot, at)
+    tl.store(nan_ptr + slot, nans)
+
+
+@triton.jit
 def row_first_max(best_ptr, at_ptr, nan_ptr, row, PARTS: tl.constexpr, PARTS_P2: tl.constexpr):
     """In the row's last program to arrive: (the row's first maximum from its chunks', in
     chunk order, the lowest index on ties; whether it is finite with no NaN in the row). The
@@ -93,11 +107,7 @@ def _greedy_kernel(
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     part = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
-    best, at, nans = chunk_first_max(l_ptr, row, stride_l, v, part, CHUNK, BLOCK)
-    slot = row * PARTS + part
-    tl.store(best_ptr + slot, best)
-    tl.store(at_ptr + slot, at)
-    tl.store(nan_ptr + slot, nans)
+    store_chunk_max(l_ptr, row, stride_l, v, part, best_ptr, at_ptr, nan_ptr, PARTS, CHUNK, BLOCK)
     if last_to_arrive(count_ptr + row, PARTS):
         first, finite = row_first_max(best_ptr, at_ptr, nan_ptr, row, PARTS, PARTS_P2)
         tl.store(out_ptr + row * stride_out, first)
