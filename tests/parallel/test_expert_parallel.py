@@ -10,15 +10,13 @@ import dataclasses
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from flashlane.kernels import REFERENCE
 from flashlane.kernels.moe import reference as moe_ref
 from flashlane.models.config import ModelConfig
-from flashlane.parallel.group import free_port
 from flashlane.parallel.plan import ShardingError, shard_config
 from flashlane.request import SamplingParams
-from tests.parallel.ranks import replies, run_rank
+from tests.parallel.ranks import replies, run_rank, spawn_ranks
 from tests.parallel.test_engine_tp import SEEDED, generate, one_rank
 from tests.parallel.test_sharded_model import TOLERANCE, _rel
 
@@ -27,7 +25,7 @@ from tests.parallel.test_sharded_model import TOLERANCE, _rel
 def placed(tiny_ckpt, tmp_path_factory):
     ckpt = str(tiny_ckpt)
     out = tmp_path_factory.mktemp("ep") / "rank0.pt"
-    mp.spawn(run_rank, args=(2, free_port(), ckpt, str(out), True), nprocs=2, join=True)
+    spawn_ranks(run_rank, 2, ckpt, str(out), True)
     return replies(ckpt, None), torch.load(out)
 
 

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from flashlane.models.config import ModelConfig
-from flashlane.parallel.group import free_port
 from flashlane.parallel.plan import ShardingError, shard_config
-from tests.parallel.ranks import replies, run_rank
+from tests.parallel.ranks import replies, run_rank, spawn_ranks
 
 TOLERANCE = 1e-6
 
@@ -37,7 +35,7 @@ def both(request, oracle_by_name, tmp_path_factory):
     name, size = request.param
     ckpt = str(oracle_by_name(name))
     out = tmp_path_factory.mktemp("tp") / "rank0.pt"
-    mp.spawn(run_rank, args=(size, free_port(), ckpt, str(out)), nprocs=size, join=True)
+    spawn_ranks(run_rank, size, ckpt, str(out))
     return replies(ckpt, None), torch.load(out)
 
 

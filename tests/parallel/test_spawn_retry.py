@@ -1,0 +1,44 @@
+"""spawn_ranks (tests/parallel/ranks.py): a group whose rank dies of a signal is spawned once
+more on another port; a rank's exception, or a second death, fails."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
+
+from tests.parallel.ranks import spawn_ranks
+
+
+def abort_once(rank: int, size: int, port: int, marker: str, log: str) -> None:
+    if rank != 1:
+        return
+    with open(log, "a") as f:
+        f.write(f"{port}\n")
+    if not Path(marker).exists():
+        Path(marker).touch()
+        os.abort()
+
+
+def always_abort(rank: int, size: int, port: int) -> None:
+    if rank == 1:
+        os.abort()
+
+
+def raise_error(rank: int, size: int, port: int) -> None:
+    raise ValueError("a rank's own error")
+
+
+def test_a_rank_killed_by_a_signal_is_spawned_again_on_another_port(tmp_path):
+    log = tmp_path / "log"
+    spawn_ranks(abort_once, 2, str(tmp_path / "marker"), str(log))
+    assert len(log.read_text().splitlines()) == 2  # rank 1 of the first group, then the second
+
+
+def test_a_second_death_and_a_ranks_exception_fail():
+    with pytest.raises(ProcessExitedException):
+        spawn_ranks(always_abort, 2)
+    with pytest.raises(ProcessRaisedException, match="a rank's own error"):
+        spawn_ranks(raise_error, 2)
