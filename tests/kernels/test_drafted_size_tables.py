@@ -50,10 +50,14 @@ def prefilled(model, cfg, prompts):
     return sessions, [v.sampled[0] for v in verdicts], backend.drafter
 
 
-def drafted(model, cfg, b: int, tables: bool, depth: int):
-    """One drafted step of b sessions at `depth`; tables: through size tables (sizes 1, 2,
-    4) -> (the tokens, the sessions, the next step's drafts the chain made on the device)."""
+def drafted(model, cfg, b: int, tables: bool, depth: int, kernels=REFERENCE):
+    """One drafted step of b sessions at `depth` with `kernels`, after a prefill with the
+    reference kernels (on a GPU fla's chunked GDN, tf32 dots, would prefill otherwise: its
+    states differ from the reference's by 1e-4..1e-2, the step's own error hidden under them);
+    tables: through size tables (sizes 1, 2, 4) -> (the tokens, the sessions, the next step's
+    drafts the chain made on the device)."""
     sessions, firsts, drafter = prefilled(model, cfg, PROMPTS[:b])
+    model.use_kernels(kernels)
     driver = LoneDriver(model, sessions, graphs=False, drafter=drafter)
     driver.drafting.depth = depth
     if tables:  # the graphed steps' tables, run eagerly (the interpreter has no graphs)
@@ -86,9 +90,8 @@ def test_drafted_steps_through_size_tables(tiny_ckpt, b, depth):
     cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float32)
     model.to(DEVICE)
     want, refs, want_drafts = drafted(model, cfg, b, False, depth)
-    model.use_kernels(TRITON)
     try:
-        got, sessions, drafts = drafted(model, cfg, b, True, depth)
+        got, sessions, drafts = drafted(model, cfg, b, True, depth, TRITON)
     finally:
         model.use_kernels(REFERENCE)
     assert got == want
