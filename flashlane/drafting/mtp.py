@@ -147,30 +147,14 @@ class MtpDrafter:
     def draft(
         self, depths: Mapping[int, int], sessions: Mapping[int, SessionState]
     ) -> list[Drafts]:
-        ready = [
-            sid
-            for sid in depths
-            if self.enabled and self.waiting.get(sid) and self.waiting[sid].next_ids
-        ]
         out = {sid: Drafts(sid, [], []) for sid in depths}
-        if not ready:
+        absorbed = self._absorb(list(depths), sessions, logits=True)
+        if absorbed is None:
             return list(out.values())
-        # absorb: every waiting cell of every stream in one head forward
-        taken = [self.waiting[s].take() for s in ready]
-        cells = [
-            (sessions[s], torch.tensor(ids), sessions[s].mtp_length, False)
-            for s, (_, ids) in zip(ready, taken)
-        ]
-        res = torch.cat([r for r, _ in taken]) if len(taken) > 1 else taken[0][0]
-        rows = Rows.of(cells, res.device)
-        # the absorb needs every cell in the head's cache, but logits only at each stream's last
-        last = [p.offset + p.length - 1 for p in rows.pieces]
-        logits, outs = self._cells(res, rows.token_ids, rows, draw_at=last)
-        for s, p in zip(ready, rows.pieces):
-            sessions[s].mtp_length += p.length
+        ready, r, lg = absorbed
         drafts = {s: [] for s in ready}
         probs = {s: [] for s in ready}
-        live, r, lg = list(ready), outs[last], logits
+        live = list(ready)
         for d in range(1, max(depths[s] for s in ready) + 1):
             live, r, lg = self._extend(live, r, lg, d, depths, sessions, drafts, probs)
             if not live:
@@ -178,6 +162,45 @@ class MtpDrafter:
         for s in ready:
             out[s] = Drafts(s, drafts[s], probs[s])
         return list(out.values())
+
+    @torch.no_grad()
+    def absorb_waiting(self, stream_ids: list[int], sessions: Mapping[int, SessionState]) -> None:
+        """Every complete waiting cell of these streams into their heads' caches in one head
+        forward, no drafts (the lone driver's drafted steps chain on the device: a host
+        chain's draws cost a sync a stream and depth)."""
+        self._absorb(stream_ids, sessions, logits=False)
+
+    def _absorb(self, stream_ids, sessions, logits: bool):
+        """Absorb the streams' waiting cells in one forward -> None where none waits, else
+        (the streams absorbed, each one's last output residual and, with `logits`, its
+        logits there; else None)."""
+        ready = [
+            sid
+            for sid in stream_ids
+            if self.enabled and self.waiting.get(sid) and self.waiting[sid].next_ids
+        ]
+        if not ready:
+            return None
+        taken = [self.waiting[s].take() for s in ready]
+        cells = [
+            (sessions[s], torch.tensor(ids), sessions[s].mtp_length, False)
+            for s, (_, ids) in zip(ready, taken)
+        ]
+        res = torch.cat([r for r, _ in taken]) if len(taken) > 1 else taken[0][0]
+        rows = Rows.of(cells, res.device)
+        # every cell goes into the head's cache, but logits only at each stream's last
+        last = [p.offset + p.length - 1 for p in rows.pieces]
+        if logits:
+            lg, outs = self._cells(res, rows.token_ids, rows, draw_at=last)
+        else:
+            m = self.model
+            _, outs = m.mtp(
+                res, m.embed_tokens(rows.token_ids), rows, m.rotary, m.kernels, m.graphs
+            )
+            lg = None
+        for s, p in zip(ready, rows.pieces):
+            sessions[s].mtp_length += p.length
+        return ready, outs[last], lg
 
     def _extend(self, live, r, lg, d, depths, sessions, drafts, probs):
         """Draw draft d for each live stream from lg, then run the next chained cell."""

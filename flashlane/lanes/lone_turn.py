@@ -28,6 +28,8 @@ from flashlane.sampling.spec import DrawSpec, failure, is_plain_greedy
 if TYPE_CHECKING:
     from flashlane.lanes.host import LaneHost
 
+MAX_HINT = 4  # copy drafts a drafted call's first step may take (it takes up to its depth)
+
 
 def lone_streams(host: LaneHost, running: Sequence[Stream]) -> list[Stream]:
     """The streams the lone driver may take this round: the decoding ones whose rows the
@@ -97,10 +99,12 @@ def run_lone(host: LaneHost, streams: list[Stream], steps: int | None = None) ->
         [steps or host.config.lone_steps]
         + [min(s.params.max_tokens - len(s.reply_ids), s.room) for s in streams]
     )
+    # drafts held for a shared window at the pending token: a drafted call's first guesses
+    hints = [_hint(s) for s in streams]
     for s in streams:
-        s.held = None  # drafts held for a shared window: the lone steps make them stale
+        s.held = None  # the lone steps make them stale
     try:
-        if _drafted(host, streams, take_for):
+        if _drafted(host, streams, take_for, hints):
             return
         host.lone.decode_many(
             [s.session_id for s in streams], [s.reply_ids[-1] for s in streams],
@@ -111,7 +115,15 @@ def run_lone(host: LaneHost, streams: list[Stream], steps: int | None = None) ->
         raise RoundFailed([s.stream_id for s in streams], f"{type(exc).__name__}: {exc}") from exc
 
 
-def _drafted(host: LaneHost, streams: list[Stream], take_for) -> bool:
+def _hint(s: Stream) -> list[int]:
+    """The stream's guesses at its next tokens: drafts held for its pending token, else its
+    copy drafts (free on the host), else none."""
+    if s.held is not None and s.held.start == s.start:
+        return list(s.held.tokens)
+    return s.copy_index.propose(MAX_HINT) if s.copy_index is not None else []
+
+
+def _drafted(host: LaneHost, streams: list[Stream], take_for, hints: list[list[int]]) -> bool:
     """Drafted lone steps (runner/lone_draft.py) for streams that all draft greedily, when
     the driver has them and finds they pay; False where plain steps should run instead
     (sampled streams: drafted steps draw greedily)."""
@@ -127,7 +139,7 @@ def _drafted(host: LaneHost, streams: list[Stream], take_for) -> bool:
         [s.session_id for s in streams], [s.reply_ids[-1] for s in streams],
         [s.start for s in streams], min(host.config.lone_steps, left),
         min(s.room for s in streams), [take_for(s) for s in streams],
-        [s.stream_id for s in streams], [s.draws for s in streams],
+        [s.stream_id for s in streams], [s.draws for s in streams], hints,
     )  # fmt: skip
     if ran is None:
         return False

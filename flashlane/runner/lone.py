@@ -246,13 +246,16 @@ class LoneDriver:
         takes: list[Callable[[int, bool], bool]],
         stream_ids: list[int],
         draws: list,
+        hints: list[list[int]] | None = None,
     ) -> tuple[int, int, list[int]] | None:
         """decode_many in drafted steps (runner/lone_draft.py) where Drafting.choose says they
-        pay: (steps, depth, drafts landed per session); None: plain steps (nothing ran)."""
+        pay: (steps, depth, drafts landed per session); None: plain steps (nothing ran).
+        hints: each stream's guesses at its next tokens, for a first step (Drafting.decode)."""
         drafting = self.drafting
         if drafting is None or self.drafter is None or not self.drafter.enabled:
             return None
-        return drafting.run(session_ids, tokens, positions, budget, room, takes, stream_ids, draws)
+        args = (session_ids, tokens, positions, budget, room, takes, stream_ids, draws, hints)
+        return drafting.run(*args)
 
     def step_seconds(self, b: int) -> float | None:
         """A plain step's measured wall time for b sessions (the nearest count measured

@@ -50,7 +50,8 @@ def test_drafted_steps_keep_the_greedy_draws_and_their_state(tiny_ckpt, depth):
     _, ref_s = serial(model, cfg, prompt, len(got))
     for a, b in zip(state_of(s), state_of(ref_s)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    assert drafting.num_drafted == steps * depth
+    # the first step had no hints: its drafts were padding, counted neither drafted nor landed
+    assert drafting.num_drafted == (steps - 1) * depth
     # the next call goes on from the device's own pending token and drafts
     more = drafting.decode(
         [0], [got[-1]], [s.length], 3, 400, [lambda t, f: bool(got.append(t)) or True], [0], draws
@@ -61,6 +62,36 @@ def test_drafted_steps_keep_the_greedy_draws_and_their_state(tiny_ckpt, depth):
         [0], [got[-1]], [s.length], 2, 400, [lambda t, f: bool(got.append(t)) or True], [0], draws
     )
     assert got == want[: len(got)] and drafting.num_carried == 1
+
+
+def test_a_first_step_takes_its_hints_after_the_head_absorbs_the_queue(tiny_ckpt):
+    """A call that starts from the host (no carry): the head absorbs every waiting cell in one
+    forward (no host chain), and the first step verifies the hints; right hints all land,
+    wrong ones change no token."""
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    prompt = prompts()[1]
+    want, _ = serial(model, cfg, prompt, 20)
+    for hint, lands in ((want[1:3], 2), ([want[2], want[1]], 0)):
+        s, first = prefilled(model, cfg, prompt)
+        drafter = MtpDrafter(model, confidence=0.0)
+        drafting = LoneDriver(model, [s], drafter=drafter).drafting
+        rows = torch.zeros(3, cfg.hc_count * cfg.hidden_size, dtype=torch.float64)
+        drafter.absorb_later(0, rows, [7, 8, 9], 5, None)
+        length, absorbed = s.mtp_length, []
+        absorb = drafter.absorb_waiting
+
+        def spy(stream_ids, sessions, absorb=absorb, drafter=drafter, absorbed=absorbed):
+            absorb(stream_ids, sessions)
+            absorbed.append((drafter.queued(0), sessions[0].mtp_length))
+
+        drafter.absorb_waiting = spy
+        drafter.draft = lambda *a: pytest.fail("a host chain ran")
+        got = [first]
+        take = lambda t, f, got=got: bool(got.append(t)) or True  # noqa: E731
+        drafting.decode([0], [first], [len(prompt)], 1, 400, [take], [0], [None], [hint])
+        assert absorbed == [(0, length + 3)]
+        assert got == want[: len(got)] and drafting.landed == [lands]
+        assert drafting.num_drafted == 2 and drafting.num_landed == lands
 
 
 def test_no_drafted_step_past_the_room(tiny_ckpt):
