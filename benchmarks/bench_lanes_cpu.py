@@ -98,12 +98,12 @@ def main() -> None:
                     drafted += sum(o.stats.drafted for o in outs)
                     accepted += sum(o.stats.accepted for o in outs)
         ratios = sorted(a / b for a, b in zip(rates["on"], rates["off"]))
-        # the lone driver's measured ms a step by (sessions, drafts a step), which its depth
-        # rule compares (step_ms), and with the calls' loads (call_ms): why a level drafted
+        # the lone driver's measured ms a step by (sessions, drafts a step) and ms a call
+        # spends before its first step, which its depth rule prices: why a level drafted
         lone = getattr(llm.engine.host, "lone", None)
         measured = {
             name: {f"{b},{d}": round(ms, 4) for (b, d), ms in sorted(table.items())}
-            for name in ("step_ms", "call_ms")
+            for name in ("step_ms", "load_ms")
             if (table := getattr(lone, name, None)) is not None
         }
         rows.append(

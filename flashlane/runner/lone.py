@@ -85,9 +85,10 @@ class LoneDriver:
         self.failed: str | None = None  # why the steps run eagerly, if a capture failed
         self.num_steps = 0
         self.widest = 0  # the most sessions one call has decoded together
-        # ms a landed step by (sessions, depth), what drafting weighs; call_ms: with its loads
+        # by (sessions, depth), what drafting weighs: ms a landed step, and ms a call spends
+        # before its first step (tables, tokens, a drafted call's queue and hints; no capture)
         self.step_ms: dict[tuple[int, int], float] = {}
-        self.call_ms: dict[tuple[int, int], float] = {}
+        self.load_ms: dict[tuple[int, int], float] = {}
         self.drafting = None  # drafted steps (runner/lone_draft.py), with an MTP head
         if drafter is not None and model.mtp is not None:
             from flashlane.runner.lone_draft import Drafting
@@ -188,10 +189,12 @@ class LoneDriver:
         """Up to `budget` steps with io, two in flight (one where a top_p row may land
         unsettled: module docstring): each landed step's ring rows go to land(), and once it
         says stop the step in flight lands too. From four greedy steps on (keyed ones have
-        more launches) folds the mean step time into step_ms and the call's time since
-        `started` (its loads, a drafted call's first chain) a step into call_ms, by
-        (sessions, io.depth). Returns the steps launched."""
+        more launches) folds the mean step time into step_ms and the time from `started` to
+        the first step, less any capture, into load_ms, by (sessions, io.depth). Returns the
+        steps launched."""
+        captured = self.capture_seconds
         run = self.runner(ids, io)
+        captured = self.capture_seconds - captured
         draw = getattr(io, "draw", None)
         settle = draw is not None and draw.may_need_host
         in_flight = 1 if settle else 2
@@ -213,10 +216,10 @@ class LoneDriver:
         self.num_steps += launched
         self.widest = max(self.widest, b)
         if launched >= 4 and draw is None:
-            now, key = time.perf_counter(), (b, io.depth)
-            for table, s in ((self.step_ms, seconds), (self.call_ms, now - (started or t0))):
-                ms, old = 1e3 * s / launched, table.get(key)
-                table[key] = ms if old is None else 0.75 * old + 0.25 * ms
+            load, key = max(0.0, t0 - (started or t0) - captured), (b, io.depth)
+            for table, ms in ((self.step_ms, seconds / launched), (self.load_ms, load)):
+                old = table.get(key)
+                table[key] = 1e3 * ms if old is None else 0.75 * old + 250 * ms
         return launched
 
     def capture_all(self) -> int:
@@ -236,26 +239,14 @@ class LoneDriver:
                     self._give_up(err)
         return len(self.graphs)
 
-    def decode_drafted(
-        self,
-        session_ids: list[int],
-        tokens: list[int],
-        positions: list[int],
-        budget: int,
-        room: int,
-        takes: list[Callable[[int, bool], bool]],
-        stream_ids: list[int],
-        draws: list,
-        hints: list[list[int]] | None = None,
-    ) -> tuple[int, int, list[int]] | None:
-        """decode_many in drafted steps (runner/lone_draft.py) where Drafting.choose says they
-        pay: (steps, depth, drafts landed per session); None: plain steps (nothing ran).
-        hints: each stream's guesses at its next tokens, for a first step (Drafting.decode)."""
+    def decode_drafted(self, *args, hints: list[list[int]] | None = None):
+        """decode_many in drafted steps (runner/lone_draft.py: Drafting.run's arguments) where
+        Drafting.choose says they pay -> (steps, depth, drafts landed per session); None:
+        plain steps (nothing ran). hints: each stream's guesses at its next tokens."""
         drafting = self.drafting
         if drafting is None or self.drafter is None or not self.drafter.enabled:
             return None
-        args = (session_ids, tokens, positions, budget, room, takes, stream_ids, draws, hints)
-        return drafting.run(*args)
+        return drafting.run(*args, hints=hints)
 
     def step_seconds(self, b: int) -> float | None:
         """A plain step's measured wall time for b sessions (the nearest count measured

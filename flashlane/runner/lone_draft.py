@@ -10,6 +10,7 @@ the anchor session (runner/lone_buffers.py), two in flight, as plain lone steps 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -54,22 +55,23 @@ class Drafting:
         self.probe_every = self.until_probe = PROBE_EVERY
         self.probing = False  # this call tries the kind measured slower (or unmeasured)
 
-    def choose(self, ids: list[int]) -> int:
-        """The depth, or 0 (plain steps), for a call of these sessions: drafts while a
-        drafted step's expected tokens per ms beat a plain step's, both measured as the
-        steps run (driver.step_ms); the kind measured slower is tried again after
-        PROBE_EVERY calls, the gap doubling while the tries confirm it (a drafted try runs
-        PROBE_STEPS steps). More than MAX_STREAMS: plain."""
+    def choose(self, ids: list[int], budget: int | None = None) -> int:
+        """The depth, or 0 (plain steps), for a call of these sessions for up to `budget`
+        tokens each (default: a call's most steps): drafts while a drafted call's expected
+        tokens per ms beat a plain call's, both priced as they run (a step: driver.step_ms;
+        before the first step: driver.load_ms); the kind measured slower is tried again
+        after PROBE_EVERY calls, the gap doubling while the tries confirm it (a drafted try
+        runs PROBE_STEPS steps). More than MAX_STREAMS: plain."""
         self.num_calls += 1
         self.probing = False
         if len(ids) > MAX_STREAMS:
             return 0
-        return self._better(len(ids))
+        return self._better(len(ids), budget or self.driver.max_steps)
 
     def run(self, ids, tokens, positions, budget, room, takes, stream_ids, draws, hints=None):
         """LoneDriver.decode_drafted: `decode` where `choose` drafts -> (steps, depth, drafts
         landed per session); None: plain steps (nothing ran)."""
-        depth = self.choose(ids)
+        depth = self.choose(ids, budget)
         if not depth:
             return None
         if self.probing:
@@ -81,12 +83,13 @@ class Drafting:
         """The sizes whose drafted step is captured at engine start."""
         return [n for n in self.driver.sizes if n <= EAGER_STREAMS]
 
-    def _better(self, b: int) -> int:
-        measured = {n for n, d in self.driver.step_ms if d == 0}
-        measured &= {n for n, d in self.driver.step_ms if d == self.depth}
+    def _better(self, b: int, tokens: int) -> int:
+        drv = self.driver
+        measured = {n for n, d in drv.step_ms if d == 0}
+        measured &= {n for n, d in drv.step_ms if d == self.depth}
         # steps of a few sessions cost about the same: the nearest count measured stands in
         near = min(measured, key=lambda n: (abs(n - b), n), default=b)
-        plain, drafted = (self.driver.step_ms.get((near, d)) for d in (0, self.depth))
+        plain, drafted = (drv.step_ms.get((near, d)) for d in (0, self.depth))
         if drafted is None or plain is None:
             self.probing = drafted is None  # a drafted try: its steps measure it
             return 0 if drafted is not None else self.depth
@@ -94,7 +97,11 @@ class Drafting:
         for d in range(1, self.depth + 1):
             landing *= self.stats.rate(d)
             expected += landing
-        better = self.depth if expected / drafted > 1 / plain else 0
+        # ms for the call's tokens each way: its load, then its steps
+        loads = [drv.load_ms.get((near, d), 0.0) for d in (0, self.depth)]
+        plain_ms = loads[0] + tokens * plain
+        drafted_ms = loads[1] + math.ceil(tokens / expected) * drafted
+        better = self.depth if drafted_ms < plain_ms else 0
         if better != self.best:  # the measures changed their mind: try the other kind soon
             self.best, self.probe_every = better, PROBE_EVERY
             self.until_probe = min(self.until_probe, PROBE_EVERY)

@@ -116,7 +116,7 @@ def llm(tiny_ckpt):
 def with_drafting_lone(llm, steps: int, streams: int = 1, depth: int = 2):
     driver = with_lone(llm, steps, streams, drafter=llm.engine.backend.drafter)
     driver.drafting.depth = depth
-    driver.drafting.choose = lambda ids: depth  # drafted always (CPU timings)
+    driver.drafting.choose = lambda ids, budget=None: depth  # drafted always (CPU timings)
     return driver
 
 
@@ -241,6 +241,23 @@ def test_drafting_is_chosen_while_it_pays(tiny_ckpt):
     driver.step_ms[(1, 2)] = 1.5
     assert [d.choose([0, 1]) for _ in range(PROBE_EVERY)].count(2) == PROBE_EVERY - 1
     assert {d.choose(list(range(MAX_STREAMS + 1))) for _ in range(PROBE_EVERY)} == {0}
+
+
+def test_a_drafted_call_pays_its_load(tiny_ckpt):
+    """The rule prices a call's tokens with the time before its first step (load_ms): drafted
+    steps that win step for step lose a short call whose load they do not earn back."""
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    s, _ = prefilled(model, cfg, prompts()[0])
+    driver = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0))
+    d = driver.drafting
+    driver.step_ms.update({(1, 0): 0.4, (1, 2): 0.6})
+    for _ in range(4):  # both depths land 5 in 6 (smoothed): 2.53 tokens a drafted step
+        d.stats.record([1.0, 1.0], 2)
+    assert d.choose([0], 32) == 2  # 13 drafted steps, 7.8 ms, against 12.8 ms
+    driver.load_ms.update({(1, 0): 0.1, (1, 2): 6.0})  # a drafted call's host work first
+    assert d.choose([0], 32) == 0  # 13.8 ms against 12.9
+    assert d.choose([0], 8) == 0  # 8.4 ms against 3.3
+    assert d.choose([0], 10_000) == 2  # a long call earns its load back
 
 
 def test_a_row_without_a_finite_logit_ends_its_step(tiny_ckpt, monkeypatch):
