@@ -29,6 +29,7 @@ from collections.abc import Callable
 
 import torch
 
+from flashlane.kernels import compiles
 from flashlane.models.flashnext import FlashNext
 from flashlane.models.state import SessionState
 from flashlane.runner.graphs import bucket_of, buckets
@@ -135,7 +136,7 @@ class LoneDriver:
         token; each landed step's tokens go to their takes, and once any take says no, the
         step in flight (if any) lands and is handed over too. Returns the steps every session
         holds."""
-        started, budget = time.perf_counter(), min(budget, self.max_steps)
+        started, budget = self.clock(), min(budget, self.max_steps)
         if budget <= 0:
             return 0
         b = len(session_ids)
@@ -183,15 +184,15 @@ class LoneDriver:
         if len(self.drafter.waiting[stream_id].next_ids) >= MAX_WAITING:
             self.drafter.catch_up(stream_id, self.sessions[session_id])
 
-    def run_steps(
-        self, ids: tuple[int, ...], io, budget: int, land: Callable, started: float = 0.0
-    ) -> int:
+    def run_steps(self, ids: tuple[int, ...], io, budget: int, land: Callable, started=None) -> int:
         """Up to `budget` steps with io, two in flight (one where a top_p row may land
         unsettled: module docstring): each landed step's ring rows go to land(), and once it
         says stop the step in flight lands too. From four greedy steps on (keyed ones have
-        more launches) folds the mean step time into step_ms and the time from `started` to
-        the first step, less any capture, into load_ms, by (sessions, io.depth). Returns the
-        steps launched."""
+        more launches) folds the mean step time into step_ms and the time from `started`
+        (`clock()` at the call's start) to the first step, less any capture, into load_ms, by
+        (sessions, io.depth); a call in which a Triton kernel compiled folds nothing.
+        Returns the steps launched."""
+        started = started or self.clock()
         captured = self.capture_seconds
         run = self.runner(ids, io)
         captured = self.capture_seconds - captured
@@ -215,8 +216,8 @@ class LoneDriver:
         seconds, b = time.perf_counter() - t0, len(ids)
         self.num_steps += launched
         self.widest = max(self.widest, b)
-        if launched >= 4 and draw is None:
-            load, key = max(0.0, t0 - (started or t0) - captured), (b, io.depth)
+        if launched >= 4 and draw is None and compiles.count() == started[1]:
+            load, key = max(0.0, t0 - started[0] - captured), (b, io.depth)
             for table, ms in ((self.step_ms, seconds / launched), (self.load_ms, load)):
                 old = table.get(key)
                 table[key] = 1e3 * ms if old is None else 0.75 * old + 250 * ms
@@ -247,6 +248,10 @@ class LoneDriver:
         if drafting is None or self.drafter is None or not self.drafter.enabled:
             return None
         return drafting.run(*args, hints=hints)
+
+    def clock(self) -> tuple[float, int]:
+        """A call's start for run_steps: the time and the Triton compiles so far."""
+        return time.perf_counter(), compiles.count()
 
     def step_seconds(self, b: int) -> float | None:
         """A plain step's measured wall time for b sessions (the nearest count measured

@@ -11,7 +11,6 @@ the anchor session (runner/lone_buffers.py), two in flight, as plain lone steps 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 
 import torch
@@ -129,7 +128,8 @@ class Drafting:
         each stream's guesses at its next tokens (copy drafts) for the first step, where no
         earlier drafted call left drafts on the device. Returns the steps launched (None: no
         step fits, nothing ran)."""
-        drv, depth, started = self.driver, self.depth, time.perf_counter()
+        drv, depth = self.driver, self.depth
+        started = drv.clock()
         t = depth + 1
         budget = min(budget, room // t, drv.max_steps)
         if drv.size_tables is not None:  # the pad rows' room, from position 0

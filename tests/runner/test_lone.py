@@ -115,8 +115,11 @@ def test_sessions_decoded_together_equal_each_alone(tiny_ckpt):
 def test_lone_calls_fold_step_and_load_times(tiny_ckpt):
     """A greedy call of four steps or more folds its mean step time into step_ms and its time
     before the first step into load_ms (what drafting weighs), by (sessions, depth), less a
-    graph captured in the call; a shorter call folds nothing."""
+    graph captured in the call; a shorter call, or one in which a kernel compiled, folds
+    nothing."""
     import time
+
+    from flashlane.kernels import compiles
 
     cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
     prompt = prompts()[0]
@@ -135,6 +138,16 @@ def test_lone_calls_fold_step_and_load_times(tiny_ckpt):
     driver.decode(0, first, s.length, 6, lambda t, f: True)
     assert set(driver.step_ms) == set(driver.load_ms) == {(1, 0)}
     assert driver.step_ms[(1, 0)] > 0 and 0 <= driver.load_ms[(1, 0)] < 100
+    # a call in which a Triton kernel compiled timed the compiler: it folds nothing
+    folded = dict(driver.step_ms), dict(driver.load_ms)
+
+    def compiling(ids, io):
+        compiles._count += 1
+        return runner(ids, io)
+
+    driver.runner = compiling
+    driver.decode(0, first, s.length, 6, lambda t, f: True)
+    assert (driver.step_ms, driver.load_ms) == folded
 
 
 def test_lone_stops_after_a_landed_step_and_lands_the_one_in_flight(tiny_ckpt):

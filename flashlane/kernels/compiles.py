@@ -1,0 +1,38 @@
+"""How many Triton kernels this process has compiled.
+
+A call in which a kernel compiled (a shape's first specialisation, a first use) timed the
+compiler, not the work, so timings that steer choices skip it (runner/lone.py: the lone
+driver's step and load times, which the depth rule prices). Counted by Triton's
+post-compile hook, chained to any hook already set; without Triton (or under its
+interpreter, which compiles nothing) the count stays 0.
+"""
+
+from __future__ import annotations
+
+_count = 0
+_installed = False
+
+
+def count() -> int:
+    """Triton compiles so far in this process (from the first call on)."""
+    _install()
+    return _count
+
+
+def _install() -> None:
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    try:
+        from triton import knobs
+    except ImportError:  # no Triton: nothing compiles
+        return
+    before = knobs.runtime.jit_post_compile_hook
+
+    def counted(**info):
+        global _count
+        _count += 1
+        return before(**info) if before is not None else None
+
+    knobs.runtime.jit_post_compile_hook = counted
