@@ -5,7 +5,7 @@
 #     bash scripts/gpu_check.sh                      # everything
 #     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, exact, lone, sweep, benches,
 #                                                    # model, long, drafts, diag, serve,
-#                                                    # serve-bisect, replay, fp8,
+#                                                    # serve-bisect, replay, stall, fp8,
 #                                                    # peer-build, peer
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
@@ -53,6 +53,9 @@
 # replay:  bench serve's 64 prompts through an engine without the server, alone and in groups
 #          (benchmarks/alone_replay.py: which replies differ from alone and where; about 2
 #          minutes on the H200 with flashnext-12l; REPLAY_ARGS overrides)
+# stall:   issue 29's stall: 8 streams of flashnext-12l decoding, a 32k prompt arriving; their
+#          gap p99 against without it, its TTFT against alone (benchmarks/long_prompt_stall.py;
+#          STALL_ARGS overrides)
 # peer-build: llama.cpp b11434 for sm_90 from .peer/llama.cpp-b11434.tar.gz (made by
 #          scripts/llama_cpp_subset.py; carry .peer) into .peer/src and .peer/build, and at the
 #          same time the GGUF of the random flashnext-4l (seed 0) into .peer/gguf/ (28.9 GB; the
@@ -242,6 +245,15 @@ if [[ " $steps " == *" replay "* ]]; then
     python benchmarks/alone_replay.py $args 2>&1 | tee "$out/alone_replay_$stamp.log" \
         || failed+=("replay")
     tail -n 1 "$out/alone_replay_$stamp.log" > "$out/alone_replay_$stamp.json"
+fi
+
+if [[ " $steps " == *" stall "* ]]; then
+    args="${STALL_ARGS:---config flashnext-12l --device cuda --streams 8 --prompt-len 32768 --decode-tokens 256}"
+    echo "== python benchmarks/long_prompt_stall.py $args"
+    # shellcheck disable=SC2086
+    python benchmarks/long_prompt_stall.py $args 2>&1 | tee "$out/long_prompt_stall_$stamp.log" \
+        || failed+=("stall")
+    tail -n 1 "$out/long_prompt_stall_$stamp.log" > "$out/long_prompt_stall_$stamp.json"
 fi
 
 # PEER_CONFIG, PEER_DEVICE (cpu: a CPU build, a CPU-made GGUF) and PEER_BUILD let the steps run
