@@ -238,22 +238,22 @@ if [[ " $steps " == *" serve-bisect "* ]]; then
     grep -h "differs from alone\|^ *4 " "$out"/bench_serve_cuda_bisect*_"$stamp".log
 fi
 
-if [[ " $steps " == *" replay "* ]]; then
-    args="${REPLAY_ARGS:---device cuda --config flashnext-12l}"
-    echo "== python benchmarks/alone_replay.py $args"
+# script_step STEP NAME ARGS: python benchmarks/NAME.py ARGS, logged as NAME, its last line
+# (one JSON line) kept as NAME's JSON
+script_step() {
+    echo "== python benchmarks/$2.py $3"
     # shellcheck disable=SC2086
-    python benchmarks/alone_replay.py $args 2>&1 | tee "$out/alone_replay_$stamp.log" \
-        || failed+=("replay")
-    tail -n 1 "$out/alone_replay_$stamp.log" > "$out/alone_replay_$stamp.json"
+    python "benchmarks/$2.py" $3 2>&1 | tee "$out/$2_$stamp.log" || failed+=("$1")
+    tail -n 1 "$out/$2_$stamp.log" > "$out/$2_$stamp.json"
+}
+
+if [[ " $steps " == *" replay "* ]]; then
+    script_step replay alone_replay "${REPLAY_ARGS:---device cuda --config flashnext-12l}"
 fi
 
 if [[ " $steps " == *" stall "* ]]; then
-    args="${STALL_ARGS:---config flashnext-12l --device cuda --streams 8 --prompt-len 32768 --decode-tokens 256}"
-    echo "== python benchmarks/long_prompt_stall.py $args"
-    # shellcheck disable=SC2086
-    python benchmarks/long_prompt_stall.py $args 2>&1 | tee "$out/long_prompt_stall_$stamp.log" \
-        || failed+=("stall")
-    tail -n 1 "$out/long_prompt_stall_$stamp.log" > "$out/long_prompt_stall_$stamp.json"
+    script_step stall long_prompt_stall "${STALL_ARGS:---config flashnext-12l --device cuda \
+--streams 8 --prompt-len 32768 --decode-tokens 256}"
 fi
 
 # PEER_CONFIG, PEER_DEVICE (cpu: a CPU build, a CPU-made GGUF) and PEER_BUILD let the steps run
