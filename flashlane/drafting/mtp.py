@@ -164,10 +164,19 @@ class MtpDrafter:
         return list(out.values())
 
     @torch.no_grad()
-    def absorb_waiting(self, stream_ids: list[int], sessions: Mapping[int, SessionState]) -> None:
-        """Every complete waiting cell of these streams into their heads' caches in one head
-        forward, no drafts (the lone driver's drafted steps chain on the device: a host
-        chain's draws cost a sync a stream and depth)."""
+    def absorb_waiting(
+        self, stream_ids: list[int], sessions: Mapping[int, SessionState], pending: list[int]
+    ) -> None:
+        """Every waiting cell of these streams into their heads' caches in one head forward,
+        no drafts (the lone driver's drafted steps chain on the device: a host chain's draws
+        cost a sync a stream and depth). A dangling row's next token is its stream's
+        `pending` one (the token the next step feeds), so no position below it is left
+        unwritten for the device's chain to read."""
+        for sid, token in zip(stream_ids, pending):
+            w = self.waiting.get(sid)
+            if w is not None and w.is_dangling:
+                w.next_ids.append(token)
+                w.is_dangling = False
         self._absorb(stream_ids, sessions, logits=False)
 
     def _absorb(self, stream_ids, sessions, logits: bool):

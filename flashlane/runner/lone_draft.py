@@ -189,6 +189,8 @@ class Drafting:
             self.num_carried += 1
             return set()
         hints = hints or [[] for _ in ids]
+        sessions = {s: drv.sessions[i] for s, i in zip(stream_ids, ids)}
+        drv.drafter.absorb_waiting(list(stream_ids), sessions, list(tokens))
         first = self._first_drafts(ids, stream_ids, hints) + [[0] * self.depth] * (io.size - b)
         pad = [0] * (io.size - b)
         pinned = torch.tensor([[*tokens, *pad], [*positions, *pad]], pin_memory=drv.is_cuda)
@@ -198,15 +200,11 @@ class Drafting:
         return {i for i, h in enumerate(hints) if not h}
 
     def _first_drafts(self, ids, stream_ids, hints) -> list[list[int]]:
-        """The first step's drafts: each stream's hints (none: drafts that do not land),
-        padded to the depth, once its head has absorbed every waiting cell. No host chain:
-        its draws cost a sync a stream and depth (H200, embedded model: a drafted call took
-        1.04 ms a step with its loads, 0.57 without), and the first step's own chain drafts
-        on the device."""
-        sessions = self.driver.sessions
-        self.driver.drafter.absorb_waiting(
-            list(stream_ids), {s: sessions[i] for s, i in zip(stream_ids, ids)}
-        )
+        """The first step's drafts, its head having absorbed every waiting cell (`_load`):
+        each stream's hints (none: drafts that do not land), padded to the depth. No host
+        chain: its draws cost a sync a stream and depth (H200, embedded model: a drafted
+        call took 1.04 ms a step with its loads, 0.57 without), and the first step's own
+        chain drafts on the device."""
         return [(list(h) + [0] * self.depth)[: self.depth] for h in hints]
 
     def _hand_off(self, ids, after, last, io, stream_ids, draws) -> None:

@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from flashlane.drafting.mtp import MtpDrafter
-from flashlane.lanes.records import Draws
+from flashlane.lanes.records import Draws, Window
 from flashlane.llm import LLM
 from flashlane.models.loader import load_checkpoint
+from flashlane.models.state import SessionState
+from flashlane.runner.backend import ModelBackend
 from flashlane.runner.lone import LoneDriver
 from tests.runner.test_exact import COSTS, prompts, serial
 from tests.runner.test_lone import (
@@ -80,8 +82,8 @@ def test_a_first_step_takes_its_hints_after_the_head_absorbs_the_queue(tiny_ckpt
         length, absorbed = s.mtp_length, []
         absorb = drafter.absorb_waiting
 
-        def spy(stream_ids, sessions, absorb=absorb, drafter=drafter, absorbed=absorbed):
-            absorb(stream_ids, sessions)
+        def spy(stream_ids, sessions, pending, absorb=absorb, drafter=drafter, absorbed=absorbed):
+            absorb(stream_ids, sessions, pending)
             absorbed.append((drafter.queued(0), sessions[0].mtp_length))
 
         drafter.absorb_waiting = spy
@@ -92,6 +94,33 @@ def test_a_first_step_takes_its_hints_after_the_head_absorbs_the_queue(tiny_ckpt
         assert absorbed == [(0, length + 3)]
         assert got == want[: len(got)] and drafting.landed == [lands]
         assert drafting.num_drafted == 2 and drafting.num_landed == lands
+
+
+def test_the_chain_reads_no_position_left_unwritten(tiny_ckpt):
+    """A prompt kept without its next token leaves its last row waiting (dangling); a drafted
+    call completes that cell with the pending token before its head absorbs the queue, so the
+    device's chain reads only cells written: the same drafts whatever the head's cache held
+    before (NaN or zeros)."""
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    prompt = prompts()[1]
+    drafts = []
+    for fill in (float("nan"), 0.0):
+        s = SessionState.empty(cfg, 512, torch.float64, torch.float64)
+        backend = ModelBackend(model, [s], max_rows=16, mtp_confidence=0.0)
+        window = Window(0, 0, 0, tuple(prompt), Draws(DRAFTING, 0, prompt, []), "prompt", True)
+        first = backend.verify([window])[0].sampled[0]
+        backend.keep({0: len(prompt)})
+        assert backend.drafter.waiting[0].is_dangling
+        for cache in s.mtp:
+            for t in (cache.k, cache.v, cache.index_keys, cache.block_keys):
+                t.fill_(fill)
+        drafting = LoneDriver(model, [s], drafter=backend.drafter).drafting
+        got = [first]
+        take = lambda t, f, got=got: bool(got.append(t)) or True  # noqa: E731
+        drafting.decode([0], [first], [len(prompt)], 1, 400, [take], [0], [None])
+        carry = drafting.carry[0]
+        drafts.append(carry[1].drafts[carry[2]].tolist())
+    assert drafts[0] == drafts[1]
 
 
 def test_no_drafted_step_past_the_room(tiny_ckpt):
