@@ -40,7 +40,10 @@ def test_bench_model_smoke_on_cpu(tmp_path, capsys):
     assert bench_model_main(argv) == 0
     result = json.loads(out.read_text())
     assert set(result["ours"]["decode"]) == {"1", "2"}
-    assert result["ours"]["prefill"]["128"]["tok_s"] > 0
+    prefill = result["ours"]["prefill"]["128"]
+    assert prefill["tok_s"] > 0 and len(prefill["ttft_runs_s"]) == 3  # --prefill-repeats
+    assert prefill["ttft_runs_s"] == sorted(prefill["ttft_runs_s"])
+    assert prefill["ttft_min_s"] <= prefill["ttft_s"] and prefill["spread"] >= 0
     assert result["peer"]["decode"]["2"]["tok_s"] > 0
     cache = result["ours"]["prompt_cache"]
     assert cache["resent"]["cached_tokens"] > 0 and cache["cold"]["cached_tokens"] == 0
@@ -64,6 +67,8 @@ def test_bench_model_decodes_at_each_prompt_length(tmp_path, capsys):
     assert "decode 2 at 300" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         bench_model_main([*argv[:5], "--prompt-len", "0"])
+    with pytest.raises(SystemExit):
+        bench_model_main([*argv[:5], "--prefill-repeats", "0"])
 
 
 def test_bench_model_with_8bit_host_tables(tmp_path, monkeypatch):

@@ -7,8 +7,9 @@ roofline measured in the same run and (optionally) transformers on the same weig
 
 Decode: N streams (N in --streams), each a --prompt-len prompt of random ids, greedy, drafts
 off, --decode-tokens tokens past the first (ignore_eos); aggregate tok/s = N x tokens / the
-longest stream's decode time. Prefill: one prompt of each --prefill length, one token out;
-tok/s = length / time to first token. The table ends with one JSON line.
+longest stream's decode time. Prefill: one prompt of each --prefill length, one token out,
+--prefill-repeats timed runs of another prompt each after a warm one; tok/s = length / the
+median time to first token (the runs, min and spread kept). The table ends with one JSON line.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import statistics
 import sys
 import time
 
@@ -25,6 +27,7 @@ from flashlane.bench.common import FLAT_COSTS, commit, random_prompts, sync
 from flashlane.bench.model_figures import (
     decode_figures,
     launches_per_token,
+    prefill_seconds,
     prompt_cache_ttft,
     replies,
     sampled_params,
@@ -94,6 +97,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="prompt lengths timed for prefill, comma-separated",
     )
     p.add_argument(
+        "--prefill-repeats",
+        type=int,
+        default=3,
+        help="timed runs of each prefill length (another prompt each): median and min",
+    )
+    p.add_argument(
         "--prompt-cache",
         type=int,
         default=0,
@@ -139,6 +148,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.ple_table_dtype == "int8" and args.ple_table_device == "cuda":
         p.error("--ple-table-dtype int8: the 8-bit tables live in host memory only")
+    if args.prefill_repeats < 1:
+        p.error(f"--prefill-repeats: at least 1, got {args.prefill_repeats}")
     if not args.prompt_len or min(args.prompt_len) < 1:
         p.error(f"--prompt-len: positive lengths, got {args.prompt_len}")
     # the first length is the one every other figure (and the peers) use
@@ -226,13 +237,18 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
             "over_shared_rounds": out["decode"][1]["tok_s"]
             / out["decode_shared_rounds"][1]["tok_s"],
         }
+    rate = ceilings.get("bf16_flops")
     for length in args.prefill:
-        o = replies(llm.generate(random_prompts(1, length, cfg.vocab_size, length), one))[0]
-        ttft = o.stats.prefill_seconds
-        rate = ceilings.get("bf16_flops")
+        # another prompt each run (no cache to resume), timed after the warm one above
+        seeds = range(length, length + args.prefill_repeats)
+        runs = sorted(prefill_seconds(llm, cfg.vocab_size, length, seed) for seed in seeds)
+        ttft = statistics.median(runs)
         out["prefill"][length] = {
             "tok_s": length / ttft,
             "ttft_s": ttft,
+            "ttft_min_s": runs[0],
+            "ttft_runs_s": runs,
+            "spread": runs[-1] / runs[0] - 1,  # slowest over fastest
             "flops": prefill_flops(cfg, length),
             "of_matrix_rate": prefill_flops(cfg, length) / rate / ttft if rate else None,
         }

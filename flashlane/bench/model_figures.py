@@ -77,6 +77,14 @@ def launches_per_token(llm: LLM, cfg) -> float:
     return (counts[1] - counts[0]) / 8
 
 
+def prefill_seconds(llm: LLM, vocab: int, length: int, seed: int) -> float:
+    """Time to first token of one random prompt of `length` (seeded), one token out."""
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, draft=False)
+    return replies(llm.generate(random_prompts(1, length, vocab, seed), one))[
+        0
+    ].stats.prefill_seconds
+
+
 def prompt_cache_ttft(args, cfg, model, config: EngineConfig) -> dict:
     """Time to first token of one long prompt: cold, resent, and extended by one turn."""
     from dataclasses import replace

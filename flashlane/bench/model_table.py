@@ -20,7 +20,12 @@ def table(result: dict) -> str:
             eff = r.get("of_roofline") or r.get("of_matrix_rate")
             eff_s = f"{eff:10.0%}" if eff else f"{'-':>10}"
             ratio = f"{r[key] / theirs:10.2f}" if theirs else f"{'-':>10}"
-            lines.append(f"{label:24}{r[key]:12.1f}{peer_s}{ratio}{eff_s}")
+            spread = (
+                f"   median of {len(r['ttft_runs_s'])}, spread {r['spread']:.1%}"
+                if ("spread" in r)
+                else ""
+            )
+            lines.append(f"{label:24}{r[key]:12.1f}{peer_s}{ratio}{eff_s}{spread}")
     ours = result["ours"]
     for length, rows in (ours.get("decode_context") or {}).items():
         for n, r in rows.items():
