@@ -185,3 +185,31 @@ def test_llama_cpp_decodes_the_sibling_gguf(sibling_gguf, name):
     ran = tools.decode(find_build(), sibling_gguf(name), [1, 2], 16, 4, gpu=False, threads=2)
     assert set(ran["decode"]) == {1, 2}
     assert all(r["tok_s"] > 0 for r in ran["decode"].values())
+
+
+@pytest.mark.skipif(
+    not os.environ.get("FLASHLANE_LLAMA_CPP"), reason="no llama.cpp build (set FLASHLANE_LLAMA_CPP)"
+)
+@pytest.mark.parametrize("name", SIBLINGS)
+def test_bench_model_peer_llama_cpp_for_a_sibling(name, tmp_path):
+    """`bench model --peer llama.cpp` on a tiny sibling's config.json: the GGUF written in
+    --gguf-dir, both sides timed."""
+    from flashlane.bench.model import bench_model_main
+    from flashlane.llama_cpp.build import find_build
+
+    config = tmp_path / name / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(_gguf_config(name)))
+    out = tmp_path / "r.json"
+    argv = [
+        "--config", str(config), "--random-weights", "--device", "cpu", "--streams", "1,2",
+        "--prefill", "64", "--decode-tokens", "4", "--peer", "llama.cpp",
+        "--llama-cpp", str(find_build().bin_dir), "--gguf-dir", str(tmp_path),
+        "--llama-threads", "2", "--json", str(out),
+    ]  # fmt: skip
+    assert bench_model_main(argv) == 0
+    peer = json.loads(out.read_text())["peer"]
+    assert Path(peer["gguf"]) == tmp_path / f"{name}-seed0-bf16.gguf"
+    assert peer["gguf_written_s"] > 0 and set(peer["decode"]) == {"1", "2"}
+    assert all(r["tok_s"] > 0 for r in peer["decode"].values())
+    assert peer["prefill"]["64"]["tok_s"] > 0
