@@ -1,8 +1,9 @@
 """The siblings' GGUFs (Qwen3-Next, Qwen3.5-MoE, Qwen3.5): the lazy index the converter reads
 is transformers' checkpoint names holding our random numbers, and, with llama.cpp's source at
 hand (FLASHLANE_LLAMA_CPP_SRC, or the source of the FLASHLANE_LLAMA_CPP build; skipped without
-one), the GGUF its converter writes holds them under llama.cpp's names and arch; with a build,
-llama.cpp decodes it."""
+one), the GGUF its converter writes holds them under llama.cpp's names and arch; with a build
+(FLASHLANE_LLAMA_CPP), llama.cpp decodes it, `bench model --peer llama.cpp` runs on it, and
+llama.cpp's greedy replies are ours."""
 
 from __future__ import annotations
 
