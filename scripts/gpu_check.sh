@@ -60,6 +60,8 @@
 #          scripts/llama_cpp_subset.py; carry .peer) into .peer/src and .peer/build, and at the
 #          same time the GGUF of the random flashnext-4l (seed 0) into .peer/gguf/ (28.9 GB; the
 #          disk holds 64): one call of under 10 minutes, each half skipped when already done;
+#          PEER_CONFIG=qwen3-next-4l, qwen3.5-moe-12l or qwen3.5-12l: a sibling's GGUF through
+#          its own llama.cpp arch (qwen3next, qwen35moe, qwen35; 17.7, 23.9 and 9.7 GB);
 # peer:    `flashlane bench model --peer llama.cpp` on that build and GGUF (PEER_ARGS overrides
 #          its arguments): ours and llama.cpp's decode at 1, 4, 16, 64 streams and prefill, in
 #          one JSON. Run both in one call, GPU_STEPS="peer-build peer" (carry .peer and .whl;

@@ -2,8 +2,12 @@
 
     python -m flashlane.llama_cpp.write_gguf --config flashnext-4l --seed 0 --device cuda \
         --out .peer/gguf/flashnext-4l-seed0.gguf --llama-src .peer/src
+    python -m flashlane.llama_cpp.write_gguf --config qwen3-next-4l --seed 0 --device cuda \
+        --out .peer/gguf/qwen3-next-4l-seed0-bf16.gguf --llama-src .peer/src
     python -m flashlane.llama_cpp.write_gguf --checkpoint flashlane/default_model --out m.gguf ...
 
+Every family goes to its own llama.cpp arch (converter_fixes.CONVERTERS): Flash Next to
+qwen4exp, Qwen3-Next to qwen3next, Qwen3.5 to qwen35, Qwen3.5-MoE to qwen35moe.
 A random checkpoint (--config) is never written as safetensors: the converter reads a lazy
 index whose tensors `random_tensor` makes on --device in bf16, one at a time as the writer
 reaches them, so llama.cpp holds exactly the numbers `build_random(config, seed)` gives us.
@@ -25,13 +29,16 @@ from pathlib import Path
 import torch
 
 from flashlane.llama_cpp import converter_fixes
+from flashlane.models.build import build_model
 from flashlane.models.config import ModelConfig
-from flashlane.models.flashnext import FlashNext
 from flashlane.models.presets import PRESETS, config_dict
 from flashlane.models.random_weights import random_tensor
 
 DEFAULT_TOKENIZER = Path(__file__).resolve().parents[1] / "default_model"
 EXPERTS = re.compile(r"^(.*\.experts)\.(gate_proj|up_proj|down_proj)$")
+GDN_INPUTS = re.compile(r"^(.*\.linear_attn)\.in_proj_(qkv|z|b|a)\.weight$")
+# Qwen3-Next's checkpoints fuse our GDN input projections in pairs: first -> (second, fused)
+FUSED_GDN = {"qkv": ("z", "qkvz"), "b": ("a", "ba")}
 
 
 class Progress:
@@ -52,13 +59,15 @@ class Progress:
 
 
 def random_index(raw: dict, seed: int, device, dtype=torch.bfloat16) -> dict[str, tuple]:
-    """Checkpoint name -> (shape, dtype, make) for the random checkpoint of `raw` and `seed`:
-    the names save_checkpoint writes, except the experts, given fused as transformers saves
-    them (`experts.gate_up_proj` [E, 2F, H], `experts.down_proj` [E, H, F]); make() returns
-    the CPU tensor, drawn on `device` by random_tensor under our names."""
+    """Checkpoint name -> (shape, dtype, make) for the random checkpoint of `raw` (any family)
+    and `seed`: the names save_checkpoint writes, except the experts, given fused as
+    transformers saves them (`experts.gate_up_proj` [E, 2F, H], `experts.down_proj` [E, H, F]),
+    and Qwen3-Next's GDN input projections, fused per key head as its checkpoints hold them
+    (`in_proj_qkvz`, `in_proj_ba`: loader.split_fused_gdn's inverse; its converter reads only
+    those). make() returns the CPU tensor, drawn on `device` by random_tensor under our names."""
     cfg = ModelConfig.from_hf(raw)
     with torch.device("meta"):
-        model = FlashNext(cfg)
+        model = build_model(cfg)
     buffers = dict(model.named_buffers())
     shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
     progress = Progress(sum(2 * _numel(s) for n, s in shapes.items() if n not in buffers))
@@ -70,7 +79,8 @@ def random_index(raw: dict, seed: int, device, dtype=torch.bfloat16) -> dict[str
 
     out: dict[str, tuple] = {}
     for name, shape in shapes.items():
-        hf = name if name.startswith(("lm_head.", "mtp.")) else "model." + name
+        hf = _hf_prefix(name)
+        gdn = GDN_INPUTS.match(name) if cfg.family == "qwen3_next" else None
         if name in buffers:
             value = buffers[name].clone()
             out[hf] = (shape, value.dtype, lambda v=value: v)
@@ -82,6 +92,9 @@ def random_index(raw: dict, seed: int, device, dtype=torch.bfloat16) -> dict[str
                 fused = (shape[0], 2 * shape[1], shape[2])
                 out[f"{_hf_prefix(m[1])}.gate_up_proj"] = (fused, dtype, lambda g=gate, u=up,
                     s=shape: torch.cat([made(g, s), made(u, s)], dim=1))  # fmt: skip
+        elif gdn:
+            if gdn[2] in FUSED_GDN:
+                out.update(_fused_gdn(cfg, gdn[1], gdn[2], shapes, dtype, made))
         elif name.endswith("ngram_embedding.weight"):
             out.update(_shards(hf, name, shape, cfg.split_ngram_parts, dtype, made))
         else:
@@ -91,6 +104,22 @@ def random_index(raw: dict, seed: int, device, dtype=torch.bfloat16) -> dict[str
 
 def _hf_prefix(name: str) -> str:
     return name if name.startswith(("lm_head.", "mtp.")) else "model." + name
+
+
+def _fused_gdn(cfg: ModelConfig, base: str, first: str, shapes: dict, dtype, made) -> dict:
+    """Qwen3-Next's fused projection of our `first` ("qkv" or "b") and its pair ("z", "a"):
+    per key head, that head's q, k, v and z rows (b and a rows) side by side."""
+    second, fused = FUSED_GDN[first]
+    names = [f"{base}.in_proj_{part}.weight" for part in (first, second)]
+    rows, cols = sum(shapes[n][0] for n in names), shapes[names[0]][1]
+    nk, qk = cfg.linear_num_k_heads, cfg.linear_num_k_heads * cfg.linear_k_head_dim
+
+    def make() -> torch.Tensor:
+        one, two = (made(n, shapes[n]) for n in names)
+        parts = [*one.split([qk, qk, one.shape[0] - 2 * qk]), two] if first == "qkv" else [one, two]
+        return torch.cat([t.unflatten(0, (nk, -1)) for t in parts], dim=1).flatten(0, 1)
+
+    return {f"{_hf_prefix(base)}.in_proj_{fused}.weight": ((rows, cols), dtype, make)}
 
 
 def _numel(shape: tuple) -> int:
