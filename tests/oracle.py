@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from flashlane.models.random_weights import transformers_classes
+
 ROPE = {
     "rope_type": "default",
     "rope_theta": 1e7,
@@ -148,14 +150,7 @@ GATE_CHECKPOINTS = ["tiny", *sorted(SIBLINGS)]
 
 def hf_classes(model_type: str):
     """transformers' (causal LM class, config class) for a text model_type."""
-    import transformers as t
-
-    return {
-        "qwen4_exp_text": (t.Qwen4ExpForCausalLM, t.Qwen4ExpTextConfig),
-        "qwen3_next": (t.Qwen3NextForCausalLM, t.Qwen3NextConfig),
-        "qwen3_5_text": (t.Qwen3_5ForCausalLM, t.Qwen3_5TextConfig),
-        "qwen3_5_moe_text": (t.Qwen3_5MoeForCausalLM, t.Qwen3_5MoeTextConfig),
-    }[model_type]
+    return transformers_classes(model_type)
 
 
 def build_oracle(folder: Path, spec: dict, seed: int = 0, with_mtp: bool | None = None) -> Path:

@@ -161,6 +161,18 @@ def test_random_sibling_checkpoint_is_the_same_in_transformers(name):
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
 
 
+def test_bench_model_peer_transformers_builds_the_siblings_class(tmp_path):
+    """--peer transformers on a sibling config times the sibling's transformers class (it
+    built Flash Next's whatever the config)."""
+    out = tmp_path / "r.json"
+    argv = ["--config", "qwen3.5-moe-tiny", "--random-weights", "--device", "cpu"]
+    argv += ["--streams", "1", "--prefill", "16", "--decode-tokens", "2", "--peer"]
+    argv += ["transformers", "--peer-prefill", "16", "--json", str(out)]
+    assert bench_model_main(argv) == 0
+    peer = json.loads(out.read_text())["peer"]
+    assert peer["model"] == "Qwen3_5MoeForCausalLM" and peer["decode"]["1"]["tok_s"] > 0
+
+
 def test_bench_model_smoke_on_cpu_for_a_sibling(tmp_path):
     out = tmp_path / "r.json"
     argv = [

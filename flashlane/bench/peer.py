@@ -20,7 +20,7 @@ import time
 import torch
 
 from flashlane.bench.common import sync
-from flashlane.models.random_weights import fill_transformers
+from flashlane.models.random_weights import fill_transformers, transformers_classes
 
 
 def _timed_generate(model, ids: torch.Tensor, new: int) -> float:
@@ -61,21 +61,24 @@ def _decode_seconds(model, ids: torch.Tensor, new: int) -> float:
 
 def run_transformers(raw: dict, args) -> dict:
     import transformers
-    from transformers import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
 
-    spec = {k: v for k, v in raw.items() if k != "model_type"}
-    spec["mtp_num_hidden_layers"] = 0  # transformers has no MTP head
+    # the family's own class (Flash Next unless the config names a sibling); no MTP head
+    model_class, config_class = transformers_classes(raw.get("model_type", "qwen4_exp_text"))
+    spec = {k: v for k, v in raw.items() if k not in ("model_type", "mtp_num_hidden_layers")}
+    if model_class is transformers.Qwen4ExpForCausalLM:
+        spec["mtp_num_hidden_layers"] = 0
     default = torch.get_default_dtype()
     cuda = torch.device(args.device).type == "cuda"
     torch.set_default_dtype(torch.bfloat16 if cuda else torch.float32)
     try:
         with torch.device(args.device):
-            model = Qwen4ExpForCausalLM(Qwen4ExpTextConfig(**spec)).eval()
+            model = model_class(config_class(**spec)).eval()
     finally:
         torch.set_default_dtype(default)
     fill_transformers(model, args.seed)
     out = {
         "transformers": transformers.__version__,
+        "model": type(model).__name__,
         "fla": importlib.util.find_spec("fla") is not None,
         "experts_implementation": getattr(model.config, "_experts_implementation", None),
         "decode": {},

@@ -148,6 +148,21 @@ def _host_table(
     return {base + ".q": pinned(out), base + ".scale": pinned(scale)}
 
 
+def transformers_classes(model_type: str):
+    """transformers' (causal LM class, config class) for a text model_type of ours."""
+    import transformers as t
+
+    classes = {
+        "qwen4_exp_text": (t.Qwen4ExpForCausalLM, t.Qwen4ExpTextConfig),
+        "qwen3_next": (t.Qwen3NextForCausalLM, t.Qwen3NextConfig),
+        "qwen3_5_text": (t.Qwen3_5ForCausalLM, t.Qwen3_5TextConfig),
+        "qwen3_5_moe_text": (t.Qwen3_5MoeForCausalLM, t.Qwen3_5MoeTextConfig),
+    }
+    if model_type not in classes:
+        raise ValueError(f"no transformers class for {model_type!r}; known: {sorted(classes)}")
+    return classes[model_type]
+
+
 def fill_transformers(model: torch.nn.Module, seed: int = 0) -> None:
     """Give a transformers Qwen4Exp (or sibling) model the values of `build_random(..., seed)`.
 
