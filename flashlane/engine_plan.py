@@ -16,7 +16,20 @@ from flashlane.planning import memory
 from flashlane.planning.limits import read_ram_bytes
 from flashlane.sessions.slots import parse_slot_contexts
 
-__all__ = ["plan_for", "table_dtype_for", "table_place_for"]
+__all__ = ["kv_fp8_for", "plan_for", "table_dtype_for", "table_place_for"]
+
+
+def kv_fp8_for(c: EngineConfig, cache_dtype: torch.dtype) -> bool:
+    """Whether the attention caches are 8-bit (--kv-cache-dtype fp8); bf16 is the caches'
+    compute dtype named, refused where the compute dtype is another (the CPU computes in
+    float64, and the kernels read a cache in the dtype they compute in)."""
+    if c.kv_cache_dtype == "bf16" and cache_dtype != torch.bfloat16:
+        raise ValueError(
+            f"--kv-cache-dtype bf16: the caches are kept in the compute dtype, {cache_dtype} "
+            "here (the CPU computes in float64; on cuda --dtype float32 or float64), and a "
+            "cache in another dtype is not supported: use auto or fp8"
+        )
+    return c.kv_cache_dtype == "fp8"
 
 
 def table_place_for(

@@ -47,26 +47,13 @@ def attend_sessions(
     session alone (tests/kernels/test_attend_sessions.py). One session without a table
     runs the per-session kernels. lengths: pos + 1 where the caller made it once for every
     layer (else one launch more here)."""
-    if table is None:
-        if len(caches) == 1:
-            return attention_ref.attend_sessions(
-                q,
-                k,
-                v,
-                iq,
-                raw,
-                caches,
-                pos,
-                cos,
-                sin,
-                weight,
-                eps,
-                block,
-                top_blocks,
-                scale,
-                ops=_PER_SESSION,
-            )
-        table = attn_table(caches)
+    # an 8-bit cache: each session on the per-session kernels over its dequantized buffers
+    # (reference._put_row), so each row still gets its bits alone; the tabled kernels do not
+    # read e4m3 yet (a whole-capacity dequantization a layer: slow, correct)
+    if caches[0].k_scale is not None or (table is None and len(caches) == 1):
+        args = (q, k, v, iq, raw, caches, pos, cos, sin, weight, eps, block, top_blocks, scale)
+        return attention_ref.attend_sessions(*args, ops=_PER_SESSION)
+    table = attn_table(caches) if table is None else table
     first = caches[0]
     blocks_tr.put_rows_three(
         [first.k, first.v, first.index_keys], ["k", "v", "index_keys"], table, pos, [k, v, raw]

@@ -98,11 +98,11 @@ class GatedAttention(nn.Module):
         dsts, srcs = [], []
         for i, p in enumerate(pieces):
             cache, s, e = self.cache_of(p.session), p.start, p.start + p.length
-            dsts += [cache.k[s:e], cache.v[s:e]]
-            srcs += [k[i, : p.length], v[i, : p.length]]
+            to, of = cache.row_copies(s, e, k[i, : p.length], v[i, : p.length])
+            dsts, srcs = dsts + to, srcs + of
         copy_all(dsts, srcs)
         out = []
         for p in pieces:
             cache, e = self.cache_of(p.session), p.start + p.length
-            out.append((cache.k[None, :e], cache.v[None, :e], cache.block_keys[None, :0], e))
+            out.append((cache.keys(e)[None], cache.values(e)[None], cache.block_keys[None, :0], e))
         return out

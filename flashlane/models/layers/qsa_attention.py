@@ -161,8 +161,8 @@ class QSAttention(nn.Module):
         dsts, srcs = [], []
         for i, p in enumerate(pieces):
             cache, s, e = self.cache_of(p.session), p.start, p.start + p.length
-            dsts += [cache.k[s:e], cache.v[s:e], cache.index_keys[s:e]]
-            srcs += [k[i, : p.length], v[i, : p.length], raw[i, : p.length]]
+            to, of = cache.row_copies(s, e, k[i, : p.length], v[i, : p.length], raw[i, : p.length])
+            dsts, srcs = dsts + to, srcs + of
         copy_all(dsts, srcs)
         return [self._complete_blocks(p, rotary) for p in pieces]
 
@@ -171,9 +171,10 @@ class QSAttention(nn.Module):
         s, e = piece.start, piece.start + piece.length
         b0, b1 = s // blk, e // blk
         if b1 > b0:
-            fresh = self.indexer.block_keys(cache.index_keys[None, b0 * blk : b1 * blk], b0, rotary)
+            fresh = self.indexer.block_keys(cache.index_rows(b0 * blk, b1 * blk)[None], b0, rotary)
             cache.block_keys[b0:b1] = fresh[0]
-        return cache.k[None, :e], cache.v[None, :e], cache.block_keys[None, :b1], e
+        # an 8-bit cache's rows come back dequantized to the compute dtype (AttnCache.keys)
+        return cache.keys(e)[None], cache.values(e)[None], cache.block_keys[None, :b1], e
 
 
 def padded_caches(cached: list[tuple]) -> tuple:
