@@ -127,4 +127,5 @@ def plan_for(
         mtp=mtp,
         prompt_cache_bytes=cache_bytes,
         prompt_rows=memory.PREFILL_ROWS[kind],
+        kv_fp8=c.kv_cache_dtype == "fp8",
     )

@@ -130,7 +130,8 @@ def _plan_lines(p: MemoryPlan) -> list[str]:
         return f"{n / GIB:9.2f} GiB ({n:,} bytes)"
 
     lines = [
-        f"memory plan ({p.device}, {p.cache_bytes}-byte cache, {p.state_bytes}-byte states):",
+        f"memory plan ({p.device}, {p.cache_bytes}-byte cache, {p.state_bytes}-byte states"
+        f"{_kv_note(p)}):",
         f"  limit              {gib(p.limit_bytes)}",
         f"  weights            {gib(p.weight_bytes)}",
         f"  verify scratch     {gib(p.scratch_bytes)}  ({p.max_rows} rows)",
@@ -153,6 +154,12 @@ def _plan_lines(p: MemoryPlan) -> list[str]:
     else:
         lines.append(f"  where              weights and n-gram tables on {p.device}")
     return lines
+
+
+def _kv_note(p: MemoryPlan) -> str:
+    if not p.kv_fp8:
+        return ""
+    return "; KV and indexer keys 1-byte e4m3 + an fp32 scale a row and head, block keys not"
 
 
 def _fp8_lines(b: Fp8Bytes, quant: QuantSpec) -> list[str]:
