@@ -246,8 +246,8 @@ def _put_row(c, at, k, v, raw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
         (c.v, c.v_scale, v),
         (c.index_keys, c.index_scale, raw),
     ):
-        qx, sx = kv8.quantize(x)
-        dst.index_copy_(0, at, qx)
+        qx, sx = kv8.quantize(x)  # (e4m3 as bytes: torch has no e4m3 index_copy_)
+        dst.view(torch.uint8).index_copy_(0, at, qx.view(torch.uint8))
         scales.index_copy_(0, at, sx)
     n = c.k.shape[0]
     return c.keys(n), c.values(n), c.index_rows(0, n)

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import torch
 
+from flashlane.kernels.attention import kv8
 from flashlane.kernels.attention import reference as attention_ref
 from flashlane.kernels.attention import triton_blocks as blocks_tr
 from flashlane.kernels.attention.triton import attention
@@ -18,7 +19,7 @@ from flashlane.kernels.attention.triton_select import (
     select_from_scores,
     select_mask,
 )
-from flashlane.kernels.session_tables import attn_table
+from flashlane.kernels.session_tables import SCALE_COLUMNS, attn_table
 
 
 def attend_sessions(
@@ -47,27 +48,47 @@ def attend_sessions(
     session alone (tests/kernels/test_attend_sessions.py). One session without a table
     runs the per-session kernels. lengths: pos + 1 where the caller made it once for every
     layer (else one launch more here)."""
-    # an 8-bit cache: each session on the per-session kernels over its dequantized buffers
-    # (reference._put_row), so each row still gets its bits alone; the tabled kernels do not
-    # read e4m3 yet (a whole-capacity dequantization a layer: slow, correct)
-    if caches[0].k_scale is not None or (table is None and len(caches) == 1):
+    if table is None and len(caches) == 1:
         args = (q, k, v, iq, raw, caches, pos, cos, sin, weight, eps, block, top_blocks, scale)
         return attention_ref.attend_sessions(*args, ops=_PER_SESSION)
     table = attn_table(caches) if table is None else table
     first = caches[0]
+    caches8 = first.k_scale is not None
+    if caches8:  # e4m3 rows and their scales (kv8.py: each row's bits its own)
+        (k, ks), (v, vs), (raw, rs) = kv8.quantize(k), kv8.quantize(v), kv8.quantize(raw)
+        scales = [first.k_scale, first.v_scale, first.index_scale]
+        blocks_tr.put_rows_three(scales, list(SCALE_COLUMNS), table, pos, [ks, vs, rs])
     blocks_tr.put_rows_three(
         [first.k, first.v, first.index_keys], ["k", "v", "index_keys"], table, pos, [k, v, raw]
     )
     blocks_tr.pool_block_at(
-        first.index_keys, first.block_keys, pos, cos, sin, weight, eps, block, table=table
+        first.index_keys,
+        first.block_keys,
+        pos,
+        cos,
+        sin,
+        weight,
+        eps,
+        block,
+        table=table,
+        index_scale=first.index_scale,
     )
     nb = max(c.block_keys.shape[0] for c in caches)
     num_keys = max(c.k.shape[0] for c in caches)
     scores = index_scores(iq[:, None], first.block_keys[None], table, nb)
     mask = select_from_scores(scores, pos[:, None], num_keys, block, top_blocks)
     lengths = pos + 1 if lengths is None else lengths
+    kv = (first.k_scale[None], first.v_scale[None]) if caches8 else None
     return attention(
-        q[:, None], first.k[None], first.v[None], mask, scale, lengths, table, pos[:, None]
+        q[:, None],
+        first.k[None],
+        first.v[None],
+        mask,
+        scale,
+        lengths,
+        table,
+        pos[:, None],
+        scales=kv,
     )[:, 0]
 
 
