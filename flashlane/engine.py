@@ -136,6 +136,8 @@ class Engine:
         self.seeds = SeedSource(config.seed)
         reference = config.kernels == "reference"
         self.kernels = select_kernels(self.device, log=self.log, reference=reference)
+        if kv_fp8 and self.kernels.name == "triton":
+            engine_plan.check_kv_fp8_device(self.device)
         self.model.use_kernels(self.kernels)
         # the graphed parts and the lone driver are Flash Next's layers' (a sibling's blocks
         # run eagerly on the same kernels until the one-step issue covers them)

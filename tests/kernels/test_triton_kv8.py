@@ -113,3 +113,17 @@ def test_attention_over_8bit_caches_is_attention_over_their_values(dtype):
     assert torch.equal(got, want)
     with pytest.raises(ValueError, match="not e4m3"):
         attn_tri.attention(q, k, v, mask, 0.125, lengths, scales=(ks, vs))
+
+
+def test_one_8bit_session_without_a_table_reads_its_cache_in_place():
+    """One session with no table: the batched launches (their own table), not the
+    per-session kernels over a whole dequantized copy; the same bits."""
+    dtype = torch.float32
+    base = sessions8([32], dtype, seed=9)
+    q, k, v, iq, raw, cos, sin, w = row_inputs(1, dtype, seed=10)
+    args = (torch.tensor([21], device=DEVICE), cos, sin, w, 1e-6, BLOCK, TOP, 0.125)
+    alone = copies(base)
+    want = attn_ref.attend_sessions(q, k, v, iq, raw, alone, *args, ops=attn_ses._PER_SESSION)
+    one = copies(base)
+    assert torch.equal(attn_ses.attend_sessions(q, k, v, iq, raw, one, *args), want)
+    assert same_bytes(alone[0], one[0])

@@ -45,10 +45,11 @@ def attend_sessions(
     sessions' caches in place through `table`, session_tables.attn_table, built here when not
     given; a CUDA graph needs it built before the capture). Every row runs the arithmetic of
     the per-session kernels on its own session's values, so its bits are those of one
-    session alone (tests/kernels/test_attend_sessions.py). One session without a table
-    runs the per-session kernels. lengths: pos + 1 where the caller made it once for every
-    layer (else one launch more here)."""
-    if table is None and len(caches) == 1:
+    session alone (tests/kernels/test_session_tables.py, test_triton_kv8.py). One session
+    without a table runs the per-session kernels (but an 8-bit cache's). lengths: pos + 1
+    where the caller made it once for every layer (else one launch more here)."""
+    # (an 8-bit cache makes its table: the per-session kernels read dequantized copies)
+    if table is None and len(caches) == 1 and caches[0].k_scale is None:
         args = (q, k, v, iq, raw, caches, pos, cos, sin, weight, eps, block, top_blocks, scale)
         return attention_ref.attend_sessions(*args, ops=_PER_SESSION)
     table = attn_table(caches) if table is None else table
