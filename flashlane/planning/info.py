@@ -107,6 +107,8 @@ def _sibling_lines(cfg: ModelConfig) -> list[str]:
 def _cache_lines(cfg: ModelConfig) -> list[str]:
     kv = kv_bytes_per_token(cfg)
     kv_mtp = kv_bytes_per_token(cfg, with_mtp=True)
+    layers = cfg.num_attention_layers + cfg.num_mtp_layers
+    kv8 = layers * 2 * cfg.num_kv_heads * (cfg.head_dim + 4)
     block = indexer_bytes_per_block(cfg, with_mtp=True)
     state = state_bytes_per_stream(cfg)
     indexer = (
@@ -119,6 +121,7 @@ def _cache_lines(cfg: ModelConfig) -> list[str]:
     )
     return [
         f"KV bytes per token (bf16): {kv:,} ({kv / 1024:g} KiB); with the MTP layer {kv_mtp:,}",
+        f"  with --kv-cache-dtype fp8 (e4m3 + an fp32 scale a head), with the MTP layer: {kv8:,}",
         *indexer,
         f"state bytes per stream (fp32 GDN states, bf16 conv and PLE tail): {state:,} "
         f"({state / 2**20:.1f} MiB)",
