@@ -127,3 +127,47 @@ def test_one_8bit_session_without_a_table_reads_its_cache_in_place():
     one = copies(base)
     assert torch.equal(attn_ses.attend_sessions(q, k, v, iq, raw, one, *args), want)
     assert same_bytes(alone[0], one[0])
+
+
+def dequantized(c: AttnCache, n: int) -> list[torch.Tensor]:
+    return [c.keys(n).float(), c.values(n).float(), c.index_rows(0, n).float()]
+
+
+@pytest.mark.parametrize("b,depth", [(1, 3), (3, 2)])
+def test_8bit_drafted_steps_through_size_tables(tiny_ckpt, monkeypatch, b, depth):
+    """test_drafted_size_tables' drafted lone steps (the target's and the MTP head's 8-bit
+    caches written and read through size tables, the pad session the anchor) against the
+    same steps eagerly on the reference kernels: the same tokens and next drafts; each cache
+    row within one e4m3 step of the reference's (the rows' inputs come through other
+    kernels, so a value on a rounding boundary may round the other way), every other state
+    within DOT_TOL."""
+    from flashlane.kernels import REFERENCE
+    from flashlane.kernels.gpu import TRITON
+    from flashlane.models.loader import load_checkpoint
+    from flashlane.models.state import SessionState
+    from tests.kernels import test_drafted_size_tables as drafted_tables
+    from tests.kernels.triton_env import DOT_TOL
+
+    empty = SessionState.empty
+    monkeypatch.setattr(SessionState, "empty", lambda *a, **k: empty(*a, **{**k, "kv_fp8": True}))
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float32)
+    model.to(DEVICE)
+    want, refs, want_drafts = drafted_tables.drafted(model, cfg, b, False, depth)
+    try:
+        got, sessions, drafts = drafted_tables.drafted(model, cfg, b, True, depth, TRITON)
+    finally:
+        model.use_kernels(REFERENCE)
+    assert all(s.kv_fp8 for s in sessions)
+    assert got == want and drafts == want_drafts
+    for s, ref in zip(sessions, refs):
+        assert s.length == ref.length and s.mtp_length == ref.mtp_length
+        pairs = [(c, r, s.length) for c, r in zip(s.attn.values(), ref.attn.values())]
+        pairs += [(c, r, s.mtp_length) for c, r in zip(s.mtp, ref.mtp)]
+        for c, r, n in pairs:
+            scales = (c.k_scale, c.v_scale, c.index_scale)
+            for x, y, scale in zip(dequantized(c, n), dequantized(r, n), scales, strict=True):
+                step = 32 * scale[:n].max().item()  # e4m3's step at the top binade
+                assert (x - y).abs().max().item() <= step
+        for g, h in zip(s.gdn.values(), ref.gdn.values()):
+            for x, y in ((g.conv, h.conv), (g.recurrent, h.recurrent)):
+                assert (x - y).abs().max().item() <= DOT_TOL * max(y.abs().max().item(), 1.0)

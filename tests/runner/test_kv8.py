@@ -149,3 +149,20 @@ def test_kept_and_copied_states_give_back_every_bit(engines):
     want = run_piece(model, s, nxt, 77, False)
     assert torch.equal(run_piece(model, back, nxt, 77, False), want)
     assert torch.equal(run_piece(model, moved, nxt, 77, False), want)
+
+
+@pytest.fixture
+def every_session_8bit(monkeypatch):
+    """SessionState.empty makes 8-bit caches, wherever a test or the runner calls it."""
+    empty = SessionState.empty
+    monkeypatch.setattr(SessionState, "empty", lambda *a, **k: empty(*a, **{**k, "kv_fp8": True}))
+
+
+@pytest.mark.parametrize("which", [1, 3])  # 70 and 130 prompt tokens: sparse blocks chosen
+def test_lone_steps_equal_shared_rounds_bit_for_bit(tiny_ckpt, every_session_8bit, which):
+    """The lone driver's steps (reference.attend_sessions: quantized row writes, the pooling
+    and attention over the dequantized cache) leave an 8-bit session where shared one-row
+    rounds (the model's layers) leave it, tokens and every stored byte (test_lone's check)."""
+    from tests.runner import test_lone
+
+    test_lone.test_lone_steps_equal_shared_rounds_bit_for_bit(tiny_ckpt, which)
