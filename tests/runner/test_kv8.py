@@ -17,6 +17,7 @@ from flashlane.models.state import AttnCache, SessionState
 from flashlane.request import SamplingParams
 from flashlane.runner.backend import copy_session
 from flashlane.runner.kept import keep, kept_bytes, put
+from tests.oracle import GATE_CHECKPOINTS
 from tests.sweep_gates import COSTS, check_replies
 
 
@@ -86,8 +87,9 @@ def test_greedy_replies_mostly_agree(engines):
     assert sum(same) / len(same) >= 0.75
 
 
-def test_the_exactness_gates_hold(tiny_ckpt):
-    seen = check_replies(tiny_ckpt, "cpu", 512, num=4, kv_cache_dtype="fp8")
+@pytest.mark.parametrize("name", GATE_CHECKPOINTS)  # the siblings' gated full attention too
+def test_the_exactness_gates_hold(oracle_by_name, name):
+    seen = check_replies(oracle_by_name(name), "cpu", 512, num=4, kv_cache_dtype="fp8")
     assert seen["errors"] == 0 and seen["differ"] == 0, seen
     assert seen["compared"] > 0 and seen["moves"] > 0 and seen["cached_tokens"] > 0, seen
 
