@@ -23,9 +23,11 @@ SCALE_FLOOR = torch.finfo(torch.float32).tiny
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., D] (any float dtype) -> (e4m3 [..., D], fp32 scale [...]), per row of D."""
     amax = x.abs().amax(-1).float()
-    scale = torch.clamp(amax / FP8_MAX, min=SCALE_FLOOR)
-    # the fp32 quotient of the row's largest value may round a hair past 448: clamp, not NaN
-    q = (x.float() / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    scale = (amax / FP8_MAX).clamp_(min=SCALE_FLOOR)
+    # (x / scale: fp32 whatever x's dtype, which converts to fp32 exactly or is fp64, then
+    # rounded; the quotient of the row's largest value may round a hair past 448: clamp, so
+    # that it never converts to NaN)
+    q = (x / scale.unsqueeze(-1)).float().clamp_(-FP8_MAX, FP8_MAX).to(FP8)
     return q, scale
 
 

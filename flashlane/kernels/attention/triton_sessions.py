@@ -55,8 +55,10 @@ def attend_sessions(
     table = attn_table(caches) if table is None else table
     first = caches[0]
     caches8 = first.k_scale is not None
-    if caches8:  # e4m3 rows and their scales (kv8.py: each row's bits its own)
-        (k, ks), (v, vs), (raw, rs) = kv8.quantize(k), kv8.quantize(v), kv8.quantize(raw)
+    if caches8:  # e4m3 rows and their scales (kv8.py: each row's bits its own, so K and V
+        # quantize as one tensor: half the launches of a graphed step's quantization)
+        (kv, kvs), (raw, rs) = kv8.quantize(torch.stack([k, v])), kv8.quantize(raw)
+        (k, v), (ks, vs) = kv, kvs
         scales = [first.k_scale, first.v_scale, first.index_scale]
         blocks_tr.put_rows_three(scales, list(SCALE_COLUMNS), table, pos, [ks, vs, rs])
     blocks_tr.put_rows_three(
