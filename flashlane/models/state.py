@@ -105,7 +105,9 @@ class AttnCache:
         scales = [self.k_scale[s:e], self.v_scale[s:e]]
         scales += [] if raw is None else [self.index_scale[s:e]]
         pairs = [kv8.quantize(x) for x in srcs]
-        return dsts + scales, [q for q, _ in pairs] + [sc for _, sc in pairs]
+        # e4m3 as bytes: a multi-tensor copy of uint8 is one on every torch build
+        values = [d.view(torch.uint8) for d in dsts], [q.view(torch.uint8) for q, _ in pairs]
+        return values[0] + scales, values[1] + [sc for _, sc in pairs]
 
     def keys(self, e: int) -> torch.Tensor:
         """Rows 0..e-1 of K in the compute dtype [e, Hkv, D] (a view when not 8-bit)."""
