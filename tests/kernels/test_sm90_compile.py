@@ -112,6 +112,16 @@ KERNELS = {
                   dict(s0=BF, d0=BF, s1=BF, d1=BF, s2=BF, d2=BF, tab_ptr="*i64", pos_ptr="*i64",
                        W0="i32", W1="i32", W2="i32", S0="i32", S1="i32", S2="i32"),
                   dict(C0=0, C1=1, C2=2, BLOCK=512, PDL=1), dict(launch_pdl=True)),
+    "put_three fp8": (triton_blocks._put_three_kernel,  # an 8-bit cache's rows
+                      dict(s0="*fp8e4nv", d0="*fp8e4nv", s1="*fp8e4nv", d1="*fp8e4nv",
+                           s2="*fp8e4nv", d2="*fp8e4nv", tab_ptr="*i64", pos_ptr="*i64",
+                           W0="i32", W1="i32", W2="i32", S0="i32", S1="i32", S2="i32"),
+                      dict(C0=0, C1=1, C2=2, BLOCK=512, PDL=1), dict(launch_pdl=True)),
+    "put_three scales": (triton_blocks._put_three_kernel,  # and their fp32 scales
+                         dict(s0="*fp32", d0="*fp32", s1="*fp32", d1="*fp32", s2="*fp32",
+                              d2="*fp32", tab_ptr="*i64", pos_ptr="*i64", W0="i32", W1="i32",
+                              W2="i32", S0="i32", S1="i32", S2="i32"),
+                         dict(C0=5, C1=6, C2=7, BLOCK=2, PDL=1), dict(launch_pdl=True)),
     "put_rows": (triton_blocks._put_rows_kernel,
                  dict(src_ptr=BF, dst_ptr=BF, tab_ptr="*i64", pos_ptr="*i64", W="i32"),
                  dict(COL=0, BLOCK=512)),
