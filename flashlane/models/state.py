@@ -4,7 +4,9 @@ Per attention layer (and per MTP layer): K, V, raw indexer keys and pooled block
 for `capacity` positions (a sibling's gated full attention has no indexer: its key buffers
 are zero wide); per GDN layer: the conv window (last k-1 inputs) and the recurrent
 state; per PLE layer: the dilated-conv tail and the last n-1 token ids. Attention buffers
-are valid up to `length` (MTP: `mtp_length`): rolling back is lowering the length.
+are valid up to `length` (MTP: `mtp_length`): rolling back is lowering the length. With
+--kv-cache-dtype fp8, K, V and the raw indexer keys are e4m3 with an fp32 scale per row and
+head (kernels/attention/kv8.py); AttnCache writes and reads them (row_copies, keys).
 """
 
 from __future__ import annotations
