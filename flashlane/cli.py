@@ -6,8 +6,10 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import fields
 
 from flashlane import __version__
+from flashlane.config import EngineConfig
 from flashlane.flags import (
     FlagParser,
     engine_flags,
@@ -15,6 +17,7 @@ from flashlane.flags import (
     model_of,
     serve_positional,
 )
+from flashlane.options import flag_of
 from flashlane.planning.limits import LIMIT_ENV
 from flashlane.planning.memory import OverMemoryLimit
 
@@ -189,6 +192,8 @@ def build_parser() -> FlagParser:
         "(int8 puts them there) (default: auto, int8 only where bf16 is over the host's "
         "ceiling)",
     )
+    kv = next(flag_of(f) for f in fields(EngineConfig) if f.name == "kv_cache_dtype")
+    info.add_argument("--kv-cache-dtype", default=None, choices=kv.choices, help=kv.help)
     info.add_argument(
         "--tensor-parallel-size",
         "-tp",

@@ -10,7 +10,14 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from flashlane.options import environment_values, flag_of, json_object, option, our_names
+from flashlane.options import (
+    environment_values,
+    flag_of,
+    in_choices,
+    json_object,
+    option,
+    our_names,
+)
 
 DEFAULT_MODEL = Path(__file__).parent / "default_model"
 # The embedded model was trained on code, not on reasoning traces: a think block it opens
@@ -70,6 +77,16 @@ class EngineConfig:
         "refuses --ple-table-device cuda) (default: auto, bf16 unless the tables in host "
         "memory are over its ceiling and int8 fits)",
         choices=("auto", "bf16", "int8"),
+    )
+    # the attention caches' values (K, V and indexer keys, the MTP layer's too): "auto" the
+    # compute dtype; "fp8" e4m3 with an fp32 scale per row and head (kernels/attention/kv8.py)
+    kv_cache_dtype: str = option(
+        "auto",
+        "the attention caches' values: auto (the compute dtype), bf16, or fp8 (e4m3 with "
+        "an fp32 scale per position and head, about half of bf16's bytes; the CPU and the "
+        "reference kernels dequantize, the Triton kernels need a GPU of compute capability "
+        "8.9 or later) (default: auto)",
+        choices=("auto", "bf16", "fp8"),
     )
     # sessions; auto: as many as fit, up to 16 (256 on a GPU); the flag's text is checked in
     # flags.engine_options
@@ -268,21 +285,8 @@ class EngineConfig:
         )
         need(self.context is None or self.context >= 1, "context", "must be >= 1")
         frac = self.gpu_memory_utilization
-        need(
-            self.quantization in (None, "fp8"),
-            "quantization",
-            f"must be fp8 or unset, got {self.quantization!r}",
-        )
-        need(
-            self.ple_table_device in (None, "auto", "cpu", "cuda"),
-            "ple_table_device",
-            f"must be auto, cpu or cuda, got {self.ple_table_device!r}",
-        )
-        need(
-            self.ple_table_dtype in ("auto", "bf16", "int8"),
-            "ple_table_dtype",
-            f"must be auto, bf16 or int8, got {self.ple_table_dtype!r}",
-        )
+        for f in fields(self):  # a flag's choices bind the keyword too
+            need(*in_choices(f, getattr(self, f.name)))
         need(
             not (self.ple_table_dtype == "int8" and self.ple_table_device == "cuda"),
             "ple_table_dtype",
@@ -305,11 +309,6 @@ class EngineConfig:
         need(0 <= self.mtp_drafts <= 16, "mtp_drafts", "must be in 0..16")
         need(0.0 <= self.mtp_confidence <= 1.0, "mtp_confidence", "must be in [0, 1]")
         need(self.slot_grow is None or self.slot_grow >= 1, "slot_grow", "must be >= 1")
-        need(
-            self.kernels in ("auto", "reference"),
-            "kernels",
-            f"must be auto or reference, got {self.kernels!r}",
-        )
         kw = self.default_chat_template_kwargs
         need(kw is None or isinstance(kw, dict), "default_chat_template_kwargs", "must be a dict")
         need(

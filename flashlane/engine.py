@@ -99,6 +99,7 @@ class Engine:
             # thread that waits for a busy core stalls every op (seen: 60 ms -> 2 s a round).
             torch.set_num_threads(1)
         weights, cache, state = compute_dtypes(self.device, config.dtype)
+        kv_fp8 = engine_plan.kv_fp8_for(config, cache)
         self.max_rows = config.max_rows or (64 if self.device.startswith("cuda") else 16)
         if built is None:
             path, self.name = resolve_model(config.model)
@@ -135,6 +136,8 @@ class Engine:
         self.seeds = SeedSource(config.seed)
         reference = config.kernels == "reference"
         self.kernels = select_kernels(self.device, log=self.log, reference=reference)
+        if kv_fp8 and self.kernels.name == "triton":
+            engine_plan.check_kv_fp8_device(self.device)
         self.model.use_kernels(self.kernels)
         # the graphed parts and the lone driver are Flash Next's layers' (a sibling's blocks
         # run eagerly on the same kernels until the one-step issue covers them)
@@ -155,7 +158,8 @@ class Engine:
         if tp is not None:  # every rank holds the sessions rank 0 planned
             self.plan = tp.broadcast(self.plan)
         self.sessions = [
-            SessionState.empty(rank_cfg, c, cache, state, self.device) for c in self.plan.capacities
+            SessionState.empty(rank_cfg, c, cache, state, self.device, kv_fp8)
+            for c in self.plan.capacities
         ]
         # The host's pieces and the backend's limit are one number (memory.PREFILL_ROWS: each
         # GPU piece reads every expert's weights once a layer, 5 GB of flashnext-12l's, which
@@ -176,7 +180,7 @@ class Engine:
             timed = tp.broadcast(timed)
         if timed:
             scratch = [
-                SessionState.empty(rank_cfg, 64 + self.max_rows, cache, state, self.device)
+                SessionState.empty(rank_cfg, 64 + self.max_rows, cache, state, self.device, kv_fp8)
                 for _ in range(min(self.max_rows, len(self.sessions)))
             ]
             costs = time_costs(self.model, scratch, self.max_rows)
@@ -227,7 +231,8 @@ class Engine:
             f"loaded {self.name} on {self.device}",
             f"  compute   {str(weights).removeprefix('torch.')}{cpu}, {self.kernels.name} "
             f"kernels{kept}",
-            f"  sessions  {sessions} positions; {self.max_rows} rows a round, queue {c.max_queue}",
+            f"  sessions  {sessions} positions{', fp8 KV' if self.sessions[0].kv_fp8 else ''}; "
+            f"{self.max_rows} rows a round, queue {c.max_queue}",
             f"  drafts    {mtp if c.drafts else 'off'}",
             f"  memory    {p.weight_bytes / gib:.2f} GiB weights, {sum(p.session_bytes) / gib:.2f}"
             f" GiB sessions, {p.prompt_cache_bytes / gib:.2f} GiB prompt cache; limit "

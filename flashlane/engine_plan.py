@@ -16,7 +16,32 @@ from flashlane.planning import memory
 from flashlane.planning.limits import read_ram_bytes
 from flashlane.sessions.slots import parse_slot_contexts
 
-__all__ = ["plan_for", "table_dtype_for", "table_place_for"]
+__all__ = ["check_kv_fp8_device", "kv_fp8_for", "plan_for", "table_dtype_for", "table_place_for"]
+
+
+def kv_fp8_for(c: EngineConfig, cache_dtype: torch.dtype) -> bool:
+    """Whether the attention caches are 8-bit (--kv-cache-dtype fp8); bf16 is the caches'
+    compute dtype named, refused where the compute dtype is another (the CPU computes in
+    float64, and the kernels read a cache in the dtype they compute in)."""
+    if c.kv_cache_dtype == "bf16" and cache_dtype != torch.bfloat16:
+        raise ValueError(
+            f"--kv-cache-dtype bf16: the caches are kept in the compute dtype, {cache_dtype} "
+            "here (the CPU computes in float64; on cuda --dtype float32 or float64), and a "
+            "cache in another dtype is not supported: use auto or fp8"
+        )
+    return c.kv_cache_dtype == "fp8"
+
+
+def check_kv_fp8_device(device: str) -> None:
+    """An 8-bit cache on the Triton kernels needs a GPU that converts e4m3 (compute
+    capability 8.9: Ada, Hopper); the torch references convert it anywhere."""
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        raise ValueError(
+            f"--kv-cache-dtype fp8: the Triton kernels read e4m3 on GPUs of compute "
+            f"capability 8.9 or later (Ada, Hopper); this one is {major}.{minor}: use "
+            "--kv-cache-dtype auto, or --kernels reference (slow)"
+        )
 
 
 def table_place_for(
@@ -114,4 +139,5 @@ def plan_for(
         mtp=mtp,
         prompt_cache_bytes=cache_bytes,
         prompt_rows=memory.PREFILL_ROWS[kind],
+        kv_fp8=c.kv_cache_dtype == "fp8",
     )

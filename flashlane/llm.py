@@ -150,6 +150,7 @@ class LLM:
             e.sessions[0].attn_dtype(),
             e.sessions[0].state_dtype(),
             e.device,
+            kv_fp8=e.sessions[0].kv_fp8,
         )
         out = [
             run_piece(e.model, s, ids[a : a + CHUNK], a, recurrent=False)

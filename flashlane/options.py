@@ -44,6 +44,16 @@ def flag_of(f: Field) -> Flag | None:
     return f.metadata.get("flag")
 
 
+def in_choices(f: Field, value: Any) -> tuple[bool, str, str]:
+    """(ok, name, why) for field f's value against its flag's choices (None: unset, allowed
+    where it is the default)."""
+    choices = (flag_of(f) and flag_of(f).choices) or ()
+    unset = f.default is None
+    ok = not choices or value in choices or (unset and value is None)
+    names = " or ".join([", ".join(choices[:-1]), choices[-1]] if len(choices) > 1 else choices)
+    return ok, f.name, f"must be {names}{' or unset' if unset else ''}, got {value!r}"
+
+
 def is_switch(f: Field) -> bool:
     return isinstance(f.default, bool)
 

@@ -29,13 +29,15 @@ def decode_round_bytes(
     weight_bytes: int = 2,
     fp8: QuantSpec | None = None,
     table_int8: bool = False,
+    kv_fp8: bool = False,
 ) -> dict:
     """Bytes one decode round of `rows` streams (one row each) moves, by part. fp8: the
     weights that spec converts (every routed expert, and the dense linears it does not
     leave) at one byte a value plus their float32 block scales, the rest at weight_bytes;
     the n-gram table rows at weight_bytes wherever the table lives (host rows cross the bus
     to the GPU: the same bytes), or with table_int8 at one byte a value plus a float32
-    scale a table row (models/table8.py)."""
+    scale a table row (models/table8.py). kv_fp8: the attention caches as an 8-bit cache
+    stores them (attention_bytes)."""
     p = census.count_params(cfg)
     layers = sum(map(cfg.is_moe_layer, range(cfg.num_layers)))  # the MoE layers
     expert = census.expert_params(cfg)
@@ -45,7 +47,7 @@ def decode_round_bytes(
     embed_rows = rows * cfg.hidden_size
     ple_rows = rows * len(cfg.ple_layer_ids) * cfg.ple_embed_dim
     state = rows * census.state_bytes_per_stream(cfg) * 2  # read and written
-    kv = rows * attention_bytes(cfg, context)
+    kv = rows * attention_bytes(cfg, context, kv_fp8=kv_fp8)
     width = cfg.ple_embed_dim // max(cfg.num_ngram_heads, 1)
     table = ple_rows * (1 + 4 / width) if table_int8 else ple_rows * weight_bytes
     if fp8 is None:
@@ -81,15 +83,21 @@ def converted_dense_params(cfg: ModelConfig, spec: QuantSpec) -> int:
     return total
 
 
-def attention_bytes(cfg: ModelConfig, context: int, cache_bytes: int = 2) -> int:
+def attention_bytes(
+    cfg: ModelConfig, context: int, cache_bytes: int = 2, kv_fp8: bool = False
+) -> int:
     """What one row's attention layers read at `context` positions: a sparse layer scores
     every complete block's pooled indexer key, pools its current block again from that
     block's raw keys, and reads K and V of the keys it selects (all of them up to its budget,
-    indexer_top_blocks blocks); a full (gated) layer reads K and V of every key."""
-    kv_token = 2 * cfg.num_kv_heads * cfg.head_dim * cache_bytes  # K and V, one layer
+    indexer_top_blocks blocks); a full (gated) layer reads K and V of every key. kv_fp8: K,
+    V and raw keys at one byte a value plus an fp32 scale a row and head (models/state.py),
+    the pooled keys at cache_bytes."""
+    stored = (1, 4) if kv_fp8 else (cache_bytes, 0)  # bytes a value, bytes a row's scale
+    kv_token = 2 * cfg.num_kv_heads * (cfg.head_dim * stored[0] + stored[1])  # K, V a layer
     block, key = cfg.indexer_block, cfg.indexer_head_dim * cache_bytes
+    raw = cfg.indexer_head_dim * stored[0] + stored[1]
     budget = cfg.indexer_top_blocks * block
-    sparse = min(context, budget) * kv_token + (context // block) * key + min(context, block) * key
+    sparse = min(context, budget) * kv_token + (context // block) * key + min(context, block) * raw
     full = context * kv_token
     return cfg.layer_types.count("sparse") * sparse + cfg.layer_types.count("full") * full
 

@@ -6,6 +6,7 @@
 #     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, exact, lone, sweep, benches,
 #                                                    # model, long, drafts, diag, serve,
 #                                                    # serve-bisect, replay, stall, fp8,
+#                                                    # kv8,
 #                                                    # peer-build, peer
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
@@ -21,6 +22,10 @@
 #          exactness and the n-gram tables in host memory (tests/kernels/test_triton_*fp8.py,
 #          tests/gpu/test_fp8_gpu.py), then `bench model` on flashnext-12l in FP8 at 1 and 16
 #          streams (FP8_ARGS overrides);
+# kv8:     the 8-bit KV cache (--kv-cache-dtype fp8): the Triton kernels reading e4m3 and
+#          its scales (tests/kernels/test_triton_kv8.py), the engine's exactness with it
+#          (tests/gpu/test_kv8_gpu.py), then `bench model` on flashnext-12l with FP8 weights
+#          and the 8-bit cache at 1 and 16 streams (KV8_ARGS overrides);
 # benches: every benchmarks/bench_*.py that takes `--device`, run with `--device cuda`;
 # model:   `flashlane bench model` on a random flashnext-12l against transformers
 #          (MODEL_ARGS overrides its arguments);
@@ -125,6 +130,14 @@ if [[ " $steps " == *" fp8 "* ]]; then
     echo "== flashlane bench model $args"
     python -m flashlane.cli bench model $args --json "$out/bench_model_fp8_$stamp.json" 2>&1 \
         | tee "$out/bench_model_fp8_$stamp.log" || failed+=("bench model fp8")
+fi
+
+if [[ " $steps " == *" kv8 "* ]]; then
+    gpu_pytest kv8 tests/kernels/test_triton_kv8.py tests/gpu/test_kv8_gpu.py
+    args="${KV8_ARGS:---config flashnext-12l --random-weights --quantization fp8 --kv-cache-dtype fp8 --streams 1,16}"
+    echo "== flashlane bench model $args"
+    python -m flashlane.cli bench model $args --json "$out/bench_model_kv8_$stamp.json" 2>&1 \
+        | tee "$out/bench_model_kv8_$stamp.log" || failed+=("bench model kv8")
 fi
 
 if [[ " $steps " == *" sweep "* ]]; then

@@ -32,9 +32,10 @@ def prompts(vocab: int, num: int) -> list[list[int]]:
     return [torch.randint(3, vocab, (LENGTHS[i],), generator=g).tolist() for i in range(num)]
 
 
-def check_replies(folder, device: str, vocab: int, num: int = 16) -> dict:
+def check_replies(folder, device: str, vocab: int, num: int = 16, **options) -> dict:
     """Serve `num` prompts every way; return the counts of replies compared and differing,
-    with moves, pauses and resumed tokens seen (so a sweep shows the paths ran)."""
+    with moves, pauses and resumed tokens seen (so a sweep shows the paths ran). options:
+    more engine options (kv_cache_dtype="fp8")."""
     # one small session: the 70- and 64-token prompts fit it at admission, then outgrow it
     llm = LLM(
         str(folder),
@@ -44,6 +45,7 @@ def check_replies(folder, device: str, vocab: int, num: int = 16) -> dict:
         max_rows=64,
         slot_contexts=f"80,512x{num - 1}",
         slot_grow=8,
+        **options,
     )
     ps = prompts(vocab, num)
     seen = dict(compared=0, differ=0, moves=0, pauses=0, cached_tokens=0, errors=0)

@@ -52,6 +52,20 @@ def test_bench_model_smoke_on_cpu(tmp_path, capsys):
     assert "decode 2 streams" in printed and "decode 1 stream, top_p 0.9" in printed
 
 
+def test_bench_model_with_an_8bit_cache_counts_its_bytes(tmp_path):
+    """--kv-cache-dtype fp8: the engine's sessions are 8-bit and the roofline's round reads
+    the cache's stored bytes, fewer than the plain cache's."""
+    rounds = {}
+    for kv in ("auto", "fp8"):
+        out = tmp_path / f"{kv}.json"
+        argv = ["--config", "flashnext-tiny", "--random-weights", "--device", "cpu"]
+        argv += ["--streams", "1", "--prompt-len", "300", "--prefill", "64"]
+        argv += ["--decode-tokens", "2", "--peer", "none", "--kv-cache-dtype", kv]
+        assert bench_model_main([*argv, "--json", str(out)]) == 0
+        rounds[kv] = json.loads(out.read_text())["ours"]["decode"]["1"]["round_bytes"]
+    assert rounds["fp8"] < rounds["auto"]
+
+
 def test_bench_model_decodes_at_each_prompt_length(tmp_path, capsys):
     """--prompt-len 8,300 (issue 29's long contexts, here short): decode at the first length
     in `decode`, at the others in `decode_context`, each against its own roofline bytes."""

@@ -40,3 +40,23 @@ def test_info_plans_under_the_load_limit(monkeypatch, capsys):
     monkeypatch.setenv("FLASHNEXT_LOAD_LIMIT_GB", "0.1")
     assert main(args[:4]) == 2  # the env alone asks for a plan, and it does not fit
     assert "--prompt-cache-gb" in capsys.readouterr().err
+
+
+def test_info_plans_an_8bit_cache(monkeypatch, capsys):
+    """--kv-cache-dtype fp8: the plan says so and fits more sessions under the same limit."""
+    args = ["info", str(DEFAULT_MODEL), "--device", "cpu", "--context", "32768"]
+    monkeypatch.setenv("FLASHNEXT_LOAD_LIMIT_GB", "1.5")
+
+    def sessions(extra: list[str]) -> tuple[int, str]:
+        assert main(args + extra) == 0
+        out = capsys.readouterr().out
+        line = next(ln for ln in out.splitlines() if ln.strip().startswith("sessions "))
+        return int(line.split()[1]), out
+
+    plain, out = sessions([])
+    eight, out8 = sessions(["--kv-cache-dtype", "fp8"])
+    header = [
+        next(ln for ln in o.splitlines() if ln.startswith("memory plan")) for o in (out, out8)
+    ]
+    assert "e4m3" in header[1] and "e4m3" not in header[0]
+    assert eight > plain >= 1

@@ -65,5 +65,6 @@ def test_every_flag_of_the_table_is_taken(flag):
         "--port": ["8000"],
         "--quantization": ["fp8"],
         "-q": ["fp8"],
+        "--kv-cache-dtype": ["fp8"],
     }
     build_parser().parse_args(["serve", flag, *values.get(flag, ["x"])])

@@ -71,6 +71,21 @@ def test_a_sparse_layer_reads_its_budget_of_keys_and_every_pooled_key(cfg):
     assert grow == sparse * (65536 - 16384) // cfg.indexer_block * key
 
 
+def test_an_8bit_cache_reads_a_byte_a_value_and_a_scale_a_row(cfg):
+    """--kv-cache-dtype fp8: K, V and the raw keys pooled again at one byte a value plus an
+    fp32 scale a row and head; the pooled keys stay in the compute dtype."""
+    sparse, block = cfg.layer_types.count("sparse"), cfg.indexer_block
+    kv_token = 2 * cfg.num_kv_heads * (cfg.head_dim + 4)
+    raw, pooled = cfg.indexer_head_dim + 4, cfg.indexer_head_dim * 2
+    assert attention_bytes(cfg, 16384, kv_fp8=True) == sparse * (
+        2048 * kv_token + (16384 // block) * pooled + block * raw
+    )
+    eight = decode_round_bytes(cfg, 4, 16384, kv_fp8=True)["kv"]
+    assert eight == 4 * attention_bytes(cfg, 16384, kv_fp8=True)
+    # 0.61 of the plain read: the pooled keys, a quarter of it at 16k, are not 8-bit
+    assert eight < 0.65 * decode_round_bytes(cfg, 4, 16384)["kv"]
+
+
 def test_full_attention_reads_every_key():
     qwen = ModelConfig.from_hf(preset("qwen3-next-12l"))
     full = qwen.layer_types.count("full")

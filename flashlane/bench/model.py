@@ -72,6 +72,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--ple-table-device", choices=["auto", "cpu", "cuda"], help="auto: the GPU if it fits"
     )
     p.add_argument(
+        "--kv-cache-dtype",
+        choices=["auto", "bf16", "fp8"],
+        default="auto",
+        help="fp8: the attention caches in e4m3 with per-row scales (default: auto)",
+    )
+    p.add_argument(
         "--ple-table-dtype",
         choices=["auto", "bf16", "int8"],
         default="auto",
@@ -175,6 +181,7 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
         context=context,
         drafts=False,
         prompt_cache_gb=0,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     llm = LLM.from_engine(Engine(config, costs=FLAT_COSTS, built=(cfg, model)))
     greedy = SamplingParams(

@@ -49,7 +49,8 @@ def decode_figures(
     fp8 = QuantSpec() if args.quantization == "fp8" else None
     int8 = table_dtype_of(llm.engine.model) == "int8"
     context = prompt_len + args.decode_tokens
-    need = decode_round_bytes(cfg, n, context, fp8=fp8, table_int8=int8)["total"]
+    kv8 = llm.engine.sessions[0].kv_fp8
+    need = decode_round_bytes(cfg, n, context, fp8=fp8, table_int8=int8, kv_fp8=kv8)["total"]
     bw = ceilings.get("bandwidth_Bps")
     return {
         "tok_s": n * args.decode_tokens / secs,

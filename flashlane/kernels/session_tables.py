@@ -11,9 +11,20 @@ from typing import Protocol
 import torch
 
 # attn_table's row per session: element offsets of its k, v, index_keys and block_keys from
-# the first session's same tensor, then its block_keys rows (padded to 8 int64s); gdn_table's:
-# the offset of its recurrent state
-TABLE_COLUMNS = ("k", "v", "index_keys", "block_keys", "blocks")
+# the first session's same tensor, then its block_keys rows, then (an 8-bit cache) the
+# offsets of its k, v and index scales (padded to 8 int64s); gdn_table's: the offset of its
+# recurrent state
+TABLE_COLUMNS = (
+    "k",
+    "v",
+    "index_keys",
+    "block_keys",
+    "blocks",
+    "k_scale",
+    "v_scale",
+    "index_scale",
+)
+SCALE_COLUMNS = TABLE_COLUMNS[5:]
 TABLE_WIDTH = 8
 # the GDN table's columns: the recurrent state, then the conv window
 GDN_CONV_COLUMN = 1
@@ -28,6 +39,9 @@ class AttnBuffers(Protocol):
     v: torch.Tensor  # [capacity, Hkv, D]
     index_keys: torch.Tensor  # [capacity, Di]
     block_keys: torch.Tensor  # [capacity // block, Di]
+    k_scale: torch.Tensor | None  # [capacity, Hkv] fp32 where k, v, index_keys are e4m3
+    v_scale: torch.Tensor | None  # [capacity, Hkv]
+    index_scale: torch.Tensor | None  # [capacity]
 
 
 class GdnBuffers(Protocol):
@@ -86,7 +100,13 @@ def attn_table(
     names = TABLE_COLUMNS[:4]
     columns = [[getattr(c, name) for c in caches] for name in names]
     bases = None if anchor is None else [getattr(anchor, name) for name in names]
-    return offsets_table(columns, [[c.block_keys.shape[0]] for c in caches], bases=bases, host=host)
+    counts = [[c.block_keys.shape[0]] for c in caches]
+    if caches[0].k_scale is not None:  # an 8-bit cache: its scales' offsets after the count
+        scales = [[getattr(c, name) for c in caches] for name in SCALE_COLUMNS]
+        bases8 = None if anchor is None else [getattr(anchor, name) for name in SCALE_COLUMNS]
+        table = offsets_table(scales, align=[1, 1, 1], bases=bases8, host=True)
+        counts = [n + row[:3] for n, row in zip(counts, table.tolist())]
+    return offsets_table(columns, counts, bases=bases, host=host)
 
 
 def gdn_table(

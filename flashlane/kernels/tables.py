@@ -11,7 +11,7 @@ import triton.language as tl
 from flashlane.kernels import session_tables as layout
 
 TABLE_WIDTH = tl.constexpr(layout.TABLE_WIDTH)
-K_COL, V_COL, INDEX_COL, BLOCKS_COL, NB_COL = (
+K_COL, V_COL, INDEX_COL, BLOCKS_COL, NB_COL, KS_COL, VS_COL, IS_COL = (
     tl.constexpr(layout.TABLE_COLUMNS.index(c)) for c in layout.TABLE_COLUMNS
 )
 

@@ -4,7 +4,9 @@ Per attention layer (and per MTP layer): K, V, raw indexer keys and pooled block
 for `capacity` positions (a sibling's gated full attention has no indexer: its key buffers
 are zero wide); per GDN layer: the conv window (last k-1 inputs) and the recurrent
 state; per PLE layer: the dilated-conv tail and the last n-1 token ids. Attention buffers
-are valid up to `length` (MTP: `mtp_length`): rolling back is lowering the length.
+are valid up to `length` (MTP: `mtp_length`): rolling back is lowering the length. With
+--kv-cache-dtype fp8, K, V and the raw indexer keys are e4m3 with an fp32 scale per row and
+head (kernels/attention/kv8.py); AttnCache writes and reads them (row_copies, keys).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from flashlane.kernels.attention import kv8
 from flashlane.kernels.session_tables import (
     GDN_CONV_COLUMN,
     PLE_IDS_COLUMN,
@@ -48,21 +51,82 @@ class AttnCache:
     k: torch.Tensor  # [capacity, Hkv, D], normed and roped
     v: torch.Tensor  # [capacity, Hkv, D]
     index_keys: torch.Tensor  # [capacity, Di] raw indexer keys
-    block_keys: torch.Tensor  # [capacity // block, Di] pooled, normed, roped
+    # [capacity // block, Di] pooled, normed, roped: always the compute dtype (1/block of the
+    # indexer keys' rows, pooled again from their dequantized values), so it names that dtype
+    block_keys: torch.Tensor
+    # --kv-cache-dtype fp8 (kernels/attention/kv8.py): k, v and index_keys hold e4m3, these
+    # their fp32 scales, one per row and head; None: the values are stored as they are
+    k_scale: torch.Tensor | None = None  # [capacity, Hkv]
+    v_scale: torch.Tensor | None = None  # [capacity, Hkv]
+    index_scale: torch.Tensor | None = None  # [capacity]
 
     @classmethod
-    def empty(cls, cfg: ModelConfig, capacity: int, dtype: torch.dtype, device) -> AttnCache:
+    def empty(
+        cls, cfg: ModelConfig, capacity: int, dtype: torch.dtype, device, fp8: bool = False
+    ) -> AttnCache:
         # Rows past the valid length are never read, so the buffers need no zeroing (and
         # untouched pages cost nothing until a stream reaches them).
         kv = (capacity, cfg.num_kv_heads, cfg.head_dim)
+        store = kv8.FP8 if fp8 else dtype
+        scales = (
+            dict(
+                k_scale=torch.empty(kv[:2], dtype=torch.float32, device=device),
+                v_scale=torch.empty(kv[:2], dtype=torch.float32, device=device),
+                index_scale=torch.empty(capacity, dtype=torch.float32, device=device),
+            )
+            if fp8
+            else {}
+        )
         return cls(
-            k=torch.empty(kv, dtype=dtype, device=device),
-            v=torch.empty(kv, dtype=dtype, device=device),
-            index_keys=torch.empty(capacity, cfg.indexer_head_dim, dtype=dtype, device=device),
+            k=torch.empty(kv, dtype=store, device=device),
+            v=torch.empty(kv, dtype=store, device=device),
+            index_keys=torch.empty(capacity, cfg.indexer_head_dim, dtype=store, device=device),
             block_keys=torch.empty(
                 capacity // cfg.indexer_block, cfg.indexer_head_dim, dtype=dtype, device=device
             ),
+            **scales,
         )
+
+    @property
+    def fp8(self) -> bool:
+        return self.k_scale is not None
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every buffer (the scales too, where the values are 8-bit)."""
+        out = [self.k, self.v, self.index_keys, self.block_keys]
+        return out + ([self.k_scale, self.v_scale, self.index_scale] if self.fp8 else [])
+
+    def row_copies(self, s: int, e: int, k, v, raw=None) -> tuple[list, list]:
+        """(destinations, sources) that store rows s..e-1: k, v [e-s, Hkv, D] and raw indexer
+        keys [e-s, Di] (None: a cache without an indexer), quantized when 8-bit, for one
+        multi-tensor copy (models.rows.copy_all)."""
+        dsts = [self.k[s:e], self.v[s:e]] + ([] if raw is None else [self.index_keys[s:e]])
+        srcs = [k, v] + ([] if raw is None else [raw])
+        if not self.fp8:
+            return dsts, srcs
+        scales = [self.k_scale[s:e], self.v_scale[s:e]]
+        scales += [] if raw is None else [self.index_scale[s:e]]
+        pairs = [kv8.quantize(x) for x in srcs]
+        # e4m3 as bytes: a multi-tensor copy of uint8 is one on every torch build
+        values = [d.view(torch.uint8) for d in dsts], [q.view(torch.uint8) for q, _ in pairs]
+        return values[0] + scales, values[1] + [sc for _, sc in pairs]
+
+    def keys(self, e: int) -> torch.Tensor:
+        """Rows 0..e-1 of K in the compute dtype [e, Hkv, D] (a view when not 8-bit)."""
+        return self._read(self.k, self.k_scale, 0, e)
+
+    def values(self, e: int) -> torch.Tensor:
+        """Rows 0..e-1 of V in the compute dtype [e, Hkv, D]."""
+        return self._read(self.v, self.v_scale, 0, e)
+
+    def index_rows(self, s: int, e: int) -> torch.Tensor:
+        """Raw indexer keys s..e-1 in the compute dtype [e-s, Di]."""
+        return self._read(self.index_keys, self.index_scale, s, e)
+
+    def _read(self, t: torch.Tensor, scale: torch.Tensor | None, s: int, e: int) -> torch.Tensor:
+        if scale is None:
+            return t[s:e]
+        return kv8.dequantize(t[s:e], scale[s:e], self.block_keys.dtype)
 
 
 @dataclass(slots=True)
@@ -97,11 +161,13 @@ class SessionState:
         cache_dtype: torch.dtype,
         state_dtype: torch.dtype,
         device="cpu",
+        kv_fp8: bool = False,
     ) -> SessionState:
+        """kv_fp8: the attention caches (the MTP layers' too) hold e4m3 values and scales."""
         s = cls(capacity=capacity, attn={}, gdn={}, ple={}, mtp=[])
         for i, kind in enumerate(cfg.layer_types):
             if kind != "linear":  # sparse or full attention: a KV cache
-                s.attn[i] = AttnCache.empty(cfg, capacity, cache_dtype, device)
+                s.attn[i] = AttnCache.empty(cfg, capacity, cache_dtype, device, kv_fp8)
             else:
                 s.gdn[i] = GdnState(
                     conv=torch.zeros(
@@ -126,7 +192,8 @@ class SessionState:
                 ids=torch.full((cfg.ngram_size - 1,), cfg.ple_eos, dtype=torch.long, device=device),
             )
         s.mtp = [
-            AttnCache.empty(cfg, capacity, cache_dtype, device) for _ in range(cfg.num_mtp_layers)
+            AttnCache.empty(cfg, capacity, cache_dtype, device, kv_fp8)
+            for _ in range(cfg.num_mtp_layers)
         ]
         return s
 
@@ -142,7 +209,13 @@ class SessionState:
             p.ids.fill_(cfg.ple_eos)
 
     def attn_dtype(self) -> torch.dtype:
-        return next(iter(self.attn.values())).k.dtype if self.attn else torch.float32
+        """The attention caches' compute dtype (their block keys'; K and V may be 8-bit)."""
+        return next(iter(self.attn.values())).block_keys.dtype if self.attn else torch.float32
+
+    @property
+    def kv_fp8(self) -> bool:
+        """The attention caches hold e4m3 values and scales (SessionState.empty's kv_fp8)."""
+        return any(c.fp8 for c in [*self.attn.values(), *self.mtp])
 
     def state_dtype(self) -> torch.dtype:
         return next(iter(self.gdn.values())).recurrent.dtype if self.gdn else torch.float32
@@ -150,7 +223,7 @@ class SessionState:
     def tensors(self) -> list[torch.Tensor]:
         out: list[torch.Tensor] = []
         for c in [*self.attn.values(), *self.mtp]:
-            out += [c.k, c.v, c.index_keys, c.block_keys]
+            out += c.tensors()
         for g in self.gdn.values():
             out += [g.conv, g.recurrent]
         for p in self.ple.values():

@@ -47,23 +47,37 @@ def element_bytes(device: str) -> tuple[int, int]:
 
 
 def session_buffers(
-    cfg: ModelConfig, capacity: int, cache_bytes: int, state_bytes: int, mtp: bool = True
+    cfg: ModelConfig,
+    capacity: int,
+    cache_bytes: int,
+    state_bytes: int,
+    mtp: bool = True,
+    kv_fp8: bool = False,
 ) -> tuple[Buffer, ...]:
-    """Every buffer of one session of `capacity` positions (drafts off: mtp=False)."""
+    """Every buffer of one session of `capacity` positions (drafts off: mtp=False); kv_fp8:
+    K, V and indexer keys in e4m3 with an fp32 scale a row and head (models/state.py), the
+    pooled block keys in the compute dtype."""
     kv = (capacity, cfg.num_kv_heads, cfg.head_dim)
     keys = (capacity, cfg.indexer_head_dim)
     blocks = (capacity // cfg.indexer_block, cfg.indexer_head_dim)
+    stored = 1 if kv_fp8 else cache_bytes
     out = []
     for prefix, count in (
         ("attn", cfg.num_attention_layers),
         ("mtp", cfg.num_mtp_layers if mtp else 0),
     ):
         out += [
-            Buffer(f"{prefix}.k", kv, cache_bytes, count),
-            Buffer(f"{prefix}.v", kv, cache_bytes, count),
-            Buffer(f"{prefix}.index_keys", keys, cache_bytes, count),
+            Buffer(f"{prefix}.k", kv, stored, count),
+            Buffer(f"{prefix}.v", kv, stored, count),
+            Buffer(f"{prefix}.index_keys", keys, stored, count),
             Buffer(f"{prefix}.block_keys", blocks, cache_bytes, count),
         ]
+        if kv_fp8:
+            out += [
+                Buffer(f"{prefix}.k_scale", kv[:2], 4, count),
+                Buffer(f"{prefix}.v_scale", kv[:2], 4, count),
+                Buffer(f"{prefix}.index_scale", (capacity,), 4, count),
+            ]
     num_linear = cfg.layer_types.count("linear")
     recurrent = (cfg.linear_num_v_heads, cfg.linear_k_head_dim, cfg.linear_v_head_dim)
     conv = (cfg.linear_conv_kernel - 1, cfg.linear_conv_dim)
@@ -78,9 +92,15 @@ def session_buffers(
 
 
 def session_bytes(
-    cfg: ModelConfig, capacity: int, cache_bytes: int, state_bytes: int, mtp: bool = True
+    cfg: ModelConfig,
+    capacity: int,
+    cache_bytes: int,
+    state_bytes: int,
+    mtp: bool = True,
+    kv_fp8: bool = False,
 ) -> int:
-    return sum(b.nbytes for b in session_buffers(cfg, capacity, cache_bytes, state_bytes, mtp))
+    buffers = session_buffers(cfg, capacity, cache_bytes, state_bytes, mtp, kv_fp8)
+    return sum(b.nbytes for b in buffers)
 
 
 def scratch_buffers(

@@ -107,6 +107,8 @@ def _sibling_lines(cfg: ModelConfig) -> list[str]:
 def _cache_lines(cfg: ModelConfig) -> list[str]:
     kv = kv_bytes_per_token(cfg)
     kv_mtp = kv_bytes_per_token(cfg, with_mtp=True)
+    layers = cfg.num_attention_layers + cfg.num_mtp_layers
+    kv8 = layers * 2 * cfg.num_kv_heads * (cfg.head_dim + 4)
     block = indexer_bytes_per_block(cfg, with_mtp=True)
     state = state_bytes_per_stream(cfg)
     indexer = (
@@ -119,6 +121,7 @@ def _cache_lines(cfg: ModelConfig) -> list[str]:
     )
     return [
         f"KV bytes per token (bf16): {kv:,} ({kv / 1024:g} KiB); with the MTP layer {kv_mtp:,}",
+        f"  with --kv-cache-dtype fp8 (e4m3 + an fp32 scale a head), with the MTP layer: {kv8:,}",
         *indexer,
         f"state bytes per stream (fp32 GDN states, bf16 conv and PLE tail): {state:,} "
         f"({state / 2**20:.1f} MiB)",
@@ -130,7 +133,8 @@ def _plan_lines(p: MemoryPlan) -> list[str]:
         return f"{n / GIB:9.2f} GiB ({n:,} bytes)"
 
     lines = [
-        f"memory plan ({p.device}, {p.cache_bytes}-byte cache, {p.state_bytes}-byte states):",
+        f"memory plan ({p.device}, {p.cache_bytes}-byte cache, {p.state_bytes}-byte states"
+        f"{_kv_note(p)}):",
         f"  limit              {gib(p.limit_bytes)}",
         f"  weights            {gib(p.weight_bytes)}",
         f"  verify scratch     {gib(p.scratch_bytes)}  ({p.max_rows} rows)",
@@ -153,6 +157,12 @@ def _plan_lines(p: MemoryPlan) -> list[str]:
     else:
         lines.append(f"  where              weights and n-gram tables on {p.device}")
     return lines
+
+
+def _kv_note(p: MemoryPlan) -> str:
+    if not p.kv_fp8:
+        return ""
+    return "; KV and indexer keys 1-byte e4m3 + an fp32 scale a row and head, block keys not"
 
 
 def _fp8_lines(b: Fp8Bytes, quant: QuantSpec) -> list[str]:

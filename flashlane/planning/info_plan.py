@@ -20,7 +20,8 @@ def info_plan(cfg: ModelConfig, args: argparse.Namespace, env, quant=None) -> me
     the same prompt cache budget beside the sessions, the weights in FP8 on cuda for a
     block-FP8 checkpoint (or --quantization fp8), and the n-gram tables where
     --ple-table-device puts them (auto: on cuda when the plan fits, else in host memory),
-    in host memory as --ple-table-dtype keeps them (int8: there only)."""
+    in host memory as --ple-table-dtype keeps them (int8: there only), the attention caches
+    as --kv-cache-dtype stores them."""
     device, slots = args.device or "cuda", args.slot_contexts
     limit = memory.resolve_limit_bytes(args.memory_limit_gb, env, device, 141 * 2**30)
     cache_gb = args.prompt_cache_gb
@@ -52,6 +53,7 @@ def info_plan(cfg: ModelConfig, args: argparse.Namespace, env, quant=None) -> me
         parallel=None if args.parallel in (None, "auto") else int(args.parallel),
         prompt_rows=memory.PREFILL_ROWS[device],
         prompt_cache_bytes=memory.resolve_prompt_cache_bytes(cache_gb, device, limit),
+        kv_fp8=getattr(args, "kv_cache_dtype", None) == "fp8",
     )
     asked = args.ple_table_dtype or "auto"
     if asked == "int8" and args.ple_table_device == "cuda":

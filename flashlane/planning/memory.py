@@ -112,6 +112,7 @@ class MemoryPlan:
     host_dtype: str = "bf16"  # the table's values there: bf16, or int8 with a per-row scale
     prompt_rows: int = 0  # the longest prompt piece of a round
     prompt_cache_bytes: int = 0  # the prompt cache's budget (kept states), under the limit
+    kv_fp8: bool = False  # --kv-cache-dtype fp8: K, V, indexer keys in e4m3 + fp32 scales
 
     @property
     def workspace_bytes(self) -> int:
@@ -151,12 +152,14 @@ def plan(
     prompt_cache_bytes: int = 0,
     prompt_rows: int = 0,
     host_dtype: str = "bf16",
+    kv_fp8: bool = False,
 ) -> MemoryPlan:
     """Sessions under the ceiling: `slot_contexts` as listed, else `parallel` sessions of
     `context` (default: the model's window), else (`parallel=None`, auto) as many as fit up to
     16 (256 on a GPU), one session when fewer than two fit; the prompt cache's budget is
     planned beside the weights and workspace; `prompt_rows`, the longest prompt piece of a
-    round, adds its activations to the workspace. Raises OverMemoryLimit."""
+    round, adds its activations to the workspace; kv_fp8: the attention caches in 8 bits
+    (buffers.session_buffers). Raises OverMemoryLimit."""
     cache_b, state_b = element_bytes(device)
     scratch = sum(b.nbytes for b in scratch_buffers(cfg, max_rows, cache_b, state_b))
     longest = max([context or cfg.max_position_embeddings, *(slot_contexts or [])])
@@ -176,10 +179,10 @@ def plan(
         )
     budget = limit_bytes - fixed
     context = cfg.max_position_embeddings if context is None else context
-    one = session_bytes(cfg, context, cache_b, state_b, mtp)
+    one = session_bytes(cfg, context, cache_b, state_b, mtp, kv_fp8)
     most = MAX_AUTO_SESSIONS_GPU if device.startswith("cuda") else MAX_AUTO_SESSIONS
     capacities = _capacities(context, slot_contexts, parallel, min(most, budget // one))
-    sizes = {c: session_bytes(cfg, c, cache_b, state_b, mtp) for c in set(capacities)}
+    sizes = {c: session_bytes(cfg, c, cache_b, state_b, mtp, kv_fp8) for c in set(capacities)}
     per_session = tuple(sizes[c] for c in capacities)
     if sum(per_session) > budget:
         what = f"{len(capacities)} session(s) of {format_slot_contexts(capacities)} tokens"
@@ -202,6 +205,7 @@ def plan(
         host_dtype=host_dtype,
         prompt_rows=prompt_rows,
         prompt_cache_bytes=prompt_cache_bytes,
+        kv_fp8=kv_fp8,
     )
 
 

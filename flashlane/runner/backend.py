@@ -307,8 +307,9 @@ def copy_session(src: SessionState, dst: SessionState, block: int) -> None:
     if n > dst.capacity:
         raise ValueError(f"a session of {dst.capacity} positions cannot hold {n}")
     for a, b in [*zip(src.attn.values(), dst.attn.values()), *zip(src.mtp, dst.mtp)]:
-        b.k[:n], b.v[:n], b.index_keys[:n] = a.k[:n], a.v[:n], a.index_keys[:n]
-        b.block_keys[:nb] = a.block_keys[:nb]
+        for x, y in zip(a.tensors(), b.tensors(), strict=True):  # 8-bit: the scales too
+            m = nb if x is a.block_keys else n
+            y[:m] = x[:m]
     for a, b in zip(src.gdn.values(), dst.gdn.values()):
         b.conv.copy_(a.conv)
         b.recurrent.copy_(a.recurrent)

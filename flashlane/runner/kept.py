@@ -18,22 +18,22 @@ from flashlane.models.state import AttnCache, SessionState
 
 @dataclass(frozen=True, slots=True)
 class KeptRows:
-    """Rows [0, n) of one attention cache."""
+    """Rows [0, n) of one attention cache: every buffer AttnCache.tensors names (an 8-bit
+    cache's scales too), the block keys' n // block rows, the others' n."""
 
-    k: torch.Tensor  # [n, Hkv, D]
-    v: torch.Tensor  # [n, Hkv, D]
-    index_keys: torch.Tensor  # [n, Di]
-    block_keys: torch.Tensor  # [n // block, Di]
+    rows: tuple[torch.Tensor, ...]
 
     @classmethod
     def of(cls, c: AttnCache, n: int, block: int) -> KeptRows:
-        rows = (c.k[:n], c.v[:n], c.index_keys[:n], c.block_keys[: n // block])
-        return cls(*(t.clone() for t in rows))
+        return cls(tuple(t[: _count(c, t, n, block)].clone() for t in c.tensors()))
 
     def put(self, c: AttnCache) -> None:
-        n, nb = self.k.shape[0], self.block_keys.shape[0]
-        c.k[:n], c.v[:n], c.index_keys[:n] = self.k, self.v, self.index_keys
-        c.block_keys[:nb] = self.block_keys
+        for dst, src in zip(c.tensors(), self.rows, strict=True):
+            dst[: src.shape[0]] = src
+
+
+def _count(c: AttnCache, t: torch.Tensor, n: int, block: int) -> int:
+    return n // block if t is c.block_keys else n
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,7 @@ class KeptState:
         return self.dangling is not None
 
     def nbytes(self) -> int:
-        ts = [t for r in (*self.attn, *self.mtp) for t in (r.k, r.v, r.index_keys, r.block_keys)]
+        ts = [t for r in (*self.attn, *self.mtp) for t in r.rows]
         ts += [t for pair in (*self.gdn, *self.ple) for t in pair]
         ts += [self.dangling] if self.dangling is not None else []
         return sum(t.numel() * t.element_size() for t in ts)
@@ -91,9 +91,8 @@ def put(kept: KeptState, s: SessionState) -> None:
 def kept_bytes(s: SessionState, block: int, length: int, drafts: bool, hidden: int) -> int:
     """What `keep` takes for a session like `s` at `length` (MTP rows: length - 1)."""
 
-    def rows(c: AttnCache, n: int) -> int:
-        per_row = sum(t[0].numel() * t.element_size() for t in (c.k, c.v, c.index_keys))
-        return n * per_row + (n // block) * c.block_keys[0].numel() * c.block_keys.element_size()
+    def rows(c: AttnCache, n: int) -> int:  # a row's bytes of each buffer (8-bit: + scales)
+        return sum(_count(c, t, n, block) * t[0].numel() * t.element_size() for t in c.tensors())
 
     small = [t for g in s.gdn.values() for t in (g.conv, g.recurrent)]
     small += [t for p in s.ple.values() for t in (p.conv, p.ids)]

@@ -39,7 +39,9 @@ class SizeTables:
         # room for a call's steps from position 0
         block = cfg.indexer_block
         capacity = max(2, -(-(reach + 1) // block)) * block
-        self.pad = SessionState.empty(cfg, capacity, like.attn_dtype(), like.state_dtype(), device)
+        self.pad = SessionState.empty(
+            cfg, capacity, like.attn_dtype(), like.state_dtype(), device, kv_fp8=like.kv_fp8
+        )
         # the largest of all, the pad too: a step's attention spans the anchor's keys and
         # blocks (a pad larger than the anchor wrote past the scores: an illegal address)
         self.anchor = max([*sessions, self.pad], key=lambda s: s.capacity)

@@ -144,6 +144,7 @@ class AsyncEngine:
             e.sessions[0].attn_dtype(),
             e.sessions[0].state_dtype(),
             e.device,
+            kv_fp8=e.sessions[0].kv_fp8,
         )
         logits = torch.cat(
             [run_piece(e.model, s, t[a : a + CHUNK], a, False) for a in range(0, len(ids), CHUNK)]

@@ -22,6 +22,7 @@ GIVEN = {
     "ple_table_device": ("cpu", "cpu"),
     "ple_table_dtype": ("int8", "int8"),
     "quantization": ("fp8", "fp8"),
+    "kv_cache_dtype": ("fp8", "fp8"),
     "parallel": ("3", 3),
     "context": ("4096", 4096),
     "slot_contexts": ("2048,1024x2", "2048,1024x2"),

@@ -47,10 +47,13 @@ POOL_AT = dict(
     out_ptr=BF,
     pos_ptr="*i64",
     tab_ptr="*i64",
+    scale_ptr=BF,  # unused without FP8 (the keys themselves)
     nb="i32",
     has_table="i32",
     eps="fp32",
 )
+# --kv-cache-dtype fp8: e4m3 raw keys and their fp32 scales
+POOL_AT_FP8 = dict(POOL_AT, keys_ptr="*fp8e4nv", scale_ptr="*fp32")
 ATTENTION = dict(
     q_ptr=BF,
     k_ptr=BF,
@@ -60,6 +63,8 @@ ATTENTION = dict(
     len_ptr="*i64",
     tab_ptr="*i64",
     pos_ptr="*i64",
+    ks_ptr="*fp32",
+    vs_ptr="*fp32",
     HAS_LEN="i32",
     HAS_TABLE="i32",
     HAS_POS="i32",
@@ -101,10 +106,22 @@ KERNELS = {
                    dict(raw_ptr=BF, cos_ptr=BF, sin_ptr=BF, w_ptr=BF, out_ptr=BF,
                         stride_raw="i32", stride_out="i32", eps="fp32"), BLOCK_KEY),
     "pool_block_at": (triton_blocks._pool_block_at_kernel, POOL_AT, BLOCK_KEY),
+    "pool_block_at fp8": (triton_blocks._pool_block_at_kernel, POOL_AT_FP8,
+                          dict(BLOCK_KEY, FP8=True)),
     "put_three": (triton_blocks._put_three_kernel,
                   dict(s0=BF, d0=BF, s1=BF, d1=BF, s2=BF, d2=BF, tab_ptr="*i64", pos_ptr="*i64",
                        W0="i32", W1="i32", W2="i32", S0="i32", S1="i32", S2="i32"),
                   dict(C0=0, C1=1, C2=2, BLOCK=512, PDL=1), dict(launch_pdl=True)),
+    "put_three fp8": (triton_blocks._put_three_kernel,  # an 8-bit cache's rows
+                      dict(s0="*fp8e4nv", d0="*fp8e4nv", s1="*fp8e4nv", d1="*fp8e4nv",
+                           s2="*fp8e4nv", d2="*fp8e4nv", tab_ptr="*i64", pos_ptr="*i64",
+                           W0="i32", W1="i32", W2="i32", S0="i32", S1="i32", S2="i32"),
+                      dict(C0=0, C1=1, C2=2, BLOCK=512, PDL=1), dict(launch_pdl=True)),
+    "put_three scales": (triton_blocks._put_three_kernel,  # and their fp32 scales
+                         dict(s0="*fp32", d0="*fp32", s1="*fp32", d1="*fp32", s2="*fp32",
+                              d2="*fp32", tab_ptr="*i64", pos_ptr="*i64", W0="i32", W1="i32",
+                              W2="i32", S0="i32", S1="i32", S2="i32"),
+                         dict(C0=5, C1=6, C2=7, BLOCK=2, PDL=1), dict(launch_pdl=True)),
     "put_rows": (triton_blocks._put_rows_kernel,
                  dict(src_ptr=BF, dst_ptr=BF, tab_ptr="*i64", pos_ptr="*i64", W="i32"),
                  dict(COL=0, BLOCK=512)),
@@ -289,6 +306,9 @@ KERNELS.update({
                        dict(num_warps=norms._gated_rows(128)[1])),
     "attention": (attention._attention_kernel, ATTENTION, ATTENTION_TILE,
                   dict(num_warps=_WARPS, num_stages=_STAGES)),
+    "attention fp8": (attention._attention_kernel,
+                      dict(ATTENTION, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv"),
+                      dict(ATTENTION_TILE, FP8=True), dict(num_warps=_WARPS, num_stages=_STAGES)),
     # the siblings' gated full attention (Qwen3-Next: 16 q / 2 kv heads of 256) and GDN norm
     "causal_attention": (triton_causal._causal_kernel,
                          dict(q_ptr=BF, k_ptr=BF, v_ptr=BF, pos_ptr="*i64", o_ptr=BF,

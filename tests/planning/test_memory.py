@@ -57,6 +57,10 @@ def test_real_session_bytes_by_hand(real: ModelConfig) -> None:
     assert session_bytes(real, cap, 2, 4) == 13 * attention + 36 * gdn + ple
     assert session_bytes(real, cap, 2, 4, mtp=False) == 12 * attention + 36 * gdn + ple
     assert session_bytes(real, 0, 2, 4) == state_bytes_per_stream(real, 2, 4)
+    # --kv-cache-dtype fp8: K, V and keys 1 byte, fp32 scales (2 heads of K and V, a key),
+    # the block keys as they were
+    eight = 2 * cap * 2 * 256 + cap * 128 + cap // 4 * 128 * 2 + (2 * 2 + 1) * cap * 4
+    assert session_bytes(real, cap, 2, 4, kv_fp8=True) == 13 * eight + 36 * gdn + ple
 
 
 def test_session_bytes_grow_with_capacity_per_block() -> None:
@@ -78,6 +82,10 @@ def test_session_bytes_equal_the_allocated_state() -> None:
         shapes = sorted(tuple(t.shape) for t in s.tensors())
         ours = sorted(b.shape for b in session_buffers(TINY, cap, cb, sb) for _ in range(b.count))
         assert shapes == ours
+        eight = state_mod.SessionState.empty(TINY, cap, cache, st, device="meta", kv_fp8=True)
+        assert eight.nbytes() == session_bytes(TINY, cap, cb, sb, kv_fp8=True)
+        names = {b.name.split(".")[1] for b in session_buffers(TINY, cap, cb, sb, kv_fp8=True)}
+        assert {"k_scale", "v_scale", "index_scale"} <= names
 
 
 def _limit(cfg: ModelConfig, weights: int, sessions: float, rows: int = 16) -> int:

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import torch
 
+from flashlane.kernels.attention import kv8
 from flashlane.kernels.norms.reference import rms_norm
 from flashlane.kernels.rowwise.reference import rope
 
@@ -211,24 +212,45 @@ def attend_sessions(
     outs = []
     for i, c in enumerate(caches):
         at = pos[i : i + 1]
-        c.k.index_copy_(0, at, k[i : i + 1])
-        c.v.index_copy_(0, at, v[i : i + 1])
-        c.index_keys.index_copy_(0, at, raw[i : i + 1])
+        keys, values, index_keys = _put_row(c, at, k[i : i + 1], v[i : i + 1], raw[i : i + 1])
         if c.block_keys.shape[0]:
             ops.pool_block_at(
-                c.index_keys, c.block_keys, at, cos[i : i + 1], sin[i : i + 1], weight, eps, block
+                index_keys, c.block_keys, at, cos[i : i + 1], sin[i : i + 1], weight, eps, block
             )
         mask = ops.select_mask(
             iq[i : i + 1][None],
             c.block_keys[None],
             at.view(1, 1),
-            c.k.shape[0],
+            keys.shape[0],
             block,
             top_blocks,
             dense_check=False,
         )
-        outs.append(ops.attention(q[i : i + 1][None], c.k[None], c.v[None], mask, scale, at + 1)[0])
+        outs.append(
+            ops.attention(q[i : i + 1][None], keys[None], values[None], mask, scale, at + 1)[0]
+        )
     return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def _put_row(c, at, k, v, raw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Row `at` ([1] on the device) of cache c written: k, v [1, Hkv, D], raw [1, Di] ->
+    (keys, values, raw indexer keys) of its whole capacity in the compute dtype: the buffers
+    themselves, or an 8-bit cache's dequantized (kv8.py; no host value, so every row: those
+    past the length are never read, as ever)."""
+    if c.k_scale is None:
+        for dst, x in ((c.k, k), (c.v, v), (c.index_keys, raw)):
+            dst.index_copy_(0, at, x)
+        return c.k, c.v, c.index_keys
+    for dst, scales, x in (
+        (c.k, c.k_scale, k),
+        (c.v, c.v_scale, v),
+        (c.index_keys, c.index_scale, raw),
+    ):
+        qx, sx = kv8.quantize(x)  # (e4m3 as bytes: torch has no e4m3 index_copy_)
+        dst.view(torch.uint8).index_copy_(0, at, qx.view(torch.uint8))
+        scales.index_copy_(0, at, sx)
+    n = c.k.shape[0]
+    return c.keys(n), c.values(n), c.index_rows(0, n)
 
 
 _REFERENCES = SimpleNamespace(

@@ -29,9 +29,10 @@ import torch
 import triton
 import triton.language as tl
 
+from flashlane.kernels.attention.kv8 import FP8
 from flashlane.kernels.attention.triton_select import index_scores, select_mask  # the indexer
 from flashlane.kernels.pdl import enter, pdl
-from flashlane.kernels.tables import K_COL, TABLE_WIDTH, V_COL, no_table
+from flashlane.kernels.tables import K_COL, KS_COL, TABLE_WIDTH, V_COL, VS_COL, no_table
 
 __all__ = ["CONFIGS", "attention", "index_scores", "select_mask"]
 
@@ -68,9 +69,13 @@ def _block_update(
     l_i,
     acc,
     stride_kv,
+    ks_ptr,
+    vs_ptr,
+    stride_s,
     BLOCK_L: tl.constexpr,
     PRECISION: tl.constexpr,
     SKIP: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     """One key block [l0, l0 + BLOCK_L) of the online softmax for the tile's rows. With SKIP a
     block no row of the tile may see is not loaded; without it every block is (the loads
@@ -93,6 +98,9 @@ def _block_update(
         kv_row = keys * stride_kv  # [BLOCK_L]
         m_kd = m_keys[:, None] & m_d[None, :]
         k = tl.load(k_ptr + kv_row[:, None] + d[None, :], mask=m_kd, other=0.0)
+        if FP8:  # e4m3 times its row's scale in fp32, rounded to the compute dtype (kv8.py)
+            ks = tl.load(ks_ptr + keys * stride_s, mask=m_keys, other=0.0)
+            k = (k.to(tl.float32) * ks[:, None]).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         s = tl.where(allowed, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -103,6 +111,9 @@ def _block_update(
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + kv_row[:, None] + d[None, :], mask=m_kd, other=0.0)
+        if FP8:
+            vs = tl.load(vs_ptr + keys * stride_s, mask=m_keys, other=0.0)
+            v = (v.to(tl.float32) * vs[:, None]).to(q.dtype)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
         m_i = m_new
@@ -119,6 +130,8 @@ def _attention_kernel(
     len_ptr,
     tab_ptr,
     pos_ptr,
+    ks_ptr,
+    vs_ptr,
     HAS_LEN,
     HAS_TABLE,
     HAS_POS,
@@ -134,6 +147,7 @@ def _attention_kernel(
     BLOCK_L: tl.constexpr,
     PRECISION: tl.constexpr,
     SKIP: tl.constexpr,
+    FP8: tl.constexpr = False,
     PDL: tl.constexpr = 0,
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
@@ -162,6 +176,15 @@ def _attention_kernel(
         v_off = tl.multiple_of(tl.load(tab_ptr + i_b * TABLE_WIDTH + V_COL), 16)
     k_ptr += k_off + i_kv * D
     v_ptr += v_off + i_kv * D
+    # an 8-bit cache's fp32 scales [L, HKV]: batch b's, or session b's (the table's columns)
+    ks_off = i_b.to(tl.int64) * L * HKV
+    vs_off = ks_off
+    if FP8:  # noqa: SIM102 (a constexpr, then a runtime flag: Triton compiles the first away)
+        if HAS_TABLE != 0:
+            ks_off = tl.load(tab_ptr + i_b * TABLE_WIDTH + KS_COL)
+            vs_off = tl.load(tab_ptr + i_b * TABLE_WIDTH + VS_COL)
+    ks_ptr += ks_off + i_kv
+    vs_ptr += vs_off + i_kv
     q_row = (tok * HQ + head) * D  # [BLOCK_M]
     q = tl.load(q_ptr + q_row[:, None] + d[None, :], mask=m_rows[:, None] & m_d[None, :], other=0.0)
     mask_row = tok * L  # [BLOCK_M]
@@ -197,9 +220,13 @@ def _attention_kernel(
             l_i,
             acc,
             HKV * D,
+            ks_ptr,
+            vs_ptr,
+            HKV,
             BLOCK_L,
             PRECISION,
             SKIP,
+            FP8,
         )
 
     seen = l_i > 0
@@ -218,6 +245,12 @@ def _no_lengths(device: torch.device) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.long, device=device)
 
 
+@functools.cache
+def _no_scales(device: torch.device) -> torch.Tensor:
+    """The stand-in scales pointer (fp32) of a cache that is not 8-bit (FP8 says unused)."""
+    return torch.zeros(1, dtype=torch.float32, device=device)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -228,6 +261,7 @@ def attention(
     table: torch.Tensor | None = None,
     positions: torch.Tensor | None = None,
     config: tuple | None = None,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Masked softmax attention with grouped KV heads (fp32 scores and softmax).
 
@@ -241,22 +275,30 @@ def attention(
     `positions` ([B, T] on the device): row (b, t) sees no key past positions[b, t] (its mask
     says so as well); a tile's walk over the keys then ends at its last row's position
     instead of L, with the same bits. `config` replaces CONFIGS[dtype] (benchmarks).
+    `scales` (k_scale, v_scale [B, L, Hkv] fp32; with a table the first session's): k and v
+    are e4m3 (kv8.py), each key read as its value times its scale rounded to q's dtype, the
+    values an 8-bit cache dequantizes to, so the sums are those of the dequantized cache.
     """
     b, t, hq, d = q.shape
     l, hkv = k.shape[1], k.shape[2]
     rep = hq // hkv
     out_dtype = q.dtype
+    eight = scales is not None
+    if eight and (k.dtype, v.dtype) != (FP8, FP8):
+        raise ValueError(f"attention: scales for caches of {k.dtype} / {v.dtype}, not e4m3")
     if table is not None:
         if lengths is None or not (k.is_contiguous() and v.is_contiguous()):
             raise ValueError("attention: a table needs lengths and the caches themselves")
-        if k.dtype not in CONFIGS or v.dtype != k.dtype:
+        if (k.dtype not in CONFIGS and not eight) or v.dtype != k.dtype:
             raise ValueError(f"attention: caches of {k.dtype} / {v.dtype}")
         l = mask.shape[-1]
-    elif k.dtype not in CONFIGS:
+    elif k.dtype not in CONFIGS and not eight:
         k = k.float()
-    block_m, block_l, warps, stages, precision, skip = config or CONFIGS[k.dtype]
-    q = q.to(k.dtype).contiguous()
+    dtype = (q.dtype if q.dtype in CONFIGS else torch.float32) if eight else k.dtype
+    block_m, block_l, warps, stages, precision, skip = config or CONFIGS[dtype]
+    q = q.to(dtype).contiguous()
     k, v = k.contiguous(), v.to(k.dtype).contiguous()
+    ks, vs = (t.contiguous() for t in scales) if eight else (_no_scales(q.device),) * 2
     mask = mask.contiguous().view(torch.uint8)
     o = torch.empty(b, t, hq, d, dtype=out_dtype, device=q.device)
     if t == 0 or b == 0:
@@ -273,6 +315,8 @@ def attention(
         _no_lengths(q.device) if lengths is None else lengths,
         no_table(q.device) if table is None else table,
         _no_lengths(q.device) if positions is None else positions,
+        ks,
+        vs,
         int(lengths is not None),
         int(table is not None),
         int(positions is not None),
@@ -288,6 +332,7 @@ def attention(
         BLOCK_L=block_l,
         PRECISION=precision,
         SKIP=skip,
+        FP8=eight,
         num_warps=warps,
         num_stages=stages,
         **pdl(q.device),

@@ -14,7 +14,17 @@ import triton.language as tl
 from flashlane.kernels.norms.triton import rms_factor
 from flashlane.kernels.pdl import enter, pdl
 from flashlane.kernels.session_tables import TABLE_COLUMNS
-from flashlane.kernels.tables import BLOCKS_COL, INDEX_COL, NB_COL, TABLE_WIDTH, no_table
+from flashlane.kernels.tables import BLOCKS_COL, INDEX_COL, IS_COL, NB_COL, TABLE_WIDTH, no_table
+
+
+@triton.jit
+def _raw(raw_ptr, scale_ptr, j, DI, cols, mask, dt: tl.constexpr, FP8: tl.constexpr):
+    """Row j's raw keys at cols in fp32: an 8-bit cache's e4m3 times the row's scale,
+    rounded to the compute dtype dt first (the values kv8.dequantize gives)."""
+    x = tl.load(raw_ptr + j * DI + cols, mask=mask, other=0.0).to(tl.float32)
+    if FP8:
+        x = (x * tl.load(scale_ptr + j)).to(dt).to(tl.float32)
+    return x
 
 
 @triton.jit
@@ -29,14 +39,17 @@ def _block_key(
     DI: tl.constexpr,
     R: tl.constexpr,
     BDI: tl.constexpr,
+    scale_ptr,
+    FP8: tl.constexpr,
 ):
-    """raw_ptr: the block's BLOCK rows of DI; cos_ptr, sin_ptr: its R values; out_ptr: DI."""
+    """raw_ptr: the block's BLOCK rows of DI (e4m3 with FP8, their scales at scale_ptr);
+    cos_ptr, sin_ptr: its R values; out_ptr: DI."""
     cols = tl.arange(0, BDI)
     mask = cols < DI
     dt: tl.constexpr = out_ptr.dtype.element_ty
-    total = tl.load(raw_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    total = _raw(raw_ptr, scale_ptr, 0, DI, cols, mask, dt, FP8)
     for j in tl.static_range(1, BLOCK):
-        total = total + tl.load(raw_ptr + j * DI + cols, mask=mask, other=0.0).to(tl.float32)
+        total = total + _raw(raw_ptr, scale_ptr, j, DI, cols, mask, dt, FP8)
     x = (total / BLOCK).to(dt).to(tl.float32)
     r = rms_factor(x, DI, eps)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
@@ -45,9 +58,9 @@ def _block_key(
     half: tl.constexpr = R // 2
     rot = cols < R
     partner = tl.where(cols < half, cols + half, cols - half)
-    xp = tl.load(raw_ptr + partner, mask=rot, other=0.0).to(tl.float32)
+    xp = _raw(raw_ptr, scale_ptr, 0, DI, partner, rot, dt, FP8)
     for j in tl.static_range(1, BLOCK):
-        xp = xp + tl.load(raw_ptr + j * DI + partner, mask=rot, other=0.0).to(tl.float32)
+        xp = xp + _raw(raw_ptr, scale_ptr, j, DI, partner, rot, dt, FP8)
     yp = (
         (
             (((xp / BLOCK).to(dt).to(tl.float32)) * r)
@@ -93,6 +106,8 @@ def _block_keys_kernel(
         DI,
         R,
         BDI,
+        raw_ptr,  # no scales: a plain cache's raw keys
+        False,
     )
 
 
@@ -105,6 +120,7 @@ def _pool_block_at_kernel(
     out_ptr,
     pos_ptr,
     tab_ptr,
+    scale_ptr,
     nb,
     has_table,
     eps,
@@ -112,6 +128,7 @@ def _pool_block_at_kernel(
     DI: tl.constexpr,
     R: tl.constexpr,
     BDI: tl.constexpr,
+    FP8: tl.constexpr = False,
     PDL: tl.constexpr = 0,
 ):
     # with a table, program i pools session i's block (session_tables.attn_table) at its position,
@@ -119,13 +136,17 @@ def _pool_block_at_kernel(
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     i = tl.program_id(0)
     keys_off, out_off, count = i.to(tl.int64) * 0, i.to(tl.int64) * 0, nb.to(tl.int64)
+    scale_off = keys_off
     if has_table != 0:
         row = tab_ptr + i * TABLE_WIDTH
         keys_off = tl.load(row + INDEX_COL)
         out_off = tl.load(row + BLOCKS_COL)
         count = tl.load(row + NB_COL)
+        if FP8:
+            scale_off = tl.load(row + IS_COL)
     keys_ptr += keys_off
     out_ptr += out_off
+    scale_ptr += scale_off
     cos_ptr += i * R
     sin_ptr += i * R
     b = tl.load(pos_ptr + i).to(tl.int64) // BLOCK
@@ -141,6 +162,8 @@ def _pool_block_at_kernel(
             DI,
             R,
             BDI,
+            scale_ptr + b * BLOCK,
+            FP8,
         )
 
 
@@ -179,10 +202,12 @@ def pool_block_at(
     eps: float,
     block: int,
     table: torch.Tensor | None = None,
+    index_scale: torch.Tensor | None = None,
 ) -> None:
     """reference.pool_block_at; with `table` (session_tables.attn_table of B sessions):
     index_keys and out are the first session's, pos [B], cos and sin [B, R], and program b
-    pools session b's block in place."""
+    pools session b's block in place. index_scale ([L] fp32, the first session's with a
+    table): index_keys are e4m3, read as kv8.dequantize gives them in out's dtype."""
     if table is None and out.shape[0] == 0:
         return
     _pool_block_at_kernel[(1 if table is None else table.shape[0],)](
@@ -193,10 +218,12 @@ def pool_block_at(
         out,
         pos,
         no_table(pos.device) if table is None else table,
+        index_keys if index_scale is None else index_scale,  # unused without FP8
         out.shape[0],
         int(table is not None),
         eps,
         **_meta(block, index_keys.shape[-1], cos),
+        FP8=index_scale is not None,
         **pdl(out.device),
     )
 

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import torch
 
+from flashlane.kernels.attention import kv8
 from flashlane.kernels.attention import reference as attention_ref
 from flashlane.kernels.attention import triton_blocks as blocks_tr
 from flashlane.kernels.attention.triton import attention
@@ -18,7 +19,7 @@ from flashlane.kernels.attention.triton_select import (
     select_from_scores,
     select_mask,
 )
-from flashlane.kernels.session_tables import attn_table
+from flashlane.kernels.session_tables import SCALE_COLUMNS, attn_table
 
 
 def attend_sessions(
@@ -44,43 +45,53 @@ def attend_sessions(
     sessions' caches in place through `table`, session_tables.attn_table, built here when not
     given; a CUDA graph needs it built before the capture). Every row runs the arithmetic of
     the per-session kernels on its own session's values, so its bits are those of one
-    session alone (tests/kernels/test_attend_sessions.py). One session without a table
-    runs the per-session kernels. lengths: pos + 1 where the caller made it once for every
-    layer (else one launch more here)."""
-    if table is None:
-        if len(caches) == 1:
-            return attention_ref.attend_sessions(
-                q,
-                k,
-                v,
-                iq,
-                raw,
-                caches,
-                pos,
-                cos,
-                sin,
-                weight,
-                eps,
-                block,
-                top_blocks,
-                scale,
-                ops=_PER_SESSION,
-            )
-        table = attn_table(caches)
+    session alone (tests/kernels/test_session_tables.py, test_triton_kv8.py). One session
+    without a table runs the per-session kernels (but an 8-bit cache's). lengths: pos + 1
+    where the caller made it once for every layer (else one launch more here)."""
+    # (an 8-bit cache makes its table: the per-session kernels read dequantized copies)
+    if table is None and len(caches) == 1 and caches[0].k_scale is None:
+        args = (q, k, v, iq, raw, caches, pos, cos, sin, weight, eps, block, top_blocks, scale)
+        return attention_ref.attend_sessions(*args, ops=_PER_SESSION)
+    table = attn_table(caches) if table is None else table
     first = caches[0]
+    caches8 = first.k_scale is not None
+    if caches8:  # e4m3 rows and their scales (kv8.py: each row's bits its own, so K and V
+        # quantize as one tensor: half the launches of a graphed step's quantization)
+        (kv, kvs), (raw, rs) = kv8.quantize(torch.stack([k, v])), kv8.quantize(raw)
+        (k, v), (ks, vs) = kv, kvs
+        scales = [first.k_scale, first.v_scale, first.index_scale]
+        blocks_tr.put_rows_three(scales, list(SCALE_COLUMNS), table, pos, [ks, vs, rs])
     blocks_tr.put_rows_three(
         [first.k, first.v, first.index_keys], ["k", "v", "index_keys"], table, pos, [k, v, raw]
     )
     blocks_tr.pool_block_at(
-        first.index_keys, first.block_keys, pos, cos, sin, weight, eps, block, table=table
+        first.index_keys,
+        first.block_keys,
+        pos,
+        cos,
+        sin,
+        weight,
+        eps,
+        block,
+        table=table,
+        index_scale=first.index_scale,
     )
     nb = max(c.block_keys.shape[0] for c in caches)
     num_keys = max(c.k.shape[0] for c in caches)
     scores = index_scores(iq[:, None], first.block_keys[None], table, nb)
     mask = select_from_scores(scores, pos[:, None], num_keys, block, top_blocks)
     lengths = pos + 1 if lengths is None else lengths
+    kv = (first.k_scale[None], first.v_scale[None]) if caches8 else None
     return attention(
-        q[:, None], first.k[None], first.v[None], mask, scale, lengths, table, pos[:, None]
+        q[:, None],
+        first.k[None],
+        first.v[None],
+        mask,
+        scale,
+        lengths,
+        table,
+        pos[:, None],
+        scales=kv,
     )[:, 0]
 
 

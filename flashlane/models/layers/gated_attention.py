@@ -65,7 +65,8 @@ class GatedAttention(nn.Module):
         for p in rows.pieces:
             if not p.recurrent:
                 pos = rows.positions[p.rows][None]
-                keys, values, _, _ = self._write_all([p], k[p.rows][None], v[p.rows][None])[0]
+                cache, e, _ = self._write_all([p], k[p.rows][None], v[p.rows][None])[0]
+                keys, values = cache.keys(e)[None], cache.values(e)[None]
                 o[p.rows] = kernels.causal_attention(q[p.rows][None], keys, values, scale, pos)[0]
         if windows:
             self._attend_windows(windows, q, k, v, o, rows, kernels)
@@ -94,15 +95,12 @@ class GatedAttention(nn.Module):
 
     def _write_all(self, pieces: list[Piece], k, v) -> list[tuple]:
         """Piece i's rows k[i], v[i] written at its positions (one multi-tensor copy) -> per
-        piece (keys [1, L, Hkv, D], values, no block keys [1, 0, 0], length L)."""
+        piece (its cache, length L, no complete blocks: 0), as qsa_attention.padded_caches
+        reads them."""
         dsts, srcs = [], []
         for i, p in enumerate(pieces):
             cache, s, e = self.cache_of(p.session), p.start, p.start + p.length
-            dsts += [cache.k[s:e], cache.v[s:e]]
-            srcs += [k[i, : p.length], v[i, : p.length]]
+            to, of = cache.row_copies(s, e, k[i, : p.length], v[i, : p.length])
+            dsts, srcs = dsts + to, srcs + of
         copy_all(dsts, srcs)
-        out = []
-        for p in pieces:
-            cache, e = self.cache_of(p.session), p.start + p.length
-            out.append((cache.k[None, :e], cache.v[None, :e], cache.block_keys[None, :0], e))
-        return out
+        return [(self.cache_of(p.session), p.start + p.length, 0) for p in pieces]

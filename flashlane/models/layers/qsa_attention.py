@@ -151,18 +151,20 @@ class QSAttention(nn.Module):
         return kernels.attention(q, keys, values, mask, cfg.head_dim**-0.5, positions=pos)
 
     def _write(self, piece: Piece, k, v, raw, rotary: Rotary):
-        """Write the piece's keys at their positions; recompute blocks it completes."""
-        return self._write_all([piece], k[None], v[None], raw[None], rotary)[0]
+        """Write the piece's keys at their positions; recompute blocks it completes ->
+        (keys, values, block keys, length), an 8-bit cache's dequantized (AttnCache.keys)."""
+        cache, e, nb = self._write_all([piece], k[None], v[None], raw[None], rotary)[0]
+        return cache.keys(e)[None], cache.values(e)[None], cache.block_keys[None, :nb], e
 
     def _write_all(self, pieces: list[Piece], k, v, raw, rotary: Rotary) -> list[tuple]:
         """Each piece i's rows k[i], v[i], raw[i] written at its positions (one multi-tensor
-        copy for all), then the pooled keys of the blocks each completes -> per piece (keys,
-        values, block keys up to its length, length)."""
+        copy for all), then the pooled keys of the blocks each completes -> per piece (its
+        cache, its length, its complete blocks): padded_caches' entries."""
         dsts, srcs = [], []
         for i, p in enumerate(pieces):
             cache, s, e = self.cache_of(p.session), p.start, p.start + p.length
-            dsts += [cache.k[s:e], cache.v[s:e], cache.index_keys[s:e]]
-            srcs += [k[i, : p.length], v[i, : p.length], raw[i, : p.length]]
+            to, of = cache.row_copies(s, e, k[i, : p.length], v[i, : p.length], raw[i, : p.length])
+            dsts, srcs = dsts + to, srcs + of
         copy_all(dsts, srcs)
         return [self._complete_blocks(p, rotary) for p in pieces]
 
@@ -171,26 +173,33 @@ class QSAttention(nn.Module):
         s, e = piece.start, piece.start + piece.length
         b0, b1 = s // blk, e // blk
         if b1 > b0:
-            fresh = self.indexer.block_keys(cache.index_keys[None, b0 * blk : b1 * blk], b0, rotary)
+            fresh = self.indexer.block_keys(cache.index_rows(b0 * blk, b1 * blk)[None], b0, rotary)
             cache.block_keys[b0:b1] = fresh[0]
-        return cache.k[None, :e], cache.v[None, :e], cache.block_keys[None, :b1], e
+        return cache, e, b1
 
 
-def padded_caches(cached: list[tuple]) -> tuple:
-    """Several streams' (keys, values, block keys, length) as one batch: each stream's rows,
-    then zeros to the longest. The mask never lets a row see past its own position, the zero
-    keys and values of the padding contribute exactly nothing, and padded blocks are never
-    valid for the indexer, so a row's result is its alone (DESIGN.md section 1)."""
-    nk = max(c[3] for c in cached)
-    nb = max(c[2].shape[1] for c in cached)
-    b = len(cached)
-    k0, b0 = cached[0][0], cached[0][2]
-    keys = k0.new_zeros(b, nk, *k0.shape[2:])
-    values = k0.new_zeros(b, nk, *k0.shape[2:])
-    block_keys = b0.new_zeros(b, nb, b0.shape[-1])
+def padded_caches(written: list[tuple]) -> tuple:
+    """Several streams' (cache, length, complete blocks) as one batch (keys, values, block
+    keys, longest length): each stream's rows, then zeros to the longest. The mask never
+    lets a row see past its own position, the zero keys and values of the padding contribute
+    exactly nothing, and padded blocks are never valid for the indexer, so a row's result is
+    its alone (DESIGN.md section 1). An 8-bit cache's rows are dequantized into the batch
+    stream by stream (AttnCache.keys: the values it always reads), no round-wide copies."""
+    nk = max(n for _, n, _ in written)
+    nb = max(blocks for *_, blocks in written)
+    c0 = written[0][0]
+    shape = (len(written), nk, *c0.k.shape[1:])
+    keys = torch.zeros(shape, dtype=c0.block_keys.dtype, device=c0.k.device)
+    values = torch.zeros_like(keys)
+    block_keys = c0.block_keys.new_zeros(len(written), nb, c0.block_keys.shape[-1])
     dsts, srcs = [], []
-    for i, (kk, vv, bk, n) in enumerate(cached):
-        dsts += [keys[i, :n], values[i, :n], block_keys[i, : bk.shape[1]]]
-        srcs += [kk[0], vv[0], bk[0]]
+    for i, (c, n, blocks) in enumerate(written):
+        dsts.append(block_keys[i, :blocks])
+        srcs.append(c.block_keys[:blocks])
+        if c.fp8:
+            keys[i, :n], values[i, :n] = c.keys(n), c.values(n)
+        else:
+            dsts += [keys[i, :n], values[i, :n]]
+            srcs += [c.k[:n], c.v[:n]]
     copy_all(dsts, srcs)
     return keys, values, block_keys, nk
