@@ -124,7 +124,7 @@ def plan_for(
     limit = memory.resolve_limit_bytes(limit_gb, {}, kind, gpu_total)
     cache_bytes = memory.resolve_prompt_cache_bytes(c.prompt_cache_gb, kind, limit)
     host_limit = int(memory.RAM_FRACTION * read_ram_bytes()) if host_bytes else None
-    return memory.plan(
+    return memory.plan_fitting(
         cfg,
         device=kind,
         limit_bytes=limit,

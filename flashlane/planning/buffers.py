@@ -25,6 +25,8 @@ ACTIVATION_FIXED = {"cuda": GIB, "cpu": 64 * MIB}
 # Prompt rows a round takes at most (the host's pieces, the backend's limit): GPU GEMMs want
 # long pieces (each reads every expert's weights once a layer); CPU rounds stay short.
 PREFILL_ROWS = {"cuda": 8192, "cpu": 1024}
+# where memory is short the plan halves the pieces down to this before it gives up sessions
+MIN_PREFILL_ROWS = {"cuda": 2048, "cpu": 256}
 
 
 @dataclass(frozen=True, slots=True)

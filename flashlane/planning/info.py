@@ -138,7 +138,8 @@ def _plan_lines(p: MemoryPlan) -> list[str]:
         f"  limit              {gib(p.limit_bytes)}",
         f"  weights            {gib(p.weight_bytes)}",
         f"  verify scratch     {gib(p.scratch_bytes)}  ({p.max_rows} rows)",
-        f"  activations        {gib(p.activation_bytes)}  (logits + fixed allowance)",
+        f"  activations        {gib(p.activation_bytes)}  (logits + fixed allowance"
+        f" + prompt pieces of {p.prompt_rows} rows)",
         f"  prompt cache       {gib(p.prompt_cache_bytes)}",
         f"  session budget     {gib(p.budget_bytes)}",
         f"  sessions           {p.num_sessions} ({'auto' if p.auto else 'given'}): "

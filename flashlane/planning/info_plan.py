@@ -62,18 +62,18 @@ def info_plan(cfg: ModelConfig, args: argparse.Namespace, env, quant=None) -> me
     def on_host() -> memory.MemoryPlan:
         kept = choose_table_dtype(asked, True, values, width, elem, ram)
         held = int8_table_bytes(values, width) if kept == "int8" else table
-        return memory.plan(
+        return memory.plan_fitting(
             cfg, **opts, weight_bytes=weights - table, host_bytes=held, host_limit_bytes=ram,
             host_dtype=kept,
         )  # fmt: skip
 
     requested = "cpu" if asked == "int8" else args.ple_table_device
     if not table:
-        return memory.plan(cfg, **opts, weight_bytes=weights)
+        return memory.plan_fitting(cfg, **opts, weight_bytes=weights)
     if table_place(requested, device, True) == "host":
         return on_host()
     try:
-        return memory.plan(cfg, **opts, weight_bytes=weights)
+        return memory.plan_fitting(cfg, **opts, weight_bytes=weights)
     except memory.OverMemoryLimit:
         if table_place(requested, device, False) == "device":
             raise

@@ -17,6 +17,7 @@ from flashlane.planning.buffers import (
     ELEMENT_BYTES,
     GIB,
     MIB,
+    MIN_PREFILL_ROWS,
     PREFILL_ROWS,
     Buffer,
     activation_bytes,
@@ -49,6 +50,7 @@ __all__ = [
     "MAX_AUTO_SESSIONS",
     "MAX_AUTO_SESSIONS_GPU",
     "MIB",
+    "MIN_PREFILL_ROWS",
     "PREFILL_ROWS",
     "PROMPT_CACHE_GB",
     "PROMPT_CACHE_SHARE",
@@ -63,6 +65,7 @@ __all__ = [
     "element_bytes",
     "parse_limit_gb",
     "plan",
+    "plan_fitting",
     "read_ram_bytes",
     "resolve_limit_bytes",
     "resolve_prompt_cache_bytes",
@@ -207,6 +210,21 @@ def plan(
         prompt_cache_bytes=prompt_cache_bytes,
         kv_fp8=kv_fp8,
     )
+
+
+def plan_fitting(cfg: ModelConfig, *, device: str, prompt_rows: int, **options) -> MemoryPlan:
+    """plan() with prompt pieces of `prompt_rows`, halved down to MIN_PREFILL_ROWS where the
+    plan would not fit (smaller pieces before fewer sessions; the plan's prompt_rows says
+    which). Raises the smallest pieces' OverMemoryLimit."""
+    floor = MIN_PREFILL_ROWS["cuda" if device.startswith("cuda") else "cpu"]
+    while True:
+        try:
+            return plan(cfg, device=device, prompt_rows=prompt_rows, **options)
+        except OverMemoryLimit as err:
+            if prompt_rows // 2 < floor:
+                err.args = (f"{err} (prompt pieces of {prompt_rows} rows)",)
+                raise
+            prompt_rows //= 2
 
 
 def _capacities(

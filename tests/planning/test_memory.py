@@ -112,6 +112,28 @@ def test_prompt_pieces_are_planned() -> None:
     assert 200_000 < prompt_row_bytes(real, "cuda", 8192) < 1_000_000
 
 
+def test_prompt_pieces_shrink_before_sessions_are_refused() -> None:
+    """plan_fitting: where 4 sessions do not fit beside 1,024-row pieces, the pieces halve
+    (down to MIN_PREFILL_ROWS) until they do; below the floor the error names the pieces."""
+    from flashlane.planning.buffers import MIN_PREFILL_ROWS, prompt_row_bytes
+    from flashlane.planning.memory import plan_fitting
+
+    row = prompt_row_bytes(TINY, "cpu", 512)
+    kw = dict(device="cpu", weight_bytes=10**6, max_rows=16, parallel=4, context=512)
+    # room for 4 sessions with 300-row pieces (not 512): 256 rows are planned
+    limit = _limit(TINY, 10**6, 4) + 300 * row
+    p = plan_fitting(TINY, limit_bytes=limit, prompt_rows=1024, **kw)
+    assert p.prompt_rows == 256 == MIN_PREFILL_ROWS["cpu"] and p.num_sessions == 4
+    with pytest.raises(OverMemoryLimit):
+        plan(TINY, limit_bytes=limit, prompt_rows=512, **kw)
+    assert (
+        plan_fitting(TINY, limit_bytes=limit + 1024 * row, prompt_rows=1024, **kw).prompt_rows
+        == 1024
+    )
+    with pytest.raises(OverMemoryLimit, match="prompt pieces of 256 rows"):
+        plan_fitting(TINY, limit_bytes=limit - 100 * row, prompt_rows=1024, **kw)
+
+
 def test_plan_arithmetic() -> None:
     p = plan(TINY, device="cpu", limit_bytes=_limit(TINY, 10**6, 3.5), weight_bytes=10**6,
              max_rows=16)  # fmt: skip
