@@ -12,6 +12,7 @@
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
 #          exactness of the engine on the GPU, the GPU sampler), then 10,000 full-width rows
 #          of the GPU keyed draw against the CPU path (benchmarks/check_gpu_draw.py);
+#          CUDA_TESTS names other test paths, PYTEST_K narrows them (a call is 10 minutes);
 # exact:   the engine's bitwise tests alone (lone greedy and sampled steps against shared
 #          rounds, shared rows against each stream alone, the PLE kernels; 568 s on the H200
 #          at e1cf0e1, near a call's 600: run `lone` and the rest apart when short of time);
@@ -92,7 +93,9 @@ failed=()
 
 if [[ " $steps " == *" tests "* ]]; then
     echo "== python -m pytest -m 'cuda or triton' $cuda_tests"
-    python -m pytest -m "cuda or triton" -v -rf --tb=short -p no:cacheprovider $cuda_tests 2>&1 \
+    # shellcheck disable=SC2086
+    python -m pytest -m "cuda or triton" -v -rf --tb=short -p no:cacheprovider \
+        ${PYTEST_K:+-k "$PYTEST_K"} $cuda_tests 2>&1 \
         | tee "$out/gpu_tests_$stamp.log" || failed+=("pytest")
     echo "== python benchmarks/check_gpu_draw.py"
     python benchmarks/check_gpu_draw.py 2>&1 | tee -a "$out/gpu_tests_$stamp.log" \
