@@ -99,12 +99,12 @@ def run_lone(host: LaneHost, streams: list[Stream], steps: int | None = None) ->
         [steps or host.config.lone_steps]
         + [min(s.params.max_tokens - len(s.reply_ids), s.room) for s in streams]
     )
-    # drafts held for a shared window at the pending token: a drafted call's first guesses
-    hints = [_hint(s) for s in streams]
+    # drafts held for a shared window: a drafted call's first guesses (_hint)
+    held = [s.held for s in streams]
     for s in streams:
         s.held = None  # the lone steps make them stale
     try:
-        if _drafted(host, streams, take_for, hints):
+        if _drafted(host, streams, take_for, held):
             return
         host.lone.decode_many(
             [s.session_id for s in streams], [s.reply_ids[-1] for s in streams],
@@ -115,15 +115,15 @@ def run_lone(host: LaneHost, streams: list[Stream], steps: int | None = None) ->
         raise RoundFailed([s.stream_id for s in streams], f"{type(exc).__name__}: {exc}") from exc
 
 
-def _hint(s: Stream) -> list[int]:
-    """The stream's guesses at its next tokens: drafts held for its pending token, else its
-    copy drafts (free on the host), else none."""
-    if s.held is not None and s.held.start == s.start:
-        return list(s.held.tokens)
+def _hint(s: Stream, held) -> list[int]:
+    """The stream's guesses at its next tokens: drafts it held for its pending token, else
+    its copy drafts (free on the host), else none."""
+    if held is not None and held.start == s.start:
+        return list(held.tokens)
     return s.copy_index.propose(MAX_HINT) if s.copy_index is not None else []
 
 
-def _drafted(host: LaneHost, streams: list[Stream], take_for, hints: list[list[int]]) -> bool:
+def _drafted(host: LaneHost, streams: list[Stream], take_for, held: list) -> bool:
     """Drafted lone steps (runner/lone_draft.py) for streams that all draft greedily, when
     the driver has them and finds they pay; False where plain steps should run instead
     (sampled streams: drafted steps draw greedily)."""
@@ -135,6 +135,7 @@ def _drafted(host: LaneHost, streams: list[Stream], take_for, hints: list[list[i
     ):
         return False
     left = min(s.params.max_tokens - len(s.reply_ids) for s in streams)
+    hints = [_hint(s, h) for s, h in zip(streams, held)]
     ran = host.lone.decode_drafted(
         [s.session_id for s in streams], [s.reply_ids[-1] for s in streams],
         [s.start for s in streams], min(host.config.lone_steps, left),
