@@ -50,7 +50,8 @@ def sessions(capacities, dtype, seed):
 
 
 def copies(caches):
-    return [AttnCache(*(t.clone() for t in (c.k, c.v, c.index_keys, c.block_keys))) for c in caches]
+    """Clones of the caches, every buffer (an 8-bit cache's scales too)."""
+    return [AttnCache(*(t.clone() for t in c.tensors())) for c in caches]
 
 
 def row_inputs(b, dtype, seed):
@@ -63,6 +64,17 @@ def row_inputs(b, dtype, seed):
     return q, k, v, iq, raw, cos, sin, w
 
 
+def alone_and_together(base, rows, args):
+    """The step's attention for copies of `base`: each session alone (the per-session
+    kernels) and all together through one table -> (want, got, the alone copies, the
+    together copies). rows: (q, k, v, iq, raw); args: attend_sessions' rest."""
+    alone = copies(base)
+    want = attn_ref.attend_sessions(*rows, alone, *args, ops=attn_ses._PER_SESSION)
+    together = copies(base)
+    got = attn_ses.attend_sessions(*rows, together, *args, table=attn_table(together))
+    return want, got, alone, together
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("positions", [[9, 40, 2], [23, 63, 0], [3, 4, 1]])
 def test_batched_sessions_match_each_session_alone(dtype, positions):
@@ -72,10 +84,7 @@ def test_batched_sessions_match_each_session_alone(dtype, positions):
     pos = torch.tensor(positions, device=DEVICE)
     args = (pos, cos, sin, w, 1e-6, BLOCK, TOP, 0.125)
 
-    alone = copies(base)
-    want = attn_ref.attend_sessions(q, k, v, iq, raw, alone, *args, ops=attn_ses._PER_SESSION)
-    together = copies(base)
-    got = attn_ses.attend_sessions(q, k, v, iq, raw, together, *args, table=attn_table(together))
+    want, got, alone, together = alone_and_together(base, (q, k, v, iq, raw), args)
     assert torch.equal(got, want)
     for a, b in zip(alone, together):
         for x, y in zip(

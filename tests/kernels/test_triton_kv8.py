@@ -26,7 +26,15 @@ from flashlane.kernels.attention import triton as attn_tri
 from flashlane.kernels.attention import triton_blocks as blocks_tri
 from flashlane.kernels.attention import triton_sessions as attn_ses
 from flashlane.models.state import AttnCache, attn_table
-from tests.kernels.test_session_tables import BLOCK, SHAPE, TOP, _Cfg, row_inputs
+from tests.kernels.test_session_tables import (
+    BLOCK,
+    SHAPE,
+    TOP,
+    _Cfg,
+    alone_and_together,
+    copies,
+    row_inputs,
+)
 
 pytestmark = needs_triton
 
@@ -46,10 +54,6 @@ def sessions8(capacities, dtype, seed):
     return out
 
 
-def copies(caches):
-    return [AttnCache(*(t.clone() for t in c.tensors())) for c in caches]
-
-
 def same_bytes(a: AttnCache, b: AttnCache) -> bool:
     bits = [(x.view(torch.uint8), y.view(torch.uint8)) for x, y in zip(a.tensors(), b.tensors())]
     return all(torch.equal(x, y) for x, y in bits)
@@ -62,10 +66,7 @@ def test_batched_8bit_sessions_match_each_session_alone(dtype, positions):
     q, k, v, iq, raw, cos, sin, w = row_inputs(3, dtype, seed=len(positions))
     pos = torch.tensor(positions, device=DEVICE)
     args = (pos, cos, sin, w, 1e-6, BLOCK, TOP, 0.125)
-    alone = copies(base)
-    want = attn_ref.attend_sessions(q, k, v, iq, raw, alone, *args, ops=attn_ses._PER_SESSION)
-    together = copies(base)
-    got = attn_ses.attend_sessions(q, k, v, iq, raw, together, *args, table=attn_table(together))
+    want, got, alone, together = alone_and_together(base, (q, k, v, iq, raw), args)
     assert torch.equal(got, want)
     assert all(same_bytes(a, b) for a, b in zip(alone, together))
     ref = attn_ref.attend_sessions(q, k, v, iq, raw, copies(base), *args)

@@ -18,6 +18,7 @@ from flashlane.llama_cpp.server import LlamaServer
 from flashlane.llama_cpp.write_gguf import write_gguf
 from flashlane.models.random_weights import random_tensor
 from flashlane.request import SamplingParams
+from tests.llama_cpp.replies import count_equal_but_near_ties
 
 pytestmark = pytest.mark.skipif(
     not os.environ.get("FLASHLANE_LLAMA_CPP"), reason="no llama.cpp build (set FLASHLANE_LLAMA_CPP)"
@@ -167,13 +168,4 @@ def test_served_replies_equal_ours_but_at_near_ties(build, embedded_gguf):
     llm = LLM(None, device="cpu")
     params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
     ours = [list(o.token_ids) for o in llm.generate(prompts, params)]
-    same = 0
-    for prompt, a, b in zip(prompts, ours, theirs):
-        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        if first is None:
-            same += 1
-            continue
-        logits = llm.logits(prompt + a[:first]).double()
-        logits = logits[-1] if logits.dim() > 1 else logits
-        assert logits[a[first]] - logits[b[first]] <= NEAR_TIE, (first, a[first], b[first])
-    assert same >= 12
+    assert count_equal_but_near_ties(llm, prompts, ours, theirs, NEAR_TIE) >= 12

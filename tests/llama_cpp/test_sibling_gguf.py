@@ -19,6 +19,7 @@ from flashlane.llama_cpp.write_gguf import random_index, write_gguf
 from flashlane.models.loader import load_checkpoint
 from flashlane.models.presets import preset
 from flashlane.models.random_weights import build_random, fill_transformers
+from tests.llama_cpp.replies import count_equal_but_near_ties
 from tests.oracle import hf_classes
 
 # preset -> llama.cpp's arch (general.architecture)
@@ -250,12 +251,4 @@ def test_llama_cpp_greedy_replies_on_the_sibling_gguf_are_ours(sibling_gguf, nam
     ours = [list(o.token_ids) for o in llm.generate(prompts, params)]
     with LlamaServer(find_build(), sibling_gguf(name), context=256, extra=("-t", "2")) as server:
         theirs = [server.greedy(p, 16) for p in prompts]
-    same = 0
-    for prompt, a, b in zip(prompts, ours, theirs):
-        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        if first is None:
-            same += 1
-            continue
-        logits = llm.logits(prompt + a[:first])[-1]
-        assert logits[a[first]] - logits[b[first]] <= NEAR_TIE, (first, a[first], b[first])
-    assert same >= 1
+    assert count_equal_but_near_ties(llm, prompts, ours, theirs, NEAR_TIE) >= 1
