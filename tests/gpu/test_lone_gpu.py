@@ -170,12 +170,12 @@ def test_one_graph_per_size_serves_any_sessions(lone_model):
 
 @pytest.mark.parametrize("graphed", [True, False])
 @pytest.mark.parametrize("depth,b", [(2, 1), (3, 2), (2, 3)])
-def test_drafted_steps_equal_shared_rounds_bitwise(lone_model, graphed, depth, b, monkeypatch):
+def test_drafted_steps_equal_shared_rounds_bitwise(lone_model, graphed, depth, b):
     """Drafted lone steps (runner/lone_draft.py), graphed or eager, alone or with others
     (three: the graph of four rows, one the pad session's): the kept draws are the one-row
     rounds' tokens and each session ends bit for bit where those rounds leave it. Each
-    call's first drafts are the true continuation, so its first step keeps every row of its
-    window (random heads' own drafts rarely land)."""
+    call's hints (its first drafts) are the true continuation, so its first step keeps every
+    row of its window (random heads' own drafts rarely land)."""
     cfg, model = lone_model
     bases, wants = [], []
     for which in (3, 8, 5)[:b]:
@@ -187,11 +187,6 @@ def test_drafted_steps_equal_shared_rounds_bitwise(lone_model, graphed, depth, b
     drafting = driver.drafting
     drafting.depth = depth
     got = [[3] for _ in range(b)]
-    monkeypatch.setattr(
-        drafting,
-        "_first_drafts",
-        lambda ids, sids, draws: [wants[i][len(got[i]) : len(got[i]) + depth] for i in range(b)],
-    )
     takes = [lambda t, f, i=i: bool(got[i].append(t)) or True for i in range(b)]
     while min(len(g) for g in got) < 20:
         drafting.carry = {}
@@ -204,6 +199,7 @@ def test_drafted_steps_equal_shared_rounds_bitwise(lone_model, graphed, depth, b
             takes,
             list(range(b)),
             [None] * b,
+            [wants[i][len(got[i]) : len(got[i]) + depth] for i in range(b)],  # hints
         )
     assert drafting.num_landed >= depth
     for i, s in enumerate(sessions):
