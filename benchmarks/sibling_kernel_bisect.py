@@ -1,6 +1,6 @@
 """Which Triton kernel makes a sibling's logits leave the references' (issue 33's GPU check).
 
-    python benchmarks/sibling_kernel_bisect.py            # on the GPU
+    python benchmarks/sibling_kernel_bisect.py [NAME ...]     # on the GPU; NAME: qwen3_5_moe
 
 For each tiny sibling checkpoint (tests/oracle.py, seed 5, fp32) the logits of three pieces
 (whole, recurrent, recurrent) on the reference kernels against: every Triton kernel; every
@@ -12,6 +12,7 @@ asks for <= 1e-4.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import tempfile
 from pathlib import Path
 
@@ -38,8 +39,10 @@ def logits(ckpt, kernels, device) -> torch.Tensor:
 def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     fields = [f.name for f in dataclasses.fields(TRITON) if f.name != "name"]
+    names = sys.argv[1:] or sorted(SIBLINGS)
     with tempfile.TemporaryDirectory() as tmp:
-        for name, spec in sorted(SIBLINGS.items()):
+        for name in names:
+            spec = SIBLINGS[name]
             ckpt = build_oracle(Path(tmp) / name, spec, seed=5)
             ref = logits(ckpt, REFERENCE, device)
             scale = ref.abs().max().item()
@@ -47,20 +50,18 @@ def main() -> None:
             def err(kernels, ckpt=ckpt, ref=ref, scale=scale) -> float:
                 return (logits(ckpt, kernels, device) - ref).abs().max().item() / scale
 
-            rows = [("all Triton", err(TRITON))]
+            print(f"== {name}: largest logit {scale:.3f}", flush=True)
+            print(f"  {'all Triton':32s} {err(TRITON):.2e}", flush=True)
             fla = gdn_tr._fla_chunk
             gdn_tr._fla_chunk = lambda: None
             try:
-                rows.append(("all Triton, no fla", err(TRITON)))
+                print(f"  {'all Triton, no fla':32s} {err(TRITON):.2e}", flush=True)
             finally:
                 gdn_tr._fla_chunk = fla
             for f in fields:
-                one = dataclasses.replace(REFERENCE, **{f: getattr(TRITON, f)})
-                rows.append((f"only {f}", err(one)))
-            print(f"== {name}: largest logit {scale:.3f}")
-            for label, e in rows:
-                if e > 1e-5 or label.startswith("all"):
-                    print(f"  {label:32s} {e:.2e}")
+                e = err(dataclasses.replace(REFERENCE, **{f: getattr(TRITON, f)}))
+                if e > 1e-5:
+                    print(f"  {'only ' + f:32s} {e:.2e}", flush=True)
 
 
 if __name__ == "__main__":
