@@ -48,7 +48,8 @@ class Waiting:
 
 # the most cells one head forward absorbs: a long prompt's queue (thousands of rows) in one
 # forward stalled every stream for 20 s on the CPU (issue 29); a stream's queue past this many
-# is absorbed as its windows are kept (runner/backend.py), not all at once at a prompt mark
+# is absorbed as its windows are kept (runner/backend.py), not all at once at a prompt mark;
+# a prompt cut in pieces has each piece's cells absorbed as it is kept
 CATCH_UP_ROWS = 512
 
 

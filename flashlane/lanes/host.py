@@ -20,6 +20,7 @@ from flashlane.lanes.copy_drafts import CopyIndex
 from flashlane.lanes.core import LaneConfig, LaneCore, RoundFailed
 from flashlane.lanes.lone_turn import beside_budget, lone_drawn, lone_streams, run_lone
 from flashlane.lanes.outputs import TextDecoder
+from flashlane.lanes.piece_clock import STALL, PieceClock
 from flashlane.lanes.protocol import Backend, LoneDriving
 from flashlane.lanes.records import CHUNK, Window
 from flashlane.lanes.session_pool import SessionPool
@@ -42,6 +43,9 @@ class HostConfig:
     # While replies decode, prompt rows per round are capped at (1 - decode_share) of
     # prefill_rows (at least one chunk), so a long prompt cannot starve live replies.
     decode_share: float = 0.5
+    # ... and sized by the piece clock: a round with pieces takes at most `stall` rounds
+    # without them (lanes/piece_clock.py)
+    stall: float = STALL
     prompt_cache_bytes: int = 0  # the prompt cache's budget; 0 disables it
     mark_every: int = DEFAULT_EVERY  # a long prompt keeps a state every this many tokens
     lone_steps: int = 32  # steps of one lone-driver call before the host looks for new work
@@ -82,6 +86,7 @@ class LaneHost:
         self.core = LaneCore(backend, config.lanes, rules)
         self.sessions = SessionPool(capacities, grow, _window_rows(config.lanes))
         self.cache = PromptCache(config.prompt_cache_bytes)
+        self.clock = PieceClock(config.stall)
         self.waiting: deque[Stream] = deque()
         self.live: list[Stream] = []
         self._cancels: dict[str, bool] = {}  # request_id -> deliver an "abort" update
@@ -173,11 +178,12 @@ class LaneHost:
         alone = lone_streams(self, running)
         taken = {id(s) for s in alone}
         rest = [s for s in running if id(s) not in taken]
+        decoding = any(not s.is_filling for s in running)
+        started, pieces = time.perf_counter(), self._pieces(rest, decoding)
         try:
             if rest:  # prompt pieces, and streams the lone driver does not take
-                started = time.perf_counter()
                 room = self.lone is not None and len(alone) < self.config.lone_streams
-                self.core.step(rest, self._pieces(rest), self._goes_lone if room else None)
+                self.core.step(rest, pieces, self._goes_lone if room else None)
                 alone = [s for s in alone if not s.is_finished]
                 if alone:  # then the decoders' share of the time, on the lone driver
                     run_lone(self, alone, beside_budget(self, alone, time.perf_counter() - started))
@@ -185,6 +191,8 @@ class LaneHost:
                 run_lone(self, alone)
         except RoundFailed as failed:
             self.fail_all(failed.stream_ids, failed.error)
+        if decoding:  # the decoders waited this long for their next tokens
+            self.clock.record(time.perf_counter() - started, sum(p.num_rows for p in pieces))
         keep_marks(self.cache, self.backend, running)
         self._deliver()
         updates, self._updates = self._updates, []
@@ -259,12 +267,14 @@ class LaneHost:
                 s.matcher = StopMatcher(s.params.stop)
         begin(s, self.rules)
 
-    def _pieces(self, running: Sequence[Stream]) -> list[Window]:
-        """One prompt piece per filling stream, oldest first, within the round's prompt rows."""
+    def _pieces(self, running: Sequence[Stream], decoding: bool) -> list[Window]:
+        """One prompt piece per filling stream, oldest first, within the round's prompt rows:
+        while replies decode, as many as the piece clock finds keep their gaps short."""
         cfg = self.config
         budget = cfg.prefill_rows
-        if any(not s.is_filling for s in running):
-            budget = max(CHUNK, int(budget * (1.0 - cfg.decode_share)) // CHUNK * CHUNK)
+        if decoding:
+            most = max(CHUNK, int(budget * (1.0 - cfg.decode_share)) // CHUNK * CHUNK)
+            budget = self.clock.rows(most)
         pieces = []
         for s in sorted((s for s in running if s.is_filling), key=lambda s: s.arrival):
             piece = prompt_piece(s, budget)

@@ -204,7 +204,10 @@ class ModelBackend:
                 nxt = w.draws.reply_ids[-1] if has_next and w.draws.reply_ids else None
                 rows = fed.residual if n == w.num_rows else fed.residual[:n]
                 self.drafter.absorb_later(w.stream_id, rows, w.tokens[:n], nxt, w.draws)
-                if self.drafter.queued(w.stream_id) >= CATCH_UP_ROWS:
+                # a long prompt's cells follow its pieces (a piece's worth a round: no
+                # CATCH_UP_ROWS forward stalling the decoders beside it every 512 rows)
+                chunked = w.kind == "prompt" and not w.last_piece
+                if chunked or self.drafter.queued(w.stream_id) >= CATCH_UP_ROWS:
                     self.drafter.catch_up(w.stream_id, self.sessions[w.session_id])
         self.fed.clear()
 

@@ -187,8 +187,8 @@ def make_host(
     backend: FakeBackend, rules=None, num_sessions: int = 4, grow: int = 64, **lanes
 ) -> LaneHost:
     """A host over `backend` with `num_sessions` sessions of its capacity; `lanes` and a few
-    host fields (max_queue, prefill_rows, decode_share) override the defaults."""
-    names = ("max_queue", "prefill_rows", "decode_share")
+    host fields (max_queue, prefill_rows, decode_share, stall) override the defaults."""
+    names = ("max_queue", "prefill_rows", "decode_share", "stall")
     host_fields = {k: lanes.pop(k) for k in names if k in lanes}
     config = HostConfig(LaneConfig(**lanes), **host_fields)
     capacities = list(backend.capacities[:num_sessions])

@@ -1,0 +1,78 @@
+"""The piece clock: prompt rows a round takes while replies decode, from measured rounds."""
+
+import types
+
+import pytest
+
+from flashlane.lanes import host as host_module
+from flashlane.lanes.piece_clock import PieceClock
+from flashlane.lanes.records import CHUNK
+from flashlane.request import SamplingParams
+from tests.lanes.fake import FakeBackend, hash_model, make_host, run_to_end, serial
+
+
+def test_one_chunk_until_both_figures_are_measured():
+    clock = PieceClock(2.5)
+    assert clock.rows(1024) == CHUNK
+    clock.record(0.5, 64)  # a piece round before any plain one: nothing to subtract from
+    assert clock.per_row is None and clock.rows(1024) == CHUNK
+    clock.record(0.1, 0)
+    assert clock.rows(1024) == CHUNK and clock.rows(32) == 32
+
+
+def test_pieces_fill_the_room_the_stall_leaves():
+    clock = PieceClock(2.5)
+    clock.record(0.1, 0)
+    clock.record(0.1 + 64 * 0.0005, 64)  # 0.5 ms a row: room 0.15 s holds 300 rows
+    assert clock.per_row == pytest.approx(0.0005)
+    assert clock.rows(1024) == 256  # on the chunk grid
+    assert clock.rows(128) == 128
+    clock.record(0.1 + 64 * 0.1, 64)  # slow rows: never below one chunk
+    assert clock.rows(1024) == CHUNK
+
+
+def test_averages_move_toward_new_measures():
+    clock = PieceClock(2.5)
+    clock.record(0.1, 0)
+    clock.record(0.2, 0)
+    assert 0.1 < clock.plain < 0.2
+
+
+def test_a_stall_of_one_or_less_is_refused():
+    with pytest.raises(ValueError, match="stall"):
+        PieceClock(1.0)
+
+
+class TimedBackend(FakeBackend):
+    """A fake whose rounds take `base` seconds plus `per_row` a prompt row, on a fake clock."""
+
+    def __init__(self, base: float, per_row: float, **kw):
+        super().__init__(**kw)
+        self.base, self.per_row, self.now = base, per_row, 0.0
+        self.rounds: list[tuple[int, bool, float]] = []  # prompt rows, decoding, seconds
+
+    def verify(self, windows):
+        rows = sum(w.num_rows for w in windows if w.kind == "prompt")
+        seconds = self.base + self.per_row * rows
+        self.now += seconds
+        self.rounds.append((rows, any(w.kind == "decode" for w in windows), seconds))
+        return FakeBackend.verify(self, windows)
+
+
+def test_a_long_prompt_beside_decoders_keeps_their_rounds_within_the_stall(monkeypatch):
+    backend = TimedBackend(base=0.01, per_row=0.0001)
+    fake_time = types.SimpleNamespace(perf_counter=lambda: backend.now, monotonic=lambda: 0.0)
+    monkeypatch.setattr(host_module, "time", fake_time)
+    host = make_host(backend, prefill_rows=1024, decode_share=0.5, stall=2.5)
+    long_prompt = list(range(10, 90)) * 25  # 2,000 tokens
+    host.submit("short", [11, 12, 13], SamplingParams(max_tokens=400, temperature=0.0))
+    for _ in range(5):  # the decoder's plain rounds first
+        host.run_once()
+    host.submit("long", long_prompt, SamplingParams(max_tokens=8, temperature=0.0))
+    outs = run_to_end(host)
+    beside = [(rows, s) for rows, decoding, s in backend.rounds if decoding and rows]
+    # the first piece is one chunk; then 0.015 s of room at 0.1 ms a row: 128-row pieces
+    assert beside[0][0] == CHUNK
+    assert max(rows for rows, _ in beside) == 128 < 512
+    assert all(s <= 2.5 * 0.01 for _, s in beside)
+    assert outs["long"].token_ids == serial(hash_model, long_prompt, None, 8)
