@@ -40,28 +40,23 @@ def test_drafts_are_the_heads_greedy_chain(oracle_by_name, name):
     assert got == [d1, int(logits[-1].argmax())]
 
 
-def test_a_long_prompt_is_absorbed_in_pieces_as_it_is_kept(oracle_by_name, monkeypatch):
-    """A drafting stream's prompt pieces queue their cells for the MTP head; past
-    CATCH_UP_ROWS queued the head absorbs them as they are kept, CATCH_UP_ROWS a forward
-    (one forward of a 22k-token prompt's queue stalled every stream for 20 s on the CPU). The
-    head's cache ends bit for bit as one absorb of the whole queue leaves it, and the drafts
-    are the same."""
-    import flashlane.drafting.mtp as mtp_mod
-    import flashlane.runner.backend as backend_mod
-
+def test_a_long_prompt_is_absorbed_in_pieces_as_it_is_kept(oracle_by_name):
+    """A drafting stream's prompt cut in pieces has each piece's cells absorbed by the MTP
+    head as it is kept (one forward of a 22k-token prompt's queue stalled every stream for
+    20 s on the CPU; then a CATCH_UP_ROWS forward every 512 rows stalled them in turn); a
+    prompt in one piece queues its cells for the first draft. The head's cache ends bit for
+    bit as one absorb of the whole queue leaves it, and the drafts are the same."""
     cfg, model = load_checkpoint(oracle_by_name("tiny"), dtype=torch.float64)
     prompt = torch.randint(3, 500, (300,), generator=torch.Generator().manual_seed(4)).tolist()
 
-    def run(limit: int):
-        monkeypatch.setattr(mtp_mod, "CATCH_UP_ROWS", limit)
-        monkeypatch.setattr(backend_mod, "CATCH_UP_ROWS", limit)
+    def run(rows: int):  # the prompt in pieces of `rows`
         session = SessionState.empty(cfg, 384, torch.float64, torch.float64)
         backend = ModelBackend(model, [session], max_rows=16, mtp_confidence=0.0)
         draws = Draws(GREEDY, 0, prompt, [])
         queued = []
-        for a in range(0, 320, 64):
-            piece = tuple(prompt[a : a + 64])
-            last = a + 64 >= len(prompt)
+        for a in range(0, len(prompt), rows):
+            piece = tuple(prompt[a : a + rows])
+            last = a + rows >= len(prompt)
             got = backend.verify([Window(0, 0, a, piece, draws, "prompt", last)])[0].sampled
             if last:
                 draws.reply_ids.append(got[0])
@@ -70,9 +65,10 @@ def test_a_long_prompt_is_absorbed_in_pieces_as_it_is_kept(oracle_by_name, monke
         drafts = backend.draft({0: 2})[0].tokens
         return session, queued, drafts
 
-    whole, queued_whole, drafts_whole = run(10_000)
-    pieces, queued_pieces, drafts_pieces = run(100)
-    assert max(queued_whole) == 300 and max(queued_pieces) < 100
+    whole, queued_whole, drafts_whole = run(320)
+    pieces, queued_pieces, drafts_pieces = run(64)
+    # each piece but the last absorbed as kept (its last row waits for the next piece)
+    assert queued_whole == [300] and queued_pieces == [0, 0, 0, 0, 45]
     assert drafts_pieces == drafts_whole
     assert pieces.mtp_length == whole.mtp_length == 300
     for a, b in zip(whole.mtp, pieces.mtp):
