@@ -43,7 +43,7 @@ __all__ = ["CONFIGS", "attention", "index_scores", "select_mask"]
 # a branch and do not pipeline); the bits are the same either way. 16-bit: 64 x 32 tiles on 4
 # warps, every block loaded (pipelined): 8k-token prefill 10.6 -> 4.4 ms a layer on the H200,
 # the same bits as 8 warps with SKIP (results/attention_prefill_h200_*.json); an 8k decode row
-# 731 -> 641 us.
+# 731 -> 641 us. A call whose query fits one tile (a decode window) skips (`attention`).
 CONFIGS = {
     # dtype: (BLOCK_M, BLOCK_L, num_warps, num_stages, dot input precision, SKIP)
     torch.bfloat16: (64, 32, 4, 2, "tf32", False),  # the precision only applies to fp32
@@ -296,6 +296,10 @@ def attention(
         k = k.float()
     dtype = (q.dtype if q.dtype in CONFIGS else torch.float32) if eight else k.dtype
     block_m, block_l, warps, stages, precision, skip = config or CONFIGS[dtype]
+    # a query that fits one tile (a decode window) skips the key blocks none of its rows may
+    # see: the same bits (test_attention_positions_and_skip_keep_the_bits), and at a long
+    # context the loads of the selected blocks only (a tenth of 16k keys under QSA's budget)
+    skip = skip or (config is None and rep * t <= block_m)
     q = q.to(dtype).contiguous()
     k, v = k.contiguous(), v.to(k.dtype).contiguous()
     ks, vs = (t.contiguous() for t in scales) if eight else (_no_scales(q.device),) * 2
