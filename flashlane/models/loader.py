@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from flashlane.models import host_tables
+from flashlane.models import host_tables, stream_load
 from flashlane.models.build import build_model
 from flashlane.models.config import ModelConfig
 from flashlane.models.flashnext import FlashNext
@@ -36,6 +36,7 @@ from flashlane.models.fp8 import (
 )
 from flashlane.models.fp8_weights import WeightFormat, install_fp8, keeps, weight_format
 from flashlane.models.host_tables import TablePlace, is_table, mark_tables
+from flashlane.models.stream_load import CheckpointError, check_shape, load_table
 from flashlane.models.table8 import TableDtype
 
 logger = logging.getLogger("flashlane")
@@ -45,11 +46,7 @@ IGNORED = (re.compile(r"^(model\.)?visual\."), re.compile(r"^model\.visual\."))
 EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight(_scale_inv)?$")
 # a fused expert stack and, in a kept FP8 checkpoint, its scales
 SUFFIXES = ("", SCALE_SUFFIX)
-SHARD = re.compile(r"^(.*\.ngram_embedding)\.shard_(\d+)\.weight$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not fit the config: names the tensor, the file and the shapes."""
+SHARD = stream_load.SHARD
 
 
 def _our_name(name: str) -> str | None:
@@ -89,19 +86,22 @@ def read_tensors(
     dtype: torch.dtype = torch.float32,
     quantize: str | None = None,
     weights: WeightFormat = "dequantized",
+    names: list[str] | None = None,
+    files: dict[str, Path] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Path]]:
     """Our name -> tensor, and our name -> source file (for error messages). Block-FP8 tensors
     come back dequantized to dtype, or with weights="fp8" as they are (`X` e4m3 and
     `X_scale_inv`, the experts' stacked as their weights are); quantize="fp8" first quantizes
     a plain checkpoint's linears (those QuantSpec() converts), so it loads the values its FP8
-    checkpoint would hold."""
+    checkpoint would hold. `names`: these checkpoint tensors only (a group, stream_load.py);
+    `files`: checkpoint_files(folder), where the caller has it."""
     spec, fresh = _specs(folder, quantize)
-    files = checkpoint_files(folder)
+    files = checkpoint_files(folder) if files is None else files
     by_file: dict[Path, list[str]] = defaultdict(list)
-    for name, f in files.items():
-        by_file[f].append(name)
+    for name in files if names is None else names:
+        by_file[files[name]].append(name)
     total = sum(f.stat().st_size for f in by_file if f.exists())
-    loud = total > 2**30
+    loud = total > 2**30 and names is None
     tensors, origin = {}, {}
     for i, (f, names) in enumerate(sorted(by_file.items())):
         if not f.exists():
@@ -207,9 +207,9 @@ def load_checkpoint(
     spec, fresh = _specs(folder, quantize)
     if weights is None:
         weights = weight_format(device, spec or fresh)
-    tensors, origin = read_tensors(folder, dtype, quantize, weights)
-    tensors = split_fused_gdn(tensors, origin, cfg)
-    if cfg.num_mtp_layers and not any(n.startswith("mtp.") for n in tensors):
+    files = checkpoint_files(folder)
+    ours = {n: o for n in files if (o := _our_name(n)) is not None}
+    if cfg.num_mtp_layers and not any(o.startswith("mtp.") for o in ours.values()):
         logger.warning(
             "%s: config.json has %d MTP layer(s) but no mtp.* weights: MTP drafts "
             "off, copy drafts only",
@@ -219,43 +219,43 @@ def load_checkpoint(
         cfg = replace(cfg, num_mtp_layers=0)  # no MTP head shipped: copy drafts only
     with torch.device("meta"):
         model = build_model(cfg)
-    fp8_names: set[str] = set()  # an Fp8Weight's tensors keep their dtypes (e4m3, float32)
-    if weights == "fp8":
-        before = set(tensors)
-        tensors = install_fp8(model, tensors)
-        fp8_names = set(tensors) - before
-        for name in fp8_names:
-            origin[name] = origin.get(name.rsplit(".", 1)[0], folder)
+    if table_dtype == "int8":
+        host_tables.expect_int8_tables(model, dtype)
+    state: dict[str, torch.Tensor] = {}
+    origin: dict[str, Path] = {}
+    for names in stream_load.groups(ours):  # one group in host memory at a time
+        handles = stream_load.open_handles(files, names, _open)
+        if stream_load.is_streamable(names, ours, handles, fresh):
+            load_table(names, ours, handles, files, model, state, origin, dtype, device,
+                       ple_tables, table_dtype)  # fmt: skip
+            continue
+        tensors, got = read_tensors(folder, dtype, quantize, weights, names, files)
+        origin.update(got)
+        tensors = split_fused_gdn(tensors, origin, cfg)
+        fp8_names: set[str] = set()  # an Fp8Weight's tensors keep their dtypes
+        if weights == "fp8":
+            before = set(tensors)
+            tensors = install_fp8(model, tensors)
+            fp8_names = set(tensors) - before
+            for name in fp8_names:
+                origin[name] = origin.get(name.rsplit(".", 1)[0], folder)
+        expected = dict(model.state_dict())
+        for n, t in sorted(tensors.items()):
+            check_shape(n, t, expected, origin)
+            host = ple_tables == "host" and is_table(n)
+            kept = dtype if t.is_floating_point() and n not in fp8_names else t.dtype
+            t = t.to(device="cpu" if host else device, dtype=kept)
+            state.update(host_tables.host_state(n, t, table_dtype) if host else {n: t})
+        del tensors
     expected = dict(model.state_dict())
-    if cfg.tie_word_embeddings and "lm_head.weight" not in tensors:
-        tensors["lm_head.weight"] = tensors.get("embed_tokens.weight")
-        origin["lm_head.weight"] = origin.get("embed_tokens.weight", folder)
-    missing = sorted(set(expected) - set(tensors))
+    if cfg.tie_word_embeddings and "lm_head.weight" not in state and "embed_tokens.weight" in state:
+        state["lm_head.weight"] = state["embed_tokens.weight"].clone()
+    missing = sorted(set(expected) - set(state))
     if missing:
         raise CheckpointError(
             f"{folder}: missing tensor {missing[0]!r} (expected shape "
             f"{tuple(expected[missing[0]].shape)}); {len(missing)} missing in all"
         )
-    unexpected = sorted(set(tensors) - set(expected))
-    if unexpected:
-        n = unexpected[0]
-        raise CheckpointError(
-            f"{origin[n]}: unexpected tensor {n!r} with shape {tuple(tensors[n].shape)}"
-        )
-    for name, meta in expected.items():
-        if tuple(tensors[name].shape) != tuple(meta.shape):
-            raise CheckpointError(
-                f"{origin[name]}: tensor {name!r} has shape {tuple(tensors[name].shape)}, "
-                f"the config needs {tuple(meta.shape)}"
-            )
-    state = {}
-    for n, t in tensors.items():  # a table at a time: never the model's tables twice
-        host = ple_tables == "host" and is_table(n)
-        kept = dtype if t.is_floating_point() and n not in fp8_names else t.dtype
-        t = t.to(device="cpu" if host else device, dtype=kept)
-        state.update(host_tables.host_state(n, t, table_dtype) if host else {n: t})
-    if table_dtype == "int8":
-        host_tables.expect_int8_tables(model, dtype)
     model.load_state_dict(state, assign=True, strict=True)
     mark_tables(model, ple_tables)
     model.rotary = type(model.rotary)(cfg.rotary_dim, cfg.rope_theta)
