@@ -127,6 +127,8 @@ class LaneCore:
         if not _is_sound(s, w, v):
             return None
         s.filled = w.start + w.num_rows
+        if not w.last_piece:  # the backend's head absorbs a piece's cells as it is kept, all
+            s.absorbed = s.filled - 1  # but the last row's (its next token is the next piece's)
         if w.last_piece:
             s.last_served = self.num_rounds
             conclude(s, first_token(s, v), self.rules, v.logprobs)

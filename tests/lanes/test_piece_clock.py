@@ -1,4 +1,5 @@
-"""The piece clock: prompt rows a round takes while replies decode, from measured rounds."""
+"""Prompts in pieces beside decoders: the piece clock (the rows a round takes while replies
+decode, from measured rounds) and the head's catch-up the depth rule prices."""
 
 import types
 
@@ -76,3 +77,18 @@ def test_a_long_prompt_beside_decoders_keeps_their_rounds_within_the_stall(monke
     assert max(rows for rows, _ in beside) == 128 < 512
     assert all(s <= 2.5 * 0.01 for _, s in beside)
     assert outs["long"].token_ids == serial(hash_model, long_prompt, None, 8)
+
+
+def test_the_depth_rule_counts_only_the_last_pieces_cells_as_catch_up(monkeypatch):
+    """A prompt cut in pieces has each piece's cells absorbed as it is kept (the backend's
+    head: runner/backend.py): at the first draft only the last piece's cells and the row
+    before it are left, not the whole prompt (which would price drafting out)."""
+    from flashlane.lanes import core
+
+    seen = []
+    real = core.choose_depth
+    monkeypatch.setattr(core, "choose_depth", lambda *a, **k: seen.append(a[3]) or real(*a, **k))
+    host = make_host(FakeBackend(), prefill_rows=64, mtp_drafts=3)
+    host.submit("long", list(range(10, 210)), SamplingParams(max_tokens=4, temperature=0.0))
+    run_to_end(host)
+    assert seen[0] == 200 - (192 - 1) - 2  # pieces of 64: the last starts at 192
