@@ -6,7 +6,7 @@
 #     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, exact, lone, sweep, benches,
 #                                                    # model, long, drafts, diag, serve,
 #                                                    # serve-bisect, replay, stall, fp8,
-#                                                    # kv8,
+#                                                    # kv8, bisect,
 #                                                    # peer-build, peer
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
@@ -62,6 +62,9 @@
 # stall:   issue 29's stall: 8 streams of flashnext-12l decoding, a 32k prompt arriving; their
 #          gap p99 against without it, its TTFT against alone (benchmarks/long_prompt_stall.py;
 #          STALL_ARGS overrides)
+# bisect:  which Triton kernel takes a sibling's fp32 logits away from the references, each
+#          kernel alone on the references (benchmarks/sibling_kernel_bisect.py; BISECT_NAMES:
+#          the families, default qwen3_5_moe qwen3_next)
 # peer-build: llama.cpp b11434 for sm_90 from .peer/llama.cpp-b11434.tar.gz (made by
 #          scripts/llama_cpp_subset.py; carry .peer) into .peer/src and .peer/build, and at the
 #          same time the GGUF of the random flashnext-4l (seed 0) into .peer/gguf/ (28.9 GB; the
@@ -272,6 +275,14 @@ fi
 if [[ " $steps " == *" stall "* ]]; then
     script_step stall long_prompt_stall "${STALL_ARGS:---config flashnext-12l --device cuda \
 --streams 8 --prompt-len 32768 --decode-tokens 256}"
+fi
+
+if [[ " $steps " == *" bisect "* ]]; then
+    echo "== python benchmarks/sibling_kernel_bisect.py ${BISECT_NAMES:-qwen3_5_moe qwen3_next}"
+    # shellcheck disable=SC2086
+    python benchmarks/sibling_kernel_bisect.py ${BISECT_NAMES:-qwen3_5_moe qwen3_next} 2>&1 \
+        | grep -v "Writing model" | tee "$out/sibling_kernel_bisect_$stamp.log" \
+        || failed+=("bisect")
 fi
 
 # PEER_CONFIG, PEER_DEVICE (cpu: a CPU build, a CPU-made GGUF) and PEER_BUILD let the steps run
