@@ -19,3 +19,16 @@ K_COL, V_COL, INDEX_COL, BLOCKS_COL, NB_COL, KS_COL, VS_COL, IS_COL = (
 @functools.cache
 def no_table(device: torch.device) -> torch.Tensor:
     return torch.zeros(layout.TABLE_WIDTH, dtype=torch.long, device=device)
+
+
+@functools.cache
+def no_longs(device: torch.device) -> torch.Tensor:
+    """A stand-in int64 pointer (lengths, positions) whose flag says it is unused: one
+    pointer type keeps one compiled kernel."""
+    return torch.zeros(1, dtype=torch.long, device=device)
+
+
+@functools.cache
+def no_scales(device: torch.device) -> torch.Tensor:
+    """The stand-in fp32 scales pointer of a cache that is not 8-bit (FP8 says unused)."""
+    return torch.zeros(1, dtype=torch.float32, device=device)

@@ -306,6 +306,9 @@ KERNELS.update({
                        dict(num_warps=norms._gated_rows(128)[1])),
     "attention": (attention._attention_kernel, ATTENTION, ATTENTION_TILE,
                   dict(num_warps=_WARPS, num_stages=_STAGES)),
+    # a decode window's walk: spans of SUPER blocks, their masks read once (SKIP)
+    "attention decode": (attention._attention_kernel, ATTENTION, dict(ATTENTION_TILE, SKIP=True),
+                         dict(num_warps=_WARPS, num_stages=_STAGES)),
     "attention fp8": (attention._attention_kernel,
                       dict(ATTENTION, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv"),
                       dict(ATTENTION_TILE, FP8=True), dict(num_warps=_WARPS, num_stages=_STAGES)),

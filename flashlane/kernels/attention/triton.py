@@ -1,29 +1,21 @@
 """QSA sparse attention in Triton: masked attention with grouped KV heads, and the indexer scores.
-
-Same signatures and results as flashlane.kernels.attention.reference. Importing this module
-needs triton.
+Same signatures and results as flashlane.kernels.attention.reference; needs triton.
 
 attention: one program per (query tile, b, kv head). A query tile is BLOCK_M rows of the
 (token, grouped q head) pairs of one kv head, token-major as in the reference, so the q heads
 that share a kv head share its key loads. The program walks the keys in blocks of BLOCK_L
-from key 0 upward (online softmax in fp32, a fixed order) and skips a key block that no row
-of the tile may see. Row invariance: the tile shapes are fixed (never chosen by T, B or L),
-scores and the softmax state are per row, and a key block that a row may not see leaves that
-row's state bitwise unchanged (its scores are -inf, so p = 0 and the rescale factor is
-exactly 1; a row that has seen nothing yet keeps m = -inf, l = 0, acc = 0 without NaN), so
-skipping or not skipping a block, and whatever shares the tile, changes nothing for a row.
-A row with no allowed key gets NaN, like the reference's softmax over nothing (it cannot
-happen for a causal mask, whose diagonal is always allowed).
-
-select_mask, index_scores: the indexer (triton_select.py): its scores on the tensor cores,
-its mask ranked without a sort.
-
-attend_sessions (triton_sessions.py): a lone step's attention for several sessions at once.
+from key 0 upward (online softmax in fp32, a fixed order) and may skip a key block that no
+row of the tile may see. Row invariance: the tile shapes are fixed (never chosen by T, B or
+L), scores and the softmax state are per row, and a key block that a row may not see leaves
+that row's state bitwise unchanged (scores -inf, so p = 0 and the rescale exactly 1; a row
+that has seen nothing yet keeps m = -inf, l = 0, acc = 0 without NaN), so skipping or not,
+and whatever shares the tile, changes nothing for a row. A row with no allowed key gets NaN,
+like the reference's softmax over nothing (never for a causal mask: its diagonal is allowed).
+select_mask, index_scores: the indexer (triton_select.py); attend_sessions
+(triton_sessions.py): a lone step's attention for several sessions at once.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
@@ -32,18 +24,26 @@ import triton.language as tl
 from flashlane.kernels.attention.kv8 import FP8
 from flashlane.kernels.attention.triton_select import index_scores, select_mask  # the indexer
 from flashlane.kernels.pdl import enter, pdl
-from flashlane.kernels.tables import K_COL, KS_COL, TABLE_WIDTH, V_COL, VS_COL, no_table
+from flashlane.kernels.tables import (
+    K_COL,
+    KS_COL,
+    TABLE_WIDTH,
+    V_COL,
+    VS_COL,
+    no_longs,
+    no_scales,
+    no_table,
+)
 
 __all__ = ["CONFIGS", "attention", "index_scores", "select_mask"]
 
-# attention tiles: BLOCK_M (token, head) rows x BLOCK_L keys, D up to 256. The config depends
-# on the dtype only (never on T, B or L), so a row's bits are one function of the row: 16-bit
-# inputs use the tensor cores (wgmma); fp32 (tests) uses exact fp32 dots ("ieee", no tf32).
-# SKIP: a key block that no row of the tile may see is not loaded (the loads then sit behind
-# a branch and do not pipeline); the bits are the same either way. 16-bit: 64 x 32 tiles on 4
-# warps, every block loaded (pipelined): 8k-token prefill 10.6 -> 4.4 ms a layer on the H200,
-# the same bits as 8 warps with SKIP (results/attention_prefill_h200_*.json); an 8k decode row
-# 731 -> 641 us. A call whose query fits one tile (a decode window) skips (`attention`).
+# attention tiles: BLOCK_M (token, head) rows x BLOCK_L keys, D up to 256, by dtype only
+# (never by T, B or L): 16-bit on the tensor cores (wgmma), fp32 (tests) in exact dots. SKIP:
+# a key block no row of the tile may see is not loaded (the loads then sit behind a branch and
+# do not pipeline), the same bits. 16-bit prefill loads every block (8k: 10.6 -> 4.4 ms a
+# layer on the H200, results/attention_prefill_h200_*.json); a call whose query fits one tile
+# (a decode window) skips (`attention`).
+SUPER = tl.constexpr(8)  # a skipping walk's span: SUPER blocks, one mask load (`attention`)
 CONFIGS = {
     # dtype: (BLOCK_M, BLOCK_L, num_warps, num_stages, dot input precision, SKIP)
     torch.bfloat16: (64, 32, 4, 2, "tf32", False),  # the precision only applies to fp32
@@ -203,31 +203,50 @@ def _attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BD], dtype=tl.float32)
-    for l0 in range(0, hi, BLOCK_L):
-        m_i, l_i, acc = _block_update(
-            q,
-            k_ptr,
-            v_ptr,
-            mask_ptr,
-            mask_row,
-            m_rows,
-            m_d,
-            d,
-            l0,
-            n_keys,
-            scale,
-            m_i,
-            l_i,
-            acc,
-            HKV * D,
-            ks_ptr,
-            vs_ptr,
-            HKV,
-            BLOCK_L,
-            PRECISION,
-            SKIP,
-            FP8,
-        )
+    # SKIP walks the keys SUPER blocks at a time, each span's mask read once: a span no row
+    # may see costs one load, not SUPER (at a long context under QSA most spans are unseen);
+    # the blocks taken are those of the plain walk, in its order (so the same bits)
+    span = BLOCK_L * (SUPER if SKIP else 1)
+    for s0 in range(0, hi, span):
+        seen = True
+        if SKIP:
+            wide = s0 + tl.arange(0, BLOCK_L * SUPER)
+            seen = (
+                tl.max(
+                    tl.load(
+                        mask_ptr + mask_row[:, None] + wide[None, :],
+                        mask=m_rows[:, None] & (wide < n_keys)[None, :],
+                        other=0,
+                    ).to(tl.int32)
+                )
+                > 0
+            )
+        if seen:
+            for l0 in range(s0, tl.minimum(s0 + span, hi), BLOCK_L):
+                m_i, l_i, acc = _block_update(
+                    q,
+                    k_ptr,
+                    v_ptr,
+                    mask_ptr,
+                    mask_row,
+                    m_rows,
+                    m_d,
+                    d,
+                    l0,
+                    n_keys,
+                    scale,
+                    m_i,
+                    l_i,
+                    acc,
+                    HKV * D,
+                    ks_ptr,
+                    vs_ptr,
+                    HKV,
+                    BLOCK_L,
+                    PRECISION,
+                    SKIP,
+                    FP8,
+                )
 
     seen = l_i > 0
     out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], float("nan"))
@@ -236,19 +255,6 @@ def _attention_kernel(
         out.to(o_ptr.dtype.element_ty),
         mask=m_rows[:, None] & m_d[None, :],
     )
-
-
-@functools.cache
-def _no_lengths(device: torch.device) -> torch.Tensor:
-    """A stand-in lengths pointer of the same type (int64): the flag says it is unused, and one
-    pointer type keeps one compiled kernel."""
-    return torch.zeros(1, dtype=torch.long, device=device)
-
-
-@functools.cache
-def _no_scales(device: torch.device) -> torch.Tensor:
-    """The stand-in scales pointer (fp32) of a cache that is not 8-bit (FP8 says unused)."""
-    return torch.zeros(1, dtype=torch.float32, device=device)
 
 
 def attention(
@@ -302,7 +308,7 @@ def attention(
     skip = skip or (config is None and rep * t <= block_m)
     q = q.to(dtype).contiguous()
     k, v = k.contiguous(), v.to(k.dtype).contiguous()
-    ks, vs = (t.contiguous() for t in scales) if eight else (_no_scales(q.device),) * 2
+    ks, vs = (t.contiguous() for t in scales) if eight else (no_scales(q.device),) * 2
     mask = mask.contiguous().view(torch.uint8)
     o = torch.empty(b, t, hq, d, dtype=out_dtype, device=q.device)
     if t == 0 or b == 0:
@@ -316,9 +322,9 @@ def attention(
         v,
         mask,
         o,
-        _no_lengths(q.device) if lengths is None else lengths,
+        no_longs(q.device) if lengths is None else lengths,
         no_table(q.device) if table is None else table,
-        _no_lengths(q.device) if positions is None else positions,
+        no_longs(q.device) if positions is None else positions,
         ks,
         vs,
         int(lengths is not None),

@@ -16,8 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlane.kernels.attention.triton import CONFIGS, _no_lengths
+from flashlane.kernels.attention.triton import CONFIGS
 from flashlane.kernels.pdl import enter, pdl
+from flashlane.kernels.tables import no_longs
 
 
 @triton.jit(do_not_specialize=["T", "L", "HQ", "HKV", "REP", "HAS_LEN"])
@@ -132,7 +133,7 @@ def causal_attention(
     positions = positions.to(torch.long).expand(b, t).contiguous()
     grid = (triton.cdiv(hq // hkv * t, block_m), b * hkv)
     _causal_kernel[grid](
-        q, k, v, positions, o, _no_lengths(q.device) if lengths is None else lengths,
+        q, k, v, positions, o, no_longs(q.device) if lengths is None else lengths,
         int(lengths is not None), t, l, hq, hkv, hq // hkv, float(scale),
         D=d, BD=triton.next_power_of_2(d), BLOCK_M=block_m, BLOCK_L=block_l,
         PRECISION=precision, SKIP=skip, num_warps=warps, num_stages=stages, **pdl(q.device),
