@@ -21,7 +21,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 from flashlane.kernels.attention import triton as attention  # noqa: E402
-from flashlane.kernels.attention import triton_blocks, triton_causal, triton_select  # noqa: E402
+from flashlane.kernels.attention import (  # noqa: E402
+    triton_blocks,
+    triton_causal,
+    triton_select,
+    triton_walk,
+)
 from flashlane.kernels.conv import triton as conv  # noqa: E402
 from flashlane.kernels.gdn import triton as gdn  # noqa: E402
 from flashlane.kernels.norms import triton as norms  # noqa: E402
@@ -65,6 +70,9 @@ ATTENTION = dict(
     pos_ptr="*i64",
     ks_ptr="*fp32",
     vs_ptr="*fp32",
+    pm_ptr="*fp32",
+    pl_ptr="*fp32",
+    pa_ptr="*fp32",
     HAS_LEN="i32",
     HAS_TABLE="i32",
     HAS_POS="i32",
@@ -74,6 +82,7 @@ ATTENTION = dict(
     HKV="i32",
     REP="i32",
     scale="fp32",
+    split_keys="i32",
 )
 _BM, _BL, _WARPS, _STAGES, _PREC, _SKIP = attention.CONFIGS[torch.bfloat16]
 ATTENTION_TILE = dict(D=256, BD=256, BLOCK_M=_BM, BLOCK_L=_BL, PRECISION=_PREC, SKIP=_SKIP)
@@ -309,6 +318,11 @@ KERNELS.update({
     # a decode window's walk: spans of SUPER blocks, their masks read once (SKIP)
     "attention decode": (attention._attention_kernel, ATTENTION, dict(ATTENTION_TILE, SKIP=True),
                          dict(num_warps=_WARPS, num_stages=_STAGES)),
+    # a split decode walk's partials folded (kernels/attention/triton_walk.py)
+    "attention combine": (triton_walk._combine_kernel,
+                          dict(m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", o_ptr=BF,
+                               rows="i32", S="i32"),
+                          dict(D=256, BD=256, ROWS=16), dict(num_warps=4)),
     "attention fp8": (attention._attention_kernel,
                       dict(ATTENTION, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv"),
                       dict(ATTENTION_TILE, FP8=True), dict(num_warps=_WARPS, num_stages=_STAGES)),

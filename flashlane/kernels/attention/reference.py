@@ -130,8 +130,10 @@ def attention(
     scale: float,
     lengths: torch.Tensor | None = None,
     positions: torch.Tensor | None = None,
+    split: bool = False,
 ) -> torch.Tensor:
-    """Masked softmax attention with grouped KV heads.
+    """Masked softmax attention with grouped KV heads (`split`: the Triton walk's ranges for
+    decode windows; one sum here).
 
     q: [B, T, Hq, D]; k, v: [B, L, Hkv, D]; mask: [B, T, L] bool -> [B, T, Hq, D].
     Scores and softmax in at least fp32. `lengths` ([B]): keys at or past lengths[b] are
@@ -227,7 +229,9 @@ def attend_sessions(
             dense_check=False,
         )
         outs.append(
-            ops.attention(q[i : i + 1][None], keys[None], values[None], mask, scale, at + 1)[0]
+            ops.attention(
+                q[i : i + 1][None], keys[None], values[None], mask, scale, at + 1, split=True
+            )[0]
         )
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 

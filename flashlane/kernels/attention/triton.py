@@ -21,8 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
+from flashlane.kernels.attention import triton_walk as walk
 from flashlane.kernels.attention.kv8 import FP8
 from flashlane.kernels.attention.triton_select import index_scores, select_mask  # the indexer
+from flashlane.kernels.attention.triton_walk import _block_update
 from flashlane.kernels.pdl import enter, pdl
 from flashlane.kernels.tables import (
     K_COL,
@@ -52,75 +54,19 @@ CONFIGS = {
 }
 
 
-@triton.jit
-def _block_update(
-    q,
-    k_ptr,
-    v_ptr,
-    mask_ptr,
-    mask_row,
-    m_rows,
-    m_d,
-    d,
-    l0,
-    n_keys,
-    scale,
-    m_i,
-    l_i,
-    acc,
-    stride_kv,
-    ks_ptr,
-    vs_ptr,
-    stride_s,
-    BLOCK_L: tl.constexpr,
-    PRECISION: tl.constexpr,
-    SKIP: tl.constexpr,
-    FP8: tl.constexpr,
-):
-    """One key block [l0, l0 + BLOCK_L) of the online softmax for the tile's rows. With SKIP a
-    block no row of the tile may see is not loaded; without it every block is (the loads
-    then pipeline). Either way a row's state is bitwise the same: a block it may not see
-    gives it p = 0 and alpha = 1 (or keeps m = -inf, l = 0, acc = 0)."""
-    keys = l0 + tl.arange(0, BLOCK_L)
-    m_keys = keys < n_keys
-    allowed = (
-        tl.load(
-            mask_ptr + mask_row[:, None] + keys[None, :],
-            mask=m_rows[:, None] & m_keys[None, :],
-            other=0,
-        )
-        != 0
-    )
-    go = True
-    if SKIP:
-        go = tl.max(allowed.to(tl.int32)) > 0
-    if go:
-        kv_row = keys * stride_kv  # [BLOCK_L]
-        m_kd = m_keys[:, None] & m_d[None, :]
-        k = tl.load(k_ptr + kv_row[:, None] + d[None, :], mask=m_kd, other=0.0)
-        if FP8:  # e4m3 times its row's scale in fp32, rounded to the compute dtype (kv8.py)
-            ks = tl.load(ks_ptr + keys * stride_s, mask=m_keys, other=0.0)
-            k = (k.to(tl.float32) * ks[:, None]).to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        # a row that has seen no allowed key keeps m = -inf: subtract 0 instead, so that
-        # exp(-inf - -inf) never makes NaN (p = 0 and alpha = 0 on its zero state)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + kv_row[:, None] + d[None, :], mask=m_kd, other=0.0)
-        if FP8:
-            vs = tl.load(vs_ptr + keys * stride_s, mask=m_keys, other=0.0)
-            v = (v.to(tl.float32) * vs[:, None]).to(q.dtype)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
-        m_i = m_new
-    return m_i, l_i, acc
-
-
-@triton.jit(do_not_specialize=["T", "L", "HQ", "HKV", "REP", "HAS_LEN", "HAS_TABLE", "HAS_POS"])
+@triton.jit(
+    do_not_specialize=[
+        "T",
+        "L",
+        "HQ",
+        "HKV",
+        "REP",
+        "HAS_LEN",
+        "HAS_TABLE",
+        "HAS_POS",
+        "split_keys",
+    ]
+)
 def _attention_kernel(
     q_ptr,
     k_ptr,
@@ -132,6 +78,9 @@ def _attention_kernel(
     pos_ptr,
     ks_ptr,
     vs_ptr,
+    pm_ptr,
+    pl_ptr,
+    pa_ptr,
     HAS_LEN,
     HAS_TABLE,
     HAS_POS,
@@ -141,6 +90,7 @@ def _attention_kernel(
     HKV,
     REP,
     scale,
+    split_keys,
     D: tl.constexpr,
     BD: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -207,7 +157,10 @@ def _attention_kernel(
     # may see costs one load, not SUPER (at a long context under QSA most spans are unseen);
     # the blocks taken are those of the plain walk, in its order (so the same bits)
     span = BLOCK_L * (SUPER if SKIP else 1)
-    for s0 in range(0, hi, span):
+    # a split call (triton_walk.py): this program walks keys [lo, lo + split_keys) only
+    lo = tl.program_id(2) * split_keys
+    hi = tl.minimum(hi, lo + split_keys)
+    for s0 in range(lo, hi, span):
         seen = True
         if SKIP:
             wide = s0 + tl.arange(0, BLOCK_L * SUPER)
@@ -248,13 +201,20 @@ def _attention_kernel(
                     FP8,
                 )
 
-    seen = l_i > 0
-    out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], float("nan"))
-    tl.store(
-        o_ptr + q_row[:, None] + d[None, :],
-        out.to(o_ptr.dtype.element_ty),
-        mask=m_rows[:, None] & m_d[None, :],
-    )
+    if tl.num_programs(2) > 1:  # a split's partial, for triton_walk.combine
+        b_all = tl.num_programs(1) // HKV
+        at = ((tl.program_id(2) * b_all + i_b) * T + tok).to(tl.int64) * HQ + head
+        tl.store(pm_ptr + at, m_i, mask=m_rows)
+        tl.store(pl_ptr + at, l_i, mask=m_rows)
+        tl.store(pa_ptr + at[:, None] * D + d[None, :], acc, mask=m_rows[:, None] & m_d[None, :])
+    else:
+        seen = l_i > 0
+        out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], float("nan"))
+        tl.store(
+            o_ptr + q_row[:, None] + d[None, :],
+            out.to(o_ptr.dtype.element_ty),
+            mask=m_rows[:, None] & m_d[None, :],
+        )
 
 
 def attention(
@@ -268,6 +228,7 @@ def attention(
     positions: torch.Tensor | None = None,
     config: tuple | None = None,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    split: bool = False,
 ) -> torch.Tensor:
     """Masked softmax attention with grouped KV heads (fp32 scores and softmax).
 
@@ -284,6 +245,9 @@ def attention(
     `scales` (k_scale, v_scale [B, L, Hkv] fp32; with a table the first session's): k and v
     are e4m3 (kv8.py), each key read as its value times its scale rounded to q's dtype, the
     values an 8-bit cache dequantizes to, so the sums are those of the dequantized cache.
+    `split` (decode windows): the keys walked in ranges of SPLIT_KEYS by programs of their
+    own and folded (triton_walk.py): other bits than a plain walk's past SPLIT_KEYS keys, the
+    same whatever the batch.
     """
     b, t, hq, d = q.shape
     l, hkv = k.shape[1], k.shape[2]
@@ -315,7 +279,9 @@ def attention(
         return o
     if positions is not None:
         positions = positions.to(torch.long).expand(b, t).contiguous()
-    grid = (triton.cdiv(rep * t, block_m), b * hkv)
+    splits = triton.cdiv(l, walk.SPLIT_KEYS) if split else 1
+    parts = walk.partials(splits, b * t * hq, d, q.device) if splits > 1 else (ks,) * 3
+    grid = (triton.cdiv(rep * t, block_m), b * hkv, splits)
     _attention_kernel[grid](
         q,
         k,
@@ -327,6 +293,7 @@ def attention(
         no_longs(q.device) if positions is None else positions,
         ks,
         vs,
+        *parts,
         int(lengths is not None),
         int(table is not None),
         int(positions is not None),
@@ -336,6 +303,7 @@ def attention(
         hkv,
         rep,
         float(scale),
+        walk.SPLIT_KEYS if splits > 1 else 1 << 30,
         D=d,
         BD=triton.next_power_of_2(d),
         BLOCK_M=block_m,
@@ -347,4 +315,4 @@ def attention(
         num_stages=stages,
         **pdl(q.device),
     )
-    return o
+    return walk.combine(parts, o) if splits > 1 else o

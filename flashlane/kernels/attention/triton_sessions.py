@@ -92,6 +92,7 @@ def attend_sessions(
         table,
         pos[:, None],
         scales=kv,
+        split=True,
     )[:, 0]
 
 

@@ -130,7 +130,8 @@ class QSAttention(nn.Module):
         keys, values, block_keys, nk = padded_caches(cached)
         cfg, blk = self.cfg, self.cfg.indexer_block
         mask = kernels.select_mask(iq, block_keys, pos, nk, blk, cfg.indexer_top_blocks)
-        res = kernels.attention(q, keys, values, mask, cfg.head_dim**-0.5, positions=pos)
+        scale = cfg.head_dim**-0.5
+        res = kernels.attention(q, keys, values, mask, scale, positions=pos, split=True)
         res = res.flatten(0, 1)
         real = rows.longs("attend_real", lambda: [
             i * width + t for i, p in enumerate(windows) for t in range(p.length)
@@ -148,7 +149,9 @@ class QSAttention(nn.Module):
         else:
             keys, values, block_keys, nk = self._write(group[0], k[0], v[0], raw[0], rotary)
         mask = kernels.select_mask(iq, block_keys, pos, nk, blk, cfg.indexer_top_blocks)
-        return kernels.attention(q, keys, values, mask, cfg.head_dim**-0.5, positions=pos)
+        split = group[0].recurrent  # a verify window: the decode walk (attention's `split`)
+        scale = cfg.head_dim**-0.5
+        return kernels.attention(q, keys, values, mask, scale, positions=pos, split=split)
 
     def _write(self, piece: Piece, k, v, raw, rotary: Rotary):
         """Write the piece's keys at their positions; recompute blocks it completes ->
