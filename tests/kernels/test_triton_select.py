@@ -24,9 +24,11 @@ from flashlane.kernels.attention.triton_select import select_from_scores  # noqa
 @pytest.fixture(params=["whole", "chunks"], autouse=True)
 def ranking(request, monkeypatch):
     """Every test twice: rows ranked from one load (up to WHOLE blocks), and every row
-    through the loops over chunks (WHOLE smaller than any row here that ranks)."""
+    through the loops over chunks (WHOLE smaller than any row here that ranks; chunks of 16
+    blocks, so a row's counts and histograms add over several)."""
     if request.param == "chunks":
         monkeypatch.setattr(triton_select, "WHOLE", 2)
+        monkeypatch.setattr(triton_select, "CHUNK", 16)
     return request.param
 
 

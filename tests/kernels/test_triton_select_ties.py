@@ -41,6 +41,7 @@ def ranking(request, monkeypatch):
     """Rows ranked from one load of their scores, and through the loops over chunks."""
     if request.param == "chunks":
         monkeypatch.setattr(triton_select, "WHOLE", 2)
+        monkeypatch.setattr(triton_select, "CHUNK", 16)
 
 
 def planted(plant: str, b: int, t: int, nb: int, seed: int):

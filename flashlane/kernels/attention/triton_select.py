@@ -9,7 +9,8 @@ row's position; it keeps the `top_blocks` of them with the highest scores, ties 
 block id, exactly as reference.select_mask's stable descending sort ranks them (NaN above
 everything, -0.0 equal to +0.0). The K-th highest score is found by a bitwise binary search
 over an order-preserving integer key of the fp32 score (33 counting passes over the row's
-blocks); the blocks above it are kept, and of those equal to it the lowest ids, up to K.
+blocks; a row past WHOLE blocks: a 256-bin histogram a byte, five reads of its scores); the
+blocks above it are kept, and of those equal to it the lowest ids, up to K.
 Then each key gets `position >= key and (key past the complete blocks or its block kept)`.
 A row's mask is a function of its own scores and position alone (row invariance).
 """
@@ -66,6 +67,42 @@ def _keep_whole(base, keep_row, complete, zero, TOP: tl.constexpr, WHOLE: tl.con
     tl.store(keep_row + ids, keep.to(tl.int8), mask=ok)
 
 
+@triton.jit
+def _radix_threshold(base, complete, zero, TOP: tl.constexpr, CHUNK: tl.constexpr):
+    """The TOP-th highest order key of a row's `complete` scores (what the binary search of
+    `_keep_whole` finds), in five reads of the row instead of 33: the NaNs (key 2^32) first,
+    then the low 32 bits a byte at a time from the top, each byte's 256-bin histogram over
+    the keys that share the bytes found so far. Integer counts: the same key on any device."""
+    top = zero + 4294967296
+    nans = zero
+    for start in range(0, complete, CHUNK):
+        ids = start + tl.arange(0, CHUNK)
+        ok = ids < complete
+        key = _order_key(tl.load(base + ids, mask=ok, other=0.0))
+        nans += tl.sum((ok & (key == top)).to(tl.int64), axis=0)
+    thresh = top
+    if nans < TOP:
+        above = nans  # keys above every candidate so far: NaNs, then higher prefixes
+        prefix = zero
+        bins = tl.arange(0, 256)
+        for b in range(4):
+            shift = 24 - 8 * b
+            hist = tl.zeros([256], dtype=tl.int32)
+            for start in range(0, complete, CHUNK):
+                ids = start + tl.arange(0, CHUNK)
+                ok = ids < complete
+                key = _order_key(tl.load(base + ids, mask=ok, other=0.0))
+                same = ok & (key < top) & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
+                digit = ((key >> shift) & 255).to(tl.int32)
+                hist += tl.histogram(digit, 256, mask=same)
+            at_least = above + (tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist)
+            digit_k = tl.max(tl.where(at_least >= TOP, bins, -1), axis=0)
+            above += tl.sum(tl.where(bins > digit_k, hist, 0), axis=0)
+            prefix = prefix | (digit_k.to(tl.int64) << shift)
+        thresh = prefix
+    return thresh
+
+
 @triton.jit(do_not_specialize=["nb", "num_keys"])
 def _select_kernel(
     scores_ptr,
@@ -90,18 +127,7 @@ def _select_kernel(
     if (complete > TOP) & (complete <= WHOLE):
         _keep_whole(base, keep_ptr + row * nb, complete, zero, TOP, WHOLE)
     elif complete > TOP:
-        # the TOP-th highest key among them, bit by bit from the top
-        thresh = zero
-        for i in range(33):
-            cand = thresh | ((zero + 1) << (zero + 32 - i))  # int64 on both sides
-            count = zero
-            for start in range(0, complete, CHUNK):
-                ids = start + tl.arange(0, CHUNK)
-                ok = ids < complete
-                key = _order_key(tl.load(base + ids, mask=ok, other=0.0))
-                count += tl.sum((ok & (key >= cand)).to(tl.int64), axis=0)
-            if count >= TOP:
-                thresh = cand
+        thresh = _radix_threshold(base, complete, zero, TOP, CHUNK)
         above = zero
         for start in range(0, complete, CHUNK):
             ids = start + tl.arange(0, CHUNK)
