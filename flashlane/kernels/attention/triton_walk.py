@@ -99,7 +99,7 @@ def _merge(m, l, acc, ms, ls, accs):
     return m_new, l * a + ls * b, acc * a[:, None] + accs * b[:, None]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows", "S"])  # one compiled variant whatever the batch
 def _combine_kernel(
     m_ptr, l_ptr, acc_ptr, o_ptr, rows, S, D: tl.constexpr, BD: tl.constexpr, ROWS: tl.constexpr
 ):
