@@ -41,8 +41,11 @@ class HostConfig:
     max_queue: int = 256  # requests waiting for a session
     prefill_rows: int = 1024  # prompt rows per round, all filling streams together
     # While replies decode, prompt rows per round are capped at (1 - decode_share) of
-    # prefill_rows (at least one chunk), so a long prompt cannot starve live replies.
-    decode_share: float = 0.5
+    # prefill_rows (at least one chunk), and decoders on the lone driver get decode_share of
+    # the time beside a round's pieces (lone_turn.beside_budget): a long prompt neither
+    # starves live replies nor waits on them (a quarter: its TTFT about 1.33x alone from
+    # their share, under issue 29's 1.5x; a half made it 2x)
+    decode_share: float = 0.25
     # ... and sized by the piece clock: a round with pieces takes at most `stall` rounds
     # without them (lanes/piece_clock.py)
     stall: float = STALL

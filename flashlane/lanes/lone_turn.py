@@ -67,8 +67,8 @@ def lone_drawn(host: LaneHost, s: Stream) -> bool:
 
 def beside_budget(host: LaneHost, streams: list[Stream], shared_seconds: float) -> int:
     """Lone steps for `streams` after a shared round of the others took `shared_seconds`:
-    the decoders get decode_share of the time (half by default), at least one step, so a long
-    prompt's pieces neither stall them nor wait long for them."""
+    the decoders get decode_share of the time (a quarter by default), at least one step, so
+    a long prompt's pieces neither stall them nor wait long for them."""
     share = host.config.decode_share
     step = host.lone.step_seconds(len(streams))
     if step is None:  # not measured yet: a few steps

@@ -92,3 +92,20 @@ def test_the_depth_rule_counts_only_the_last_pieces_cells_as_catch_up(monkeypatc
     host.submit("long", list(range(10, 210)), SamplingParams(max_tokens=4, temperature=0.0))
     run_to_end(host)
     assert seen[0] == 200 - (192 - 1) - 2  # pieces of 64: the last starts at 192
+
+
+def test_decoders_beside_pieces_get_their_share_of_the_time():
+    """Lone decoders after a shared round with pieces: decode_share of the time (a quarter
+    by default: a third of the round's), at least one step, at most lone_steps."""
+    from flashlane.lanes.host import HostConfig
+    from flashlane.lanes.lone_turn import beside_budget
+
+    def host(step, **config):
+        lone = types.SimpleNamespace(step_seconds=lambda n: step)
+        return types.SimpleNamespace(config=HostConfig(**config), lone=lone)
+
+    assert beside_budget(host(0.001), [], 0.030) == 10
+    assert beside_budget(host(0.001, decode_share=0.5), [], 0.030) == 30
+    assert beside_budget(host(0.050), [], 0.030) == 1
+    assert beside_budget(host(0.0001), [], 0.030) == HostConfig().lone_steps
+    assert beside_budget(host(None), [], 0.030) == 4  # not measured yet
