@@ -6,7 +6,7 @@
 #     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, exact, lone, sweep, benches,
 #                                                    # model, long, drafts, diag, serve,
 #                                                    # serve-bisect, replay, stall, fp8,
-#                                                    # kv8, bisect,
+#                                                    # kv8, bisect, attn-decode,
 #                                                    # peer-build, peer
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
@@ -62,6 +62,9 @@
 # stall:   issue 29's stall: 8 streams of flashnext-12l decoding, a 32k prompt arriving; their
 #          gap p99 against without it, its TTFT against alone (benchmarks/long_prompt_stall.py;
 #          STALL_ARGS overrides)
+# attn-decode: the QSA attention for decode rows at 16k, 64k and 128k keys, 1 / 4 / 16
+#          streams: the indexer, the plain, skipping and split walks, each against the
+#          selected keys' roofline (benchmarks/attention_decode.py; ATTN_ARGS overrides)
 # bisect:  which Triton kernel takes a sibling's fp32 logits away from the references, each
 #          kernel alone on the references (benchmarks/sibling_kernel_bisect.py; BISECT_NAMES:
 #          the families, default qwen3_5_moe qwen3_next)
@@ -275,6 +278,10 @@ fi
 if [[ " $steps " == *" stall "* ]]; then
     script_step stall long_prompt_stall "${STALL_ARGS:---config flashnext-12l --device cuda \
 --streams 8 --prompt-len 32768 --decode-tokens 256}"
+fi
+
+if [[ " $steps " == *" attn-decode "* ]]; then
+    script_step attn-decode attention_decode "${ATTN_ARGS:-}"
 fi
 
 if [[ " $steps " == *" bisect "* ]]; then

@@ -1,0 +1,144 @@
+"""QSA attention for decode rows at long contexts (issue 29): the indexer's mask and the
+attention walks side by side, per layer.
+
+At Flash Next's sizes (24 q heads over 2 kv heads of 256, indexer 4 x 128, blocks of 4, top
+512: 2,048 selected keys), bf16, B sessions of one decode row each at the last position of a
+C-key cache (random keys, the mask from the Triton indexer): the indexer's scores and its
+select (the radix threshold past 2,048 blocks), then the attention as the plain walk (every
+key block loaded), the skipping walk (spans of 8 blocks, one mask load a span) and the split
+walk (ranges of SPLIT_KEYS keys, one program each, folded) at several SPLIT_KEYS. For each:
+microseconds, and the rate of reading the selected keys and values (the layer's attention
+bytes a step must read) against the copy bandwidth measured here. Checks: the split walk
+within bf16's tolerance of the plain one, and each session's row alone equal bit for bit to
+the batched row.
+
+    python benchmarks/attention_decode.py [--contexts 16384,65536,131072] [--streams 1,4,16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from flashlane.bench.common import commit
+from flashlane.kernels.attention import triton as attn
+from flashlane.kernels.attention import triton_walk
+from flashlane.kernels.attention.triton_select import select_from_scores
+
+HQ, HKV, D, HI, DI, BLOCK, TOP = 24, 2, 256, 4, 128, 4, 512
+SPLITS = (1024, 2048, 4096)
+
+
+def timed(fn, reps: int = 20) -> float:
+    """Median seconds of `reps` calls, each timed with CUDA events."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    return sorted(times)[len(times) // 2]
+
+
+def copy_bandwidth() -> float:
+    """Bytes a second of a 1 GiB device-to-device copy."""
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    return 2 * x.numel() / timed(lambda: y.copy_(x), 5)
+
+
+def one(c: int, b: int, bw: float) -> dict:
+    gen = torch.Generator(device="cuda").manual_seed(c + b)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, device="cuda").to(torch.bfloat16)
+
+    q, k, v = rnd(b, 1, HQ, D), rnd(b, c, HKV, D), rnd(b, c, HKV, D)
+    iq, keys = rnd(b, 1, HI, DI), rnd(b, c // BLOCK, DI)
+    pos = torch.full((b, 1), c - 1, device="cuda")
+    scores = attn.index_scores(iq, keys)
+    mask = select_from_scores(scores, pos, c, BLOCK, TOP)
+    scale = D**-0.5
+    selected = mask.sum().item() / b  # keys a row reads
+    need = b * selected * HKV * D * 2 * 2  # K and V in bf16
+    out = dict(context=c, streams=b, selected_keys=selected)
+    out["scores_us"] = timed(lambda: attn.index_scores(iq, keys)) * 1e6
+    out["select_us"] = timed(lambda: select_from_scores(scores, pos, c, BLOCK, TOP)) * 1e6
+    plain_cfg = attn.CONFIGS[torch.bfloat16]
+    plain = attn.attention(q, k, v, mask, scale, positions=pos, config=plain_cfg)
+    walks = {
+        "plain": lambda: attn.attention(q, k, v, mask, scale, positions=pos, config=plain_cfg),
+        "skip": lambda: attn.attention(q, k, v, mask, scale, positions=pos),
+    }
+    for name, fn in walks.items():
+        sec = timed(fn)
+        out[f"{name}_us"] = sec * 1e6
+        out[f"{name}_of_bw"] = need / sec / bw
+    for keys_a_range in SPLITS:
+        triton_walk.SPLIT_KEYS = keys_a_range
+        got = attn.attention(q, k, v, mask, scale, positions=pos, split=True)
+        sec = timed(lambda: attn.attention(q, k, v, mask, scale, positions=pos, split=True))
+        alone = all(
+            torch.equal(
+                attn.attention(
+                    q[i : i + 1], k[i : i + 1], v[i : i + 1], mask[i : i + 1], scale,
+                    positions=pos[i : i + 1], split=True,
+                ),
+                got[i : i + 1],
+            )
+            for i in range(b)
+        )  # fmt: skip
+        diff = (got.float() - plain.float()).abs().max().item()
+        out[f"split{keys_a_range}"] = dict(
+            us=sec * 1e6, of_bw=need / sec / bw, alone_equal=alone, max_diff_vs_plain=diff
+        )
+    triton_walk.SPLIT_KEYS = 2048
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--contexts", default="16384,65536,131072")
+    ap.add_argument("--streams", default="1,4,16")
+    args = ap.parse_args()
+    bw = copy_bandwidth()
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s; us a layer (of the selected KV's roofline)")
+    head = f"{'ctx':>7} {'B':>3} {'scores':>7} {'select':>7} {'plain':>14} {'skip':>14}"
+    print(head + "".join(f" {'split' + str(s):>16}" for s in SPLITS) + "  checks")
+    rows = []
+    for c in (int(x) for x in args.contexts.split(",")):
+        for b in (int(x) for x in args.streams.split(",")):
+            r = one(c, b, bw)
+            rows.append(r)
+            splits = [r[f"split{s}"] for s in SPLITS]
+            ok = all(s["alone_equal"] and s["max_diff_vs_plain"] < 0.05 for s in splits)
+            print(
+                f"{c:7d} {b:3d} {r['scores_us']:7.1f} {r['select_us']:7.1f} "
+                f"{r['plain_us']:7.1f} ({r['plain_of_bw']:4.0%}) "
+                f"{r['skip_us']:7.1f} ({r['skip_of_bw']:4.0%})"
+                + "".join(f" {s['us']:8.1f} ({s['of_bw']:4.0%})" for s in splits)
+                + f"  {'ok' if ok else 'FAILED'}"
+            )
+    print(
+        json.dumps(
+            dict(
+                bench="attention_decode",
+                commit=commit(),
+                date=time.strftime("%Y-%m-%d"),
+                device=torch.cuda.get_device_name(),
+                copy_bandwidth=bw,
+                rows=rows,
+            )
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
