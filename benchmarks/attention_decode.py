@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from flashlane.bench.common import commit
+from flashlane.bench.common import commit, cuda_timed
 from flashlane.kernels.attention import triton as attn
 from flashlane.kernels.attention import triton_walk
 from flashlane.kernels.attention.triton_select import select_from_scores
@@ -33,18 +33,7 @@ SPLITS = (1024, 2048, 4096)
 
 
 def timed(fn, reps: int = 20) -> float:
-    """Median seconds of `reps` calls, each timed with CUDA events."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3)
-    return sorted(times)[len(times) // 2]
+    return cuda_timed(fn, reps)
 
 
 def copy_bandwidth() -> float:

@@ -20,8 +20,10 @@ import time
 
 import torch
 
+from flashlane.bench.common import cuda_timed
 from flashlane.kernels.attention import reference as attn_ref
 from flashlane.kernels.attention import triton as attn
+from flashlane.kernels.attention.triton_select import select_from_scores
 
 HQ, HKV, D, HI, DI, BLOCK, TOP = 24, 2, 256, 4, 128, 4, 512
 
@@ -46,17 +48,7 @@ CONFIGS = [  # (BLOCK_M, BLOCK_L, warps, stages, SKIP), positions
 
 
 def timed(fn, reps: int = 5) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3)
-    return sorted(times)[len(times) // 2]
+    return cuda_timed(fn, reps)
 
 
 def main() -> None:
@@ -147,10 +139,10 @@ def main() -> None:
         for a, w in ((0, 1), (t // 2, 7), (t - 64, 64), (t - 1, 1))
     )
     idx["dots_row_invariant"] = inv
-    r_mask = attn.select_from_scores(torch_fp32, pos, t, BLOCK, TOP)
+    r_mask = select_from_scores(torch_fp32, pos, t, BLOCK, TOP)
     idx["masks_equal"] = torch.equal(r_mask, mask)
     idx["mask_rows_differing"] = int((r_mask != mask).any(-1).sum().item())
-    idx["select_ms"] = timed(lambda: attn.select_from_scores(dots, pos, t, BLOCK, TOP)) * 1e3
+    idx["select_ms"] = timed(lambda: select_from_scores(dots, pos, t, BLOCK, TOP)) * 1e3
     print(
         f"indexer scores at {t} rows: dots {idx['dots_ms']:.3f} ms, torch fp32 "
         f"{idx['torch_fp32_ms']:.3f} ms (largest difference {idx['max_rel_diff']:.1e} of the "

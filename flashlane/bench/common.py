@@ -1,4 +1,5 @@
-"""What the benchmarks share: the commit measured, random prompts, a device sync, flat costs."""
+"""What the benchmarks share: the commit measured, random prompts, a device sync, a CUDA timer,
+flat costs."""
 
 from __future__ import annotations
 
@@ -35,3 +36,19 @@ def sync(device) -> None:
     """Wait for the device's queued work (nothing to wait for on the CPU)."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def cuda_timed(fn, reps: int) -> float:
+    """The median seconds of `reps` calls of fn on the GPU, each between two CUDA events,
+    after one untimed call."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    return sorted(times)[len(times) // 2]
