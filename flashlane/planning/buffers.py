@@ -122,9 +122,26 @@ def activation_bytes(
     cfg: ModelConfig, max_rows: int, device: str, prompt_rows: int = 0, context: int = 0
 ) -> int:
     """The stated allowance: a round's fp32 logits plus ACTIVATION_FIXED[device], plus
-    prompt_rows x prompt_row_bytes when prompt pieces are that long."""
+    prompt_rows x prompt_row_bytes when prompt pieces are that long, plus on a GPU the
+    decode rows' split attention partials at this context (split_partial_bytes)."""
     rows = prompt_rows * prompt_row_bytes(cfg, device, context) if prompt_rows else 0
-    return max_rows * cfg.vocab_size * 4 + ACTIVATION_FIXED[device] + rows
+    split = split_partial_bytes(cfg, max_rows, context) if device != "cpu" else 0
+    return max_rows * cfg.vocab_size * 4 + ACTIVATION_FIXED[device] + rows + split
+
+
+def split_partial_bytes(cfg: ModelConfig, rows: int, context: int) -> int:
+    """A decode attention call's partials (kernels/attention/triton_walk.py): fp32 m, l and
+    a head_dim accumulator for every (row, query head) and range of SPLIT_KEYS keys; none
+    while the context is one range."""
+    splits = -(-context // SPLIT_KEYS)
+    if splits <= 1 or cfg.family != "flashnext":  # the siblings' attention does not split
+        return 0
+    return splits * rows * cfg.num_attention_heads * (cfg.head_dim + 2) * 4
+
+
+# the decode walk's range of keys (kernels/attention/triton_walk.SPLIT_KEYS; the planning
+# stays free of triton: tests/planning/test_split_bytes.py checks they agree)
+SPLIT_KEYS = 2048
 
 
 def prompt_row_bytes(cfg: ModelConfig, device: str, context: int) -> int:
