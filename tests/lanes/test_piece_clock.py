@@ -109,3 +109,21 @@ def test_decoders_beside_pieces_get_their_share_of_the_time():
     assert beside_budget(host(0.050), [], 0.030) == 1
     assert beside_budget(host(0.0001), [], 0.030) == HostConfig().lone_steps
     assert beside_budget(host(None), [], 0.030) == 4  # not measured yet
+
+
+def test_an_abort_lands_between_a_long_prompts_pieces():
+    """A request cancelled while its prompt fills ends at the next round, with no reply and
+    most of its prompt never run; the decoder beside it goes on undisturbed."""
+    backend = TimedBackend(base=0.01, per_row=0.0001)
+    host = make_host(backend, prefill_rows=128)
+    host.submit("short", [11, 12, 13], SamplingParams(max_tokens=40, temperature=0.0))
+    host.submit("long", list(range(10, 90)) * 25, SamplingParams(max_tokens=8, temperature=0.0))
+    for _ in range(3):
+        host.run_once()
+    host.cancel("long")
+    outs = run_to_end(host)
+    fed = sum(rows for rows, _, _ in backend.rounds)
+    assert outs["long"].finish_reason == "abort" and outs["long"].token_ids == []
+    assert fed < 1000  # of the 2,000-token prompt: the pieces stopped at the cancel
+    assert outs["short"].token_ids == serial(hash_model, [11, 12, 13], None, 40)
+    assert host.sessions.num_free == len(host.sessions.capacities)
