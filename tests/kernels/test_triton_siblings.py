@@ -4,7 +4,9 @@ under TRITON_INTERPRET=1 (about 30 s a family there: the interpreter runs every 
 
 The prompt piece's chunked GDN is the reference's here: on a GPU with fla-core installed the
 Triton set's chunk_gdn is fla's, whose fp32 dots are tf32 (1.1e-3 of the largest logit on
-qwen3_5, H200, 2026-12-02); test_triton_mixers checks fla against the reference."""
+qwen3_5, H200, 2026-12-02; 0.83 on qwen3_5_moe, whose tiny router has a near tie that tf32
+rounding of the chunk's inputs flips on the CPU too: benchmarks/sibling_kernel_bisect.py);
+test_triton_mixers checks fla against the reference."""
 
 from __future__ import annotations
 
