@@ -6,11 +6,12 @@ At Flash Next's sizes (24 q heads over 2 kv heads of 256, indexer 4 x 128, block
 C-key cache (random keys, the mask from the Triton indexer): the indexer's scores and its
 select (the radix threshold past 2,048 blocks), then the attention as the plain walk (every
 key block loaded), the skipping walk (spans of 8 blocks, one mask load a span) and the split
-walk (ranges of SPLIT_KEYS keys, one program each, folded) at several SPLIT_KEYS. For each:
-microseconds, and the rate of reading the selected keys and values (the layer's attention
-bytes a step must read) against the copy bandwidth measured here. Checks: the split walk
-within bf16's tolerance of the plain one, and each session's row alone equal bit for bit to
-the batched row.
+walk (ranges of SPLIT_KEYS keys, one program each, folded) at several SPLIT_KEYS, and the
+gathered attention (triton_gather.py: each range's allowed keys listed, only those read) at
+the same range sizes. For each: microseconds, and the rate of reading the selected keys and
+values (the layer's attention bytes a step must read) against the copy bandwidth measured
+here. Checks: the split walk and the gathered within bf16's tolerance of the plain one, and
+each session's row alone equal bit for bit to the batched row.
 
     python benchmarks/attention_decode.py [--contexts 16384,65536,131072] [--streams 1,4,16]
 """
@@ -25,11 +26,12 @@ import torch
 
 from flashlane.bench.common import commit, cuda_timed
 from flashlane.kernels.attention import triton as attn
-from flashlane.kernels.attention import triton_walk
+from flashlane.kernels.attention import triton_gather, triton_walk
 from flashlane.kernels.attention.triton_select import select_from_scores
 
 HQ, HKV, D, HI, DI, BLOCK, TOP = 24, 2, 256, 4, 128, 4, 512
 SPLITS = (1024, 2048, 4096)
+VARIANTS = [f"split{s}" for s in SPLITS] + [f"gather{s}" for s in SPLITS]
 
 
 def timed(fn, reps: int = 20) -> float:
@@ -70,24 +72,34 @@ def one(c: int, b: int, bw: float) -> dict:
         sec = timed(fn)
         out[f"{name}_us"] = sec * 1e6
         out[f"{name}_of_bw"] = need / sec / bw
+
+    def variant(fn) -> dict:
+        """fn(i) -> the call on batch row i alone, fn(None) -> on all rows."""
+        got = fn(None)
+        sec = timed(lambda: fn(None))
+        alone = all(torch.equal(fn(i), got[i : i + 1]) for i in range(b))
+        diff = (got.float() - plain.float()).abs().max().item()
+        return dict(us=sec * 1e6, of_bw=need / sec / bw, alone_equal=alone, max_diff_vs_plain=diff)
+
+    def rows(x, i):
+        return x if i is None else x[i : i + 1]
+
     for keys_a_range in SPLITS:
         triton_walk.SPLIT_KEYS = keys_a_range
-        got = attn.attention(q, k, v, mask, scale, positions=pos, split=True)
-        sec = timed(lambda: attn.attention(q, k, v, mask, scale, positions=pos, split=True))
-        alone = all(
-            torch.equal(
-                attn.attention(
-                    q[i : i + 1], k[i : i + 1], v[i : i + 1], mask[i : i + 1], scale,
-                    positions=pos[i : i + 1], split=True,
-                ),
-                got[i : i + 1],
+        out[f"split{keys_a_range}"] = variant(
+            lambda i: attn.attention(
+                rows(q, i), rows(k, i), rows(v, i), rows(mask, i), scale,
+                positions=rows(pos, i), split=True,
             )
-            for i in range(b)
         )  # fmt: skip
-        diff = (got.float() - plain.float()).abs().max().item()
-        out[f"split{keys_a_range}"] = dict(
-            us=sec * 1e6, of_bw=need / sec / bw, alone_equal=alone, max_diff_vs_plain=diff
+    for keys_a_range in SPLITS:
+        triton_gather.RANGE_KEYS = keys_a_range
+        out[f"gather{keys_a_range}"] = variant(
+            lambda i: triton_gather.attention_gathered(
+                rows(q, i), rows(k, i), rows(v, i), rows(mask, i), scale, positions=rows(pos, i)
+            )
         )
+    triton_gather.RANGE_KEYS = 2048
     triton_walk.SPLIT_KEYS = 2048
     return out
 
@@ -100,13 +112,13 @@ def main() -> None:
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; us a layer (of the selected KV's roofline)")
     head = f"{'ctx':>7} {'B':>3} {'scores':>7} {'select':>7} {'plain':>14} {'skip':>14}"
-    print(head + "".join(f" {'split' + str(s):>16}" for s in SPLITS) + "  checks")
+    print(head + "".join(f" {name:>16}" for name in VARIANTS) + "  checks")
     rows = []
     for c in (int(x) for x in args.contexts.split(",")):
         for b in (int(x) for x in args.streams.split(",")):
             r = one(c, b, bw)
             rows.append(r)
-            splits = [r[f"split{s}"] for s in SPLITS]
+            splits = [r[name] for name in VARIANTS]
             ok = all(s["alone_equal"] and s["max_diff_vs_plain"] < 0.05 for s in splits)
             print(
                 f"{c:7d} {b:3d} {r['scores_us']:7.1f} {r['select_us']:7.1f} "

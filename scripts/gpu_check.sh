@@ -63,7 +63,8 @@
 #          gap p99 against without it, its TTFT against alone (benchmarks/long_prompt_stall.py;
 #          STALL_ARGS overrides)
 # attn-decode: the QSA attention for decode rows at 16k, 64k and 128k keys, 1 / 4 / 16
-#          streams: the indexer, the plain, skipping and split walks, each against the
+#          streams: the indexer, the plain, skipping and split walks and the gathered
+#          attention (kernels/attention/triton_gather.py, a candidate), each against the
 #          selected keys' roofline (benchmarks/attention_decode.py; ATTN_ARGS overrides)
 # bisect:  which Triton kernel takes a sibling's fp32 logits away from the references, each
 #          kernel alone on the references (benchmarks/sibling_kernel_bisect.py; BISECT_NAMES:

@@ -24,6 +24,7 @@ from flashlane.kernels.attention import triton as attention  # noqa: E402
 from flashlane.kernels.attention import (  # noqa: E402
     triton_blocks,
     triton_causal,
+    triton_gather,
     triton_select,
     triton_walk,
 )
@@ -86,6 +87,17 @@ ATTENTION = dict(
 )
 _BM, _BL, _WARPS, _STAGES, _PREC, _SKIP = attention.CONFIGS[torch.bfloat16]
 ATTENTION_TILE = dict(D=256, BD=256, BLOCK_M=_BM, BLOCK_L=_BL, PRECISION=_PREC, SKIP=_SKIP)
+# the gathered decode attention (kernels/attention/triton_gather.py): 12 q heads a kv head
+GATHER = dict(
+    q_ptr=BF, k_ptr=BF, v_ptr=BF, mask_ptr="*u8", o_ptr=BF, len_ptr="*i64", tab_ptr="*i64",
+    pos_ptr="*i64", ks_ptr="*fp32", vs_ptr="*fp32", list_ptr="*i32", pm_ptr="*fp32",
+    pl_ptr="*fp32", pa_ptr="*fp32", HAS_LEN="i32", HAS_TABLE="i32", HAS_POS="i32", T="i32",
+    L="i32", HKV="i32", stride_b="i32", scale="fp32",
+)  # fmt: skip
+GATHER_TILE = dict(
+    HQ=24, REP=12, D=256, BD=256, BLOCK_M=16, BLOCK_L=triton_gather.BLOCK_L,
+    RANGE=triton_gather.RANGE_KEYS, CHUNK=triton_gather.CHUNK, PRECISION="tf32", FP8=False,
+)  # fmt: skip
 INDEX = dict(
     iq_ptr=BF,
     keys_ptr=BF,
@@ -323,6 +335,12 @@ KERNELS.update({
                           dict(m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", o_ptr=BF,
                                rows="i32", S="i32"),
                           dict(D=256, BD=256, ROWS=16), dict(num_warps=4)),
+    # the gathered decode attention (kernels/attention/triton_gather.py): 12 q heads a kv head
+    "attention gathered": (triton_gather._gather_kernel, GATHER, GATHER_TILE,
+                           dict(num_warps=4)),
+    "attention gathered fp8": (triton_gather._gather_kernel,
+                               dict(GATHER, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv"),
+                               dict(GATHER_TILE, FP8=True), dict(num_warps=4)),
     "attention fp8": (attention._attention_kernel,
                       dict(ATTENTION, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv"),
                       dict(ATTENTION_TILE, FP8=True), dict(num_warps=_WARPS, num_stages=_STAGES)),
