@@ -35,6 +35,7 @@ pytestmark = [
 # (kernel, argument): why its specialisation may follow the rows without changing a bit
 HARMLESS = {
     ("_attention_kernel", "pos_ptr"): "positions are loaded as integers and only compared",
+    ("_gather_kernel", "pos_ptr"): "positions are loaded as integers and only compared",
     ("_select_kernel", "pos_ptr"): "positions are loaded as integers and only compared",
     ("_cos_sin_kernel", "pos_ptr"): "elementwise: each angle from its own position",
     ("_causal_conv_kernel", "stride_xb"): "taps added one by one in a static loop",

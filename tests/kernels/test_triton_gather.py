@@ -134,3 +134,15 @@ def test_a_row_that_allows_nothing_is_nan_and_bad_input_is_named(small_ranges):
         attention_gathered(q, k, v, mask[:, :1], scale())
     with pytest.raises(ValueError, match="needs lengths"):
         attention_gathered(q, k, v, mask, scale(), table=torch.zeros(8, dtype=torch.long))
+
+
+def test_split_calls_gather_when_switched_on(small_ranges, monkeypatch):
+    """attention(..., split=True) with triton.GATHER on is the gathered attention."""
+    from flashlane.kernels.attention import triton as attn_tri
+
+    b, t, l = 2, 2, 150
+    q, k, v = attn_inputs(b, t, l, torch.float32, seed=6)
+    mask, pos = sparse_mask(b, t, l, seed=3), _positions(b, t, l)
+    want = attention_gathered(q, k, v, mask, scale(), positions=pos)
+    monkeypatch.setattr(attn_tri, "GATHER", True)
+    assert torch.equal(attn_tri.attention(q, k, v, mask, scale(), positions=pos, split=True), want)

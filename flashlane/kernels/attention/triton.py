@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flashlane.kernels.attention import triton_gather as gather
 from flashlane.kernels.attention import triton_walk as walk
 from flashlane.kernels.attention.kv8 import FP8
 from flashlane.kernels.attention.triton_select import index_scores, select_mask  # the indexer
@@ -46,6 +47,9 @@ __all__ = ["CONFIGS", "attention", "index_scores", "select_mask"]
 # layer on the H200, results/attention_prefill_h200_*.json); a call whose query fits one tile
 # (a decode window) skips (`attention`).
 SUPER = tl.constexpr(8)  # a skipping walk's span: SUPER blocks, one mask load (`attention`)
+# split calls (decode and verify windows) through triton_gather.py instead of the split walk:
+# off until benchmarks/attention_decode.py and the GPU suite have run it on the H200
+GATHER = False
 CONFIGS = {
     # dtype: (BLOCK_M, BLOCK_L, num_warps, num_stages, dot input precision, SKIP)
     torch.bfloat16: (64, 32, 4, 2, "tf32", False),  # the precision only applies to fp32
@@ -249,6 +253,8 @@ def attention(
     own and folded (triton_walk.py): other bits than a plain walk's past SPLIT_KEYS keys, the
     same whatever the batch.
     """
+    if split and GATHER and config is None:
+        return gather.attention_gathered(q, k, v, mask, scale, lengths, table, positions, scales)
     b, t, hq, d = q.shape
     l, hkv = k.shape[1], k.shape[2]
     rep = hq // hkv
