@@ -218,9 +218,10 @@ class EngineConfig:
     kernels: str = option(
         "auto",
         "auto: Triton's on cuda (the torch references on the CPU, or where Triton is "
-        "missing); reference: the torch references on cuda too "
+        "missing); reference: the torch references on cuda too; gather: Triton's with "
+        "decode windows through the gathered attention, an experiment "
         "(default: auto; FLASHLANE_KERNELS=reference)",
-        choices=("auto", "reference"),
+        choices=("auto", "reference", "gather"),
         env=("FLASHLANE_KERNELS",),
     )
     # requests without a seed take seed, seed + 1, ... in submission order; None: fresh random

@@ -78,6 +78,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="fp8: the attention caches in e4m3 with per-row scales (default: auto)",
     )
     p.add_argument(
+        "--kernels",
+        choices=["auto", "gather"],
+        default="auto",
+        help="gather: decode windows through the gathered attention, an experiment "
+        "(EngineConfig.kernels; default: auto)",
+    )
+    p.add_argument(
         "--ple-table-dtype",
         choices=["auto", "bf16", "int8"],
         default="auto",
@@ -182,6 +189,7 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
         drafts=False,
         prompt_cache_gb=0,
         kv_cache_dtype=args.kv_cache_dtype,
+        kernels=args.kernels,
     )
     llm = LLM.from_engine(Engine(config, costs=FLAT_COSTS, built=(cfg, model)))
     greedy = SamplingParams(
@@ -211,7 +219,7 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
     out = {
         "build_s": built_s,
         "warm_s": time.perf_counter() - t0,
-        "kernels": llm.engine.kernels.name,
+        "kernels": kernels_name(llm.engine.kernels.name, args.kernels),
         "decode": {},
         "prefill": {},
     }
@@ -287,6 +295,11 @@ def decode_rows(args, llm, cfg, greedy, ceilings, prompt_len: int) -> dict:
         except (RuntimeError, torch.OutOfMemoryError) as err:
             rows[n] = {"error": str(err).splitlines()[0]}
     return rows
+
+
+def kernels_name(name: str, asked: str) -> str:
+    """The kernel set's name, `triton+gather` for the gathered decode experiment."""
+    return name + "+gather" if asked == "gather" and name == "triton" else name
 
 
 def bench_model_main(argv: list[str]) -> int:

@@ -110,11 +110,15 @@ REFERENCE = Kernels(
 )
 
 
-def select_kernels(device: torch.device | str, log=None, reference: bool = False) -> Kernels:
+def select_kernels(
+    device: torch.device | str, log=None, reference: bool = False, gather: bool = False
+) -> Kernels:
     """The kernels for a device, chosen once at engine start: the pure-torch references on
     the CPU; on CUDA the Triton kernels (row-invariant), or the references where Triton is
     missing (then a row's bits may depend on the batch, and the log says so) or asked for
-    (`reference`: EngineConfig.kernels, --kernels reference, FLASHLANE_KERNELS=reference)."""
+    (`reference`: EngineConfig.kernels, --kernels reference, FLASHLANE_KERNELS=reference).
+    `gather` (--kernels gather, an experiment): the Triton set's decode windows through the
+    gathered attention (kernels/attention/triton_gather.py; a process-wide switch)."""
     if torch.device(device).type != "cuda" or reference:
         return REFERENCE
     try:
@@ -123,4 +127,7 @@ def select_kernels(device: torch.device | str, log=None, reference: bool = False
         if log is not None:
             log(f"flashlane: Triton kernels unavailable ({err}); using the torch references")
         return REFERENCE
+    from flashlane.kernels.attention import triton as attention_tr
+
+    attention_tr.GATHER = gather
     return TRITON
