@@ -26,6 +26,7 @@ from flashlane.kernels.attention import (  # noqa: E402
     triton_causal,
     triton_gather,
     triton_select,
+    triton_select_spread,
     triton_walk,
 )
 from flashlane.kernels.conv import triton as conv  # noqa: E402
@@ -123,6 +124,23 @@ KERNELS = {
                dict(scores_ptr="*fp32", pos_ptr="*i64", keep_ptr="*i8", mask_ptr="*i8",
                     nb="i32", num_keys="i32"),
                dict(BLOCK=4, TOP=512, CHUNK=1024, WHOLE=triton_select.WHOLE)),
+    "select short rows": (triton_select._select_kernel,
+                          dict(scores_ptr="*fp32", pos_ptr="*i64", keep_ptr="*i8",
+                               mask_ptr="*i8", nb="i32", num_keys="i32"),
+                          dict(BLOCK=4, TOP=512, CHUNK=1024, WHOLE=triton_select.WHOLE,
+                               LONG=False, MASK=False)),
+    # the long rows' ranking spread over programs: a byte's histogram, the counts, the flags
+    **{f"select spread {step}": (triton_select_spread._spread_kernel,
+                                 dict(scores_ptr="*fp32", pos_ptr="*i64", hist_ptr="*i32",
+                                      nans_ptr="*i32", slots_ptr="*i32", keep_ptr="*i8",
+                                      nb="i32"),
+                                 dict(BLOCK=4, TOP=512, CHUNK=1024, WHOLE=triton_select.WHOLE,
+                                      PASS=step))
+       for step in (0, 3, 4, 5)},
+    "select spread mask": (triton_select_spread._mask_kernel,
+                           dict(pos_ptr="*i64", keep_ptr="*i8", mask_ptr="*i8", nb="i32",
+                                num_keys="i32"),
+                           dict(BLOCK=4, TOP=512, KEYS=triton_select_spread.MASK_KEYS)),
     "block_keys": (triton_blocks._block_keys_kernel,
                    dict(raw_ptr=BF, cos_ptr=BF, sin_ptr=BF, w_ptr=BF, out_ptr=BF,
                         stride_raw="i32", stride_out="i32", eps="fp32"), BLOCK_KEY),

@@ -17,18 +17,22 @@ from tests.kernels.triton_env import DEVICE, needs_triton
 pytestmark = needs_triton
 pytest.importorskip("triton")
 
-from flashlane.kernels.attention import triton_select  # noqa: E402
+from flashlane.kernels.attention import triton_select, triton_select_spread  # noqa: E402
 from flashlane.kernels.attention.triton_select import select_from_scores  # noqa: E402
 
 
-@pytest.fixture(params=["whole", "chunks"], autouse=True)
+@pytest.fixture(params=["whole", "chunks", "spread"], autouse=True)
 def ranking(request, monkeypatch):
-    """Every test twice: rows ranked from one load (up to WHOLE blocks), and every row
+    """Every test three times: rows ranked from one load (up to WHOLE blocks), every row
     through the loops over chunks (WHOLE smaller than any row here that ranks; chunks of 16
-    blocks, so a row's counts and histograms add over several)."""
-    if request.param == "chunks":
+    blocks, so a row's counts and histograms add over several), and every row by programs
+    of 16 blocks each (triton_select_spread.py), its mask by programs of 32 keys."""
+    if request.param in ("chunks", "spread"):
         monkeypatch.setattr(triton_select, "WHOLE", 2)
         monkeypatch.setattr(triton_select, "CHUNK", 16)
+    if request.param == "spread":  # programs of 16 blocks a row, masks of 32 keys
+        monkeypatch.setattr(triton_select, "SPREAD", True)
+        monkeypatch.setattr(triton_select_spread, "MASK_KEYS", 32)
     return request.param
 
 

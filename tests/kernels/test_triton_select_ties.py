@@ -26,7 +26,7 @@ pytestmark = needs_triton
 pytest.importorskip("triton")
 
 from flashlane.kernels.attention import triton as attn_tri  # noqa: E402
-from flashlane.kernels.attention import triton_select  # noqa: E402
+from flashlane.kernels.attention import triton_select, triton_select_spread  # noqa: E402
 from flashlane.kernels.attention import triton_sessions as attn_ses  # noqa: E402
 
 HI, DI, BLOCK, TOP, D = 2, 16, 4, 4, 32
@@ -36,12 +36,16 @@ PLANTS = ("all zero", "zeros at the cut", "copies at the cut")
 COPIES, DOUBLE, HIGH = [1, 3, 5, 8, 11], 6, [9, 2]
 
 
-@pytest.fixture(params=["whole", "chunks"], autouse=True)
+@pytest.fixture(params=["whole", "chunks", "spread"], autouse=True)
 def ranking(request, monkeypatch):
-    """Rows ranked from one load of their scores, and through the loops over chunks."""
-    if request.param == "chunks":
+    """Rows ranked from one load of their scores, through the loops over chunks, and by
+    programs over their chunks (triton_select_spread.py)."""
+    if request.param in ("chunks", "spread"):
         monkeypatch.setattr(triton_select, "WHOLE", 2)
         monkeypatch.setattr(triton_select, "CHUNK", 16)
+    if request.param == "spread":  # programs of 16 blocks a row, masks of 32 keys
+        monkeypatch.setattr(triton_select, "SPREAD", True)
+        monkeypatch.setattr(triton_select_spread, "MASK_KEYS", 32)
 
 
 def planted(plant: str, b: int, t: int, nb: int, seed: int):

@@ -35,6 +35,9 @@ CHUNK = 1024
 # (an 8k-token prompt's rows have up to 2,048: 661 us a layer on the H200 reloading them in
 # every pass); longer rows take the loops over chunks. The same kept blocks either way.
 WHOLE = 2048
+# rows past WHOLE blocks ranked by programs of CHUNK blocks each, and the mask written by
+# programs of their own (triton_select_spread.py: the same mask): off until the H200 times it
+SPREAD = False
 
 
 @triton.jit
@@ -115,6 +118,8 @@ def _select_kernel(
     TOP: tl.constexpr,
     CHUNK: tl.constexpr,
     WHOLE: tl.constexpr,
+    LONG: tl.constexpr = True,
+    MASK: tl.constexpr = True,
     PDL: tl.constexpr = 0,
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
@@ -127,27 +132,28 @@ def _select_kernel(
     if (complete > TOP) & (complete <= WHOLE):
         _keep_whole(base, keep_ptr + row * nb, complete, zero, TOP, WHOLE)
     elif complete > TOP:
-        thresh = _radix_threshold(base, complete, zero, TOP, CHUNK)
-        above = zero
-        for start in range(0, complete, CHUNK):
-            ids = start + tl.arange(0, CHUNK)
-            ok = ids < complete
-            key = _order_key(tl.load(base + ids, mask=ok, other=0.0))
-            above += tl.sum((ok & (key > thresh)).to(tl.int64), axis=0)
-        need = TOP - above  # blocks tied at the threshold to keep, lowest ids first
-        seen = zero
-        for start in range(0, complete, CHUNK):
-            ids = start + tl.arange(0, CHUNK)
-            ok = ids < complete
-            key = _order_key(tl.load(base + ids, mask=ok, other=0.0))
-            tie = ok & (key == thresh)
-            rank = seen + tl.cumsum(tie.to(tl.int64), axis=0)  # 1-based among the ties
-            keep = ok & ((key > thresh) | (tie & (rank <= need)))
-            tl.store(keep_ptr + row * nb + ids, keep.to(tl.int8), mask=ok)
-            seen += tl.sum(tie.to(tl.int64), axis=0)
+        if LONG:  # (else triton_select_spread ranks the row)
+            thresh = _radix_threshold(base, complete, zero, TOP, CHUNK)
+            above = zero
+            for start in range(0, complete, CHUNK):
+                ids = start + tl.arange(0, CHUNK)
+                ok = ids < complete
+                key = _order_key(tl.load(base + ids, mask=ok, other=0.0))
+                above += tl.sum((ok & (key > thresh)).to(tl.int64), axis=0)
+            need = TOP - above  # blocks tied at the threshold to keep, lowest ids first
+            seen = zero
+            for start in range(0, complete, CHUNK):
+                ids = start + tl.arange(0, CHUNK)
+                ok = ids < complete
+                key = _order_key(tl.load(base + ids, mask=ok, other=0.0))
+                tie = ok & (key == thresh)
+                rank = seen + tl.cumsum(tie.to(tl.int64), axis=0)  # 1-based among the ties
+                keep = ok & ((key > thresh) | (tie & (rank <= need)))
+                tl.store(keep_ptr + row * nb + ids, keep.to(tl.int8), mask=ok)
+                seen += tl.sum(tie.to(tl.int64), axis=0)
     # each key: causal, and inside the complete blocks only the kept ones (a block past the
     # block keys reads the last one's flag, as the reference's clamped gather does)
-    for start in range(0, num_keys, CHUNK):
+    for start in range(0, num_keys if MASK else 0, CHUNK):
         keys = start + tl.arange(0, CHUNK)
         inside = keys < num_keys
         allowed = keys <= pos
@@ -180,8 +186,16 @@ def select_from_scores(
             TOP=top_blocks,
             CHUNK=CHUNK,
             WHOLE=WHOLE,
+            LONG=not SPREAD,
+            MASK=not SPREAD,
             **pdl(mask.device),
         )
+        if SPREAD:
+            from flashlane.kernels.attention import triton_select_spread as spread
+
+            flat, pos = scores.reshape(rows, nb).contiguous(), positions.contiguous().view(rows)
+            spread.rank_long_rows(flat, pos, keep, block, top_blocks, CHUNK, WHOLE)
+            spread.write_mask(pos, keep, mask.view(rows, num_keys), nb, block, top_blocks)
     return mask.view(torch.bool)
 
 
