@@ -218,8 +218,8 @@ class EngineConfig:
     kernels: str = option(
         "auto",
         "auto: Triton's on cuda (the torch references on the CPU, or where Triton is "
-        "missing); reference: the torch references on cuda too; gather: Triton's with "
-        "decode windows through the gathered attention, an experiment "
+        "missing); reference: the torch references on cuda too; gather: Triton's, decode "
+        "windows gathered and long rows' select spread (an experiment) "
         "(default: auto; FLASHLANE_KERNELS=reference)",
         choices=("auto", "reference", "gather"),
         env=("FLASHLANE_KERNELS",),

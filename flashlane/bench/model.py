@@ -81,7 +81,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--kernels",
         choices=["auto", "gather"],
         default="auto",
-        help="gather: decode windows through the gathered attention, an experiment "
+        help="gather: decode windows gathered and the spread select, an experiment "
         "(EngineConfig.kernels; default: auto)",
     )
     p.add_argument(

@@ -118,7 +118,8 @@ def select_kernels(
     missing (then a row's bits may depend on the batch, and the log says so) or asked for
     (`reference`: EngineConfig.kernels, --kernels reference, FLASHLANE_KERNELS=reference).
     `gather` (--kernels gather, an experiment): the Triton set's decode windows through the
-    gathered attention (kernels/attention/triton_gather.py; a process-wide switch)."""
+    gathered attention (kernels/attention/triton_gather.py) and long rows' select spread over
+    programs (triton_select_spread.py; process-wide switches)."""
     if torch.device(device).type != "cuda" or reference:
         return REFERENCE
     try:
@@ -128,6 +129,7 @@ def select_kernels(
             log(f"flashlane: Triton kernels unavailable ({err}); using the torch references")
         return REFERENCE
     from flashlane.kernels.attention import triton as attention_tr
+    from flashlane.kernels.attention import triton_select as select_tr
 
-    attention_tr.GATHER = gather
+    attention_tr.GATHER = select_tr.SPREAD = gather
     return TRITON

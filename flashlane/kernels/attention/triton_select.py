@@ -131,7 +131,7 @@ def _select_kernel(
     base = scores_ptr + row * nb
     if (complete > TOP) & (complete <= WHOLE):
         _keep_whole(base, keep_ptr + row * nb, complete, zero, TOP, WHOLE)
-    elif complete > TOP:
+    elif complete > TOP:  # noqa: SIM102 (Triton: a constexpr apart from a tensor's test)
         if LONG:  # (else triton_select_spread ranks the row)
             thresh = _radix_threshold(base, complete, zero, TOP, CHUNK)
             above = zero
