@@ -130,13 +130,18 @@ def activation_bytes(
 
 
 def split_partial_bytes(cfg: ModelConfig, rows: int, context: int) -> int:
-    """A decode attention call's partials (kernels/attention/triton_walk.py): fp32 m, l and
-    a head_dim accumulator for every (row, query head) and range of SPLIT_KEYS keys; none
-    while the context is one range."""
-    splits = -(-context // SPLIT_KEYS)
-    if splits <= 1 or cfg.family != "flashnext":  # the siblings' attention does not split
+    """A decode attention call's scratch: the split walk's partials (kernels/attention/
+    triton_walk.py: fp32 m, l and a head_dim accumulator for every (row, query head) and
+    range of SPLIT_KEYS keys; none while the context is one range), and the gathered
+    attention's lists (triton_gather.py: int16 offsets, SPLIT_KEYS a (row, kv head) and
+    range; counted whether or not it is switched on)."""
+    if cfg.family != "flashnext":  # the siblings' attention neither splits nor gathers
         return 0
-    return splits * rows * cfg.num_attention_heads * (cfg.head_dim + 2) * 4
+    splits = -(-context // SPLIT_KEYS)
+    lists = splits * rows * cfg.num_kv_heads * SPLIT_KEYS * 2
+    if splits <= 1:
+        return lists
+    return splits * rows * cfg.num_attention_heads * (cfg.head_dim + 2) * 4 + lists
 
 
 # the decode walk's range of keys (kernels/attention/triton_walk.SPLIT_KEYS; the planning

@@ -91,7 +91,7 @@ ATTENTION_TILE = dict(D=256, BD=256, BLOCK_M=_BM, BLOCK_L=_BL, PRECISION=_PREC, 
 # the gathered decode attention (kernels/attention/triton_gather.py): 12 q heads a kv head
 GATHER = dict(
     q_ptr=BF, k_ptr=BF, v_ptr=BF, mask_ptr="*u8", o_ptr=BF, len_ptr="*i64", tab_ptr="*i64",
-    pos_ptr="*i64", ks_ptr="*fp32", vs_ptr="*fp32", list_ptr="*i32", pm_ptr="*fp32",
+    pos_ptr="*i64", ks_ptr="*fp32", vs_ptr="*fp32", list_ptr="*i16", pm_ptr="*fp32",
     pl_ptr="*fp32", pa_ptr="*fp32", HAS_LEN="i32", HAS_TABLE="i32", HAS_POS="i32", T="i32",
     L="i32", HKV="i32", stride_b="i32", scale="fp32",
 )  # fmt: skip

@@ -1,4 +1,5 @@
-"""The plan counts the decode attention's split partials (kernels/attention/triton_walk.py)."""
+"""The plan counts the decode attention's split partials (kernels/attention/triton_walk.py)
+and the gathered attention's lists (triton_gather.py)."""
 
 import json
 from pathlib import Path
@@ -15,18 +16,20 @@ def config(name: str) -> ModelConfig:
     return ModelConfig.from_hf(json.loads((DATA / name).read_text()))
 
 
-def test_the_plan_and_the_kernel_agree_on_a_range():
+def test_the_plan_and_the_kernels_agree_on_a_range():
     walk = pytest.importorskip("flashlane.kernels.attention.triton_walk")
-    assert SPLIT_KEYS == walk.SPLIT_KEYS
+    gather = pytest.importorskip("flashlane.kernels.attention.triton_gather")
+    assert SPLIT_KEYS == walk.SPLIT_KEYS == gather.RANGE_KEYS
 
 
 def test_partials_past_one_range_on_the_gpu_only():
     cfg = config("flashnext_real_config.json")
-    assert split_partial_bytes(cfg, 64, SPLIT_KEYS) == 0  # one range: the plain walk
+    lists = 64 * cfg.num_kv_heads * SPLIT_KEYS * 2  # a range's, int16
+    assert split_partial_bytes(cfg, 64, SPLIT_KEYS) == lists  # one range: no partials
     full = split_partial_bytes(cfg, 64, 262144)
-    assert full == 128 * 64 * cfg.num_attention_heads * (cfg.head_dim + 2) * 4
+    assert full == 128 * (64 * cfg.num_attention_heads * (cfg.head_dim + 2) * 4 + lists)
     gpu = activation_bytes(cfg, 64, "cuda", context=262144)
-    assert gpu - activation_bytes(cfg, 64, "cuda", context=SPLIT_KEYS) == full
+    assert gpu - activation_bytes(cfg, 64, "cuda", context=SPLIT_KEYS) == full - lists
     cpu = activation_bytes(cfg, 64, "cpu", context=262144)
     assert cpu == activation_bytes(cfg, 64, "cpu", context=SPLIT_KEYS)
     assert split_partial_bytes(config("qwen3_next_80b_a3b_config.json"), 64, 262144) == 0

@@ -36,7 +36,7 @@ from flashlane.kernels.tables import (
     no_table,
 )
 
-RANGE_KEYS = 2048  # key positions one program lists and folds
+RANGE_KEYS = 2048  # key positions one program lists and folds (planning/buffers.SPLIT_KEYS)
 CHUNK = 1024  # mask bytes a listing step reads
 BLOCK_L = 32  # listed keys a step gathers
 PRECISION = {torch.float32: "ieee", torch.bfloat16: "tf32", torch.float16: "tf32"}
@@ -111,7 +111,8 @@ def _gather_kernel(
     lo = i_s * RANGE
     hi = tl.minimum(n_keys, lo + RANGE)
 
-    # list the range's allowed positions in order: this program's scratch row of RANGE
+    # list the range's allowed positions in order (offsets from lo, int16: RANGE <= 32,768)
+    # in this program's scratch row of RANGE
     mine = list_ptr + ((i_bt * HKV + i_kv) * tl.num_programs(2) + i_s).to(tl.int64) * RANGE
     count = 0
     for c0 in range(lo, hi, CHUNK):
@@ -120,7 +121,7 @@ def _gather_kernel(
         seen = tl.load(mask_ptr + i_bt.to(tl.int64) * L + p, mask=m_p, other=0) != 0
         ones = seen.to(tl.int32)
         at = count + tl.cumsum(ones, axis=0) - ones
-        tl.store(mine + at, p, mask=seen)
+        tl.store(mine + at, (p - lo).to(tl.int16), mask=seen)
         count += tl.sum(ones)
     tl.debug_barrier()  # the list's stores before its loads, across the program's threads
 
@@ -130,7 +131,7 @@ def _gather_kernel(
     for j0 in range(0, count, BLOCK_L):
         j = j0 + tl.arange(0, BLOCK_L)
         m_j = j < count
-        keys = tl.load(mine + j, mask=m_j, other=0)
+        keys = lo + tl.load(mine + j, mask=m_j, other=0).to(tl.int32)
         row = keys.to(tl.int64) * HKV * D
         m_kd = m_j[:, None] & m_d[None, :]
         k = tl.load(k_ptr + row[:, None] + d[None, :], mask=m_kd, other=0.0)
@@ -192,7 +193,7 @@ def attention_gathered(
     if b == 0 or t == 0:
         return o
     ranges = max(triton.cdiv(l, RANGE_KEYS), 1)
-    lists = torch.empty(b * t * hkv * ranges * RANGE_KEYS, dtype=torch.int32, device=q.device)
+    lists = torch.empty(b * t * hkv * ranges * RANGE_KEYS, dtype=torch.int16, device=q.device)
     parts = walk.partials(ranges, b * t * hq, d, q.device) if ranges > 1 else (o,) * 3
     if positions is not None:
         positions = positions.to(torch.long).expand(b, t).contiguous()
