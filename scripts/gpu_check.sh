@@ -6,7 +6,7 @@
 #     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, exact, lone, sweep, benches,
 #                                                    # model, long, drafts, diag, serve,
 #                                                    # serve-bisect, replay, stall, fp8,
-#                                                    # kv8, bisect, attn-decode,
+#                                                    # kv8, bisect, attn-decode, gather-ab,
 #                                                    # peer-build, peer
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
@@ -62,6 +62,9 @@
 # stall:   issue 29's stall: 8 streams of flashnext-12l decoding, a 32k prompt arriving; their
 #          gap p99 against without it, its TTFT against alone (benchmarks/long_prompt_stall.py;
 #          STALL_ARGS overrides)
+# gather-ab: `bench model` on flashnext-12l at 64, 16k and 64k-token prompts, 1 / 4 / 16
+#          streams, with the default kernels and with `--kernels gather` (the gathered decode
+#          attention and the spread select, an experiment; GATHER_ARGS overrides)
 # attn-decode: the QSA attention for decode rows at 16k, 64k and 128k keys, 1 / 4 / 16
 #          streams: the indexer, the plain, skipping and split walks and the gathered
 #          attention (kernels/attention/triton_gather.py, a candidate), each against the
@@ -184,6 +187,17 @@ if [[ " $steps " == *" long "* ]]; then
     echo "== flashlane bench model $args"
     python -m flashlane.cli bench model $args --json "$out/bench_model_long_$stamp.json" 2>&1 \
         | tee "$out/bench_model_long_$stamp.log" || failed+=("bench model long")
+fi
+
+if [[ " $steps " == *" gather-ab "* ]]; then
+    # the long-context candidates end to end: default kernels, then --kernels gather
+    args="${GATHER_ARGS:---config flashnext-12l --random-weights --streams 1,4,16 --prompt-len 64,16384,65536 --prefill 2048}"
+    for kernels in auto gather; do
+        echo "== flashlane bench model $args --kernels $kernels"
+        python -m flashlane.cli bench model $args --kernels "$kernels" \
+            --json "$out/bench_model_gather_ab_${kernels}_$stamp.json" 2>&1 \
+            | tee "$out/bench_model_gather_ab_${kernels}_$stamp.log" || failed+=("gather-ab $kernels")
+    done
 fi
 
 if [[ " $steps " == *" drafts "* ]]; then
