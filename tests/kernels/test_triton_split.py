@@ -29,6 +29,11 @@ from flashlane.kernels.attention import triton_walk
 pytestmark = needs_triton
 
 
+@pytest.fixture(autouse=True)
+def the_walk(monkeypatch):  # split=True is the walk's here, whatever the default decode path
+    monkeypatch.setattr(attn_tri, "GATHER", False)
+
+
 @pytest.fixture
 def ranges_of_64(monkeypatch):
     monkeypatch.setattr(triton_walk, "SPLIT_KEYS", 64)
