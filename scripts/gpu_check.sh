@@ -64,7 +64,8 @@
 #          STALL_ARGS overrides)
 # gather-ab: `bench model` on flashnext-12l at 64, 16k and 64k-token prompts, 1 / 4 / 16
 #          streams, with the default kernels and with `--kernels gather` (the gathered decode
-#          attention and the spread select, an experiment; GATHER_ARGS overrides)
+#          attention and the spread select, an experiment; GATHER_ARGS overrides,
+#          GATHER_KERNELS="gather" runs one half)
 # attn-decode: the QSA attention for decode rows at 16k, 64k and 128k keys, 1 / 4 / 16
 #          streams: the indexer, the plain, skipping and split walks and the gathered
 #          attention (kernels/attention/triton_gather.py, a candidate), each against the
@@ -192,7 +193,7 @@ fi
 if [[ " $steps " == *" gather-ab "* ]]; then
     # the long-context candidates end to end: default kernels, then --kernels gather
     args="${GATHER_ARGS:---config flashnext-12l --random-weights --streams 1,4,16 --prompt-len 64,16384,65536 --prefill 2048}"
-    for kernels in auto gather; do
+    for kernels in ${GATHER_KERNELS:-auto gather}; do
         echo "== flashlane bench model $args --kernels $kernels"
         python -m flashlane.cli bench model $args --kernels "$kernels" \
             --json "$out/bench_model_gather_ab_${kernels}_$stamp.json" 2>&1 \
