@@ -6,12 +6,13 @@ At Flash Next's sizes (24 q heads over 2 kv heads of 256, indexer 4 x 128, block
 C-key cache (random keys, the mask from the Triton indexer): the indexer's scores and its
 select (the radix threshold past 2,048 blocks; one program a row, and spread over programs,
 triton_select_spread.py, which must give the same mask), then the attention as the plain
-walk (every key block loaded), the skipping walk (spans of 8 blocks, one mask load a span) and the split
-walk (ranges of SPLIT_KEYS keys, one program each, folded) at several SPLIT_KEYS, and the
-gathered attention (triton_gather.py: each range's allowed keys listed, only those read) at
-the same range sizes. For each: microseconds, and the rate of reading the selected keys and
-values (the layer's attention bytes a step must read) against the copy bandwidth measured
-here. Checks: the split walk and the gathered within bf16's tolerance of the plain one, and
+walk (every key block loaded), the skipping walk (spans of 8 blocks, one mask load a span)
+and the split walk (ranges of SPLIT_KEYS keys, one program each, folded) at several
+SPLIT_KEYS, and the gathered attention (triton_gather.py: each range's allowed keys listed,
+only those read) at the same range sizes. For each: microseconds replayed from a CUDA graph
+(as the engine's graphed steps run them; `launched_us`: launched from Python), and the rate
+of reading the selected keys and values (the layer's attention bytes a step must read)
+against the copy bandwidth measured here. Checks: the split walk and the gathered within bf16's tolerance of the plain one, and
 each session's row alone equal bit for bit to the batched row.
 
     python benchmarks/attention_decode.py [--contexts 16384,65536,131072] [--streams 1,4,16]
@@ -25,7 +26,7 @@ import time
 
 import torch
 
-from flashlane.bench.common import commit, cuda_timed
+from flashlane.bench.common import commit, cuda_timed, graph_timed
 from flashlane.kernels.attention import triton as attn
 from flashlane.kernels.attention import triton_gather, triton_select, triton_walk
 from flashlane.kernels.attention.triton_select import select_from_scores
@@ -36,6 +37,13 @@ VARIANTS = [f"split{s}" for s in SPLITS] + [f"gather{s}" for s in SPLITS]
 
 
 def timed(fn, reps: int = 20) -> float:
+    """Seconds a call takes replayed from a CUDA graph (the GPU's time, as in the engine's
+    graphed steps); the host's launch time is `launched` apart."""
+    return graph_timed(fn, reps)
+
+
+def launched(fn, reps: int = 20) -> float:
+    """Seconds a call takes launched from Python, each call between two events."""
     return cuda_timed(fn, reps)
 
 
@@ -43,7 +51,7 @@ def copy_bandwidth() -> float:
     """Bytes a second of a 1 GiB device-to-device copy."""
     x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
-    return 2 * x.numel() / timed(lambda: y.copy_(x), 5)
+    return 2 * x.numel() / launched(lambda: y.copy_(x), 5)
 
 
 def one(c: int, b: int, bw: float) -> dict:
@@ -83,9 +91,13 @@ def one(c: int, b: int, bw: float) -> dict:
         """fn(i) -> the call on batch row i alone, fn(None) -> on all rows."""
         got = fn(None)
         sec = timed(lambda: fn(None))
+        host = launched(lambda: fn(None))
         alone = all(torch.equal(fn(i), got[i : i + 1]) for i in range(b))
         diff = (got.float() - plain.float()).abs().max().item()
-        return dict(us=sec * 1e6, of_bw=need / sec / bw, alone_equal=alone, max_diff_vs_plain=diff)
+        return dict(
+            us=sec * 1e6, of_bw=need / sec / bw, launched_us=host * 1e6, alone_equal=alone,
+            max_diff_vs_plain=diff,
+        )  # fmt: skip
 
     def rows(x, i):
         return x if i is None else x[i : i + 1]

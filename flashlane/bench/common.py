@@ -38,6 +38,21 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def graph_timed(fn, reps: int, calls: int = 10) -> float:
+    """The median seconds of one call of fn replayed from a CUDA graph of `calls` calls (as the
+    engine's graphed steps run it: no host launch time), over `reps` replays."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # compiles and warms outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return cuda_timed(graph.replay, reps) / calls
+
+
 def cuda_timed(fn, reps: int) -> float:
     """The median seconds of `reps` calls of fn on the GPU, each between two CUDA events,
     after one untimed call."""
