@@ -64,6 +64,8 @@ def one(c: int, b: int, bw: float) -> dict:
     iq, keys = rnd(b, 1, HI, DI), rnd(b, c // BLOCK, DI)
     pos = torch.full((b, 1), c - 1, device="cuda")
     scores = attn.index_scores(iq, keys)
+    spread_default = triton_select.SPREAD
+    triton_select.SPREAD = False  # one program a row (--kernels walk), then spread
     mask = select_from_scores(scores, pos, c, BLOCK, TOP)
     scale = D**-0.5
     selected = mask.sum().item() / b  # keys a row reads
@@ -75,7 +77,7 @@ def one(c: int, b: int, bw: float) -> dict:
     spread = select_from_scores(scores, pos, c, BLOCK, TOP)
     out["select_spread_us"] = timed(lambda: select_from_scores(scores, pos, c, BLOCK, TOP)) * 1e6
     out["select_spread_equal"] = torch.equal(spread, mask)
-    triton_select.SPREAD = False
+    triton_select.SPREAD = spread_default
     plain_cfg = attn.CONFIGS[torch.bfloat16]
     plain = attn.attention(q, k, v, mask, scale, positions=pos, config=plain_cfg)
     walks = {
@@ -102,6 +104,7 @@ def one(c: int, b: int, bw: float) -> dict:
     def rows(x, i):
         return x if i is None else x[i : i + 1]
 
+    gather_default, attn.GATHER = attn.GATHER, False  # split=True: the split walk
     for keys_a_range in SPLITS:
         triton_walk.SPLIT_KEYS = keys_a_range
         out[f"split{keys_a_range}"] = variant(
@@ -118,6 +121,7 @@ def one(c: int, b: int, bw: float) -> dict:
             )
         )
     triton_gather.RANGE_KEYS = 2048
+    attn.GATHER = gather_default
     triton_walk.SPLIT_KEYS = 2048
     return out
 

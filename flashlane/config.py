@@ -218,10 +218,10 @@ class EngineConfig:
     kernels: str = option(
         "auto",
         "auto: Triton's on cuda (the torch references on the CPU, or where Triton is "
-        "missing); reference: the torch references on cuda too; gather: Triton's, decode "
-        "windows gathered and long rows' select spread (an experiment) "
+        "missing); reference: the torch references on cuda too; walk: Triton's with the "
+        "split walk and one select program a row for decode windows (for comparison) "
         "(default: auto; FLASHLANE_KERNELS=reference)",
-        choices=("auto", "reference", "gather"),
+        choices=("auto", "reference", "walk"),
         env=("FLASHLANE_KERNELS",),
     )
     # requests without a seed take seed, seed + 1, ... in submission order; None: fresh random

@@ -134,8 +134,8 @@ class Engine:
         if tp is not None:
             shard_model(self.model, tp, config.expert_parallel)
         self.seeds = SeedSource(config.seed)
-        reference, gather = config.kernels == "reference", config.kernels == "gather"
-        self.kernels = select_kernels(self.device, self.log, reference, gather)
+        reference, walk = config.kernels == "reference", config.kernels == "walk"
+        self.kernels = select_kernels(self.device, self.log, reference, walk)
         if kv_fp8 and self.kernels.name == "triton":
             engine_plan.check_kv_fp8_device(self.device)
         self.model.use_kernels(self.kernels)

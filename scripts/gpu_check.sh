@@ -63,12 +63,12 @@
 #          gap p99 against without it, its TTFT against alone (benchmarks/long_prompt_stall.py;
 #          STALL_ARGS overrides)
 # gather-ab: `bench model` on flashnext-12l at 64, 16k and 64k-token prompts, 1 / 4 / 16
-#          streams, with the default kernels and with `--kernels gather` (the gathered decode
-#          attention and the spread select, an experiment; GATHER_ARGS overrides,
-#          GATHER_KERNELS="gather" runs one half)
+#          streams, with the default kernels (the gathered decode attention and the spread
+#          select) and with `--kernels walk` (the split walk, one select program a row);
+#          GATHER_ARGS overrides, GATHER_KERNELS="walk" runs one half
 # attn-decode: the QSA attention for decode rows at 16k, 64k and 128k keys, 1 / 4 / 16
 #          streams: the indexer, the plain, skipping and split walks and the gathered
-#          attention (kernels/attention/triton_gather.py, a candidate), each against the
+#          attention (kernels/attention/triton_gather.py, the default), each against the
 #          selected keys' roofline (benchmarks/attention_decode.py; ATTN_ARGS overrides)
 # bisect:  which Triton kernel takes a sibling's fp32 logits away from the references, each
 #          kernel alone on the references (benchmarks/sibling_kernel_bisect.py; BISECT_NAMES:
@@ -191,9 +191,9 @@ if [[ " $steps " == *" long "* ]]; then
 fi
 
 if [[ " $steps " == *" gather-ab "* ]]; then
-    # the long-context candidates end to end: default kernels, then --kernels gather
+    # the long-context decode paths end to end: default kernels, then --kernels walk
     args="${GATHER_ARGS:---config flashnext-12l --random-weights --streams 1,4,16 --prompt-len 64,16384,65536 --prefill 2048}"
-    for kernels in ${GATHER_KERNELS:-auto gather}; do
+    for kernels in ${GATHER_KERNELS:-auto walk}; do
         echo "== flashlane bench model $args --kernels $kernels"
         python -m flashlane.cli bench model $args --kernels "$kernels" \
             --json "$out/bench_model_gather_ab_${kernels}_$stamp.json" 2>&1 \

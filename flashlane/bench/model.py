@@ -25,7 +25,9 @@ import torch
 
 from flashlane.bench.common import FLAT_COSTS, commit, random_prompts, sync
 from flashlane.bench.model_figures import (
+    FILL_ROOM,
     decode_figures,
+    kernels_name,
     launches_per_token,
     prefill_seconds,
     prompt_cache_ttft,
@@ -79,10 +81,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--kernels",
-        choices=["auto", "gather"],
+        choices=["auto", "walk"],
         default="auto",
-        help="gather: decode windows gathered and the spread select, an experiment "
-        "(EngineConfig.kernels; default: auto)",
+        help="walk: decode windows through the split walk and one select program a row, "
+        "for comparison (EngineConfig.kernels; default: auto)",
     )
     p.add_argument(
         "--ple-table-dtype",
@@ -181,7 +183,10 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
     sync(args.device)
     built_s = time.perf_counter() - t0
     longest = max([*args.prefill, args.prompt_cache + 200 if args.prompt_cache else 0])
+    # with room for the tokens the first streams decode while the others' prompts fill,
+    # before the rounds that count (decode_together), within the model's window
     context = longest + max(args.prompt_lens) + args.decode_tokens + 64
+    context = max(context, min(context + FILL_ROOM, cfg.max_position_embeddings))
     config = EngineConfig.resolve(
         device=args.device,
         parallel=max(args.streams),
@@ -295,11 +300,6 @@ def decode_rows(args, llm, cfg, greedy, ceilings, prompt_len: int) -> dict:
         except (RuntimeError, torch.OutOfMemoryError) as err:
             rows[n] = {"error": str(err).splitlines()[0]}
     return rows
-
-
-def kernels_name(name: str, asked: str) -> str:
-    """The kernel set's name, `triton+gather` for the gathered decode experiment."""
-    return name + "+gather" if asked == "gather" and name == "triton" else name
 
 
 def bench_model_main(argv: list[str]) -> int:

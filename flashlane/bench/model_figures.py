@@ -5,6 +5,8 @@ cache's time to first token; and the check that every timed reply is whole."""
 from __future__ import annotations
 
 import gc
+import time
+from dataclasses import replace
 
 from flashlane.bench.common import FLAT_COSTS, random_prompts
 from flashlane.config import EngineConfig
@@ -14,6 +16,13 @@ from flashlane.models.fp8 import QuantSpec
 from flashlane.models.host_tables import table_dtype_of
 from flashlane.request import SamplingParams
 from flashlane.roofline import decode_round_bytes
+
+FILL_ROOM = 4096  # positions a session keeps for tokens decoded while other prompts fill
+
+
+def kernels_name(name: str, asked: str) -> str:
+    """The kernel set's name, `triton+walk` for the split walk's comparison run."""
+    return name + "+walk" if asked == "walk" and name == "triton" else name
 
 
 def sampled_params(args) -> dict[str, SamplingParams]:
@@ -41,11 +50,11 @@ def decode_figures(
     args, llm: LLM, cfg, n: int, greedy: SamplingParams, ceilings: dict, prompt_len=None
 ) -> dict:
     """n streams decoding together after prompts of prompt_len (default --prompt-len's
-    first): tok/s, the round's time and its roofline."""
+    first): tok/s, the round's time and its roofline, over rounds in which all n decode."""
     prompt_len = prompt_len or args.prompt_len
-    outs = replies(llm.generate(random_prompts(n, prompt_len, cfg.vocab_size, n), greedy))
-    secs = max(o.stats.decode_seconds for o in outs)
-    round_s = secs / args.decode_tokens
+    prompts = random_prompts(n, prompt_len, cfg.vocab_size, n)
+    tokens, secs = decode_together(llm, prompts, greedy, args.decode_tokens)
+    round_s = secs * n / tokens
     fp8 = QuantSpec() if args.quantization == "fp8" else None
     int8 = table_dtype_of(llm.engine.model) == "int8"
     context = prompt_len + args.decode_tokens
@@ -53,12 +62,45 @@ def decode_figures(
     need = decode_round_bytes(cfg, n, context, fp8=fp8, table_int8=int8, kv_fp8=kv8)["total"]
     bw = ceilings.get("bandwidth_Bps")
     return {
-        "tok_s": n * args.decode_tokens / secs,
+        "tok_s": tokens / secs,
         "round_ms": 1e3 * round_s,
         "round_bytes": need,
         "roofline_ms": 1e3 * need / bw if bw else None,
         "of_roofline": need / bw / round_s if bw else None,
     }
+
+
+def decode_together(llm: LLM, prompts: list, params: SamplingParams, rounds: int):
+    """(tokens, seconds) of the rounds in which every stream of `prompts` decodes: from the
+    round that gives the last stream its first token (every prompt is in by then) until each
+    has `rounds` more tokens; then the streams are cancelled. Streams that finish their prompt
+    first decode while the others fill (a long prompt's pieces share rounds with them): those
+    rounds are prefill's, not counted here. A stream that ends inside the window (its session
+    full) raises: the bench sizes sessions with room for the tokens before the window."""
+    host = llm.engine.host
+    streams = []
+    for i, prompt in enumerate(prompts):
+        most = host.sessions.max_model_len - len(prompt)  # a session's whole room
+        host.submit(f"together-{i}", prompt, replace(params, max_tokens=most))
+        streams.append(host.waiting[-1])
+    t0 = counts = None
+    try:
+        while True:
+            host.run_once()
+            now = time.perf_counter()
+            if any(s.is_finished for s in streams):
+                ended = [(s.request_id, s.finish, s.error, len(s.reply_ids)) for s in streams]
+                raise RuntimeError(f"bench model: a stream ended while decoding: {ended}")
+            if counts is None:
+                if all(s.reply_ids for s in streams):
+                    t0, counts = now, [len(s.reply_ids) for s in streams]
+            elif all(len(s.reply_ids) - c >= rounds for s, c in zip(streams, counts)):
+                return sum(len(s.reply_ids) - c for s, c in zip(streams, counts)), now - t0
+    finally:
+        for s in streams:
+            host.cancel(s.request_id)
+        while host.has_work:
+            host.run_once()
 
 
 def launches_per_token(llm: LLM, cfg) -> float:

@@ -111,15 +111,16 @@ REFERENCE = Kernels(
 
 
 def select_kernels(
-    device: torch.device | str, log=None, reference: bool = False, gather: bool = False
+    device: torch.device | str, log=None, reference: bool = False, walk: bool = False
 ) -> Kernels:
     """The kernels for a device, chosen once at engine start: the pure-torch references on
     the CPU; on CUDA the Triton kernels (row-invariant), or the references where Triton is
     missing (then a row's bits may depend on the batch, and the log says so) or asked for
     (`reference`: EngineConfig.kernels, --kernels reference, FLASHLANE_KERNELS=reference).
-    `gather` (--kernels gather, an experiment): the Triton set's decode windows through the
-    gathered attention (kernels/attention/triton_gather.py) and long rows' select spread over
-    programs (triton_select_spread.py; process-wide switches)."""
+    The Triton set's decode windows read only their allowed keys (the gathered attention,
+    kernels/attention/triton_gather.py) and long rows' select is spread over programs
+    (triton_select_spread.py); `walk` (--kernels walk, for comparison): the split walk and one
+    select program a row instead (process-wide switches)."""
     if torch.device(device).type != "cuda" or reference:
         return REFERENCE
     try:
@@ -131,5 +132,5 @@ def select_kernels(
     from flashlane.kernels.attention import triton as attention_tr
     from flashlane.kernels.attention import triton_select as select_tr
 
-    attention_tr.GATHER = select_tr.SPREAD = gather
+    attention_tr.GATHER = select_tr.SPREAD = not walk
     return TRITON

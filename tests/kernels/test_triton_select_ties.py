@@ -43,8 +43,8 @@ def ranking(request, monkeypatch):
     if request.param in ("chunks", "spread"):
         monkeypatch.setattr(triton_select, "WHOLE", 2)
         monkeypatch.setattr(triton_select, "CHUNK", 16)
+    monkeypatch.setattr(triton_select, "SPREAD", request.param == "spread")
     if request.param == "spread":  # programs of 16 blocks a row, masks of 32 keys
-        monkeypatch.setattr(triton_select, "SPREAD", True)
         monkeypatch.setattr(triton_select_spread, "MASK_KEYS", 32)
 
 

@@ -47,9 +47,10 @@ __all__ = ["CONFIGS", "attention", "index_scores", "select_mask"]
 # layer on the H200, results/attention_prefill_h200_*.json); a call whose query fits one tile
 # (a decode window) skips (`attention`).
 SUPER = tl.constexpr(8)  # a skipping walk's span: SUPER blocks, one mask load (`attention`)
-# split calls (decode and verify windows) through triton_gather.py instead of the split walk:
-# off until benchmarks/attention_decode.py and the GPU suite have run it on the H200
-GATHER = False
+# split calls (decode and verify windows) through triton_gather.py, which reads only the allowed
+# keys (16k-128k contexts: 38-63 us a layer against the split walk's 167-201 on the H200 at one
+# stream, results/attention_decode_h200_a7f5aab.json); False (--kernels walk): the split walk
+GATHER = True
 CONFIGS = {
     # dtype: (BLOCK_M, BLOCK_L, num_warps, num_stages, dot input precision, SKIP)
     torch.bfloat16: (64, 32, 4, 2, "tf32", False),  # the precision only applies to fp32

@@ -14,7 +14,7 @@ key positions, steps fixed indices of the range's list, a range past the row's p
 an empty partial that folds exactly), so the same whatever the batch, the window and the other
 sessions. They are not the walks' bits (another grouping of the same keys): `attention_gathered`
 takes the arguments of triton.attention with split=True; benchmarks/attention_decode.py times it
-against the walks. Not yet the default: the H200 has not run it.
+against the walks. The default for decode windows (triton.GATHER); `--kernels walk` the walk.
 """
 
 from __future__ import annotations

@@ -36,8 +36,9 @@ CHUNK = 1024
 # every pass); longer rows take the loops over chunks. The same kept blocks either way.
 WHOLE = 2048
 # rows past WHOLE blocks ranked by programs of CHUNK blocks each, and the mask written by
-# programs of their own (triton_select_spread.py: the same mask): off until the H200 times it
-SPREAD = False
+# programs of their own (triton_select_spread.py: the same mask; 33-51 us a layer at 16k-128k
+# on the H200 against one program's 37-272); False (--kernels walk): one program a row
+SPREAD = True
 
 
 @triton.jit
