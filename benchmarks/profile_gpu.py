@@ -31,6 +31,13 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=1)
     ap.add_argument("--rows", type=int, default=25)
     ap.add_argument(
+        "--context",
+        type=int,
+        default=0,
+        help="positions a session holds (default: --prefill + 256): a decode step's cost "
+        "against its sessions' size at the same length",
+    )
+    ap.add_argument(
         "--host",
         action="store_true",
         help="also cProfile the decode: Python functions by their own host time",
@@ -51,7 +58,7 @@ def main() -> None:
     config = EngineConfig.resolve(
         device="cuda",
         parallel=max(2, args.streams),
-        context=args.prefill + 256,
+        context=max(args.context, args.prefill + 256),
         drafts=False,
         prompt_cache_gb=0,
     )
