@@ -351,8 +351,9 @@ KERNELS.update({
     # a split decode walk's partials folded (kernels/attention/triton_walk.py)
     "attention combine": (triton_walk._combine_kernel,
                           dict(m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", o_ptr=BF,
-                               rows="i32", S="i32"),
-                          dict(D=256, BD=256, ROWS=16), dict(num_warps=4)),
+                               len_ptr="*i64", pos_ptr="*i64", HAS_LEN="i32", HAS_POS="i32",
+                               rows="i32", S="i32", T="i32", L="i32", HQ="i32", RANGE="i32"),
+                          dict(D=256, BD=256, ROWS=8), dict(num_warps=4)),
     # the gathered decode attention (kernels/attention/triton_gather.py): 12 q heads a kv head
     "attention gathered": (triton_gather._gather_kernel, GATHER, GATHER_TILE,
                            dict(num_warps=4)),

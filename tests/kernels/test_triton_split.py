@@ -18,7 +18,7 @@ from tests.kernels.test_triton_attention import (
     sparse_mask,
     tols,
 )
-from tests.kernels.triton_env import DTYPES, assert_dot_equal, needs_triton
+from tests.kernels.triton_env import DEVICE, DTYPES, assert_dot_equal, needs_triton
 
 pytest.importorskip("triton")
 
@@ -47,7 +47,9 @@ def test_split_walk_matches_the_reference(ranges_of_64, monkeypatch, kind, dtype
     mask = causal_mask(b, t, l) if kind == "causal" else sparse_mask(b, t, l, seed=5)
     folds = []
     real = triton_walk.combine
-    monkeypatch.setattr(triton_walk, "combine", lambda p, o: folds.append(p[0].shape) or real(p, o))
+    monkeypatch.setattr(
+        triton_walk, "combine", lambda p, o, *a: folds.append(p[0].shape) or real(p, o, *a)
+    )
     got = attn_tri.attention(q, k, v, mask, scale(), positions=_positions(b, t, l), split=True)
     assert folds == [(5, b * t * q.shape[2])]  # five ranges' partials, one row each
     want = attn_ref.attention(q.float(), k.float(), v.float(), mask, scale())
@@ -101,3 +103,27 @@ def test_split_sessions_alone_and_together(monkeypatch):
     args = (pos, cos, sin, w, 1e-6, BLOCK, TOP, 0.125)
     want, got, _, _ = alone_and_together(base, (q, k, v, iq, raw), args)
     assert torch.equal(got, want)
+
+
+def test_combine_folds_only_the_ranges_below_a_rows_last_key():
+    """Ranges past a row's last key (its length, its position) are not read: filled with
+    garbage there, the result is the fold of the row's own ranges alone."""
+    b, t, hq, d, ranges, keys = 2, 2, 3, 16, 5, 64
+    gen = torch.Generator().manual_seed(3)
+    rows = b * t * hq
+    m = torch.randn(ranges, rows, generator=gen).to(DEVICE)
+    l = torch.rand(ranges, rows, generator=gen).add(0.5).to(DEVICE)
+    acc = torch.randn(ranges, rows, d, generator=gen).to(DEVICE)
+    lengths = torch.tensor([300, 100], device=DEVICE)  # 5 and 2 ranges
+    positions = torch.tensor([[130, 299], [50, 99]], device=DEVICE)  # 3, 5; 1, 2 ranges
+    got = triton_walk.combine(
+        (m, l, acc), torch.empty(b, t, hq, d, device=DEVICE), keys, 320, lengths, positions
+    )
+    for i in range(b):
+        for j in range(t):
+            mine = min(int(lengths[i]), int(positions[i, j]) + 1)
+            own = -(-mine // keys)
+            r = slice((i * t + j) * hq, (i * t + j + 1) * hq)
+            w = torch.exp(m[:own, r] - m[:own, r].max(0).values)
+            want = (acc[:own, r] * w[..., None]).sum(0) / (l[:own, r] * w).sum(0)[:, None]
+            torch.testing.assert_close(got[i, j], want, rtol=1e-5, atol=1e-5)

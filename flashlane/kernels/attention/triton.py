@@ -322,4 +322,6 @@ def attention(
         num_stages=stages,
         **pdl(q.device),
     )
-    return walk.combine(parts, o) if splits > 1 else o
+    if splits == 1:
+        return o
+    return walk.combine(parts, o, walk.SPLIT_KEYS, l, lengths, positions)

@@ -231,4 +231,4 @@ def attention_gathered(
         FP8=eight,
         num_warps=4,
     )
-    return walk.combine(parts, o) if ranges > 1 else o
+    return walk.combine(parts, o, RANGE_KEYS, l, lengths, positions) if ranges > 1 else o

@@ -5,7 +5,8 @@ _block_update: one key block of a tile's online softmax. A decode window's walk 
 from a fresh state and stores its partial (m, l, acc); `combine` folds the partials of each
 row in split order (`_merge`) and divides. A row's result is a function of its own row, mask
 and keys alone: the ranges are fixed key positions (never chosen by T, B or L), a range past
-the row's position leaves a partial (-inf, 0, 0) whose fold is exact (alpha 1, beta 0), and a
+the row's last key leaves a partial (-inf, 0, 0) that `combine` does not fold (a row folds
+the ranges below its own last key, however many the batch's longest cache makes), and a
 first range folds into the empty state exactly; a call of one range writes as the plain walk
 does (the same bits). Why: one program per (tile, b, kv head) walked a decode row's 16k keys
 alone, two programs on the GPU for Flash Next at one stream.
@@ -16,6 +17,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from flashlane.kernels.tables import no_longs
 
 SPLIT_KEYS = 2048  # keys a split program walks (a multiple of the walk's span, 256)
 
@@ -99,23 +102,66 @@ def _merge(m, l, acc, ms, ls, accs):
     return m_new, l * a + ls * b, acc * a[:, None] + accs * b[:, None]
 
 
-@triton.jit(do_not_specialize=["rows", "S"])  # one compiled variant whatever the batch
+@triton.jit
+def _partial(m_ptr, l_ptr, acc_ptr, at, inside, m_rd, d, D: tl.constexpr):
+    """The partials (m, l, acc) at rows `at` where `inside`, empty elsewhere."""
+    m = tl.load(m_ptr + at, mask=inside, other=float("-inf"))
+    l = tl.load(l_ptr + at, mask=inside, other=0.0)
+    acc_at = acc_ptr + at[:, None].to(tl.int64) * D + d[None, :]
+    return m, l, tl.load(acc_at, mask=inside[:, None] & m_rd, other=0.0)
+
+
+@triton.jit(do_not_specialize=["rows", "S", "T", "L", "HQ", "RANGE", "HAS_LEN", "HAS_POS"])
 def _combine_kernel(
-    m_ptr, l_ptr, acc_ptr, o_ptr, rows, S, D: tl.constexpr, BD: tl.constexpr, ROWS: tl.constexpr
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    o_ptr,
+    len_ptr,
+    pos_ptr,
+    HAS_LEN,
+    HAS_POS,
+    rows,
+    S,
+    T,
+    L,
+    HQ,
+    RANGE,
+    D: tl.constexpr,
+    BD: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     m_r = r < rows
     d = tl.arange(0, BD)
     m_rd = m_r[:, None] & (d < D)[None, :]
+    # a row folds the ranges below its own last key only (those past it hold (-inf, 0, 0)):
+    # its keys end at L, its session's length and its position, as the programs' did
+    bt = r // HQ
+    n = tl.full([ROWS], L, dtype=tl.int32)
+    if HAS_LEN != 0:
+        n = tl.minimum(n, tl.load(len_ptr + bt // T, mask=m_r, other=0).to(tl.int32))
+    if HAS_POS != 0:
+        n = tl.minimum(n, tl.load(pos_ptr + bt, mask=m_r, other=-1).to(tl.int32) + 1)
+    mine = tl.minimum((tl.maximum(n, 0) + RANGE - 1) // RANGE, S)
     m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([ROWS], dtype=tl.float32)
     acc = tl.zeros([ROWS, BD], dtype=tl.float32)
-    for s in range(S):
+    # two ranges a step, both loaded before either folds (the folds stay in range order)
+    for s in range(0, tl.max(tl.where(m_r, mine, 0)), 2):
         at = s * rows + r
-        ms = tl.load(m_ptr + at, mask=m_r, other=float("-inf"))
-        ls = tl.load(l_ptr + at, mask=m_r, other=0.0)
-        accs = tl.load(acc_ptr + at[:, None].to(tl.int64) * D + d[None, :], mask=m_rd, other=0.0)
-        m_i, l_i, acc = _merge(m_i, l_i, acc, ms, ls, accs)
+        a_in = m_r & (s < mine)
+        b_in = m_r & (s + 1 < mine)
+        ma, la, acca = _partial(m_ptr, l_ptr, acc_ptr, at, a_in, m_rd, d, D)
+        mb, lb, accb = _partial(m_ptr, l_ptr, acc_ptr, at + rows, b_in, m_rd, d, D)
+        m_a, l_a, acc_a = _merge(m_i, l_i, acc, ma, la, acca)
+        m_i = tl.where(a_in, m_a, m_i)
+        l_i = tl.where(a_in, l_a, l_i)
+        acc = tl.where(a_in[:, None], acc_a, acc)
+        m_b, l_b, acc_b = _merge(m_i, l_i, acc, mb, lb, accb)
+        m_i = tl.where(b_in, m_b, m_i)
+        l_i = tl.where(b_in, l_b, l_i)
+        acc = tl.where(b_in[:, None], acc_b, acc)
     seen = l_i > 0
     out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], float("nan"))
     o = out.to(o_ptr.dtype.element_ty)
@@ -128,12 +174,40 @@ def partials(splits: int, rows: int, d: int, device) -> tuple[torch.Tensor, ...]
     return m, torch.empty_like(m), torch.empty(splits, rows, d, dtype=torch.float32, device=device)
 
 
-def combine(parts: tuple[torch.Tensor, ...], o: torch.Tensor) -> torch.Tensor:
-    """o [B, T, Hq, D]: each row's partials folded in split order, then divided."""
+def combine(
+    parts: tuple[torch.Tensor, ...],
+    o: torch.Tensor,
+    keys_a_range: int,
+    num_keys: int,
+    lengths: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """o [B, T, Hq, D]: each row's partials folded in range order, then divided. A row folds
+    only the ranges of `keys_a_range` keys below its last key (num_keys, its session's
+    `lengths` [B], its `positions` [B, T] + 1, as the range programs read them): the others
+    hold empty partials, whose fold is exact, so the same bits, without a walk over the
+    empty ranges of a large session (33 of them at 67k positions and a short context)."""
     m, l, acc = parts
-    rows, d = m.shape[1], o.shape[-1]
-    block = 16
+    t, hq, d = o.shape[1:]
+    rows = m.shape[1]
+    block = 8
     _combine_kernel[(triton.cdiv(rows, block),)](
-        m, l, acc, o, rows, m.shape[0], D=d, BD=triton.next_power_of_2(d), ROWS=block
+        m,
+        l,
+        acc,
+        o,
+        no_longs(o.device) if lengths is None else lengths,
+        no_longs(o.device) if positions is None else positions,
+        int(lengths is not None),
+        int(positions is not None),
+        rows,
+        m.shape[0],
+        t,
+        num_keys,
+        hq,
+        keys_a_range,
+        D=d,
+        BD=triton.next_power_of_2(d),
+        ROWS=block,
     )
     return o
