@@ -74,10 +74,11 @@ def one(c: int, b: int, bw: float) -> dict:
     out["scores_us"] = timed(lambda: attn.index_scores(iq, keys)) * 1e6
     out["select_us"] = timed(lambda: select_from_scores(scores, pos, c, BLOCK, TOP)) * 1e6
     triton_select.SPREAD = True  # the long rows' ranking spread over programs
+    spread_keys, triton_select.SPREAD_KEYS = triton_select.SPREAD_KEYS, 0  # at any length
     spread = select_from_scores(scores, pos, c, BLOCK, TOP)
     out["select_spread_us"] = timed(lambda: select_from_scores(scores, pos, c, BLOCK, TOP)) * 1e6
     out["select_spread_equal"] = torch.equal(spread, mask)
-    triton_select.SPREAD = spread_default
+    triton_select.SPREAD, triton_select.SPREAD_KEYS = spread_default, spread_keys
     plain_cfg = attn.CONFIGS[torch.bfloat16]
     plain = attn.attention(q, k, v, mask, scale, positions=pos, config=plain_cfg)
     walks = {

@@ -39,6 +39,9 @@ WHOLE = 2048
 # programs of their own (triton_select_spread.py: the same mask; 33-51 us a layer at 16k-128k
 # on the H200 against one program's 37-272); False (--kernels walk): one program a row
 SPREAD = True
+# ... for masks of more than SPREAD_KEYS keys (sessions that large): up to 16k keys one program
+# a row is as fast (37 against 33 us a layer at 16k) in one launch where the spread takes seven
+SPREAD_KEYS = 16384
 
 
 @triton.jit
@@ -175,6 +178,7 @@ def select_from_scores(
     rows = b * t
     mask = torch.empty((b, t, num_keys), dtype=torch.int8, device=scores.device)
     keep = torch.empty((max(rows, 1), max(nb, 1)), dtype=torch.int8, device=scores.device)
+    spread = SPREAD and num_keys > SPREAD_KEYS  # the same mask either way
     if rows and num_keys:
         _select_kernel[(rows,)](
             scores.contiguous(),
@@ -187,11 +191,11 @@ def select_from_scores(
             TOP=top_blocks,
             CHUNK=CHUNK,
             WHOLE=WHOLE,
-            LONG=not SPREAD,
-            MASK=not SPREAD,
+            LONG=not spread,
+            MASK=not spread,
             **pdl(mask.device),
         )
-        if SPREAD:
+        if spread:
             from flashlane.kernels.attention import triton_select_spread as spread
 
             flat, pos = scores.reshape(rows, nb).contiguous(), positions.contiguous().view(rows)
