@@ -20,6 +20,7 @@ import json
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 import torch
 
@@ -197,15 +198,13 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
         kernels=args.kernels,
     )
     llm = LLM.from_engine(Engine(config, costs=FLAT_COSTS, built=(cfg, model)))
-    greedy = SamplingParams(
-        max_tokens=args.decode_tokens + 1, temperature=0.0, ignore_eos=True, draft=False
-    )
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, draft=False)
+    greedy = replace(one, max_tokens=args.decode_tokens + 1)
     # Triton compiles a kernel variant the first time a shape class meets it (minutes in all):
-    # run every measured shape once first, so the figures below time no compilation
+    # run every measured shape once first, so the figures below time no compilation (decode
+    # steps run the same kernels at any length: longer prompts warm with one stream)
     t0 = time.perf_counter()
     warm = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, draft=False)
-    # (decode steps run the same kernels at any length: longer prompts warm with one stream)
     for length in args.prompt_lens:
         for n in args.streams if length == args.prompt_len else args.streams[:1]:
             llm.generate(random_prompts(n, length, cfg.vocab_size, 99), warm)
