@@ -104,10 +104,13 @@ INDEX = dict(
     keys_ptr=BF,
     scores_ptr="*fp32",
     tab_ptr="*i64",
+    pos_ptr="*i64",
     HAS_TABLE="i32",
+    HAS_POS="i32",
     T="i32",
     NB="i32",
     HI="i32",
+    BLOCK="i32",
     sqrt_di="fp32",
 )
 # the attention's q, k and indexer q: 24 + 2 heads of 256, 4 of 128, 64 rotated

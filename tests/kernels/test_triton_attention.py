@@ -217,6 +217,32 @@ def test_index_scores_match_reference(nb):
     assert torch.equal(attn_tri.index_scores(iq, keys[:, :cut].contiguous()), s[..., :cut])
 
 
+def test_index_scores_with_positions_compute_every_ranked_column():
+    """Given the rows' positions, the columns up to each row's complete blocks are the scores'
+    bit for bit (tiles past every row's may be skipped: a short context in a large session)."""
+    block, nb = 4, 200  # four tiles of block keys
+    iq, keys = index_inputs(2, 3, 2, 32, nb, seed=3)
+    full = attn_tri.index_scores(iq, keys)
+    pos = torch.tensor([[5, 100, 250], [799, 0, 3]], device=DEVICE)
+    got = attn_tri.index_scores(iq, keys, positions=pos, block=block)
+    for (i, j), p in zip(((0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)), pos.flatten()):
+        reach = (int(p) + 1) // block
+        assert torch.equal(got[i, j, :reach], full[i, j, :reach])
+    with pytest.raises(ValueError, match="block"):
+        attn_tri.index_scores(iq, keys, positions=pos)
+
+
+def test_select_mask_of_short_rows_in_a_large_cache():
+    b, t, block, nb = 2, 2, 4, 300  # tiles of block keys past every row's position
+    iq, keys = index_inputs(b, t, 2, 32, nb, seed=8)
+    keys[:, 40:] = float("nan")  # past the rows' complete blocks: never ranked
+    pos = torch.tensor([[60, 61], [150, 30]], device=DEVICE)
+    got = attn_tri.select_mask(iq, keys, pos, nb * block, block=block, top_blocks=4)
+    want = attn_ref.select_mask(iq, keys, pos, nb * block, block=block, top_blocks=4)
+    assert torch.equal(got, want)
+    assert (got.sum(-1) < pos + 1).all()
+
+
 def test_select_mask_dense_region():
     iq, keys = index_inputs(2, 4, 2, 32, 3, seed=1)
     pos = torch.tensor([[8, 9, 10, 11], [0, 1, 2, 3]], device=DEVICE)  # at most 3 complete blocks

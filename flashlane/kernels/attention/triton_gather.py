@@ -151,11 +151,13 @@ def _gather_kernel(
             v = (v.to(tl.float32) * vs[:, None]).to(q.dtype)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
         m_i = m_new
-    if tl.num_programs(2) > 1:  # a range's partial, laid out as the split walk's
+    if tl.num_programs(2) > 1:  # a range's partial, laid out as the split walk's; one past
+        # the row's last key is not written (combine folds only the ranges below it)
         at = (i_s * tl.num_programs(0) + i_bt).to(tl.int64) * HQ + head
-        tl.store(pm_ptr + at, m_i, mask=m_r)
-        tl.store(pl_ptr + at, l_i, mask=m_r)
-        tl.store(pa_ptr + at[:, None] * D + d[None, :], acc, mask=m_r[:, None] & m_d[None, :])
+        m_w = m_r & (lo < n_keys)
+        tl.store(pm_ptr + at, m_i, mask=m_w)
+        tl.store(pl_ptr + at, l_i, mask=m_w)
+        tl.store(pa_ptr + at[:, None] * D + d[None, :], acc, mask=m_w[:, None] & m_d[None, :])
     else:
         seen = l_i > 0
         out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], float("nan"))

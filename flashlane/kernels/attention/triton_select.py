@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from flashlane.kernels.pdl import enter, pdl
-from flashlane.kernels.tables import BLOCKS_COL, NB_COL, TABLE_WIDTH, no_table
+from flashlane.kernels.tables import BLOCKS_COL, NB_COL, TABLE_WIDTH, no_longs, no_table
 
 # the indexer on the tensor cores: tiles of INDEX_TILE = (query rows, block keys, warps); each
 # head's scores a dot (16-bit products exact in fp32, summed by the MMA), relu'd and added in
@@ -204,16 +204,19 @@ def select_from_scores(
     return mask.view(torch.bool)
 
 
-@triton.jit(do_not_specialize=["T", "NB", "HI", "HAS_TABLE"])
+@triton.jit(do_not_specialize=["T", "NB", "HI", "HAS_TABLE", "HAS_POS", "BLOCK"])
 def _index_scores_kernel(
     iq_ptr,
     keys_ptr,
     scores_ptr,
     tab_ptr,
+    pos_ptr,
     HAS_TABLE,
+    HAS_POS,
     T,
     NB,
     HI,
+    BLOCK,
     sqrt_di,
     DI: tl.constexpr,
     BDI: tl.constexpr,
@@ -237,6 +240,12 @@ def _index_scores_kernel(
         nb = tl.load(tab_ptr + i_b * TABLE_WIDTH + NB_COL)
     keys_ptr += off
     m_n = n < nb
+    heads = HI
+    if HAS_POS != 0:  # a tile past every row's complete blocks: never ranked, not computed
+        p = tl.load(pos_ptr + i_b.to(tl.int64) * T + t, mask=m_t, other=-1)
+        reach = tl.max((p + 1) // BLOCK, axis=0)
+        m_n = m_n & (n < reach)
+        heads = tl.where(tl.program_id(1) * BLOCK_N < reach, HI, 0)
     key = tl.load(
         keys_ptr + n[:, None].to(tl.int64) * DI + d[None, :],
         mask=m_n[:, None] & m_d[None, :],
@@ -244,7 +253,7 @@ def _index_scores_kernel(
     )
     q_rows = (i_b.to(tl.int64) * T + t) * HI * DI  # [BLOCK_T]
     acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-    for h in range(0, HI):
+    for h in range(0, heads):
         qh = tl.load(
             iq_ptr + q_rows[:, None] + h * DI + d[None, :],
             mask=m_t[:, None] & m_d[None, :],
@@ -261,6 +270,8 @@ def index_scores(
     block_keys: torch.Tensor,
     table: torch.Tensor | None = None,
     nb: int = 0,
+    positions: torch.Tensor | None = None,
+    block: int = 0,
 ) -> torch.Tensor:
     """sum_h relu(index_q[b, t, h] . block_keys[b, n]) / sqrt(Di) in fp32: [B, T, NB]. One
     program per tile of query rows and block keys (INDEX_TILE), each head's scores a
@@ -268,8 +279,13 @@ def index_scores(
     walking 2,112 block keys took 50 us on the H200), the tile never depends on T, and each
     score is summed over the heads in order whatever the grid. With `table`
     (session_tables.attn_table): block_keys is the first session's [NB0, Di], batch b scores session
-    b's in place, and the scores have nb columns, those past session b's own left unwritten."""
+    b's in place, and the scores have nb columns, those past session b's own left unwritten.
+    With `positions` [B, T] and the indexer's `block`, columns at or past a row's complete
+    blocks ((position + 1) // block, the most the mask ranks) may be left unwritten: a tile
+    past all its rows' is not computed (a short context in a large session)."""
     b, t, hi, di = index_q.shape
+    if positions is not None and block <= 0:
+        raise ValueError("index_scores: positions need the indexer's block")
     if table is None:
         nb = block_keys.shape[1]
     scores = torch.empty(b, t, nb, dtype=torch.float32, device=index_q.device)
@@ -282,10 +298,15 @@ def index_scores(
         keys,
         scores,
         no_table(index_q.device) if table is None else table,
+        no_longs(index_q.device)
+        if positions is None
+        else positions.to(torch.long).expand(b, t).contiguous(),
         int(table is not None),
+        int(positions is not None),
         t,
         nb,
         hi,
+        max(block, 1),
         float(di**0.5),
         DI=di,
         BDI=triton.next_power_of_2(di),
@@ -311,5 +332,5 @@ def select_mask(
     (the mask ranked without a sort), always without the dense shortcut (the same
     mask): its host read of a device value waits for the GPU, which costs a host-bound round
     more than the scores do. `dense_check` is accepted for the signature and ignored."""
-    scores = index_scores(index_q, block_keys)
+    scores = index_scores(index_q, block_keys, positions=positions, block=block)
     return select_from_scores(scores, positions, num_keys, block, top_blocks)

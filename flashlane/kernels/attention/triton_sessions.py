@@ -78,7 +78,7 @@ def attend_sessions(
     )
     nb = max(c.block_keys.shape[0] for c in caches)
     num_keys = max(c.k.shape[0] for c in caches)
-    scores = index_scores(iq[:, None], first.block_keys[None], table, nb)
+    scores = index_scores(iq[:, None], first.block_keys[None], table, nb, pos[:, None], block)
     mask = select_from_scores(scores, pos[:, None], num_keys, block, top_blocks)
     lengths = pos + 1 if lengths is None else lengths
     kv = (first.k_scale[None], first.v_scale[None]) if caches8 else None
