@@ -38,7 +38,6 @@ HARMLESS = {
     ("_gather_kernel", "pos_ptr"): "positions are loaded as integers and only compared",
     ("_select_kernel", "pos_ptr"): "positions are loaded as integers and only compared",
     ("_spread_kernel", "pos_ptr"): "positions are loaded as integers and only compared",
-    ("_mask_kernel", "pos_ptr"): "positions are loaded as integers and only compared",
     ("_index_scores_kernel", "pos_ptr"): "positions are loaded as integers and only compared",
     ("_cos_sin_kernel", "pos_ptr"): "elementwise: each angle from its own position",
     ("_causal_conv_kernel", "stride_xb"): "taps added one by one in a static loop",

@@ -122,28 +122,32 @@ HEADS = {
 HEADS.update(cos_ptr=BF, sin_ptr=BF, stride_c="i32")
 HEADS_SIZES = dict(H0=24, H1=2, H2=4, D0=256, D1=256, D2=128, B0=256, B1=256, B2=128, R=64, PDL=1)
 
+SELECT = dict(
+    scores_ptr="*fp32",
+    pos_ptr="*i64",
+    keep_ptr="*i8",
+    mask_ptr="*i8",
+    hist_ptr="*i32",
+    nans_ptr="*i32",
+    nb="i32",
+    num_keys="i32",
+)
+
 KERNELS = {
-    "select": (triton_select._select_kernel,
-               dict(scores_ptr="*fp32", pos_ptr="*i64", keep_ptr="*i8", mask_ptr="*i8",
-                    nb="i32", num_keys="i32"),
+    "select": (triton_select._select_kernel, SELECT,
                dict(BLOCK=4, TOP=512, CHUNK=1024, WHOLE=triton_select.WHOLE)),
-    "select short rows": (triton_select._select_kernel,
-                          dict(scores_ptr="*fp32", pos_ptr="*i64", keep_ptr="*i8",
-                               mask_ptr="*i8", nb="i32", num_keys="i32"),
+    "select short rows": (triton_select._select_kernel, SELECT,
                           dict(BLOCK=4, TOP=512, CHUNK=1024, WHOLE=triton_select.WHOLE,
                                LONG=False, MASK=False)),
     # the long rows' ranking spread over programs: a byte's histogram, the counts, the flags
+    # and the mask
     **{f"select spread {step}": (triton_select_spread._spread_kernel,
                                  dict(scores_ptr="*fp32", pos_ptr="*i64", hist_ptr="*i32",
                                       nans_ptr="*i32", slots_ptr="*i32", keep_ptr="*i8",
-                                      nb="i32"),
+                                      mask_ptr="*i8", nb="i32", num_keys="i32"),
                                  dict(BLOCK=4, TOP=512, CHUNK=1024, WHOLE=triton_select.WHOLE,
-                                      PASS=step))
+                                      PASS=step, KEYS=triton_select_spread.MASK_KEYS))
        for step in (0, 3, 4, 5)},
-    "select spread mask": (triton_select_spread._mask_kernel,
-                           dict(pos_ptr="*i64", keep_ptr="*i8", mask_ptr="*i8", nb="i32",
-                                num_keys="i32"),
-                           dict(BLOCK=4, TOP=512, KEYS=triton_select_spread.MASK_KEYS)),
     "block_keys": (triton_blocks._block_keys_kernel,
                    dict(raw_ptr=BF, cos_ptr=BF, sin_ptr=BF, w_ptr=BF, out_ptr=BF,
                         stride_raw="i32", stride_out="i32", eps="fp32"), BLOCK_KEY),

@@ -26,12 +26,12 @@ def ranking(request, monkeypatch):
     """Every test three times: rows ranked from one load (up to WHOLE blocks), every row
     through the loops over chunks (WHOLE smaller than any row here that ranks; chunks of 16
     blocks, so a row's counts and histograms add over several), and every row by programs
-    of 16 blocks each (triton_select_spread.py), its mask by programs of 32 keys."""
+    of 16 blocks each (triton_select_spread.py), which write its mask 32 keys a step."""
     if request.param in ("chunks", "spread"):
         monkeypatch.setattr(triton_select, "WHOLE", 2)
         monkeypatch.setattr(triton_select, "CHUNK", 16)
     monkeypatch.setattr(triton_select, "SPREAD", request.param == "spread")
-    if request.param == "spread":  # programs of 16 blocks a row, masks of 32 keys
+    if request.param == "spread":  # programs of 16 blocks a row, masks 32 keys a step
         monkeypatch.setattr(triton_select, "SPREAD_KEYS", 0)
         monkeypatch.setattr(triton_select_spread, "MASK_KEYS", 32)
     return request.param

@@ -44,7 +44,7 @@ def ranking(request, monkeypatch):
         monkeypatch.setattr(triton_select, "WHOLE", 2)
         monkeypatch.setattr(triton_select, "CHUNK", 16)
     monkeypatch.setattr(triton_select, "SPREAD", request.param == "spread")
-    if request.param == "spread":  # programs of 16 blocks a row, masks of 32 keys
+    if request.param == "spread":  # programs of 16 blocks a row, masks 32 keys a step
         monkeypatch.setattr(triton_select, "SPREAD_KEYS", 0)
         monkeypatch.setattr(triton_select_spread, "MASK_KEYS", 32)
 

@@ -35,9 +35,10 @@ CHUNK = 1024
 # (an 8k-token prompt's rows have up to 2,048: 661 us a layer on the H200 reloading them in
 # every pass); longer rows take the loops over chunks. The same kept blocks either way.
 WHOLE = 2048
-# rows past WHOLE blocks ranked by programs of CHUNK blocks each, and the mask written by
-# programs of their own (triton_select_spread.py: the same mask; 33-51 us a layer at 16k-128k
-# on the H200 against one program's 37-272); False (--kernels walk): one program a row
+# rows past WHOLE blocks ranked by programs of CHUNK blocks each, which then write the mask
+# (triton_select_spread.py: the same mask; 33-51 us a layer at 16k-128k on the H200 against
+# one program's 37-272 at cfbca59, in ten launches, now seven); False (--kernels walk): one
+# program a row
 SPREAD = True
 # ... for masks of more than SPREAD_KEYS keys (sessions that large): up to 16k keys one program
 # a row is as fast (37 against 33 us a layer at 16k) in one launch where the spread takes seven
@@ -53,6 +54,23 @@ def _order_key(s):
     key = tl.where(bits >= 0, mag + 2147483648, 2147483647 - mag)
     key = tl.where(mag == 0, 2147483648, key)
     return tl.where(s != s, 4294967296, key)
+
+
+@triton.jit
+def _mask_keys(
+    keys, pos, reach, complete, keep_row, mask_row, nb, num_keys, BLOCK: tl.constexpr,
+    TOP: tl.constexpr,
+):  # fmt: skip
+    """The mask of `keys`: causal, and inside the complete blocks only the kept ones (a block
+    past the block keys reads the last one's flag, as the reference's clamped gather does)."""
+    inside = keys < num_keys
+    allowed = keys <= pos
+    if complete > TOP:
+        in_complete = keys // BLOCK < reach
+        blk = tl.minimum(keys // BLOCK, nb - 1)
+        kept = tl.load(keep_row + blk, mask=inside & in_complete, other=0)
+        allowed = allowed & ((~in_complete) | (kept != 0))
+    tl.store(mask_row + keys, allowed.to(tl.int8), mask=inside)
 
 
 @triton.jit
@@ -116,6 +134,8 @@ def _select_kernel(
     pos_ptr,
     keep_ptr,
     mask_ptr,
+    hist_ptr,
+    nans_ptr,
     nb,
     num_keys,
     BLOCK: tl.constexpr,
@@ -128,6 +148,9 @@ def _select_kernel(
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
+    if not MASK:  # the spread ranking's counters of this row, zeroed for its first pass
+        tl.store(hist_ptr + row * 1024 + tl.arange(0, 1024), 0)
+        tl.store(nans_ptr + row, 0)
     pos = tl.load(pos_ptr + row).to(tl.int64)
     zero = pos * 0
     reach = (pos + 1) // BLOCK  # the blocks complete at this position
@@ -155,18 +178,11 @@ def _select_kernel(
                 keep = ok & ((key > thresh) | (tie & (rank <= need)))
                 tl.store(keep_ptr + row * nb + ids, keep.to(tl.int8), mask=ok)
                 seen += tl.sum(tie.to(tl.int64), axis=0)
-    # each key: causal, and inside the complete blocks only the kept ones (a block past the
-    # block keys reads the last one's flag, as the reference's clamped gather does)
-    for start in range(0, num_keys if MASK else 0, CHUNK):
+    for start in range(0, num_keys if MASK else 0, CHUNK):  # (else the spread's last pass)
         keys = start + tl.arange(0, CHUNK)
-        inside = keys < num_keys
-        allowed = keys <= pos
-        if complete > TOP:
-            in_complete = keys // BLOCK < reach
-            blk = tl.minimum(keys // BLOCK, nb - 1)
-            kept = tl.load(keep_ptr + row * nb + blk, mask=inside & in_complete, other=0)
-            allowed = allowed & ((~in_complete) | (kept != 0))
-        tl.store(mask_ptr + row * num_keys + keys, allowed.to(tl.int8), mask=inside)
+        mask_row = mask_ptr + row * num_keys
+        _mask_keys(keys, pos, reach, complete, keep_ptr + row * nb, mask_row, nb, num_keys,
+                   BLOCK, TOP)  # fmt: skip
 
 
 def select_from_scores(
@@ -178,13 +194,19 @@ def select_from_scores(
     rows = b * t
     mask = torch.empty((b, t, num_keys), dtype=torch.int8, device=scores.device)
     keep = torch.empty((max(rows, 1), max(nb, 1)), dtype=torch.int8, device=scores.device)
-    spread = SPREAD and num_keys > SPREAD_KEYS  # the same mask either way
+    spread = SPREAD and num_keys > SPREAD_KEYS and nb > 0  # the same mask either way
+    hist = torch.empty(
+        (max(rows, 1), 4, 256) if spread else 1, dtype=torch.int32, device=keep.device
+    )
+    nans = torch.empty(max(rows, 1) if spread else 1, dtype=torch.int32, device=keep.device)
     if rows and num_keys:
         _select_kernel[(rows,)](
             scores.contiguous(),
             positions.contiguous(),
             keep,
             mask,
+            hist,
+            nans,
             nb,
             num_keys,
             BLOCK=block,
@@ -199,8 +221,8 @@ def select_from_scores(
             from flashlane.kernels.attention import triton_select_spread as spread
 
             flat, pos = scores.reshape(rows, nb).contiguous(), positions.contiguous().view(rows)
-            spread.rank_long_rows(flat, pos, keep, block, top_blocks, CHUNK, WHOLE)
-            spread.write_mask(pos, keep, mask.view(rows, num_keys), nb, block, top_blocks)
+            sizes = (block, top_blocks, CHUNK, WHOLE)
+            spread.rank_and_mask(flat, pos, keep, (hist, nans), mask.view(rows, num_keys), sizes)
     return mask.view(torch.bool)
 
 

@@ -8,8 +8,9 @@ lower byte's histogram over the keys that share the bytes found so far (every pr
 those bytes from the histograms before it), then each program's counts above and at the
 threshold, then the kept flags (ties to the lowest ids: a program knows the ties of the
 programs before it). Counts are integers added atomically, so the same on any device and in
-any order: the kept blocks, and the mask, are the one-program ranking's bit for bit. The mask
-is then written by programs of MASK_KEYS keys each, for every row.
+any order: the kept blocks, and the mask, are the one-program ranking's bit for bit. The last
+pass also writes the mask of its blocks' keys, for every row (the last program's reach the
+end of the keys); triton_select's launch before zeroed the counters: six launches in all.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlane.kernels.attention.triton_select import _order_key
+from flashlane.kernels.attention.triton_select import _mask_keys, _order_key
 
-MASK_KEYS = 4096  # mask bytes one program writes
+MASK_KEYS = 1024  # mask bytes the last pass writes a step
 TOP_KEY = tl.constexpr(4294967296)  # a NaN's order key
 
 
@@ -41,7 +42,7 @@ def _found(hist_row, nans, UPTO: tl.constexpr, TOP: tl.constexpr):
     return prefix, above
 
 
-@triton.jit(do_not_specialize=["nb"])
+@triton.jit(do_not_specialize=["nb", "num_keys"])
 def _spread_kernel(
     scores_ptr,
     pos_ptr,
@@ -49,12 +50,15 @@ def _spread_kernel(
     nans_ptr,
     slots_ptr,
     keep_ptr,
+    mask_ptr,
     nb,
+    num_keys,
     BLOCK: tl.constexpr,
     TOP: tl.constexpr,
     CHUNK: tl.constexpr,
     WHOLE: tl.constexpr,
     PASS: tl.constexpr,
+    KEYS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
@@ -98,51 +102,34 @@ def _spread_kernel(
                 rank = seen + tl.cumsum(tie.to(tl.int64), axis=0)  # 1-based among the ties
                 keep = ok & ((key > thresh) | (tie & (rank <= TOP - above)))
                 tl.store(keep_ptr + row * nb + ids, keep.to(tl.int8), mask=ok)
+    if PASS == 5:  # the mask of this program's blocks' keys from their flags
+        tl.debug_barrier()  # the flags' stores before their loads, across the program's threads
+        lo = p * CHUNK * BLOCK
+        hi = tl.minimum(lo + CHUNK * BLOCK, num_keys)
+        if p == n_p - 1:
+            hi = num_keys
+        reach = (pos + 1) // BLOCK
+        for start in range(lo, hi, KEYS):
+            keys = start + tl.arange(0, KEYS)
+            _mask_keys(keys, pos, reach, complete, keep_ptr + row * nb,
+                       mask_ptr + row * num_keys, nb, num_keys, BLOCK, TOP)  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["nb", "num_keys"])
-def _mask_kernel(
-    pos_ptr, keep_ptr, mask_ptr, nb, num_keys, BLOCK: tl.constexpr, TOP: tl.constexpr,
-    KEYS: tl.constexpr,
-):  # fmt: skip
-    """Each key: causal, and inside the complete blocks only the kept ones (a block past the
-    block keys reads the last one's flag, as the reference's clamped gather does)."""
-    row = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + row).to(tl.int64)
-    reach = (pos + 1) // BLOCK
-    complete = tl.minimum(reach, nb)
-    keys = tl.program_id(1) * KEYS + tl.arange(0, KEYS)
-    inside = keys < num_keys
-    allowed = keys <= pos
-    if complete > TOP:
-        in_complete = keys // BLOCK < reach
-        blk = tl.minimum(keys // BLOCK, nb - 1)
-        kept = tl.load(keep_ptr + row * nb + blk, mask=inside & in_complete, other=0)
-        allowed = allowed & ((~in_complete) | (kept != 0))
-    tl.store(mask_ptr + row * num_keys + keys, allowed.to(tl.int8), mask=inside)
-
-
-def rank_long_rows(scores, positions, keep, block: int, top: int, chunk: int, whole: int):
-    """keep [rows, NB] int8: the kept flags of the rows past `whole` complete blocks (and past
-    `top`), ranked by programs of `chunk` blocks; scores [rows, NB] fp32, positions [rows]."""
+def rank_and_mask(scores, positions, keep, counters, mask, sizes: tuple[int, int, int, int]):
+    """keep [rows, NB] int8: the kept flags of the rows past `whole` complete blocks (and
+    past `top`), ranked by programs of `chunk` blocks; then mask [rows, num_keys] int8 of
+    every row. scores [rows, NB] fp32, positions [rows]; counters: (hist [rows, 4, 256], nans
+    [rows]) int32, zeroed by triton_select's launch before; sizes: (block, top, chunk,
+    whole)."""
+    block, top, chunk, whole = sizes
     rows, nb = scores.shape
-    if rows == 0 or nb == 0:
-        return
+    num_keys = mask.shape[1]
+    if rows == 0 or nb == 0 or num_keys == 0:
+        raise ValueError(f"rank_and_mask: {rows} rows, {nb} blocks, {num_keys} keys")
     n_p = triton.cdiv(nb, chunk)
-    hist = torch.zeros(rows, 4, 256, dtype=torch.int32, device=scores.device)
-    nans = torch.zeros(rows, dtype=torch.int32, device=scores.device)
     slots = torch.empty(rows, 2, n_p, dtype=torch.int32, device=scores.device)
     for step in range(6):
         _spread_kernel[(rows, n_p)](
-            scores, positions, hist, nans, slots, keep, nb,
-            BLOCK=block, TOP=top, CHUNK=chunk, WHOLE=whole, PASS=step,
+            scores, positions, *counters, slots, keep, mask, nb, num_keys,
+            BLOCK=block, TOP=top, CHUNK=chunk, WHOLE=whole, PASS=step, KEYS=MASK_KEYS,
         )  # fmt: skip
-
-
-def write_mask(positions, keep, mask, nb: int, block: int, top: int):
-    """mask [rows, num_keys] int8 from the kept flags keep [rows, nb], every row."""
-    rows, num_keys = mask.shape
-    if rows == 0 or num_keys == 0:
-        return
-    grid = (rows, triton.cdiv(num_keys, MASK_KEYS))
-    _mask_kernel[grid](positions, keep, mask, nb, num_keys, block, top, MASK_KEYS)
