@@ -11,7 +11,7 @@ that row's state bitwise unchanged (scores -inf, so p = 0 and the rescale exactl
 that has seen nothing yet keeps m = -inf, l = 0, acc = 0 without NaN), so skipping or not,
 and whatever shares the tile, changes nothing for a row. A row with no allowed key gets NaN,
 like the reference's softmax over nothing (never for a causal mask: its diagonal is allowed).
-select_mask, index_scores: the indexer (triton_select.py); attend_sessions
+select_mask, index_scores: the indexer (triton_select.py, triton_scores.py); attend_sessions
 (triton_sessions.py): a lone step's attention for several sessions at once.
 """
 
@@ -24,7 +24,8 @@ import triton.language as tl
 from flashlane.kernels.attention import triton_gather as gather
 from flashlane.kernels.attention import triton_walk as walk
 from flashlane.kernels.attention.kv8 import FP8
-from flashlane.kernels.attention.triton_select import index_scores, select_mask  # the indexer
+from flashlane.kernels.attention.triton_scores import index_scores  # the indexer
+from flashlane.kernels.attention.triton_select import select_mask
 from flashlane.kernels.attention.triton_walk import _block_update
 from flashlane.kernels.pdl import enter, pdl
 from flashlane.kernels.tables import (

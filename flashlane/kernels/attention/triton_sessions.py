@@ -14,11 +14,8 @@ from flashlane.kernels.attention import kv8
 from flashlane.kernels.attention import reference as attention_ref
 from flashlane.kernels.attention import triton_blocks as blocks_tr
 from flashlane.kernels.attention.triton import attention
-from flashlane.kernels.attention.triton_select import (
-    index_scores,
-    select_from_scores,
-    select_mask,
-)
+from flashlane.kernels.attention.triton_scores import index_scores
+from flashlane.kernels.attention.triton_select import select_from_scores, select_mask
 from flashlane.kernels.session_tables import SCALE_COLUMNS, attn_table
 
 

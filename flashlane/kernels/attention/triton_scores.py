@@ -1,0 +1,135 @@
+"""The indexer's scores in Triton: sum_h relu(q_h . block key) / sqrt(Di) for every query
+row and block key, as reference.index_scores. One program per tile of query rows and block
+keys sums the heads in order, each head's scores a dot on the tensor cores; the tile never
+depends on T, B or the number of block keys, so a row's scores are its own bits.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flashlane.kernels.pdl import enter, pdl
+from flashlane.kernels.tables import BLOCKS_COL, NB_COL, TABLE_WIDTH, no_longs, no_table
+
+# the indexer on the tensor cores: tiles of INDEX_TILE = (query rows, block keys, warps); each
+# head's scores a dot (16-bit products exact in fp32, summed by the MMA), relu'd and added in
+# head order (an 8k prompt: 1.59 -> 0.11 ms a layer on the H200 against fp32 FMAs one row a
+# program, the same mask; results/attention_prefill_h200_0e77c8b.json)
+INDEX_TILE = (64, 64, 4)
+
+
+@triton.jit(do_not_specialize=["T", "NB", "HI", "HAS_TABLE", "HAS_POS", "BLOCK"])
+def _index_scores_kernel(
+    iq_ptr,
+    keys_ptr,
+    scores_ptr,
+    tab_ptr,
+    pos_ptr,
+    HAS_TABLE,
+    HAS_POS,
+    T,
+    NB,
+    HI,
+    BLOCK,
+    sqrt_di,
+    DI: tl.constexpr,
+    BDI: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+    PDL: tl.constexpr = 0,
+):
+    enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
+    i_b = tl.program_id(2)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # this program's query rows
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # ... and block keys
+    d = tl.arange(0, BDI)
+    m_d = d < DI
+    m_t = t < T
+    # with a table: session b's block keys and its own count of them (NB: the scores' row)
+    off = i_b.to(tl.int64) * NB * DI
+    nb = NB.to(tl.int64)
+    if HAS_TABLE != 0:
+        off = tl.multiple_of(tl.load(tab_ptr + i_b * TABLE_WIDTH + BLOCKS_COL), 16)
+        nb = tl.load(tab_ptr + i_b * TABLE_WIDTH + NB_COL)
+    keys_ptr += off
+    m_n = n < nb
+    heads = HI
+    if HAS_POS != 0:  # a tile past every row's complete blocks: never ranked, not computed
+        p = tl.load(pos_ptr + i_b.to(tl.int64) * T + t, mask=m_t, other=-1)
+        reach = tl.max((p + 1) // BLOCK, axis=0)
+        m_n = m_n & (n < reach)
+        heads = tl.where(tl.program_id(1) * BLOCK_N < reach, HI, 0)
+    key = tl.load(
+        keys_ptr + n[:, None].to(tl.int64) * DI + d[None, :],
+        mask=m_n[:, None] & m_d[None, :],
+        other=0.0,
+    )
+    q_rows = (i_b.to(tl.int64) * T + t) * HI * DI  # [BLOCK_T]
+    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+    for h in range(0, heads):
+        qh = tl.load(
+            iq_ptr + q_rows[:, None] + h * DI + d[None, :],
+            mask=m_t[:, None] & m_d[None, :],
+            other=0.0,
+        ).to(key.dtype)
+        s = tl.dot(qh, tl.trans(key), input_precision=PRECISION)
+        acc += tl.maximum(s, 0.0)
+    out = scores_ptr + (i_b.to(tl.int64) * T + t)[:, None] * NB + n[None, :]
+    tl.store(out, acc / sqrt_di, mask=m_t[:, None] & m_n[None, :])
+
+
+def index_scores(
+    index_q: torch.Tensor,
+    block_keys: torch.Tensor,
+    table: torch.Tensor | None = None,
+    nb: int = 0,
+    positions: torch.Tensor | None = None,
+    block: int = 0,
+) -> torch.Tensor:
+    """sum_h relu(index_q[b, t, h] . block_keys[b, n]) / sqrt(Di) in fp32: [B, T, NB]. One
+    program per tile of query rows and block keys (INDEX_TILE), each head's scores a
+    tensor-core dot: a decode row over a long cache is spread over the SMs (one program
+    walking 2,112 block keys took 50 us on the H200), the tile never depends on T, and each
+    score is summed over the heads in order whatever the grid. With `table`
+    (session_tables.attn_table): block_keys is the first session's [NB0, Di], batch b scores session
+    b's in place, and the scores have nb columns, those past session b's own left unwritten.
+    With `positions` [B, T] and the indexer's `block`, columns at or past a row's complete
+    blocks ((position + 1) // block, the most the mask ranks) may be left unwritten: a tile
+    past all its rows' is not computed (a short context in a large session)."""
+    b, t, hi, di = index_q.shape
+    if positions is not None and block <= 0:
+        raise ValueError("index_scores: positions need the indexer's block")
+    if table is None:
+        nb = block_keys.shape[1]
+    scores = torch.empty(b, t, nb, dtype=torch.float32, device=index_q.device)
+    if b * t == 0 or nb == 0:
+        return scores
+    block_t, block_n, warps = INDEX_TILE
+    keys = block_keys.contiguous()
+    _index_scores_kernel[(triton.cdiv(t, block_t), triton.cdiv(nb, block_n), b)](
+        index_q.to(keys.dtype).contiguous(),
+        keys,
+        scores,
+        no_table(index_q.device) if table is None else table,
+        no_longs(index_q.device)
+        if positions is None
+        else positions.to(torch.long).expand(b, t).contiguous(),
+        int(table is not None),
+        int(positions is not None),
+        t,
+        nb,
+        hi,
+        max(block, 1),
+        float(di**0.5),
+        DI=di,
+        BDI=triton.next_power_of_2(di),
+        BLOCK_T=block_t,
+        BLOCK_N=block_n,
+        PRECISION="ieee" if keys.dtype == torch.float32 else "tf32",
+        num_warps=warps,
+        **pdl(scores.device),
+    )
+    return scores
