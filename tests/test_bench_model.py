@@ -41,7 +41,7 @@ def test_bench_model_smoke_on_cpu(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert set(result["ours"]["decode"]) == {"1", "2"}
     prefill = result["ours"]["prefill"]["128"]
-    assert prefill["tok_s"] > 0 and len(prefill["ttft_runs_s"]) == 3  # --prefill-repeats
+    assert prefill["tok_s"] > 0 and len(prefill["ttft_runs_s"]) == 5  # --prefill-repeats
     assert prefill["ttft_runs_s"] == sorted(prefill["ttft_runs_s"])
     assert prefill["ttft_min_s"] <= prefill["ttft_s"] and prefill["spread"] >= 0
     assert result["peer"]["decode"]["2"]["tok_s"] > 0

@@ -115,7 +115,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--prefill-repeats",
         type=int,
-        default=3,
+        default=5,
         help="timed runs of each prefill length (another prompt each): median and min",
     )
     p.add_argument(
