@@ -16,6 +16,12 @@ against the copy bandwidth measured here. Checks: the split walk and the gathere
 each session's row alone equal bit for bit to the batched row.
 
     python benchmarks/attention_decode.py [--contexts 16384,65536,131072] [--streams 1,4,16]
+        [--capacity 71808]
+
+`layer_us`: the step's whole QSA attention as the engine runs it by default (scores of the
+blocks below the rows' positions, the select, the gathered attention); `--capacity`: sessions
+of that many positions, as the engine's (`bench model`: 71,808), the rows still at the
+context's last position. `scores_us` scores every block of the capacity.
 """
 
 from __future__ import annotations
@@ -54,29 +60,38 @@ def copy_bandwidth() -> float:
     return 2 * x.numel() / launched(lambda: y.copy_(x), 5)
 
 
-def one(c: int, b: int, bw: float) -> dict:
+def one(c: int, b: int, bw: float, capacity: int = 0) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(c + b)
+    cap = max(c, capacity)  # the sessions' positions: keys past the context are never read
 
     def rnd(*shape):
         return torch.randn(*shape, generator=gen, device="cuda").to(torch.bfloat16)
 
-    q, k, v = rnd(b, 1, HQ, D), rnd(b, c, HKV, D), rnd(b, c, HKV, D)
-    iq, keys = rnd(b, 1, HI, DI), rnd(b, c // BLOCK, DI)
+    q, k, v = rnd(b, 1, HQ, D), rnd(b, cap, HKV, D), rnd(b, cap, HKV, D)
+    iq, keys = rnd(b, 1, HI, DI), rnd(b, cap // BLOCK, DI)
     pos = torch.full((b, 1), c - 1, device="cuda")
+    scale = D**-0.5
+    # what a step runs by default: the scores of blocks below the rows' positions, the
+    # select, the gathered attention
+    layer_us = timed(
+        lambda: attn.attention(
+            q, k, v, attn.select_mask(iq, keys, pos, cap, BLOCK, TOP), scale, positions=pos,
+            split=True,
+        )
+    ) * 1e6  # fmt: skip
     scores = attn.index_scores(iq, keys)
     spread_default = triton_select.SPREAD
     triton_select.SPREAD = False  # one program a row (--kernels walk), then spread
-    mask = select_from_scores(scores, pos, c, BLOCK, TOP)
-    scale = D**-0.5
+    mask = select_from_scores(scores, pos, cap, BLOCK, TOP)
     selected = mask.sum().item() / b  # keys a row reads
     need = b * selected * HKV * D * 2 * 2  # K and V in bf16
-    out = dict(context=c, streams=b, selected_keys=selected)
+    out = dict(context=c, capacity=cap, streams=b, selected_keys=selected, layer_us=layer_us)
     out["scores_us"] = timed(lambda: attn.index_scores(iq, keys)) * 1e6
-    out["select_us"] = timed(lambda: select_from_scores(scores, pos, c, BLOCK, TOP)) * 1e6
+    out["select_us"] = timed(lambda: select_from_scores(scores, pos, cap, BLOCK, TOP)) * 1e6
     triton_select.SPREAD = True  # the long rows' ranking spread over programs
     spread_keys, triton_select.SPREAD_KEYS = triton_select.SPREAD_KEYS, 0  # at any length
-    spread = select_from_scores(scores, pos, c, BLOCK, TOP)
-    out["select_spread_us"] = timed(lambda: select_from_scores(scores, pos, c, BLOCK, TOP)) * 1e6
+    spread = select_from_scores(scores, pos, cap, BLOCK, TOP)
+    out["select_spread_us"] = timed(lambda: select_from_scores(scores, pos, cap, BLOCK, TOP)) * 1e6
     out["select_spread_equal"] = torch.equal(spread, mask)
     triton_select.SPREAD, triton_select.SPREAD_KEYS = spread_default, spread_keys
     plain_cfg = attn.CONFIGS[torch.bfloat16]
@@ -131,24 +146,26 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", default="16384,65536,131072")
     ap.add_argument("--streams", default="1,4,16")
+    ap.add_argument("--capacity", type=int, default=0, help="session positions (>= context)")
     args = ap.parse_args()
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; us a layer (of the selected KV's roofline)")
     head = (
-        f"{'ctx':>7} {'B':>3} {'scores':>7} {'select':>7} {'spread':>7} {'plain':>14} {'skip':>14}"
+        f"{'ctx':>7} {'B':>3} {'layer':>7} {'scores':>7} {'select':>7} {'spread':>7} "
+        f"{'plain':>14} {'skip':>14}"
     )
     print(head + "".join(f" {name:>16}" for name in VARIANTS) + "  checks")
     rows = []
     for c in (int(x) for x in args.contexts.split(",")):
         for b in (int(x) for x in args.streams.split(",")):
-            r = one(c, b, bw)
+            r = one(c, b, bw, args.capacity)
             rows.append(r)
             splits = [r[name] for name in VARIANTS]
             ok = r["select_spread_equal"] and all(
                 s["alone_equal"] and s["max_diff_vs_plain"] < 0.05 for s in splits
             )
             print(
-                f"{c:7d} {b:3d} {r['scores_us']:7.1f} {r['select_us']:7.1f} "
+                f"{c:7d} {b:3d} {r['layer_us']:7.1f} {r['scores_us']:7.1f} {r['select_us']:7.1f} "
                 f"{r['select_spread_us']:7.1f} "
                 f"{r['plain_us']:7.1f} ({r['plain_of_bw']:4.0%}) "
                 f"{r['skip_us']:7.1f} ({r['skip_of_bw']:4.0%})"

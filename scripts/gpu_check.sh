@@ -69,7 +69,9 @@
 # attn-decode: the QSA attention for decode rows at 16k, 64k and 128k keys, 1 / 4 / 16
 #          streams: the indexer, the plain, skipping and split walks and the gathered
 #          attention (kernels/attention/triton_gather.py, the default), each against the
-#          selected keys' roofline (benchmarks/attention_decode.py; ATTN_ARGS overrides)
+#          selected keys' roofline, and the layer as a step runs it (benchmarks/attention_decode.py;
+#          ATTN_ARGS overrides: "--capacity 71808" puts the rows in sessions as large as
+#          bench model's)
 # bisect:  which Triton kernel takes a sibling's fp32 logits away from the references, each
 #          kernel alone on the references (benchmarks/sibling_kernel_bisect.py; BISECT_NAMES:
 #          the families, default qwen3_5_moe qwen3_next)
