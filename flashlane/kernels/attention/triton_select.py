@@ -28,9 +28,9 @@ CHUNK = 1024
 # every pass); longer rows take the loops over chunks. The same kept blocks either way.
 WHOLE = 2048
 # rows past WHOLE blocks ranked by programs of CHUNK blocks each, which then write the mask
-# (triton_select_spread.py: the same mask; 33-51 us a layer at 16k-128k on the H200 against
-# one program's 37-272 at cfbca59, in ten launches, now seven); False (--kernels walk): one
-# program a row
+# (triton_select_spread.py, seven launches: the same mask; 33-51 us a layer at 16k-128k on
+# the H200 against one program's 37-272, results/attention_decode_h200_cfbca59.json, when it
+# took ten); False (--kernels walk): one program a row
 SPREAD = True
 # ... for masks of more than SPREAD_KEYS keys (sessions that large): up to 16k keys one program
 # a row is as fast (37 against 33 us a layer at 16k) in one launch where the spread takes seven
