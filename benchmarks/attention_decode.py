@@ -21,7 +21,9 @@ each session's row alone equal bit for bit to the batched row.
 `layer_us`: the step's whole QSA attention as the engine runs it by default (scores of the
 blocks below the rows' positions, the select, the gathered attention); `--capacity`: sessions
 of that many positions, as the engine's (`bench model`: 71,808), the rows still at the
-context's last position. `scores_us` scores every block of the capacity.
+context's last position. `scores_us` scores every block of the capacity;
+`select_whole{N}_us`: the default select with rows of up to N complete blocks ranked from
+one load in registers (triton_select.WHOLE candidates, each checked against the mask).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from flashlane.kernels.attention.triton_select import select_from_scores
 
 HQ, HKV, D, HI, DI, BLOCK, TOP = 24, 2, 256, 4, 128, 4, 512
 SPLITS = (1024, 2048, 4096)
+WHOLES = (2048, 4096, 8192)  # triton_select.WHOLE candidates (select_whole*_us)
 VARIANTS = [f"split{s}" for s in SPLITS] + [f"gather{s}" for s in SPLITS]
 
 
@@ -94,6 +97,16 @@ def one(c: int, b: int, bw: float, capacity: int = 0) -> dict:
     out["select_spread_us"] = timed(lambda: select_from_scores(scores, pos, cap, BLOCK, TOP)) * 1e6
     out["select_spread_equal"] = torch.equal(spread, mask)
     triton_select.SPREAD, triton_select.SPREAD_KEYS = spread_default, spread_keys
+    # the default select with rows of up to WHOLE blocks ranked in registers (a candidate)
+    whole_default = triton_select.WHOLE
+    for whole in WHOLES:
+        triton_select.WHOLE = whole
+        got = select_from_scores(scores, pos, cap, BLOCK, TOP)
+        out[f"select_whole{whole}_us"] = (
+            timed(lambda: select_from_scores(scores, pos, cap, BLOCK, TOP)) * 1e6
+        )
+        out[f"select_whole{whole}_equal"] = torch.equal(got, mask)
+    triton_select.WHOLE = whole_default
     plain_cfg = attn.CONFIGS[torch.bfloat16]
     plain = attn.attention(q, k, v, mask, scale, positions=pos, config=plain_cfg)
     walks = {
@@ -161,9 +174,8 @@ def main() -> None:
             r = one(c, b, bw, args.capacity)
             rows.append(r)
             splits = [r[name] for name in VARIANTS]
-            ok = r["select_spread_equal"] and all(
-                s["alone_equal"] and s["max_diff_vs_plain"] < 0.05 for s in splits
-            )
+            ok = r["select_spread_equal"] and all(r[f"select_whole{w}_equal"] for w in WHOLES)
+            ok = ok and all(s["alone_equal"] and s["max_diff_vs_plain"] < 0.05 for s in splits)
             print(
                 f"{c:7d} {b:3d} {r['layer_us']:7.1f} {r['scores_us']:7.1f} {r['select_us']:7.1f} "
                 f"{r['select_spread_us']:7.1f} "
@@ -171,6 +183,8 @@ def main() -> None:
                 f"{r['skip_us']:7.1f} ({r['skip_of_bw']:4.0%})"
                 + "".join(f" {s['us']:8.1f} ({s['of_bw']:4.0%})" for s in splits)
                 + f"  {'ok' if ok else 'FAILED'}"
+                + "  select by WHOLE "
+                + " / ".join(f"{r[f'select_whole{w}_us']:.1f}" for w in WHOLES)
             )
     print(
         json.dumps(
