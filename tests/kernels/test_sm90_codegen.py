@@ -25,10 +25,11 @@ from flashlane.kernels.rowwise import triton_heads as rowwise_heads  # noqa: E40
 from tests.kernels.sm90 import BF, H200  # noqa: E402
 from tests.kernels.test_sm90_compile import HEADS, HEADS_SIZES  # noqa: E402
 from tests.kernels.test_sm90_compile import KERNELS as NON_GEMMS  # noqa: E402
+from tests.kernels.test_sm90_compile_attention import ATTENTION_KERNELS  # noqa: E402
 from tests.kernels.test_sm90_compile_gemm import GEMMS, LINEAR  # noqa: E402
 
 # every kernel of both compile tables
-KERNELS = {**NON_GEMMS, **GEMMS}
+KERNELS = {**NON_GEMMS, **ATTENTION_KERNELS, **GEMMS}
 
 
 @pytest.mark.parametrize("tile", ["tile_config", "prefill_tile"])

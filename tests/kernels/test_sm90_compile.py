@@ -2,8 +2,9 @@
 ptxas (bundled with triton) at Flash Next's sizes, bf16, without a GPU. A kernel that the
 interpreter runs but the GPU compiler rejects (types, shapes, constexpr use) fails here, in
 CI, before a device call finds it. Kernels added after a session's device time ran out
-belong here first. This file holds the row-wise, attention, recurrent, norm, conv and
-sampler kernels; test_sm90_compile_gemm.py the GEMMs (linear, MoE).
+belong here first. This file holds the row-wise, recurrent, norm, conv and sampler kernels;
+test_sm90_compile_attention.py the attention and the indexer's; test_sm90_compile_gemm.py
+the GEMMs (linear, MoE).
 
     python -m pytest tests/kernels/test_sm90_compile.py     # needs triton; no GPU
 """
@@ -13,23 +14,12 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 triton = pytest.importorskip("triton")
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") == "1", reason="the interpreter replaces the compiler"
 )
 
-from flashlane.kernels.attention import triton as attention  # noqa: E402
-from flashlane.kernels.attention import (  # noqa: E402
-    triton_blocks,
-    triton_causal,
-    triton_gather,
-    triton_scores,
-    triton_select,
-    triton_select_spread,
-    triton_walk,
-)
 from flashlane.kernels.conv import triton as conv  # noqa: E402
 from flashlane.kernels.gdn import triton as gdn  # noqa: E402
 from flashlane.kernels.norms import triton as norms  # noqa: E402
@@ -46,74 +36,6 @@ from flashlane.kernels.rowwise import triton_tables as rowwise_tables  # noqa: E
 from flashlane.kernels.sampling import triton_draw, triton_lone, triton_top_p  # noqa: E402
 from tests.kernels.sm90 import BF, compiles_for_sm90  # noqa: E402
 
-BLOCK_KEY = dict(BLOCK=4, DI=128, R=32, BDI=128)  # the indexer: blocks of 4, 128 dims
-POOL_AT = dict(
-    keys_ptr=BF,
-    cos_ptr=BF,
-    sin_ptr=BF,
-    w_ptr=BF,
-    out_ptr=BF,
-    pos_ptr="*i64",
-    tab_ptr="*i64",
-    scale_ptr=BF,  # unused without FP8 (the keys themselves)
-    nb="i32",
-    has_table="i32",
-    eps="fp32",
-)
-# --kv-cache-dtype fp8: e4m3 raw keys and their fp32 scales
-POOL_AT_FP8 = dict(POOL_AT, keys_ptr="*fp8e4nv", scale_ptr="*fp32")
-ATTENTION = dict(
-    q_ptr=BF,
-    k_ptr=BF,
-    v_ptr=BF,
-    mask_ptr="*u8",
-    o_ptr=BF,
-    len_ptr="*i64",
-    tab_ptr="*i64",
-    pos_ptr="*i64",
-    ks_ptr="*fp32",
-    vs_ptr="*fp32",
-    pm_ptr="*fp32",
-    pl_ptr="*fp32",
-    pa_ptr="*fp32",
-    HAS_LEN="i32",
-    HAS_TABLE="i32",
-    HAS_POS="i32",
-    T="i32",
-    L="i32",
-    HQ="i32",
-    HKV="i32",
-    REP="i32",
-    scale="fp32",
-    split_keys="i32",
-)
-_BM, _BL, _WARPS, _STAGES, _PREC, _SKIP = attention.CONFIGS[torch.bfloat16]
-ATTENTION_TILE = dict(D=256, BD=256, BLOCK_M=_BM, BLOCK_L=_BL, PRECISION=_PREC, SKIP=_SKIP)
-# the gathered decode attention (kernels/attention/triton_gather.py): 12 q heads a kv head
-GATHER = dict(
-    q_ptr=BF, k_ptr=BF, v_ptr=BF, mask_ptr="*u8", o_ptr=BF, len_ptr="*i64", tab_ptr="*i64",
-    pos_ptr="*i64", ks_ptr="*fp32", vs_ptr="*fp32", list_ptr="*i16", pm_ptr="*fp32",
-    pl_ptr="*fp32", pa_ptr="*fp32", HAS_LEN="i32", HAS_TABLE="i32", HAS_POS="i32", T="i32",
-    L="i32", HKV="i32", stride_b="i32", scale="fp32",
-)  # fmt: skip
-GATHER_TILE = dict(
-    HQ=24, REP=12, D=256, BD=256, BLOCK_M=16, BLOCK_L=triton_gather.BLOCK_L,
-    RANGE=triton_gather.RANGE_KEYS, CHUNK=triton_gather.CHUNK, PRECISION="tf32", FP8=False,
-)  # fmt: skip
-INDEX = dict(
-    iq_ptr=BF,
-    keys_ptr=BF,
-    scores_ptr="*fp32",
-    tab_ptr="*i64",
-    pos_ptr="*i64",
-    HAS_TABLE="i32",
-    HAS_POS="i32",
-    T="i32",
-    NB="i32",
-    HI="i32",
-    BLOCK="i32",
-    sqrt_di="fp32",
-)
 # the attention's q, k and indexer q: 24 + 2 heads of 256, 4 of 128, 64 rotated
 HEADS = {
     f"{k}{i}": v
@@ -123,55 +45,7 @@ HEADS = {
 HEADS.update(cos_ptr=BF, sin_ptr=BF, stride_c="i32")
 HEADS_SIZES = dict(H0=24, H1=2, H2=4, D0=256, D1=256, D2=128, B0=256, B1=256, B2=128, R=64, PDL=1)
 
-SELECT = dict(
-    scores_ptr="*fp32",
-    pos_ptr="*i64",
-    keep_ptr="*i8",
-    mask_ptr="*i8",
-    hist_ptr="*i32",
-    nans_ptr="*i32",
-    nb="i32",
-    num_keys="i32",
-)
-
 KERNELS = {
-    "select": (triton_select._select_kernel, SELECT,
-               dict(BLOCK=4, TOP=512, CHUNK=1024, WHOLE=triton_select.WHOLE)),
-    "select short rows": (triton_select._select_kernel, SELECT,
-                          dict(BLOCK=4, TOP=512, CHUNK=1024, WHOLE=triton_select.WHOLE,
-                               LONG=False, MASK=False)),
-    # the long rows' ranking spread over programs: a byte's histogram, the counts, the flags
-    # and the mask
-    **{f"select spread {step}": (triton_select_spread._spread_kernel,
-                                 dict(scores_ptr="*fp32", pos_ptr="*i64", hist_ptr="*i32",
-                                      nans_ptr="*i32", slots_ptr="*i32", keep_ptr="*i8",
-                                      mask_ptr="*i8", nb="i32", num_keys="i32"),
-                                 dict(BLOCK=4, TOP=512, CHUNK=1024, WHOLE=triton_select.WHOLE,
-                                      PASS=step, KEYS=triton_select_spread.MASK_KEYS))
-       for step in (0, 3, 4, 5)},
-    "block_keys": (triton_blocks._block_keys_kernel,
-                   dict(raw_ptr=BF, cos_ptr=BF, sin_ptr=BF, w_ptr=BF, out_ptr=BF,
-                        stride_raw="i32", stride_out="i32", eps="fp32"), BLOCK_KEY),
-    "pool_block_at": (triton_blocks._pool_block_at_kernel, POOL_AT, BLOCK_KEY),
-    "pool_block_at fp8": (triton_blocks._pool_block_at_kernel, POOL_AT_FP8,
-                          dict(BLOCK_KEY, FP8=True)),
-    "put_three": (triton_blocks._put_three_kernel,
-                  dict(s0=BF, d0=BF, s1=BF, d1=BF, s2=BF, d2=BF, tab_ptr="*i64", pos_ptr="*i64",
-                       W0="i32", W1="i32", W2="i32", S0="i32", S1="i32", S2="i32"),
-                  dict(C0=0, C1=1, C2=2, BLOCK=512, PDL=1), dict(launch_pdl=True)),
-    "put_three fp8": (triton_blocks._put_three_kernel,  # an 8-bit cache's rows
-                      dict(s0="*fp8e4nv", d0="*fp8e4nv", s1="*fp8e4nv", d1="*fp8e4nv",
-                           s2="*fp8e4nv", d2="*fp8e4nv", tab_ptr="*i64", pos_ptr="*i64",
-                           W0="i32", W1="i32", W2="i32", S0="i32", S1="i32", S2="i32"),
-                      dict(C0=0, C1=1, C2=2, BLOCK=512, PDL=1), dict(launch_pdl=True)),
-    "put_three scales": (triton_blocks._put_three_kernel,  # and their fp32 scales
-                         dict(s0="*fp32", d0="*fp32", s1="*fp32", d1="*fp32", s2="*fp32",
-                              d2="*fp32", tab_ptr="*i64", pos_ptr="*i64", W0="i32", W1="i32",
-                              W2="i32", S0="i32", S1="i32", S2="i32"),
-                         dict(C0=5, C1=6, C2=7, BLOCK=2, PDL=1), dict(launch_pdl=True)),
-    "put_rows": (triton_blocks._put_rows_kernel,
-                 dict(src_ptr=BF, dst_ptr=BF, tab_ptr="*i64", pos_ptr="*i64", W="i32"),
-                 dict(COL=0, BLOCK=512)),
     "ngram_ids": (rowwise._ngram_kernel,
                   dict(hist_ptr="*i64", mult_ptr="*i64", size_ptr="*i64", off_ptr="*i64",
                        out_ptr="*i64", t="i32", stride="i32", eos="i32"),
@@ -351,43 +225,13 @@ KERNELS.update({
                        dict(D=128, SIGMOID=True, ROUND_PROD=True, BLOCK=128,
                             ROWS=norms._gated_rows(128)[0]),
                        dict(num_warps=norms._gated_rows(128)[1])),
-    "attention": (attention._attention_kernel, ATTENTION, ATTENTION_TILE,
-                  dict(num_warps=_WARPS, num_stages=_STAGES)),
-    # a decode window's walk: spans of SUPER blocks, their masks read once (SKIP)
-    "attention decode": (attention._attention_kernel, ATTENTION, dict(ATTENTION_TILE, SKIP=True),
-                         dict(num_warps=_WARPS, num_stages=_STAGES)),
-    # a split decode walk's partials folded (kernels/attention/triton_walk.py)
-    "attention combine": (triton_walk._combine_kernel,
-                          dict(m_ptr="*fp32", l_ptr="*fp32", acc_ptr="*fp32", o_ptr=BF,
-                               len_ptr="*i64", pos_ptr="*i64", HAS_LEN="i32", HAS_POS="i32",
-                               rows="i32", S="i32", T="i32", L="i32", HQ="i32", RANGE="i32"),
-                          dict(D=256, BD=256, ROWS=8), dict(num_warps=4)),
-    # the gathered decode attention (kernels/attention/triton_gather.py): 12 q heads a kv head
-    "attention gathered": (triton_gather._gather_kernel, GATHER, GATHER_TILE,
-                           dict(num_warps=4)),
-    "attention gathered fp8": (triton_gather._gather_kernel,
-                               dict(GATHER, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv"),
-                               dict(GATHER_TILE, FP8=True), dict(num_warps=4)),
-    "attention fp8": (attention._attention_kernel,
-                      dict(ATTENTION, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv"),
-                      dict(ATTENTION_TILE, FP8=True), dict(num_warps=_WARPS, num_stages=_STAGES)),
-    # the siblings' gated full attention (Qwen3-Next: 16 q / 2 kv heads of 256) and GDN norm
-    "causal_attention": (triton_causal._causal_kernel,
-                         dict(q_ptr=BF, k_ptr=BF, v_ptr=BF, pos_ptr="*i64", o_ptr=BF,
-                              len_ptr="*i64", HAS_LEN="i32", T="i32", L="i32", HQ="i32",
-                              HKV="i32", REP="i32", scale="fp32"),
-                         dict(ATTENTION_TILE, PDL=1),
-                         dict(num_warps=_WARPS, num_stages=_STAGES, launch_pdl=True)),
+    # the siblings' GDN norm
     "gated_rms_norm silu": (norms._gated_rms_norm_kernel,
                             dict(x_ptr=BF, gate_ptr=BF, w_ptr=BF, y_ptr=BF, rows="i32",
                                  eps="fp32", per="i32", stride_g="i32"),
                             dict(D=128, SIGMOID=False, ROUND_PROD=True, BLOCK=128,
                                  ROWS=norms._gated_rows(128)[0]),
                             dict(num_warps=norms._gated_rows(128)[1])),
-    "index_scores": (triton_scores._index_scores_kernel, INDEX,
-                     dict(DI=128, BDI=128, BLOCK_T=triton_scores.INDEX_TILE[0],
-                          BLOCK_N=triton_scores.INDEX_TILE[1], PRECISION="tf32"),
-                     dict(num_warps=triton_scores.INDEX_TILE[2])),
     "recurrent_gdn": (gdn._recurrent_gdn_kernel, RECURRENT,
                       dict(DK=128, DV=128, BK=128, BV=gdn.BV, HAS_STATE=True),
                       dict(num_warps=gdn.NUM_WARPS)),
