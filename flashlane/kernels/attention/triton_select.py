@@ -23,6 +23,8 @@ from flashlane.kernels.pdl import enter, pdl
 
 # the mask's loops over a row's blocks and keys, CHUNK at a time
 CHUNK = 1024
+# a row's counters for the spread ranking (triton_select_spread): 4 bytes' histograms of 256
+HIST = tl.constexpr(4 * 256)
 # a row of up to WHOLE complete blocks is ranked from one load of its scores, in registers
 # (an 8k-token prompt's rows have up to 2,048: 661 us a layer on the H200 reloading them in
 # every pass); longer rows take the loops over chunks. The same kept blocks either way.
@@ -141,7 +143,7 @@ def _select_kernel(
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
     if not MASK:  # the spread ranking's counters of this row, zeroed for its first pass
-        tl.store(hist_ptr + row * 1024 + tl.arange(0, 1024), 0)
+        tl.store(hist_ptr + row * HIST + tl.arange(0, HIST), 0)
         tl.store(nans_ptr + row, 0)
     pos = tl.load(pos_ptr + row).to(tl.int64)
     zero = pos * 0
@@ -187,9 +189,7 @@ def select_from_scores(
     mask = torch.empty((b, t, num_keys), dtype=torch.int8, device=scores.device)
     keep = torch.empty((max(rows, 1), max(nb, 1)), dtype=torch.int8, device=scores.device)
     spread = SPREAD and num_keys > SPREAD_KEYS and nb > 0  # the same mask either way
-    hist = torch.empty(
-        (max(rows, 1), 4, 256) if spread else 1, dtype=torch.int32, device=keep.device
-    )
+    hist = torch.empty((max(rows, 1), HIST) if spread else 1, dtype=torch.int32, device=keep.device)
     nans = torch.empty(max(rows, 1) if spread else 1, dtype=torch.int32, device=keep.device)
     if rows and num_keys:
         _select_kernel[(rows,)](

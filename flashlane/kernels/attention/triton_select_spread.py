@@ -10,7 +10,7 @@ threshold, then the kept flags (ties to the lowest ids: a program knows the ties
 programs before it). Counts are integers added atomically, so the same on any device and in
 any order: the kept blocks, and the mask, are the one-program ranking's bit for bit. The last
 pass also writes the mask of its blocks' keys, for every row (the last program's reach the
-end of the keys); triton_select's launch before zeroed the counters: six launches in all.
+end of the keys); triton_select's launch before zeroed the counters: seven launches with it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlane.kernels.attention.triton_select import _mask_keys, _order_key
+from flashlane.kernels.attention.triton_select import HIST, _mask_keys, _order_key
 
 MASK_KEYS = 1024  # mask bytes the last pass writes a step
 TOP_KEY = tl.constexpr(4294967296)  # a NaN's order key
@@ -69,7 +69,7 @@ def _spread_kernel(
         ids = p * CHUNK + tl.arange(0, CHUNK)
         ok = ids < complete
         key = _order_key(tl.load(scores_ptr + row * nb + ids, mask=ok, other=0.0))
-        hist_row = hist_ptr + row * 1024
+        hist_row = hist_ptr + row * HIST
         if PASS == 0:
             tl.atomic_add(nans_ptr + row, tl.sum((ok & (key == TOP_KEY)).to(tl.int32), axis=0))
         if PASS < 4:  # byte PASS's histogram (unused past the NaNs when they fill TOP)
@@ -118,7 +118,7 @@ def _spread_kernel(
 def rank_and_mask(scores, positions, keep, counters, mask, sizes: tuple[int, int, int, int]):
     """keep [rows, NB] int8: the kept flags of the rows past `whole` complete blocks (and
     past `top`), ranked by programs of `chunk` blocks; then mask [rows, num_keys] int8 of
-    every row. scores [rows, NB] fp32, positions [rows]; counters: (hist [rows, 4, 256], nans
+    every row. scores [rows, NB] fp32, positions [rows]; counters: (hist [rows, HIST], nans
     [rows]) int32, zeroed by triton_select's launch before; sizes: (block, top, chunk,
     whole)."""
     block, top, chunk, whole = sizes
