@@ -103,8 +103,17 @@ SELECT = dict(
     pos_ptr="*i64",
     keep_ptr="*i8",
     mask_ptr="*i8",
-    hist_ptr="*i32",
+    nb="i32",
+    num_keys="i32",
+)
+SPREAD = dict(
+    scores_ptr="*fp32",
+    pos_ptr="*i64",
     nans_ptr="*i32",
+    firsts_ptr="*i32",
+    hist_ptr="*i32",
+    keep_ptr="*i8",
+    mask_ptr="*i8",
     nb="i32",
     num_keys="i32",
 )
@@ -112,18 +121,21 @@ SELECT = dict(
 ATTENTION_KERNELS = {
     "select": (triton_select._select_kernel, SELECT,
                dict(BLOCK=4, TOP=512, CHUNK=1024, WHOLE=triton_select.WHOLE)),
-    "select short rows": (triton_select._select_kernel, SELECT,
-                          dict(BLOCK=4, TOP=512, CHUNK=1024, WHOLE=triton_select.WHOLE,
-                               LONG=False, MASK=False)),
-    # the long rows' ranking spread over programs: a byte's histogram, the counts, the flags
-    # and the mask
-    **{f"select spread {step}": (triton_select_spread._spread_kernel,
-                                 dict(scores_ptr="*fp32", pos_ptr="*i64", hist_ptr="*i32",
-                                      nans_ptr="*i32", slots_ptr="*i32", keep_ptr="*i8",
-                                      mask_ptr="*i8", nb="i32", num_keys="i32"),
+    # benchmarks/attention_decode.py's WHOLE candidates, with the warps select_from_scores gives
+    **{f"select whole {whole}": (triton_select._select_kernel, SELECT,
+                                 dict(BLOCK=4, TOP=512, CHUNK=1024, WHOLE=whole),
+                                 dict(num_warps=triton_select.whole_warps(whole)))
+       for whole in (4096, 8192)},
+    # the long rows' ranking spread over programs: the top byte's histograms (and a short
+    # row whole), a lower byte's, the flags and the mask
+    **{f"select spread {step}": (triton_select_spread._spread_kernel, SPREAD,
                                  dict(BLOCK=4, TOP=512, CHUNK=1024, WHOLE=triton_select.WHOLE,
                                       PASS=step, KEYS=triton_select_spread.MASK_KEYS))
-       for step in (0, 3, 4, 5)},
+       for step in (0, 3, 4)},
+    "select spread whole 8192": (triton_select_spread._spread_kernel, SPREAD,
+                                 dict(BLOCK=4, TOP=512, CHUNK=1024, WHOLE=8192, PASS=0,
+                                      KEYS=triton_select_spread.MASK_KEYS),
+                                 dict(num_warps=triton_select.whole_warps(8192))),
     "block_keys": (triton_blocks._block_keys_kernel,
                    dict(raw_ptr=BF, cos_ptr=BF, sin_ptr=BF, w_ptr=BF, out_ptr=BF,
                         stride_raw="i32", stride_out="i32", eps="fp32"), BLOCK_KEY),

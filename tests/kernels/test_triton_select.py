@@ -21,17 +21,19 @@ from flashlane.kernels.attention import triton_select, triton_select_spread  # n
 from flashlane.kernels.attention.triton_select import select_from_scores  # noqa: E402
 
 
-@pytest.fixture(params=["whole", "chunks", "spread"], autouse=True)
+@pytest.fixture(params=["whole", "chunks", "spread", "spread whole"], autouse=True)
 def ranking(request, monkeypatch):
-    """Every test three times: rows ranked from one load (up to WHOLE blocks), every row
+    """Every test four times: rows ranked from one load (up to WHOLE blocks), every row
     through the loops over chunks (WHOLE smaller than any row here that ranks; chunks of 16
-    blocks, so a row's counts and histograms add over several), and every row by programs
-    of 16 blocks each (triton_select_spread.py), which write its mask 32 keys a step."""
-    if request.param in ("chunks", "spread"):
-        monkeypatch.setattr(triton_select, "WHOLE", 2)
+    blocks, so a row's counts and histograms add over several), every row by programs of 16
+    blocks each (triton_select_spread.py), which write its mask 32 keys a step, and the
+    spread with rows of up to 8 blocks ranked whole by their first program."""
+    spread = request.param.startswith("spread")
+    if request.param != "whole":
+        monkeypatch.setattr(triton_select, "WHOLE", 8 if request.param == "spread whole" else 2)
         monkeypatch.setattr(triton_select, "CHUNK", 16)
-    monkeypatch.setattr(triton_select, "SPREAD", request.param == "spread")
-    if request.param == "spread":  # programs of 16 blocks a row, masks 32 keys a step
+    monkeypatch.setattr(triton_select, "SPREAD", spread)
+    if spread:  # programs of 16 blocks a row, masks 32 keys a step
         monkeypatch.setattr(triton_select, "SPREAD_KEYS", 0)
         monkeypatch.setattr(triton_select_spread, "MASK_KEYS", 32)
     return request.param
@@ -78,7 +80,9 @@ def test_ties_nan_zeros_and_infinities():
     _check(-flat, torch.tensor([[23]], device=DEVICE), nb * block, block, top)  # all -0.0
 
 
-def test_many_blocks_cross_chunks():
+def test_many_blocks_cross_chunks(ranking):
+    if ranking == "spread whole":
+        pytest.skip("rows past 8 blocks: the spread's own ranking, as above")
     g = torch.Generator(device=DEVICE).manual_seed(3)
     block, top, nb = 4, 37, 2100  # more blocks than one chunk of the kernel's loops
     scores = torch.randint(-3, 4, (1, 2, nb), generator=g, device=DEVICE).float()  # many ties

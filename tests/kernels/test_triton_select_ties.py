@@ -36,15 +36,17 @@ PLANTS = ("all zero", "zeros at the cut", "copies at the cut")
 COPIES, DOUBLE, HIGH = [1, 3, 5, 8, 11], 6, [9, 2]
 
 
-@pytest.fixture(params=["whole", "chunks", "spread"], autouse=True)
+@pytest.fixture(params=["whole", "chunks", "spread", "spread whole"], autouse=True)
 def ranking(request, monkeypatch):
-    """Rows ranked from one load of their scores, through the loops over chunks, and by
-    programs over their chunks (triton_select_spread.py)."""
-    if request.param in ("chunks", "spread"):
-        monkeypatch.setattr(triton_select, "WHOLE", 2)
+    """Rows ranked from one load of their scores, through the loops over chunks, by
+    programs over their chunks (triton_select_spread.py), and by those with rows of up to 8
+    blocks ranked whole by their first program."""
+    spread = request.param.startswith("spread")
+    if request.param != "whole":
+        monkeypatch.setattr(triton_select, "WHOLE", 8 if request.param == "spread whole" else 2)
         monkeypatch.setattr(triton_select, "CHUNK", 16)
-    monkeypatch.setattr(triton_select, "SPREAD", request.param == "spread")
-    if request.param == "spread":  # programs of 16 blocks a row, masks 32 keys a step
+    monkeypatch.setattr(triton_select, "SPREAD", spread)
+    if spread:  # programs of 16 blocks a row, masks 32 keys a step
         monkeypatch.setattr(triton_select, "SPREAD_KEYS", 0)
         monkeypatch.setattr(triton_select_spread, "MASK_KEYS", 32)
 

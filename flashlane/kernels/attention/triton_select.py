@@ -4,10 +4,11 @@ without a sort); its scores: triton_scores.py.
 One program per query row. Its complete blocks are those whose last position is <= the
 row's position; it keeps the `top_blocks` of them with the highest scores, ties to the lower
 block id, exactly as reference.select_mask's stable descending sort ranks them (NaN above
-everything, -0.0 equal to +0.0). The K-th highest score is found by a bitwise binary search
-over an order-preserving integer key of the fp32 score (33 counting passes over the row's
-blocks; a row past WHOLE blocks: a 256-bin histogram a byte, five reads of its scores); the
-blocks above it are kept, and of those equal to it the lowest ids, up to K.
+everything, -0.0 equal to +0.0). The K-th highest score is found over an order-preserving
+integer key of the fp32 score, a byte at a time from the top: a 256-bin histogram of the keys
+that share the bytes found so far (a row of up to WHOLE blocks from its scores in registers,
+a longer one in five reads of them); the blocks above it are kept, and of those equal to it
+the lowest ids, up to K.
 Then each key gets `position >= key and (key past the complete blocks or its block kept)`.
 A row's mask is a function of its own scores and position alone (row invariance).
 """
@@ -23,20 +24,23 @@ from flashlane.kernels.pdl import enter, pdl
 
 # the mask's loops over a row's blocks and keys, CHUNK at a time
 CHUNK = 1024
-# a row's counters for the spread ranking (triton_select_spread): 4 bytes' histograms of 256
-HIST = tl.constexpr(4 * 256)
 # a row of up to WHOLE complete blocks is ranked from one load of its scores, in registers
 # (an 8k-token prompt's rows have up to 2,048: 661 us a layer on the H200 reloading them in
 # every pass); longer rows take the loops over chunks. The same kept blocks either way.
 WHOLE = 2048
 # rows past WHOLE blocks ranked by programs of CHUNK blocks each, which then write the mask
-# (triton_select_spread.py, seven launches: the same mask; 33-51 us a layer at 16k-128k on
-# the H200 against one program's 37-272, results/attention_decode_h200_cfbca59.json, when it
-# took ten); False (--kernels walk): one program a row
+# (triton_select_spread.py, five launches: the same mask; 32-40 us a layer at 16k-64k on the
+# H200 against one program's 55-144, results/attention_decode_h200_a41687c.json, when it took
+# seven); False (--kernels walk): one program a row
 SPREAD = True
 # ... for masks of more than SPREAD_KEYS keys (sessions that large): up to 16k keys one program
-# a row is as fast (37 against 33 us a layer at 16k) in one launch where the spread takes seven
+# a row is as fast (37 against 33 us a layer at 16k, at ten launches) in one launch
 SPREAD_KEYS = 16384
+
+
+def whole_warps(whole: int) -> int:
+    """Warps for a program that ranks up to `whole` blocks in registers: 16 keys a thread."""
+    return min(16, max(4, whole // 512))
 
 
 @triton.jit
@@ -68,17 +72,38 @@ def _mask_keys(
 
 
 @triton.jit
+def _pick_digit(hist, above, prefix, shift, TOP: tl.constexpr):
+    """One byte of the TOP-th highest key from its 256-bin histogram over the keys that share
+    the higher bytes found so far (`prefix`; `above`: the keys above every one of them) ->
+    (above, prefix) with the byte at `shift` found."""
+    bins = tl.arange(0, 256)
+    at_least = above + (tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist)
+    digit = tl.max(tl.where(at_least >= TOP, bins, -1), axis=0)
+    above += tl.sum(tl.where(bins > digit, hist, 0), axis=0)
+    return above, prefix | (digit.to(tl.int64) << shift)
+
+
+@triton.jit
 def _keep_whole(base, keep_row, complete, zero, TOP: tl.constexpr, WHOLE: tl.constexpr):
     """The kept flags of a row's `complete` (<= WHOLE) blocks: the ranking of the loops
-    below, its scores loaded once."""
+    below (the same threshold byte by byte, the same ties), its scores loaded once and every
+    histogram taken from registers."""
     ids = tl.arange(0, WHOLE)
     ok = ids < complete
     key = _order_key(tl.load(base + ids, mask=ok, other=0.0))
-    thresh = zero
-    for i in range(33):
-        cand = thresh | ((zero + 1) << (zero + 32 - i))  # int64 on both sides
-        if tl.sum((ok & (key >= cand)).to(tl.int64), axis=0) >= TOP:
-            thresh = cand
+    top = zero + 4294967296
+    nans = tl.sum((ok & (key == top)).to(tl.int64), axis=0)
+    thresh = top
+    if nans < TOP:
+        above = nans
+        prefix = zero
+        for b in tl.static_range(4):
+            shift = 24 - 8 * b
+            same = ok & (key < top) & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
+            digit = ((key >> shift) & 255).to(tl.int32)
+            hist = tl.histogram(digit, 256, mask=same)
+            above, prefix = _pick_digit(hist, above, prefix, shift, TOP)
+        thresh = prefix
     need = TOP - tl.sum((ok & (key > thresh)).to(tl.int64), axis=0)
     tie = ok & (key == thresh)
     rank = tl.cumsum(tie.to(tl.int64), axis=0)  # 1-based among the ties
@@ -88,8 +113,8 @@ def _keep_whole(base, keep_row, complete, zero, TOP: tl.constexpr, WHOLE: tl.con
 
 @triton.jit
 def _radix_threshold(base, complete, zero, TOP: tl.constexpr, CHUNK: tl.constexpr):
-    """The TOP-th highest order key of a row's `complete` scores (what the binary search of
-    `_keep_whole` finds), in five reads of the row instead of 33: the NaNs (key 2^32) first,
+    """The TOP-th highest order key of a row's `complete` scores (what `_keep_whole` finds
+    in registers), in five reads of the row: the NaNs (key 2^32) first,
     then the low 32 bits a byte at a time from the top, each byte's 256-bin histogram over
     the keys that share the bytes found so far. Integer counts: the same key on any device."""
     top = zero + 4294967296
@@ -103,7 +128,6 @@ def _radix_threshold(base, complete, zero, TOP: tl.constexpr, CHUNK: tl.constexp
     if nans < TOP:
         above = nans  # keys above every candidate so far: NaNs, then higher prefixes
         prefix = zero
-        bins = tl.arange(0, 256)
         for b in range(4):
             shift = 24 - 8 * b
             hist = tl.zeros([256], dtype=tl.int32)
@@ -114,10 +138,7 @@ def _radix_threshold(base, complete, zero, TOP: tl.constexpr, CHUNK: tl.constexp
                 same = ok & (key < top) & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
                 digit = ((key >> shift) & 255).to(tl.int32)
                 hist += tl.histogram(digit, 256, mask=same)
-            at_least = above + (tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist)
-            digit_k = tl.max(tl.where(at_least >= TOP, bins, -1), axis=0)
-            above += tl.sum(tl.where(bins > digit_k, hist, 0), axis=0)
-            prefix = prefix | (digit_k.to(tl.int64) << shift)
+            above, prefix = _pick_digit(hist, above, prefix, shift, TOP)
         thresh = prefix
     return thresh
 
@@ -128,23 +149,16 @@ def _select_kernel(
     pos_ptr,
     keep_ptr,
     mask_ptr,
-    hist_ptr,
-    nans_ptr,
     nb,
     num_keys,
     BLOCK: tl.constexpr,
     TOP: tl.constexpr,
     CHUNK: tl.constexpr,
     WHOLE: tl.constexpr,
-    LONG: tl.constexpr = True,
-    MASK: tl.constexpr = True,
     PDL: tl.constexpr = 0,
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     row = tl.program_id(0).to(tl.int64)
-    if not MASK:  # the spread ranking's counters of this row, zeroed for its first pass
-        tl.store(hist_ptr + row * HIST + tl.arange(0, HIST), 0)
-        tl.store(nans_ptr + row, 0)
     pos = tl.load(pos_ptr + row).to(tl.int64)
     zero = pos * 0
     reach = (pos + 1) // BLOCK  # the blocks complete at this position
@@ -152,27 +166,26 @@ def _select_kernel(
     base = scores_ptr + row * nb
     if (complete > TOP) & (complete <= WHOLE):
         _keep_whole(base, keep_ptr + row * nb, complete, zero, TOP, WHOLE)
-    elif complete > TOP:  # noqa: SIM102 (Triton: a constexpr apart from a tensor's test)
-        if LONG:  # (else triton_select_spread ranks the row)
-            thresh = _radix_threshold(base, complete, zero, TOP, CHUNK)
-            above = zero
-            for start in range(0, complete, CHUNK):
-                ids = start + tl.arange(0, CHUNK)
-                ok = ids < complete
-                key = _order_key(tl.load(base + ids, mask=ok, other=0.0))
-                above += tl.sum((ok & (key > thresh)).to(tl.int64), axis=0)
-            need = TOP - above  # blocks tied at the threshold to keep, lowest ids first
-            seen = zero
-            for start in range(0, complete, CHUNK):
-                ids = start + tl.arange(0, CHUNK)
-                ok = ids < complete
-                key = _order_key(tl.load(base + ids, mask=ok, other=0.0))
-                tie = ok & (key == thresh)
-                rank = seen + tl.cumsum(tie.to(tl.int64), axis=0)  # 1-based among the ties
-                keep = ok & ((key > thresh) | (tie & (rank <= need)))
-                tl.store(keep_ptr + row * nb + ids, keep.to(tl.int8), mask=ok)
-                seen += tl.sum(tie.to(tl.int64), axis=0)
-    for start in range(0, num_keys if MASK else 0, CHUNK):  # (else the spread's last pass)
+    elif complete > TOP:
+        thresh = _radix_threshold(base, complete, zero, TOP, CHUNK)
+        above = zero
+        for start in range(0, complete, CHUNK):
+            ids = start + tl.arange(0, CHUNK)
+            ok = ids < complete
+            key = _order_key(tl.load(base + ids, mask=ok, other=0.0))
+            above += tl.sum((ok & (key > thresh)).to(tl.int64), axis=0)
+        need = TOP - above  # blocks tied at the threshold to keep, lowest ids first
+        seen = zero
+        for start in range(0, complete, CHUNK):
+            ids = start + tl.arange(0, CHUNK)
+            ok = ids < complete
+            key = _order_key(tl.load(base + ids, mask=ok, other=0.0))
+            tie = ok & (key == thresh)
+            rank = seen + tl.cumsum(tie.to(tl.int64), axis=0)  # 1-based among the ties
+            keep = ok & ((key > thresh) | (tie & (rank <= need)))
+            tl.store(keep_ptr + row * nb + ids, keep.to(tl.int8), mask=ok)
+            seen += tl.sum(tie.to(tl.int64), axis=0)
+    for start in range(0, num_keys, CHUNK):
         keys = start + tl.arange(0, CHUNK)
         mask_row = mask_ptr + row * num_keys
         _mask_keys(keys, pos, reach, complete, keep_ptr + row * nb, mask_row, nb, num_keys,
@@ -187,34 +200,31 @@ def select_from_scores(
     b, t, nb = scores.shape
     rows = b * t
     mask = torch.empty((b, t, num_keys), dtype=torch.int8, device=scores.device)
-    keep = torch.empty((max(rows, 1), max(nb, 1)), dtype=torch.int8, device=scores.device)
-    spread = SPREAD and num_keys > SPREAD_KEYS and nb > 0  # the same mask either way
-    hist = torch.empty((max(rows, 1), HIST) if spread else 1, dtype=torch.int32, device=keep.device)
-    nans = torch.empty(max(rows, 1) if spread else 1, dtype=torch.int32, device=keep.device)
-    if rows and num_keys:
-        _select_kernel[(rows,)](
-            scores.contiguous(),
-            positions.contiguous(),
-            keep,
-            mask,
-            hist,
-            nans,
-            nb,
-            num_keys,
-            BLOCK=block,
-            TOP=top_blocks,
-            CHUNK=CHUNK,
-            WHOLE=WHOLE,
-            LONG=not spread,
-            MASK=not spread,
-            **pdl(mask.device),
-        )
-        if spread:
-            from flashlane.kernels.attention import triton_select_spread as spread
+    if not rows or not num_keys:
+        return mask.view(torch.bool)
+    if SPREAD and num_keys > SPREAD_KEYS and nb > 0:  # the same mask either way
+        from flashlane.kernels.attention import triton_select_spread as spread
 
-            flat, pos = scores.reshape(rows, nb).contiguous(), positions.contiguous().view(rows)
-            sizes = (block, top_blocks, CHUNK, WHOLE)
-            spread.rank_and_mask(flat, pos, keep, (hist, nans), mask.view(rows, num_keys), sizes)
+        flat, pos = scores.reshape(rows, nb).contiguous(), positions.contiguous().view(rows)
+        spread.rank_and_mask(
+            flat, pos, mask.view(rows, num_keys), (block, top_blocks, CHUNK, WHOLE)
+        )
+        return mask.view(torch.bool)
+    keep = torch.empty((rows, max(nb, 1)), dtype=torch.int8, device=scores.device)
+    _select_kernel[(rows,)](
+        scores.contiguous(),
+        positions.contiguous(),
+        keep,
+        mask,
+        nb,
+        num_keys,
+        BLOCK=block,
+        TOP=top_blocks,
+        CHUNK=CHUNK,
+        WHOLE=WHOLE,
+        num_warps=whole_warps(WHOLE),
+        **pdl(mask.device),
+    )
     return mask.view(torch.bool)
 
 
