@@ -23,7 +23,9 @@ blocks below the rows' positions, the select, the gathered attention); `--capaci
 of that many positions, as the engine's (`bench model`: 71,808), the rows still at the
 context's last position. `scores_us` scores every block of the capacity;
 `select_whole{N}_us`: the default select with rows of up to N complete blocks ranked from
-one load in registers (triton_select.WHOLE candidates, each checked against the mask).
+one load in registers (triton_select.WHOLE candidates, each checked against the mask);
+`gather_prefetch`: the gathered attention at ranges of 2,048 with triton_gather.PREFETCH (the
+next step's keys and values loaded before a step's math; checked: the same bits).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from flashlane.kernels.attention.triton_select import select_from_scores
 HQ, HKV, D, HI, DI, BLOCK, TOP = 24, 2, 256, 4, 128, 4, 512
 SPLITS = (1024, 2048, 4096)
 WHOLES = (2048, 4096, 8192)  # triton_select.WHOLE candidates (select_whole*_us)
-VARIANTS = [f"split{s}" for s in SPLITS] + [f"gather{s}" for s in SPLITS]
+VARIANTS = [f"split{s}" for s in SPLITS] + [f"gather{s}" for s in SPLITS] + ["gather_prefetch"]
 
 
 def timed(fn, reps: int = 20) -> float:
@@ -150,6 +152,16 @@ def one(c: int, b: int, bw: float, capacity: int = 0) -> dict:
             )
         )
     triton_gather.RANGE_KEYS = 2048
+    plain_gather = triton_gather.attention_gathered(q, k, v, mask, scale, positions=pos)
+    triton_gather.PREFETCH = True  # a candidate: the next step's loads first, the same bits
+    out["gather_prefetch"] = variant(
+        lambda i: triton_gather.attention_gathered(
+            rows(q, i), rows(k, i), rows(v, i), rows(mask, i), scale, positions=rows(pos, i)
+        )
+    )
+    got = triton_gather.attention_gathered(q, k, v, mask, scale, positions=pos)
+    out["gather_prefetch"]["equal_to_gather2048"] = torch.equal(got, plain_gather)
+    triton_gather.PREFETCH = False
     attn.GATHER = gather_default
     triton_walk.SPLIT_KEYS = 2048
     return out
@@ -176,6 +188,7 @@ def main() -> None:
             splits = [r[name] for name in VARIANTS]
             ok = r["select_spread_equal"] and all(r[f"select_whole{w}_equal"] for w in WHOLES)
             ok = ok and all(s["alone_equal"] and s["max_diff_vs_plain"] < 0.05 for s in splits)
+            ok = ok and r["gather_prefetch"]["equal_to_gather2048"]
             print(
                 f"{c:7d} {b:3d} {r['layer_us']:7.1f} {r['scores_us']:7.1f} {r['select_us']:7.1f} "
                 f"{r['select_spread_us']:7.1f} "

@@ -176,6 +176,13 @@ ATTENTION_KERNELS = {
     "attention gathered fp8": (triton_gather._gather_kernel,
                                dict(GATHER, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv"),
                                dict(GATHER_TILE, FP8=True), dict(num_warps=4)),
+    # ... with the next step's keys and values loaded first (triton_gather.PREFETCH)
+    "attention gathered prefetch": (triton_gather._gather_kernel, GATHER,
+                                    dict(GATHER_TILE, PREFETCH=True), dict(num_warps=4)),
+    "attention gathered prefetch fp8": (triton_gather._gather_kernel,
+                                        dict(GATHER, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv"),
+                                        dict(GATHER_TILE, FP8=True, PREFETCH=True),
+                                        dict(num_warps=4)),
     "attention fp8": (attention._attention_kernel,
                       dict(ATTENTION, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv"),
                       dict(ATTENTION_TILE, FP8=True), dict(num_warps=_WARPS, num_stages=_STAGES)),

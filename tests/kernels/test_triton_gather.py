@@ -24,8 +24,8 @@ from tests.kernels.triton_env import DTYPES, assert_dot_equal, needs_triton
 
 pytest.importorskip("triton")
 
+from flashlane.kernels.attention import kv8, triton_gather
 from flashlane.kernels.attention import reference as attn_ref
-from flashlane.kernels.attention import triton_gather
 from flashlane.kernels.attention import triton_sessions as attn_ses
 from flashlane.kernels.attention.triton_gather import attention_gathered
 from flashlane.kernels.session_tables import attn_table
@@ -69,6 +69,24 @@ def test_gathered_rows_are_their_own(small_ranges, dtype):
                 mask[i : i + 1, a : a + w, :n], scale(), positions=pos[i : i + 1, a : a + w],
             )  # fmt: skip
             assert_dot_equal(one, full[i : i + 1, a : a + w], (i, a, w))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("eight", [False, True])
+def test_prefetch_gives_the_same_bits(small_ranges, monkeypatch, dtype, eight):
+    """PREFETCH (the next step's keys and values loaded before a step's math) folds the same
+    keys in the same order: the same bits as without, over five ranges of up to two steps,
+    16-bit and 8-bit caches."""
+    b, t, l = 2, 3, 300
+    q, k, v = attn_inputs(b, t, l, dtype, seed=21)
+    mask, pos = sparse_mask(b, t, l, seed=5), _positions(b, t, l)
+    kw = dict(positions=pos)
+    if eight:
+        (k, ks), (v, vs) = kv8.quantize(k), kv8.quantize(v)
+        kw["scales"] = (ks, vs)
+    want = attention_gathered(q, k, v, mask, scale(), **kw)
+    monkeypatch.setattr(triton_gather, "PREFETCH", True)
+    assert torch.equal(attention_gathered(q, k, v, mask, scale(), **kw), want)
 
 
 def _through(monkeypatch):

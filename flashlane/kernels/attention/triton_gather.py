@@ -39,7 +39,47 @@ from flashlane.kernels.tables import (
 RANGE_KEYS = 2048  # key positions one program lists and folds (planning/buffers.SPLIT_KEYS)
 CHUNK = 1024  # mask bytes a listing step reads
 BLOCK_L = 32  # listed keys a step gathers
+# the next step's keys and values loaded before a step's math (the same bits; at one stream a
+# 16k row's program folds 256 keys in 8 steps of ~3.6 us, latency-bound on the H200,
+# results/attention_decode_h200_a41687c.json); an experiment until timed: attention_decode.py
+PREFETCH = False
 PRECISION = {torch.float32: "ieee", torch.bfloat16: "tf32", torch.float16: "tf32"}
+
+
+@triton.jit
+def _step_loads(loads, j0, dtype, D: tl.constexpr, BD: tl.constexpr, BLOCK_L: tl.constexpr,
+                FP8: tl.constexpr):  # fmt: skip
+    """Listed keys j0.. j0 + BLOCK_L of a range: (which are listed, keys [BLOCK_L, BD], values
+    [BLOCK_L, BD]) in the compute dtype (an 8-bit cache's times its rows' scales, kv8.py)."""
+    mine, lo, count, k_ptr, v_ptr, ks_ptr, vs_ptr, HKV = loads
+    d = tl.arange(0, BD)
+    j = j0 + tl.arange(0, BLOCK_L)
+    m_j = j < count
+    keys = lo + tl.load(mine + j, mask=m_j, other=0).to(tl.int32)
+    row = keys.to(tl.int64) * HKV * D
+    m_kd = m_j[:, None] & (d < D)[None, :]
+    k = tl.load(k_ptr + row[:, None] + d[None, :], mask=m_kd, other=0.0)
+    v = tl.load(v_ptr + row[:, None] + d[None, :], mask=m_kd, other=0.0)
+    if FP8:  # e4m3 times its row's scale in fp32, rounded to the compute dtype
+        ks = tl.load(ks_ptr + keys.to(tl.int64) * HKV, mask=m_j, other=0.0)
+        vs = tl.load(vs_ptr + keys.to(tl.int64) * HKV, mask=m_j, other=0.0)
+        k = (k.to(tl.float32) * ks[:, None]).to(dtype)
+        v = (v.to(tl.float32) * vs[:, None]).to(dtype)
+    return m_j, k, v
+
+
+@triton.jit
+def _fold(q, k, v, m_j, m_i, l_i, acc, scale, PRECISION: tl.constexpr):
+    """One step of the online softmax over the listed keys `m_j` -> (m_i, l_i, acc)."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    s = tl.where(m_j[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(s - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
+    return m_new, l_i, acc
 
 
 @triton.jit(do_not_specialize=["T", "L", "HKV", "stride_b", "HAS_LEN", "HAS_TABLE", "HAS_POS"])
@@ -76,6 +116,7 @@ def _gather_kernel(
     CHUNK: tl.constexpr,
     PRECISION: tl.constexpr,
     FP8: tl.constexpr,
+    PREFETCH: tl.constexpr = False,
 ):
     i_bt = tl.program_id(0)  # (batch, token)
     i_kv = tl.program_id(1)
@@ -128,29 +169,17 @@ def _gather_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BD], dtype=tl.float32)
-    for j0 in range(0, count, BLOCK_L):
-        j = j0 + tl.arange(0, BLOCK_L)
-        m_j = j < count
-        keys = lo + tl.load(mine + j, mask=m_j, other=0).to(tl.int32)
-        row = keys.to(tl.int64) * HKV * D
-        m_kd = m_j[:, None] & m_d[None, :]
-        k = tl.load(k_ptr + row[:, None] + d[None, :], mask=m_kd, other=0.0)
-        if FP8:  # e4m3 times its row's scale in fp32, rounded to the compute dtype (kv8.py)
-            ks = tl.load(ks_ptr + keys.to(tl.int64) * HKV, mask=m_j, other=0.0)
-            k = (k.to(tl.float32) * ks[:, None]).to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-        s = tl.where(m_j[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + row[:, None] + d[None, :], mask=m_kd, other=0.0)
-        if FP8:
-            vs = tl.load(vs_ptr + keys.to(tl.int64) * HKV, mask=m_j, other=0.0)
-            v = (v.to(tl.float32) * vs[:, None]).to(q.dtype)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
-        m_i = m_new
+    loads = (mine, lo, count, k_ptr, v_ptr, ks_ptr, vs_ptr, HKV)
+    if PREFETCH:  # the next step's keys and values loaded before this step's math
+        m_j, k, v = _step_loads(loads, 0, q.dtype, D, BD, BLOCK_L, FP8)
+        for j0 in range(0, count, BLOCK_L):
+            m_n, k_n, v_n = _step_loads(loads, j0 + BLOCK_L, q.dtype, D, BD, BLOCK_L, FP8)
+            m_i, l_i, acc = _fold(q, k, v, m_j, m_i, l_i, acc, scale, PRECISION)
+            m_j, k, v = m_n, k_n, v_n
+    else:
+        for j0 in range(0, count, BLOCK_L):
+            m_j, k, v = _step_loads(loads, j0, q.dtype, D, BD, BLOCK_L, FP8)
+            m_i, l_i, acc = _fold(q, k, v, m_j, m_i, l_i, acc, scale, PRECISION)
     if tl.num_programs(2) > 1:  # a range's partial, laid out as the split walk's; one past
         # the row's last key is not written (combine folds only the ranges below it)
         at = (i_s * tl.num_programs(0) + i_bt).to(tl.int64) * HQ + head
@@ -231,6 +260,7 @@ def attention_gathered(
         CHUNK=CHUNK,
         PRECISION=PRECISION[q.dtype],
         FP8=eight,
+        PREFETCH=PREFETCH,
         num_warps=4,
     )
     return walk.combine(parts, o, RANGE_KEYS, l, lengths, positions) if ranges > 1 else o
