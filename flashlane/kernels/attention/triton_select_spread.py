@@ -3,16 +3,16 @@
 At a 128k context a row has 32k complete blocks, and triton_select's one program a row reads
 them seven times and writes 128k mask bytes alone: 300 us a layer on the H200 at one stream
 (benchmarks/attention_decode.py, 8c6b3cc). Here the same ranking runs over programs of CHUNK
-blocks each, five launches a step: each program's NaN count and top byte's 256-bin histogram
-in slots of its own (no counters to zero first; a row of at most WHOLE blocks is ranked whole
-by its first program, in registers), then each lower byte's histogram over the keys that
-share the bytes found so far, added atomically (every program derives those bytes from the
-histograms before it), then the kept flags: the keys above the threshold, whose count the
-histograms give, and of the ties, whose count the last one gives, the lowest ids (a program
-counts the ties before it only when some are dropped). Counts are integers, so the same on
-any device and in any order: the kept blocks, and the mask, are the one-program ranking's bit
-for bit. The last pass also writes the mask of its blocks' keys, for every row (the last
-program's reach the end of the keys).
+blocks each (those inside the row's complete blocks), five launches a step. Pass 0: each
+program's NaN count and top byte's 256-bin histogram, in slots of its own (no counters to zero
+first; a row of at most WHOLE blocks is ranked whole by its first program, in registers).
+Passes 1-3: each lower byte's histogram over the keys that share the bytes found so far,
+added atomically (every program derives those bytes from the histograms before it). Pass 4:
+the kept flags, the keys above the threshold (their count from the histograms) and of its
+ties (their count: the last histogram's) the lowest ids; a program counts the ties before it
+only when some are dropped. Counts are integers, so the same on any device and in any order:
+the kept blocks, and the mask, are the one-program ranking's bit for bit. Pass 4 also writes
+the mask of its blocks' keys, for every row (the last program's reach the end of the keys).
 """
 
 from __future__ import annotations
@@ -31,23 +31,33 @@ from flashlane.kernels.attention.triton_select import (
 
 MASK_KEYS = 1024  # mask bytes the last pass writes a step
 TOP_KEY = tl.constexpr(4294967296)  # a NaN's order key
-LOWER = tl.constexpr(1024)  # a row's atomic counters: bytes 1-3's histograms, 768 (padded)
+ROW = tl.constexpr(1025)  # a row's counters: bytes 1-3's histograms (atomic), then the sums
+TOTAL = tl.constexpr(768)  # ... the top byte's histogram summed over the programs, the NaNs
 SLOTS = tl.constexpr(16)  # programs' slots summed a step
 
 
 @triton.jit
-def _firsts(nans_row, firsts_row, n_p):
-    """The row's NaN count and its top byte's 256-bin histogram: the sums of every program's
-    own (pass 0 writes them without atomics, so nothing needs zeroing before it)."""
-    s = tl.arange(0, SLOTS)
+def _top_counts(hist_row, nans_row, firsts_row, n_act, p, PASS: tl.constexpr):
+    """The row's NaN count and its top byte's 256-bin histogram. Pass 0 writes each
+    program's in slots of its own (no atomics, so nothing to zero before it); pass 1 sums
+    the slots of the `n_act` programs inside the row, its first program keeps the sums for
+    the passes after."""
     bins = tl.arange(0, 256)
-    nans = tl.full([], 0, dtype=tl.int64)
-    hist = tl.zeros([256], dtype=tl.int64)
-    for s0 in range(0, n_p, SLOTS):
-        m = s0 + s < n_p
-        nans += tl.sum(tl.load(nans_row + s0 + s, mask=m, other=0).to(tl.int64), axis=0)
-        slot = firsts_row + (s0 + s)[:, None] * 256 + bins[None, :]
-        hist += tl.sum(tl.load(slot, mask=m[:, None], other=0).to(tl.int64), axis=0)
+    if PASS == 1:
+        s = tl.arange(0, SLOTS)
+        nans = tl.full([], 0, dtype=tl.int64)
+        hist = tl.zeros([256], dtype=tl.int64)
+        for s0 in range(0, n_act, SLOTS):
+            m = s0 + s < n_act
+            nans += tl.sum(tl.load(nans_row + s0 + s, mask=m, other=0).to(tl.int64), axis=0)
+            slot = firsts_row + (s0 + s)[:, None] * 256 + bins[None, :]
+            hist += tl.sum(tl.load(slot, mask=m[:, None], other=0).to(tl.int64), axis=0)
+        if p == 0:
+            tl.store(hist_row + TOTAL + bins, hist.to(tl.int32))
+            tl.store(hist_row + TOTAL + 256, nans.to(tl.int32))
+    else:
+        hist = tl.load(hist_row + TOTAL + bins).to(tl.int64)
+        nans = tl.load(hist_row + TOTAL + 256).to(tl.int64)
     return nans, hist
 
 
@@ -90,16 +100,18 @@ def _spread_kernel(
     n_p = tl.num_programs(1)
     pos = tl.load(pos_ptr + row).to(tl.int64)
     complete = tl.minimum((pos + 1) // BLOCK, nb).to(tl.int32)
-    hist_row = hist_ptr + row * LOWER
+    hist_row = hist_ptr + row * ROW
     nans_row = nans_ptr + row * n_p
     firsts_row = firsts_ptr + row * n_p * 256
+    n_act = tl.cdiv(complete, CHUNK)  # programs inside the row's complete blocks
     if PASS == 0:  # noqa: SIM102 (Triton: a constexpr apart from a tensor's test)
         if p == 0:  # the lower bytes' counters, for the atomics of passes 1-3
-            tl.store(hist_row + tl.arange(0, LOWER), 0)
+            for j in tl.static_range(3):
+                tl.store(hist_row + j * 256 + tl.arange(0, 256), 0)
             if (complete > TOP) & (complete <= WHOLE):  # a short row: ranked in registers
                 _keep_whole(scores_ptr + row * nb, keep_ptr + row * nb, complete, pos * 0,
                             TOP, WHOLE)  # fmt: skip
-    if (complete > TOP) & (complete > WHOLE):
+    if (complete > TOP) & (complete > WHOLE) & (p < n_act):
         ids = p * CHUNK + tl.arange(0, CHUNK)
         ok = ids < complete
         key = _order_key(tl.load(scores_ptr + row * nb + ids, mask=ok, other=0.0))
@@ -110,14 +122,14 @@ def _spread_kernel(
             tl.store(firsts_row + p * 256 + tl.arange(0, 256), first)
         elif PASS < 4:  # byte PASS's histogram over the keys with the bytes found above it
             shift = 24 - 8 * PASS
-            nans, first = _firsts(nans_row, firsts_row, n_p)
+            nans, first = _top_counts(hist_row, nans_row, firsts_row, n_act, p, PASS)
             prefix, _ = _found(hist_row, first, nans, PASS, TOP)
             same = ok & (key < TOP_KEY) & ((key >> (shift + 8)) == (prefix >> (shift + 8)))
             digit = ((key >> shift) & 255).to(tl.int32)
             hist = tl.histogram(digit, 256, mask=same)
             tl.atomic_add(hist_row + (PASS - 1) * 256 + tl.arange(0, 256), hist)
         else:  # the kept flags: the keys above the threshold, and of its ties the lowest ids
-            nans, first = _firsts(nans_row, firsts_row, n_p)
+            nans, first = _top_counts(hist_row, nans_row, firsts_row, n_act, p, PASS)
             thresh = nans * 0 + TOP_KEY
             above = nans * 0
             ties = nans  # keys equal to the threshold in the whole row
@@ -163,7 +175,7 @@ def rank_and_mask(scores, positions, mask, sizes: tuple[int, int, int, int]):
     keep = torch.empty(rows, nb, dtype=torch.int8, device=dev)
     nans = torch.empty(rows, n_p, dtype=torch.int32, device=dev)
     firsts = torch.empty(rows, n_p, 256, dtype=torch.int32, device=dev)
-    hist = torch.empty(rows, LOWER, dtype=torch.int32, device=dev)
+    hist = torch.empty(rows, ROW, dtype=torch.int32, device=dev)
     for step in range(5):
         _spread_kernel[(rows, n_p)](
             scores, positions, nans, firsts, hist, keep, mask, nb, num_keys,
