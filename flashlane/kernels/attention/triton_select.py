@@ -7,8 +7,8 @@ block id, exactly as reference.select_mask's stable descending sort ranks them (
 everything, -0.0 equal to +0.0). The K-th highest score is found over an order-preserving
 integer key of the fp32 score, a byte at a time from the top: a 256-bin histogram of the keys
 that share the bytes found so far (a row of up to WHOLE blocks from its scores in registers,
-a longer one in five reads of them); the blocks above it are kept, and of those equal to it
-the lowest ids, up to K.
+a longer one in five reads of them, a sixth for the flags); the blocks above it are kept,
+and of those equal to it the lowest ids, up to K.
 Then each key gets `position >= key and (key past the complete blocks or its block kept)`.
 A row's mask is a function of its own scores and position alone (row invariance).
 """
@@ -94,6 +94,7 @@ def _keep_whole(base, keep_row, complete, zero, TOP: tl.constexpr, WHOLE: tl.con
     top = zero + 4294967296
     nans = tl.sum((ok & (key == top)).to(tl.int64), axis=0)
     thresh = top
+    above = zero  # keys above the threshold: none above a NaN's key
     if nans < TOP:
         above = nans
         prefix = zero
@@ -104,7 +105,7 @@ def _keep_whole(base, keep_row, complete, zero, TOP: tl.constexpr, WHOLE: tl.con
             hist = tl.histogram(digit, 256, mask=same)
             above, prefix = _pick_digit(hist, above, prefix, shift, TOP)
         thresh = prefix
-    need = TOP - tl.sum((ok & (key > thresh)).to(tl.int64), axis=0)
+    need = TOP - above
     tie = ok & (key == thresh)
     rank = tl.cumsum(tie.to(tl.int64), axis=0)  # 1-based among the ties
     keep = ok & ((key > thresh) | (tie & (rank <= need)))
@@ -114,9 +115,10 @@ def _keep_whole(base, keep_row, complete, zero, TOP: tl.constexpr, WHOLE: tl.con
 @triton.jit
 def _radix_threshold(base, complete, zero, TOP: tl.constexpr, CHUNK: tl.constexpr):
     """The TOP-th highest order key of a row's `complete` scores (what `_keep_whole` finds
-    in registers), in five reads of the row: the NaNs (key 2^32) first,
-    then the low 32 bits a byte at a time from the top, each byte's 256-bin histogram over
-    the keys that share the bytes found so far. Integer counts: the same key on any device."""
+    in registers) and the count of keys above it, in five reads of the row: the NaNs (key
+    2^32) first, then the low 32 bits a byte at a time from the top, each byte's 256-bin
+    histogram over the keys that share the bytes found so far. Integer counts: the same key
+    on any device."""
     top = zero + 4294967296
     nans = zero
     for start in range(0, complete, CHUNK):
@@ -125,6 +127,7 @@ def _radix_threshold(base, complete, zero, TOP: tl.constexpr, CHUNK: tl.constexp
         key = _order_key(tl.load(base + ids, mask=ok, other=0.0))
         nans += tl.sum((ok & (key == top)).to(tl.int64), axis=0)
     thresh = top
+    above = zero  # none above a NaN's key
     if nans < TOP:
         above = nans  # keys above every candidate so far: NaNs, then higher prefixes
         prefix = zero
@@ -140,7 +143,7 @@ def _radix_threshold(base, complete, zero, TOP: tl.constexpr, CHUNK: tl.constexp
                 hist += tl.histogram(digit, 256, mask=same)
             above, prefix = _pick_digit(hist, above, prefix, shift, TOP)
         thresh = prefix
-    return thresh
+    return thresh, above
 
 
 @triton.jit(do_not_specialize=["nb", "num_keys"])
@@ -167,13 +170,7 @@ def _select_kernel(
     if (complete > TOP) & (complete <= WHOLE):
         _keep_whole(base, keep_ptr + row * nb, complete, zero, TOP, WHOLE)
     elif complete > TOP:
-        thresh = _radix_threshold(base, complete, zero, TOP, CHUNK)
-        above = zero
-        for start in range(0, complete, CHUNK):
-            ids = start + tl.arange(0, CHUNK)
-            ok = ids < complete
-            key = _order_key(tl.load(base + ids, mask=ok, other=0.0))
-            above += tl.sum((ok & (key > thresh)).to(tl.int64), axis=0)
+        thresh, above = _radix_threshold(base, complete, zero, TOP, CHUNK)
         need = TOP - above  # blocks tied at the threshold to keep, lowest ids first
         seen = zero
         for start in range(0, complete, CHUNK):

@@ -1,7 +1,7 @@
 """The indexer's mask for long rows, spread over programs (triton_select.SPREAD).
 
 At a 128k context a row has 32k complete blocks, and triton_select's one program a row reads
-them seven times and writes 128k mask bytes alone: 300 us a layer on the H200 at one stream
+them six times and writes 128k mask bytes alone: 300 us a layer on the H200 at one stream
 (benchmarks/attention_decode.py, 8c6b3cc). Here the same ranking runs over programs of CHUNK
 blocks each (those inside the row's complete blocks), five launches a step. Pass 0: each
 program's NaN count and top byte's 256-bin histogram, in slots of its own (no counters to zero
