@@ -6,26 +6,27 @@ At Flash Next's sizes (24 q heads over 2 kv heads of 256, indexer 4 x 128, block
 C-key cache (random keys, the mask from the Triton indexer): the indexer's scores and its
 select (the radix threshold past 2,048 blocks; one program a row, and spread over programs,
 triton_select_spread.py, which must give the same mask), then the attention as the plain
-walk (every key block loaded), the skipping walk (spans of 8 blocks, one mask load a span)
-and the split walk (ranges of SPLIT_KEYS keys, one program each, folded) at several
-SPLIT_KEYS, and the gathered attention (triton_gather.py: each range's allowed keys listed,
-only those read) at the same range sizes. For each: microseconds replayed from a CUDA graph
-(as the engine's graphed steps run them; `launched_us`: launched from Python), and the rate
-of reading the selected keys and values (the layer's attention bytes a step must read)
-against the copy bandwidth measured here. Checks: the split walk and the gathered within bf16's tolerance of the plain one, and
-each session's row alone equal bit for bit to the batched row.
+walk (every key block loaded), the skipping walk (spans of 8 blocks, one mask load a span),
+the split walk (ranges of SPLIT_KEYS keys, one program each, folded) at several SPLIT_KEYS,
+the gathered attention (triton_gather.py: each range's allowed keys listed, only those read)
+at the same range sizes, and the listed attention (triton_listed.py: a row's allowed keys
+listed once, folded in slices) at several (SLICES, STEPS). For each: microseconds replayed
+from a CUDA graph (as the engine's graphed steps run them; `launched_us`: launched from
+Python), and the rate of reading the selected keys and values (the layer's attention bytes
+a step must read) against the copy bandwidth measured here. Checks: the split walk, the
+gathered and the listed within bf16's tolerance of the plain one, and each session's row
+alone equal bit for bit to the batched row.
 
     python benchmarks/attention_decode.py [--contexts 16384,65536,131072] [--streams 1,4,16]
         [--capacity 71808]
 
 `layer_us`: the step's whole QSA attention as the engine runs it by default (scores of the
-blocks below the rows' positions, the select, the gathered attention); `--capacity`: sessions
-of that many positions, as the engine's (`bench model`: 71,808), the rows still at the
-context's last position. `scores_us` scores every block of the capacity;
-`select_whole{N}_us`: the default select with rows of up to N complete blocks ranked from
-one load in registers (triton_select.WHOLE candidates, each checked against the mask);
-`gather_prefetch`: the gathered attention at ranges of 2,048 with triton_gather.PREFETCH (the
-next step's keys and values loaded before a step's math; checked: the same bits).
+blocks below the rows' positions, the select, the gathered attention); `layer_listed_us`:
+the same with triton_listed.LISTED on; `--capacity`: sessions of that many positions, as
+the engine's (`bench model`: 71,808), the rows still at the context's last position.
+`scores_us` scores every block of the capacity; `select_whole{N}_us`: the default select
+with rows of up to N complete blocks ranked from one load in registers (triton_select.WHOLE
+candidates, each checked against the mask).
 """
 
 from __future__ import annotations
@@ -38,13 +39,15 @@ import torch
 
 from flashlane.bench.common import commit, cuda_timed, graph_timed
 from flashlane.kernels.attention import triton as attn
-from flashlane.kernels.attention import triton_gather, triton_select, triton_walk
+from flashlane.kernels.attention import triton_gather, triton_listed, triton_select, triton_walk
 from flashlane.kernels.attention.triton_select import select_from_scores
 
 HQ, HKV, D, HI, DI, BLOCK, TOP = 24, 2, 256, 4, 128, 4, 512
 SPLITS = (1024, 2048, 4096)
 WHOLES = (2048, 4096, 8192)  # triton_select.WHOLE candidates (select_whole*_us)
-VARIANTS = [f"split{s}" for s in SPLITS] + [f"gather{s}" for s in SPLITS] + ["gather_prefetch"]
+LISTED = ((16, 4), (32, 2), (64, 1))  # triton_listed's (SLICES, STEPS) candidates
+VARIANTS = [f"split{s}" for s in SPLITS] + [f"gather{s}" for s in SPLITS]
+VARIANTS += [f"listed{n}x{steps}" for n, steps in LISTED]
 
 
 def timed(fn, reps: int = 20) -> float:
@@ -84,6 +87,14 @@ def one(c: int, b: int, bw: float, capacity: int = 0) -> dict:
             split=True,
         )
     ) * 1e6  # fmt: skip
+    triton_listed.LISTED = True  # ... with the listed attention (a candidate)
+    layer_listed_us = timed(
+        lambda: attn.attention(
+            q, k, v, attn.select_mask(iq, keys, pos, cap, BLOCK, TOP), scale, positions=pos,
+            split=True,
+        )
+    ) * 1e6  # fmt: skip
+    triton_listed.LISTED = False
     scores = attn.index_scores(iq, keys)
     spread_default = triton_select.SPREAD
     triton_select.SPREAD = False  # one program a row (--kernels walk), then spread
@@ -91,6 +102,7 @@ def one(c: int, b: int, bw: float, capacity: int = 0) -> dict:
     selected = mask.sum().item() / b  # keys a row reads
     need = b * selected * HKV * D * 2 * 2  # K and V in bf16
     out = dict(context=c, capacity=cap, streams=b, selected_keys=selected, layer_us=layer_us)
+    out["layer_listed_us"] = layer_listed_us
     out["scores_us"] = timed(lambda: attn.index_scores(iq, keys)) * 1e6
     out["select_us"] = timed(lambda: select_from_scores(scores, pos, cap, BLOCK, TOP)) * 1e6
     triton_select.SPREAD = True  # the long rows' ranking spread over programs
@@ -152,16 +164,15 @@ def one(c: int, b: int, bw: float, capacity: int = 0) -> dict:
             )
         )
     triton_gather.RANGE_KEYS = 2048
-    plain_gather = triton_gather.attention_gathered(q, k, v, mask, scale, positions=pos)
-    triton_gather.PREFETCH = True  # a candidate: the next step's loads first, the same bits
-    out["gather_prefetch"] = variant(
-        lambda i: triton_gather.attention_gathered(
-            rows(q, i), rows(k, i), rows(v, i), rows(mask, i), scale, positions=rows(pos, i)
+    slices_default = triton_listed.SLICES, triton_listed.STEPS
+    for n, steps in LISTED:
+        triton_listed.SLICES, triton_listed.STEPS = n, steps
+        out[f"listed{n}x{steps}"] = variant(
+            lambda i: triton_listed.attention_listed(
+                rows(q, i), rows(k, i), rows(v, i), rows(mask, i), scale, positions=rows(pos, i)
+            )
         )
-    )
-    got = triton_gather.attention_gathered(q, k, v, mask, scale, positions=pos)
-    out["gather_prefetch"]["equal_to_gather2048"] = torch.equal(got, plain_gather)
-    triton_gather.PREFETCH = False
+    triton_listed.SLICES, triton_listed.STEPS = slices_default
     attn.GATHER = gather_default
     triton_walk.SPLIT_KEYS = 2048
     return out
@@ -176,7 +187,7 @@ def main() -> None:
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; us a layer (of the selected KV's roofline)")
     head = (
-        f"{'ctx':>7} {'B':>3} {'layer':>7} {'scores':>7} {'select':>7} {'spread':>7} "
+        f"{'ctx':>7} {'B':>3} {'layer':>7} {'listed':>7} {'scores':>7} {'select':>7} {'spread':>7} "
         f"{'plain':>14} {'skip':>14}"
     )
     print(head + "".join(f" {name:>16}" for name in VARIANTS) + "  checks")
@@ -188,9 +199,9 @@ def main() -> None:
             splits = [r[name] for name in VARIANTS]
             ok = r["select_spread_equal"] and all(r[f"select_whole{w}_equal"] for w in WHOLES)
             ok = ok and all(s["alone_equal"] and s["max_diff_vs_plain"] < 0.05 for s in splits)
-            ok = ok and r["gather_prefetch"]["equal_to_gather2048"]
             print(
-                f"{c:7d} {b:3d} {r['layer_us']:7.1f} {r['scores_us']:7.1f} {r['select_us']:7.1f} "
+                f"{c:7d} {b:3d} {r['layer_us']:7.1f} {r['layer_listed_us']:7.1f} "
+                f"{r['scores_us']:7.1f} {r['select_us']:7.1f} "
                 f"{r['select_spread_us']:7.1f} "
                 f"{r['plain_us']:7.1f} ({r['plain_of_bw']:4.0%}) "
                 f"{r['skip_us']:7.1f} ({r['skip_of_bw']:4.0%})"

@@ -82,10 +82,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--kernels",
-        choices=["auto", "walk"],
+        choices=["auto", "walk", "listed"],
         default="auto",
         help="walk: decode windows through the split walk and one select program a row, "
-        "for comparison (EngineConfig.kernels; default: auto)",
+        "for comparison; listed: through the listed attention, an experiment "
+        "(EngineConfig.kernels; default: auto)",
     )
     p.add_argument(
         "--ple-table-dtype",

@@ -111,7 +111,11 @@ REFERENCE = Kernels(
 
 
 def select_kernels(
-    device: torch.device | str, log=None, reference: bool = False, walk: bool = False
+    device: torch.device | str,
+    log=None,
+    reference: bool = False,
+    walk: bool = False,
+    listed: bool = False,
 ) -> Kernels:
     """The kernels for a device, chosen once at engine start: the pure-torch references on
     the CPU; on CUDA the Triton kernels (row-invariant), or the references where Triton is
@@ -120,7 +124,8 @@ def select_kernels(
     The Triton set's decode windows read only their allowed keys (the gathered attention,
     kernels/attention/triton_gather.py) and long rows' select is spread over programs
     (triton_select_spread.py); `walk` (--kernels walk, for comparison): the split walk and one
-    select program a row instead (process-wide switches)."""
+    select program a row instead; `listed` (--kernels listed, an experiment): decode windows
+    through triton_listed.py (process-wide switches)."""
     if torch.device(device).type != "cuda" or reference:
         return REFERENCE
     try:
@@ -130,7 +135,9 @@ def select_kernels(
             log(f"flashlane: Triton kernels unavailable ({err}); using the torch references")
         return REFERENCE
     from flashlane.kernels.attention import triton as attention_tr
+    from flashlane.kernels.attention import triton_listed as listed_tr
     from flashlane.kernels.attention import triton_select as select_tr
 
     attention_tr.GATHER = select_tr.SPREAD = not walk
+    listed_tr.LISTED = listed and not walk
     return TRITON

@@ -1,6 +1,6 @@
 """The attention kernels compile for the H200 (sm_90) on any machine, as
-test_sm90_compile.py's kernels do: the walks and their combine, the gathered decode
-attention, the siblings' causal attention, the indexer's scores, select and spread ranking,
+test_sm90_compile.py's kernels do: the walks and their combine, the gathered and listed
+decode attention, the siblings' causal attention, the indexer's scores, select and spread ranking,
 and the block keys and cache writes.
 
     python -m pytest tests/kernels/test_sm90_compile_attention.py     # needs triton; no GPU
@@ -23,6 +23,7 @@ from flashlane.kernels.attention import (  # noqa: E402
     triton_blocks,
     triton_causal,
     triton_gather,
+    triton_listed,
     triton_scores,
     triton_select,
     triton_select_spread,
@@ -84,6 +85,17 @@ GATHER_TILE = dict(
     HQ=24, REP=12, D=256, BD=256, BLOCK_M=16, BLOCK_L=triton_gather.BLOCK_L,
     RANGE=triton_gather.RANGE_KEYS, CHUNK=triton_gather.CHUNK, PRECISION="tf32", FP8=False,
 )  # fmt: skip
+LISTED_FOLD = dict(
+    q_ptr=BF, k_ptr=BF, v_ptr=BF, tab_ptr="*i64", ks_ptr="*fp32", vs_ptr="*fp32",
+    list_ptr="*i16", count_ptr="*i32", pm_ptr="*fp32", pl_ptr="*fp32", pa_ptr="*fp32",
+    HAS_TABLE="i32", T="i32", R="i32", HKV="i32", stride_b="i32", scale="fp32",
+)  # fmt: skip
+LISTED_TILE = dict(
+    HQ=24, REP=12, D=256, BD=256, BLOCK_M=16, BLOCK_L=triton_gather.BLOCK_L, BR=64,
+    RANGE=triton_listed.LIST_KEYS, STEPS=triton_listed.STEPS, SLICES=triton_listed.SLICES,
+    PRECISION="tf32", FP8=False, PDL=1,
+)  # fmt: skip
+PDL_WARPS = dict(num_warps=4, launch_pdl=True)  # a launch that may start as the one before ends
 INDEX = dict(
     iq_ptr=BF,
     keys_ptr=BF,
@@ -176,13 +188,27 @@ ATTENTION_KERNELS = {
     "attention gathered fp8": (triton_gather._gather_kernel,
                                dict(GATHER, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv"),
                                dict(GATHER_TILE, FP8=True), dict(num_warps=4)),
-    # ... with the next step's keys and values loaded first (triton_gather.PREFETCH)
-    "attention gathered prefetch": (triton_gather._gather_kernel, GATHER,
-                                    dict(GATHER_TILE, PREFETCH=True), dict(num_warps=4)),
-    "attention gathered prefetch fp8": (triton_gather._gather_kernel,
-                                        dict(GATHER, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv"),
-                                        dict(GATHER_TILE, FP8=True, PREFETCH=True),
-                                        dict(num_warps=4)),
+    # ... listed once a row, folded in slices (kernels/attention/triton_listed.py)
+    "attention listed: list": (triton_listed._list_kernel,
+                               dict(mask_ptr="*u8", len_ptr="*i64", pos_ptr="*i64",
+                                    list_ptr="*i16", count_ptr="*i32", HAS_LEN="i32",
+                                    HAS_POS="i32", T="i32", L="i32", R="i32"),
+                               dict(RANGE=triton_listed.LIST_KEYS, CHUNK=triton_listed.CHUNK,
+                                    PDL=1),
+                               PDL_WARPS),
+    "attention listed: fold": (triton_listed._fold_kernel, LISTED_FOLD, LISTED_TILE,
+                               PDL_WARPS),
+    "attention listed: fold fp8": (triton_listed._fold_kernel,
+                                   dict(LISTED_FOLD, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv"),
+                                   dict(LISTED_TILE, FP8=True), PDL_WARPS),
+    "attention listed: combine": (triton_listed._combine_kernel,
+                                  dict(pm_ptr="*fp32", pl_ptr="*fp32", pa_ptr="*fp32",
+                                       count_ptr="*i32", o_ptr=BF, R="i32", rows="i32",
+                                       HQ="i32"),
+                                  dict(BR=64, BLOCK_L=triton_gather.BLOCK_L,
+                                       STEPS=triton_listed.STEPS, SLICES=triton_listed.SLICES,
+                                       BS=triton_listed.SLICES, D=256, BD=256, PDL=1),
+                                  PDL_WARPS),
     "attention fp8": (attention._attention_kernel,
                       dict(ATTENTION, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv"),
                       dict(ATTENTION_TILE, FP8=True), dict(num_warps=_WARPS, num_stages=_STAGES)),

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from flashlane.kernels.attention import triton_gather as gather
+from flashlane.kernels.attention import triton_listed as listed
 from flashlane.kernels.attention import triton_walk as walk
 from flashlane.kernels.attention.kv8 import FP8
 from flashlane.kernels.attention.triton_scores import index_scores  # the indexer
@@ -256,6 +257,8 @@ def attention(
     same whatever the batch.
     """
     if split and GATHER and config is None:
+        if listed.LISTED:
+            return listed.attention_listed(q, k, v, mask, scale, lengths, table, positions, scales)
         return gather.attention_gathered(q, k, v, mask, scale, lengths, table, positions, scales)
     b, t, hq, d = q.shape
     l, hkv = k.shape[1], k.shape[2]

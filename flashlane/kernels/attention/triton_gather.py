@@ -39,23 +39,62 @@ from flashlane.kernels.tables import (
 RANGE_KEYS = 2048  # key positions one program lists and folds (planning/buffers.SPLIT_KEYS)
 CHUNK = 1024  # mask bytes a listing step reads
 BLOCK_L = 32  # listed keys a step gathers
-# the next step's keys and values loaded before a step's math (the same bits; at one stream a
-# 16k row's program folds 256 keys in 8 steps of ~3.6 us, latency-bound on the H200,
-# results/attention_decode_h200_a41687c.json); an experiment until timed: attention_decode.py
-PREFETCH = False
 PRECISION = {torch.float32: "ieee", torch.bfloat16: "tf32", torch.float16: "tf32"}
 
 
 @triton.jit
-def _step_loads(loads, j0, dtype, D: tl.constexpr, BD: tl.constexpr, BLOCK_L: tl.constexpr,
-                FP8: tl.constexpr):  # fmt: skip
-    """Listed keys j0.. j0 + BLOCK_L of a range: (which are listed, keys [BLOCK_L, BD], values
-    [BLOCK_L, BD]) in the compute dtype (an 8-bit cache's times its rows' scales, kv8.py)."""
-    mine, lo, count, k_ptr, v_ptr, ks_ptr, vs_ptr, HKV = loads
+def _n_keys(len_ptr, pos_ptr, i_b, i_bt, L, HAS_LEN, HAS_POS):
+    """The keys row (i_b, i_bt) may see: its cache's, its session's length, its position + 1."""
+    n_keys = L
+    if HAS_LEN != 0:
+        n_keys = tl.minimum(tl.load(len_ptr + i_b).to(tl.int32), L)
+    if HAS_POS != 0:
+        n_keys = tl.minimum(n_keys, tl.load(pos_ptr + i_bt).to(tl.int32) + 1)
+    return n_keys
+
+
+@triton.jit
+def _bases(k_ptr, v_ptr, ks_ptr, vs_ptr, tab_ptr, i_b, i_kv, stride_b, HKV, HAS_TABLE,
+           D: tl.constexpr, FP8: tl.constexpr):  # fmt: skip
+    """Batch i_b's keys, values and scales of kv head i_kv (stride_b: rows a batch), or
+    session i_b's through the table."""
+    k_off = i_b.to(tl.int64) * stride_b * HKV * D
+    v_off = k_off
+    ks_off = i_b.to(tl.int64) * stride_b * HKV
+    vs_off = ks_off
+    if HAS_TABLE != 0:
+        k_off = tl.load(tab_ptr + i_b * TABLE_WIDTH + K_COL)
+        v_off = tl.load(tab_ptr + i_b * TABLE_WIDTH + V_COL)
+        if FP8:
+            ks_off = tl.load(tab_ptr + i_b * TABLE_WIDTH + KS_COL)
+            vs_off = tl.load(tab_ptr + i_b * TABLE_WIDTH + VS_COL)
+    k = k_ptr + k_off + i_kv * D
+    v = v_ptr + v_off + i_kv * D
+    return k, v, ks_ptr + ks_off + i_kv, vs_ptr + vs_off + i_kv
+
+
+@triton.jit
+def _list(mask_row, lo, hi, dst, shift, CHUNK: tl.constexpr):
+    """The allowed positions of [lo, hi) in order, less `shift`, stored from dst: their count."""
+    count = 0
+    for c0 in range(lo, hi, CHUNK):
+        p = c0 + tl.arange(0, CHUNK)
+        m_p = p < hi
+        seen = tl.load(mask_row + p, mask=m_p, other=0) != 0
+        ones = seen.to(tl.int32)
+        at = count + tl.cumsum(ones, axis=0) - ones
+        tl.store(dst + at, (p - shift).to(dst.dtype.element_ty), mask=seen)
+        count += tl.sum(ones)
+    return count
+
+
+@triton.jit
+def _kv_loads(keys, m_j, bases, HKV, dtype, D: tl.constexpr, BD: tl.constexpr,
+              FP8: tl.constexpr):  # fmt: skip
+    """The keys and values [len(keys), BD] at key positions `keys` (where m_j) in the compute
+    dtype (an 8-bit cache's times its rows' scales, kv8.py)."""
+    k_ptr, v_ptr, ks_ptr, vs_ptr = bases
     d = tl.arange(0, BD)
-    j = j0 + tl.arange(0, BLOCK_L)
-    m_j = j < count
-    keys = lo + tl.load(mine + j, mask=m_j, other=0).to(tl.int32)
     row = keys.to(tl.int64) * HKV * D
     m_kd = m_j[:, None] & (d < D)[None, :]
     k = tl.load(k_ptr + row[:, None] + d[None, :], mask=m_kd, other=0.0)
@@ -65,7 +104,7 @@ def _step_loads(loads, j0, dtype, D: tl.constexpr, BD: tl.constexpr, BLOCK_L: tl
         vs = tl.load(vs_ptr + keys.to(tl.int64) * HKV, mask=m_j, other=0.0)
         k = (k.to(tl.float32) * ks[:, None]).to(dtype)
         v = (v.to(tl.float32) * vs[:, None]).to(dtype)
-    return m_j, k, v
+    return k, v
 
 
 @triton.jit
@@ -80,6 +119,31 @@ def _fold(q, k, v, m_j, m_i, l_i, acc, scale, PRECISION: tl.constexpr):
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _group_q(q_ptr, i_bt, i_kv, HQ: tl.constexpr, REP: tl.constexpr, D: tl.constexpr,
+             BD: tl.constexpr, BLOCK_M: tl.constexpr):  # fmt: skip
+    """Row i_bt's queries of the q heads of kv head i_kv: (q [BLOCK_M, BD], heads, m_r)."""
+    r = tl.arange(0, BLOCK_M)
+    m_r = r < REP
+    head = i_kv * REP + r
+    d = tl.arange(0, BD)
+    q_row = (i_bt.to(tl.int64) * HQ + head) * D
+    q = tl.load(
+        q_ptr + q_row[:, None] + d[None, :], mask=m_r[:, None] & (d < D)[None, :], other=0.0
+    )
+    return q, head, m_r
+
+
+@triton.jit
+def _store_partial(pm_ptr, pl_ptr, pa_ptr, at, m_w, m_i, l_i, acc, D: tl.constexpr,
+                   BD: tl.constexpr):  # fmt: skip
+    """(m, l, acc) at partial rows `at` where m_w."""
+    d = tl.arange(0, BD)
+    tl.store(pm_ptr + at, m_i, mask=m_w)
+    tl.store(pl_ptr + at, l_i, mask=m_w)
+    tl.store(pa_ptr + at[:, None] * D + d[None, :], acc, mask=m_w[:, None] & (d < D)[None, :])
 
 
 @triton.jit(do_not_specialize=["T", "L", "HKV", "stride_b", "HAS_LEN", "HAS_TABLE", "HAS_POS"])
@@ -116,82 +180,58 @@ def _gather_kernel(
     CHUNK: tl.constexpr,
     PRECISION: tl.constexpr,
     FP8: tl.constexpr,
-    PREFETCH: tl.constexpr = False,
 ):
     i_bt = tl.program_id(0)  # (batch, token)
     i_kv = tl.program_id(1)
     i_s = tl.program_id(2)
     i_b = i_bt // T
-    r = tl.arange(0, BLOCK_M)
-    m_r = r < REP
-    head = i_kv * REP + r
-    d = tl.arange(0, BD)
-    m_d = d < D
-    q_row = (i_bt.to(tl.int64) * HQ + head) * D
-    q = tl.load(q_ptr + q_row[:, None] + d[None, :], mask=m_r[:, None] & m_d[None, :], other=0.0)
-    # batch b's keys and values (stride_b: rows a batch), or session b's through the table
-    k_off = i_b.to(tl.int64) * stride_b * HKV * D
-    v_off = k_off
-    ks_off = i_b.to(tl.int64) * stride_b * HKV
-    vs_off = ks_off
-    if HAS_TABLE != 0:
-        k_off = tl.load(tab_ptr + i_b * TABLE_WIDTH + K_COL)
-        v_off = tl.load(tab_ptr + i_b * TABLE_WIDTH + V_COL)
-        if FP8:
-            ks_off = tl.load(tab_ptr + i_b * TABLE_WIDTH + KS_COL)
-            vs_off = tl.load(tab_ptr + i_b * TABLE_WIDTH + VS_COL)
-    k_ptr += k_off + i_kv * D
-    v_ptr += v_off + i_kv * D
-    ks_ptr += ks_off + i_kv
-    vs_ptr += vs_off + i_kv
-    n_keys = L
-    if HAS_LEN != 0:
-        n_keys = tl.minimum(tl.load(len_ptr + i_b).to(tl.int32), L)
-    if HAS_POS != 0:
-        n_keys = tl.minimum(n_keys, tl.load(pos_ptr + i_bt).to(tl.int32) + 1)
+    q, head, m_r = _group_q(q_ptr, i_bt, i_kv, HQ, REP, D, BD, BLOCK_M)
+    bases = _bases(
+        k_ptr, v_ptr, ks_ptr, vs_ptr, tab_ptr, i_b, i_kv, stride_b, HKV, HAS_TABLE, D, FP8
+    )
+    n_keys = _n_keys(len_ptr, pos_ptr, i_b, i_bt, L, HAS_LEN, HAS_POS)
     lo = i_s * RANGE
     hi = tl.minimum(n_keys, lo + RANGE)
-
-    # list the range's allowed positions in order (offsets from lo, int16: RANGE <= 32,768)
-    # in this program's scratch row of RANGE
+    # the range's allowed positions in order (offsets from lo, int16: RANGE <= 32,768) in
+    # this program's scratch row of RANGE
     mine = list_ptr + ((i_bt * HKV + i_kv) * tl.num_programs(2) + i_s).to(tl.int64) * RANGE
-    count = 0
-    for c0 in range(lo, hi, CHUNK):
-        p = c0 + tl.arange(0, CHUNK)
-        m_p = p < hi
-        seen = tl.load(mask_ptr + i_bt.to(tl.int64) * L + p, mask=m_p, other=0) != 0
-        ones = seen.to(tl.int32)
-        at = count + tl.cumsum(ones, axis=0) - ones
-        tl.store(mine + at, (p - lo).to(tl.int16), mask=seen)
-        count += tl.sum(ones)
+    count = _list(mask_ptr + i_bt.to(tl.int64) * L, lo, hi, mine, lo, CHUNK)
     tl.debug_barrier()  # the list's stores before its loads, across the program's threads
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BD], dtype=tl.float32)
-    loads = (mine, lo, count, k_ptr, v_ptr, ks_ptr, vs_ptr, HKV)
-    if PREFETCH:  # the next step's keys and values loaded before this step's math
-        m_j, k, v = _step_loads(loads, 0, q.dtype, D, BD, BLOCK_L, FP8)
-        for j0 in range(0, count, BLOCK_L):
-            m_n, k_n, v_n = _step_loads(loads, j0 + BLOCK_L, q.dtype, D, BD, BLOCK_L, FP8)
-            m_i, l_i, acc = _fold(q, k, v, m_j, m_i, l_i, acc, scale, PRECISION)
-            m_j, k, v = m_n, k_n, v_n
-    else:
-        for j0 in range(0, count, BLOCK_L):
-            m_j, k, v = _step_loads(loads, j0, q.dtype, D, BD, BLOCK_L, FP8)
-            m_i, l_i, acc = _fold(q, k, v, m_j, m_i, l_i, acc, scale, PRECISION)
+    for j0 in range(0, count, BLOCK_L):
+        j = j0 + tl.arange(0, BLOCK_L)
+        m_j = j < count
+        keys = lo + tl.load(mine + j, mask=m_j, other=0).to(tl.int32)
+        k, v = _kv_loads(keys, m_j, bases, HKV, q.dtype, D, BD, FP8)
+        m_i, l_i, acc = _fold(q, k, v, m_j, m_i, l_i, acc, scale, PRECISION)
     if tl.num_programs(2) > 1:  # a range's partial, laid out as the split walk's; one past
         # the row's last key is not written (combine folds only the ranges below it)
         at = (i_s * tl.num_programs(0) + i_bt).to(tl.int64) * HQ + head
-        m_w = m_r & (lo < n_keys)
-        tl.store(pm_ptr + at, m_i, mask=m_w)
-        tl.store(pl_ptr + at, l_i, mask=m_w)
-        tl.store(pa_ptr + at[:, None] * D + d[None, :], acc, mask=m_w[:, None] & m_d[None, :])
+        _store_partial(pm_ptr, pl_ptr, pa_ptr, at, m_r & (lo < n_keys), m_i, l_i, acc, D, BD)
     else:
+        d = tl.arange(0, BD)
         seen = l_i > 0
         out = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], float("nan"))
         o = out.to(o_ptr.dtype.element_ty)
-        tl.store(o_ptr + q_row[:, None] + d[None, :], o, mask=m_r[:, None] & m_d[None, :])
+        q_row = (i_bt.to(tl.int64) * HQ + head) * D
+        tl.store(o_ptr + q_row[:, None] + d[None, :], o, mask=m_r[:, None] & (d < D)[None, :])
+
+
+def check(q, k, v, mask, scales, table, lengths, name: str) -> None:
+    """The shapes and dtypes the gathered kernels take, or a ValueError naming them."""
+    b, t, hq, _ = q.shape
+    hkv = k.shape[2]
+    eight = scales is not None
+    if mask.shape[:2] != (b, t) or v.shape[2] != hkv or hq % hkv:
+        shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, mask {tuple(mask.shape)}"
+        raise ValueError(f"{name}: {shapes}")
+    if q.dtype not in PRECISION or (k.dtype, v.dtype) != ((FP8,) * 2 if eight else (q.dtype,) * 2):
+        raise ValueError(f"{name}: q, k, v of {q.dtype}, {k.dtype}, {v.dtype}")
+    if table is not None and lengths is None:
+        raise ValueError(f"{name}: a table needs lengths")
 
 
 def attention_gathered(
@@ -209,17 +249,11 @@ def attention_gathered(
     k, v [B, L, Hkv, D] in q's dtype, or e4m3 with `scales`; mask [B, T, L] bool -> [B, T, Hq,
     D] in q's dtype; lengths, table, positions, scales as there. A row that allows no key
     gives NaN, as the walks do."""
+    check(q, k, v, mask, scales, table, lengths, "attention_gathered")
     b, t, hq, d = q.shape
     hkv = k.shape[2]
     l = mask.shape[-1]
     eight = scales is not None
-    if mask.shape[:2] != (b, t) or v.shape[2] != hkv or hq % hkv:
-        shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, mask {tuple(mask.shape)}"
-        raise ValueError(f"attention_gathered: {shapes}")
-    if q.dtype not in PRECISION or (k.dtype, v.dtype) != ((FP8,) * 2 if eight else (q.dtype,) * 2):
-        raise ValueError(f"attention_gathered: q, k, v of {q.dtype}, {k.dtype}, {v.dtype}")
-    if table is not None and lengths is None:
-        raise ValueError("attention_gathered: a table needs lengths")
     o = torch.empty_like(q)
     if b == 0 or t == 0:
         return o
@@ -260,7 +294,6 @@ def attention_gathered(
         CHUNK=CHUNK,
         PRECISION=PRECISION[q.dtype],
         FP8=eight,
-        PREFETCH=PREFETCH,
         num_warps=4,
     )
     return walk.combine(parts, o, RANGE_KEYS, l, lengths, positions) if ranges > 1 else o
