@@ -26,8 +26,11 @@ from flashlane.kernels.pdl import enter, pdl
 CHUNK = 1024
 # a row of up to WHOLE complete blocks is ranked from one load of its scores, in registers
 # (an 8k-token prompt's rows have up to 2,048: 661 us a layer on the H200 reloading them in
-# every pass); longer rows take the loops over chunks. The same kept blocks either way.
-WHOLE = 2048
+# every pass); longer rows take the loops over chunks. The same kept blocks either way. 4,096
+# (16k keys): the decode select 24.5-26.4 us a layer at 16k against 26.7-29.9 at 2,048, and
+# 25.3 / 26.1 / 33.5 against 28.5 / 29.9 / 33.3 at 64k, 1 / 4 / 16 streams; 8,192 slower
+# (results/attention_decode_h200_fa9ace7.json)
+WHOLE = 4096
 # rows past WHOLE blocks ranked by programs of CHUNK blocks each, which then write the mask
 # (triton_select_spread.py, five launches: the same mask; 32-40 us a layer at 16k-64k on the
 # H200 against one program's 55-144, results/attention_decode_h200_a41687c.json, when it took
