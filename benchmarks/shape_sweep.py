@@ -80,6 +80,22 @@ def in_process(index: int, args) -> dict:
     return json.loads(lines[-1])["rows"][0]
 
 
+def show(r: dict) -> dict:
+    """Prints a config's row as it lands (a call cut short keeps the rows before it)."""
+    if "failure" in r:
+        print(f"{r['config']:>3} failed: {r['failure']}", flush=True)
+        return r
+    print(
+        f"{r['config']:>3} {r['hc_count']:>3} {r['hidden_size']:>4} "
+        f"{r['linear_key_head_dim']:>3}/{r['linear_value_head_dim']:<4} "
+        f"{r['num_experts']:>3} top{r['num_experts_per_tok']} {r['vocab_size']:>6} "
+        f"{r['compared']:>9} {r['differ']:>7} {r['moves']:>6} {r['cached_tokens']:>7} "
+        f"{r['seconds']:>6.1f}",
+        flush=True,
+    )
+    return r
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -96,22 +112,14 @@ def main() -> int:
         f"{'compared':>9} {'differ':>7} {'moves':>6} {'cached':>7} {'s':>6}",
         flush=True,
     )
+    rows = []
     if args.jobs > 1:
         with ThreadPoolExecutor(args.jobs) as pool:
-            rows = list(pool.map(lambda i: in_process(i, args), indices))
+            for r in pool.map(lambda i: in_process(i, args), indices):
+                rows.append(show(r))
     else:
-        rows = [one(i, args.device, args.streams, args.siblings) for i in indices]
-    for r in rows:
-        if "failure" in r:
-            print(f"{r['config']:>3} failed: {r['failure']}")
-            continue
-        print(
-            f"{r['config']:>3} {r['hc_count']:>3} {r['hidden_size']:>4} "
-            f"{r['linear_key_head_dim']:>3}/{r['linear_value_head_dim']:<4} "
-            f"{r['num_experts']:>3} top{r['num_experts_per_tok']} {r['vocab_size']:>6} "
-            f"{r['compared']:>9} {r['differ']:>7} {r['moves']:>6} {r['cached_tokens']:>7} "
-            f"{r['seconds']:>6.1f}"
-        )
+        for i in indices:
+            rows.append(show(one(i, args.device, args.streams, args.siblings)))
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()

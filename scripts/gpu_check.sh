@@ -44,7 +44,9 @@
 #          (benchmarks/route_warps.py)
 # sweep:   issue 26's shape sweep: 20 seeded random small qwen4_exp configs, each served
 #          alone, batched with 2 and 15 others, drafted, resumed and moved, replies compared
-#          token for token (benchmarks/shape_sweep.py; SWEEP_ARGS overrides its arguments;
+#          token for token, six configs at once (benchmarks/shape_sweep.py --jobs 6; at
+#          a21fedd its configs took 4-70 s each on the H200; one at a time, the first configs'
+#          17 models filled a 560 s call at fa9ace7); SWEEP_ARGS overrides its arguments;
 #          SWEEP_ARGS="--device cuda --siblings --configs 24 --jobs 6": issue 33's families)
 # serve:   `flashlane serve --config flashnext-12l --random-weights` on the GPU (SERVE_MODEL
 #          overrides the model flags), measured by `flashlane bench serve` with Poisson
@@ -65,7 +67,9 @@
 # gather-ab: `bench model` on flashnext-12l at 64, 16k and 64k-token prompts, 1 / 4 / 16
 #          streams, with the default kernels (the gathered decode attention and the spread
 #          select) and with `--kernels walk` (the split walk, one select program a row);
-#          GATHER_ARGS overrides, GATHER_KERNELS="walk" runs one half
+#          GATHER_ARGS overrides, GATHER_KERNELS="walk" runs one half; GATHER_KERNELS=
+#          "auto listed": the default against the listed attention (an experiment,
+#          kernels/attention/triton_listed.py)
 # attn-decode: the QSA attention for decode rows at 16k, 64k and 128k keys, 1 / 4 / 16
 #          streams: the indexer, the plain, skipping and split walks and the gathered
 #          attention (kernels/attention/triton_gather.py, the default), each against the
@@ -157,9 +161,9 @@ if [[ " $steps " == *" kv8 "* ]]; then
 fi
 
 if [[ " $steps " == *" sweep "* ]]; then
-    echo "== python benchmarks/shape_sweep.py ${SWEEP_ARGS:---device cuda}"
+    echo "== python benchmarks/shape_sweep.py ${SWEEP_ARGS:---device cuda --jobs 6}"
     # shellcheck disable=SC2086
-    python benchmarks/shape_sweep.py ${SWEEP_ARGS:---device cuda} \
+    python benchmarks/shape_sweep.py ${SWEEP_ARGS:---device cuda --jobs 6} \
         --json "$out/shape_sweep_$stamp.json" 2>&1 | tee "$out/shape_sweep_$stamp.log" \
         || failed+=("sweep")
 fi
