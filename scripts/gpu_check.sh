@@ -7,6 +7,7 @@
 #                                                    # model, long, drafts, diag, serve,
 #                                                    # serve-bisect, replay, stall, fp8,
 #                                                    # kv8, bisect, attn-decode, gather-ab,
+#                                                    # timeline,
 #                                                    # peer-build, peer
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
@@ -36,6 +37,9 @@
 # drafts:  drafts on against off with the embedded model on code prompts at 1, 4, 16 and 64
 #          streams, default flags (benchmarks/bench_lanes_cpu.py --device cuda; DRAFT_ARGS
 #          overrides)
+# timeline: one decode step's kernels in order at TIMELINE_STREAMS (1) in sessions of
+#          TIMELINE_CONTEXT positions (71808, bench model's), and a TIMELINE_PREFILL-token
+#          (2048) prefill's kernels and idle gaps (benchmarks/profile_gpu.py)
 # diag:    where a decode step's time goes: one lone step's kernels in order with their own
 #          time at 1 and 4 streams (benchmarks/profile_gpu.py --timeline), an 8k prefill's
 #          kernels and idle gaps (--prefill-timeline), the small decode products with cold
@@ -216,6 +220,23 @@ if [[ " $steps " == *" drafts "* ]]; then
     else
         failed+=("drafts")
     fi
+fi
+
+if [[ " $steps " == *" timeline "* ]]; then
+    # one decode step's kernels at TIMELINE_STREAMS in sessions of TIMELINE_CONTEXT positions
+    # (bench model's 71,808 by default: a 64-token row in a large session), and a
+    # TIMELINE_PREFILL-token prefill's kernels and idle gaps
+    n="${TIMELINE_STREAMS:-1}"
+    ctx="${TIMELINE_CONTEXT:-71808}"
+    len="${TIMELINE_PREFILL:-2048}"
+    echo "== python benchmarks/profile_gpu.py --config flashnext-12l --streams $n --context $ctx"
+    FLASHLANE_LONE_STREAMS=$n python benchmarks/profile_gpu.py --config flashnext-12l \
+        --streams "$n" --prefill "$len" --rows 30 --context "$ctx" \
+        --timeline "$out/timeline_flashnext-12l_${n}streams_${ctx}_$stamp.txt" \
+        --prefill-timeline "$out/timeline_prefill_${len}_flashnext-12l_$stamp.txt" \
+        > "$out/profile_flashnext-12l_${n}streams_${ctx}_$stamp.txt" 2>&1 \
+        || failed+=("profile timeline")
+    tail -n 40 "$out/profile_flashnext-12l_${n}streams_${ctx}_$stamp.txt"
 fi
 
 if [[ " $steps " == *" diag "* ]]; then
