@@ -134,19 +134,20 @@ def split_partial_bytes(cfg: ModelConfig, rows: int, context: int) -> int:
     triton_walk.py: fp32 m, l and a head_dim accumulator for every (row, query head) and
     range of SPLIT_KEYS keys; none while the context is one range), and the gathered
     attention's lists (triton_gather.py: int16 offsets, SPLIT_KEYS a (row, kv head) and
-    range; counted whether or not it is switched on)."""
+    range); or the listed attention's, if more (triton_listed.py: LISTED_SLICES partials at
+    any context, lists without the kv heads): counted whether or not it is switched on."""
     if cfg.family != "flashnext":  # the siblings' attention neither splits nor gathers
         return 0
     splits = -(-context // SPLIT_KEYS)
     lists = splits * rows * cfg.num_kv_heads * SPLIT_KEYS * 2
-    if splits <= 1:
-        return lists
-    return splits * rows * cfg.num_attention_heads * (cfg.head_dim + 2) * 4 + lists
+    partials = max(splits if splits > 1 else 0, LISTED_SLICES)
+    return partials * rows * cfg.num_attention_heads * (cfg.head_dim + 2) * 4 + lists
 
 
 # the decode walk's range of keys (kernels/attention/triton_walk.SPLIT_KEYS; the planning
 # stays free of triton: tests/planning/test_split_bytes.py checks they agree)
 SPLIT_KEYS = 2048
+LISTED_SLICES = 32  # kernels/attention/triton_listed.SLICES (the same test checks it)
 
 
 def prompt_row_bytes(cfg: ModelConfig, device: str, context: int) -> int:
