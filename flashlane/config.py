@@ -218,10 +218,9 @@ class EngineConfig:
     kernels: str = option(
         "auto",
         "auto: Triton's on cuda (the torch references on the CPU, or where Triton is "
-        "missing); reference: the torch references on cuda too; walk: Triton's with the "
-        "split walk and one select program a row for decode windows (for comparison); "
-        "listed: Triton's with decode windows' allowed keys listed once a row and folded in "
-        "slices (an experiment) (default: auto; FLASHLANE_KERNELS=reference)",
+        "missing); reference: the torch references on cuda too; walk / listed: Triton's "
+        "with decode windows through the split walk and one select program a row / the "
+        "listed attention (default: auto; FLASHLANE_KERNELS=reference)",
         choices=("auto", "reference", "walk", "listed"),
         env=("FLASHLANE_KERNELS",),
     )

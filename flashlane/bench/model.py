@@ -84,9 +84,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--kernels",
         choices=["auto", "walk", "listed"],
         default="auto",
-        help="walk: decode windows through the split walk and one select program a row, "
-        "for comparison; listed: through the listed attention, an experiment "
-        "(EngineConfig.kernels; default: auto)",
+        help="walk: decode windows through the split walk and one select program a row; "
+        "listed: through the listed attention (EngineConfig.kernels; default: auto)",
     )
     p.add_argument(
         "--ple-table-dtype",
