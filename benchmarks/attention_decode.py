@@ -22,11 +22,12 @@ alone equal bit for bit to the batched row.
 
 `layer_us`: the step's whole QSA attention as the engine runs it by default (scores of the
 blocks below the rows' positions, the select, the gathered attention); `layer_listed_us`:
-the same with triton_listed.LISTED on; `--capacity`: sessions of that many positions, as
-the engine's (`bench model`: 71,808), the rows still at the context's last position.
-`scores_us` scores every block of the capacity; `select_whole{N}_us`: the default select
-with rows of up to N complete blocks ranked from one load in registers (triton_select.WHOLE
-candidates, each checked against the mask).
+the same with triton_listed.LISTED on, `layer_loop_us` with triton_scores.PROGRAMS at 528
+(programs looping over tiles), `layer_listed_loop_us` both; `--capacity`: sessions of that
+many positions, as the engine's (`bench model`: 71,808), the rows still at the context's
+last position. `scores_us` scores every block of the capacity; `select_whole{N}_us`: the
+default select with rows of up to N complete blocks ranked from one load in registers
+(triton_select.WHOLE candidates, each checked against the mask).
 """
 
 from __future__ import annotations
@@ -39,13 +40,27 @@ import torch
 
 from flashlane.bench.common import commit, cuda_timed, graph_timed
 from flashlane.kernels.attention import triton as attn
-from flashlane.kernels.attention import triton_gather, triton_listed, triton_select, triton_walk
+from flashlane.kernels.attention import (
+    triton_gather,
+    triton_listed,
+    triton_scores,
+    triton_select,
+    triton_walk,
+)
 from flashlane.kernels.attention.triton_select import select_from_scores
 
 HQ, HKV, D, HI, DI, BLOCK, TOP = 24, 2, 256, 4, 128, 4, 512
 SPLITS = (1024, 2048, 4096)
 WHOLES = (2048, 4096, 8192)  # triton_select.WHOLE candidates (select_whole*_us)
 LISTED = ((16, 4), (32, 2), (64, 1))  # triton_listed's (SLICES, STEPS) candidates
+# the layer by default and with the candidates: (name, triton_listed.LISTED,
+# triton_scores.PROGRAMS: 528, four programs an SM on the H200)
+LAYERS = (
+    ("layer_us", False, 0),
+    ("layer_listed_us", True, 0),
+    ("layer_loop_us", False, 528),
+    ("layer_listed_loop_us", True, 528),
+)
 VARIANTS = [f"split{s}" for s in SPLITS] + [f"gather{s}" for s in SPLITS]
 VARIANTS += [f"listed{n}x{steps}" for n, steps in LISTED]
 
@@ -80,29 +95,29 @@ def one(c: int, b: int, bw: float, capacity: int = 0) -> dict:
     pos = torch.full((b, 1), c - 1, device="cuda")
     scale = D**-0.5
     # what a step runs by default: the scores of blocks below the rows' positions, the
-    # select, the gathered attention
-    layer_us = timed(
-        lambda: attn.attention(
-            q, k, v, attn.select_mask(iq, keys, pos, cap, BLOCK, TOP), scale, positions=pos,
-            split=True,
-        )
-    ) * 1e6  # fmt: skip
-    triton_listed.LISTED = True  # ... with the listed attention (a candidate)
-    layer_listed_us = timed(
-        lambda: attn.attention(
-            q, k, v, attn.select_mask(iq, keys, pos, cap, BLOCK, TOP), scale, positions=pos,
-            split=True,
-        )
-    ) * 1e6  # fmt: skip
-    triton_listed.LISTED = False
+    # select, the gathered attention; then with each candidate, and both
+    layers, outs = {}, {}
+    for name, listed, programs in LAYERS:
+        triton_listed.LISTED, triton_scores.PROGRAMS = listed, programs
+
+        def layer():
+            mask = attn.select_mask(iq, keys, pos, cap, BLOCK, TOP)
+            return attn.attention(q, k, v, mask, scale, positions=pos, split=True)
+
+        outs[name] = layer()
+        layers[name] = timed(layer) * 1e6
+    triton_listed.LISTED, triton_scores.PROGRAMS = False, 0
+    # the loop over tiles changes no score: the same bits as one program a tile
+    layers["loop_equal"] = torch.equal(outs["layer_loop_us"], outs["layer_us"]) and torch.equal(
+        outs["layer_listed_loop_us"], outs["layer_listed_us"]
+    )
     scores = attn.index_scores(iq, keys)
     spread_default = triton_select.SPREAD
     triton_select.SPREAD = False  # one program a row (--kernels walk), then spread
     mask = select_from_scores(scores, pos, cap, BLOCK, TOP)
     selected = mask.sum().item() / b  # keys a row reads
     need = b * selected * HKV * D * 2 * 2  # K and V in bf16
-    out = dict(context=c, capacity=cap, streams=b, selected_keys=selected, layer_us=layer_us)
-    out["layer_listed_us"] = layer_listed_us
+    out = dict(context=c, capacity=cap, streams=b, selected_keys=selected, **layers)
     out["scores_us"] = timed(lambda: attn.index_scores(iq, keys)) * 1e6
     out["select_us"] = timed(lambda: select_from_scores(scores, pos, cap, BLOCK, TOP)) * 1e6
     triton_select.SPREAD = True  # the long rows' ranking spread over programs
@@ -187,7 +202,8 @@ def main() -> None:
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; us a layer (of the selected KV's roofline)")
     head = (
-        f"{'ctx':>7} {'B':>3} {'layer':>7} {'listed':>7} {'scores':>7} {'select':>7} {'spread':>7} "
+        f"{'ctx':>7} {'B':>3} {'layer':>7} {'listed':>7} {'loop':>7} {'both':>7} "
+        f"{'scores':>7} {'select':>7} {'spread':>7} "
         f"{'plain':>14} {'skip':>14}"
     )
     print(head + "".join(f" {name:>16}" for name in VARIANTS) + "  checks")
@@ -198,9 +214,11 @@ def main() -> None:
             rows.append(r)
             splits = [r[name] for name in VARIANTS]
             ok = r["select_spread_equal"] and all(r[f"select_whole{w}_equal"] for w in WHOLES)
+            ok = ok and r["loop_equal"]
             ok = ok and all(s["alone_equal"] and s["max_diff_vs_plain"] < 0.05 for s in splits)
             print(
                 f"{c:7d} {b:3d} {r['layer_us']:7.1f} {r['layer_listed_us']:7.1f} "
+                f"{r['layer_loop_us']:7.1f} {r['layer_listed_loop_us']:7.1f} "
                 f"{r['scores_us']:7.1f} {r['select_us']:7.1f} "
                 f"{r['select_spread_us']:7.1f} "
                 f"{r['plain_us']:7.1f} ({r['plain_of_bw']:4.0%}) "

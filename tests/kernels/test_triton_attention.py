@@ -232,6 +232,25 @@ def test_index_scores_with_positions_compute_every_ranked_column():
         attn_tri.index_scores(iq, keys, positions=pos)
 
 
+@pytest.mark.parametrize("programs", [1, 3, 8])
+def test_index_scores_looping_over_tiles_give_the_same_bits(monkeypatch, programs):
+    """triton_scores.PROGRAMS: programs that loop over every n-th tile of their row score
+    each block key as one program a tile does, with and without the rows' positions."""
+    from flashlane.kernels.attention import triton_scores
+
+    block, nb = 4, 200  # four tiles of block keys a row
+    iq, keys = index_inputs(2, 3, 2, 32, nb, seed=5)
+    pos = torch.tensor([[5, 100, 250], [799, 0, 3]], device=DEVICE)
+    full = attn_tri.index_scores(iq, keys)
+    bounded = attn_tri.index_scores(iq, keys, positions=pos, block=block)
+    monkeypatch.setattr(triton_scores, "PROGRAMS", programs)
+    assert torch.equal(attn_tri.index_scores(iq, keys), full)
+    got = attn_tri.index_scores(iq, keys, positions=pos, block=block)
+    for (i, j), p in zip(((0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)), pos.flatten()):
+        reach = (int(p) + 1) // block
+        assert torch.equal(got[i, j, :reach], bounded[i, j, :reach])
+
+
 def test_select_mask_of_short_rows_in_a_large_cache():
     b, t, block, nb = 2, 2, 4, 300  # tiles of block keys past every row's position
     iq, keys = index_inputs(b, t, 2, 32, nb, seed=8)

@@ -18,6 +18,10 @@ from flashlane.kernels.tables import BLOCKS_COL, NB_COL, TABLE_WIDTH, no_longs, 
 # head order (an 8k prompt: 1.59 -> 0.11 ms a layer on the H200 against fp32 FMAs one row a
 # program, the same mask; results/attention_prefill_h200_0e77c8b.json)
 INDEX_TILE = (64, 64, 4)
+# tile programs a launch aims at: 0, one a tile (a 71,808-position session: 281 a row, most of
+# them past a short context's blocks); N, each program loops over every (N / rows)-th tile of
+# its row, the same sums (an experiment until timed: benchmarks/attention_decode.py)
+PROGRAMS = 0
 
 
 @triton.jit(do_not_specialize=["T", "NB", "HI", "HAS_TABLE", "HAS_POS", "BLOCK"])
@@ -44,7 +48,6 @@ def _index_scores_kernel(
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     i_b = tl.program_id(2)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # this program's query rows
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # ... and block keys
     d = tl.arange(0, BDI)
     m_d = d < DI
     m_t = t < T
@@ -55,30 +58,30 @@ def _index_scores_kernel(
         off = tl.multiple_of(tl.load(tab_ptr + i_b * TABLE_WIDTH + BLOCKS_COL), 16)
         nb = tl.load(tab_ptr + i_b * TABLE_WIDTH + NB_COL)
     keys_ptr += off
-    m_n = n < nb
-    heads = HI
-    if HAS_POS != 0:  # a tile past every row's complete blocks: never ranked, not computed
+    if HAS_POS != 0:  # tiles past every row's complete blocks: never ranked, not computed
         p = tl.load(pos_ptr + i_b.to(tl.int64) * T + t, mask=m_t, other=-1)
-        reach = tl.max((p + 1) // BLOCK, axis=0)
-        m_n = m_n & (n < reach)
-        heads = tl.where(tl.program_id(1) * BLOCK_N < reach, HI, 0)
-    key = tl.load(
-        keys_ptr + n[:, None].to(tl.int64) * DI + d[None, :],
-        mask=m_n[:, None] & m_d[None, :],
-        other=0.0,
-    )
+        nb = tl.minimum(nb, tl.max((p + 1) // BLOCK, axis=0))
     q_rows = (i_b.to(tl.int64) * T + t) * HI * DI  # [BLOCK_T]
-    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-    for h in range(0, heads):
-        qh = tl.load(
-            iq_ptr + q_rows[:, None] + h * DI + d[None, :],
-            mask=m_t[:, None] & m_d[None, :],
+    # this program's tiles of block keys: one, or every num_programs(1)-th (the same sums)
+    for tile in range(tl.program_id(1), tl.cdiv(nb, BLOCK_N).to(tl.int32), tl.num_programs(1)):
+        n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_n = n < nb
+        key = tl.load(
+            keys_ptr + n[:, None].to(tl.int64) * DI + d[None, :],
+            mask=m_n[:, None] & m_d[None, :],
             other=0.0,
-        ).to(key.dtype)
-        s = tl.dot(qh, tl.trans(key), input_precision=PRECISION)
-        acc += tl.maximum(s, 0.0)
-    out = scores_ptr + (i_b.to(tl.int64) * T + t)[:, None] * NB + n[None, :]
-    tl.store(out, acc / sqrt_di, mask=m_t[:, None] & m_n[None, :])
+        )
+        acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+        for h in range(0, HI):
+            qh = tl.load(
+                iq_ptr + q_rows[:, None] + h * DI + d[None, :],
+                mask=m_t[:, None] & m_d[None, :],
+                other=0.0,
+            ).to(key.dtype)
+            s = tl.dot(qh, tl.trans(key), input_precision=PRECISION)
+            acc += tl.maximum(s, 0.0)
+        out = scores_ptr + (i_b.to(tl.int64) * T + t)[:, None] * NB + n[None, :]
+        tl.store(out, acc / sqrt_di, mask=m_t[:, None] & m_n[None, :])
 
 
 def index_scores(
@@ -90,7 +93,8 @@ def index_scores(
     block: int = 0,
 ) -> torch.Tensor:
     """sum_h relu(index_q[b, t, h] . block_keys[b, n]) / sqrt(Di) in fp32: [B, T, NB]. One
-    program per tile of query rows and block keys (INDEX_TILE), each head's scores a
+    program per tile of query rows and block keys (INDEX_TILE; fewer with PROGRAMS, each
+    looping over tiles), each head's scores a
     tensor-core dot: a decode row over a long cache is spread over the SMs (one program
     walking 2,112 block keys took 50 us on the H200), the tile never depends on T, and each
     score is summed over the heads in order whatever the grid. With `table`
@@ -109,7 +113,10 @@ def index_scores(
         return scores
     block_t, block_n, warps = INDEX_TILE
     keys = block_keys.contiguous()
-    _index_scores_kernel[(triton.cdiv(t, block_t), triton.cdiv(nb, block_n), b)](
+    tiles = triton.cdiv(nb, block_n)
+    if PROGRAMS > 0:
+        tiles = max(1, min(tiles, PROGRAMS // (b * triton.cdiv(t, block_t))))
+    _index_scores_kernel[(triton.cdiv(t, block_t), tiles, b)](
         index_q.to(keys.dtype).contiguous(),
         keys,
         scores,
