@@ -218,10 +218,10 @@ class EngineConfig:
     kernels: str = option(
         "auto",
         "auto: Triton's on cuda (the torch references on the CPU, or where Triton is "
-        "missing); reference: the torch references on cuda too; walk / listed: Triton's "
-        "with decode windows through the split walk and one select program a row / the "
-        "listed attention (default: auto; FLASHLANE_KERNELS=reference)",
-        choices=("auto", "reference", "walk", "listed"),
+        "missing); reference: the torch references on cuda too; walk / gather / listed: "
+        "Triton's with decode windows through the split walk and one select program a row "
+        "/ the gathered / the listed attention (default: auto; FLASHLANE_KERNELS=reference)",
+        choices=("auto", "reference", "walk", "gather", "listed"),
         env=("FLASHLANE_KERNELS",),
     )
     # requests without a seed take seed, seed + 1, ... in submission order; None: fresh random

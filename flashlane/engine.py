@@ -134,9 +134,9 @@ class Engine:
         if tp is not None:
             shard_model(self.model, tp, config.expert_parallel)
         self.seeds = SeedSource(config.seed)
-        reference, walk = config.kernels == "reference", config.kernels == "walk"
-        listed = config.kernels == "listed"
-        self.kernels = select_kernels(self.device, self.log, reference, walk, listed)
+        reference = config.kernels == "reference"
+        decode = "auto" if reference else config.kernels
+        self.kernels = select_kernels(self.device, self.log, reference, decode)
         if kv_fp8 and self.kernels.name == "triton":
             engine_plan.check_kv_fp8_device(self.device)
         self.model.use_kernels(self.kernels)

@@ -82,10 +82,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--kernels",
-        choices=["auto", "walk", "listed"],
+        choices=["auto", "walk", "gather", "listed"],
         default="auto",
-        help="walk: decode windows through the split walk and one select program a row; "
-        "listed: through the listed attention (EngineConfig.kernels; default: auto)",
+        help="decode windows through the split walk and one select program a row, the "
+        "gathered or the listed attention (EngineConfig.kernels; default: auto)",
     )
     p.add_argument(
         "--ple-table-dtype",

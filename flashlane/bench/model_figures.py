@@ -21,8 +21,8 @@ FILL_ROOM = 4096  # positions a session keeps for tokens decoded while other pro
 
 
 def kernels_name(name: str, asked: str) -> str:
-    """The kernel set's name, `triton+walk` (`+listed`) for a comparison run."""
-    return f"{name}+{asked}" if asked in ("walk", "listed") and name == "triton" else name
+    """The kernel set's name, `triton+walk` (`+gather`, `+listed`) for a comparison run."""
+    return f"{name}+{asked}" if asked != "auto" and name == "triton" else name
 
 
 def sampled_params(args) -> dict[str, SamplingParams]:

@@ -110,12 +110,13 @@ REFERENCE = Kernels(
 )
 
 
+# decode windows' attention by default (--kernels auto): "gather" (triton_gather.py) or
+# "listed" (triton_listed.py, an experiment until timed against it)
+DECODE = "gather"
+
+
 def select_kernels(
-    device: torch.device | str,
-    log=None,
-    reference: bool = False,
-    walk: bool = False,
-    listed: bool = False,
+    device: torch.device | str, log=None, reference: bool = False, decode: str = "auto"
 ) -> Kernels:
     """The kernels for a device, chosen once at engine start: the pure-torch references on
     the CPU; on CUDA the Triton kernels (row-invariant), or the references where Triton is
@@ -123,9 +124,12 @@ def select_kernels(
     (`reference`: EngineConfig.kernels, --kernels reference, FLASHLANE_KERNELS=reference).
     The Triton set's decode windows read only their allowed keys (the gathered attention,
     kernels/attention/triton_gather.py) and long rows' select is spread over programs
-    (triton_select_spread.py); `walk` (--kernels walk, for comparison): the split walk and one
-    select program a row instead; `listed` (--kernels listed, an experiment): decode windows
-    through triton_listed.py (process-wide switches)."""
+    (triton_select_spread.py). `decode` (--kernels): `auto` (DECODE), `gather`, `listed`
+    (triton_listed.py), or `walk` (the split walk and one select program a row, for
+    comparison); process-wide switches."""
+    decode = DECODE if decode == "auto" else decode
+    if decode not in ("gather", "listed", "walk"):
+        raise ValueError(f"select_kernels: decode {decode!r}: auto, gather, listed or walk")
     if torch.device(device).type != "cuda" or reference:
         return REFERENCE
     try:
@@ -138,6 +142,6 @@ def select_kernels(
     from flashlane.kernels.attention import triton_listed as listed_tr
     from flashlane.kernels.attention import triton_select as select_tr
 
-    attention_tr.GATHER = select_tr.SPREAD = not walk
-    listed_tr.LISTED = listed and not walk
+    attention_tr.GATHER = select_tr.SPREAD = decode != "walk"
+    listed_tr.LISTED = decode == "listed"
     return TRITON

@@ -106,5 +106,9 @@ def test_reference_kernels_on_cuda_when_asked():
     from flashlane.kernels import REFERENCE, select_kernels
 
     assert select_kernels("cuda", reference=True) is REFERENCE
+    with pytest.raises(ValueError, match="decode 'fast': auto, gather, listed or walk"):
+        select_kernels("cpu", decode="fast")
+    for decode in ("auto", "gather", "listed", "walk"):
+        assert EngineConfig.resolve(kernels=decode).kernels == decode
     with pytest.raises(ValueError, match="engine option kernels"):
         EngineConfig.resolve(kernels="triton")

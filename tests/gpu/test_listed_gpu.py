@@ -7,6 +7,7 @@ list over several ranges and fold in every slice."""
 import pytest
 import torch
 
+from flashlane.kernels import select_kernels
 from flashlane.kernels.attention import triton_listed
 from flashlane.models.flashnext import commit, run_piece
 from flashlane.models.rows import Rows
@@ -26,9 +27,10 @@ LENGTHS = [3000, 40, 2100, 700, 4000, 2049, 130, 2600]  # prompts: one to two ra
 @pytest.fixture(scope="module")
 def listed_model(oracle_by_name):
     cfg, model = gpu_model_named("flashnext-4l", oracle_by_name)
-    triton_listed.LISTED = True  # select_kernels (above) set the default
+    select_kernels("cuda", decode="listed")  # --kernels listed
+    assert triton_listed.LISTED
     yield cfg, model
-    triton_listed.LISTED = False
+    select_kernels("cuda")  # the default again
     del model
     torch.cuda.empty_cache()
 
