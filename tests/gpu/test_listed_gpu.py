@@ -9,12 +9,12 @@ import torch
 
 from flashlane.kernels import select_kernels
 from flashlane.kernels.attention import triton_listed
-from flashlane.models.flashnext import commit, run_piece
-from flashlane.models.rows import Rows
+from flashlane.models.flashnext import run_piece
 from flashlane.models.state import SessionState
 from flashlane.runner.backend import copy_session
 from flashlane.runner.graphs import Graphs
 from tests.gpu.models import gpu_model_named
+from tests.gpu.test_exact_gpu import run_windows
 
 pytestmark = [
     pytest.mark.cuda,
@@ -62,19 +62,6 @@ def copied(cfg, session: SessionState) -> SessionState:
     s = SessionState.empty(cfg, CAP, torch.bfloat16, torch.float32, "cuda")
     copy_session(session, s, cfg.indexer_block)
     return s
-
-
-def run_windows(model, windows, keep: bool = False):
-    """One forward over [(session, tokens)] verify windows: logits per window, each window's
-    rows committed when `keep`."""
-    rows = Rows.of(
-        [(s, torch.tensor(t, device="cuda"), s.length, True) for s, t in windows], "cuda"
-    )
-    logits = model.logits(model.residual(rows))
-    if keep:
-        for p in rows.pieces:
-            commit(model, p, p.length)
-    return [logits[p.rows] for p in rows.pieces]
 
 
 @pytest.mark.parametrize("width", [1, 3, 8])
