@@ -20,8 +20,9 @@ from flashlane.kernels.tables import BLOCKS_COL, NB_COL, TABLE_WIDTH, no_longs, 
 INDEX_TILE = (64, 64, 4)
 # tile programs a launch aims at: 0, one a tile (a 71,808-position session: 281 a row, most of
 # them past a short context's blocks); N, each program loops over every (N / rows)-th tile of
-# its row, the same sums (an experiment until timed: benchmarks/attention_decode.py)
-PROGRAMS = 0
+# its row, the same sums. 528 (four an SM): a QSA layer 0.3-14 us faster at 64 to 64k keys,
+# the most at 16 streams (results/attention_decode_h200_8299589.json)
+PROGRAMS = 528
 
 
 @triton.jit(do_not_specialize=["T", "NB", "HI", "HAS_TABLE", "HAS_POS", "BLOCK"])
