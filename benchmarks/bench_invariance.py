@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import time
 from datetime import datetime, timezone
 
 import torch
 import torch.nn.functional as F
+
+from flashlane.bench.common import commit
 
 # (name, N, K): the largest linears of a Flash Next layer (hidden 2560)
 LINEARS = [
@@ -52,15 +53,6 @@ def row_invariant(fn, x: torch.Tensor, w: torch.Tensor) -> bool:
     full = fn(x, w)
     rows = {0, len(x) // 2, len(x) - 1}
     return all(torch.equal(fn(x[i : i + 1], w), full[i : i + 1]) for i in rows)
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from flashlane.bench import common as bench_common
 from tests.oracle import build_oracle
 from tests.sweep_configs import sibling_configs, sweep_configs
 from tests.sweep_gates import check_replies
@@ -120,9 +121,7 @@ def main() -> int:
     else:
         for i in indices:
             rows.append(show(one(i, args.device, args.streams, args.siblings)))
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    commit = bench_common.commit()
     result = dict(
         bench="shape_sweep",
         device=args.device,

@@ -93,6 +93,7 @@
 #          its arguments): ours and llama.cpp's decode at 1, 4, 16, 64 streams and prefill, in
 #          one JSON. Run both in one call, GPU_STEPS="peer-build peer" (carry .peer and .whl;
 #          286 s on the H200): a later call did not find .peer/src and the GGUF again.
+# Name the commit sent: FLASHLANE_COMMIT=<short sha> GPU_STEPS=... (see below).
 # Wheels in .whl/ (fla-core: the device tool's README says how to fetch them) are installed
 # to /tmp/site first. Logs and each benchmark's JSON go to ${OUT:-benchmarks/results}/.
 # Exits non-zero if any step failed, after running them all.
@@ -107,6 +108,13 @@ fi
 # the GPU machine has no install of flashlane: run it from this tree
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
+# the commit the results name (flashlane/bench/common.commit): FLASHLANE_COMMIT if given (the
+# device's .git may be an older checkout than the tree it was sent), else HEAD, marked
+# "+changes" when the tracked files differ from it
+if [[ -z "${FLASHLANE_COMMIT:-}" ]] && head="$(git rev-parse --short HEAD 2>/dev/null)"; then
+    git diff --quiet HEAD -- 2>/dev/null || head="$head+changes"
+    export FLASHLANE_COMMIT="$head"
+fi
 cuda_tests="${CUDA_TESTS:-tests/kernels tests/gpu tests/sampling}"
 stamp="$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$out"
