@@ -166,7 +166,7 @@ def build_parser() -> FlagParser:
         "--memory-limit-gb",
         type=float,
         default=None,
-        help="GiB ceiling (default: 90%% of 141 GiB on cuda, 70%% of RAM)",
+        help="GiB ceiling (default on cuda: an H200's 139.8 GiB less 5 GiB; 70%% of RAM)",
     )
     info.add_argument(
         "--max-rows", type=int, default=None, help="rows per round (default: 64 cuda, 16 cpu)"

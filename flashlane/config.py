@@ -123,8 +123,8 @@ class EngineConfig:
     memory_limit_gb: float | None = option(
         None,
         "GiB for weights, "
-        "sessions and workspace (default: FLASHNEXT_LOAD_LIMIT_GB, else 90%% of the "
-        "GPU or 70%% of RAM)",
+        "sessions and workspace (default: FLASHNEXT_LOAD_LIMIT_GB, else the GPU's memory "
+        "less 10%% or 5 GiB, whichever is less, or 70%% of RAM)",
         type=float,
         env=("FLASHNEXT_LOAD_LIMIT_GB",),
     )
@@ -133,7 +133,8 @@ class EngineConfig:
     gpu_memory_utilization: float | None = option(
         None,
         "the memory limit as a fraction of the device's memory, vLLM's name "
-        "(default: 0.9 on a GPU, 0.7 of RAM on the CPU; --memory-limit-gb wins)",
+        "(default on a GPU: 0.9, or all but 5 GiB where that is more; 0.7 of RAM on the "
+        "CPU; --memory-limit-gb wins)",
         type=float,
         metavar="FRACTION",
     )

@@ -140,4 +140,5 @@ def plan_for(
         prompt_cache_bytes=cache_bytes,
         prompt_rows=memory.PREFILL_ROWS[kind],
         kv_fp8=c.kv_cache_dtype == "fp8",
+        prompt_cache_auto=c.prompt_cache_gb is None,
     )

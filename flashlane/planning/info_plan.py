@@ -12,7 +12,10 @@ from flashlane.models.table8 import choose_table_dtype, int8_table_bytes
 from flashlane.planning import memory
 from flashlane.sessions.slots import parse_slot_contexts
 
-__all__ = ["info_plan"]
+__all__ = ["H200_BYTES", "info_plan"]
+
+# the GPU `info` plans for: an H200 as torch counts it (139.80 GiB, its out-of-memory report)
+H200_BYTES = int(139.8 * 2**30)
 
 
 def info_plan(cfg: ModelConfig, args: argparse.Namespace, env, quant=None) -> memory.MemoryPlan:
@@ -23,7 +26,7 @@ def info_plan(cfg: ModelConfig, args: argparse.Namespace, env, quant=None) -> me
     in host memory as --ple-table-dtype keeps them (int8: there only), the attention caches
     as --kv-cache-dtype stores them."""
     device, slots = args.device or "cuda", args.slot_contexts
-    limit = memory.resolve_limit_bytes(args.memory_limit_gb, env, device, 141 * 2**30)
+    limit = memory.resolve_limit_bytes(args.memory_limit_gb, env, device, H200_BYTES)
     cache_gb = args.prompt_cache_gb
     if cache_gb is None and env.get("FLASHLANE_PROMPT_CACHE_GB"):
         cache_gb = float(env["FLASHLANE_PROMPT_CACHE_GB"])
@@ -54,6 +57,7 @@ def info_plan(cfg: ModelConfig, args: argparse.Namespace, env, quant=None) -> me
         prompt_rows=memory.PREFILL_ROWS[device],
         prompt_cache_bytes=memory.resolve_prompt_cache_bytes(cache_gb, device, limit),
         kv_fp8=getattr(args, "kv_cache_dtype", None) == "fp8",
+        prompt_cache_auto=cache_gb is None,
     )
     asked = args.ple_table_dtype or "auto"
     if asked == "int8" and args.ple_table_device == "cuda":

@@ -29,10 +29,13 @@ from flashlane.planning.buffers import (
 )
 from flashlane.planning.limits import (
     GPU_FRACTION,
+    GPU_RESERVE_GB,
     LIMIT_ENV,
     PROMPT_CACHE_GB,
+    PROMPT_CACHE_ROOM,
     PROMPT_CACHE_SHARE,
     RAM_FRACTION,
+    default_gpu_limit,
     parse_limit_gb,
     read_ram_bytes,
     resolve_limit_bytes,
@@ -46,6 +49,7 @@ __all__ = [
     "ELEMENT_BYTES",
     "GIB",
     "GPU_FRACTION",
+    "GPU_RESERVE_GB",
     "LIMIT_ENV",
     "MAX_AUTO_SESSIONS",
     "MAX_AUTO_SESSIONS_GPU",
@@ -53,6 +57,7 @@ __all__ = [
     "MIN_PREFILL_ROWS",
     "PREFILL_ROWS",
     "PROMPT_CACHE_GB",
+    "PROMPT_CACHE_ROOM",
     "PROMPT_CACHE_SHARE",
     "RAM_FRACTION",
     "REMEDIES",
@@ -62,6 +67,7 @@ __all__ = [
     "OverMemoryLimit",
     "activation_bytes",
     "check_options",
+    "default_gpu_limit",
     "element_bytes",
     "parse_limit_gb",
     "plan",
@@ -78,6 +84,10 @@ __all__ = [
 MAX_AUTO_SESSIONS = 16  # the CPU's: its rounds gain little past 16 streams
 # a GPU's: the lone driver's step graphs take any number of sessions (issue 28: at least 256)
 MAX_AUTO_SESSIONS_GPU = 256
+# sessions auto: below this many, shorter prompt pieces are worth the sessions they make room
+# for (the real Flash Next in FP8 on an H200: 3 sessions of 32k with pieces of 2,048, 1 with
+# 8,192)
+AUTO_SESSIONS_WANTED = 16
 REMEDIES = (
     "a smaller --context, fewer sessions (--parallel), smaller --slot-contexts, "
     f"a smaller --prompt-cache-gb (0 turns it off), or a higher --memory-limit-gb ({LIMIT_ENV})"
@@ -156,17 +166,23 @@ def plan(
     prompt_rows: int = 0,
     host_dtype: str = "bf16",
     kv_fp8: bool = False,
+    prompt_cache_auto: bool = False,
 ) -> MemoryPlan:
     """Sessions under the ceiling: `slot_contexts` as listed, else `parallel` sessions of
     `context` (default: the model's window), else (`parallel=None`, auto) as many as fit up to
     16 (256 on a GPU), one session when fewer than two fit; the prompt cache's budget is
     planned beside the weights and workspace; `prompt_rows`, the longest prompt piece of a
     round, adds its activations to the workspace; kv_fp8: the attention caches in 8 bits
-    (buffers.session_buffers). Raises OverMemoryLimit."""
+    (buffers.session_buffers); prompt_cache_auto (no --prompt-cache-gb): the cache takes at
+    most a quarter of what the weights and workspace leave, the sessions the rest. Raises
+    OverMemoryLimit."""
     cache_b, state_b = element_bytes(device)
     scratch = sum(b.nbytes for b in scratch_buffers(cfg, max_rows, cache_b, state_b))
     longest = max([context or cfg.max_position_embeddings, *(slot_contexts or [])])
     activations = activation_bytes(cfg, max_rows, device, prompt_rows, longest)
+    if prompt_cache_auto:
+        room = limit_bytes - weight_bytes - scratch - activations
+        prompt_cache_bytes = min(prompt_cache_bytes, max(0, room // PROMPT_CACHE_ROOM))
     fixed = weight_bytes + scratch + activations + prompt_cache_bytes
     if fixed > limit_bytes:
         what = "the weights, the round's workspace and the prompt cache"
@@ -214,17 +230,29 @@ def plan(
 
 def plan_fitting(cfg: ModelConfig, *, device: str, prompt_rows: int, **options) -> MemoryPlan:
     """plan() with prompt pieces of `prompt_rows`, halved down to MIN_PREFILL_ROWS where the
-    plan would not fit (smaller pieces before fewer sessions; the plan's prompt_rows says
-    which). Raises the smallest pieces' OverMemoryLimit."""
+    plan would not fit, or (sessions auto) while halving them adds sessions below
+    AUTO_SESSIONS_WANTED: smaller pieces before fewer sessions; the plan's prompt_rows says
+    which. Raises the smallest pieces' OverMemoryLimit."""
     floor = MIN_PREFILL_ROWS["cuda" if device.startswith("cuda") else "cpu"]
+    best = None
     while True:
         try:
-            return plan(cfg, device=device, prompt_rows=prompt_rows, **options)
+            got = plan(cfg, device=device, prompt_rows=prompt_rows, **options)
         except OverMemoryLimit as err:
+            if best is not None:
+                return best
             if prompt_rows // 2 < floor:
                 err.args = (f"{err} (prompt pieces of {prompt_rows} rows)",)
                 raise
-            prompt_rows //= 2
+        else:
+            if best is not None and got.num_sessions <= best.num_sessions:
+                return best
+            best = got
+            if not got.auto or got.num_sessions >= AUTO_SESSIONS_WANTED:
+                return got
+            if prompt_rows // 2 < floor:
+                return got
+        prompt_rows //= 2
 
 
 def _capacities(

@@ -134,6 +134,63 @@ def test_prompt_pieces_shrink_before_sessions_are_refused() -> None:
         plan_fitting(TINY, limit_bytes=limit - 100 * row, prompt_rows=1024, **kw)
 
 
+def test_auto_sessions_take_shorter_pieces_and_the_cache_yields() -> None:
+    """Sessions auto: pieces halve while that adds sessions (below AUTO_SESSIONS_WANTED);
+    the default prompt cache takes at most a quarter of what the weights and workspace
+    leave, a given one all it asks."""
+    from flashlane.planning.buffers import activation_bytes, prompt_row_bytes
+    from flashlane.planning.memory import AUTO_SESSIONS_WANTED, plan_fitting
+
+    row = prompt_row_bytes(TINY, "cpu", 512)
+    kw = dict(device="cpu", weight_bytes=10**6, max_rows=16, context=512)
+    # room for 2 sessions beside 1,024-row pieces, more beside shorter ones
+    limit = _limit(TINY, 10**6, 2.5) + 1024 * row
+    assert plan(TINY, limit_bytes=limit, prompt_rows=1024, **kw).num_sessions == 2
+    p = plan_fitting(TINY, limit_bytes=limit, prompt_rows=1024, **kw)
+    assert p.num_sessions > 2 and p.prompt_rows < 1024
+    assert p.num_sessions == AUTO_SESSIONS_WANTED  # as many as auto wants, once pieces are short
+    # sessions asked for: the longest pieces that hold them
+    asked = plan_fitting(TINY, limit_bytes=limit, prompt_rows=1024, parallel=2, **kw)
+    assert asked.prompt_rows == 1024 and asked.num_sessions == 2
+    # the cache: a quarter of the room at most when auto, all of it when given
+    cache = 10**9
+    fixed = 10**6 + sum(b.nbytes for b in scratch_buffers(TINY, 16, 8, 8))
+    room = limit - fixed - activation_bytes(TINY, 16, "cpu", 1024, 512)
+    auto = plan(TINY, limit_bytes=limit, prompt_rows=1024, prompt_cache_bytes=cache,
+                prompt_cache_auto=True, **kw)  # fmt: skip
+    assert auto.prompt_cache_bytes == room // 4
+    with pytest.raises(OverMemoryLimit, match="prompt cache"):
+        plan(TINY, limit_bytes=limit, prompt_rows=1024, prompt_cache_bytes=cache, **kw)
+
+
+def test_real_flash_next_in_fp8_on_an_h200(real: ModelConfig) -> None:
+    """The published config in block FP8 on an H200 at the default ceiling (139.8 GiB less
+    5), its n-gram tables in host memory: sessions of 32k fit with 2,048-row pieces (3 with a
+    16-bit cache, 5 with the 8-bit one; 1 with 8,192-row pieces); 16 in 8 bits with 16 verify
+    rows and no prompt cache (issue 34's plan)."""
+    from flashlane.models.census import count_params
+    from flashlane.models.fp8 import QuantSpec
+    from flashlane.models.weight_bytes import fp8_bytes
+    from flashlane.planning.info_plan import H200_BYTES
+    from flashlane.planning.memory import plan_fitting, resolve_prompt_cache_bytes
+
+    limit = resolve_limit_bytes(None, {}, "cuda", H200_BYTES)
+    assert round(limit / GIB, 2) == 134.80
+    weights = fp8_bytes(real, QuantSpec()).total_bytes - 2 * count_params(real).ngram_table
+    cache = resolve_prompt_cache_bytes(None, "cuda", limit)
+    kw = dict(device="cuda", limit_bytes=limit, weight_bytes=weights, context=32768)
+
+    def sessions(kv_fp8: bool, rows: int = 64, cache: int = cache) -> tuple[int, int]:
+        p = plan_fitting(real, **kw, max_rows=rows, prompt_rows=8192, kv_fp8=kv_fp8,
+                         prompt_cache_bytes=cache, prompt_cache_auto=True)  # fmt: skip
+        return p.num_sessions, p.prompt_rows
+
+    assert sessions(False) == (3, 2048) and sessions(True) == (5, 2048)
+    assert plan(real, **kw, max_rows=64, prompt_rows=8192, prompt_cache_bytes=cache,
+                prompt_cache_auto=True).num_sessions == 1  # fmt: skip
+    assert sessions(True, rows=16, cache=0)[0] == 16
+
+
 def test_plan_arithmetic() -> None:
     p = plan(TINY, device="cpu", limit_bytes=_limit(TINY, 10**6, 3.5), weight_bytes=10**6,
              max_rows=16)  # fmt: skip
@@ -201,7 +258,10 @@ def test_limit_resolution(tmp_path: Path) -> None:
     meminfo.write_text("MemFree:  10 kB\nMemTotal:       1048576 kB\n")
     assert read_ram_bytes(meminfo) == GIB
     assert resolve_limit_bytes(None, {}, "cpu", ram_total_bytes=100 * GIB) == 70 * GIB
-    assert resolve_limit_bytes(None, {}, "cuda", gpu_total_bytes=100 * GIB) == 90 * GIB
+    # the GPU's default: 10% kept out, or 5 GiB where that is less (over 50 GiB)
+    assert resolve_limit_bytes(None, {}, "cuda", gpu_total_bytes=40 * GIB) == 36 * GIB
+    assert resolve_limit_bytes(None, {}, "cuda", gpu_total_bytes=50 * GIB) == 45 * GIB
+    assert resolve_limit_bytes(None, {}, "cuda", gpu_total_bytes=100 * GIB) == 95 * GIB
     assert resolve_limit_bytes(None, {LIMIT_ENV: "12.5"}, "cuda", 100 * GIB) == int(12.5 * GIB)
     assert resolve_limit_bytes("8", {LIMIT_ENV: "12.5"}, "cpu", None, GIB) == 8 * GIB
     assert resolve_limit_bytes(None, {LIMIT_ENV: ""}, "cpu", None, 10 * GIB) == 7 * GIB
