@@ -144,8 +144,6 @@ class Engine:
         # run eagerly on the same kernels until the one-step issue covers them)
         # (not under tensor parallel yet: its collectives run eagerly, issue 36)
         self.graphed = cfg.family == "flashnext" and tp is None
-        if self.kernels.name == "triton" and config.graphs and self.graphed:
-            self._capture_graphs()
         self.plan = engine_plan.plan_for(
             config,
             rank_cfg,
@@ -158,6 +156,9 @@ class Engine:
         )
         if tp is not None:  # every rank holds the sessions rank 0 planned
             self.plan = tp.broadcast(self.plan)
+        self.max_rows = self.plan.max_rows  # fewer where the sessions fill fewer
+        if self.kernels.name == "triton" and config.graphs and self.graphed:
+            self._capture_graphs()
         self.sessions = [
             SessionState.empty(rank_cfg, c, cache, state, self.device, kv_fp8)
             for c in self.plan.capacities

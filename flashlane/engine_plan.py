@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from flashlane.config import EngineConfig
+from flashlane.lanes.core import COPY_DRAFTS
 from flashlane.models.config import ModelConfig
 from flashlane.models.host_tables import TablePlace, table_place
 from flashlane.models.table8 import TableDtype, choose_table_dtype
@@ -42,6 +43,14 @@ def check_kv_fp8_device(device: str) -> None:
             f"capability 8.9 or later (Ada, Hopper); this one is {major}.{minor}: use "
             "--kv-cache-dtype auto, or --kernels reference (slow)"
         )
+
+
+def window_rows(c: EngineConfig, mtp: bool) -> int:
+    """The widest window a stream verifies (1 + its longest draft: MTP's chain or a copy),
+    for rows sized to the sessions; 0 where --max-rows fixes them."""
+    if c.max_rows is not None:
+        return 0
+    return 1 + (max(c.mtp_drafts if mtp else 0, COPY_DRAFTS) if c.drafts else 0)
 
 
 def table_place_for(
@@ -100,7 +109,8 @@ def plan_for(
 ) -> memory.MemoryPlan:
     """The memory plan for `weight_bytes` on the device and `host_bytes` of n-gram tables
     in host memory (planned against RAM_FRACTION of RAM), their values in `host_dtype`;
-    mtp: the model has an MTP head."""
+    mtp: the model has an MTP head; up to `max_rows` decode rows a round (no more than the
+    sessions fill unless --max-rows is given: window_rows)."""
     context = c.context or cfg.max_position_embeddings
     # an empty list given is refused (parse_slot_contexts), never taken as unset
     slots = None if c.slot_contexts is None else parse_slot_contexts(c.slot_contexts)
@@ -133,6 +143,7 @@ def plan_for(
         host_limit_bytes=host_limit,
         host_dtype=host_dtype,
         max_rows=max_rows,
+        window_rows=window_rows(c, mtp),
         context=context,
         slot_contexts=slots,
         parallel=parallel,

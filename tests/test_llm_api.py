@@ -21,6 +21,19 @@ def llm():
 
 def test_vllm_keywords_reach_the_engine(llm):
     assert list(llm.engine.plan.capacities) == [1024] * 4
+    assert llm.engine.max_rows == 16  # four sessions' windows (9 rows each) fill the CPU's 16
+
+
+def test_rows_sized_to_one_session_change_no_reply(llm):
+    """--max-rows unset: one session's engine verifies at most its widest window (1 + the
+    longest draft: a copy of 8) a round, and replies as the four-session engine does."""
+    drafted = SamplingParams(max_tokens=24, temperature=0.0)
+    prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
+    one = LLM(max_model_len=1024, max_num_seqs=1, seed=100, costs=COSTS)
+    assert one.engine.max_rows == one.engine.plan.max_rows == 9
+    assert one.generate(prompt, drafted)[0].token_ids == llm.generate(prompt, drafted)[0].token_ids
+    fixed = LLM(max_model_len=1024, max_num_seqs=1, seed=100, costs=COSTS, max_rows=16)
+    assert fixed.engine.max_rows == 16
 
 
 def test_generate_with_sampling_params_and_outputs(llm):

@@ -30,6 +30,7 @@ from flashlane.lanes.windows import (
 
 # A copy draft's prior chance to land, before the stream's own copy acceptance is measured.
 COPY_PRIOR = 0.5
+COPY_DRAFTS = 8  # the longest copy draft the engine asks for
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +38,7 @@ class LaneConfig:
     max_rows: int = 16  # decode rows per round: the verify batch (prompt rows are separate)
     max_streams: int = 16  # streams per round; the session count
     mtp_drafts: int = 3  # the deepest MTP chain; 0: no MTP drafts
-    copy_drafts: int = 8  # the longest copy draft; 0: no copy drafts
+    copy_drafts: int = COPY_DRAFTS  # the longest copy draft; 0: no copy drafts
     unpriced: bool = False  # draft rows by landing chance alone, up to max_rows
 
 

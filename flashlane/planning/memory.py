@@ -8,6 +8,7 @@ names are re-exported here. All sizes are GiB (2**30 bytes), whatever a flag say
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -152,6 +153,48 @@ class MemoryPlan:
 def plan(
     cfg: ModelConfig,
     *,
+    max_rows: int,
+    window_rows: int = 0,
+    slot_contexts: Sequence[int] | None = None,
+    parallel: int | None = None,
+    **options,
+) -> MemoryPlan:
+    """_plan() with `max_rows` decode rows a round, or with window_rows > 0 (--max-rows
+    unset; the widest window a stream verifies) no more rows than the sessions can fill:
+    min(max_rows, sessions x window_rows). Sessions auto: where fewer sessions fit than
+    max_rows would serve, the most that fit beside their own rows (the real Flash Next in
+    FP8 on an H200: one 262,144-token session beside 9 rows, none beside 64)."""
+    if window_rows <= 0:
+        return _plan(cfg, max_rows=max_rows, slot_contexts=slot_contexts, parallel=parallel,
+                     **options)  # fmt: skip
+    if slot_contexts is not None or parallel is not None:
+        n = len(slot_contexts) if slot_contexts is not None else parallel
+        rows = min(max_rows, max(1, n * window_rows))
+        return _plan(cfg, max_rows=rows, slot_contexts=slot_contexts, parallel=parallel,
+                     **options)  # fmt: skip
+    try:
+        full = _plan(cfg, max_rows=max_rows, **options)
+    except OverMemoryLimit as err:
+        full, refused = None, err
+    if full is not None and full.num_sessions * window_rows >= max_rows:
+        return full
+    best = full
+    for n in range(1, -(-max_rows // window_rows)):  # n sessions fill fewer than max_rows
+        try:
+            fits = _plan(cfg, max_rows=n * window_rows, parallel=n, **options)
+        except OverMemoryLimit as err:
+            refused = err
+            break
+        if best is None or fits.num_sessions >= best.num_sessions:
+            best = dataclasses.replace(fits, auto=True, serial=n < 2)
+    if best is None:
+        raise refused
+    return best
+
+
+def _plan(
+    cfg: ModelConfig,
+    *,
     device: str,
     limit_bytes: int,
     weight_bytes: int,
@@ -174,14 +217,21 @@ def plan(
     planned beside the weights and workspace; `prompt_rows`, the longest prompt piece of a
     round, adds its activations to the workspace; kv_fp8: the attention caches in 8 bits
     (buffers.session_buffers); prompt_cache_auto (no --prompt-cache-gb): the cache takes at
-    most a quarter of what the weights and workspace leave, the sessions the rest. Raises
-    OverMemoryLimit."""
+    most a quarter of what the weights, the workspace and one session leave, the sessions
+    the rest. Raises OverMemoryLimit."""
     cache_b, state_b = element_bytes(device)
     scratch = sum(b.nbytes for b in scratch_buffers(cfg, max_rows, cache_b, state_b))
     longest = max([context or cfg.max_position_embeddings, *(slot_contexts or [])])
     activations = activation_bytes(cfg, max_rows, device, prompt_rows, longest)
-    if prompt_cache_auto:
-        room = limit_bytes - weight_bytes - scratch - activations
+    context = cfg.max_position_embeddings if context is None else context
+    one = session_bytes(cfg, context, cache_b, state_b, mtp, kv_fp8)
+    if prompt_cache_auto:  # a quarter at most of what is left beside one session
+        least = (
+            min(session_bytes(cfg, c, cache_b, state_b, mtp, kv_fp8) for c in slot_contexts)
+            if slot_contexts
+            else one
+        )
+        room = limit_bytes - weight_bytes - scratch - activations - least
         prompt_cache_bytes = min(prompt_cache_bytes, max(0, room // PROMPT_CACHE_ROOM))
     fixed = weight_bytes + scratch + activations + prompt_cache_bytes
     if fixed > limit_bytes:
@@ -197,8 +247,6 @@ def plan(
             f"{eight}or the table on the GPU (--ple-table-device cuda) if the GPU holds it",
         )
     budget = limit_bytes - fixed
-    context = cfg.max_position_embeddings if context is None else context
-    one = session_bytes(cfg, context, cache_b, state_b, mtp, kv_fp8)
     most = MAX_AUTO_SESSIONS_GPU if device.startswith("cuda") else MAX_AUTO_SESSIONS
     capacities = _capacities(context, slot_contexts, parallel, min(most, budget // one))
     sizes = {c: session_bytes(cfg, c, cache_b, state_b, mtp, kv_fp8) for c in set(capacities)}
@@ -230,28 +278,25 @@ def plan(
 
 def plan_fitting(cfg: ModelConfig, *, device: str, prompt_rows: int, **options) -> MemoryPlan:
     """plan() with prompt pieces of `prompt_rows`, halved down to MIN_PREFILL_ROWS where the
-    plan would not fit, or (sessions auto) while halving them adds sessions below
-    AUTO_SESSIONS_WANTED: smaller pieces before fewer sessions; the plan's prompt_rows says
-    which. Raises the smallest pieces' OverMemoryLimit."""
+    plan would not fit, or (sessions auto, fewer than AUTO_SESSIONS_WANTED) where shorter
+    pieces make room for more sessions: smaller pieces before fewer sessions; the plan's
+    prompt_rows says which. Raises the smallest pieces' OverMemoryLimit."""
     floor = MIN_PREFILL_ROWS["cuda" if device.startswith("cuda") else "cpu"]
     best = None
     while True:
         try:
             got = plan(cfg, device=device, prompt_rows=prompt_rows, **options)
         except OverMemoryLimit as err:
-            if best is not None:
-                return best
-            if prompt_rows // 2 < floor:
+            if best is None and prompt_rows // 2 < floor:
                 err.args = (f"{err} (prompt pieces of {prompt_rows} rows)",)
                 raise
         else:
-            if best is not None and got.num_sessions <= best.num_sessions:
-                return best
-            best = got
+            if best is None or got.num_sessions > best.num_sessions:
+                best = got
             if not got.auto or got.num_sessions >= AUTO_SESSIONS_WANTED:
-                return got
-            if prompt_rows // 2 < floor:
-                return got
+                return best
+        if prompt_rows // 2 < floor:
+            return best
         prompt_rows //= 2
 
 

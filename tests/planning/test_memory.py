@@ -15,6 +15,7 @@ from flashlane.planning.info import describe
 from flashlane.planning.memory import (
     GIB,
     LIMIT_ENV,
+    MAX_AUTO_SESSIONS,
     OptionConflict,
     OverMemoryLimit,
     activation_bytes,
@@ -136,8 +137,8 @@ def test_prompt_pieces_shrink_before_sessions_are_refused() -> None:
 
 def test_auto_sessions_take_shorter_pieces_and_the_cache_yields() -> None:
     """Sessions auto: pieces halve while that adds sessions (below AUTO_SESSIONS_WANTED);
-    the default prompt cache takes at most a quarter of what the weights and workspace
-    leave, a given one all it asks."""
+    the default prompt cache takes at most a quarter of what the weights, the workspace and
+    one session leave, a given one all it asks."""
     from flashlane.planning.buffers import activation_bytes, prompt_row_bytes
     from flashlane.planning.memory import AUTO_SESSIONS_WANTED, plan_fitting
 
@@ -155,7 +156,8 @@ def test_auto_sessions_take_shorter_pieces_and_the_cache_yields() -> None:
     # the cache: a quarter of the room at most when auto, all of it when given
     cache = 10**9
     fixed = 10**6 + sum(b.nbytes for b in scratch_buffers(TINY, 16, 8, 8))
-    room = limit - fixed - activation_bytes(TINY, 16, "cpu", 1024, 512)
+    one = session_bytes(TINY, 512, 8, 8)
+    room = limit - fixed - activation_bytes(TINY, 16, "cpu", 1024, 512) - one
     auto = plan(TINY, limit_bytes=limit, prompt_rows=1024, prompt_cache_bytes=cache,
                 prompt_cache_auto=True, **kw)  # fmt: skip
     assert auto.prompt_cache_bytes == room // 4
@@ -165,9 +167,11 @@ def test_auto_sessions_take_shorter_pieces_and_the_cache_yields() -> None:
 
 def test_real_flash_next_in_fp8_on_an_h200(real: ModelConfig) -> None:
     """The published config in block FP8 on an H200 at the default ceiling (139.8 GiB less
-    5), its n-gram tables in host memory: sessions of 32k fit with 2,048-row pieces (3 with a
-    16-bit cache, 5 with the 8-bit one; 1 with 8,192-row pieces); 16 in 8 bits with 16 verify
-    rows and no prompt cache (issue 34's plan)."""
+    5), its n-gram tables in host memory, 64 verify rows: sessions of 32k fit with 2,048-row
+    pieces (3 with a 16-bit cache, 6 with the 8-bit one; 1 with 8,192-row pieces); 16 in 8
+    bits with 16 rows and no prompt cache (issue 34's plan). Rows no more than the sessions
+    fill (9 a session, --max-rows unset): 5 sessions of 32k; one of 262,144 (none beside 64
+    rows)."""
     from flashlane.models.census import count_params
     from flashlane.models.fp8 import QuantSpec
     from flashlane.models.weight_bytes import fp8_bytes
@@ -185,10 +189,40 @@ def test_real_flash_next_in_fp8_on_an_h200(real: ModelConfig) -> None:
                          prompt_cache_bytes=cache, prompt_cache_auto=True)  # fmt: skip
         return p.num_sessions, p.prompt_rows
 
-    assert sessions(False) == (3, 2048) and sessions(True) == (5, 2048)
+    assert sessions(False) == (3, 2048) and sessions(True) == (6, 2048)
     assert plan(real, **kw, max_rows=64, prompt_rows=8192, prompt_cache_bytes=cache,
                 prompt_cache_auto=True).num_sessions == 1  # fmt: skip
     assert sessions(True, rows=16, cache=0)[0] == 16
+    sized = plan_fitting(real, **kw, max_rows=64, window_rows=9, prompt_rows=8192,
+                         prompt_cache_bytes=cache, prompt_cache_auto=True)  # fmt: skip
+    assert (sized.num_sessions, sized.max_rows) == (5, 45) and sized.auto
+    kw["context"] = 262_144
+    with pytest.raises(OverMemoryLimit):
+        plan_fitting(real, **kw, max_rows=64, prompt_rows=8192, prompt_cache_bytes=cache,
+                     prompt_cache_auto=True)  # fmt: skip
+    whole = plan_fitting(real, **kw, max_rows=64, window_rows=9, prompt_rows=8192,
+                         prompt_cache_bytes=cache, prompt_cache_auto=True)  # fmt: skip
+    assert (whole.num_sessions, whole.max_rows, whole.serial) == (1, 9, True)
+
+
+def test_rows_no_more_than_the_sessions_fill() -> None:
+    """window_rows (--max-rows unset): sessions asked take rows for their widest windows up
+    to max_rows; auto, the most sessions that fit beside their own rows."""
+    kw = dict(device="cpu", weight_bytes=10**6, context=512)
+    big = _limit(TINY, 10**6, 40, rows=64)
+    assert plan(TINY, limit_bytes=big, max_rows=64, window_rows=9, parallel=2, **kw).max_rows == 18
+    assert plan(TINY, limit_bytes=big, max_rows=16, window_rows=9, parallel=2, **kw).max_rows == 16
+    assert plan(TINY, limit_bytes=big, max_rows=64, parallel=2, **kw).max_rows == 64
+    auto = plan(TINY, limit_bytes=big, max_rows=64, window_rows=9, **kw)
+    assert auto.max_rows == 64 and auto.num_sessions == MAX_AUTO_SESSIONS  # rows all filled
+    # room for 3 sessions beside 64 rows; beside their own rows more fit, one more does not
+    small = _limit(TINY, 10**6, 3.5, rows=64)
+    fixed = plan(TINY, limit_bytes=small, max_rows=64, **kw)
+    sized = plan(TINY, limit_bytes=small, max_rows=64, window_rows=9, **kw)
+    n = sized.num_sessions
+    assert fixed.num_sessions == 3 < n and sized.auto and sized.max_rows == 9 * n < 64
+    with pytest.raises(OverMemoryLimit):
+        plan(TINY, limit_bytes=small, max_rows=9 * (n + 1), parallel=n + 1, **kw)
 
 
 def test_plan_arithmetic() -> None:
