@@ -133,8 +133,7 @@ class EngineConfig:
     gpu_memory_utilization: float | None = option(
         None,
         "the memory limit as a fraction of the device's memory, vLLM's name "
-        "(default on a GPU: 0.9, or all but 5 GiB where that is more; 0.7 of RAM on the "
-        "CPU; --memory-limit-gb wins)",
+        "(default: 0.9 or all but 5 GiB on a GPU, 0.7 of RAM; --memory-limit-gb wins)",
         type=float,
         metavar="FRACTION",
     )
