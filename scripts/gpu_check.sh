@@ -13,7 +13,8 @@
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
 #          exactness of the engine on the GPU, the GPU sampler), then 10,000 full-width rows
 #          of the GPU keyed draw against the CPU path (benchmarks/check_gpu_draw.py);
-#          CUDA_TESTS names other test paths, PYTEST_K narrows them (a call is 10 minutes);
+#          CUDA_TESTS names other test paths, PYTEST_K narrows them (a call is 10 minutes),
+#          GPU_JOBS processes (default 4, see below);
 # exact:   the engine's bitwise tests alone (lone greedy and sampled steps against shared
 #          rounds, shared rows against each stream alone, the PLE kernels; 568 s on the H200
 #          at e1cf0e1, near a call's 600: run `lone` and the rest apart when short of time);
@@ -116,14 +117,22 @@ if [[ -z "${FLASHLANE_COMMIT:-}" ]] && head="$(git rev-parse --short HEAD 2>/dev
     export FLASHLANE_COMMIT="$head"
 fi
 cuda_tests="${CUDA_TESTS:-tests/kernels tests/gpu tests/sampling}"
+# GPU_JOBS: test processes sharing the GPU (pytest-xdist, in the device's image), a file
+# each (a module's model is built once): the suite is mostly Triton compiles and Python,
+# which one process leaves serial on 16 cores; the sweep's six processes on one GPU kept
+# every bit (0 of 1,400 differ). GPU_JOBS=1: serial.
+jobs=""
+if [[ "${GPU_JOBS:-4}" -gt 1 ]] && python -c "import xdist" 2>/dev/null; then
+    jobs="-n ${GPU_JOBS:-4} --dist loadfile"
+fi
 stamp="$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$out"
 failed=()
 
 if [[ " $steps " == *" tests "* ]]; then
-    echo "== python -m pytest -m 'cuda or triton' $cuda_tests"
+    echo "== python -m pytest -m 'cuda or triton' $jobs $cuda_tests"
     # shellcheck disable=SC2086
-    python -m pytest -m "cuda or triton" -v -rf --tb=short -p no:cacheprovider \
+    python -m pytest -m "cuda or triton" -v -rf --tb=short -p no:cacheprovider $jobs \
         ${PYTEST_K:+-k "$PYTEST_K"} $cuda_tests 2>&1 \
         | tee "$out/gpu_tests_$stamp.log" || failed+=("pytest")
     echo "== python benchmarks/check_gpu_draw.py"
@@ -136,10 +145,11 @@ fi
 gpu_pytest() {
     local name="$1"
     shift
-    echo "== python -m pytest -m 'cuda or triton' $*"
+    echo "== python -m pytest -m 'cuda or triton' $jobs $*"
     # PYTEST_K: a -k expression, to split a long step over two calls
+    # shellcheck disable=SC2086
     python -m pytest -m "cuda or triton" -v -rf --tb=short --durations=30 -p no:cacheprovider \
-        ${PYTEST_K:+-k "$PYTEST_K"} "$@" 2>&1 \
+        $jobs ${PYTEST_K:+-k "$PYTEST_K"} "$@" 2>&1 \
         | tee "$out/gpu_${name}_$stamp.log" || failed+=("$name")
 }
 
