@@ -140,10 +140,10 @@ class Engine:
         if kv_fp8 and self.kernels.name == "triton":
             engine_plan.check_kv_fp8_device(self.device)
         self.model.use_kernels(self.kernels)
-        # the graphed parts and the lone driver are Flash Next's layers' (a sibling's blocks
-        # run eagerly on the same kernels until the one-step issue covers them)
-        # (not under tensor parallel yet: its collectives run eagerly, issue 36)
-        self.graphed = cfg.family == "flashnext" and tp is None
+        # every family's blocks replay their row-count-only parts; the lone driver's step is
+        # Flash Next's (a sibling's streams decode in shared rounds until the one-step issue
+        # covers them); neither under tensor parallel yet (collectives run eagerly, issue 36)
+        self.graphed = tp is None
         self.plan = engine_plan.plan_for(
             config,
             rank_cfg,
@@ -255,7 +255,8 @@ class Engine:
     def _lone_driver(self):
         """The lone driver on CUDA (graphed unless `graphs` is off), unless `lone` is
         off; on the CPU a lone step costs what a shared round does, so shared rounds serve."""
-        if not (self.config.lone and self.device.startswith("cuda") and self.graphed):
+        flashnext = self.model_config.family == "flashnext"
+        if not (self.config.lone and self.device.startswith("cuda") and self.graphed and flashnext):
             return None
         from flashlane.runner.lone import LoneDriver
 

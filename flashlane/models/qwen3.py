@@ -54,7 +54,7 @@ class Qwen3MtpHead(nn.Module):
         e = self.pre_fc_norm_embedding(next_embed)
         x = self.fc(torch.cat([e, self.pre_fc_norm_hidden(hidden)], dim=-1))
         for layer in self.layers:
-            x = layer(x, rows, rotary, kernels)
+            x = layer(x, rows, rotary, kernels, graphs)
         x = self.norm(x)
         return x, x
 
@@ -73,7 +73,7 @@ class Qwen3Hybrid(nn.Module):
         self.mtp = Qwen3MtpHead(cfg) if cfg.num_mtp_layers else None
         self.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta)
         self.kernels: Kernels = REFERENCE
-        self.graphs = None  # no replayed parts yet: the engine runs this model eagerly
+        self.graphs = None  # runner.graphs.Graphs on CUDA: replays of the row-count-only parts
 
     # the same pointing of every op at the kernels, and stacking of shared-input linears
     use_kernels = FlashNext.use_kernels
@@ -86,7 +86,7 @@ class Qwen3Hybrid(nn.Module):
         """All rows through every block -> the final norm's output [N, H]."""
         h = self.embed_tokens(rows.token_ids)
         for layer in self.layers:
-            h = layer(h, rows, self.rotary, self.kernels)
+            h = layer(h, rows, self.rotary, self.kernels, self.graphs)
         return self.norm(h)
 
     def logits(self, r: torch.Tensor) -> torch.Tensor:

@@ -105,6 +105,9 @@ def capture_all(model, graphs: Graphs) -> tuple[float, int]:
         parts, key = layer.graph_parts(model.kernels), id(layer)
         for size in graphs.sizes:
             r = torch.zeros(size, cfg.hc_count * cfg.hidden_size, **zeros)
+            if cfg.family != "flashnext":
+                _capture_plain(cfg, layer.kind, parts, key, graphs, r)
+                continue
             if layer.ple is not None:
                 ids = torch.zeros(size, cfg.ngram_size, dtype=torch.long, device=dev)
                 window = torch.zeros(size, cfg.ple_tail, r.shape[-1], **zeros)
@@ -121,3 +124,19 @@ def capture_all(model, graphs: Graphs) -> tuple[float, int]:
             graphs.run((key, "conv"), parts["conv"], r[:, None], window, views=7)
     torch.cuda.synchronize(dev)
     return time.perf_counter() - t, torch.cuda.memory_allocated(dev) - before
+
+
+def _capture_plain(cfg, kind: str, parts: dict, key: int, graphs: Graphs, h) -> None:
+    """A sibling's block (models/layers/plain_decoder.py) at h's row count: its "read" and
+    "mlp" parts, and a GDN's "conv" for one-row windows."""
+    size, zeros = h.shape[0], dict(dtype=h.dtype, device=h.device)
+    if kind != "linear":
+        cos = torch.zeros(size, cfg.rotary_dim, **zeros)
+        q, gate, *_ = graphs.run((key, "read"), parts["read"], h, cos, cos, views=4)
+        graphs.run((key, "mlp"), parts["mlp"], h, torch.zeros_like(q), gate)
+        return
+    z = graphs.run((key, "read"), parts["read"], h, views=4)[3]
+    o = torch.zeros(size, cfg.linear_num_v_heads, cfg.linear_v_head_dim, **zeros)
+    graphs.run((key, "mlp"), parts["mlp"], h, o, z)
+    window = torch.zeros(size, cfg.linear_conv_kernel - 1, cfg.linear_conv_dim, **zeros)
+    graphs.run((key, "conv"), parts["conv"], h[:, None], window, views=7)

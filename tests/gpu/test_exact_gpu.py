@@ -2,7 +2,7 @@
 section 1): a row's logits do not depend on the verify width, on the other streams in the
 round, or on whether its tokens came as drafts. Tiny oracle checkpoints (Flash Next's and
 each sibling's) and random flashnext-4l and qwen3-next-4l (real per-layer dimensions), bf16
-weights, fp32 GDN state. The siblings run eagerly (no graphed parts yet)."""
+weights, fp32 GDN state; the random ones replay their blocks' parts from CUDA graphs."""
 
 import dataclasses
 
@@ -30,7 +30,7 @@ CAP = 512
 @pytest.fixture(scope="module", params=["tiny", "flashnext-4l", *sorted(SIBLINGS), "qwen3-next-4l"])
 def gpu_model(request, oracle_by_name):
     cfg, model = gpu_model_named(request.param, oracle_by_name)
-    if request.param == "flashnext-4l":  # the tiny models run eagerly, this one with graphs
+    if request.param.endswith("-4l"):  # the tiny models run eagerly, these with graphs
         model.graphs = Graphs(max_rows=64)
     yield cfg, model
     del model
@@ -109,11 +109,6 @@ def test_shared_round_rows_equal_alone_bitwise(gpu_model, streams):
         assert torch.equal(lg, alone)
 
 
-def graphed_only(cfg) -> None:
-    if cfg.family != "flashnext":
-        pytest.skip("a sibling's blocks run eagerly: no graphed parts yet")
-
-
 @pytest.mark.parametrize("name", GATE_CHECKPOINTS)
 def test_llm_replies_drafted_shared_and_alone_agree(oracle_by_name, name):
     costs = CostTable(
@@ -139,7 +134,6 @@ def test_graph_replays_equal_eager_bitwise(gpu_model, widths):
     """Windows of mixed widths take the read/mix/mlp parts; windows of one width also replay
     the PLE and the GDN conv on [B, T] inputs."""
     cfg, model = gpu_model
-    graphed_only(cfg)
     sessions = [prefilled(cfg, model, p) for p in prompts(cfg.vocab_size, len(widths))]
     windows = [(s, [5 + i] * w) for i, (s, w) in enumerate(zip(sessions, widths))]
     saved = model.graphs
@@ -159,7 +153,6 @@ def test_graphed_decode_rounds_keep_what_eager_rounds_keep(gpu_model):
     """Three committed rounds of one-row windows for three streams, graphed and eager from
     copies of the same sessions: every round's logits bit for bit."""
     cfg, model = gpu_model
-    graphed_only(cfg)
     base = [prefilled(cfg, model, p) for p in prompts(cfg.vocab_size, 3)]
     runs = []
     saved = model.graphs
@@ -186,8 +179,7 @@ def test_graphed_decode_rounds_keep_what_eager_rounds_keep(gpu_model):
 def test_every_bucket_captures_at_start(gpu_model):
     from flashlane.runner.graphs import capture_all
 
-    cfg, model = gpu_model
-    graphed_only(cfg)
+    _, model = gpu_model
     graphs = Graphs(max_rows=64)
     secs, used = capture_all(model, graphs)
     assert graphs.failed is None

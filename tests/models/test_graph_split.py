@@ -7,6 +7,7 @@ import torch
 
 from flashlane.models.flashnext import run_piece
 from flashlane.models.loader import load_checkpoint
+from flashlane.models.rows import Rows
 from flashlane.models.state import SessionState
 from flashlane.runner.graphs import bucket_of, buckets
 
@@ -48,3 +49,28 @@ def test_split_layer_equals_plain_layer(oracle_ckpt):
     model.graphs = None
     assert graphs.keys == {"read", "mlp", "conv"} | ({"ple"} if cfg.ple_layer_ids else set())
     assert torch.equal(outs[0], outs[1])
+
+
+def test_sibling_split_block_equals_plain_block(sibling_ckpt):
+    """A sibling's block (Qwen3-Next, Qwen3.5, Qwen3.5-MoE) split the same way: "read",
+    "mlp" and, for windows of one width, the GDN's "conv", bit for bit the plain block; its
+    MTP head's block too (a draft step replays it)."""
+    cfg, model = load_checkpoint(sibling_ckpt, dtype=torch.float64)
+    ids = torch.randint(3, 500, (40,), generator=torch.Generator().manual_seed(4))
+    outs, heads = [], []
+    for graphs in (None, CallThrough()):
+        model.graphs = graphs
+        s = SessionState.empty(cfg, 64, torch.float64, torch.float64)
+        prompt = run_piece(model, s, ids[:30], 0, recurrent=False)
+        steps = [run_piece(model, s, ids[i : i + 1], i, recurrent=True) for i in range(30, 34)]
+        wide = [run_piece(model, s, ids[i : i + 3], i, recurrent=True) for i in (34, 37)]
+        outs.append(torch.cat([prompt, *steps, *wide]))
+        rows = Rows.of([(s, ids[:8], 0, False)], "cpu")
+        hidden = torch.randn(8, cfg.hidden_size, dtype=torch.float64,
+                             generator=torch.Generator().manual_seed(5))  # fmt: skip
+        embed = model.embed_tokens(ids[1:9])
+        heads.append(model.mtp(hidden, embed, rows, model.rotary, model.kernels, graphs)[0])
+    model.graphs = None
+    assert graphs.keys == {"read", "mlp", "conv"}
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(heads[0], heads[1])
