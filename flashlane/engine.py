@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import sys
 from collections import Counter
@@ -16,7 +17,6 @@ import torch
 from flashlane import engine_plan
 from flashlane.config import EngineConfig
 from flashlane.kernels import select_kernels
-from flashlane.lanes.core import LaneConfig
 from flashlane.lanes.host import HostConfig, LaneHost
 from flashlane.lanes.records import CostTable
 from flashlane.lanes.stops import StopRules
@@ -194,12 +194,10 @@ class Engine:
         if tp is not None:
             self.backend = ReplayedBackend(self.backend, tp)
             atexit.register(self.backend.close)
-        drafts = config.drafts
-        lanes = LaneConfig(
+        lanes = dataclasses.replace(
+            engine_plan.lane_drafts(config, self.model.mtp is not None),
             max_rows=self.max_rows,
             max_streams=len(self.sessions),
-            mtp_drafts=config.mtp_drafts if drafts and self.model.mtp else 0,
-            copy_drafts=8 if drafts else 0,
             unpriced=config.unpriced,
         )
         self.host = LaneHost(

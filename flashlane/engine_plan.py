@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from flashlane.config import EngineConfig
-from flashlane.lanes.core import COPY_DRAFTS
+from flashlane.lanes.core import COPY_DRAFTS, LaneConfig
 from flashlane.models.config import ModelConfig
 from flashlane.models.host_tables import TablePlace, table_place
 from flashlane.models.table8 import TableDtype, choose_table_dtype
@@ -50,7 +50,16 @@ def window_rows(c: EngineConfig, mtp: bool) -> int:
     for rows sized to the sessions; 0 where --max-rows fixes them."""
     if c.max_rows is not None:
         return 0
-    return 1 + (max(c.mtp_drafts if mtp else 0, COPY_DRAFTS) if c.drafts else 0)
+    return lane_drafts(c, mtp).widest_window
+
+
+def lane_drafts(c: EngineConfig, mtp: bool) -> LaneConfig:
+    """The lane core's draft depths for these options: MTP chains where the model has a
+    head, copies of COPY_DRAFTS; none with drafts off."""
+    return LaneConfig(
+        mtp_drafts=c.mtp_drafts if c.drafts and mtp else 0,
+        copy_drafts=COPY_DRAFTS if c.drafts else 0,
+    )
 
 
 def table_place_for(

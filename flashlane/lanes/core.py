@@ -41,6 +41,12 @@ class LaneConfig:
     copy_drafts: int = COPY_DRAFTS  # the longest copy draft; 0: no copy drafts
     unpriced: bool = False  # draft rows by landing chance alone, up to max_rows
 
+    @property
+    def widest_window(self) -> int:
+        """The most rows a stream's decode window can want: the pending token and the
+        deepest draft (MTP's chain or a copy), before the round's cap."""
+        return 1 + max(self.mtp_drafts, self.copy_drafts)
+
 
 class RoundFailed(Exception):
     """A backend call failed as a whole; every stream in it ends with this error."""

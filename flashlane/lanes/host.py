@@ -322,4 +322,4 @@ class LaneHost:
 
 def _window_rows(lanes: LaneConfig) -> int:
     """The most rows a decode window takes: the pending token and the deepest draft."""
-    return min(lanes.max_rows, 1 + max(lanes.mtp_drafts, lanes.copy_drafts))
+    return min(lanes.max_rows, lanes.widest_window)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from flashlane.lanes.core import COPY_DRAFTS, LaneConfig
+from flashlane.lanes.core import LaneConfig
 from flashlane.models.census import count_params
 from flashlane.models.config import ModelConfig
 from flashlane.models.host_tables import table_place
@@ -53,7 +53,7 @@ def info_plan(cfg: ModelConfig, args: argparse.Namespace, env, quant=None) -> me
         limit_bytes=limit,
         max_rows=args.max_rows or (64 if device == "cuda" else 16),
         # rows no more than the sessions fill unless --max-rows is given (drafts on)
-        window_rows=0 if args.max_rows else 1 + max(LaneConfig().mtp_drafts, COPY_DRAFTS),
+        window_rows=0 if args.max_rows else LaneConfig().widest_window,
         context=args.context,
         slot_contexts=None if slots is None else parse_slot_contexts(slots),
         parallel=None if args.parallel in (None, "auto") else int(args.parallel),

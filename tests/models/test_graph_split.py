@@ -35,6 +35,14 @@ def test_buckets():
     assert [bucket_of(n, buckets(64)) for n in (1, 3, 16, 17, 64, 65)] == [1, 4, 16, 32, 64, None]
 
 
+def _pieces(model, s: SessionState, ids: torch.Tensor) -> torch.Tensor:
+    """Logits of a 30-token prompt, four one-row windows and two of three rows, committed."""
+    prompt = run_piece(model, s, ids[:30], 0, recurrent=False)
+    steps = [run_piece(model, s, ids[i : i + 1], i, recurrent=True) for i in range(30, 34)]
+    wide = [run_piece(model, s, ids[i : i + 3], i, recurrent=True) for i in (34, 37)]
+    return torch.cat([prompt, *steps, *wide])
+
+
 def test_split_layer_equals_plain_layer(oracle_ckpt):
     cfg, model = load_checkpoint(oracle_ckpt, dtype=torch.float64)
     ids = torch.randint(3, 500, (40,), generator=torch.Generator().manual_seed(3))
@@ -42,10 +50,7 @@ def test_split_layer_equals_plain_layer(oracle_ckpt):
     for graphs in (None, CallThrough()):
         model.graphs = graphs
         s = SessionState.empty(cfg, 64, torch.float64, torch.float64)
-        prompt = run_piece(model, s, ids[:30], 0, recurrent=False)
-        steps = [run_piece(model, s, ids[i : i + 1], i, recurrent=True) for i in range(30, 34)]
-        wide = [run_piece(model, s, ids[i : i + 3], i, recurrent=True) for i in (34, 37)]
-        outs.append(torch.cat([prompt, *steps, *wide]))
+        outs.append(_pieces(model, s, ids))
     model.graphs = None
     assert graphs.keys == {"read", "mlp", "conv"} | ({"ple"} if cfg.ple_layer_ids else set())
     assert torch.equal(outs[0], outs[1])
@@ -61,10 +66,7 @@ def test_sibling_split_block_equals_plain_block(sibling_ckpt):
     for graphs in (None, CallThrough()):
         model.graphs = graphs
         s = SessionState.empty(cfg, 64, torch.float64, torch.float64)
-        prompt = run_piece(model, s, ids[:30], 0, recurrent=False)
-        steps = [run_piece(model, s, ids[i : i + 1], i, recurrent=True) for i in range(30, 34)]
-        wide = [run_piece(model, s, ids[i : i + 3], i, recurrent=True) for i in (34, 37)]
-        outs.append(torch.cat([prompt, *steps, *wide]))
+        outs.append(_pieces(model, s, ids))
         rows = Rows.of([(s, ids[:8], 0, False)], "cpu")
         hidden = torch.randn(8, cfg.hidden_size, dtype=torch.float64,
                              generator=torch.Generator().manual_seed(5))  # fmt: skip
