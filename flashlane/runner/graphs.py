@@ -15,8 +15,8 @@ A call of n rows runs in the smallest bucket of at least n rows (1, 2, 4, ..., m
 its rows are copied into the graph's static inputs and the rows past n keep whatever they
 held, which cannot change the first n because every kernel here is row-invariant
 (DESIGN.md section 1; tests/gpu checks replays against the eager run bit for bit). Graphs
-share one memory pool; parts run one after another, and an output is either copied out or
-(`views`) used up before its graph's next replay, so no replay overwrites memory in use.
+share one memory pool, so a replay may write where another graph's outputs lie: an output is
+either copied out or (`views`) used up before the next replay of any graph.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ class Graphs:
         self, key: tuple, fn: Callable, *args: torch.Tensor, views: int = 0
     ) -> tuple[torch.Tensor, ...]:
         """fn(*args) -> a tuple of tensors, through the graph of (key, bucket, trailing shapes).
-        Outputs are copies, except the first `views`: those are views of the graph's own
-        memory, which its next replay overwrites (for outputs used up within the forward)."""
+        Outputs are copies, except the first `views`: those are views of the graphs' pool,
+        which the next replay of any graph may overwrite (for outputs used up at once)."""
         rows = args[0].shape[0]
         size = bucket_of(rows, self.sizes)
         if self.failed or size is None or torch.cuda.is_current_stream_capturing():
@@ -139,4 +139,4 @@ def _capture_plain(cfg, kind: str, parts: dict, key: int, graphs: Graphs, h) -> 
     o = torch.zeros(size, cfg.linear_num_v_heads, cfg.linear_v_head_dim, **zeros)
     graphs.run((key, "mlp"), parts["mlp"], h, o, z)
     window = torch.zeros(size, cfg.linear_conv_kernel - 1, cfg.linear_conv_dim, **zeros)
-    graphs.run((key, "conv"), parts["conv"], h[:, None], window, views=7)
+    graphs.run((key, "conv"), parts["conv"], h[:, None], window, views=6)

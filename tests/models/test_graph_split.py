@@ -1,23 +1,34 @@
 """The graphed layer split (hyper-connection read and the mixer's projections | mixer | output
 and MLP half; for verify windows of one width also the PLE and the GDN conv) computes what the
-plain layer does, bit for bit. On the CPU a stand-in for
-runner.graphs.Graphs calls each part directly; tests/gpu checks the real CUDA graphs."""
+plain layer does, bit for bit. On the CPU a stand-in for runner.graphs.Graphs calls each
+part on static buffers that it poisons between calls; tests/gpu checks the real CUDA graphs."""
 
+import dataclasses
+
+import pytest
 import torch
 
+from flashlane.lanes.records import CostTable
+from flashlane.llm import LLM
 from flashlane.models.flashnext import run_piece
 from flashlane.models.loader import load_checkpoint
 from flashlane.models.rows import Rows
 from flashlane.models.state import SessionState
+from flashlane.request import SamplingParams
 from flashlane.runner.graphs import bucket_of, buckets
+from tests.oracle import GATE_CHECKPOINTS
 
 
 class CallThrough:
-    """Graphs' interface without graphs: every part runs as called (and is counted), its rows
-    padded to the bucket the way a replay pads them (with zeros here, as at capture)."""
+    """Graphs' interface without graphs, its memory as strict as a replay's: each (key,
+    bucket, shapes) has static inputs and outputs that every call reuses, the rows past the
+    call's keep what an earlier call left there, and the first `views` outputs are views of
+    the static outputs, the rest copies. Graphs share one pool, so a replay may write over
+    any graph's outputs: every call here fills all static outputs with NaN before it
+    computes, and a view used after the next call shows it. Every part is counted."""
 
     def __init__(self):
-        self.keys, self.sizes = set(), buckets(64)
+        self.keys, self.sizes, self.static = set(), buckets(64), {}
 
     def run(self, key, fn, *args, views=0):
         self.keys.add(key[1])
@@ -25,8 +36,20 @@ class CallThrough:
         size = bucket_of(rows, self.sizes)
         if size is None:
             return fn(*args)
-        padded = [torch.cat([a, a.new_zeros((size - rows, *a.shape[1:]))]) for a in args]
-        return tuple(o[:rows] for o in fn(*padded))
+        full = (*key, size, *(tuple(a.shape[1:]) for a in args))
+        if full not in self.static:
+            ins = [a.new_zeros((size, *a.shape[1:])) for a in args]
+            self.static[full] = (ins, [o.clone() for o in fn(*ins)])
+        ins, outs = self.static[full]
+        for s, a in zip(ins, args):
+            s[:rows].copy_(a)
+        for _, others in self.static.values():
+            for o in others:
+                if o.is_floating_point():
+                    o.fill_(float("nan"))
+        for s, o in zip(outs, fn(*ins)):
+            s.copy_(o)
+        return tuple(o[:rows] if i < views else o[:rows].clone() for i, o in enumerate(outs))
 
 
 def test_buckets():
@@ -76,3 +99,21 @@ def test_sibling_split_block_equals_plain_block(sibling_ckpt):
     assert graphs.keys == {"read", "mlp", "conv"}
     assert torch.equal(outs[0], outs[1])
     assert torch.equal(heads[0], heads[1])
+
+
+@pytest.mark.parametrize("name", GATE_CHECKPOINTS)
+def test_engine_with_strict_parts_keeps_replies(oracle_by_name, name):
+    """The engine's rounds (prompt pieces, drafted windows, MTP steps, commits) through the
+    strict stand-in: batched and drafted replies equal each alone and undrafted. A part's
+    view used past another part's call (a recorded conv input, say) would read NaN."""
+    costs = CostTable({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2}, draft_step_ms=0.3, overhead_ms=0.2)
+    llm = LLM(str(oracle_by_name(name)), costs=costs, parallel=6, max_rows=16)
+    llm.engine.model.graphs = parts = CallThrough()
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (5, 70, 17, 9, 33, 3)]
+    params = [SamplingParams(max_tokens=16, temperature=0.0, draft=i % 3 != 1) for i in range(6)]
+    together = llm.generate(prompts, params)
+    assert parts.keys >= {"read", "mlp", "conv"}
+    for prompt, p, got in zip(prompts, params, together):
+        alone = llm.generate(prompt, dataclasses.replace(p, draft=False))[0]
+        assert got.error is None and got.token_ids == alone.token_ids

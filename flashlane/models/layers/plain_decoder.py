@@ -98,7 +98,7 @@ class PlainDecoderLayer(nn.Module):
         n = len(rows.pieces)
         window, state = gdn.state_of([p.session for p in rows.pieces])
         z, a, b, q, k, v, xfull = graphs.run(
-            (key, "conv"), parts["conv"], h.view(n, t, -1), window, views=7
+            (key, "conv"), parts["conv"], h.view(n, t, -1), window, views=6
         )
         o, states = kernels.recurrent_gdn(q, k, v, None, None, state, gates=gdn.gates(a, b))
         gdn.record(rows.pieces, xfull, states)
