@@ -27,6 +27,7 @@ from flashlane.models.fp8_weights import fp8_weights
 from flashlane.models.host_tables import device_bytes, host_bytes, table_dtype_of
 from flashlane.models.hub import resolve_model
 from flashlane.models.loader import load_checkpoint
+from flashlane.models.segments import expandable_segments
 from flashlane.models.state import SessionState
 from flashlane.parallel.group import TensorParallel
 from flashlane.parallel.launch import start as start_group
@@ -108,14 +109,15 @@ class Engine:
             table_dtype = engine_plan.table_dtype_for(
                 config.ple_table_dtype, raw_cfg, place, weights.itemsize
             )
-            self.model_config, self.model = load_checkpoint(
-                path,
-                weights,
-                self.device,
-                quantize=config.quantization,
-                ple_tables=place,
-                table_dtype=table_dtype,
-            )
+            with expandable_segments(self.device):  # models/segments.py
+                self.model_config, self.model = load_checkpoint(
+                    path,
+                    weights,
+                    self.device,
+                    quantize=config.quantization,
+                    ple_tables=place,
+                    table_dtype=table_dtype,
+                )
             self.tokenizer = folder.tokenizer(path)
             self.generation_defaults = folder.generation_defaults(path)
             self.chat_template = folder.chat_template(path)
@@ -139,7 +141,8 @@ class Engine:
         self.kernels = select_kernels(self.device, self.log, reference, decode)
         if kv_fp8 and self.kernels.name == "triton":
             engine_plan.check_kv_fp8_device(self.device)
-        self.model.use_kernels(self.kernels)
+        with expandable_segments(self.device):  # stacks the experts: a copy each
+            self.model.use_kernels(self.kernels)
         # every family's blocks replay their row-count-only parts; the lone driver's step is
         # Flash Next's (a sibling's streams decode in shared rounds until the one-step issue
         # covers them); neither under tensor parallel yet (collectives run eagerly, issue 36)

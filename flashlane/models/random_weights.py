@@ -32,6 +32,7 @@ from flashlane.models.fp8_weights import (
     weight_format,
 )
 from flashlane.models.host_tables import TablePlace, is_table, mark_tables, pinned, table_place
+from flashlane.models.segments import expandable_segments
 from flashlane.models.table8 import TableDtype, quantize_rows
 
 # experts quantized at once (of an fp32 draw of the whole stack): bounds the transients
@@ -63,6 +64,14 @@ def random_tensor(
 
 
 def build_random(
+    raw: dict, dtype: torch.dtype, device, *args, **kw
+) -> tuple[ModelConfig, FlashNext]:
+    """_build (below) with the weights in expandable segments on CUDA (models/segments.py)."""
+    with expandable_segments(device):
+        return _build(raw, dtype, device, *args, **kw)
+
+
+def _build(
     raw: dict,
     dtype: torch.dtype,
     device,

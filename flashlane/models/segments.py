@@ -1,0 +1,40 @@
+"""Weights built in expandable CUDA segments.
+
+The full-size model's weights fill most of an H200 (FP8 Flash Next: 121 GiB of 139.8), and
+building them draws fp32 transients and small scale tensors between the large stacks; with
+fixed-size segments the free memory left between them is in pieces too small for the next
+stack (the expert stack that gains the shared expert, MoE `stack()`: 802 MiB asked for with
+17 GiB free in pieces). Expandable segments map memory page by page, so a free stretch is
+given back and remapped whole. Only the weights' build and stacking run so: the engine's
+later allocations (sessions, CUDA graph pools) keep PyTorch's default segments. A setting in
+PYTORCH_CUDA_ALLOC_CONF wins: nothing is switched then.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+
+def _switchable(device) -> bool:
+    return (
+        torch.device(device).type == "cuda"
+        and "expandable_segments" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        and hasattr(torch.cuda.memory, "_set_allocator_settings")
+    )
+
+
+@contextmanager
+def expandable_segments(device) -> Iterator[None]:
+    """Within: new CUDA segments are expandable (on CUDA, unless the user set the option)."""
+    if not _switchable(device):
+        yield
+        return
+    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    try:
+        yield
+    finally:
+        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
