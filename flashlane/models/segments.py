@@ -19,11 +19,18 @@ from contextlib import contextmanager
 import torch
 
 
+def _setter():
+    """torch's allocator-settings call (its newer name first: the older one warns in 2.11)."""
+    return getattr(torch._C, "_accelerator_setAllocatorSettings", None) or getattr(
+        torch.cuda.memory, "_set_allocator_settings", None
+    )
+
+
 def _switchable(device) -> bool:
     return (
         torch.device(device).type == "cuda"
         and "expandable_segments" not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-        and hasattr(torch.cuda.memory, "_set_allocator_settings")
+        and _setter() is not None
     )
 
 
@@ -33,8 +40,8 @@ def expandable_segments(device) -> Iterator[None]:
     if not _switchable(device):
         yield
         return
-    torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+    _setter()("expandable_segments:True")
     try:
         yield
     finally:
-        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+        _setter()("expandable_segments:False")
