@@ -17,6 +17,8 @@ READERS = {
     "kernels/pdl.py": "FLASHLANE_PDL, per launch: GPU tests and benchmarks flip it between "
     "calls in one process",
     "models/hub.py": "Hugging Face's own variables (HF_HUB_OFFLINE, HF_HOME, ...)",
+    "models/segments.py": "PYTORCH_CUDA_ALLOC_CONF: the user's allocator setting wins over "
+    "the weights' expandable segments",
     "llama_cpp/build.py": "FLASHLANE_LLAMA_CPP: where the peer benchmark's llama.cpp is",
     "bench/common.py": "FLASHLANE_COMMIT: the commit a benchmark's JSON names",
     "parallel/group.py": "torchrun's RANK / WORLD_SIZE / MASTER_ADDR, and the transports' own "
