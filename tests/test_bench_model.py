@@ -222,3 +222,25 @@ def test_presets_parse_and_real_sizes():
     assert 34e9 < totals["qwen3.5-moe-40l"] < 36e9  # the "35B-A3B style" defaults
     assert 8.5e9 < totals["qwen3.5-32l"] < 9.5e9  # the "9B style" defaults
     assert 20e9 < sizes["qwen3-next-12l"] < 23e9  # size-faithful layers, a quarter deep
+
+
+def test_a_prefill_the_engine_cannot_run_ends_its_row_only(tmp_path, capsys, monkeypatch):
+    """A --prefill length whose warm prompt fails (the full FP8 model's 8k prompt ran out of
+    memory on the H200) is an error in its row; the decode figures and other lengths stay."""
+    from flashlane.bench import model as bench
+
+    def replies(outs):
+        if len(outs[0].prompt_token_ids) == 96:
+            raise RuntimeError("bench model: request llm-9 failed: OutOfMemoryError: test")
+        return outs
+
+    monkeypatch.setattr(bench, "replies", replies)
+    out = tmp_path / "r.json"
+    argv = ["--config", "flashnext-tiny", "--random-weights", "--device", "cpu"]
+    argv += ["--streams", "1", "--prefill", "64,96", "--decode-tokens", "2"]
+    assert bench_model_main([*argv, "--json", str(out)]) == 0
+    ours = json.loads(out.read_text())["ours"]
+    assert ours["decode"]["1"]["tok_s"] > 0 and ours["prefill"]["64"]["tok_s"] > 0
+    assert "OutOfMemoryError" in ours["prefill"]["96"]["error"]
+    lines = capsys.readouterr().out.splitlines()
+    assert any(ln.startswith("prefill 96 tokens") and "failed" in ln for ln in lines)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import sys
 import time
 from dataclasses import replace
@@ -30,7 +29,8 @@ from flashlane.bench.model_figures import (
     decode_figures,
     kernels_name,
     launches_per_token,
-    prefill_seconds,
+    memory_figures,
+    prefill_rows,
     prompt_cache_ttft,
     replies,
     sampled_params,
@@ -45,7 +45,7 @@ from flashlane.models.config import ModelConfig
 from flashlane.models.presets import PRESETS, config_dict
 from flashlane.models.random_weights import build_random, random_table_place
 from flashlane.request import SamplingParams
-from flashlane.roofline import measure_ceilings, prefill_flops
+from flashlane.roofline import measure_ceilings
 
 
 def _ints(text: str) -> list[int]:
@@ -198,6 +198,9 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
         kernels=args.kernels,
     )
     llm = LLM.from_engine(Engine(config, costs=FLAT_COSTS, built=(cfg, model)))
+    started = torch.cuda.memory_allocated() if cuda else 0
+    if cuda:  # the peak of the rounds below, not of the build
+        torch.cuda.reset_peak_memory_stats()
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, draft=False)
     greedy = replace(one, max_tokens=args.decode_tokens + 1)
     # Triton compiles a kernel variant the first time a shape class meets it (minutes in all):
@@ -219,8 +222,12 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
     if args.sampled:
         for params in sampled_params(args).values():
             llm.generate(random_prompts(1, args.prompt_len, cfg.vocab_size, 95), params)
+    failed = {}  # a prompt length the engine cannot run ends its row, not the run
     for length in args.prefill:
-        replies(llm.generate(random_prompts(1, length, cfg.vocab_size, 98), one))
+        try:
+            replies(llm.generate(random_prompts(1, length, cfg.vocab_size, 98), one))
+        except RuntimeError as err:
+            failed[length] = str(err).splitlines()[0]
     out = {
         "build_s": built_s,
         "warm_s": time.perf_counter() - t0,
@@ -257,21 +264,9 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
             "over_shared_rounds": out["decode"][1]["tok_s"]
             / out["decode_shared_rounds"][1]["tok_s"],
         }
-    rate = ceilings.get("bf16_flops")
-    for length in args.prefill:
-        # another prompt each run (no cache to resume), timed after the warm one above
-        seeds = range(length, length + args.prefill_repeats)
-        runs = sorted(prefill_seconds(llm, cfg.vocab_size, length, seed) for seed in seeds)
-        ttft = statistics.median(runs)
-        out["prefill"][length] = {
-            "tok_s": length / ttft,
-            "ttft_s": ttft,
-            "ttft_min_s": runs[0],
-            "ttft_runs_s": runs,
-            "spread": runs[-1] / runs[0] - 1,  # slowest over fastest
-            "flops": prefill_flops(cfg, length),
-            "of_matrix_rate": prefill_flops(cfg, length) / rate / ttft if rate else None,
-        }
+    out["prefill"] = prefill_rows(args, llm, cfg, ceilings.get("bf16_flops"), failed)
+    if cuda:
+        out["memory"] = memory_figures(llm, started)
     graphs = llm.engine.model.graphs
     if graphs is not None:
         out["graphs"] = {

@@ -5,8 +5,11 @@ cache's time to first token; and the check that every timed reply is whole."""
 from __future__ import annotations
 
 import gc
+import statistics
 import time
 from dataclasses import replace
+
+import torch
 
 from flashlane.bench.common import FLAT_COSTS, random_prompts
 from flashlane.config import EngineConfig
@@ -15,7 +18,7 @@ from flashlane.llm import LLM
 from flashlane.models.fp8 import QuantSpec
 from flashlane.models.host_tables import table_dtype_of
 from flashlane.request import SamplingParams
-from flashlane.roofline import decode_round_bytes
+from flashlane.roofline import decode_round_bytes, prefill_flops
 
 FILL_ROOM = 4096  # positions a session keeps for tokens decoded while other prompts fill
 
@@ -132,6 +135,46 @@ def prefill_seconds(llm: LLM, vocab: int, length: int, seed: int) -> float:
         return replies(llm.generate(prompts, one))[0].stats.prefill_seconds
     finally:
         gc.enable()
+
+
+def prefill_rows(args, llm: LLM, cfg, rate: float | None, failed: dict) -> dict:
+    """Each --prefill length: the median TTFT of --prefill-repeats fresh prompts (timed after
+    the warm one), min, runs, spread and share of the matrix rate; a length whose warm prompt
+    failed gives its error."""
+    rows = {}
+    for length in args.prefill:
+        if length in failed:
+            rows[length] = {"error": failed[length]}
+            continue
+        seeds = range(length, length + args.prefill_repeats)  # another prompt each: no cache
+        runs = sorted(prefill_seconds(llm, cfg.vocab_size, length, seed) for seed in seeds)
+        ttft = statistics.median(runs)
+        rows[length] = {
+            "tok_s": length / ttft,
+            "ttft_s": ttft,
+            "ttft_min_s": runs[0],
+            "ttft_runs_s": runs,
+            "spread": runs[-1] / runs[0] - 1,  # slowest over fastest
+            "flops": prefill_flops(cfg, length),
+            "of_matrix_rate": prefill_flops(cfg, length) / rate / ttft if rate else None,
+        }
+    return rows
+
+
+def memory_figures(llm: LLM, started: int) -> dict:
+    """GiB of GPU memory: the engine's plan beside what was allocated once it started
+    (`started` bytes: weights, sessions, graphs) and at the rounds' peak since (peak stats
+    reset at start), and the peak reserved: the plan's allowances against what ran."""
+    plan, gib = llm.engine.plan, 2**30
+    return {
+        "started_gib": started / gib,
+        "plan_limit_gib": plan.limit_bytes / gib,
+        "plan_weights_gib": plan.weight_bytes / gib,
+        "plan_sessions_gib": plan.sessions_bytes / gib,
+        "plan_workspace_gib": plan.workspace_bytes / gib,
+        "peak_allocated_gib": torch.cuda.max_memory_allocated() / gib,
+        "peak_reserved_gib": torch.cuda.max_memory_reserved() / gib,
+    }
 
 
 def prompt_cache_ttft(args, cfg, model, config: EngineConfig) -> dict:
