@@ -217,6 +217,8 @@ class Engine:
             grow=config.slot_grow if config.slot_contexts is not None else None,
             lone=self._lone_driver(),
         )
+        if self.device.startswith("cuda") and self.graphed:
+            self.fit_prompt_pieces(rank_cfg, torch.cuda.memory_allocated(self.device))
         self.log(self.summary(weights, costs))
 
     def summary(self, weights: torch.dtype, costs: CostTable | None) -> str:
@@ -276,6 +278,15 @@ class Engine:
             f"{driver.capture_seconds:.1f} s{failed}"
         )
         return driver
+
+    def fit_prompt_pieces(self, cfg: ModelConfig, started: int) -> None:
+        """Prompt pieces that fit beside the `started` bytes measured (graph pools included)."""
+        rows, planned = memory.prompt_rows_that_fit(self.plan, cfg, started), self.plan.prompt_rows
+        if rows < planned:
+            self.log(f"flashlane: prompt pieces of {rows} rows, not {planned}: graph pools")
+            self.plan = dataclasses.replace(self.plan, prompt_rows=rows)
+            self.backend.max_prompt_rows = rows
+            self.host.config = dataclasses.replace(self.host.config, prefill_rows=rows)
 
     def _capture_graphs(self) -> None:
         """CUDA graphs of every layer's row-count-only parts, for rounds of up to max_rows

@@ -23,6 +23,7 @@ from flashlane.planning.buffers import (
     Buffer,
     activation_bytes,
     element_bytes,
+    prompt_row_bytes,
     scratch_buffers,
     session_buffers,
     session_bytes,
@@ -73,6 +74,7 @@ __all__ = [
     "parse_limit_gb",
     "plan",
     "plan_fitting",
+    "prompt_rows_that_fit",
     "read_ram_bytes",
     "resolve_limit_bytes",
     "resolve_prompt_cache_bytes",
@@ -274,6 +276,25 @@ def _plan(
         prompt_cache_bytes=prompt_cache_bytes,
         kv_fp8=kv_fp8,
     )
+
+
+def prompt_rows_that_fit(plan: MemoryPlan, cfg: ModelConfig, started_bytes: int) -> int:
+    """The plan's prompt pieces, halved (not below MIN_PREFILL_ROWS) until their activations
+    fit in what the engine's start left under the limit. `started_bytes` is measured once the
+    weights, sessions and CUDA graphs' pools are in place: the pools, which the plan's fixed
+    allowance stood for (2.0 GiB for the full-size FP8 model on an H200, past its 1), are in
+    it, so a quarter of that allowance stays for the decode rows' transients, beside the
+    logits, the rounds' scratch and the prompt cache's budget."""
+    longest = max(plan.capacities)
+    fixed = activation_bytes(cfg, plan.max_rows, plan.device, 0, longest)
+    fixed -= ACTIVATION_FIXED[plan.device] * 3 // 4
+    room = plan.limit_bytes - started_bytes - plan.scratch_bytes - fixed - plan.prompt_cache_bytes
+    per_row = prompt_row_bytes(cfg, plan.device, longest)
+    floor = MIN_PREFILL_ROWS["cuda" if plan.device.startswith("cuda") else "cpu"]
+    rows = plan.prompt_rows
+    while rows // 2 >= floor and rows * per_row > room:
+        rows //= 2
+    return rows
 
 
 def plan_fitting(cfg: ModelConfig, *, device: str, prompt_rows: int, **options) -> MemoryPlan:
