@@ -189,6 +189,7 @@ class Engine:
                 for _ in range(min(self.max_rows, len(self.sessions)))
             ]
             costs = time_costs(self.model, scratch, self.max_rows)
+            del scratch  # freed before fit_prompt_pieces measures the start
         if costs is not None:
             self.backend.set_costs(costs)
         if tp is not None and not tp.is_leader:
@@ -218,7 +219,8 @@ class Engine:
             lone=self._lone_driver(),
         )
         if self.device.startswith("cuda") and self.graphed:
-            self.fit_prompt_pieces(rank_cfg, torch.cuda.memory_allocated(self.device))
+            torch.cuda.empty_cache()  # what stays reserved: tensors and the graphs' pools
+            self.fit_prompt_pieces(rank_cfg, torch.cuda.memory_reserved(self.device))
         self.log(self.summary(weights, costs))
 
     def summary(self, weights: torch.dtype, costs: CostTable | None) -> str:
