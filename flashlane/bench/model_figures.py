@@ -172,6 +172,7 @@ def memory_figures(llm: LLM, started: int) -> dict:
         "plan_weights_gib": plan.weight_bytes / gib,
         "plan_sessions_gib": plan.sessions_bytes / gib,
         "plan_workspace_gib": plan.workspace_bytes / gib,
+        "prompt_rows": plan.prompt_rows,  # after the engine fitted them to its start
         "peak_allocated_gib": torch.cuda.max_memory_allocated() / gib,
         "peak_reserved_gib": torch.cuda.max_memory_reserved() / gib,
     }
