@@ -1,12 +1,12 @@
 """Weights built in expandable CUDA segments.
 
 The full-size model's weights fill most of an H200 (FP8 Flash Next: 121 GiB of 139.8), and
-building them draws fp32 transients and small scale tensors between the large stacks; with
-fixed-size segments the free memory left between them is in pieces too small for the next
-stack (the expert stack that gains the shared expert, MoE `stack()`: 802 MiB asked for with
-17 GiB free in pieces). Expandable segments map memory page by page, so a free stretch is
-given back and remapped whole. Only the weights' build and stacking run so: the engine's
-later allocations (sessions, CUDA graph pools) keep PyTorch's default segments. A setting in
+their build draws fp32 transients and small scale tensors between the large stacks. With
+fixed-size segments the memory those free is left in pieces too small for the next large
+tensor (the MoE's `stack()`, which appends the shared expert to the routed ones, then fails
+with gigabytes free); expandable segments map memory page by page, so a free stretch goes
+back and is remapped whole. Only the weights' build and stacking run so: the engine's later
+allocations (sessions, CUDA graph pools) keep PyTorch's default segments. A setting in
 PYTORCH_CUDA_ALLOC_CONF wins: nothing is switched then.
 """
 
