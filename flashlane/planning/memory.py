@@ -23,7 +23,6 @@ from flashlane.planning.buffers import (
     Buffer,
     activation_bytes,
     element_bytes,
-    prompt_row_bytes,
     scratch_buffers,
     session_buffers,
     session_bytes,
@@ -285,16 +284,21 @@ def prompt_rows_that_fit(plan: MemoryPlan, cfg: ModelConfig, started_bytes: int)
     allowance stood for (2.0 GiB for the full-size FP8 model on an H200, past its 1), are in
     it, so a quarter of that allowance stays for the decode rows' transients, beside the
     logits, the rounds' scratch and the prompt cache's budget."""
-    longest = max(plan.capacities)
-    fixed = activation_bytes(cfg, plan.max_rows, plan.device, 0, longest)
-    fixed -= ACTIVATION_FIXED[plan.device] * 3 // 4
-    room = plan.limit_bytes - started_bytes - plan.scratch_bytes - fixed - plan.prompt_cache_bytes
-    per_row = prompt_row_bytes(cfg, plan.device, longest)
-    floor = MIN_PREFILL_ROWS["cuda" if plan.device.startswith("cuda") else "cpu"]
+    longest, device = max(plan.capacities), plan.device
+    room = plan.limit_bytes - started_bytes - plan.scratch_bytes - plan.prompt_cache_bytes
+    room += ACTIVATION_FIXED[device] * 3 // 4  # the graphs' share, measured in started_bytes
     rows = plan.prompt_rows
-    while rows // 2 >= floor and rows * per_row > room:
+    while (
+        rows // 2 >= _piece_floor(device)
+        and activation_bytes(cfg, plan.max_rows, device, rows, longest) > room
+    ):
         rows //= 2
     return rows
+
+
+def _piece_floor(device: str) -> int:
+    """The shortest prompt piece a plan halves down to on this device."""
+    return MIN_PREFILL_ROWS["cuda" if device.startswith("cuda") else "cpu"]
 
 
 def plan_fitting(cfg: ModelConfig, *, device: str, prompt_rows: int, **options) -> MemoryPlan:
@@ -302,7 +306,7 @@ def plan_fitting(cfg: ModelConfig, *, device: str, prompt_rows: int, **options) 
     plan would not fit, or (sessions auto, fewer than AUTO_SESSIONS_WANTED) where shorter
     pieces make room for more sessions: smaller pieces before fewer sessions; the plan's
     prompt_rows says which. Raises the smallest pieces' OverMemoryLimit."""
-    floor = MIN_PREFILL_ROWS["cuda" if device.startswith("cuda") else "cpu"]
+    floor = _piece_floor(device)
     best = None
     while True:
         try:
