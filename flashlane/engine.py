@@ -259,9 +259,11 @@ class Engine:
 
     def _lone_driver(self):
         """The lone driver on CUDA (graphed unless `graphs` is off), unless `lone` is
-        off; on the CPU a lone step costs what a shared round does, so shared rounds serve."""
-        flashnext = self.model_config.family == "flashnext"
-        if not (self.config.lone and self.device.startswith("cuda") and self.graphed and flashnext):
+        off; on the CPU a lone step costs what a shared round does, so shared rounds serve.
+        A sibling's sessions with an 8-bit KV cache decode in shared rounds."""
+        on = self.config.lone and self.device.startswith("cuda") and self.graphed
+        kv8 = self.sessions[0].kv_fp8 and self.model_config.family != "flashnext"
+        if not on or kv8:
             return None
         from flashlane.runner.lone import LoneDriver
 

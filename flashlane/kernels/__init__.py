@@ -31,6 +31,7 @@ class Kernels:
     attention: Callable
     causal_attention: Callable  # the siblings' gated full attention: no mask tensor
     attend_sessions: Callable
+    causal_sessions: Callable  # a sibling's lone step: causal attention over session caches
     moe: Callable
     moe_shared: Callable
     moe_placed: Callable  # an expert-parallel rank's experts (parallel/plan.py)
@@ -77,6 +78,7 @@ REFERENCE = Kernels(
     attention=attention_ref.attention,
     causal_attention=attention_ref.causal_attention,
     attend_sessions=attention_ref.attend_sessions,
+    causal_sessions=attention_ref.causal_sessions,
     moe=moe_ref.moe,
     moe_shared=moe_ref.moe_shared,
     moe_placed=moe_ref.moe_placed,

@@ -40,6 +40,7 @@ TRITON = Kernels(
     attention=attention_tr.attention,
     causal_attention=causal_tr.causal_attention,  # positions, no [B, T, L] mask
     attend_sessions=sessions_tr.attend_sessions,  # B sessions in six launches
+    causal_sessions=causal_tr.causal_sessions,  # a sibling's B sessions in three launches
     moe=moe_tr.moe,  # bf16 or Fp8Weight expert stacks
     moe_shared=moe_tr.moe_shared,  # the shared expert as one more expert of the launches
     moe_placed=moe_tr.moe_placed,  # expert parallel: not on the GPU yet (it says so)

@@ -91,7 +91,9 @@ class LoneDriver:
         self.step_ms: dict[tuple[int, int], float] = {}
         self.load_ms: dict[tuple[int, int], float] = {}
         self.drafting = None  # drafted steps (runner/lone_draft.py), with an MTP head
-        if drafter is not None and model.mtp is not None:
+        # drafted steps are Flash Next's (a sibling's drafting streams step plainly here, their
+        # cells queued for their MTP head, and draft in shared rounds)
+        if drafter is not None and model.mtp is not None and isinstance(model, FlashNext):
             from flashlane.runner.lone_draft import Drafting
 
             self.drafting = Drafting(self)

@@ -33,6 +33,7 @@ __all__ = [
     "attention_once",
     "attention_step",
     "gdn_step",
+    "plain_step",
     "ple_step",
     "session_tables",
     "stacked",
@@ -63,7 +64,10 @@ def step(
     is the shared rounds' on the
     same rows (batched ops are row-invariant; attention, pooling and state commits read and
     write each session's own buffers: kernels.attend_sessions, with `tables` from
-    session_tables, made where not given), so the bits are theirs."""
+    session_tables, made where not given), so the bits are theirs. A sibling (Qwen3-Next,
+    Qwen3.5: no hyper-connections) steps through `plain_step`."""
+    if not isinstance(model, FlashNext):
+        return plain_step(model, sessions, tok, pos, out, record, tables, draw, ring)
     cfg, kernels = model.cfg, model.kernels
     tables = tables or {}
     r, xn = embedded(model, tok)
@@ -100,6 +104,32 @@ def step(
     # the draw for pos + 1 (greedy: the first maximum), its flag, the next token, position
     (draw or kernels.greedy_step)(model.head_logits(r, xn), out, tok, pos)
     # the rows recorded for the MTP head, and the verdict posted, in one launch at the end
+    kernels.record_row(record[0], record[1], r, out, ring)
+
+
+@torch.no_grad()
+def plain_step(model, sessions, tok, pos, out, record, tables=None, draw=None, ring=None):
+    """`step` for a sibling (models/qwen3.py's plain pre-norm blocks): each op its shared
+    rounds' on the same row (the blocks' read, mixer and mlp halves; attention through
+    kernels.causal_sessions on each session's cache in place), the final norm's output
+    recorded as the row's residual (what its MTP head reads)."""
+    kernels, tables = model.kernels, tables or {}
+    h = kernels.embed_rows(model.embed_tokens.weight, tok, 1)
+    cos, sin, *_, lengths = kernels.step_angles(pos, model.rotary.inv(pos.device), h.dtype, 1)
+    for idx, layer in enumerate(model.layers):
+        a = layer.input_layernorm(h)
+        if layer.kind == "linear":
+            states = [s.gdn[idx] for s in sessions]
+            y = gdn_step(layer.linear_attn, a, states, kernels, tables.get(idx))
+        else:
+            attn, caches = layer.self_attn, [s.attn[idx] for s in sessions]
+            q, gate, k, v = attn.project(a, cos, sin)
+            scale = attn.cfg.head_dim**-0.5
+            o = kernels.causal_sessions(q, k, v, caches, pos, scale, tables.get(idx), lengths)
+            y = attn.output(o, gate)
+        h = layer.mlp_half(h + y, kernels)
+    r = model.norm(h)
+    (draw or kernels.greedy_step)(model.head_logits(r), out, tok, pos)
     kernels.record_row(record[0], record[1], r, out, ring)
 
 

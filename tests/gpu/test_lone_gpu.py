@@ -13,7 +13,14 @@ from flashlane.llm import LLM
 from flashlane.request import SamplingParams
 from flashlane.runner.backend import copy_session
 from flashlane.runner.lone import LoneDriver
-from tests.gpu.test_exact_gpu import gpu_model, new_session, prefilled, prompts, run_windows  # noqa: F401
+from tests.gpu.test_exact_gpu import (  # noqa: F401
+    SIBLINGS,
+    gpu_model,
+    new_session,
+    prefilled,
+    prompts,
+    run_windows,
+)
 from tests.runner.test_lone import assert_same_states
 from tests.runner.test_lone_beside import churn
 
@@ -25,10 +32,16 @@ pytestmark = [
 
 @pytest.fixture
 def lone_model(gpu_model):  # noqa: F811
-    """gpu_model where the lone driver serves it: Flash Next (the siblings' layers have no
-    lone step yet; their engines run shared rounds)."""
+    """gpu_model: every family has a lone step (a sibling's: lone_step.plain_step)."""
+    return gpu_model
+
+
+@pytest.fixture
+def drafted_model(gpu_model):  # noqa: F811
+    """gpu_model where the lone driver drafts: Flash Next (a sibling's drafting streams
+    step plainly on it and draft in shared rounds)."""
     if gpu_model[0].family != "flashnext":
-        pytest.skip(f"no lone step for {gpu_model[0].family}")
+        pytest.skip(f"no drafted lone step for {gpu_model[0].family}")
     return gpu_model
 
 
@@ -96,15 +109,18 @@ def test_engine_replies_lone_and_shared_agree(tiny_ckpt):
     assert got == want and together == want
 
 
-def test_replies_under_churn_equal_each_alone(tiny_ckpt):
+@pytest.mark.parametrize("name", ["tiny", *sorted(SIBLINGS)])
+def test_replies_under_churn_equal_each_alone(oracle_by_name, name):
     """Issue 28's churn gate on the GPU (tests/runner/test_lone_beside.py `churn`): requests
     arriving every few rounds while others decode and end, greedy and seeded, drafting on for
     most, on five sessions: every reply equals the same request alone. The lone driver takes
-    the decoders beside the prompt pieces, in its graphs of every size."""
+    the decoders beside the prompt pieces, in its graphs of every size (a sibling's drafting
+    streams draft in shared rounds between their lone steps)."""
     costs = CostTable(
         {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3, overhead_ms=0.2
     )
-    llm = LLM(str(tiny_ckpt), costs=costs, parallel=5, max_rows=16, device="cuda")
+    path = oracle_by_name(name)
+    llm = LLM(str(path), costs=costs, parallel=5, max_rows=16, device="cuda")
     lone = llm.engine.host.lone
     assert lone is not None and lone.use_graphs
     steps = lone.num_steps
@@ -170,13 +186,13 @@ def test_one_graph_per_size_serves_any_sessions(lone_model):
 
 @pytest.mark.parametrize("graphed", [True, False])
 @pytest.mark.parametrize("depth,b", [(2, 1), (3, 2), (2, 3)])
-def test_drafted_steps_equal_shared_rounds_bitwise(lone_model, graphed, depth, b):
+def test_drafted_steps_equal_shared_rounds_bitwise(drafted_model, graphed, depth, b):
     """Drafted lone steps (runner/lone_draft.py), graphed or eager, alone or with others
     (three: the graph of four rows, one the pad session's): the kept draws are the one-row
     rounds' tokens and each session ends bit for bit where those rounds leave it. Each
     call's hints (its first drafts) are the true continuation, so its first step keeps every
     row of its window (random heads' own drafts rarely land)."""
-    cfg, model = lone_model
+    cfg, model = drafted_model
     bases, wants = [], []
     for which in (3, 8, 5)[:b]:
         base = prefilled(cfg, model, prompts(cfg.vocab_size, 9)[which])

@@ -215,7 +215,8 @@ ATTENTION_KERNELS = {
     # the siblings' gated full attention (Qwen3-Next: 16 q / 2 kv heads of 256)
     "causal_attention": (triton_causal._causal_kernel,
                          dict(q_ptr=BF, k_ptr=BF, v_ptr=BF, pos_ptr="*i64", o_ptr=BF,
-                              len_ptr="*i64", HAS_LEN="i32", T="i32", L="i32", HQ="i32",
+                              len_ptr="*i64", tab_ptr="*i64", HAS_LEN="i32",
+                              HAS_TABLE="i32", T="i32", L="i32", HQ="i32",
                               HKV="i32", REP="i32", scale="fp32"),
                          dict(ATTENTION_TILE, PDL=1),
                          dict(num_warps=_WARPS, num_stages=_STAGES, launch_pdl=True)),

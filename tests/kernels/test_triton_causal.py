@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from tests.kernels.test_triton_attention import (
+    ATTN_SHAPE,
     _positions,
     attn_inputs,
     causal_mask,
     scale,
     tols,
 )
-from tests.kernels.triton_env import DEVICE, DTYPES, needs_triton
+from tests.kernels.triton_env import DEVICE, DTYPES, assert_dot_equal, needs_triton
 
 pytest.importorskip("triton")
 
@@ -86,3 +87,48 @@ def test_causal_attention_row_invariance(dtype):
     nan[0, short:] = float("nan")  # past a length nothing is read, NaN included
     bounded = causal_tri.causal_attention(q, nan, vv, scale(), mixed, lengths=lengths)
     assert torch.equal(bounded, both)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_causal_sessions_rows_are_their_shared_windows_bits(dtype):
+    """A lone step's rows (causal_sessions: sessions of different capacities read in place
+    through their table, the length on the device) write each session's k, v row at its
+    position and get bitwise what that session's one-row decode window gets in a shared
+    round (causal_attention over the round's caches padded with zeros to the longest), and
+    the reference's values."""
+    from types import SimpleNamespace
+
+    hq, hkv, d = ATTN_SHAPE
+    lengths, caps = [5, 150, 77], [64, 256, 160]
+    gen = torch.Generator().manual_seed(21)
+
+    def cache(cap, n):
+        k, v = (torch.randn(cap, hkv, d, generator=gen).to(DEVICE, dtype) for _ in range(2))
+        k[n:], v[n:] = float("nan"), float("nan")  # past the length: never read
+        empty = torch.empty(cap, 0, dtype=dtype, device=DEVICE)
+        return SimpleNamespace(k=k, v=v, index_keys=empty, block_keys=empty, k_scale=None)
+
+    caches = [cache(c, n) for c, n in zip(caps, lengths)]
+    before = [(c.k.clone(), c.v.clone()) for c in caches]
+    q, k, v = (torch.randn(3, h, d, generator=gen).to(DEVICE, dtype) for h in (hq, hkv, hkv))
+    pos = torch.tensor(lengths, device=DEVICE)
+    got = causal_tri.causal_sessions(q, k, v, caches, pos, scale())
+    n = max(lengths) + 1
+    keys, values = (torch.zeros(3, n, hkv, d, dtype=dtype, device=DEVICE) for _ in range(2))
+    for i, (c, m) in enumerate(zip(caches, lengths)):
+        assert torch.equal(c.k[m], k[i]) and torch.equal(c.v[m], v[i])
+        assert torch.equal(c.k[:m], before[i][0][:m]) and c.k[m + 1 :].isnan().all()
+        keys[i, : m + 1], values[i, : m + 1] = c.k[: m + 1], c.v[: m + 1]
+    shared = causal_tri.causal_attention(q[:, None], keys, values, scale(), pos[:, None])
+    assert_dot_equal(got, shared[:, 0], "shared")
+    for i in range(3):
+        alone = causal_tri.causal_attention(
+            q[i : i + 1, None], keys[i : i + 1, : lengths[i] + 1],
+            values[i : i + 1, : lengths[i] + 1], scale(), pos[i : i + 1, None],
+        )  # fmt: skip
+        assert_dot_equal(got[i : i + 1], alone[:, 0], i)
+    refs = [cache(c, m) for c, m in zip(caps, lengths)]
+    for r, c in zip(refs, caches):
+        r.k[: c.k.shape[0]], r.v[: c.v.shape[0]] = c.k, c.v
+    want = attn_ref.causal_sessions(q.float(), k.float(), v.float(), refs, pos, scale())
+    torch.testing.assert_close(got.float(), want.float(), **tols(dtype))

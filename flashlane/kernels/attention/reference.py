@@ -236,6 +236,25 @@ def attend_sessions(
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
+def causal_sessions(q, k, v, caches, pos, scale: float, table=None, lengths=None):
+    """One row for each of B sessions (a sibling's lone step): session i's k[i], v[i]
+    written at pos[i], then q[i]'s causal attention over session i's cache -> o [B, Hq, D].
+    q [B, Hq, D]; k, v [B, Hkv, D]; caches: the sessions' AttnCache of this layer (16-bit);
+    pos [B] on the device. Session by session, each row's attention that of its decode
+    window in a shared round (causal_attention); `table` and `lengths` are for the batched
+    kernel (triton_causal.causal_sessions) and are not needed here."""
+    outs = []
+    for i, c in enumerate(caches):
+        if c.k_scale is not None:
+            raise ValueError("causal_sessions: 16-bit caches only (an 8-bit cache: shared rounds)")
+        at = pos[i : i + 1]
+        c.k.index_copy_(0, at, k[i : i + 1].to(c.k.dtype))
+        c.v.index_copy_(0, at, v[i : i + 1].to(c.v.dtype))
+        qi = q[i : i + 1][:, None]
+        outs.append(causal_attention(qi, c.k[None], c.v[None], scale, at.view(1, 1), at + 1)[:, 0])
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
 def _put_row(c, at, k, v, raw) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Row `at` ([1] on the device) of cache c written: k, v [1, Hkv, D], raw [1, Di] ->
     (keys, values, raw indexer keys) of its whole capacity in the compute dtype: the buffers

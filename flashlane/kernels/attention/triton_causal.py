@@ -7,7 +7,9 @@ a fixed order with the same online softmax. A row's allowed keys are exactly tho
 mask allows, so a row's bits equal the masked kernel's with that mask (a test checks it),
 and they depend on the row, its keys and its position alone: a block a row may not see
 leaves its state bitwise unchanged (p = 0, rescale 1), whatever shares its tile.
-Prefill (a piece's T rows) and decode (windows of a few rows) run the same kernel.
+Prefill (a piece's T rows) and decode (windows of a few rows) run the same kernel, and so
+does a lone step's row for each of B sessions (`causal_sessions`: batch b reads session b's
+caches in place through a table of offsets, a runtime flag of the same compiled kernel).
 """
 
 from __future__ import annotations
@@ -17,11 +19,16 @@ import triton
 import triton.language as tl
 
 from flashlane.kernels.attention.triton import CONFIGS
+from flashlane.kernels.attention.triton_blocks import put_rows
 from flashlane.kernels.pdl import enter, pdl
-from flashlane.kernels.tables import no_longs
+from flashlane.kernels.session_tables import attn_table
+from flashlane.kernels.tables import K_COL, TABLE_WIDTH, V_COL, no_longs, no_table
+
+# a table's sessions may differ in capacity: their lengths bound the walk, not L
+NO_LIMIT = 2**31 - 1
 
 
-@triton.jit(do_not_specialize=["T", "L", "HQ", "HKV", "REP", "HAS_LEN"])
+@triton.jit(do_not_specialize=["T", "L", "HQ", "HKV", "REP", "HAS_LEN", "HAS_TABLE"])
 def _causal_kernel(
     q_ptr,
     k_ptr,
@@ -29,7 +36,9 @@ def _causal_kernel(
     pos_ptr,
     o_ptr,
     len_ptr,
+    tab_ptr,
     HAS_LEN,
+    HAS_TABLE,
     T,
     L,
     HQ,
@@ -59,8 +68,15 @@ def _causal_kernel(
 
     q_ptr += i_b.to(tl.int64) * T * HQ * D
     o_ptr += i_b.to(tl.int64) * T * HQ * D
-    k_ptr += i_b.to(tl.int64) * L * HKV * D + i_kv * D
-    v_ptr += i_b.to(tl.int64) * L * HKV * D + i_kv * D
+    # batch b's keys and values, or session b's caches through the table (element offsets
+    # from the first session's)
+    k_off = i_b.to(tl.int64) * L * HKV * D
+    v_off = k_off
+    if HAS_TABLE != 0:
+        k_off = tl.multiple_of(tl.load(tab_ptr + i_b * TABLE_WIDTH + K_COL), 16)
+        v_off = tl.multiple_of(tl.load(tab_ptr + i_b * TABLE_WIDTH + V_COL), 16)
+    k_ptr += k_off + i_kv * D
+    v_ptr += v_off + i_kv * D
     q_row = (tok * HQ + head) * D  # [BLOCK_M]
     q = tl.load(q_ptr + q_row[:, None] + d[None, :], mask=m_rows[:, None] & m_d[None, :], other=0.0)
     # a row past the tile's end sees nothing (-1): its state stays empty and is not stored
@@ -134,8 +150,47 @@ def causal_attention(
     grid = (triton.cdiv(hq // hkv * t, block_m), b * hkv)
     _causal_kernel[grid](
         q, k, v, positions, o, no_longs(q.device) if lengths is None else lengths,
-        int(lengths is not None), t, l, hq, hkv, hq // hkv, float(scale),
+        no_table(q.device), int(lengths is not None), 0, t, l, hq, hkv, hq // hkv, float(scale),
         D=d, BD=triton.next_power_of_2(d), BLOCK_M=block_m, BLOCK_L=block_l,
         PRECISION=precision, SKIP=skip, num_warps=warps, num_stages=stages, **pdl(q.device),
     )  # fmt: skip
     return o
+
+
+def causal_sessions(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    caches: list,
+    pos: torch.Tensor,
+    scale: float,
+    table: torch.Tensor | None = None,
+    lengths: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """reference.causal_sessions in three launches whatever B: session i's k[i], v[i]
+    written at pos[i], then q[i]'s causal attention over session i's cache read in place
+    (`table`: session_tables.attn_table, built here when not given; a CUDA graph needs it
+    built before its capture). q [B, Hq, D]; k, v [B, Hkv, D]; pos [B] on the device;
+    lengths: pos + 1 where the caller made it once -> o [B, Hq, D]. The kernel is
+    causal_attention's with its tiles, so a row's bits are those of its decode window in a
+    shared round."""
+    first = caches[0]
+    if first.k_scale is not None:
+        raise ValueError("causal_sessions: 16-bit caches only (an 8-bit cache: shared rounds)")
+    table = attn_table(caches) if table is None else table
+    put_rows(first.k, "k", table, pos, k)
+    put_rows(first.v, "v", table, pos, v)
+    lengths = pos + 1 if lengths is None else lengths
+    (b, hq, d), out_dtype = q.shape, q.dtype
+    hkv = first.k.shape[1]
+    block_m, block_l, warps, stages, precision, skip = CONFIGS[first.k.dtype]
+    q = q.to(first.k.dtype).contiguous()
+    o = torch.empty(b, 1, hq, d, dtype=out_dtype, device=q.device)
+    grid = (triton.cdiv(hq // hkv, block_m), b * hkv)
+    _causal_kernel[grid](
+        q, first.k, first.v, pos.contiguous(), o, lengths, table, 1, 1, 1, NO_LIMIT, hq, hkv,
+        hq // hkv, float(scale), D=d, BD=triton.next_power_of_2(d), BLOCK_M=block_m,
+        BLOCK_L=block_l, PRECISION=precision, SKIP=skip, num_warps=warps, num_stages=stages,
+        **pdl(q.device),
+    )  # fmt: skip
+    return o[:, 0]
