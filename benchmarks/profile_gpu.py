@@ -20,7 +20,7 @@ from flashlane.config import EngineConfig
 from flashlane.engine import Engine
 from flashlane.llm import LLM
 from flashlane.models.presets import preset
-from flashlane.models.random_weights import build_random
+from flashlane.models.random_weights import build_random, random_table_place
 from flashlane.request import SamplingParams
 
 
@@ -30,6 +30,9 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=2048)
     ap.add_argument("--streams", type=int, default=1)
     ap.add_argument("--rows", type=int, default=25)
+    ap.add_argument(
+        "--quantization", choices=["fp8"], help="the linears in block FP8 (as bench model's)"
+    )
     ap.add_argument(
         "--context",
         type=int,
@@ -54,7 +57,10 @@ def main() -> None:
         help="write the prefill's kernels in order, and its largest idle gaps, to this file",
     )
     args = ap.parse_args()
-    cfg, model = build_random(preset(args.config), torch.bfloat16, "cuda", 0)
+    raw = preset(args.config)
+    tables = random_table_place(raw, "cuda", args.quantization, None)
+    cfg, model = build_random(raw, torch.bfloat16, "cuda", 0, args.quantization, tables)
+    print(f"{args.config}: linears {args.quantization or 'bf16'}, n-gram tables on {tables}")
     config = EngineConfig.resolve(
         device="cuda",
         parallel=max(2, args.streams),

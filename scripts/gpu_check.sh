@@ -40,7 +40,8 @@
 #          overrides)
 # timeline: one decode step's kernels in order at TIMELINE_STREAMS (1) in sessions of
 #          TIMELINE_CONTEXT positions (71808, bench model's), and a TIMELINE_PREFILL-token
-#          (2048) prefill's kernels and idle gaps (benchmarks/profile_gpu.py)
+#          (2048) prefill's kernels and idle gaps (benchmarks/profile_gpu.py); TIMELINE_QUANT=fp8:
+#          the linears in block FP8 (files named _fp8)
 # diag:    where a decode step's time goes: one lone step's kernels in order with their own
 #          time at 1 and 4 streams (benchmarks/profile_gpu.py --timeline), an 8k prefill's
 #          kernels and idle gaps (--prefill-timeline), the small decode products with cold
@@ -247,14 +248,17 @@ if [[ " $steps " == *" timeline "* ]]; then
     n="${TIMELINE_STREAMS:-1}"
     ctx="${TIMELINE_CONTEXT:-71808}"
     len="${TIMELINE_PREFILL:-2048}"
-    echo "== python benchmarks/profile_gpu.py --config flashnext-12l --streams $n --context $ctx"
+    quant=()
+    tag=""
+    [[ -n "${TIMELINE_QUANT:-}" ]] && quant=(--quantization "$TIMELINE_QUANT") && tag="_$TIMELINE_QUANT"
+    echo "== python benchmarks/profile_gpu.py --config flashnext-12l --streams $n --context $ctx ${quant[*]}"
     FLASHLANE_LONE_STREAMS=$n python benchmarks/profile_gpu.py --config flashnext-12l \
-        --streams "$n" --prefill "$len" --rows 30 --context "$ctx" \
-        --timeline "$out/timeline_flashnext-12l_${n}streams_${ctx}_$stamp.txt" \
-        --prefill-timeline "$out/timeline_prefill_${len}_flashnext-12l_$stamp.txt" \
-        > "$out/profile_flashnext-12l_${n}streams_${ctx}_$stamp.txt" 2>&1 \
+        --streams "$n" --prefill "$len" --rows 30 --context "$ctx" "${quant[@]}" \
+        --timeline "$out/timeline_flashnext-12l${tag}_${n}streams_${ctx}_$stamp.txt" \
+        --prefill-timeline "$out/timeline_prefill_${len}_flashnext-12l${tag}_$stamp.txt" \
+        > "$out/profile_flashnext-12l${tag}_${n}streams_${ctx}_$stamp.txt" 2>&1 \
         || failed+=("profile timeline")
-    tail -n 40 "$out/profile_flashnext-12l_${n}streams_${ctx}_$stamp.txt"
+    tail -n 40 "$out/profile_flashnext-12l${tag}_${n}streams_${ctx}_$stamp.txt"
 fi
 
 if [[ " $steps " == *" diag "* ]]; then
