@@ -36,7 +36,8 @@ DOWN = dict(act_ptr=BF, down_ptr=F8, down_s_ptr="*fp32", y_ptr=BF, **EXPERTS)
 
 def _linear(m: int, split: bool) -> tuple:
     t = linear.fp8_tile(m, 2560, 6144)
-    consts = dict(PARTS=t["PARTS"], BLOCKS_PER_PART=t["BLOCKS_PER_PART"], SPLIT=split,
+    consts = dict(PARTS=t["PARTS"], BLOCKS_PER_PART=t["BLOCKS_PER_PART"],
+                  SCALES=triton.next_power_of_2(t["BLOCKS_PER_PART"]), SPLIT=split,
                   FIXUP=split, BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"],
                   BLOCK_K=t["BLOCK_K"], IEEE=False)  # fmt: skip
     return linear._fp8_linear_kernel, LINEAR, consts, launch(t)
@@ -47,21 +48,22 @@ KERNELS = {
     "fp8 linear decode in program": _linear(16, False),
     "fp8 linear prefill": _linear(4096, False),
     "fp8 moe gate_up": (moe._gate_up_fp8_kernel, GATE_UP,
-                        dict(TOP_K=10, BLOCK_M=16, BLOCK_K=128, IEEE=False,
+                        dict(TOP_K=10, BLOCK_M=16, BLOCK_K=128, SCALES=32, IEEE=False,
                              **blocks(moe.GATE_UP_TILE)), launch(moe.GATE_UP_TILE)),
     "fp8 moe gate_up one row": (moe._gate_up_fp8_kernel, GATE_UP,
-                                dict(TOP_K=10, BLOCK_M=16, BLOCK_K=128, IEEE=False,
+                                dict(TOP_K=10, BLOCK_M=16, BLOCK_K=128, SCALES=32, IEEE=False,
                                      ONE_ROW=True, **blocks(moe.GATE_UP_TILE)),
                                 launch(moe.GATE_UP_TILE)),
     "fp8 moe down": (moe._down_fp8_kernel, DOWN,
-                     dict(BLOCK_M=16, BLOCK_K=128, IEEE=False, **blocks(moe.DOWN_TILE)),
+                     dict(BLOCK_M=16, BLOCK_K=128, SCALES=8, IEEE=False,
+                          **blocks(moe.DOWN_TILE)),
                      launch(moe.DOWN_TILE)),
     "fp8 moe gate_up prefill": (moe._gate_up_fp8_kernel, GATE_UP,
-                                dict(TOP_K=10, BLOCK_M=64, BLOCK_K=128, IEEE=False,
+                                dict(TOP_K=10, BLOCK_M=64, BLOCK_K=128, SCALES=32, IEEE=False,
                                      **blocks(moe.GATE_UP_PREFILL)),
                                 launch(moe.GATE_UP_PREFILL)),
     "fp8 moe down prefill": (moe._down_fp8_kernel, DOWN,
-                             dict(BLOCK_M=64, BLOCK_K=128, IEEE=False,
+                             dict(BLOCK_M=64, BLOCK_K=128, SCALES=8, IEEE=False,
                                   **blocks(moe.DOWN_PREFILL)), launch(moe.DOWN_PREFILL)),
 }  # fmt: skip
 
@@ -104,3 +106,22 @@ def test_fp8_kernel_waits_under_pdl_before_it_touches_memory(name):
     first = re.search(r"\b(ld\.global|st\.global|cp\.async(?!\.bulk\.prefetch)|atom\.|red\.)", code)
     assert first is None or wait < first.start()
     assert "griddepcontrol" not in ptx(0)
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_fp8_kernel_loads_its_scales_before_the_k_loop(name):
+    """A tile's scales are one vector loaded before its K loop (triton_fp8.block_scales): a
+    scale loaded in the loop put a load's latency into every K block (half the H200's
+    bandwidth at one row). In the loop, only the pipelined copies of x and the weight."""
+    fn, args, constexprs, options = KERNELS[name]
+    signature = {**args, **dict.fromkeys(constexprs, "constexpr")}
+    ttgir = triton.compile(
+        ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=H200, options=options
+    ).asm["ttgir"]
+    # the innermost loops: text from an scf.for to its scf.yield with no scf.for between (an
+    # outer loop over partitions loads each partition's scales before its K loop)
+    loops = [c.split("scf.yield")[0] for c in ttgir.split("scf.for")[1:] if "scf.yield" in c]
+    assert loops, "no K loop"
+    for body in loops:
+        f32_loads = [ln for ln in body.splitlines() if "tt.load" in ln and "f32>" in ln]
+        assert not f32_loads, f"a float32 load in the K loop: {f32_loads[0][:120]}"

@@ -43,11 +43,29 @@ _FIXUP = True
 
 
 @triton.jit
+def block_scales(s_ptr, nb, kb0, count, KS, SCALES: tl.constexpr):
+    """scale_inv[nb, kb0 .. kb0 + count - 1] (zeros past count): a tile's columns lie in one
+    row of 128-column blocks (BLOCK_N divides 128), so its scales are one short vector,
+    loaded once before the K loop. Loaded a block at a time inside the loop, each load's
+    latency stood between the block's dot and its fma: half the H200's bandwidth at one
+    row (benchmarks/tune_fp8_decode.py)."""
+    j = tl.arange(0, SCALES)
+    return tl.load(s_ptr + nb.to(tl.int64) * KS + kb0 + j, mask=j < count, other=0.0)
+
+
+@triton.jit
+def pick(scales, j, SCALES: tl.constexpr):
+    """scales[j], exactly (one value and zeros summed)."""
+    return tl.sum(tl.where(tl.arange(0, SCALES) == j, scales, 0.0), axis=0)
+
+
+@triton.jit
 def _scaled_sum(
-    x_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, kb, acc, K, KS, stride_x,
+    x_ptr, q_ptr, s, rm, rn, m_mask, n_mask, kb, acc, K, stride_x,
     BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
-    """acc + (x[rm, kb's K] . q[rn, kb's K]) * scale_inv[rn // 128, kb], one fma rounding."""
+    """acc + (x[rm, kb's K] . q[rn, kb's K]) * s (the tile's scale_inv of block kb), one fma
+    rounding."""
     rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
     k_mask = rk < K
     a = tl.load(
@@ -60,27 +78,29 @@ def _scaled_sum(
         mask=n_mask[None, :] & k_mask[:, None],
         other=0.0,
     )
-    s = tl.load(s_ptr + (rn // BLOCK_K).to(tl.int64) * KS + kb, mask=n_mask, other=0.0)
     if IEEE:
         p = tl.dot(a, b.to(tl.float32), input_precision="ieee")
     else:
         p = tl.dot(a, b.to(a.dtype))
-    return tl.fma(p, s[None, :], acc)
+    return tl.fma(p, s, acc)
 
 
 @triton.jit
 def _partition(
     x_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, part, K, KS, stride_x,
-    BLOCKS_PER_PART: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    BLOCKS_PER_PART: tl.constexpr, SCALES: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     """Partition `part`'s K blocks, ascending, from zero, in fp32."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     start = part * BLOCKS_PER_PART
     end = tl.minimum(start + BLOCKS_PER_PART, tl.cdiv(K, BLOCK_K))
+    nb = tl.program_id(1) * BLOCK_N // BLOCK_K
+    scales = block_scales(s_ptr, nb, start, end - start, KS, SCALES)
     for kb in range(start, end):
+        s = pick(scales, kb - start, SCALES)
         acc = _scaled_sum(
-            x_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, kb, acc, K, KS, stride_x, BLOCK_K, IEEE
+            x_ptr, q_ptr, s, rm, rn, m_mask, n_mask, kb, acc, K, stride_x, BLOCK_K, IEEE
         )
     return acc
 
@@ -88,7 +108,7 @@ def _partition(
 @triton.jit(do_not_specialize=["M", "prefetch"])
 def _fp8_linear_kernel(
     x_ptr, q_ptr, s_ptr, y_ptr, ws_ptr, count_ptr, M, N, K, KS, stride_x, stride_y, prefetch,
-    PARTS: tl.constexpr, BLOCKS_PER_PART: tl.constexpr, SPLIT: tl.constexpr,
+    PARTS: tl.constexpr, BLOCKS_PER_PART: tl.constexpr, SCALES: tl.constexpr, SPLIT: tl.constexpr,
     FIXUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     IEEE: tl.constexpr, PDL: tl.constexpr = 0,
 ):  # fmt: skip
@@ -111,7 +131,7 @@ def _fp8_linear_kernel(
         part = tl.program_id(2)
         acc = _partition(
             x_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, part, K, KS, stride_x,
-            BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, IEEE,
+            BLOCKS_PER_PART, SCALES, BLOCK_M, BLOCK_N, BLOCK_K, IEEE,
         )  # fmt: skip
         plane = M.to(tl.int64) * N
         offs = rm[:, None].to(tl.int64) * N + rn[None, :]
@@ -124,12 +144,12 @@ def _fp8_linear_kernel(
     else:
         total = _partition(
             x_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, 0, K, KS, stride_x,
-            BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, IEEE,
+            BLOCKS_PER_PART, SCALES, BLOCK_M, BLOCK_N, BLOCK_K, IEEE,
         )  # fmt: skip
         for p in range(1, PARTS):
             acc = _partition(
                 x_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, p, K, KS, stride_x,
-                BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, IEEE,
+                BLOCKS_PER_PART, SCALES, BLOCK_M, BLOCK_N, BLOCK_K, IEEE,
             )  # fmt: skip
             total = total + acc
         tl.store(y_ptr + offs_y, total.to(dt), mask=out_mask)
@@ -178,8 +198,11 @@ def linear_fp8(x: torch.Tensor, w: Fp8Weight, tile: dict | None = None) -> torch
     if k == 0:
         return y.zero_().reshape(*lead, n)
     cfg = tile or fp8_tile(m, n, k)
-    if cfg["BLOCK_K"] != BLOCK:
-        raise ValueError(f"linear: an FP8 tile's BLOCK_K is its scale block, {BLOCK}")
+    if cfg["BLOCK_K"] != BLOCK or BLOCK % cfg["BLOCK_N"]:
+        raise ValueError(
+            f"linear: an FP8 tile's BLOCK_K is its scale block, {BLOCK}, and its BLOCK_N "
+            f"divides it (one row of scales a tile), got {cfg['BLOCK_K']}, {cfg['BLOCK_N']}"
+        )
     bm, bn, parts = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["PARTS"]
     m_tiles, n_tiles = triton.cdiv(m, bm), triton.cdiv(n, bn)
     split = parts > 1 and cfg.get("SPLIT", m_tiles * n_tiles < _IN_PROGRAM_TILES)
@@ -188,6 +211,7 @@ def linear_fp8(x: torch.Tensor, w: Fp8Weight, tile: dict | None = None) -> torch
     meta = dict(
         PARTS=parts,
         BLOCKS_PER_PART=cfg["BLOCKS_PER_PART"],
+        SCALES=triton.next_power_of_2(cfg["BLOCKS_PER_PART"]),
         SPLIT=split,
         FIXUP=count is not None,
         BLOCK_M=bm,

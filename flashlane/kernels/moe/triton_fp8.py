@@ -20,6 +20,7 @@ import triton.language as tl
 
 from flashlane.kernels.linear.fp8 import BLOCK, Fp8Weight
 from flashlane.kernels.linear.triton import linear
+from flashlane.kernels.linear.triton_fp8 import block_scales, pick
 from flashlane.kernels.moe import triton as dense_tr
 from flashlane.kernels.moe import triton_pairs as pairs
 from flashlane.kernels.moe.routing import dispatch
@@ -39,19 +40,19 @@ DOWN_PREFILL = dict(BLOCK_N=128, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
 
 
 @triton.jit
-def _scaled(a, q_ptr, s_ptr, w_base, s_base, rn, n_mask, rk, k_mask, kb, K, KS, acc, IEEE):
-    """acc + (a . q[rn, rk]) * scale_inv[rn // 128, kb]: one K block of one expert."""
+def _scaled(a, q_ptr, s, w_base, rn, n_mask, rk, k_mask, K, acc, IEEE):
+    """acc + (a . q[rn, rk]) * s (the tile's scale_inv of this K block): one K block of one
+    expert."""
     b = tl.load(
         q_ptr + w_base + rn[None, :].to(tl.int64) * K + rk[:, None],
         mask=n_mask[None, :] & k_mask[:, None],
         other=0.0,
     )
-    s = tl.load(s_ptr + s_base + (rn // 128).to(tl.int64) * KS + kb, mask=n_mask, other=0.0)
     if IEEE:
         p = tl.dot(a, b.to(tl.float32), input_precision="ieee")
     else:
         p = tl.dot(a, b.to(a.dtype))
-    return tl.fma(p, s[None, :], acc)
+    return tl.fma(p, s, acc)
 
 
 @triton.jit(do_not_specialize=["num_routed", "shared_id"])
@@ -59,8 +60,8 @@ def _gate_up_fp8_kernel(
     x_ptr, gate_ptr, gate_s_ptr, up_ptr, up_s_ptr, act_ptr, slot_pair_ptr, block_expert_ptr,
     H, I, HS, IS, num_routed, shared_id,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    IEEE: tl.constexpr, BLOCK_MAJOR: tl.constexpr = False, ONE_ROW: tl.constexpr = False,
-    PDL: tl.constexpr = 0,
+    SCALES: tl.constexpr, IEEE: tl.constexpr, BLOCK_MAJOR: tl.constexpr = False,
+    ONE_ROW: tl.constexpr = False, PDL: tl.constexpr = 0,
 ):  # fmt: skip
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     blk, pid_n = pairs._tile_ids(BLOCK_MAJOR)
@@ -79,7 +80,12 @@ def _gate_up_fp8_kernel(
     s_base = e * IS * HS
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(H, BLOCK_K)):
+    # the tile's scales, loaded once (kernels/linear/triton_fp8.py `block_scales`)
+    nb = pid_n * BLOCK_N // BLOCK_K
+    blocks = tl.cdiv(H, BLOCK_K)
+    gate_s = block_scales(gate_s_ptr + s_base, nb, 0, blocks, HS, SCALES)
+    up_s = block_scales(up_s_ptr + s_base, nb, 0, blocks, HS, SCALES)
+    for kb in range(0, blocks):
         rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = rk < H
         a = tl.load(
@@ -87,13 +93,9 @@ def _gate_up_fp8_kernel(
             mask=valid[:, None] & k_mask[None, :],
             other=0.0,
         )
-        acc_g = _scaled(
-            a, gate_ptr, gate_s_ptr, w_base, s_base, rn, n_mask, rk, k_mask, kb, H, HS, acc_g,
-            IEEE,
-        )  # fmt: skip
-        acc_u = _scaled(
-            a, up_ptr, up_s_ptr, w_base, s_base, rn, n_mask, rk, k_mask, kb, H, HS, acc_u, IEEE
-        )
+        sg, su = pick(gate_s, kb, SCALES), pick(up_s, kb, SCALES)
+        acc_g = _scaled(a, gate_ptr, sg, w_base, rn, n_mask, rk, k_mask, H, acc_g, IEEE)
+        acc_u = _scaled(a, up_ptr, su, w_base, rn, n_mask, rk, k_mask, H, acc_u, IEEE)
     dt = act_ptr.dtype.element_ty
     g = acc_g.to(dt).to(tl.float32)
     u = acc_u.to(dt).to(tl.float32)
@@ -110,8 +112,9 @@ def _gate_up_fp8_kernel(
 def _down_fp8_kernel(
     act_ptr, down_ptr, down_s_ptr, y_ptr, slot_pair_ptr, block_expert_ptr,
     H, I, HS, IS, num_routed, shared_id,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
-    BLOCK_MAJOR: tl.constexpr = False, ONE_ROW: tl.constexpr = False, PDL: tl.constexpr = 0,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALES: tl.constexpr,
+    IEEE: tl.constexpr, BLOCK_MAJOR: tl.constexpr = False, ONE_ROW: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):  # fmt: skip
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     blk, pid_n = pairs._tile_ids(BLOCK_MAJOR)
@@ -126,7 +129,9 @@ def _down_fp8_kernel(
     w_base = e * H * I
     s_base = e * HS * IS
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(I, BLOCK_K)):
+    blocks = tl.cdiv(I, BLOCK_K)
+    down_s = block_scales(down_s_ptr + s_base, pid_n * BLOCK_N // BLOCK_K, 0, blocks, IS, SCALES)
+    for kb in range(0, blocks):
         rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = rk < I
         a = tl.load(
@@ -134,9 +139,8 @@ def _down_fp8_kernel(
             mask=valid[:, None] & k_mask[None, :],
             other=0.0,
         )
-        acc = _scaled(
-            a, down_ptr, down_s_ptr, w_base, s_base, rn, n_mask, rk, k_mask, kb, I, IS, acc, IEEE
-        )
+        s = pick(down_s, kb, SCALES)
+        acc = _scaled(a, down_ptr, s, w_base, rn, n_mask, rk, k_mask, I, acc, IEEE)
     tl.store(
         y_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * H + rn[None, :],
         acc.to(y_ptr.dtype.element_ty),
@@ -170,6 +174,8 @@ def experts_fp8(
     bm = dense_tr.pair_block(n, x.dtype, PREFILL_BLOCK_M)  # PREFILL_BLOCK_M: a prompt chunk
     prefill = bm == PREFILL_BLOCK_M
     gu, dn = (GATE_UP_PREFILL, DOWN_PREFILL) if prefill else (GATE_UP_TILE, DOWN_TILE)
+    if BLOCK % gu["BLOCK_N"] or BLOCK % dn["BLOCK_N"]:  # a tile's scales: one row (block_scales)
+        raise ValueError(f"moe: FP8 tiles' BLOCK_N must divide {BLOCK}: {gu}, {dn}")
     shared_rows = n if shared_logit is not None else 0
     one_row = n == 1  # its pairs' experts differ: block b holds pair b (`_block`)
     if one_row:
@@ -186,14 +192,15 @@ def experts_fp8(
     _gate_up_fp8_kernel[pairs._grid(blocks, triton.cdiv(i, gu["BLOCK_N"]), gu)](
         x, gate.q.contiguous(), gate.scale_inv.contiguous(), up.q.contiguous(),
         up.scale_inv.contiguous(), act, slot_pair, block_expert, h, i, hs, is_, n * top_k,
-        routed, TOP_K=top_k, BLOCK_M=bm, BLOCK_K=BLOCK, IEEE=ieee, ONE_ROW=one_row, **gu,
+        routed, TOP_K=top_k, BLOCK_M=bm, BLOCK_K=BLOCK, SCALES=triton.next_power_of_2(hs),
+        IEEE=ieee, ONE_ROW=one_row, **gu,
         **pdl(x.device),
     )  # fmt: skip
     y = torch.empty((n * top_k + shared_rows, h), dtype=x.dtype, device=x.device)
     _down_fp8_kernel[pairs._grid(blocks, triton.cdiv(h, dn["BLOCK_N"]), dn)](
         act, down.q.contiguous(), down.scale_inv.contiguous(), y, slot_pair, block_expert,
-        h, i, hs, is_, n * top_k, routed, BLOCK_M=bm, BLOCK_K=BLOCK, IEEE=ieee,
-        ONE_ROW=one_row, **dn, **pdl(y.device),
+        h, i, hs, is_, n * top_k, routed, BLOCK_M=bm, BLOCK_K=BLOCK,
+        SCALES=triton.next_power_of_2(is_), IEEE=ieee, ONE_ROW=one_row, **dn, **pdl(y.device),
     )  # fmt: skip
     if shared_logit is not None:
         shared = (shared_logit, y[n * top_k :])
