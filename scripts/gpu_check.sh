@@ -6,7 +6,7 @@
 #     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, exact, lone, sweep, benches,
 #                                                    # model, long, drafts, diag, serve,
 #                                                    # serve-bisect, replay, stall, fp8,
-#                                                    # kv8, bisect, attn-decode, gather-ab,
+#                                                    # fp8-tune, kv8, bisect, attn-decode, gather-ab,
 #                                                    # timeline,
 #                                                    # peer-build, peer
 #
@@ -25,6 +25,8 @@
 #          exactness and the n-gram tables in host memory (tests/kernels/test_triton_*fp8.py,
 #          tests/gpu/test_fp8_gpu.py), then `bench model` on flashnext-12l in FP8 at 1 and 16
 #          streams (FP8_ARGS overrides);
+# fp8-tune: the block-FP8 linear and experts kernels at one decode row, cold weights, each
+#          tile's time and bits (benchmarks/tune_fp8_decode.py, about 45 s)
 # kv8:     the 8-bit KV cache (--kv-cache-dtype fp8): the Triton kernels reading e4m3 and
 #          its scales (tests/kernels/test_triton_kv8.py), the engine's exactness with it
 #          (tests/gpu/test_kv8_gpu.py), then `bench model` on flashnext-12l with FP8 weights
@@ -173,6 +175,12 @@ if [[ " $steps " == *" fp8 "* ]]; then
     echo "== flashlane bench model $args"
     python -m flashlane.cli bench model $args --json "$out/bench_model_fp8_$stamp.json" 2>&1 \
         | tee "$out/bench_model_fp8_$stamp.log" || failed+=("bench model fp8")
+fi
+
+if [[ " $steps " == *" fp8-tune "* ]]; then
+    echo "== python benchmarks/tune_fp8_decode.py"
+    python benchmarks/tune_fp8_decode.py 2>&1 | tee "$out/tune_fp8_decode_$stamp.log" \
+        | grep -v '^{"bench"' || failed+=("tune_fp8_decode")
 fi
 
 if [[ " $steps " == *" kv8 "* ]]; then
