@@ -218,12 +218,36 @@ def differs(index: int, r: Result, alone: tuple | None) -> dict[str, Any] | None
     return {"prompt": index, "first": first, "len": len(got), "alone_len": len(want)}
 
 
+async def served_model(client: httpx.AsyncClient, args: argparse.Namespace) -> str:
+    """--model, else the first id /v1/models lists once the server answers: one still loading
+    says 503, so ask again each second up to --ready-check-timeout-sec (vLLM's flag)."""
+    if args.model:
+        return args.model
+    deadline = time.monotonic() + args.ready_check_timeout_sec
+    while True:
+        try:
+            r = await client.get(f"{args.url}/v1/models")
+            data = r.json().get("data") if r.status_code == 200 else None
+            if data:
+                return data[0]["id"]
+            last = f"HTTP {r.status_code}" + ("" if data is None else ", no model listed")
+        except (httpx.TransportError, ValueError) as err:
+            last = type(err).__name__
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise SystemExit(
+                f"bench serve: {args.url} was not ready within "
+                f"{args.ready_check_timeout_sec:g} s (/v1/models: {last})"
+            )
+        await asyncio.sleep(min(1.0, left))
+
+
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     levels = [int(c) for c in args.concurrency.split(",")]
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limits = httpx.Limits(max_connections=max(levels) + 4, max_keepalive_connections=max(levels))
     async with httpx.AsyncClient(timeout=args.timeout, headers=headers, limits=limits) as client:
-        model = args.model or (await client.get(f"{args.url}/v1/models")).json()["data"][0]["id"]
+        model = await served_model(client, args)
         prompts = make_prompts(load_tokenizer(args.tokenizer), args)
         if args.warmup:
             await run_level(client, args, model, prompts[:1], 1)
@@ -288,6 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--api-key", default=None, help="Bearer key, if the server asks one")
     p.add_argument("--timeout", type=float, default=600.0, help="per request, seconds")
+    p.add_argument(
+        "--ready-check-timeout-sec",
+        type=float,
+        default=600.0,
+        help="how long to wait for a server still loading (503) to list its model",
+    )
     p.add_argument("--warmup", type=int, default=1, help="send one request first (0: no)")
     p.add_argument("--output-json", default=None, help="write the results here too")
     p.add_argument("--plot", default=None, help="PNG of tok/s against concurrency")

@@ -286,3 +286,31 @@ def test_differs_says_where_a_reply_parts_from_alone():
     assert short == {"prompt": 0, "first": 2, "len": 2, "alone_len": 4}
     failed = differs(1, Result(ok=False, error="timeout"), compared(alone))
     assert failed == {"prompt": 1, "error": "timeout"}
+
+
+def test_bench_serve_waits_for_a_server_still_loading():
+    """/v1/models says 503 while the model loads: bench serve asks again until it lists a
+    model, and past --ready-check-timeout-sec stops with what the server said."""
+    from flashlane.bench.serve import build_parser, served_model
+
+    answers = iter([503, 503, 200])
+
+    def loading(request: httpx.Request) -> httpx.Response:
+        code = next(answers, 200)
+        body = {"data": [{"id": "m"}]} if code == 200 else {"error": {"message": "loading"}}
+        return httpx.Response(code, json=body)
+
+    def never(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"error": {"message": "loading"}})
+
+    async def ask(handler, *flags):
+        args = build_parser().parse_args(["--url", "http://x", *flags])
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+            return await served_model(client, args)
+
+    t0 = time.monotonic()
+    assert asyncio.run(ask(loading)) == "m"
+    assert time.monotonic() - t0 >= 1.5  # asked three times, a second apart
+    with pytest.raises(SystemExit, match=r"not ready within 0.2 s \(/v1/models: HTTP 503\)"):
+        asyncio.run(ask(never, "--ready-check-timeout-sec", "0.2"))
+    assert asyncio.run(ask(never, "--model", "given")) == "given"
