@@ -1,7 +1,7 @@
 """The block-FP8 kernels compile for the H200 (sm_90) on any machine, as
 test_sm90_compile.py's: through ptxas at Flash Next's tiles, bf16 activations and e4m3
 weights, without a GPU; and the products use the tensor cores (the e4m3 values converted to
-bf16 in registers, not fp32 FMAs).
+bf16 in registers, by bits, not fp32 FMAs).
 
     python -m pytest tests/kernels/test_sm90_compile_fp8.py     # needs triton; no GPU
 """
@@ -31,6 +31,8 @@ EXPERTS = dict(slot_pair_ptr="*i64", block_expert_ptr="*i64", H="i32", I="i32", 
                IS="i32", num_routed="i32", shared_id="i32")  # fmt: skip
 GATE_UP = dict(x_ptr=BF, gate_ptr=F8, gate_s_ptr="*fp32", up_ptr=F8, up_s_ptr="*fp32",
                act_ptr=BF, **EXPERTS)  # fmt: skip
+# bf16 activations on a GPU: e4m3 converted by bits (triton_fp8.by_bits)
+BF16 = dict(BLOCK_K=128, IEEE=False, BY_BITS=True)
 DOWN = dict(act_ptr=BF, down_ptr=F8, down_s_ptr="*fp32", y_ptr=BF, **EXPERTS)
 
 
@@ -39,7 +41,7 @@ def _linear(m: int, split: bool) -> tuple:
     consts = dict(PARTS=t["PARTS"], BLOCKS_PER_PART=t["BLOCKS_PER_PART"],
                   SCALES=triton.next_power_of_2(t["BLOCKS_PER_PART"]), SPLIT=split,
                   FIXUP=split, BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"],
-                  BLOCK_K=t["BLOCK_K"], IEEE=False)  # fmt: skip
+                  BLOCK_K=t["BLOCK_K"], IEEE=False, BY_BITS=True)  # fmt: skip
     return linear._fp8_linear_kernel, LINEAR, consts, launch(t)
 
 
@@ -48,22 +50,22 @@ KERNELS = {
     "fp8 linear decode in program": _linear(16, False),
     "fp8 linear prefill": _linear(4096, False),
     "fp8 moe gate_up": (moe._gate_up_fp8_kernel, GATE_UP,
-                        dict(TOP_K=10, BLOCK_M=16, BLOCK_K=128, SCALES=32, IEEE=False,
+                        dict(TOP_K=10, BLOCK_M=16, SCALES=32, **BF16,
                              **blocks(moe.GATE_UP_TILE)), launch(moe.GATE_UP_TILE)),
     "fp8 moe gate_up one row": (moe._gate_up_fp8_kernel, GATE_UP,
-                                dict(TOP_K=10, BLOCK_M=16, BLOCK_K=128, SCALES=32, IEEE=False,
+                                dict(TOP_K=10, BLOCK_M=16, SCALES=32, **BF16,
                                      ONE_ROW=True, **blocks(moe.GATE_UP_TILE)),
                                 launch(moe.GATE_UP_TILE)),
     "fp8 moe down": (moe._down_fp8_kernel, DOWN,
-                     dict(BLOCK_M=16, BLOCK_K=128, SCALES=8, IEEE=False,
+                     dict(BLOCK_M=16, SCALES=8, **BF16,
                           **blocks(moe.DOWN_TILE)),
                      launch(moe.DOWN_TILE)),
     "fp8 moe gate_up prefill": (moe._gate_up_fp8_kernel, GATE_UP,
-                                dict(TOP_K=10, BLOCK_M=64, BLOCK_K=128, SCALES=32, IEEE=False,
+                                dict(TOP_K=10, BLOCK_M=64, SCALES=32, **BF16,
                                      **blocks(moe.GATE_UP_PREFILL)),
                                 launch(moe.GATE_UP_PREFILL)),
     "fp8 moe down prefill": (moe._down_fp8_kernel, DOWN,
-                             dict(BLOCK_M=64, BLOCK_K=128, SCALES=8, IEEE=False,
+                             dict(BLOCK_M=64, SCALES=8, **BF16,
                                   **blocks(moe.DOWN_PREFILL)), launch(moe.DOWN_PREFILL)),
 }  # fmt: skip
 
@@ -81,7 +83,10 @@ def test_fp8_kernel_compiles_for_sm90_on_the_tensor_cores(name):
     assert compiled.metadata.shared <= H200_SHARED
     ptx = compiled.asm["ptx"]
     assert "mma.sync" in ptx or "wgmma" in ptx, "the products are not on the tensor cores"
-    assert "cvt.rn.bf16x2.e4m3x2" in ptx or "e4m3" in ptx, "no e4m3 conversion"
+    # e4m3 to bf16 by bits (triton_fp8.bf16_of_e4m3), not Triton's conversion through f16
+    # (one F2F a value: the conversion unit bounded the kernels)
+    assert "mul.rn.bf16x2" in ptx, "no conversion by bits"
+    assert "cvt.bf16.f16" not in ptx and "e4m3x2" not in ptx, "Triton's e4m3 conversion"
 
 
 @pytest.mark.parametrize("name", sorted(KERNELS))

@@ -1,7 +1,8 @@
 """Row-invariant block-FP8 GEMM: `linear(x, w)` for an Fp8Weight w, x @ (q * scale_inv).T.
 
 The weight is read as its e4m3 bytes (half bf16's), converted exactly to x's dtype in
-registers (e4m3's 3 significant bits and exponents fit bf16's), and each K block of 128 (one
+registers (e4m3's 3 significant bits and exponents fit bf16's; to bf16 by bits,
+`bf16_of_e4m3`), and each K block of 128 (one
 block of scales) is a dot from zero in fp32 which is then scaled and added,
 `acc = fma(dot_kb, scale[n // 128, kb], acc)`: the scales apply to fp32 sums, never to the
 bf16 operands, and the fma rounds once wherever it is compiled. The K blocks are cut into
@@ -37,9 +38,57 @@ _TARGET_PROGRAMS = 264
 _MIN_BLOCKS_PER_PART = 2
 # row tiles x column tiles from which one program runs every partition
 _IN_PROGRAM_TILES = 128
+# e4m3 to bf16 by bits (`bf16_of_e4m3`) where x is bf16 on a GPU; False: Triton's conversion
+# (the tune script times both: benchmarks/tune_fp8_decode.py)
+BITS = True
 # split partitions added by each tile's last program; False: by a second kernel (the path
 # taken while a CUDA graph is captured before the counters exist; the tests take both)
 _FIXUP = True
+
+
+@triton.jit
+def bf16_of_e4m3(b):
+    """The e4m3 values b as bf16, exactly, four at a time in the integer and bf16x2 units.
+    Triton's own conversion goes e4m3x2 -> f16x2 -> one F2F a value, and the conversion unit
+    (16 a clock per SM on the H200) bounded the FP8 kernels near 2.4 TB/s at one row (the
+    SASS: 64 F2F a K block a thread). Here each byte goes to the top of a 16-bit half
+    (prmt), its sign kept and its exponent and mantissa moved down by 4: the bf16 of value *
+    2^-120 (exponent fields line up: e4m3's bias 7, bf16's 127; its subnormals land on
+    bf16's subnormals, the same ratio), then one bf16x2 multiply by 2^120, exact. The NaN
+    codes (0x7F, 0xFF: no checkpoint holds them) come out as +-480."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b32 lo, hi, t, up;
+        prmt.b32 lo, $2, 0, 0x1404;
+        prmt.b32 hi, $2, 0, 0x3424;
+        mov.b32 up, 0x7B807B80;
+        shr.b32 t, lo, 4;
+        and.b32 t, t, 0x07F007F0;
+        and.b32 lo, lo, 0x80008000;
+        or.b32 lo, lo, t;
+        mul.rn.bf16x2 $0, lo, up;
+        shr.b32 t, hi, 4;
+        and.b32 t, t, 0x07F007F0;
+        and.b32 hi, hi, 0x80008000;
+        or.b32 hi, hi, t;
+        mul.rn.bf16x2 $1, hi, up;
+        }""",
+        "=r,=r,r",
+        [b.to(tl.uint8, bitcast=True)],
+        dtype=tl.bfloat16,
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
+def weight_operand(b, a, BY_BITS: tl.constexpr):
+    """The e4m3 tile b in a's dtype for the dot: by bits (bf16_of_e4m3) or by Triton."""
+    if BY_BITS:
+        out = bf16_of_e4m3(b)
+    else:
+        out = b.to(a.dtype)
+    return out
 
 
 @triton.jit
@@ -62,7 +111,7 @@ def pick(scales, j, SCALES: tl.constexpr):
 @triton.jit
 def _scaled_sum(
     x_ptr, q_ptr, s, rm, rn, m_mask, n_mask, kb, acc, K, stride_x,
-    BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_K: tl.constexpr, IEEE: tl.constexpr, BY_BITS: tl.constexpr,
 ):  # fmt: skip
     """acc + (x[rm, kb's K] . q[rn, kb's K]) * s (the tile's scale_inv of block kb), one fma
     rounding."""
@@ -81,7 +130,7 @@ def _scaled_sum(
     if IEEE:
         p = tl.dot(a, b.to(tl.float32), input_precision="ieee")
     else:
-        p = tl.dot(a, b.to(a.dtype))
+        p = tl.dot(a, weight_operand(b, a, BY_BITS))
     return tl.fma(p, s, acc)
 
 
@@ -89,7 +138,7 @@ def _scaled_sum(
 def _partition(
     x_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, part, K, KS, stride_x,
     BLOCKS_PER_PART: tl.constexpr, SCALES: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, BY_BITS: tl.constexpr,
 ):  # fmt: skip
     """Partition `part`'s K blocks, ascending, from zero, in fp32."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -100,7 +149,7 @@ def _partition(
     for kb in range(start, end):
         s = pick(scales, kb - start, SCALES)
         acc = _scaled_sum(
-            x_ptr, q_ptr, s, rm, rn, m_mask, n_mask, kb, acc, K, stride_x, BLOCK_K, IEEE
+            x_ptr, q_ptr, s, rm, rn, m_mask, n_mask, kb, acc, K, stride_x, BLOCK_K, IEEE, BY_BITS
         )
     return acc
 
@@ -110,7 +159,7 @@ def _fp8_linear_kernel(
     x_ptr, q_ptr, s_ptr, y_ptr, ws_ptr, count_ptr, M, N, K, KS, stride_x, stride_y, prefetch,
     PARTS: tl.constexpr, BLOCKS_PER_PART: tl.constexpr, SCALES: tl.constexpr, SPLIT: tl.constexpr,
     FIXUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    IEEE: tl.constexpr, PDL: tl.constexpr = 0,
+    IEEE: tl.constexpr, BY_BITS: tl.constexpr = False, PDL: tl.constexpr = 0,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -131,7 +180,7 @@ def _fp8_linear_kernel(
         part = tl.program_id(2)
         acc = _partition(
             x_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, part, K, KS, stride_x,
-            BLOCKS_PER_PART, SCALES, BLOCK_M, BLOCK_N, BLOCK_K, IEEE,
+            BLOCKS_PER_PART, SCALES, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, BY_BITS,
         )  # fmt: skip
         plane = M.to(tl.int64) * N
         offs = rm[:, None].to(tl.int64) * N + rn[None, :]
@@ -144,15 +193,21 @@ def _fp8_linear_kernel(
     else:
         total = _partition(
             x_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, 0, K, KS, stride_x,
-            BLOCKS_PER_PART, SCALES, BLOCK_M, BLOCK_N, BLOCK_K, IEEE,
+            BLOCKS_PER_PART, SCALES, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, BY_BITS,
         )  # fmt: skip
         for p in range(1, PARTS):
             acc = _partition(
                 x_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, p, K, KS, stride_x,
-                BLOCKS_PER_PART, SCALES, BLOCK_M, BLOCK_N, BLOCK_K, IEEE,
+                BLOCKS_PER_PART, SCALES, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, BY_BITS,
             )  # fmt: skip
             total = total + acc
         tl.store(y_ptr + offs_y, total.to(dt), mask=out_mask)
+
+
+def by_bits(x: torch.Tensor) -> bool:
+    """Whether the kernels convert e4m3 by bits for x: bf16 on a GPU (the interpreter has no
+    inline PTX; fp16 and fp32 take Triton's conversion)."""
+    return BITS and x.is_cuda and x.dtype == torch.bfloat16
 
 
 @functools.cache
@@ -218,6 +273,7 @@ def linear_fp8(x: torch.Tensor, w: Fp8Weight, tile: dict | None = None) -> torch
         BLOCK_N=bn,
         BLOCK_K=cfg["BLOCK_K"],
         IEEE=x.dtype == torch.float32,
+        BY_BITS=by_bits(x),
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

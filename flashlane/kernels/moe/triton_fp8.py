@@ -20,7 +20,7 @@ import triton.language as tl
 
 from flashlane.kernels.linear.fp8 import BLOCK, Fp8Weight
 from flashlane.kernels.linear.triton import linear
-from flashlane.kernels.linear.triton_fp8 import block_scales, pick
+from flashlane.kernels.linear.triton_fp8 import block_scales, by_bits, pick, weight_operand
 from flashlane.kernels.moe import triton as dense_tr
 from flashlane.kernels.moe import triton_pairs as pairs
 from flashlane.kernels.moe.routing import dispatch
@@ -40,7 +40,7 @@ DOWN_PREFILL = dict(BLOCK_N=128, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
 
 
 @triton.jit
-def _scaled(a, q_ptr, s, w_base, rn, n_mask, rk, k_mask, K, acc, IEEE):
+def _scaled(a, q_ptr, s, w_base, rn, n_mask, rk, k_mask, K, acc, IEEE, BY_BITS):
     """acc + (a . q[rn, rk]) * s (the tile's scale_inv of this K block): one K block of one
     expert."""
     b = tl.load(
@@ -51,7 +51,7 @@ def _scaled(a, q_ptr, s, w_base, rn, n_mask, rk, k_mask, K, acc, IEEE):
     if IEEE:
         p = tl.dot(a, b.to(tl.float32), input_precision="ieee")
     else:
-        p = tl.dot(a, b.to(a.dtype))
+        p = tl.dot(a, weight_operand(b, a, BY_BITS))
     return tl.fma(p, s, acc)
 
 
@@ -61,7 +61,7 @@ def _gate_up_fp8_kernel(
     H, I, HS, IS, num_routed, shared_id,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SCALES: tl.constexpr, IEEE: tl.constexpr, BLOCK_MAJOR: tl.constexpr = False,
-    ONE_ROW: tl.constexpr = False, PDL: tl.constexpr = 0,
+    ONE_ROW: tl.constexpr = False, BY_BITS: tl.constexpr = False, PDL: tl.constexpr = 0,
 ):  # fmt: skip
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     blk, pid_n = pairs._tile_ids(BLOCK_MAJOR)
@@ -94,8 +94,8 @@ def _gate_up_fp8_kernel(
             other=0.0,
         )
         sg, su = pick(gate_s, kb, SCALES), pick(up_s, kb, SCALES)
-        acc_g = _scaled(a, gate_ptr, sg, w_base, rn, n_mask, rk, k_mask, H, acc_g, IEEE)
-        acc_u = _scaled(a, up_ptr, su, w_base, rn, n_mask, rk, k_mask, H, acc_u, IEEE)
+        acc_g = _scaled(a, gate_ptr, sg, w_base, rn, n_mask, rk, k_mask, H, acc_g, IEEE, BY_BITS)
+        acc_u = _scaled(a, up_ptr, su, w_base, rn, n_mask, rk, k_mask, H, acc_u, IEEE, BY_BITS)
     dt = act_ptr.dtype.element_ty
     g = acc_g.to(dt).to(tl.float32)
     u = acc_u.to(dt).to(tl.float32)
@@ -114,7 +114,7 @@ def _down_fp8_kernel(
     H, I, HS, IS, num_routed, shared_id,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALES: tl.constexpr,
     IEEE: tl.constexpr, BLOCK_MAJOR: tl.constexpr = False, ONE_ROW: tl.constexpr = False,
-    PDL: tl.constexpr = 0,
+    BY_BITS: tl.constexpr = False, PDL: tl.constexpr = 0,
 ):  # fmt: skip
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     blk, pid_n = pairs._tile_ids(BLOCK_MAJOR)
@@ -140,7 +140,7 @@ def _down_fp8_kernel(
             other=0.0,
         )
         s = pick(down_s, kb, SCALES)
-        acc = _scaled(a, down_ptr, s, w_base, rn, n_mask, rk, k_mask, I, acc, IEEE)
+        acc = _scaled(a, down_ptr, s, w_base, rn, n_mask, rk, k_mask, I, acc, IEEE, BY_BITS)
     tl.store(
         y_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * H + rn[None, :],
         acc.to(y_ptr.dtype.element_ty),
@@ -187,20 +187,21 @@ def experts_fp8(
         )
         blocks = block_expert.numel()
     hs, is_ = -(-h // BLOCK), -(-i // BLOCK)
-    ieee = x.dtype == torch.float32
+    ieee, bits = x.dtype == torch.float32, by_bits(x)
     act = torch.empty((blocks * bm, i), dtype=x.dtype, device=x.device)
     _gate_up_fp8_kernel[pairs._grid(blocks, triton.cdiv(i, gu["BLOCK_N"]), gu)](
         x, gate.q.contiguous(), gate.scale_inv.contiguous(), up.q.contiguous(),
         up.scale_inv.contiguous(), act, slot_pair, block_expert, h, i, hs, is_, n * top_k,
         routed, TOP_K=top_k, BLOCK_M=bm, BLOCK_K=BLOCK, SCALES=triton.next_power_of_2(hs),
-        IEEE=ieee, ONE_ROW=one_row, **gu,
+        IEEE=ieee, ONE_ROW=one_row, BY_BITS=bits, **gu,
         **pdl(x.device),
     )  # fmt: skip
     y = torch.empty((n * top_k + shared_rows, h), dtype=x.dtype, device=x.device)
     _down_fp8_kernel[pairs._grid(blocks, triton.cdiv(h, dn["BLOCK_N"]), dn)](
         act, down.q.contiguous(), down.scale_inv.contiguous(), y, slot_pair, block_expert,
         h, i, hs, is_, n * top_k, routed, BLOCK_M=bm, BLOCK_K=BLOCK,
-        SCALES=triton.next_power_of_2(is_), IEEE=ieee, ONE_ROW=one_row, **dn, **pdl(y.device),
+        SCALES=triton.next_power_of_2(is_), IEEE=ieee, ONE_ROW=one_row, BY_BITS=bits, **dn,
+        **pdl(y.device),
     )  # fmt: skip
     if shared_logit is not None:
         shared = (shared_logit, y[n * top_k :])
