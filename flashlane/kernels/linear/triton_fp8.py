@@ -21,7 +21,6 @@ fp32 inputs (the tests under the interpreter) take exact fp32 products (`ieee`):
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -208,7 +207,7 @@ def _fp8_linear_kernel(
 def by_bits(x: torch.Tensor) -> bool:
     """Whether the kernels convert e4m3 by bits for x: bf16 on a GPU (the interpreter has no
     inline PTX; fp16 and fp32 take Triton's conversion)."""
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    interpreted = triton.knobs.runtime.interpret  # TRITON_INTERPRET=1, as Triton reads it
     return BITS and x.is_cuda and x.dtype == torch.bfloat16 and not interpreted
 
 
