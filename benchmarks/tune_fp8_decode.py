@@ -53,21 +53,12 @@ def nbytes(w: Fp8Weight) -> int:
     return w.q.numel() + 4 * w.scale_inv.numel()
 
 
-def parts_for(n: int, k: int, target: int, block_n: int) -> tuple[int, int]:
-    """fp8_parts with another program target and column tile."""
-    k_blocks = -(-k // BLOCK)
-    n_tiles = -(-n // block_n)
-    parts = max(1, min(k_blocks // 2, target // n_tiles))
-    per = -(-k_blocks // parts)
-    return -(-k_blocks // per), per
-
-
 def linear_candidates(n: int, k: int) -> list[dict]:
     out = []
     for bn, warps, stages, target in itertools.product((32, 64, 128), (4, 8), (3, 5), (264, 1056)):
         if bn < 128 and warps == 8:
             continue
-        parts, per = parts_for(n, k, target, bn)
+        parts, per = lin.fp8_parts(n, k, target, bn)
         out.append(
             dict(BLOCK_M=16, BLOCK_N=bn, BLOCK_K=BLOCK, num_warps=warps, num_stages=stages,
                  PARTS=parts, BLOCKS_PER_PART=per, SPLIT=parts > 1, target=target)

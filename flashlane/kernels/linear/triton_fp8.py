@@ -95,9 +95,9 @@ def weight_operand(b, a, BY_BITS: tl.constexpr):
 def block_scales(s_ptr, nb, kb0, count, KS, SCALES: tl.constexpr):
     """scale_inv[nb, kb0 .. kb0 + count - 1] (zeros past count): a tile's columns lie in one
     row of 128-column blocks (BLOCK_N divides 128), so its scales are one short vector,
-    loaded once before the K loop. Loaded a block at a time inside the loop, each load's
-    latency stood between the block's dot and its fma: half the H200's bandwidth at one
-    row (benchmarks/tune_fp8_decode.py)."""
+    loaded once before the K loop. Loaded a block at a time inside the loop (a plain load,
+    not one of the pipelined copies), each load's latency stood between the block's dot and
+    its fma."""
     j = tl.arange(0, SCALES)
     return tl.load(s_ptr + nb.to(tl.int64) * KS + kb0 + j, mask=j < count, other=0.0)
 
@@ -212,13 +212,16 @@ def by_bits(x: torch.Tensor) -> bool:
 
 
 @functools.cache
-def fp8_parts(n: int, k: int) -> tuple[int, int]:
-    """(PARTS, BLOCKS_PER_PART) of an [N, K] FP8 weight: enough partitions to fill about two
-    waves at one row in decode tiles of 64 columns, at least two K blocks each; N and K only
-    (whatever the rows and x's dtype), so they fix a product's bits."""
+def fp8_parts(
+    n: int, k: int, programs: int = _TARGET_PROGRAMS, block_n: int = 64
+) -> tuple[int, int]:
+    """(PARTS, BLOCKS_PER_PART) of an [N, K] FP8 weight: enough partitions to fill about
+    `programs` (two waves) at one row in decode tiles of `block_n` columns, at least two K
+    blocks each; N and K only (whatever the rows and x's dtype), so they fix a product's
+    bits. Other programs / block_n: the tune script's candidates."""
     k_blocks = -(-k // BLOCK)
-    n_tiles = -(-n // 64)
-    parts = max(1, min(k_blocks // _MIN_BLOCKS_PER_PART, _TARGET_PROGRAMS // n_tiles))
+    n_tiles = -(-n // block_n)
+    parts = max(1, min(k_blocks // _MIN_BLOCKS_PER_PART, programs // n_tiles))
     per_part = -(-k_blocks // parts)
     return -(-k_blocks // per_part), per_part  # no empty partition
 
