@@ -49,12 +49,13 @@ _FIXUP = True
 @triton.jit
 def bf16_of_e4m3(b):
     """The e4m3 values b as bf16, exactly, four at a time in the integer and bf16x2 units.
-    Triton's own conversion goes e4m3x2 -> f16x2 -> one F2F a value, and the conversion unit
-    (16 a clock per SM on the H200) bounded the FP8 kernels near 2.4 TB/s at one row (the
-    SASS: 64 F2F a K block a thread). Here each byte goes to the top of a 16-bit half
-    (prmt), its sign kept and its exponent and mantissa moved down by 4: the bf16 of value *
-    2^-120 (exponent fields line up: e4m3's bias 7, bf16's 127; its subnormals land on
-    bf16's subnormals, the same ratio), then one bf16x2 multiply by 2^120, exact. The NaN
+    Triton's own conversion goes e4m3x2 -> f16x2 -> one F2F a value (the SASS: 64 F2F a K
+    block a thread), and conversions run at 16 a clock per SM (NVIDIA's throughput table):
+    by that estimate a bound near 2.4 TB/s at one row, where the H200 measured 1.0-2.2.
+    Here each byte goes to the top of a 16-bit half (prmt), its sign kept and its exponent
+    and mantissa moved down by 4: the bf16 of value * 2^-120 (exponent fields line up:
+    e4m3's bias 7, bf16's 127; its subnormals land on bf16's subnormals, the same ratio),
+    then one bf16x2 multiply by 2^120, exact. The NaN
     codes (0x7F, 0xFF: no checkpoint holds them) come out as +-480."""
     return tl.inline_asm_elementwise(
         """{
