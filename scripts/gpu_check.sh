@@ -7,6 +7,7 @@
 #                                                    # model, long, drafts, diag, serve,
 #                                                    # serve-bisect, replay, stall, fp8,
 #                                                    # fp8-tune, kv8, bisect, attn-decode, gather-ab,
+#                                                    # prefill-ab,
 #                                                    # timeline,
 #                                                    # peer-build, peer
 #
@@ -69,6 +70,9 @@
 # replay:  bench serve's 64 prompts through an engine without the server, alone and in groups
 #          (benchmarks/alone_replay.py: which replies differ from alone and where; about 2
 #          minutes on the H200 with flashnext-12l; REPLAY_ARGS overrides)
+# prefill-ab: bench model's 8k prefill (246 ms at f7dfcdb) against profile_gpu.py's (112 ms)
+#          on one engine: the same prompts timed at each stage of bench model's sequence, the
+#          collector held and not (benchmarks/prefill_ab.py; PREFILL_AB_ARGS overrides)
 # stall:   issue 29's stall: 8 streams of flashnext-12l decoding, a 32k prompt arriving; their
 #          gap p99 against without it, its TTFT against alone (benchmarks/long_prompt_stall.py;
 #          STALL_ARGS overrides)
@@ -351,6 +355,13 @@ fi
 if [[ " $steps " == *" stall "* ]]; then
     script_step stall long_prompt_stall "${STALL_ARGS:---config flashnext-12l --device cuda \
 --streams 8 --prompt-len 32768 --decode-tokens 256}"
+fi
+
+if [[ " $steps " == *" prefill-ab "* ]]; then
+    echo "== python benchmarks/prefill_ab.py ${PREFILL_AB_ARGS:-}"
+    # shellcheck disable=SC2086
+    python benchmarks/prefill_ab.py ${PREFILL_AB_ARGS:-} 2>&1 | tee "$out/prefill_ab_$stamp.log" \
+        || failed+=("prefill-ab")
 fi
 
 if [[ " $steps " == *" attn-decode "* ]]; then
