@@ -96,6 +96,12 @@ def main() -> None:
     if cuda:
         launches_per_token(llm, cfg)
         row(llm, cfg, args, "after the launch profiler", cuda)
+        # profile_gpu.py timed its prefill with the profiler (CUPTI) tracing kernels
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+            row(llm, cfg, args, "inside torch.profiler", cuda)
+        row(llm, cfg, args, "after torch.profiler", cuda)
 
 
 if __name__ == "__main__":
