@@ -34,6 +34,7 @@ from flashlane.parallel.launch import start as start_group
 from flashlane.parallel.plan import shard_config, shard_model
 from flashlane.parallel.replay import ReplayedBackend
 from flashlane.planning import memory
+from flashlane.planning.shorter import shorter_note
 from flashlane.request import SeedSource
 from flashlane.runner.backend import ModelBackend
 from flashlane.runner.costs import describe, time_costs
@@ -143,9 +144,8 @@ class Engine:
             engine_plan.check_kv_fp8_device(self.device)
         with expandable_segments(self.device):  # stacks the experts: a copy each
             self.model.use_kernels(self.kernels)
-        # every family's blocks replay their row-count-only parts; the lone driver's step is
-        # Flash Next's (a sibling's streams decode in shared rounds until the one-step issue
-        # covers them); neither under tensor parallel yet (collectives run eagerly, issue 36)
+        # blocks replay their row-count-only parts and one stream steps alone (runner/lone.py),
+        # neither under tensor parallel yet (collectives run eagerly, issue 36)
         self.graphed = tp is None
         self.plan = engine_plan.plan_for(
             config,
@@ -240,6 +240,7 @@ class Engine:
             f"kernels{kept}",
             f"  sessions  {sessions} positions{', fp8 KV' if self.sessions[0].kv_fp8 else ''}; "
             f"{self.max_rows} rows a round, queue {c.max_queue}",
+            *([f"  note      {shorter_note(p)}"] if p.shorter else []),
             f"  drafts    {mtp if c.drafts else 'off'}",
             f"  memory    {p.weight_bytes / gib:.2f} GiB weights, {sum(p.session_bytes) / gib:.2f}"
             f" GiB sessions, {p.prompt_cache_bytes / gib:.2f} GiB prompt cache; limit "

@@ -4,6 +4,7 @@ there, else host memory. Read once, at engine start (engine.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -15,6 +16,7 @@ from flashlane.models.host_tables import TablePlace, table_place
 from flashlane.models.table8 import TableDtype, choose_table_dtype
 from flashlane.planning import memory
 from flashlane.planning.limits import read_ram_bytes
+from flashlane.planning.shorter import with_shorter
 from flashlane.sessions.slots import parse_slot_contexts
 
 __all__ = ["check_kv_fp8_device", "kv_fp8_for", "plan_for", "table_dtype_for", "table_place_for"]
@@ -143,7 +145,7 @@ def plan_for(
     limit = memory.resolve_limit_bytes(limit_gb, {}, kind, gpu_total)
     cache_bytes = memory.resolve_prompt_cache_bytes(c.prompt_cache_gb, kind, limit)
     host_limit = int(memory.RAM_FRACTION * read_ram_bytes()) if host_bytes else None
-    return memory.plan_fitting(
+    got = memory.plan_fitting(
         cfg,
         device=kind,
         limit_bytes=limit,
@@ -162,3 +164,9 @@ def plan_for(
         kv_fp8=c.kv_cache_dtype == "fp8",
         prompt_cache_auto=c.prompt_cache_gb is None,
     )
+
+    def at(context: int) -> memory.MemoryPlan:
+        shorter = dataclasses.replace(c, context=context)
+        return plan_for(shorter, cfg, device, max_rows, mtp, weight_bytes, host_bytes, host_dtype)
+
+    return with_shorter(got, at, c.context is not None or slots is not None or parallel is not None)

@@ -11,6 +11,7 @@ from flashlane.models.config import ModelConfig
 from flashlane.models.host_tables import table_place
 from flashlane.models.table8 import choose_table_dtype, int8_table_bytes
 from flashlane.planning import memory
+from flashlane.planning.shorter import with_shorter
 from flashlane.sessions.slots import parse_slot_contexts
 
 __all__ = ["H200_BYTES", "info_plan"]
@@ -20,6 +21,17 @@ H200_BYTES = int(139.8 * 2**30)
 
 
 def info_plan(cfg: ModelConfig, args: argparse.Namespace, env, quant=None) -> memory.MemoryPlan:
+    """_plan(), with the shorter contexts that would serve more than one reply at once where
+    it serves one (planning/shorter.py)."""
+    sized = args.context or args.slot_contexts or args.parallel not in (None, "auto")
+
+    def at(context: int) -> memory.MemoryPlan:
+        return _plan(cfg, argparse.Namespace(**{**vars(args), "context": context}), env, quant)
+
+    return with_shorter(_plan(cfg, args, env, quant), at, bool(sized))
+
+
+def _plan(cfg: ModelConfig, args: argparse.Namespace, env, quant=None) -> memory.MemoryPlan:
     """The plan the engine would make: the same ceiling (flag, then FLASHNEXT_LOAD_LIMIT_GB),
     the same prompt cache budget beside the sessions, the weights in FP8 on cuda for a
     block-FP8 checkpoint (or --quantization fp8), and the n-gram tables where

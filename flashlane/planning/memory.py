@@ -128,6 +128,7 @@ class MemoryPlan:
     prompt_rows: int = 0  # the longest prompt piece of a round
     prompt_cache_bytes: int = 0  # the prompt cache's budget (kept states), under the limit
     kv_fp8: bool = False  # --kv-cache-dtype fp8: K, V, indexer keys in e4m3 + fp32 scales
+    shorter: tuple[tuple[int, int], ...] = ()  # serial: (a --context, its sessions)
 
     @property
     def workspace_bytes(self) -> int:
