@@ -72,7 +72,8 @@
 #          minutes on the H200 with flashnext-12l; REPLAY_ARGS overrides)
 # prefill-ab: bench model's 8k prefill (246 ms at f7dfcdb) against profile_gpu.py's (112 ms)
 #          on one engine: the same prompts timed at each stage of bench model's sequence, the
-#          collector held and not (benchmarks/prefill_ab.py; PREFILL_AB_ARGS overrides)
+#          collector held and not, inside the profiler; then again with FLASHLANE_PDL=0
+#          (benchmarks/prefill_ab.py; PREFILL_AB_ARGS overrides; ~3 minutes)
 # stall:   issue 29's stall: 8 streams of flashnext-12l decoding, a 32k prompt arriving; their
 #          gap p99 against without it, its TTFT against alone (benchmarks/long_prompt_stall.py;
 #          STALL_ARGS overrides)
@@ -362,6 +363,10 @@ if [[ " $steps " == *" prefill-ab "* ]]; then
     # shellcheck disable=SC2086
     python benchmarks/prefill_ab.py ${PREFILL_AB_ARGS:-} 2>&1 | tee "$out/prefill_ab_$stamp.log" \
         || failed+=("prefill-ab")
+    echo "== FLASHLANE_PDL=0 python benchmarks/prefill_ab.py ${PREFILL_AB_ARGS:-}"
+    # shellcheck disable=SC2086
+    FLASHLANE_PDL=0 python benchmarks/prefill_ab.py ${PREFILL_AB_ARGS:-} 2>&1 \
+        | tee "$out/prefill_ab_pdl0_$stamp.log" || failed+=("prefill-ab pdl0")
 fi
 
 if [[ " $steps " == *" attn-decode "* ]]; then
