@@ -26,6 +26,8 @@ from collections.abc import Callable
 
 import torch
 
+from flashlane.runner.graphed_blocks import block_parts, graphed_block
+
 
 def buckets(max_rows: int) -> list[int]:
     """1, 2, 4, ... up to and including max_rows."""
@@ -77,6 +79,11 @@ class Graphs:
         graph.replay()
         return tuple(o[:rows] if i < views else o[:rows].clone() for i, o in enumerate(static_out))
 
+    def block(self, layer, x: torch.Tensor, rows, rotary, kernels) -> torch.Tensor:
+        """A block's forward with its row-count-only parts replayed (the model's blocks
+        call this when given graphs: runner/graphed_blocks.py composes them)."""
+        return graphed_block(layer, x, rows, rotary, kernels, self)
+
     def _capture(self, fn: Callable, args: tuple, size: int) -> tuple:
         t = time.perf_counter()
         static_in = [a.new_zeros((size, *a.shape[1:])) for a in args]
@@ -102,7 +109,7 @@ def capture_all(model, graphs: Graphs) -> tuple[float, int]:
     zeros = dict(dtype=dtype, device=dev)
     mtp_layers = list(model.mtp.layers) if model.mtp is not None else []
     for layer in [*model.layers, *mtp_layers]:
-        parts, key = layer.graph_parts(model.kernels), id(layer)
+        parts, key = block_parts(layer, model.kernels), id(layer)
         for size in graphs.sizes:
             r = torch.zeros(size, cfg.hc_count * cfg.hidden_size, **zeros)
             if cfg.family != "flashnext":

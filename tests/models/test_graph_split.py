@@ -1,7 +1,8 @@
-"""The graphed layer split (hyper-connection read and the mixer's projections | mixer | output
-and MLP half; for verify windows of one width also the PLE and the GDN conv) computes what the
-plain layer does, bit for bit. On the CPU a stand-in for runner.graphs.Graphs calls each
-part on static buffers that it poisons between calls; tests/gpu checks the real CUDA graphs."""
+"""The graphed layer split (runner/graphed_blocks.py: hyper-connection read and the mixer's
+projections | mixer | output and MLP half; for verify windows of one width also the PLE and
+the GDN conv) computes what the plain layer does, bit for bit. On the CPU a stand-in for
+runner.graphs.Graphs calls each part on static buffers that it poisons between calls;
+tests/gpu checks the real CUDA graphs."""
 
 import dataclasses
 
@@ -15,6 +16,7 @@ from flashlane.models.loader import load_checkpoint
 from flashlane.models.rows import Rows
 from flashlane.models.state import SessionState
 from flashlane.request import SamplingParams
+from flashlane.runner.graphed_blocks import graphed_block
 from flashlane.runner.graphs import bucket_of, buckets
 from tests.oracle import GATE_CHECKPOINTS
 
@@ -50,6 +52,9 @@ class CallThrough:
         for s, o in zip(outs, fn(*ins)):
             s.copy_(o)
         return tuple(o[:rows] if i < views else o[:rows].clone() for i, o in enumerate(outs))
+
+    def block(self, layer, x, rows, rotary, kernels):
+        return graphed_block(layer, x, rows, rotary, kernels, self)
 
 
 def test_buckets():

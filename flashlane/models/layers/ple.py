@@ -146,7 +146,7 @@ class PLELayer(nn.Module):
     def forward(self, r: torch.Tensor, rows: Rows, kernels: Kernels) -> torch.Tensor:
         """r: [N, hc*H] -> the PLE's addition to r; records ("ple", idx): (conv inputs, ids)."""
         histories = [
-            self._history(group, ids)
+            self.history(group, ids)
             for group, ids in zip(rows.groups(True), rows.split(rows.token_ids, True))
         ]
         emb = rows.join([self.ple_embedding.embed(hist) for hist in histories], True)
@@ -209,7 +209,8 @@ class PLELayer(nn.Module):
         """The pieces' sessions' conv tails, stacked: [B, tail, hc*H]."""
         return torch.stack([p.session.ple[self.layer_idx].conv for p in pieces])
 
-    def _history(self, group, ids: torch.Tensor) -> torch.Tensor:
+    def history(self, group, ids: torch.Tensor) -> torch.Tensor:
+        """The pieces' n-gram ids: each session's last ids (EOS without one), then ids."""
         ctx = self.cfg.ngram_size - 1
         if group[0].session is None:
             head = ids.new_full((ids.shape[0], ctx), self.cfg.ple_eos)
