@@ -48,12 +48,14 @@ def timed(llm: LLM, vocab: int, length: int, seed: int, hold_gc: bool, cuda: boo
         gc.enable()
 
 
-def row(llm, cfg, args, stage: str, cuda: bool) -> None:
+def row(llm, cfg, args, stage: str, cuda: bool, same: bool = False) -> None:
+    """One line a prompt length: fresh prompts (bench model's), or one prompt again and
+    again (`same`: profile_gpu.py's)."""
     for length in args.prefill:
         cells = []
         for hold in (True, False):
             runs = [
-                timed(llm, cfg.vocab_size, length, 1000 * length + i, hold, cuda)
+                timed(llm, cfg.vocab_size, length, 1000 * length + (0 if same else i), hold, cuda)
                 for i in range(args.repeats)
             ]
             stat = statistics.median(r[0] for r in runs) * 1e3
@@ -88,6 +90,7 @@ def main() -> None:
         f"{'stage':<28} {'tokens':>7}  {'gc held: engine':>15} {'wall':>9}   {'gc on':>9} {'wall':>9}"
     )
     row(llm, cfg, args, "warm", cuda)
+    row(llm, cfg, args, "one prompt, again", cuda, same=True)
     greedy = SamplingParams(max_tokens=129, temperature=0.0, ignore_eos=True, draft=False)
     llm.generate(random_prompts(args.streams, 64, cfg.vocab_size, 7), greedy)
     row(llm, cfg, args, f"after {args.streams} streams decode", cuda)
