@@ -104,8 +104,17 @@ def capture_all(model, graphs: Graphs) -> tuple[float, int]:
     every bucket now (engine start), with zero inputs, for
     plain rows and for windows one row wide (decode); wider windows are captured when first
     met. Returns (seconds, bytes of GPU memory the graphs took)."""
-    cfg, dev, dtype = model.cfg, model.embed_tokens.weight.device, model.dtype
+    dev = model.embed_tokens.weight.device
     t, before = time.perf_counter(), torch.cuda.memory_allocated(dev)
+    run_all_parts(model, graphs)
+    torch.cuda.synchronize(dev)
+    return time.perf_counter() - t, torch.cuda.memory_allocated(dev) - before
+
+
+def run_all_parts(model, graphs) -> None:
+    """Every layer's parts at every bucket of `graphs`, on zero inputs (capture_all's
+    calls; tests/models/test_graph_split.py runs them on the CPU through its stand-in)."""
+    cfg, dev, dtype = model.cfg, model.embed_tokens.weight.device, model.dtype
     zeros = dict(dtype=dtype, device=dev)
     mtp_layers = list(model.mtp.layers) if model.mtp is not None else []
     for layer in [*model.layers, *mtp_layers]:
@@ -129,8 +138,6 @@ def capture_all(model, graphs: Graphs) -> tuple[float, int]:
             graphs.run((key, "mlp"), parts["mlp"], r, o, z, w)
             window = torch.zeros(size, cfg.linear_conv_kernel - 1, cfg.linear_conv_dim, **zeros)
             graphs.run((key, "conv"), parts["conv"], r[:, None], window, views=7)
-    torch.cuda.synchronize(dev)
-    return time.perf_counter() - t, torch.cuda.memory_allocated(dev) - before
 
 
 def _capture_plain(cfg, kind: str, parts: dict, key: int, graphs: Graphs, h) -> None:

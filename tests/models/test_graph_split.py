@@ -17,7 +17,7 @@ from flashlane.models.rows import Rows
 from flashlane.models.state import SessionState
 from flashlane.request import SamplingParams
 from flashlane.runner.graphed_blocks import graphed_block
-from flashlane.runner.graphs import bucket_of, buckets
+from flashlane.runner.graphs import bucket_of, buckets, run_all_parts
 from tests.oracle import GATE_CHECKPOINTS
 
 
@@ -122,3 +122,25 @@ def test_engine_with_strict_parts_keeps_replies(oracle_by_name, name):
     for prompt, p, got in zip(prompts, params, together):
         alone = llm.generate(prompt, dataclasses.replace(p, draft=False))[0]
         assert got.error is None and got.token_ids == alone.token_ids
+
+
+@pytest.mark.parametrize("name", GATE_CHECKPOINTS)
+def test_start_up_parts_cover_every_decode_round(oracle_by_name, name):
+    """capture_all's calls (runner.graphs.run_all_parts) name the parts, keys and shapes
+    the rounds then run: after them, an engine's rounds (drafting on and off) meet no new
+    part but the conv and PLE of prompt pieces and of windows wider than one row, which
+    are captured when first met."""
+    costs = CostTable({1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2}, draft_step_ms=0.3, overhead_ms=0.2)
+    llm = LLM(str(oracle_by_name(name)), costs=costs, parallel=4, max_rows=16)
+    model = llm.engine.model
+    model.graphs = parts = CallThrough()
+    run_all_parts(model, parts)
+    started = set(parts.static)
+    assert {k[1] for k in started} >= {"read", "mlp", "conv"}
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(3, 500, (n,), generator=g).tolist() for n in (5, 40, 12)]
+    for draft in (False, True):
+        llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0, draft=draft))
+    model.graphs = None
+    for key in set(parts.static) - started:
+        assert key[1] in ("conv", "ple") and key[3][0] > 1, key  # [B, T>1, ...] windows
