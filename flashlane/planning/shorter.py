@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Callable
 
 from flashlane.planning.memory import MemoryPlan, OverMemoryLimit
+from flashlane.planning.options import OptionConflict
 
 CONTEXTS = (131_072, 65_536, 32_768, 16_384, 8_192)  # the lengths tried, longest first
 
@@ -29,7 +30,7 @@ def with_shorter(plan: MemoryPlan, plan_at: Callable[[int], MemoryPlan], sized: 
             continue
         try:
             n = plan_at(context).num_sessions
-        except OverMemoryLimit:
+        except (OverMemoryLimit, OptionConflict):  # a hint: never why a start fails
             continue
         if n >= 2:
             found.append((context, n))
