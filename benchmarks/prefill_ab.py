@@ -20,7 +20,7 @@ import time
 import torch
 
 from flashlane.bench.common import FLAT_COSTS, random_prompts
-from flashlane.bench.model_figures import launches_per_token
+from flashlane.bench.model_figures import FILL_ROOM, launches_per_token
 from flashlane.config import EngineConfig
 from flashlane.engine import Engine
 from flashlane.llm import LLM
@@ -76,8 +76,8 @@ def main() -> None:
     cuda = args.device.startswith("cuda")
     dtype = torch.bfloat16 if cuda else torch.float64
     cfg, model = build_random(preset(args.config), dtype, args.device, 0, None, "device")
-    # bench model's rule for one prompt length, within the model's window
-    context = min(max(args.prefill) + 64 + 128 + 64 + 4096, cfg.max_position_embeddings)
+    # bench model's rule (64-token prompts, 128 decoded, 64 spare, FILL_ROOM), in the window
+    context = min(max(args.prefill) + 64 + 128 + 64 + FILL_ROOM, cfg.max_position_embeddings)
     config = EngineConfig.resolve(
         device=args.device, parallel=args.streams, context=context, drafts=False, prompt_cache_gb=0
     )

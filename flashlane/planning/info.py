@@ -15,7 +15,7 @@ from flashlane.models.census import (
 )
 from flashlane.models.config import ModelConfig
 from flashlane.models.weight_bytes import Fp8Bytes, fp8_bytes
-from flashlane.planning.shorter import shorter_note
+from flashlane.planning.shorter import shorter_contexts
 from flashlane.sessions.slots import format_slot_contexts
 
 if TYPE_CHECKING:
@@ -151,7 +151,7 @@ def _plan_lines(p: MemoryPlan) -> list[str]:
     if p.serial:
         lines.append("  fewer than two sessions fit: one reply at a time")
         if p.shorter:
-            lines.append(f"  shorter sessions   {shorter_note(p).split(': ', 1)[1]}")
+            lines.append(f"  shorter sessions   {shorter_contexts(p)}")
     if p.host_limit_bytes is not None:
         lines.append(f"  host (n-gram table) {gib(p.host_bytes)} of {gib(p.host_limit_bytes)}")
         eight = ", int8 with a per-row scale" if p.host_dtype == "int8" else ", bf16"

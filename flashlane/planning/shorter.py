@@ -38,9 +38,13 @@ def with_shorter(plan: MemoryPlan, plan_at: Callable[[int], MemoryPlan], sized: 
 
 
 def shorter_note(plan: MemoryPlan) -> str | None:
-    """One line for the start-up summary and `flashlane info`, or None."""
-    if not plan.shorter:
-        return None
+    """The start-up summary's line, or None."""
+    return None if not plan.shorter else f"one reply at a time: {shorter_contexts(plan)}"
+
+
+def shorter_contexts(plan: MemoryPlan) -> str:
+    """The shorter contexts as `flashlane info` lists them (plan.shorter not empty):
+    "--context 65536 gives 2 sessions, 32768 gives 5"."""
     (first, n), *rest = plan.shorter
     more = "".join(f", {c} gives {k}" for c, k in rest)
-    return f"one reply at a time: --context {first} gives {n} sessions{more}"
+    return f"--context {first} gives {n} sessions{more}"

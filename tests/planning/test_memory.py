@@ -45,11 +45,6 @@ TINY = ModelConfig.from_hf({
 })  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def real() -> ModelConfig:
-    return ModelConfig.from_hf(json.loads(REAL.read_text()))
-
-
 def test_real_session_bytes_by_hand(real: ModelConfig) -> None:
     cap = 262_144
     attention = 2 * cap * 2 * 256 * 2 + cap * 128 * 2 + cap // 4 * 128 * 2  # K, V, keys, blocks

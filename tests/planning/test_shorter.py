@@ -3,10 +3,6 @@
 
 from __future__ import annotations
 
-import json
-
-import pytest
-
 from flashlane.cli import main
 from flashlane.models.census import count_params
 from flashlane.models.config import ModelConfig
@@ -22,11 +18,6 @@ from flashlane.planning.shorter import shorter_note, with_shorter
 from tests import DATA
 
 REAL = DATA / "flashnext_real_config.json"
-
-
-@pytest.fixture(scope="module")
-def real() -> ModelConfig:
-    return ModelConfig.from_hf(json.loads(REAL.read_text()))
 
 
 def _planner(real: ModelConfig):
