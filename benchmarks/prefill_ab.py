@@ -20,13 +20,14 @@ import time
 import torch
 
 from flashlane.bench.common import FLAT_COSTS, random_prompts
-from flashlane.bench.model_figures import FILL_ROOM, launches_per_token
+from flashlane.bench.model_figures import FILL_ROOM, decode_together, launches_per_token
 from flashlane.config import EngineConfig
 from flashlane.engine import Engine
 from flashlane.llm import LLM
 from flashlane.models.presets import preset
 from flashlane.models.random_weights import build_random
 from flashlane.request import SamplingParams
+from flashlane.roofline import measure_ceilings
 
 
 def timed(llm: LLM, vocab: int, length: int, seed: int, hold_gc: bool, cuda: bool) -> tuple:
@@ -61,7 +62,7 @@ def row(llm, cfg, args, stage: str, cuda: bool, same: bool = False) -> None:
             stat = statistics.median(r[0] for r in runs) * 1e3
             wall = statistics.median(r[1] for r in runs) * 1e3
             cells.append(f"{stat:9.1f} {wall:9.1f}")
-        print(f"{stage:<28} {length:>7}  " + "   ".join(cells), flush=True)
+        print(f"{stage:<31} {length:>7}  " + "   ".join(cells), flush=True)
 
 
 def main() -> None:
@@ -74,6 +75,9 @@ def main() -> None:
     args = ap.parse_args()
     args.prefill = [int(x) for x in args.prefill.split(",")]
     cuda = args.device.startswith("cuda")
+    if cuda:  # bench model measures the ceilings before it builds
+        measure_ceilings(args.device)
+        torch.cuda.empty_cache()
     dtype = torch.bfloat16 if cuda else torch.float64
     cfg, model = build_random(preset(args.config), dtype, args.device, 0, None, "device")
     # bench model's rule (64-token prompts, 128 decoded, 64 spare, FILL_ROOM), in the window
@@ -87,7 +91,7 @@ def main() -> None:
         llm.generate(random_prompts(1, length, cfg.vocab_size, 98), warm)
     print(f"{args.config} on {args.device}, {args.streams} sessions of {context}; ms, medians")
     print(
-        f"{'stage':<28} {'tokens':>7}  {'gc held: engine':>15} {'wall':>9}   {'gc on':>9} {'wall':>9}"
+        f"{'stage':<31} {'tokens':>7}  {'gc held: engine':>15} {'wall':>9}   {'gc on':>9} {'wall':>9}"
     )
     row(llm, cfg, args, "warm", cuda)
     row(llm, cfg, args, "one prompt, again", cuda, same=True)
@@ -96,6 +100,16 @@ def main() -> None:
     row(llm, cfg, args, f"after {args.streams} streams decode", cuda)
     llm.generate(random_prompts(1, 64, cfg.vocab_size, 8), greedy)
     row(llm, cfg, args, "after one stream (lone)", cuda)
+    # bench model's decode rows: streams submitted with a whole session's room, cancelled
+    decode_together(llm, random_prompts(args.streams, 64, cfg.vocab_size, 9), greedy, 128)
+    row(llm, cfg, args, "after decode_together", cuda)
+    host = llm.engine.host
+    lone, host.lone = host.lone, None  # bench model's one stream through shared rounds
+    try:
+        decode_together(llm, random_prompts(1, 64, cfg.vocab_size, 10), greedy, 128)
+    finally:
+        host.lone = lone
+    row(llm, cfg, args, "after shared rounds (lone off)", cuda)
     if cuda:
         launches_per_token(llm, cfg)
         row(llm, cfg, args, "after the launch profiler", cuda)

@@ -72,7 +72,7 @@
 #          minutes on the H200 with flashnext-12l; REPLAY_ARGS overrides)
 # prefill-ab: bench model's 8k prefill (246 ms at f7dfcdb) against profile_gpu.py's (112 ms)
 #          on one engine: the same prompts timed at each stage of bench model's sequence, the
-#          collector held and not, inside the profiler; then again with FLASHLANE_PDL=0
+#          collector held and not, inside the profiler; then bench model's own 2k and 8k
 #          (benchmarks/prefill_ab.py; PREFILL_AB_ARGS overrides; ~3 minutes)
 # stall:   issue 29's stall: 8 streams of flashnext-12l decoding, a 32k prompt arriving; their
 #          gap p99 against without it, its TTFT against alone (benchmarks/long_prompt_stall.py;
@@ -363,10 +363,11 @@ if [[ " $steps " == *" prefill-ab "* ]]; then
     # shellcheck disable=SC2086
     python benchmarks/prefill_ab.py ${PREFILL_AB_ARGS:-} 2>&1 | tee "$out/prefill_ab_$stamp.log" \
         || failed+=("prefill-ab")
-    echo "== FLASHLANE_PDL=0 python benchmarks/prefill_ab.py ${PREFILL_AB_ARGS:-}"
-    # shellcheck disable=SC2086
-    FLASHLANE_PDL=0 python benchmarks/prefill_ab.py ${PREFILL_AB_ARGS:-} 2>&1 \
-        | tee "$out/prefill_ab_pdl0_$stamp.log" || failed+=("prefill-ab pdl0")
+    # and bench model's own figure, in the same call (PDL off changed nothing at 8k: 4a3fe7c)
+    echo "== flashlane bench model --config flashnext-12l --random-weights --streams 16 --prefill 2048,8192"
+    python -m flashlane bench model --config flashnext-12l --random-weights --streams 16 \
+        --prefill 2048,8192 --json "$out/bench_model_prefill_ab_$stamp.json" 2>&1 \
+        | tee "$out/bench_model_prefill_ab_$stamp.log" || failed+=("prefill-ab bench model")
 fi
 
 if [[ " $steps " == *" attn-decode "* ]]; then
