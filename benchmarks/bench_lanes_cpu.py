@@ -55,6 +55,16 @@ def run(llm: LLM, batch: list[list[int]], params: SamplingParams) -> tuple[float
     return time.perf_counter() - t0, outs
 
 
+def drafting_counts(llm: LLM) -> dict[str, int]:
+    """The lone driver's drafting counters (runner/lone_draft.Drafting), cumulative; {}
+    where there is no lone driver or it does not draft."""
+    drafting = getattr(getattr(llm.engine.host, "lone", None), "drafting", None)
+    if drafting is None:
+        return {}
+    names = ("num_calls", "num_drafted", "num_landed", "num_carried")
+    return {n: getattr(drafting, n) for n in names}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
@@ -88,12 +98,16 @@ def main() -> None:
         # every pair, so whatever the second run of a pair gains or loses falls on both.
         rates: dict[str, list[float]] = {"off": [], "on": []}
         drafted = accepted = 0
+        split = {"off": [0.0, 0.0], "on": [0.0, 0.0]}  # s in prefill, s in decode, summed
+        before = drafting_counts(llm)
         for i in range(args.repeats):
             pair = (("off", off), ("on", on))
             for name, params in pair if i % 2 == 0 else pair[::-1]:
                 dt, outs = run(llm, batch, params)
                 rates[name].append(toks / dt)
                 exact &= all(a.token_ids == b.token_ids for a, b in zip(outs, serial_outs))
+                split[name][0] += sum(o.stats.prefill_seconds for o in outs)
+                split[name][1] += sum(o.stats.decode_seconds for o in outs)
                 if name == "on":
                     drafted += sum(o.stats.drafted for o in outs)
                     accepted += sum(o.stats.accepted for o in outs)
@@ -119,6 +133,16 @@ def main() -> None:
                 "drafted": drafted,
                 "accepted": accepted,
                 "lone_ms": measured,
+                # why a level drafted or not: the lone driver's drafted calls over its calls
+                # (this level's), and where a reply's time went (ms a reply, its runs' mean)
+                "lone_drafting": {k: v - before.get(k, 0) for k, v in drafting_counts(llm).items()},
+                "reply_ms": {
+                    k: {
+                        "prefill": 1e3 * p / (n * args.repeats),
+                        "decode": 1e3 * d / (n * args.repeats),
+                    }
+                    for k, (p, d) in split.items()
+                },
             }
         )
     one = rows[0]["shared_off_tok_s"]
