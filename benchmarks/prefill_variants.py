@@ -1,6 +1,6 @@
 """Prefill-size linears in their variants (issue 9): for each (N, K) at --rows rows, the tile
-the model uses now against one loop over every partition (FLAT, `_all_partitions`) in that
-tile and in wider ones with the same spans of K, and the router's fp32-out product on the
+the model uses now against, where it runs every partition in one program (FLAT), wider tiles
+with the same spans of K in each loop over the partitions (`LOOPS`), and the router's fp32-out product on the
 CUDA cores' FMA chains against the tensor cores (`_TENSOR_CORE_FP32_OUT`). Each variant's
 output is compared bitwise with the default's ("same" / "OTHER"; the router's tensor-core
 variant is expected to differ). GPU only; timed as 3 calls in one CUDA graph. Prints a table
@@ -28,33 +28,42 @@ SHAPES = [(324, 10240), (2560, 6144), (1281, 2560), (16480, 2560), (10240, 320),
 # wider tiles than the decode one (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
 WIDER = [
     (64, 64, 128, 4, 3),
-    (64, 64, 64, 4, 4),
-    (128, 64, 64, 8, 3),
+    (128, 64, 64, 4, 3),
     (128, 128, 64, 8, 3),
+    (128, 128, 64, 8, 4),
     (128, 256, 64, 8, 3),
 ]
+# the loops over the partitions (kernels/linear/partitions.py): one loop with a select at
+# every block (FLAT 1), the loop nest flattened by the compiler (2), one loop with a branch (3),
+# a pipeline a partition (0)
+LOOPS = {1: "flat", 2: "nest", 3: "branch", 0: "loop"}
 
 
-def variants(n: int, k: int, rows: int) -> dict[str, dict]:
-    """name -> tile (tile_config's keys) with the spans of (n, k)'s partitions."""
+def variants(n: int, k: int, rows: int, loops=(2, 3, 0)) -> dict[str, dict]:
+    """name -> tile (tile_config's keys) with the spans of (n, k)'s partitions: the tile the
+    model uses now, and for a tile that runs its partitions in one loop (FLAT), WIDER's tiles
+    in each of `loops`."""
     base = (tlin.tile_config if rows <= tlin.DECODE_ROWS else tlin.prefill_tile)(
         n, k, torch.bfloat16
     )
     span = base["BLOCK_K"] * base["BLOCKS_PER_PART"]
-    out = {"now": base, "now, flat": dict(base, FLAT=True)}
+    out = {"now": base}
+    if not base.get("FLAT"):
+        return out
     for bm, bn, bk, warps, stages in WIDER:
         if span % bk:
             continue
-        out[f"{bm}x{bn}x{bk} w{warps} s{stages} flat"] = dict(
-            base,
-            BLOCK_M=bm,
-            BLOCK_N=bn,
-            BLOCK_K=bk,
-            BLOCKS_PER_PART=span // bk,
-            num_warps=warps,
-            num_stages=stages,
-            FLAT=True,
-        )
+        for flat in loops:
+            out[f"{bm}x{bn}x{bk} w{warps} s{stages} {LOOPS[flat]}"] = dict(
+                base,
+                BLOCK_M=bm,
+                BLOCK_N=bn,
+                BLOCK_K=bk,
+                BLOCKS_PER_PART=span // bk,
+                num_warps=warps,
+                num_stages=stages,
+                FLAT=flat,
+            )
     return out
 
 

@@ -74,6 +74,9 @@
 #          on one engine: the same prompts timed at each stage of bench model's sequence, the
 #          collector held and not, inside the profiler; then bench model's own 2k and 8k
 #          (benchmarks/prefill_ab.py; PREFILL_AB_ARGS overrides; ~3 minutes)
+# prefill-variants: the prefill linears whose partitions run in one program, in wider tiles
+#          and each loop over the partitions, bits against the model's tile
+#          (benchmarks/prefill_variants.py; VARIANTS_ARGS overrides, default --rows 8192)
 # stall:   issue 29's stall: 8 streams of flashnext-12l decoding, a 32k prompt arriving; their
 #          gap p99 against without it, its TTFT against alone (benchmarks/long_prompt_stall.py;
 #          STALL_ARGS overrides)
@@ -351,6 +354,10 @@ script_step() {
 
 if [[ " $steps " == *" replay "* ]]; then
     script_step replay alone_replay "${REPLAY_ARGS:---device cuda --config flashnext-12l}"
+fi
+
+if [[ " $steps " == *" prefill-variants "* ]]; then
+    script_step prefill-variants prefill_variants "${VARIANTS_ARGS:---rows 8192}"
 fi
 
 if [[ " $steps " == *" stall "* ]]; then

@@ -8,7 +8,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-__all__ = ["all_partitions", "k_block", "partition_sum", "product"]
+__all__ = [
+    "all_partitions",
+    "branched_partitions",
+    "k_block",
+    "nested_partitions",
+    "partition_sum",
+    "product",
+]
 
 
 @triton.jit
@@ -96,4 +103,136 @@ def all_partitions(
         edge = ((kb + 1) % BLOCKS_PER_PART == 0) | (kb == k_blocks - 1)
         total = total + tl.where(edge, acc, 0.0)
         acc = tl.where(edge, 0.0, acc)
+    return total
+
+
+@triton.jit
+def nested_partitions(
+    x_ptr,
+    w_ptr,
+    rm,
+    rn,
+    m_mask,
+    n_mask,
+    K,
+    stride_x,
+    BLOCKS_PER_PART: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    FP32_PRODUCTS: tl.constexpr,
+):
+    """all_partitions' sums as a loop over partitions of a loop over their blocks, the nest
+    flattened by the compiler into one software pipeline (`tl.range(flatten=True)`): the
+    total is touched once a partition, not once a block. A partition past K's last block
+    runs on zeros (k_block's mask): +0.0 products leave a sum that is never -0.0 unchanged."""
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    parts = tl.cdiv(tl.cdiv(K, BLOCK_K), BLOCKS_PER_PART)
+    for p in tl.range(0, parts, flatten=True):
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for j in range(0, BLOCKS_PER_PART):
+            kb = p * BLOCKS_PER_PART + j
+            a, b = k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K)
+            acc = product(a, b, acc, FP32_PRODUCTS)
+        total = total + acc
+    return total
+
+
+@triton.jit
+def branched_partitions(
+    x_ptr,
+    w_ptr,
+    rm,
+    rn,
+    m_mask,
+    n_mask,
+    K,
+    stride_x,
+    BLOCKS_PER_PART: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    FP32_PRODUCTS: tl.constexpr,
+):
+    """all_partitions with a branch at each partition's last block instead of a select at
+    every block: the same sums in the same order."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    for kb in range(0, k_blocks):
+        a, b = k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K)
+        acc = product(a, b, acc, FP32_PRODUCTS)
+        if ((kb + 1) % BLOCKS_PER_PART == 0) | (kb == k_blocks - 1):
+            total = total + acc
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    return total
+
+
+@triton.jit
+def flat_partitions(
+    x_ptr,
+    w_ptr,
+    rm,
+    rn,
+    m_mask,
+    n_mask,
+    K,
+    stride_x,
+    BLOCKS_PER_PART: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    FP32_PRODUCTS: tl.constexpr,
+    FLAT: tl.constexpr,
+):
+    """Every partition in one program, by FLAT: 1 all_partitions, 2 nested_partitions,
+    3 branched_partitions (the same bits)."""
+    if FLAT == 2:
+        total = nested_partitions(
+            x_ptr,
+            w_ptr,
+            rm,
+            rn,
+            m_mask,
+            n_mask,
+            K,
+            stride_x,
+            BLOCKS_PER_PART,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            FP32_PRODUCTS,
+        )
+    elif FLAT == 3:
+        total = branched_partitions(
+            x_ptr,
+            w_ptr,
+            rm,
+            rn,
+            m_mask,
+            n_mask,
+            K,
+            stride_x,
+            BLOCKS_PER_PART,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            FP32_PRODUCTS,
+        )
+    else:
+        total = all_partitions(
+            x_ptr,
+            w_ptr,
+            rm,
+            rn,
+            m_mask,
+            n_mask,
+            K,
+            stride_x,
+            BLOCKS_PER_PART,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            FP32_PRODUCTS,
+        )
     return total

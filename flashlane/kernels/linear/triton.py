@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlane.kernels.linear.partitions import all_partitions, partition_sum
+from flashlane.kernels.linear.partitions import flat_partitions, partition_sum
 from flashlane.kernels.linear.prefetch import prefetch_rows, prefetch_span
 from flashlane.kernels.linear.tiles import DECODE_ROWS, prefill_tile, row_tile, shaped, tile_config
 from flashlane.kernels.partials import add_partials, counters, last_to_arrive
@@ -105,7 +105,7 @@ def _linear_kernel(
     FP32_PRODUCTS: tl.constexpr,
     SQUASH: tl.constexpr,
     PDL: tl.constexpr = 0,
-    FLAT: tl.constexpr = False,
+    FLAT: tl.constexpr = 0,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -154,7 +154,8 @@ def _linear_kernel(
                     mask=out_mask,
                 )
     elif FLAT:
-        total = all_partitions(
+        # FLAT 1: one loop, a select at every block; 2: the loop nest flattened; 3: a branch
+        total = flat_partitions(
             x_ptr,
             w_ptr,
             rm,
@@ -168,6 +169,7 @@ def _linear_kernel(
             BLOCK_N,
             BLOCK_K,
             FP32_PRODUCTS,
+            FLAT,
         )
         tl.store(
             y_ptr + offs_y, _stored(total, rn[None, :], squash_cols, SQUASH, dt), mask=out_mask
@@ -308,7 +310,7 @@ def linear(
     ahead = prefetch_span(w, cfg, m, n_tiles, parts if split else 1) if launch else 0
     if not split:
         if cfg.get("FLAT", False):  # prefill_tile's one loop over every partition
-            meta.update(FLAT=True)
+            meta.update(FLAT=int(cfg["FLAT"]))
         _linear_kernel[(m_tiles, n_tiles, 1)](
             x2, w, y, y, y, m, n, k, x2.stride(0), y.stride(0), ahead, squash_cols, **meta
         )
