@@ -255,8 +255,9 @@ def test_linear_fp32_out(nk, dtype, sums, monkeypatch):
 )
 def test_linear_one_loop_over_partitions_gives_their_bits(nk, dtype, monkeypatch):
     """FLAT (one pipelined loop over every K block, each partition's sum joining the total at
-    its last block) against the loop over partitions: the same bits, on exponent-spread
-    inputs and on rows of zeros (no -0.0 may appear)."""
+    its last block: by a select at every block, 1; the loop nest flattened, 2; a branch, 3)
+    against the loop over partitions: the same bits, on exponent-spread inputs and on rows
+    of zeros (no -0.0 may appear)."""
     n, k = nk
     x = _rand(130 if HAS_CUDA else 70, k, dtype=dtype, seed=31)
     x = x * torch.exp2(torch.randint(-12, 13, x.shape, device=DEVICE)).to(dtype)
@@ -269,9 +270,10 @@ def test_linear_one_loop_over_partitions_gives_their_bits(nk, dtype, monkeypatch
         )
         assert cfg["PARTS"] > 1
         want = tlin.linear(x, w, out_dtype=out, tile=dict(cfg, FLAT=False))
-        got = tlin.linear(x, w, out_dtype=out, tile=dict(cfg, FLAT=True))
-        assert torch.equal(got, want)
-        assert not torch.signbit(got[3]).any()
+        for flat in (1, 2, 3):
+            got = tlin.linear(x, w, out_dtype=out, tile=dict(cfg, FLAT=flat))
+            assert torch.equal(got, want), flat
+            assert not torch.signbit(got[3]).any()
 
 
 @pytest.mark.parametrize("dtype", NARROW)

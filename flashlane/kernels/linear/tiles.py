@@ -80,9 +80,12 @@ def prefill_tile(n: int, k: int, dtype: torch.dtype) -> dict:
     """The tile for more than DECODE_ROWS rows, with tile_config's partitions (the same spans
     of K). bf16 / fp16, by the H200 sweeps (results/prefill_variants_h200_*.log):
     * six partitions or more (short spans, long K for the width: the hyper-connections'
-      324 x 10240, the router, 1281 x 2560, 2560 x 6144): 64 x 64 tiles in blocks of K of 128
-      on 4 warps, all partitions in one pipelined loop (FLAT); at 2,048 rows 324 x 10240 took
-      62 us so against 185 in the decode tile and 696 in 128 x 128 tiles;
+      324 x 10240, the router, 1281 x 2560, 2560 x 6144): 128 x 128 tiles in blocks of K of
+      64 on 8 warps, 4 stages, all partitions in one pipelined loop that adds a partition's
+      sum to the total in a branch at its last block (FLAT 3); at 8,192 rows 2560 x 6144
+      took 492 us so against 737 in the 64 x 64 tiles of the select at every block (FLAT 1)
+      and 581 in a pipeline a partition, 1281 x 2560 151 against 185, 324 x 10240 169
+      against 188, the same bits (prefill_variants_fcde8a7_*.log);
     * else outputs narrower than 1024 keep the decode tile (10240 x 320: 36 us at 2,048 rows);
     * else 128 x 128 wgmma tiles on 8 warps in blocks of K of 64 (16480 x 2560: 254 us).
     fp32 products: rows of 64 (FMAs in one chain per output in k's order whatever BLOCK_M:
@@ -91,16 +94,16 @@ def prefill_tile(n: int, k: int, dtype: torch.dtype) -> dict:
     if dtype == torch.float32:
         return dict(t, BLOCK_M=64)
     span = t["BLOCK_K"] * t["BLOCKS_PER_PART"]
-    if t["PARTS"] >= 6 and span % 128 == 0:
+    if t["PARTS"] >= 6 and span % 64 == 0:
         return dict(
             t,
-            BLOCK_M=64,
-            BLOCK_N=64,
-            BLOCK_K=128,
-            BLOCKS_PER_PART=span // 128,
-            num_warps=4,
-            num_stages=3,
-            FLAT=True,
+            BLOCK_M=128,
+            BLOCK_N=128,
+            BLOCK_K=64,
+            BLOCKS_PER_PART=span // 64,
+            num_warps=8,
+            num_stages=4,
+            FLAT=3,
         )
     if n < 1024:
         return t
