@@ -34,12 +34,12 @@ WIDER = [
     (128, 256, 64, 8, 3),
 ]
 # the loops over the partitions (kernels/linear/partitions.py): one loop with a select at
-# every block (FLAT 1), the loop nest flattened by the compiler (2), one loop with a branch (3),
-# a pipeline a partition (0)
-LOOPS = {1: "flat", 2: "nest", 3: "branch", 0: "loop"}
+# every block (FLAT 1), one loop with a branch at each partition's end (2), a pipeline a
+# partition (0). (fcde8a7 also had the loop nest flattened by the compiler: as the branch)
+LOOPS = {1: "flat", 2: "branch", 0: "loop"}
 
 
-def variants(n: int, k: int, rows: int, loops=(2, 3, 0)) -> dict[str, dict]:
+def variants(n: int, k: int, rows: int, loops=(1, 2, 0)) -> dict[str, dict]:
     """name -> tile (tile_config's keys) with the spans of (n, k)'s partitions: the tile the
     model uses now, and for a tile that runs its partitions in one loop (FLAT), WIDER's tiles
     in each of `loops`."""

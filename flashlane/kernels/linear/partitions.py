@@ -12,7 +12,6 @@ __all__ = [
     "all_partitions",
     "branched_partitions",
     "k_block",
-    "nested_partitions",
     "partition_sum",
     "product",
 ]
@@ -107,38 +106,6 @@ def all_partitions(
 
 
 @triton.jit
-def nested_partitions(
-    x_ptr,
-    w_ptr,
-    rm,
-    rn,
-    m_mask,
-    n_mask,
-    K,
-    stride_x,
-    BLOCKS_PER_PART: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    FP32_PRODUCTS: tl.constexpr,
-):
-    """all_partitions' sums as a loop over partitions of a loop over their blocks, the nest
-    flattened by the compiler into one software pipeline (`tl.range(flatten=True)`): the
-    total is touched once a partition, not once a block. A partition past K's last block
-    runs on zeros (k_block's mask): +0.0 products leave a sum that is never -0.0 unchanged."""
-    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    parts = tl.cdiv(tl.cdiv(K, BLOCK_K), BLOCKS_PER_PART)
-    for p in tl.range(0, parts, flatten=True):
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for j in range(0, BLOCKS_PER_PART):
-            kb = p * BLOCKS_PER_PART + j
-            a, b = k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K)
-            acc = product(a, b, acc, FP32_PRODUCTS)
-        total = total + acc
-    return total
-
-
-@triton.jit
 def branched_partitions(
     x_ptr,
     w_ptr,
@@ -155,7 +122,8 @@ def branched_partitions(
     FP32_PRODUCTS: tl.constexpr,
 ):
     """all_partitions with a branch at each partition's last block instead of a select at
-    every block: the same sums in the same order."""
+    every block: the same sums in the same order, and the tensor cores' pipeline waits for
+    the accumulator once a partition, not once a block (prefill_variants_fcde8a7_*.log)."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_blocks = tl.cdiv(K, BLOCK_K)
@@ -165,74 +133,4 @@ def branched_partitions(
         if ((kb + 1) % BLOCKS_PER_PART == 0) | (kb == k_blocks - 1):
             total = total + acc
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    return total
-
-
-@triton.jit
-def flat_partitions(
-    x_ptr,
-    w_ptr,
-    rm,
-    rn,
-    m_mask,
-    n_mask,
-    K,
-    stride_x,
-    BLOCKS_PER_PART: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    FP32_PRODUCTS: tl.constexpr,
-    FLAT: tl.constexpr,
-):
-    """Every partition in one program, by FLAT: 1 all_partitions, 2 nested_partitions,
-    3 branched_partitions (the same bits)."""
-    if FLAT == 2:
-        total = nested_partitions(
-            x_ptr,
-            w_ptr,
-            rm,
-            rn,
-            m_mask,
-            n_mask,
-            K,
-            stride_x,
-            BLOCKS_PER_PART,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-            FP32_PRODUCTS,
-        )
-    elif FLAT == 3:
-        total = branched_partitions(
-            x_ptr,
-            w_ptr,
-            rm,
-            rn,
-            m_mask,
-            n_mask,
-            K,
-            stride_x,
-            BLOCKS_PER_PART,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-            FP32_PRODUCTS,
-        )
-    else:
-        total = all_partitions(
-            x_ptr,
-            w_ptr,
-            rm,
-            rn,
-            m_mask,
-            n_mask,
-            K,
-            stride_x,
-            BLOCKS_PER_PART,
-            BLOCK_M,
-            BLOCK_N,
-            BLOCK_K,
-            FP32_PRODUCTS,
-        )
     return total

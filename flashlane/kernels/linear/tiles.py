@@ -82,7 +82,7 @@ def prefill_tile(n: int, k: int, dtype: torch.dtype) -> dict:
     * six partitions or more (short spans, long K for the width: the hyper-connections'
       324 x 10240, the router, 1281 x 2560, 2560 x 6144): 128 x 128 tiles in blocks of K of
       64 on 8 warps, 4 stages, all partitions in one pipelined loop that adds a partition's
-      sum to the total in a branch at its last block (FLAT 3); at 8,192 rows 2560 x 6144
+      sum to the total in a branch at its last block (FLAT 2); at 8,192 rows 2560 x 6144
       took 492 us so against 737 in the 64 x 64 tiles of the select at every block (FLAT 1)
       and 581 in a pipeline a partition, 1281 x 2560 151 against 185, 324 x 10240 169
       against 188, the same bits (prefill_variants_fcde8a7_*.log);
@@ -103,7 +103,7 @@ def prefill_tile(n: int, k: int, dtype: torch.dtype) -> dict:
             BLOCKS_PER_PART=span // 64,
             num_warps=8,
             num_stages=4,
-            FLAT=3,
+            FLAT=2,
         )
     if n < 1024:
         return t
