@@ -101,7 +101,7 @@ class Engine:
             # thread that waits for a busy core stalls every op (seen: 60 ms -> 2 s a round).
             torch.set_num_threads(1)
         weights, cache, state = compute_dtypes(self.device, config.dtype)
-        kv_fp8 = engine_plan.kv_fp8_for(config, cache)
+        engine_plan.kv_fp8_for(config, cache)  # a bf16 cache on the CPU refused before the load
         self.max_rows = config.max_rows or (64 if self.device.startswith("cuda") else 16)
         if built is None:
             path, self.name = resolve_model(config.model)
@@ -140,8 +140,7 @@ class Engine:
         reference = config.kernels == "reference"
         decode = "auto" if reference else config.kernels
         self.kernels = select_kernels(self.device, self.log, reference, decode)
-        if kv_fp8 and self.kernels.name == "triton":
-            engine_plan.check_kv_fp8_device(self.device)
+        kv_fp8 = engine_plan.kv_fp8_for(config, cache, self.model, self.device, self.kernels.name)
         with expandable_segments(self.device):  # stacks the experts: a copy each
             self.model.use_kernels(self.kernels)
         # blocks replay their row-count-only parts and one stream steps alone (runner/lone.py),
@@ -156,6 +155,7 @@ class Engine:
             device_bytes(self.model),
             host_bytes(self.model),
             table_dtype_of(self.model),
+            kv_fp8,
         )
         if tp is not None:  # every rank holds the sessions rank 0 planned
             self.plan = tp.broadcast(self.plan)

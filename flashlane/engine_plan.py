@@ -19,20 +19,45 @@ from flashlane.planning.limits import read_ram_bytes
 from flashlane.planning.shorter import with_shorter
 from flashlane.sessions.slots import parse_slot_contexts
 
-__all__ = ["check_kv_fp8_device", "kv_fp8_for", "plan_for", "table_dtype_for", "table_place_for"]
+__all__ = [
+    "auto_kv_fp8",
+    "check_kv_fp8_device",
+    "kv_fp8_for",
+    "plan_for",
+    "table_dtype_for",
+    "table_place_for",
+]
 
 
-def kv_fp8_for(c: EngineConfig, cache_dtype: torch.dtype) -> bool:
-    """Whether the attention caches are 8-bit (--kv-cache-dtype fp8); bf16 is the caches'
-    compute dtype named, refused where the compute dtype is another (the CPU computes in
-    float64, and the kernels read a cache in the dtype they compute in)."""
+def kv_fp8_for(
+    c: EngineConfig, cache_dtype: torch.dtype, model=None, device: str = "cpu", kernels: str = ""
+) -> bool:
+    """Whether the attention caches are 8-bit: --kv-cache-dtype fp8 (on the Triton kernels,
+    a GPU that converts e4m3: check_kv_fp8_device), or auto with `model`'s weights in block
+    FP8 (`auto_kv_fp8`); bf16 is the caches' compute dtype named, refused where the compute
+    dtype is another (the CPU computes in float64, and the kernels read a cache in the
+    dtype they compute in). Without `model` (before the load): the flags' checks alone."""
     if c.kv_cache_dtype == "bf16" and cache_dtype != torch.bfloat16:
         raise ValueError(
             f"--kv-cache-dtype bf16: the caches are kept in the compute dtype, {cache_dtype} "
             "here (the CPU computes in float64; on cuda --dtype float32 or float64), and a "
             "cache in another dtype is not supported: use auto or fp8"
         )
-    return c.kv_cache_dtype == "fp8"
+    if c.kv_cache_dtype == "fp8" and kernels == "triton":
+        check_kv_fp8_device(device)
+    auto = c.kv_cache_dtype == "auto" and model is not None and auto_kv_fp8(model, device)
+    return c.kv_cache_dtype == "fp8" or auto
+
+
+def auto_kv_fp8(model, device: str) -> bool:
+    """--kv-cache-dtype auto's 8-bit caches: a model whose weights are block FP8 on a GPU
+    that converts e4m3 (the full Flash Next on one H200: 16 sessions of 32,768 beside its
+    weights, where caches in bf16 leave room for at most 9)."""
+    from flashlane.models.fp8_weights import fp8_weights
+
+    if not device.startswith("cuda") or not fp8_weights(model):
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def check_kv_fp8_device(device: str) -> None:
@@ -90,7 +115,9 @@ def table_place_for(
         else memory.weight_bytes(cfg, 2, table=False, mtp=mtp)
     )
     try:
-        plan_for(c, cfg, device, max_rows, cfg.num_mtp_layers > 0, text + table, 0)
+        # auto's 8-bit caches with FP8 weights (auto_kv_fp8: on a GPU that converts e4m3)
+        kv8 = c.kv_cache_dtype == "fp8" or (c.kv_cache_dtype == "auto" and spec is not None)
+        plan_for(c, cfg, device, max_rows, cfg.num_mtp_layers > 0, text + table, 0, kv_fp8=kv8)
     except memory.OverMemoryLimit:
         return table_place(None, device, False)
     return table_place(None, device, True)
@@ -117,11 +144,15 @@ def plan_for(
     weight_bytes: int,
     host_bytes: int,
     host_dtype: TableDtype = "bf16",
+    kv_fp8: bool | None = None,
 ) -> memory.MemoryPlan:
     """The memory plan for `weight_bytes` on the device and `host_bytes` of n-gram tables
     in host memory (planned against RAM_FRACTION of RAM), their values in `host_dtype`;
     mtp: the model has an MTP head; up to `max_rows` decode rows a round (no more than the
-    sessions fill unless --max-rows is given: window_rows)."""
+    sessions fill unless --max-rows is given: window_rows); kv_fp8: 8-bit attention caches
+    (None: as --kv-cache-dtype fp8 asks)."""
+    if kv_fp8 is None:
+        kv_fp8 = c.kv_cache_dtype == "fp8"
     context = c.context or cfg.max_position_embeddings
     # an empty list given is refused (parse_slot_contexts), never taken as unset
     slots = None if c.slot_contexts is None else parse_slot_contexts(c.slot_contexts)
@@ -161,12 +192,14 @@ def plan_for(
         mtp=mtp,
         prompt_cache_bytes=cache_bytes,
         prompt_rows=memory.PREFILL_ROWS[kind],
-        kv_fp8=c.kv_cache_dtype == "fp8",
+        kv_fp8=kv_fp8,
         prompt_cache_auto=c.prompt_cache_gb is None,
     )
 
     def at(context: int) -> memory.MemoryPlan:
         shorter = dataclasses.replace(c, context=context)
-        return plan_for(shorter, cfg, device, max_rows, mtp, weight_bytes, host_bytes, host_dtype)
+        return plan_for(
+            shorter, cfg, device, max_rows, mtp, weight_bytes, host_bytes, host_dtype, kv_fp8
+        )
 
     return with_shorter(got, at, c.context is not None or slots is not None or parallel is not None)

@@ -37,7 +37,8 @@ def _plan(cfg: ModelConfig, args: argparse.Namespace, env, quant=None) -> memory
     block-FP8 checkpoint (or --quantization fp8), and the n-gram tables where
     --ple-table-device puts them (auto: on cuda when the plan fits, else in host memory),
     in host memory as --ple-table-dtype keeps them (int8: there only), the attention caches
-    as --kv-cache-dtype stores them."""
+    as --kv-cache-dtype stores them (auto: 8-bit with block-FP8 weights on cuda, as the
+    engine's auto_kv_fp8 on an H200)."""
     device, slots = args.device or "cuda", args.slot_contexts
     limit = memory.resolve_limit_bytes(args.memory_limit_gb, env, device, H200_BYTES)
     cache_gb = args.prompt_cache_gb
@@ -71,7 +72,7 @@ def _plan(cfg: ModelConfig, args: argparse.Namespace, env, quant=None) -> memory
         parallel=None if args.parallel in (None, "auto") else int(args.parallel),
         prompt_rows=memory.PREFILL_ROWS[device],
         prompt_cache_bytes=memory.resolve_prompt_cache_bytes(cache_gb, device, limit),
-        kv_fp8=getattr(args, "kv_cache_dtype", None) == "fp8",
+        kv_fp8=_kv_fp8(getattr(args, "kv_cache_dtype", None), quant, device),
         prompt_cache_auto=cache_gb is None,
     )
     asked = args.ple_table_dtype or "auto"
@@ -97,3 +98,9 @@ def _plan(cfg: ModelConfig, args: argparse.Namespace, env, quant=None) -> memory
         if table_place(requested, device, False) == "device":
             raise
         return on_host()
+
+
+def _kv_fp8(asked: str | None, quant, device: str) -> bool:
+    """Whether --kv-cache-dtype `asked` keeps 8-bit caches for these weights: fp8, or auto
+    with block-FP8 weights on cuda (engine_plan.auto_kv_fp8; `info` plans an H200)."""
+    return asked == "fp8" or (asked in (None, "auto") and quant is not None and device == "cuda")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from flashlane.models.config import ModelConfig
 from flashlane.planning.buffers import (
@@ -43,6 +42,7 @@ from flashlane.planning.limits import (
     resolve_prompt_cache_bytes,
 )
 from flashlane.planning.options import OptionConflict, check_options
+from flashlane.planning.plan import REMEDIES, MemoryPlan, OverMemoryLimit
 from flashlane.sessions.slots import format_slot_contexts
 
 __all__ = [
@@ -90,66 +90,6 @@ MAX_AUTO_SESSIONS_GPU = 256
 # for (the real Flash Next in FP8 on an H200: 3 sessions of 32k with pieces of 2,048, 1 with
 # 8,192)
 AUTO_SESSIONS_WANTED = 16
-REMEDIES = (
-    "a smaller --context, fewer sessions (--parallel), smaller --slot-contexts, "
-    f"a smaller --prompt-cache-gb (0 turns it off), or a higher --memory-limit-gb ({LIMIT_ENV})"
-)
-
-
-class OverMemoryLimit(Exception):
-    """A plan over the ceiling; the message says what needed how much, and the remedies."""
-
-    def __init__(self, what: str, need_bytes: int, limit_bytes: int, remedies: str = REMEDIES):
-        self.need_bytes, self.limit_bytes = need_bytes, limit_bytes
-        super().__init__(
-            f"{what} needs {need_bytes / GIB:.2f} GiB, over the {limit_bytes / GIB:.2f} GiB "
-            f"available under the memory limit; remedies: {remedies}"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryPlan:
-    device: str  # "cuda" | "cpu"
-    limit_bytes: int  # the ceiling for weights + workspace + sessions on that device
-    weight_bytes: int  # weights resident on the device
-    scratch_bytes: int  # shared verify scratch: a GDN state and conv row per window row
-    # max_rows x vocab fp32 logits + ACTIVATION_FIXED[device] + prompt_rows' activations
-    activation_bytes: int
-    capacities: tuple[int, ...]  # tokens of context, one per session
-    session_bytes: tuple[int, ...]  # bytes of each session's buffers
-    max_rows: int
-    cache_bytes: int  # bytes per KV / conv element
-    state_bytes: int  # bytes per recurrent-state element
-    auto: bool  # --parallel auto chose the number of sessions
-    serial: bool  # fewer than two sessions fit: one reply at a time
-    host_bytes: int = 0  # host memory for a GPU model's n-gram table
-    host_limit_bytes: int | None = None  # its ceiling (70% of RAM)
-    host_dtype: str = "bf16"  # the table's values there: bf16, or int8 with a per-row scale
-    prompt_rows: int = 0  # the longest prompt piece of a round
-    prompt_cache_bytes: int = 0  # the prompt cache's budget (kept states), under the limit
-    kv_fp8: bool = False  # --kv-cache-dtype fp8: K, V, indexer keys in e4m3 + fp32 scales
-    shorter: tuple[tuple[int, int], ...] = ()  # serial: (a --context, its sessions)
-
-    @property
-    def workspace_bytes(self) -> int:
-        return self.scratch_bytes + self.activation_bytes
-
-    @property
-    def budget_bytes(self) -> int:
-        """What the sessions may take: limit - weights - workspace - prompt cache."""
-        return self.limit_bytes - self.weight_bytes - self.workspace_bytes - self.prompt_cache_bytes
-
-    @property
-    def sessions_bytes(self) -> int:
-        return sum(self.session_bytes)
-
-    @property
-    def free_bytes(self) -> int:
-        return self.budget_bytes - self.sessions_bytes
-
-    @property
-    def num_sessions(self) -> int:
-        return len(self.capacities)
 
 
 def plan(
@@ -164,8 +104,11 @@ def plan(
     """_plan() with `max_rows` decode rows a round, or with window_rows > 0 (--max-rows
     unset; the widest window a stream verifies) no more rows than the sessions can fill:
     min(max_rows, sessions x window_rows). Sessions auto: where fewer sessions fit than
-    max_rows would serve, the most that fit beside their own rows (the real Flash Next in
-    FP8 on an H200: one 262,144-token session beside 9 rows, none beside 64)."""
+    max_rows would serve, the most that fit beside their own rows; and where that is fewer
+    than AUTO_SESSIONS_WANTED, narrower windows (`narrower`: rows a session, halved down to
+    one) while they make room for more sessions: sessions before drafts' rows (the real
+    Flash Next in FP8 on an H200, sessions of 32,768: 6 beside windows of 9 rows, 16
+    beside one row each, which rounds share among the streams that draft)."""
     if window_rows <= 0:
         return _plan(cfg, max_rows=max_rows, slot_contexts=slot_contexts, parallel=parallel,
                      **options)  # fmt: skip
@@ -174,6 +117,33 @@ def plan(
         rows = min(max_rows, max(1, n * window_rows))
         return _plan(cfg, max_rows=rows, slot_contexts=slot_contexts, parallel=parallel,
                      **options)  # fmt: skip
+    best, refused = None, None
+    for width in narrower(window_rows):
+        try:
+            got = _auto_rows(cfg, max_rows, width, **options)
+        except OverMemoryLimit as err:
+            refused = refused or err
+            continue
+        if best is None or got.num_sessions > best.num_sessions:
+            best = got
+        if best.num_sessions >= AUTO_SESSIONS_WANTED:
+            break
+    if best is None:
+        raise refused
+    return best
+
+
+def narrower(window_rows: int) -> list[int]:
+    """The windows a plan tries, widest first: window_rows halved (rounded up) down to 1."""
+    widths = [window_rows]
+    while widths[-1] > 1:
+        widths.append(-(-widths[-1] // 2))
+    return widths
+
+
+def _auto_rows(cfg: ModelConfig, max_rows: int, window_rows: int, **options) -> MemoryPlan:
+    """Auto sessions beside max_rows rows, or, where they would fill fewer rows, the most
+    sessions that fit beside window_rows rows each."""
     try:
         full = _plan(cfg, max_rows=max_rows, **options)
     except OverMemoryLimit as err:
@@ -219,21 +189,21 @@ def _plan(
     planned beside the weights and workspace; `prompt_rows`, the longest prompt piece of a
     round, adds its activations to the workspace; kv_fp8: the attention caches in 8 bits
     (buffers.session_buffers); prompt_cache_auto (no --prompt-cache-gb): the cache takes at
-    most a quarter of what the weights, the workspace and one session leave, the sessions
-    the rest. Raises OverMemoryLimit."""
+    most a quarter of what the weights, the workspace and the sessions leave (those listed
+    or asked; auto: as many as fit up to AUTO_SESSIONS_WANTED), the sessions the rest.
+    Raises OverMemoryLimit."""
     cache_b, state_b = element_bytes(device)
     scratch = sum(b.nbytes for b in scratch_buffers(cfg, max_rows, cache_b, state_b))
     longest = max([context or cfg.max_position_embeddings, *(slot_contexts or [])])
     activations = activation_bytes(cfg, max_rows, device, prompt_rows, longest)
     context = cfg.max_position_embeddings if context is None else context
     one = session_bytes(cfg, context, cache_b, state_b, mtp, kv_fp8)
-    if prompt_cache_auto:  # a quarter at most of what is left beside one session
-        least = (
-            min(session_bytes(cfg, c, cache_b, state_b, mtp, kv_fp8) for c in slot_contexts)
-            if slot_contexts
-            else one
-        )
-        room = limit_bytes - weight_bytes - scratch - activations - least
+    if prompt_cache_auto:  # a quarter at most of what is left beside the sessions
+        room = limit_bytes - weight_bytes - scratch - activations
+        if slot_contexts:
+            room -= sum(session_bytes(cfg, c, cache_b, state_b, mtp, kv_fp8) for c in slot_contexts)
+        else:  # the sessions asked, or those that fit up to AUTO_SESSIONS_WANTED (at least 1)
+            room -= one * (parallel or min(AUTO_SESSIONS_WANTED, max(1, room // one)))
         prompt_cache_bytes = min(prompt_cache_bytes, max(0, room // PROMPT_CACHE_ROOM))
     fixed = weight_bytes + scratch + activations + prompt_cache_bytes
     if fixed > limit_bytes:

@@ -133,7 +133,8 @@ def test_prompt_pieces_shrink_before_sessions_are_refused() -> None:
 def test_auto_sessions_take_shorter_pieces_and_the_cache_yields() -> None:
     """Sessions auto: pieces halve while that adds sessions (below AUTO_SESSIONS_WANTED);
     the default prompt cache takes at most a quarter of what the weights, the workspace and
-    one session leave, a given one all it asks."""
+    the sessions that fit (up to AUTO_SESSIONS_WANTED) leave, so it never costs one of them;
+    a given one all it asks."""
     from flashlane.planning.buffers import activation_bytes, prompt_row_bytes
     from flashlane.planning.memory import AUTO_SESSIONS_WANTED, plan_fitting
 
@@ -152,10 +153,11 @@ def test_auto_sessions_take_shorter_pieces_and_the_cache_yields() -> None:
     cache = 10**9
     fixed = 10**6 + sum(b.nbytes for b in scratch_buffers(TINY, 16, 8, 8))
     one = session_bytes(TINY, 512, 8, 8)
-    room = limit - fixed - activation_bytes(TINY, 16, "cpu", 1024, 512) - one
+    room = limit - fixed - activation_bytes(TINY, 16, "cpu", 1024, 512)
+    assert room // one == 2
     auto = plan(TINY, limit_bytes=limit, prompt_rows=1024, prompt_cache_bytes=cache,
                 prompt_cache_auto=True, **kw)  # fmt: skip
-    assert auto.prompt_cache_bytes == room // 4
+    assert auto.prompt_cache_bytes == (room - 2 * one) // 4 and auto.num_sessions == 2
     with pytest.raises(OverMemoryLimit, match="prompt cache"):
         plan(TINY, limit_bytes=limit, prompt_rows=1024, prompt_cache_bytes=cache, **kw)
 
@@ -163,10 +165,12 @@ def test_auto_sessions_take_shorter_pieces_and_the_cache_yields() -> None:
 def test_real_flash_next_in_fp8_on_an_h200(real: ModelConfig) -> None:
     """The published config in block FP8 on an H200 at the default ceiling (139.8 GiB less
     5), its n-gram tables in host memory, 64 verify rows: sessions of 32k fit with 2,048-row
-    pieces (3 with a 16-bit cache, 6 with the 8-bit one; 1 with 8,192-row pieces); 16 in 8
-    bits with 16 rows and no prompt cache (issue 34's plan). Rows no more than the sessions
-    fill (9 a session, --max-rows unset): 5 sessions of 32k; one of 262,144 (none beside 64
-    rows)."""
+    pieces (4 with a 16-bit cache, 7 with the 8-bit one; 2 with 8,192-row pieces), the
+    prompt cache yielding to them; 16 in 8 bits with 16 rows and no prompt cache. Rows no
+    more than the sessions fill (--max-rows unset), windows narrowed from 9 rows a session
+    while that makes room for more: 10 sessions of 32k with a 16-bit cache, 16 with the 8-bit
+    one (issue 34's plan: --kv-cache-dtype auto's with FP8 weights), a row each; one of
+    262,144 beside its 9 rows (none beside 64)."""
     from flashlane.models.census import count_params
     from flashlane.models.fp8 import QuantSpec
     from flashlane.models.weight_bytes import fp8_bytes
@@ -184,13 +188,15 @@ def test_real_flash_next_in_fp8_on_an_h200(real: ModelConfig) -> None:
                          prompt_cache_bytes=cache, prompt_cache_auto=True)  # fmt: skip
         return p.num_sessions, p.prompt_rows
 
-    assert sessions(False) == (3, 2048) and sessions(True) == (6, 2048)
+    assert sessions(False) == (4, 2048) and sessions(True) == (7, 2048)
     assert plan(real, **kw, max_rows=64, prompt_rows=8192, prompt_cache_bytes=cache,
-                prompt_cache_auto=True).num_sessions == 1  # fmt: skip
+                prompt_cache_auto=True).num_sessions == 2  # fmt: skip
     assert sessions(True, rows=16, cache=0)[0] == 16
-    sized = plan_fitting(real, **kw, max_rows=64, window_rows=9, prompt_rows=8192,
-                         prompt_cache_bytes=cache, prompt_cache_auto=True)  # fmt: skip
-    assert (sized.num_sessions, sized.max_rows) == (5, 45) and sized.auto
+    for kv_fp8, want in ((False, 10), (True, 16)):
+        sized = plan_fitting(real, **kw, max_rows=64, window_rows=9, prompt_rows=8192,
+                             prompt_cache_bytes=cache, prompt_cache_auto=True,
+                             kv_fp8=kv_fp8)  # fmt: skip
+        assert (sized.num_sessions, sized.max_rows) == (want, want) and sized.auto
     kw["context"] = 262_144
     with pytest.raises(OverMemoryLimit):
         plan_fitting(real, **kw, max_rows=64, prompt_rows=8192, prompt_cache_bytes=cache,
