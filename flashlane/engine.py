@@ -166,10 +166,9 @@ class Engine:
             SessionState.empty(rank_cfg, c, cache, state, self.device, kv_fp8)
             for c in self.plan.capacities
         ]
-        # The host's pieces and the backend's limit are one number (memory.PREFILL_ROWS: each
-        # GPU piece reads every expert's weights once a layer, 5 GB of flashnext-12l's, which
-        # bounded the MoE at 2,048 rows; 8,192 is SGLang's chunked-prefill default on large
-        # GPUs), and the memory plan holds its activations.
+        # The host's pieces and the backend's limit are one number (memory.PREFILL_ROWS: a GPU
+        # piece reads every expert's weights once a layer, which bounded the MoE at 2,048 rows;
+        # 8,192 is SGLang's chunked-prefill default on large GPUs); the plan holds its activations.
         prefill_rows = self.plan.prompt_rows
         rules = self._stop_rules()
         self.backend = ModelBackend(
@@ -275,6 +274,7 @@ class Engine:
             drafter=self.backend.drafter,
             sampled=self.config.lone_sampled,
             post=self.config.lone_post,
+            max_rows=self.max_rows,
         )
         n = driver.capture_all()
         failed = f" (failed, steps run eagerly: {driver.failed})" if driver.failed else ""

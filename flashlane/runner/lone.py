@@ -58,23 +58,24 @@ class LoneDriver:
         max_steps: int = 64,
         sampled: bool = True,
         post: bool = True,
+        max_rows: int | None = None,
     ):
         """`drafter` (drafting.mtp.MtpDrafter): a drafting stream's steps queue their cells
         there, as kept shared rounds do, so its MTP head catches up when it drafts again.
         sampled: the driver takes sampled streams too (EngineConfig.lone_sampled); post: a
-        step stores its tokens into the pinned ring itself where it can (lone_post)."""
+        step stores its tokens into the pinned ring itself where it can (lone_post).
+        max_rows: the plan's rows a round (memory.MemoryPlan.max_rows), which bound a drafted
+        step's B*(K+1) rows as they bound a shared round's (None: unbounded)."""
         self.model, self.sessions, self.drafter = model, sessions, drafter
-        self.max_steps = max_steps
+        self.max_steps, self.max_rows = max_steps, max_rows
         self.device = model.embed_tokens.weight.device
         self.is_cuda = self.device.type == "cuda"
-        # sampled streams too (lanes/lone_turn.py), the shared rounds' replies (tests/runner
-        # on the CPU; tests/gpu/test_lone_sampled_gpu.py on the H200)
-        self.sampled = sampled
+        self.sampled = sampled  # sampled streams too (lanes/lone_turn.py), as shared rounds
         # graphs name the sessions through size tables (no sessions: nothing to step)
         self.use_graphs = graphs and self.is_cuda and bool(sessions)
         self.events = [torch.cuda.Event() for _ in range(RING)] if self.is_cuda else []
-        # whether a plain step stores its verdict into the pinned ring itself
-        # (kernels.record_row) where the GPU can write host memory: no copy after each graph
+        # a plain step stores its verdict into the pinned ring itself (kernels.record_row)
+        # where the GPU can write host memory: no copy after each graph
         self.posts = not self.is_cuda or (post and posts_to_pinned(model, self.device))
         # per (sessions, depth, keyed): static buffers
         self.io: dict[tuple[int, int, bool], StepBuffers] = {}

@@ -21,6 +21,7 @@ from flashlane.models.flashnext import FlashNext
 from flashlane.models.state import SessionState
 from flashlane.runner import lone
 from flashlane.runner.draft_step import draft_step
+from flashlane.runner.graphs import bucket_of
 from flashlane.runner.lone_buffers import RING
 
 DEPTH = 2  # drafts a drafted step carries (the embedded model lands ~3 in 4 at depth 1)
@@ -60,10 +61,11 @@ class Drafting:
         tokens per ms beat a plain call's, both priced as they run (a step: driver.step_ms;
         before the first step: driver.load_ms); the kind measured slower is tried again
         after PROBE_EVERY calls, the gap doubling while the tries confirm it (a drafted try
-        runs PROBE_STEPS steps). More than MAX_STREAMS: plain."""
+        runs PROBE_STEPS steps). More than MAX_STREAMS, or more rows than the plan's
+        (`fits`): plain."""
         self.num_calls += 1
         self.probing = False
-        if len(ids) > MAX_STREAMS:
+        if len(ids) > MAX_STREAMS or not self.fits(len(ids)):
             return 0
         return self._better(len(ids), budget or self.driver.max_steps)
 
@@ -79,8 +81,20 @@ class Drafting:
         return None if steps is None else (steps, depth, list(self.landed))
 
     def eager_sizes(self) -> list[int]:
-        """The sizes whose drafted step is captured at engine start."""
-        return [n for n in self.driver.sizes if n <= EAGER_STREAMS]
+        """The sizes whose drafted step is captured at engine start (those that fit)."""
+        return [n for n in self.driver.sizes if n <= EAGER_STREAMS and self.fits(n)]
+
+    def fits(self, b: int) -> bool:
+        """Whether a drafted step of b sessions holds no more rows than the plan's rows a
+        round (driver.max_rows): B*(K+1) of the size that holds b where steps are graphed.
+        A step keeps each GDN layer's state after every row until it commits (3 MiB a row
+        and layer for the full Flash Next: 5.2 GiB for 16 sessions at depth 2), in the
+        driver's graph pool, beside the plan's verify scratch for as many rows."""
+        drv = self.driver
+        if drv.max_rows is None:
+            return True
+        size = (bucket_of(b, drv.sizes) or b) if drv.use_graphs else b
+        return size * (self.depth + 1) <= drv.max_rows
 
     def _better(self, b: int, tokens: int) -> int:
         drv = self.driver

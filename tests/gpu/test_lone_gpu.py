@@ -91,6 +91,7 @@ def test_engine_replies_lone_and_shared_agree(tiny_ckpt):
     host = llm.engine.host
     lone = host.lone
     assert lone is not None and lone.use_graphs
+    assert lone.max_rows == llm.engine.max_rows  # the plan's rows bound drafted steps
     ps = prompts(500, 6)
     params = [
         SamplingParams(max_tokens=m, temperature=0.0, draft=False) for m in (40, 9, 33, 1, 25, 60)

@@ -272,6 +272,21 @@ def test_drafting_is_chosen_while_it_pays(tiny_ckpt):
     assert {d.choose(list(range(MAX_STREAMS + 1))) for _ in range(PROBE_EVERY)} == {0}
 
 
+def test_a_drafted_step_holds_no_more_rows_than_the_plan(tiny_ckpt):
+    """max_rows (the plan's rows a round): a drafted step of B sessions at depth K takes
+    B*(K+1) rows, refused past it whatever the measures (plain steps), and a size past it is
+    not captured at start (an engine hands its plan's rows to its driver: test_lone_gpu)."""
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    states = [prefilled(model, cfg, p)[0] for p in prompts()[:3]]
+    driver = LoneDriver(model, states, drafter=MtpDrafter(model, confidence=0.0), max_rows=6)
+    d = driver.drafting
+    assert d.fits(2) and not d.fits(3)  # 2 x 3 rows fit 6, 3 x 3 do not
+    assert d.choose([0, 1]) == 2 and d.choose([0, 1, 2]) == 0
+    assert all(d.fits(n) for n in d.eager_sizes())
+    unbounded = LoneDriver(model, states, drafter=MtpDrafter(model, confidence=0.0))
+    assert unbounded.drafting.fits(3) and unbounded.drafting.choose([0, 1, 2]) == 2
+
+
 def test_a_drafted_call_pays_its_load(tiny_ckpt):
     """The rule prices a call's tokens with the time before its first step (load_ms): drafted
     steps that win step for step lose a short call whose load they do not earn back."""
