@@ -10,7 +10,6 @@ import triton.language as tl
 
 __all__ = [
     "all_partitions",
-    "branched_partitions",
     "k_block",
     "partition_sum",
     "product",
@@ -86,13 +85,17 @@ def all_partitions(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     FP32_PRODUCTS: tl.constexpr,
+    BRANCH: tl.constexpr = False,
 ):
     """((p0 + p1) + p2) + ... over every partition in one loop over all K blocks (one
     software pipeline, not one a partition: partitions of 2-4 blocks spent most of their
     time filling and draining it). At each partition's last block its sum joins the total
-    and the accumulator restarts from zero; elsewhere the total gets +0.0, which changes
-    nothing (neither sum is ever -0.0: both start at +0.0, and x + y is -0.0 only when both
-    are), so the bits are those of the loop over partitions."""
+    and the accumulator restarts from zero: in a branch (BRANCH, the prefill tiles': the
+    tensor cores' pipeline waits for the accumulator once a partition, 737 -> 492 us for
+    2560x6144 at 8,192 rows, prefill_variants_fcde8a7_*.log), or by a select at every block,
+    the total getting +0.0 elsewhere, which changes nothing (neither sum is ever -0.0: both
+    start at +0.0, and x + y is -0.0 only when both are). Either way the bits are those of
+    the loop over partitions."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_blocks = tl.cdiv(K, BLOCK_K)
@@ -100,37 +103,11 @@ def all_partitions(
         a, b = k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K)
         acc = product(a, b, acc, FP32_PRODUCTS)
         edge = ((kb + 1) % BLOCKS_PER_PART == 0) | (kb == k_blocks - 1)
-        total = total + tl.where(edge, acc, 0.0)
-        acc = tl.where(edge, 0.0, acc)
-    return total
-
-
-@triton.jit
-def branched_partitions(
-    x_ptr,
-    w_ptr,
-    rm,
-    rn,
-    m_mask,
-    n_mask,
-    K,
-    stride_x,
-    BLOCKS_PER_PART: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    FP32_PRODUCTS: tl.constexpr,
-):
-    """all_partitions with a branch at each partition's last block instead of a select at
-    every block: the same sums in the same order, and the tensor cores' pipeline waits for
-    the accumulator once a partition, not once a block (prefill_variants_fcde8a7_*.log)."""
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_blocks = tl.cdiv(K, BLOCK_K)
-    for kb in range(0, k_blocks):
-        a, b = k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K)
-        acc = product(a, b, acc, FP32_PRODUCTS)
-        if ((kb + 1) % BLOCKS_PER_PART == 0) | (kb == k_blocks - 1):
-            total = total + acc
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if BRANCH:
+            if edge:
+                total = total + acc
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        else:
+            total = total + tl.where(edge, acc, 0.0)
+            acc = tl.where(edge, 0.0, acc)
     return total

@@ -38,11 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlane.kernels.linear.partitions import (
-    all_partitions,
-    branched_partitions,
-    partition_sum,
-)
+from flashlane.kernels.linear.partitions import all_partitions, partition_sum
 from flashlane.kernels.linear.prefetch import prefetch_rows, prefetch_span
 from flashlane.kernels.linear.tiles import DECODE_ROWS, prefill_tile, row_tile, shaped, tile_config
 from flashlane.kernels.partials import add_partials, counters, last_to_arrive
@@ -159,16 +155,22 @@ def _linear_kernel(
                 )
     elif FLAT:
         # FLAT 1: one loop, a select at every block; 2: a branch at each partition's end
-        if FLAT == 2:
-            total = branched_partitions(
-                x_ptr, w_ptr, rm, rn, m_mask, n_mask, K, stride_x,
-                BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS,
-            )  # fmt: skip
-        else:
-            total = all_partitions(
-                x_ptr, w_ptr, rm, rn, m_mask, n_mask, K, stride_x,
-                BLOCKS_PER_PART, BLOCK_M, BLOCK_N, BLOCK_K, FP32_PRODUCTS,
-            )  # fmt: skip
+        total = all_partitions(
+            x_ptr,
+            w_ptr,
+            rm,
+            rn,
+            m_mask,
+            n_mask,
+            K,
+            stride_x,
+            BLOCKS_PER_PART,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            FP32_PRODUCTS,
+            FLAT == 2,
+        )
         tl.store(
             y_ptr + offs_y, _stored(total, rn[None, :], squash_cols, SQUASH, dt), mask=out_mask
         )
