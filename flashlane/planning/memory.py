@@ -107,8 +107,8 @@ def plan(
     max_rows would serve, the most that fit beside their own rows; and where that is fewer
     than AUTO_SESSIONS_WANTED, narrower windows (`narrower`: rows a session, halved down to
     one) while they make room for more sessions: sessions before drafts' rows (the real
-    Flash Next in FP8 on an H200, sessions of 32,768: 6 beside windows of 9 rows, 16
-    beside one row each, which rounds share among the streams that draft)."""
+    Flash Next in FP8 on an H200 with 8-bit caches, sessions of 32,768: 6 beside windows of
+    9 rows, 16 beside a row each, which rounds share among the streams that draft)."""
     if window_rows <= 0:
         return _plan(cfg, max_rows=max_rows, slot_contexts=slot_contexts, parallel=parallel,
                      **options)  # fmt: skip

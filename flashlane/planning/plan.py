@@ -47,7 +47,7 @@ class MemoryPlan:
     host_dtype: str = "bf16"  # the table's values there: bf16, or int8 with a per-row scale
     prompt_rows: int = 0  # the longest prompt piece of a round
     prompt_cache_bytes: int = 0  # the prompt cache's budget (kept states), under the limit
-    kv_fp8: bool = False  # --kv-cache-dtype fp8: K, V, indexer keys in e4m3 + fp32 scales
+    kv_fp8: bool = False  # K, V, indexer keys in e4m3 + fp32 scales (fp8, or auto: FP8 weights)
     shorter: tuple[tuple[int, int], ...] = ()  # serial: (a --context, its sessions)
 
     @property
