@@ -151,7 +151,9 @@ def _auto_rows(cfg: ModelConfig, max_rows: int, window_rows: int, **options) -> 
     if full is not None and full.num_sessions * window_rows >= max_rows:
         return full
     best = full
-    for n in range(1, -(-max_rows // window_rows)):  # n sessions fill fewer than max_rows
+    most = MAX_AUTO_SESSIONS_GPU if options["device"].startswith("cuda") else MAX_AUTO_SESSIONS
+    # n sessions that fill fewer than max_rows, no more than auto takes on the device
+    for n in range(1, min(-(-max_rows // window_rows), most + 1)):
         try:
             fits = _plan(cfg, max_rows=n * window_rows, parallel=n, **options)
         except OverMemoryLimit as err:

@@ -226,6 +226,32 @@ def test_rows_no_more_than_the_sessions_fill() -> None:
         plan(TINY, limit_bytes=small, max_rows=9 * (n + 1), parallel=n + 1, **kw)
 
 
+def test_sessions_come_before_drafting_rows() -> None:
+    """Auto sessions fewer than AUTO_SESSIONS_WANTED beside windows of 9 rows: windows
+    narrow (9, 5, 3, 2, 1 rows a session) while that fits more, up to MAX_AUTO_SESSIONS on
+    the CPU; where 16 fit beside wide windows, the windows stay."""
+    from flashlane.planning.buffers import activation_bytes
+    from flashlane.planning.memory import AUTO_SESSIONS_WANTED, narrower
+
+    assert narrower(9) == [9, 5, 3, 2, 1] and narrower(4) == [4, 2, 1] and narrower(1) == [1]
+    kw = dict(device="cpu", weight_bytes=10**6, context=16)
+    row = sum(b.nbytes for b in scratch_buffers(TINY, 1, 8, 8))
+    one = session_bytes(TINY, 16, 8, 8)
+    assert row > one / 4  # a row's scratch worth a good part of a session here
+
+    def limit(n: int) -> int:  # n sessions beside 9 rows each
+        return 10**6 + activation_bytes(TINY, 64, "cpu", 0, 16) + n * (one + 9 * row) + row
+
+    p = plan(TINY, limit_bytes=limit(4), max_rows=64, window_rows=9, **kw)
+    assert 4 < p.num_sessions < AUTO_SESSIONS_WANTED and p.max_rows == p.num_sessions  # a row
+    p = plan(TINY, limit_bytes=limit(6), max_rows=64, window_rows=9, **kw)
+    assert p.num_sessions == MAX_AUTO_SESSIONS  # 18 would fit: the CPU's auto stops at 16
+    p = plan(TINY, limit_bytes=limit(8), max_rows=64, window_rows=9, **kw)
+    assert p.num_sessions == 16 and p.max_rows == 48  # 3 rows a session suffice for 16
+    wide = plan(TINY, limit_bytes=limit(20), max_rows=64, window_rows=9, **kw)
+    assert wide.num_sessions == 16 and wide.max_rows == 64
+
+
 def test_plan_arithmetic() -> None:
     p = plan(TINY, device="cpu", limit_bytes=_limit(TINY, 10**6, 3.5), weight_bytes=10**6,
              max_rows=16)  # fmt: skip
