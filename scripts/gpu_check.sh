@@ -74,6 +74,9 @@
 #          on one engine: the same prompts timed at each stage of bench model's sequence, the
 #          collector held and not, inside the profiler; then bench model's own 2k and 8k
 #          (benchmarks/prefill_ab.py; PREFILL_AB_ARGS overrides; ~3 minutes)
+# round-split: issue 28's drafting at one stream: a short prompt's round and a drafted lone
+#          call's load (the MTP head's absorb), wall, launches, kernels, host functions
+#          (benchmarks/round_split.py, embedded model; SPLIT_ARGS overrides; ~1 minute)
 # prefill-variants: the prefill linears whose partitions run in one program, in wider tiles
 #          and each loop over the partitions, bits against the model's tile
 #          (benchmarks/prefill_variants.py; VARIANTS_ARGS overrides, default --rows 8192)
@@ -354,6 +357,10 @@ script_step() {
 
 if [[ " $steps " == *" replay "* ]]; then
     script_step replay alone_replay "${REPLAY_ARGS:---device cuda --config flashnext-12l}"
+fi
+
+if [[ " $steps " == *" round-split "* ]]; then
+    script_step round-split round_split "${SPLIT_ARGS:---device cuda}"
 fi
 
 if [[ " $steps " == *" prefill-variants "* ]]; then

@@ -1,0 +1,165 @@
+"""Where a short prompt's round and a drafted lone call's load spend their time (issue 28):
+on the H200 the embedded model's 64-token reply spent 16.1 ms in its ~20-token prompt (one
+shared round) against 24.4 ms decoding, and a drafted lone call 2.9-4.6 ms before its first
+step (the MTP head absorbing the plain steps' queued cells) against 0.15 ms for a plain call
+(bench_lanes_cuda_8fdb6b7_*). This splits both: wall time, kernel launches (a graph replay
+counts one), the kernels' busy time, and the flashlane functions that hold the host longest.
+
+    python benchmarks/round_split.py --device cuda
+    python benchmarks/round_split.py --device cpu --tokens 8     # a smoke test
+
+Prints a short report, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import statistics
+import time
+
+import torch
+
+from flashlane.llm import LLM
+from flashlane.request import SamplingParams
+
+LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch", "cudaLaunchKernelExC")
+
+
+def sync(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def profiled(fn, cuda: bool) -> dict:
+    """fn() once under torch.profiler: launches, kernels' busy ms (CUDA), wall ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync(cuda)
+    t = time.perf_counter()
+    with profile(activities=acts) as prof:
+        fn()
+        sync(cuda)
+    wall = time.perf_counter() - t
+    events = prof.key_averages()
+    launches = sum(e.count for e in events if e.key.startswith(LAUNCHES))
+    busy = sum(
+        getattr(e, "self_device_time_total", 0) for e in events if e.device_type.name == "CUDA"
+    )
+    return {"wall_ms": 1e3 * wall, "launches": launches, "kernels_ms": busy / 1e3}
+
+
+def host_top(fn, n: int = 12) -> list[tuple[str, float]]:
+    """The flashlane functions with the most cumulative host time in fn(), ms."""
+    pr = cProfile.Profile()
+    pr.enable()
+    fn()
+    pr.disable()
+    stats = pstats.Stats(pr).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
+    rows = [
+        (f"{path.split('/flashlane/')[-1]}:{name}", ct * 1e3)
+        for (path, _, name), (_, _, _, ct, _) in stats.items()
+        if "/flashlane/" in path and "/bench" not in path
+    ]
+    return sorted(rows, key=lambda r: -r[1])[:n]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="a checkpoint folder (default: embedded)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--prompt-len", type=int, default=20)
+    ap.add_argument("--tokens", type=int, default=64, help="the drafted reply's tokens")
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    cuda = args.device.startswith("cuda")
+    llm = LLM(args.model, parallel=4, device=args.device)
+    vocab = llm.engine.model_config.vocab_size
+    prompt = [[(97 + 31 * i) % vocab for i in range(args.prompt_len)]]
+    one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, draft=False)
+    out: dict = {"bench": "round_split", "device": args.device, "prompt_len": args.prompt_len}
+
+    def ttft() -> None:
+        llm.generate(prompt, one)
+
+    for _ in range(3):  # compiles and captures first
+        ttft()
+    walls = []
+    for _ in range(args.repeats):
+        sync(cuda)
+        t = time.perf_counter()
+        ttft()
+        sync(cuda)
+        walls.append(1e3 * (time.perf_counter() - t))
+    out["prompt_round"] = {"wall_ms_median": statistics.median(walls), **profiled(ttft, cuda)}
+    out["prompt_round_host"] = host_top(ttft)
+
+    # a drafted reply: the drafted lone calls' loads, and the absorbs inside them
+    lone = getattr(llm.engine.host, "lone", None)
+    drafter = llm.engine.backend.drafter
+    drafted = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
+    absorbs: list[tuple[int, float]] = []
+    if drafter is not None:
+        inner = drafter.absorb_waiting
+
+        def timed_absorb(stream_ids, sessions, pending):
+            cells = sum(
+                len(drafter.waiting[s].next_ids) for s in stream_ids if s in drafter.waiting
+            )
+            sync(cuda)
+            t = time.perf_counter()
+            inner(stream_ids, sessions, pending)
+            sync(cuda)
+            absorbs.append((cells, 1e3 * (time.perf_counter() - t)))
+
+        drafter.absorb_waiting = timed_absorb
+    for _ in range(args.repeats):
+        llm.generate(prompt, drafted)
+    out["drafted"] = {
+        "absorbs": len(absorbs),
+        "absorb_ms_median": statistics.median(ms for _, ms in absorbs) if absorbs else None,
+        "cells_median": statistics.median(c for c, _ in absorbs) if absorbs else None,
+        "lone_load_ms": {
+            f"{b},{d}": round(v, 4) for (b, d), v in (lone.load_ms if lone else {}).items()
+        },
+        "lone_step_ms": {
+            f"{b},{d}": round(v, 4) for (b, d), v in (lone.step_ms if lone else {}).items()
+        },
+        "lone_drafted_calls": getattr(getattr(lone, "drafting", None), "num_drafted", None),
+    }
+    if absorbs:
+        # one absorb under the profiler: its launches
+        def again():
+            llm.generate(prompt, drafted)
+
+        profiled_absorb: list[dict] = []
+        drafter.absorb_waiting = lambda *a: profiled_absorb.append(
+            profiled(lambda: inner(*a), cuda)
+        )
+        again()
+        out["drafted"]["absorb_profiled"] = profiled_absorb[:3]
+    p = out["prompt_round"]
+    print(
+        f"prompt of {args.prompt_len} tokens, one token out: {p['wall_ms_median']:.2f} ms "
+        f"(median of {args.repeats}); profiled {p['wall_ms']:.2f} ms wall, {p['launches']} "
+        f"launches, {p['kernels_ms']:.2f} ms of kernels"
+    )
+    for name, ms in out["prompt_round_host"]:
+        print(f"  {ms:8.2f} ms  {name}")
+    d = out["drafted"]
+    print(
+        f"drafted replies of {args.tokens}: {d['absorbs']} absorbs, median "
+        f"{d['absorb_ms_median']} ms for {d['cells_median']} cells; lone load_ms "
+        f"{d['lone_load_ms']}, step_ms {d['lone_step_ms']}"
+    )
+    for a in d.get("absorb_profiled", []):
+        print(f"  an absorb: {a['wall_ms']:.2f} ms wall, {a['launches']} launches, "
+              f"{a['kernels_ms']:.2f} ms of kernels")  # fmt: skip
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
