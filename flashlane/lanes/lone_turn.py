@@ -140,7 +140,7 @@ def _drafted(host: LaneHost, streams: list[Stream], take_for, held: list) -> boo
         [s.session_id for s in streams], [s.reply_ids[-1] for s in streams],
         [s.start for s in streams], min(host.config.lone_steps, left),
         min(s.room for s in streams), [take_for(s) for s in streams],
-        [s.stream_id for s in streams], [s.draws for s in streams], hints=hints,
+        [s.stream_id for s in streams], [s.draws for s in streams], hints=hints, left=left,
     )  # fmt: skip
     if ran is None:
         return False

@@ -123,11 +123,13 @@ class LoneDriving(Protocol):
         stream_ids: list[int],
         draws: list[Any],
         hints: list[list[int]] | None = None,
+        left: int | None = None,
     ) -> tuple[int, int, list[int]] | None:
         """decode_many in drafted steps where the driver drafts these (greedy, drafting)
         streams and finds it pays: (steps, depth, drafts landed per stream), else None and
         nothing ran. hints: each stream's guesses at its next tokens (its copy drafts), for
-        a first step that has no drafts of the driver's own."""
+        a first step that has no drafts of the driver's own; left: the tokens the replies
+        still want (the fewest), over which a drafted call's load is priced."""
         ...
 
     def step_seconds(self, b: int) -> float | None:

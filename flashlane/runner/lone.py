@@ -243,14 +243,15 @@ class LoneDriver:
                     self._give_up(err)
         return len(self.graphs)
 
-    def decode_drafted(self, *args, hints: list[list[int]] | None = None):
+    def decode_drafted(self, *args, hints: list[list[int]] | None = None, left=None):
         """decode_many in drafted steps (runner/lone_draft.py: Drafting.run's arguments) where
         Drafting.choose says they pay -> (steps, depth, drafts landed per session); None:
-        plain steps (nothing ran). hints: each stream's guesses at its next tokens."""
+        plain steps (nothing ran). hints: each stream's guesses at its next tokens; left:
+        the tokens the replies still want (the fewest)."""
         drafting = self.drafting
         if drafting is None or self.drafter is None or not self.drafter.enabled:
             return None
-        return drafting.run(*args, hints=hints)
+        return drafting.run(*args, hints=hints, left=left)
 
     def clock(self) -> tuple[float, int]:
         """A call's start for run_steps: the time and the Triton compiles so far."""

@@ -55,24 +55,28 @@ class Drafting:
         self.probe_every = self.until_probe = PROBE_EVERY
         self.probing = False  # this call tries the kind measured slower (or unmeasured)
 
-    def choose(self, ids: list[int], budget: int | None = None) -> int:
-        """The depth, or 0 (plain steps), for a call of these sessions for up to `budget`
-        tokens each (default: a call's most steps): drafts while a drafted call's expected
-        tokens per ms beat a plain call's, both priced as they run (a step: driver.step_ms;
-        before the first step: driver.load_ms); the kind measured slower is tried again
-        after PROBE_EVERY calls, the gap doubling while the tries confirm it (a drafted try
-        runs PROBE_STEPS steps). More than MAX_STREAMS, or more rows than the plan's
-        (`fits`): plain."""
+    def choose(self, ids: list[int], budget: int | None = None, left: int | None = None) -> int:
+        """The depth, or 0 (plain steps), for a call of these sessions of up to `budget`
+        steps (default: a call's most steps) for replies that want `left` more tokens (None:
+        as many as the steps give): drafts while a drafted call's tokens cost fewer ms each
+        than a plain call's, both priced as they run (a step: driver.step_ms; before the
+        first step: driver.load_ms) over the tokens each call gives (a plain step one, a
+        drafted step 1 + its expected landed drafts, up to `left`); the kind measured
+        slower is tried again after PROBE_EVERY calls, the gap doubling while the tries
+        confirm it (a drafted try runs PROBE_STEPS steps). More than MAX_STREAMS, or more
+        rows than the plan's (`fits`): plain."""
         self.num_calls += 1
         self.probing = False
         if len(ids) > MAX_STREAMS or not self.fits(len(ids)):
             return 0
-        return self._better(len(ids), budget or self.driver.max_steps)
+        return self._better(len(ids), budget or self.driver.max_steps, left)
 
-    def run(self, ids, tokens, positions, budget, room, takes, stream_ids, draws, hints=None):
+    def run(
+        self, ids, tokens, positions, budget, room, takes, stream_ids, draws, hints=None, left=None
+    ):
         """LoneDriver.decode_drafted: `decode` where `choose` drafts -> (steps, depth, drafts
         landed per session); None: plain steps (nothing ran)."""
-        depth = self.choose(ids, budget)
+        depth = self.choose(ids, budget, left)
         if not depth:
             return None
         if self.probing:
@@ -96,7 +100,7 @@ class Drafting:
         size = (bucket_of(b, drv.sizes) or b) if drv.use_graphs else b
         return size * (self.depth + 1) <= drv.max_rows
 
-    def _better(self, b: int, tokens: int) -> int:
+    def _better(self, b: int, steps: int, left: int | None) -> int:
         drv = self.driver
         measured = {n for n, d in drv.step_ms if d == 0}
         measured &= {n for n, d in drv.step_ms if d == self.depth}
@@ -110,10 +114,12 @@ class Drafting:
         for d in range(1, self.depth + 1):
             landing *= self.stats.rate(d)
             expected += landing
-        # ms for the call's tokens each way: its load, then its steps
+        # ms a token each way: a call's load, then its steps, over the tokens they give (a
+        # drafted call of as many steps gives `expected` a step: its load spread over more)
         loads = [drv.load_ms.get((near, d), 0.0) for d in (0, self.depth)]
-        plain_ms = loads[0] + tokens * plain
-        drafted_ms = loads[1] + math.ceil(tokens / expected) * drafted
+        plain_ms = (loads[0] + steps * plain) / steps
+        tokens = max(1.0, min(steps * expected, math.inf if left is None else left))
+        drafted_ms = (loads[1] + math.ceil(tokens / expected) * drafted) / tokens
         better = self.depth if drafted_ms < plain_ms else 0
         if better != self.best:  # the measures changed their mind: try the other kind soon
             self.best, self.probe_every = better, PROBE_EVERY

@@ -145,7 +145,7 @@ def llm(tiny_ckpt):
 def with_drafting_lone(llm, steps: int, streams: int = 1, depth: int = 2):
     driver = with_lone(llm, steps, streams, drafter=llm.engine.backend.drafter)
     driver.drafting.depth = depth
-    driver.drafting.choose = lambda ids, budget=None: depth  # drafted always (CPU timings)
+    driver.drafting.choose = lambda ids, budget=None, left=None: depth  # always (CPU timings)
     return driver
 
 
@@ -288,8 +288,10 @@ def test_a_drafted_step_holds_no_more_rows_than_the_plan(tiny_ckpt):
 
 
 def test_a_drafted_call_pays_its_load(tiny_ckpt):
-    """The rule prices a call's tokens with the time before its first step (load_ms): drafted
-    steps that win step for step lose a short call whose load they do not earn back."""
+    """The rule prices each kind's tokens with the time before its first step (load_ms),
+    over the tokens its call gives: a plain call's steps one each, a drafted call's as many
+    steps 1 + their expected landed drafts each, no more than the replies want (`left`).
+    Drafted steps that win step for step lose a call too short to earn their load back."""
     cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
     s, _ = prefilled(model, cfg, prompts()[0])
     driver = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0))
@@ -297,11 +299,12 @@ def test_a_drafted_call_pays_its_load(tiny_ckpt):
     driver.step_ms.update({(1, 0): 0.4, (1, 2): 0.6})
     for _ in range(4):  # both depths land 5 in 6 (smoothed): 2.53 tokens a drafted step
         d.stats.record([1.0, 1.0], 2)
-    assert d.choose([0], 32) == 2  # 13 drafted steps, 7.8 ms, against 12.8 ms
+    assert d.choose([0], 32) == 2  # 0.24 ms a token (32 steps, 81 tokens) against 0.4
     driver.load_ms.update({(1, 0): 0.1, (1, 2): 6.0})  # a drafted call's host work first
-    assert d.choose([0], 32) == 0  # 13.8 ms against 12.9
-    assert d.choose([0], 8) == 0  # 8.4 ms against 3.3
-    assert d.choose([0], 10_000) == 2  # a long call earns its load back
+    assert d.choose([0], 32) == 2  # 25.2 ms for 81 tokens: 0.31 a token against 0.40
+    assert d.choose([0], 32, left=32) == 0  # a 32-token reply: 13.8 ms against 12.9
+    assert d.choose([0], 8) == 0  # 10.8 ms for 20 tokens: 0.53 against 0.41
+    assert d.choose([0], 10_000, left=10_000) == 2  # a long call earns its load back
 
 
 def test_a_row_without_a_finite_logit_ends_its_step(tiny_ckpt, monkeypatch):
