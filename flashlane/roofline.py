@@ -116,8 +116,10 @@ def prefill_flops(cfg: ModelConfig, tokens: int) -> float:
     return 2.0 * active * tokens + attn
 
 
-def measure_ceilings(device: str = "cuda") -> dict:
-    """Copy bandwidth (bytes read + written per second) and the bf16 matrix rate, measured."""
+def measure_ceilings(device: str = "cuda", fp8: bool = False) -> dict:
+    """Copy bandwidth (bytes read + written per second) and the bf16 matrix rate, measured;
+    with `fp8` also the e4m3 matrix rate (torch._scaled_mm, fp32 accumulation: the rate an
+    FP8 model's prefill is held to), None where this torch or GPU has none."""
     n = 1 << 30  # 1 GiB per buffer: far past the L2
     a = torch.empty(n, dtype=torch.uint8, device=device)
     b = torch.empty_like(a)
@@ -134,4 +136,19 @@ def measure_ceilings(device: str = "cuda") -> dict:
 
     copy_s = timed(lambda: b.copy_(a), 20)
     mm_s = timed(lambda: m @ m, 10)
-    return {"bandwidth_Bps": 2 * n / copy_s, "bf16_flops": 2 * 8192**3 / mm_s}
+    out = {"bandwidth_Bps": 2 * n / copy_s, "bf16_flops": 2 * 8192**3 / mm_s}
+    if fp8:
+        out["fp8_flops"] = _fp8_rate(m, timed)
+    return out
+
+
+def _fp8_rate(m: torch.Tensor, timed) -> float | None:
+    """e4m3 x e4m3 -> bf16 products of m's size per second (the second operand column-major,
+    as _scaled_mm takes it), None where _scaled_mm is missing or refuses."""
+    try:
+        q = m.to(torch.float8_e4m3fn)
+        one = torch.ones((), device=m.device, dtype=torch.float32)
+        run = lambda: torch._scaled_mm(q, q.t(), one, one, out_dtype=torch.bfloat16)  # noqa: E731
+        return 2 * m.shape[0] ** 3 / timed(run, 10)
+    except (AttributeError, RuntimeError):
+        return None

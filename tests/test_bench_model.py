@@ -244,3 +244,18 @@ def test_a_prefill_the_engine_cannot_run_ends_its_row_only(tmp_path, capsys, mon
     assert "OutOfMemoryError" in ours["prefill"]["96"]["error"]
     lines = capsys.readouterr().out.splitlines()
     assert any(ln.startswith("prefill 96 tokens") and "failed" in ln for ln in lines)
+
+
+def test_an_fp8_prefill_is_shown_against_the_e4m3_matrix_rate():
+    """An FP8 model's prefill row (bench model --quantization fp8 measures the e4m3 rate with
+    the ceilings): the table's figure is its share of that rate, and says so; a bf16 row
+    keeps the bf16 rate's share."""
+    from flashlane.bench.model_table import table
+
+    row = dict(tok_s=8000.0, ttft_runs_s=[1.0, 1.0, 1.0], spread=0.01, of_matrix_rate=0.14)
+    result = {"ours": {"decode": {}, "prefill": {8192: dict(row, of_fp8_matrix_rate=0.07)}}}
+    text = table(result)
+    assert "7%" in text and "of the e4m3 matrix rate" in text and "14%" not in text
+    result["ours"]["prefill"][8192] = row
+    text = table(result)
+    assert "14%" in text and "e4m3" not in text

@@ -264,7 +264,9 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
             "over_shared_rounds": out["decode"][1]["tok_s"]
             / out["decode_shared_rounds"][1]["tok_s"],
         }
-    out["prefill"] = prefill_rows(args, llm, cfg, ceilings.get("bf16_flops"), failed)
+    out["prefill"] = prefill_rows(
+        args, llm, cfg, ceilings.get("bf16_flops"), failed, ceilings.get("fp8_flops")
+    )
     if cuda:
         out["memory"] = memory_figures(llm, started)
     graphs = llm.engine.model.graphs
@@ -309,7 +311,8 @@ def bench_model_main(argv: list[str]) -> int:
     raw = config_dict(args.config)
     if args.quantization and args.peer != "none":
         raise SystemExit("--quantization fp8 has no peer on the same weights: --peer none")
-    ceilings = measure_ceilings(args.device) if cuda else {}
+    # an FP8 model's prefill is held to the e4m3 matrix rate too (issue 34)
+    ceilings = measure_ceilings(args.device, fp8=args.quantization == "fp8") if cuda else {}
     if cuda:
         torch.cuda.empty_cache()
     result = {

@@ -137,10 +137,13 @@ def prefill_seconds(llm: LLM, vocab: int, length: int, seed: int) -> float:
         gc.enable()
 
 
-def prefill_rows(args, llm: LLM, cfg, rate: float | None, failed: dict) -> dict:
+def prefill_rows(
+    args, llm: LLM, cfg, rate: float | None, failed: dict, fp8_rate: float | None = None
+) -> dict:
     """Each --prefill length: the median TTFT of --prefill-repeats fresh prompts (timed after
-    the warm one), min, runs, spread and share of the matrix rate; a length whose warm prompt
-    failed gives its error."""
+    the warm one), min, runs, spread and share of the bf16 matrix rate (`rate`), and of the
+    e4m3 one (`fp8_rate`, for an FP8 model); a length whose warm prompt failed gives its
+    error."""
     rows = {}
     for length in args.prefill:
         if length in failed:
@@ -158,6 +161,8 @@ def prefill_rows(args, llm: LLM, cfg, rate: float | None, failed: dict) -> dict:
             "flops": prefill_flops(cfg, length),
             "of_matrix_rate": prefill_flops(cfg, length) / rate / ttft if rate else None,
         }
+        if fp8_rate:
+            rows[length]["of_fp8_matrix_rate"] = prefill_flops(cfg, length) / fp8_rate / ttft
     return rows
 
 
