@@ -307,6 +307,23 @@ def test_a_drafted_call_pays_its_load(tiny_ckpt):
     assert d.choose([0], 10_000, left=10_000) == 2  # a long call earns its load back
 
 
+def test_the_host_tells_the_rule_what_the_reply_still_wants(llm):
+    """run_lone passes each drafted call the tokens its replies still want (`left`, the
+    fewest), over which choose prices a drafted call's load; the call's steps stay
+    lone_steps at most."""
+    seen = []
+    driver = with_drafting_lone(llm, 8)
+    driver.drafting.choose = lambda ids, budget=None, left=None: seen.append((budget, left)) or 2
+    try:
+        params = dataclasses.replace(DRAFTING, max_tokens=20)
+        llm.generate(prompts()[0], params)
+    finally:
+        without_lone(llm)
+    assert seen and all(budget == min(8, left) for budget, left in seen)
+    assert seen[0][1] == 19  # the prompt's round gave the first of 20 tokens
+    assert [left for _, left in seen] == sorted({left for _, left in seen}, reverse=True)
+
+
 def test_a_row_without_a_finite_logit_ends_its_step(tiny_ckpt, monkeypatch):
     """A window row whose logits are all NaN: its draw goes to the take marked not finite, no
     draft after it lands, so it is the step's last token, and the tokens before it are the
