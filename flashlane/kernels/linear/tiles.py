@@ -94,28 +94,19 @@ def prefill_tile(n: int, k: int, dtype: torch.dtype) -> dict:
     if dtype == torch.float32:
         return dict(t, BLOCK_M=64)
     span = t["BLOCK_K"] * t["BLOCKS_PER_PART"]
-    if t["PARTS"] >= 6 and span % 64 == 0:
-        return dict(
-            t,
-            BLOCK_M=128,
-            BLOCK_N=128,
-            BLOCK_K=64,
-            BLOCKS_PER_PART=span // 64,
-            num_warps=8,
-            num_stages=4,
-            FLAT=2,
-        )
-    if n < 1024:
+    flat = t["PARTS"] >= 6 and span % 64 == 0
+    if not flat and n < 1024:
         return t
-    return dict(
+    wide = dict(
         t,
         BLOCK_M=128,
         BLOCK_N=128,
         BLOCK_K=64,
         BLOCKS_PER_PART=span // 64,
         num_warps=8,
-        num_stages=3,
+        num_stages=4 if flat else 3,
     )
+    return dict(wide, FLAT=2) if flat else wide
 
 
 def shaped(y: torch.Tensor, lead: tuple[int, ...]) -> torch.Tensor:
