@@ -45,14 +45,15 @@ def kv_fp8_for(
         )
     if c.kv_cache_dtype == "fp8" and kernels == "triton":
         check_kv_fp8_device(device)
-    auto = c.kv_cache_dtype == "auto" and model is not None and auto_kv_fp8(model, device)
-    return c.kv_cache_dtype == "fp8" or auto
+    auto = c.kv_cache_dtype == "auto" and model is not None
+    return memory.kv_fp8_planned(c.kv_cache_dtype, auto and auto_kv_fp8(model, device), device)
 
 
 def auto_kv_fp8(model, device: str) -> bool:
-    """--kv-cache-dtype auto's 8-bit caches: a model whose weights are block FP8 on a GPU
-    that converts e4m3 (the full Flash Next on one H200: 16 sessions of 32,768 beside its
-    weights, where caches in bf16 leave room for at most 9)."""
+    """Whether --kv-cache-dtype auto keeps 8-bit caches for `model` here
+    (memory.kv_fp8_planned): its weights block FP8 on a GPU that converts e4m3 (the full
+    Flash Next on one H200: 16 sessions of 32,768 beside its weights, where caches in bf16
+    leave room for 10)."""
     from flashlane.models.fp8_weights import fp8_weights
 
     if not device.startswith("cuda") or not fp8_weights(model):
@@ -115,8 +116,7 @@ def table_place_for(
         else memory.weight_bytes(cfg, 2, table=False, mtp=mtp)
     )
     try:
-        # auto's 8-bit caches with FP8 weights (auto_kv_fp8: on a GPU that converts e4m3)
-        kv8 = c.kv_cache_dtype == "fp8" or (c.kv_cache_dtype == "auto" and spec is not None)
+        kv8 = memory.kv_fp8_planned(c.kv_cache_dtype, spec is not None, device)
         plan_for(c, cfg, device, max_rows, cfg.num_mtp_layers > 0, text + table, 0, kv_fp8=kv8)
     except memory.OverMemoryLimit:
         return table_place(None, device, False)

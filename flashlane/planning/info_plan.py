@@ -72,7 +72,7 @@ def _plan(cfg: ModelConfig, args: argparse.Namespace, env, quant=None) -> memory
         parallel=None if args.parallel in (None, "auto") else int(args.parallel),
         prompt_rows=memory.PREFILL_ROWS[device],
         prompt_cache_bytes=memory.resolve_prompt_cache_bytes(cache_gb, device, limit),
-        kv_fp8=_kv_fp8(getattr(args, "kv_cache_dtype", None), quant, device),
+        kv_fp8=memory.kv_fp8_planned(getattr(args, "kv_cache_dtype", None), bool(quant), device),
         prompt_cache_auto=cache_gb is None,
     )
     asked = args.ple_table_dtype or "auto"
@@ -98,9 +98,3 @@ def _plan(cfg: ModelConfig, args: argparse.Namespace, env, quant=None) -> memory
         if table_place(requested, device, False) == "device":
             raise
         return on_host()
-
-
-def _kv_fp8(asked: str | None, quant, device: str) -> bool:
-    """Whether --kv-cache-dtype `asked` keeps 8-bit caches for these weights: fp8, or auto
-    with block-FP8 weights on cuda (engine_plan.auto_kv_fp8; `info` plans an H200)."""
-    return asked == "fp8" or (asked in (None, "auto") and quant is not None and device == "cuda")

@@ -70,6 +70,7 @@ __all__ = [
     "check_options",
     "default_gpu_limit",
     "element_bytes",
+    "kv_fp8_planned",
     "parse_limit_gb",
     "plan",
     "plan_fitting",
@@ -90,6 +91,14 @@ MAX_AUTO_SESSIONS_GPU = 256
 # for (the real Flash Next in FP8 on an H200: 3 sessions of 32k with pieces of 2,048, 1 with
 # 8,192)
 AUTO_SESSIONS_WANTED = 16
+
+
+def kv_fp8_planned(asked: str | None, fp8_weights: bool, device: str) -> bool:
+    """Whether --kv-cache-dtype `asked` keeps the attention caches in 8 bits: fp8, or auto
+    (None) with block-FP8 weights on cuda (the engine also asks the GPU to convert e4m3:
+    engine_plan.auto_kv_fp8)."""
+    auto = asked in (None, "auto") and fp8_weights and device.startswith("cuda")
+    return asked == "fp8" or auto
 
 
 def plan(
