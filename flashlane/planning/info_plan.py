@@ -37,8 +37,7 @@ def _plan(cfg: ModelConfig, args: argparse.Namespace, env, quant=None) -> memory
     block-FP8 checkpoint (or --quantization fp8), and the n-gram tables where
     --ple-table-device puts them (auto: on cuda when the plan fits, else in host memory),
     in host memory as --ple-table-dtype keeps them (int8: there only), the attention caches
-    as --kv-cache-dtype stores them (auto: 8-bit with block-FP8 weights on cuda, as the
-    engine's auto_kv_fp8 on an H200)."""
+    as --kv-cache-dtype stores them (auto: memory.kv_fp8_planned, on an H200)."""
     device, slots = args.device or "cuda", args.slot_contexts
     limit = memory.resolve_limit_bytes(args.memory_limit_gb, env, device, H200_BYTES)
     cache_gb = args.prompt_cache_gb
