@@ -95,6 +95,9 @@ class LaneHost:
         self._cancels: dict[str, bool] = {}  # request_id -> deliver an "abort" update
         self._next_id = 0
         self._updates: list[Update] = []
+        # cumulative, for the stats line (server/stats_log.py): rounds, prompt rows fed,
+        # seconds in shared rounds and on the lone driver
+        self.counts = {"rounds": 0, "piece_rows": 0, "shared_s": 0.0, "lone_s": 0.0}
 
     @property
     def has_work(self) -> bool:
@@ -183,19 +186,26 @@ class LaneHost:
         rest = [s for s in running if id(s) not in taken]
         decoding = any(not s.is_filling for s in running)
         started, pieces = time.perf_counter(), self._pieces(rest, decoding)
+        shared = started
         try:
             if rest:  # prompt pieces, and streams the lone driver does not take
                 room = self.lone is not None and len(alone) < self.config.lone_streams
                 self.core.step(rest, pieces, self._goes_lone if room else None)
+                shared = time.perf_counter()
                 alone = [s for s in alone if not s.is_finished]
                 if alone:  # then the decoders' share of the time, on the lone driver
-                    run_lone(self, alone, beside_budget(self, alone, time.perf_counter() - started))
+                    run_lone(self, alone, beside_budget(self, alone, shared - started))
             elif alone:
                 run_lone(self, alone)
         except RoundFailed as failed:
             self.fail_all(failed.stream_ids, failed.error)
+        ended, rows = time.perf_counter(), sum(p.num_rows for p in pieces)
         if decoding:  # the decoders waited this long for their next tokens
-            self.clock.record(time.perf_counter() - started, sum(p.num_rows for p in pieces))
+            self.clock.record(ended - started, rows)
+        c = self.counts
+        c["rounds"], c["piece_rows"] = c["rounds"] + 1, c["piece_rows"] + rows
+        c["shared_s"] += shared - started
+        c["lone_s"] += ended - shared
         keep_marks(self.cache, self.backend, running)
         self._deliver()
         updates, self._updates = self._updates, []

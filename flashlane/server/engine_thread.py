@@ -11,6 +11,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -26,6 +27,7 @@ from flashlane.models.flashnext import run_piece
 from flashlane.models.state import SessionState
 from flashlane.request import FinishReason, RequestOutput, SamplingParams
 from flashlane.server.engine_api import EngineFailed, QueueFull
+from flashlane.server.stats_log import StatsLog
 
 _DONE = object()
 log = logging.getLogger("flashlane.engine")
@@ -39,10 +41,13 @@ class AsyncEngine:
         costs: CostTable | None = None,
         served_model_name: str | None = None,
         built=None,
+        log_stats_interval: float = 0.0,
         **options: Any,
     ):
         """`built`: (config, model) made elsewhere (`flashlane serve --random-weights`),
-        served with the embedded model's tokenizer."""
+        served with the embedded model's tokenizer; `log_stats_interval`: seconds between
+        the engine's stats lines (server/stats_log.py; 0: none)."""
+        self._stats = StatsLog(log_stats_interval)
         self.config = EngineConfig.resolve(model=model, **options)
         self.engine = Engine(
             self.config,
@@ -194,9 +199,12 @@ class AsyncEngine:
             self._take_inbox(block=not host.has_work)
             if not host.has_work:
                 continue
+            started, tokens = time.perf_counter(), 0
             for u in host.run_once():
+                tokens += len(u.token_ids)
                 self._send(u.stream.request_id, output(u.stream), u.finish is not None)
             self._counters["rounds"] += 1
+            self._stats.round_done(host, time.perf_counter() - started, tokens)
 
     def _take_inbox(self, block: bool) -> None:
         try:
@@ -257,6 +265,7 @@ def start_engine(args) -> AsyncEngine:
         model=model_of(args),
         served_model_name=getattr(args, "served_model_name", None),
         built=built,
+        log_stats_interval=getattr(args, "log_stats_interval", 0.0),
         **opts,
     )
 

@@ -53,6 +53,13 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         help="(default: info)",
     )
     parser.add_argument(
+        "--log-stats-interval",
+        type=float,
+        default=10.0,
+        help="seconds between the engine's stats lines (rounds, shared and lone time, "
+        "prompt rows/s, out tok/s, streams; 0: none; default: 10)",
+    )
+    parser.add_argument(
         "--request-timeout",
         type=float,
         default=None,
