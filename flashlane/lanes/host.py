@@ -185,7 +185,8 @@ class LaneHost:
         taken = {id(s) for s in alone}
         rest = [s for s in running if id(s) not in taken]
         decoding = any(not s.is_filling for s in running)
-        started, pieces = time.perf_counter(), self._pieces(rest, decoding)
+        lone_call = self._lone_call(alone)
+        started, pieces = time.perf_counter(), self._pieces(rest, decoding, lone_call)
         shared = started
         try:
             if rest:  # prompt pieces, and streams the lone driver does not take
@@ -201,7 +202,7 @@ class LaneHost:
             self.fail_all(failed.stream_ids, failed.error)
         ended, rows = time.perf_counter(), sum(p.num_rows for p in pieces)
         if decoding:  # the decoders waited this long for their next tokens
-            self.clock.record(ended - started, rows)
+            self.clock.record(ended - started, rows, lone_call)
         c = self.counts
         c["rounds"], c["piece_rows"] = c["rounds"] + 1, c["piece_rows"] + rows
         c["shared_s"] += shared - started
@@ -280,14 +281,22 @@ class LaneHost:
                 s.matcher = StopMatcher(s.params.stop)
         begin(s, self.rules)
 
-    def _pieces(self, running: Sequence[Stream], decoding: bool) -> list[Window]:
+    def _lone_call(self, alone: Sequence[Stream]) -> float | None:
+        """Seconds of a whole lone call for these decoders (the piece clock's round without
+        pieces for them), None before their steps are measured."""
+        step = self.lone.step_seconds(len(alone)) if alone and self.lone is not None else None
+        return None if step is None else step * self.config.lone_steps
+
+    def _pieces(
+        self, running: Sequence[Stream], decoding: bool, lone_call: float | None = None
+    ) -> list[Window]:
         """One prompt piece per filling stream, oldest first, within the round's prompt rows:
         while replies decode, as many as the piece clock finds keep their gaps short."""
         cfg = self.config
         budget = cfg.prefill_rows
         if decoding:
             most = max(CHUNK, int(budget * (1.0 - cfg.decode_share)) // CHUNK * CHUNK)
-            budget = self.clock.rows(most)
+            budget = self.clock.rows(most, lone_call)
         pieces = []
         for s in sorted((s for s in running if s.is_filling), key=lambda s: s.arrival):
             piece = prompt_piece(s, budget)

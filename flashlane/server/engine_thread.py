@@ -23,6 +23,7 @@ from flashlane.engine import Engine
 from flashlane.lanes.host import QueueFull as HostQueueFull
 from flashlane.lanes.outputs import output
 from flashlane.lanes.records import CHUNK, CostTable
+from flashlane.lanes.warm_start import warm_start
 from flashlane.models.flashnext import run_piece
 from flashlane.models.state import SessionState
 from flashlane.request import FinishReason, RequestOutput, SamplingParams
@@ -70,6 +71,9 @@ class AsyncEngine:
         # a lone call ends after its next step when requests or aborts wait in the inbox,
         # instead of after its whole budget
         e.host.interrupted = lambda: not self._inbox.empty()
+        if e.device.startswith("cuda"):  # no request pays a compile or a capture
+            secs = warm_start(e.host, self.model_vocab_size)
+            log.info(f"engine: warm rounds in {secs:.1f} s")
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         # cumulative; the per-request ones are counted when a request ends
         self._counters = dict.fromkeys(

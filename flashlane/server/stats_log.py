@@ -4,12 +4,16 @@ host's counters (LaneHost.counts) and its streams.
 
     engine: 41 rounds in 5.0 s (shared 3.9 s, lone 1.1 s); prompt 2,048 rows/s, out 310.4
     tok/s; 12 decoding, 4 filling, 0 waiting; longest round 402 ms
+
+and, where rounds met new shapes, the Triton compiles and the lone driver's graph captures.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+
+from flashlane.kernels import compiles
 
 log = logging.getLogger("flashlane.engine")
 
@@ -24,6 +28,7 @@ class StatsLog:
         self.last: dict[str, float] = {}
         self.tokens = 0
         self.longest = 0.0
+        self.compiles, self.captured = compiles.count(), 0.0
 
     def round_done(self, host, seconds: float, tokens: int) -> str | None:
         """After a round of `seconds` that delivered `tokens`: the line, logged, when the
@@ -39,13 +44,21 @@ class StatsLog:
         counts = dict(host.counts)
         d = {k: v - self.last.get(k, 0) for k, v in counts.items()}
         decoding = sum(1 for s in host.live if not s.is_filling)
+        built, captured = compiles.count(), getattr(host.lone, "capture_seconds", 0.0)
+        first_use = (
+            f"; {built - self.compiles} Triton compiles, graph captures"
+            f" {captured - self.captured:.1f} s"
+            if built > self.compiles or captured > self.captured
+            else ""
+        )
         line = (
             f"engine: {d['rounds']:,.0f} rounds in {span:.1f} s (shared {d['shared_s']:.1f} s,"
             f" lone {d['lone_s']:.1f} s); prompt {d['piece_rows'] / span:,.0f} rows/s, out"
             f" {self.tokens / span:,.1f} tok/s; {decoding} decoding,"
             f" {len(host.live) - decoding} filling, {len(host.waiting)} waiting; longest round"
-            f" {self.longest * 1e3:,.0f} ms"
+            f" {self.longest * 1e3:,.0f} ms{first_use}"
         )
         self.since, self.last, self.tokens, self.longest = now, counts, 0, 0.0
+        self.compiles, self.captured = built, captured
         log.info(line)
         return line

@@ -12,54 +12,54 @@ from flashlane.request import SamplingParams
 from tests.lanes.fake import FakeBackend, hash_model, make_host, run_to_end, serial
 
 
-def test_one_chunk_first_then_a_second_size_where_one_does_not_give_the_line():
+def test_one_chunk_until_both_figures_are_measured():
     clock = PieceClock(2.5)
     assert clock.rows(1024) == CHUNK
-    clock.record(0.5, 64)  # a piece round before any plain one: nothing to compare with
-    assert clock.line() is None and clock.rows(1024) == 2 * CHUNK
-    assert clock.rows(CHUNK) == CHUNK  # never past `most`
-    clock.record(0.1, 0)  # now 64 rows are past the limit (0.25 s): still a second size
-    assert clock.line() is None and clock.rows(1024) == 2 * CHUNK
+    clock.record(0.5, 64)  # a piece round before any plain one: nothing to subtract from
+    assert clock.per_row is None and clock.rows(1024) == CHUNK
     clock.record(0.1, 0)
-    assert clock.rows(32) == 32
+    assert clock.rows(1024) == CHUNK and clock.rows(32) == 32
 
 
 def test_pieces_fill_the_room_the_stall_leaves():
     clock = PieceClock(2.5)
     clock.record(0.1, 0)
     clock.record(0.1 + 64 * 0.0005, 64)  # 0.5 ms a row: room 0.15 s holds 300 rows
-    assert clock.line() == pytest.approx((0.1, 0.0005))
+    assert clock.per_row == pytest.approx(0.0005)
     assert clock.rows(1024) == 256  # on the chunk grid
     assert clock.rows(128) == 128
-    clock.record(0.1 + 256 * 0.0005, 256)  # a second size: the same line
-    assert clock.line() == pytest.approx((0.1, 0.0005))
-    assert clock.rows(1024) == 256
-
-
-def test_slow_rows_keep_one_chunk():
-    clock = PieceClock(2.5)
-    clock.record(0.1, 0)
-    clock.record(0.1 + 64 * 0.1, 64)  # past the limit at one chunk: a probe of two
-    assert clock.rows(1024) == 128
-    clock.record(0.1 + 128 * 0.1, 128)  # the line: 0.1 s a row, base the plain round's
-    assert clock.line() == pytest.approx((0.1, 0.1))
+    clock.record(0.1 + 64 * 0.1, 64)  # slow rows: never below one chunk
     assert clock.rows(1024) == CHUNK
 
 
-def test_a_round_that_costs_more_than_the_stall_at_any_size_takes_many_rows():
-    """Lone decoders (20 ms a round) beside a shared round of 300 ms whatever its rows: the
-    stall cannot hold, and one chunk a round would only make the prompts' rounds many. The
-    line's base then sets the limit: stall x base, the rows fill the rest."""
+def test_a_whole_lone_call_stands_in_for_single_steps():
+    """Decoders on the lone driver, interrupted by arrivals, measure plain rounds of one step
+    (7 ms), and a shared round with any piece costs 300 ms: against the steps every piece
+    round is past the stall (one chunk a round); against a whole call of 32 steps (the
+    host's `plain`) the pieces take the most a round holds."""
+    alone = PieceClock(2.5)
+    alone.record(0.007, 0)
+    alone.record(0.3 + 64 * 0.0001, 64)
+    assert alone.rows(768) == CHUNK
     clock = PieceClock(2.5)
-    clock.record(0.02, 0)
-    clock.record(0.3 + 64 * 0.0001, 64)
-    assert clock.rows(768) == 128  # past 2.5 x 20 ms at one chunk: a second size
-    clock.record(0.3 + 128 * 0.0001, 128)
-    base, per_row = clock.line()
-    assert base == pytest.approx(0.3) and per_row == pytest.approx(0.0001)
-    assert clock.rows(768) == 768  # 0.45 s of room above the base holds 4,500 rows
-    assert clock.rows(4096) == 4096 // CHUNK * CHUNK
-    assert PieceClock(2.5).rows(4096) == CHUNK
+    clock.record(0.007, 0)
+    assert clock.baseline(0.64) == 0.64 and clock.baseline(0.001) == 0.007
+    assert clock.rows(768, 0.64) == CHUNK  # no piece round measured yet
+    clock.record(0.3 + 64 * 0.0001, 64, 0.64)
+    assert clock.per_row == 0.0 and clock.rows(768, 0.64) == 768
+    # a piece round past the call: rows by what it added
+    clock.record(0.64 + 5.0, 768, 0.64)
+    assert clock.rows(768, 0.64) < 768
+
+
+def test_the_host_prices_a_whole_lone_call():
+    host = make_host(FakeBackend())
+    assert host._lone_call([]) is None  # no lone driver
+    host.lone = types.SimpleNamespace(step_seconds=lambda n: None)
+    assert host._lone_call([object()]) is None  # not measured yet
+    host.lone = types.SimpleNamespace(step_seconds=lambda n: 0.002 * n)
+    assert host._lone_call([object(), object()]) == pytest.approx(0.004 * 32)
+    assert host._lone_call([]) is None
 
 
 def test_averages_move_toward_new_measures():
@@ -77,15 +77,14 @@ def test_a_stall_of_one_or_less_is_refused():
 class TimedBackend(FakeBackend):
     """A fake whose rounds take `base` seconds plus `per_row` a prompt row, on a fake clock."""
 
-    def __init__(self, base: float, per_row: float, piece_base: float = 0.0, **kw):
+    def __init__(self, base: float, per_row: float, **kw):
         super().__init__(**kw)
         self.base, self.per_row, self.now = base, per_row, 0.0
-        self.piece_base = piece_base  # seconds a round with prompt rows costs beyond `base`
         self.rounds: list[tuple[int, bool, float]] = []  # prompt rows, decoding, seconds
 
     def verify(self, windows):
         rows = sum(w.num_rows for w in windows if w.kind == "prompt")
-        seconds = self.base + (self.piece_base if rows else 0.0) + self.per_row * rows
+        seconds = self.base + self.per_row * rows
         self.now += seconds
         self.rounds.append((rows, any(w.kind == "decode" for w in windows), seconds))
         return FakeBackend.verify(self, windows)
@@ -108,35 +107,6 @@ def test_a_long_prompt_beside_decoders_keeps_their_rounds_within_the_stall(monke
     assert max(rows for rows, _ in beside) == 128 < 512
     assert all(s <= 2.5 * 0.01 for _, s in beside)
     assert outs["long"].token_ids == serial(hash_model, long_prompt, None, 8)
-
-
-@pytest.mark.parametrize("plain_first", [True, False])
-def test_prompts_beside_decoders_take_few_rounds_where_a_piece_round_costs_a_lot(
-    monkeypatch, plain_first
-):
-    """A round with pieces costs 0.2 s more than one without, whatever its rows (the real
-    model's shared round beside lone steps): the pieces grow to the most a round takes
-    instead of one chunk a round, with decoders measured first or a burst of prompts
-    (the first decodes while the others fill: no plain round to compare with)."""
-    backend = TimedBackend(base=0.01, per_row=0.0001, piece_base=0.2)
-    fake_time = types.SimpleNamespace(perf_counter=lambda: backend.now, monotonic=lambda: 0.0)
-    monkeypatch.setattr(host_module, "time", fake_time)
-    host = make_host(backend, prefill_rows=1024, stall=2.5)
-    prompts = {f"p{i}": list(range(10 + i, 90 + i)) * 15 for i in range(4)}  # 1,200 each
-    host.submit("short", [11, 12, 13], SamplingParams(max_tokens=400, temperature=0.0))
-    if plain_first:
-        for _ in range(5):
-            host.run_once()
-    for rid, ids in prompts.items():
-        host.submit(rid, ids, SamplingParams(max_tokens=8, temperature=0.0))
-    outs = run_to_end(host)
-    beside = [rows for rows, decoding, _ in backend.rounds if decoding and rows]
-    assert max(beside) == 768  # 1024 less the decoders' quarter
-    assert len(beside) <= 10  # one chunk a round: 59 (a burst) or 75 rounds
-    assert host.counts["piece_rows"] == sum(rows for rows, _, _ in backend.rounds)
-    assert host.counts["rounds"] >= len(backend.rounds) and host.counts["lone_s"] == 0.0
-    for rid, ids in prompts.items():
-        assert outs[rid].token_ids == serial(hash_model, ids, None, 8)
 
 
 def test_the_depth_rule_counts_only_the_last_pieces_cells_as_catch_up(monkeypatch):

@@ -11,7 +11,7 @@ from flashlane.server.stats_log import StatsLog
 def fake_host(rounds, rows, shared, lone, filling=(), waiting=0):
     live = [types.SimpleNamespace(is_filling=f) for f in filling]
     counts = {"rounds": rounds, "piece_rows": rows, "shared_s": shared, "lone_s": lone}
-    return types.SimpleNamespace(counts=counts, live=live, waiting=[None] * waiting)
+    return types.SimpleNamespace(counts=counts, live=live, waiting=[None] * waiting, lone=None)
 
 
 def test_a_line_per_interval_from_the_counts_since_the_last():
@@ -47,3 +47,19 @@ def test_serve_takes_the_flag():
     add_serve_flags(parser)
     assert parser.parse_args([]).log_stats_interval == 10.0
     assert parser.parse_args(["--log-stats-interval", "1"]).log_stats_interval == 1.0
+
+
+def test_first_use_costs_are_named(monkeypatch):
+    from flashlane.kernels import compiles
+
+    built = [5]
+    monkeypatch.setattr(compiles, "count", lambda: built[0])
+    now = [0.0]
+    stats = StatsLog(1.0, clock=lambda: now[0])
+    host = fake_host(2, 0, 1.0, 0.0)
+    host.lone = types.SimpleNamespace(capture_seconds=0.0)
+    built[0], host.lone.capture_seconds, now[0] = 9, 4.5, 1.0
+    line = stats.round_done(host, 5.0, 1)
+    assert line.endswith("longest round 5,000 ms; 4 Triton compiles, graph captures 4.5 s")
+    now[0] = 2.0
+    assert stats.round_done(host, 0.01, 1).endswith("longest round 10 ms")

@@ -1,0 +1,62 @@
+"""Warm rounds before a server takes requests (`flashlane serve` on CUDA).
+
+The shapes a round meets first pay for themselves: a Triton kernel compiles for each new
+specialisation (pieces of several prompts in one round, odd row counts, decode windows in
+shared rounds) and the lone driver captures a graph for each new kind of step (the keyed
+draw of sampled streams, for each size). On the real FP8 model served on an H200 the first
+sixteen requests arriving together met rounds of 4.5-10 s that way (sixteen 128-token
+prompts: first tokens after 15-18 s where the rounds themselves take well under one), and
+a warm-up request of the benchmark's paid the same at one stream.
+
+So the server runs waves of short requests through the host before it listens: for each
+size of the lone driver's steps (1, 2, 4, ... up to the sessions), that many prompts of
+distinct odd lengths arrive together, greedy and then sampled, a few tokens each. Replies
+do not depend on it (rounds are exact whatever their shapes); what it leaves (the prompt
+cache, the piece clock, the host's counters) is reset after.
+"""
+
+from __future__ import annotations
+
+import time
+
+from flashlane.lanes.host import LaneHost
+from flashlane.lanes.piece_clock import PieceClock
+from flashlane.request import SamplingParams
+from flashlane.sessions.prompt_cache import PromptCache
+
+TOKENS = 4  # reply tokens of a warm request: its first from the prompt round, then steps
+
+
+def wave_sizes(host: LaneHost) -> list[int]:
+    """Requests arriving together in each wave: the lone driver's step sizes, else 1, 2, 4,
+    ... up to the sessions."""
+    n = len(host.sessions.capacities)
+    sizes = list(host.lone.sizes) if host.lone is not None else []
+    return sorted({min(s, n) for s in sizes} or {min(2**i, n) for i in range(n.bit_length())})
+
+
+def warm_start(host: LaneHost, vocab_size: int) -> float:
+    """Run the warm waves to the end; returns their seconds. The host must be idle."""
+    if host.has_work:
+        raise ValueError("warm rounds need an idle host")
+    started = time.perf_counter()
+    budget = host.config.prefill_rows
+    for size in wave_sizes(host):
+        for temperature in (0.0, 1.0):
+            lengths = _lengths(size, budget)
+            for i, length in enumerate(lengths):
+                prompt = [1 + (31 * i + 7 * j) % (vocab_size - 1) for j in range(length)]
+                params = SamplingParams(max_tokens=TOKENS, temperature=temperature)
+                host.submit(f"warm-{size}-{temperature}-{i}", prompt, params, seed=i)
+            while host.has_work:
+                host.run_once()
+    host.cache = PromptCache(host.config.prompt_cache_bytes)
+    host.clock = PieceClock(host.config.stall)  # the warm pieces' rounds are not the load's
+    host.counts = dict.fromkeys(host.counts, 0)
+    return time.perf_counter() - started
+
+
+def _lengths(size: int, budget: int) -> list[int]:
+    """Distinct odd prompt lengths for `size` requests, together within one round's rows."""
+    top = max(1, min(63, budget // size - 1))
+    return [max(1, top - 2 * (i % max(1, top // 2))) | 1 for i in range(size)]

@@ -1,0 +1,59 @@
+"""Warm rounds before a server listens (lanes/warm_start.py): waves of short requests
+arriving together at each lone size, greedy and sampled, leaving the host as it found it."""
+
+import types
+
+import pytest
+
+from flashlane.lanes.warm_start import _lengths, warm_start, wave_sizes
+from flashlane.request import SamplingParams
+from tests.lanes.fake import NUM_IDS, FakeBackend, hash_model, make_host, run_to_end, serial
+
+
+class CountingBackend(FakeBackend):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.pieces: list[int] = []  # prompt pieces per verify
+
+    def verify(self, windows):
+        self.pieces.append(sum(1 for w in windows if w.kind == "prompt"))
+        return FakeBackend.verify(self, windows)
+
+
+def test_waves_at_each_lone_size_up_to_the_sessions():
+    host = make_host(FakeBackend(), num_sessions=5)
+    assert wave_sizes(host) == [1, 2, 4]
+    host.lone = types.SimpleNamespace(sizes=[1, 2, 4, 8, 16])
+    assert wave_sizes(host) == [1, 2, 4, 5]
+
+
+def test_prompts_of_a_wave_are_distinct_odd_lengths_within_one_round():
+    for size, budget in [(1, 1024), (4, 1024), (16, 1024), (64, 1024), (16, 64)]:
+        lengths = _lengths(size, budget)
+        assert len(lengths) == size and all(n % 2 == 1 for n in lengths)
+        assert sum(lengths) <= budget
+        assert len(set(lengths)) == min(size, max(1, min(63, budget // size - 1) // 2))
+
+
+def test_warm_rounds_leave_the_host_idle_and_replies_unchanged():
+    backend = CountingBackend()
+    host = make_host(backend, num_sessions=4, prefill_rows=1024)
+    seconds = warm_start(host, NUM_IDS + 10)
+    assert seconds >= 0.0 and not host.has_work
+    assert max(backend.pieces) == 4  # four prompts' pieces in one round
+    assert host.sessions.num_free == 4
+    assert host.counts == dict.fromkeys(host.counts, 0)
+    assert host.clock.plain is None and host.clock.per_row is None
+    prompt = [11, 12, 13, 14]
+    host.submit("real", prompt, SamplingParams(max_tokens=12, temperature=0.0))
+    host.submit("seeded", prompt, SamplingParams(max_tokens=12, temperature=1.0), seed=5)
+    outs = run_to_end(host)
+    assert outs["real"].token_ids == serial(hash_model, prompt, None, 12)
+    assert outs["seeded"].token_ids == serial(hash_model, prompt, 5, 12)
+
+
+def test_a_busy_host_is_refused():
+    host = make_host(FakeBackend())
+    host.submit("live", [11, 12], SamplingParams(max_tokens=2, temperature=0.0))
+    with pytest.raises(ValueError, match="idle"):
+        warm_start(host, NUM_IDS + 10)
