@@ -41,19 +41,32 @@ def warm_start(host: LaneHost, vocab_size: int) -> float:
         raise ValueError("warm rounds need an idle host")
     started = time.perf_counter()
     budget = host.config.prefill_rows
-    for size in wave_sizes(host):
-        for temperature in (0.0, 1.0):
-            lengths = _lengths(size, budget)
-            for i, length in enumerate(lengths):
-                prompt = [1 + (31 * i + 7 * j) % (vocab_size - 1) for j in range(length)]
-                params = SamplingParams(max_tokens=TOKENS, temperature=temperature)
-                host.submit(f"warm-{size}-{temperature}-{i}", prompt, params, seed=i)
-            while host.has_work:
-                host.run_once()
+    longest = host.sessions.max_model_len - TOKENS  # a prompt a session holds with its reply
+    try:
+        for size in wave_sizes(host):
+            if size > host.config.max_queue or longest < 1:
+                break
+            for temperature in (0.0, 1.0):
+                _wave(host, vocab_size, size, temperature, budget, longest)
+    finally:  # a wave that failed leaves nothing behind
+        for s in (*host.waiting, *host.live):
+            host.cancel(s.request_id)
+        while host.has_work:
+            host.run_once()
     host.cache = PromptCache(host.config.prompt_cache_bytes)
     host.clock = PieceClock(host.config.stall)  # the warm pieces' rounds are not the load's
     host.counts = dict.fromkeys(host.counts, 0)
     return time.perf_counter() - started
+
+
+def _wave(host: LaneHost, vocab: int, size: int, temperature: float, budget: int, longest: int):
+    """`size` short requests arriving together, run to their end."""
+    for i, length in enumerate(_lengths(size, budget)):
+        prompt = [1 + (31 * i + 7 * j) % (vocab - 1) for j in range(min(length, longest))]
+        params = SamplingParams(max_tokens=TOKENS, temperature=temperature)
+        host.submit(f"warm-{size}-{temperature}-{i}", prompt, params, seed=i)
+    while host.has_work:
+        host.run_once()
 
 
 def _lengths(size: int, budget: int) -> list[int]:

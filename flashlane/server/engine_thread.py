@@ -72,8 +72,11 @@ class AsyncEngine:
         # instead of after its whole budget
         e.host.interrupted = lambda: not self._inbox.empty()
         if e.device.startswith("cuda"):  # no request pays a compile or a capture
-            secs = warm_start(e.host, self.model_vocab_size)
-            log.info(f"engine: warm rounds in {secs:.1f} s")
+            try:
+                secs = warm_start(e.host, self.model_vocab_size)
+                log.info(f"engine: warm rounds in {secs:.1f} s")
+            except Exception as err:  # the engine serves; first requests pay the first uses
+                log.warning(f"engine: warm rounds stopped ({type(err).__name__}: {err})")
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         # cumulative; the per-request ones are counted when a request ends
         self._counters = dict.fromkeys(

@@ -57,3 +57,29 @@ def test_a_busy_host_is_refused():
     host.submit("live", [11, 12], SamplingParams(max_tokens=2, temperature=0.0))
     with pytest.raises(ValueError, match="idle"):
         warm_start(host, NUM_IDS + 10)
+
+
+def test_short_sessions_and_a_short_queue_bound_the_waves():
+    backend = CountingBackend(capacities=(24,) * 4)
+    host = make_host(backend, num_sessions=4, max_queue=2)
+    warm_start(host, NUM_IDS + 10)
+    assert not host.has_work and host.sessions.num_free == 4
+    assert max(backend.pieces) == 2  # waves of 1 and 2: the queue holds two
+
+
+def test_a_wave_that_fails_leaves_the_host_idle():
+    backend = CountingBackend()
+    host = make_host(backend, num_sessions=4)
+    real = host.run_once
+    calls = []
+
+    def failing():
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("boom")
+        return real()
+
+    host.run_once = failing
+    with pytest.raises(RuntimeError, match="boom"):
+        warm_start(host, NUM_IDS + 10)
+    assert not host.has_work and host.sessions.num_free == 4
