@@ -60,6 +60,13 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         "prompt rows/s, out tok/s, streams; 0: none; default: 10)",
     )
     parser.add_argument(
+        "--disable-log-stats",
+        dest="log_stats_interval",
+        action="store_const",
+        const=0.0,
+        help="vLLM's name for --log-stats-interval 0",
+    )
+    parser.add_argument(
         "--request-timeout",
         type=float,
         default=None,

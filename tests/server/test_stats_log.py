@@ -47,6 +47,7 @@ def test_serve_takes_the_flag():
     add_serve_flags(parser)
     assert parser.parse_args([]).log_stats_interval == 10.0
     assert parser.parse_args(["--log-stats-interval", "1"]).log_stats_interval == 1.0
+    assert parser.parse_args(["--disable-log-stats"]).log_stats_interval == 0.0
 
 
 def test_first_use_costs_are_named(monkeypatch):
