@@ -9,8 +9,9 @@ prompts: first tokens after 15-18 s where the rounds themselves take well under 
 a warm-up request of the benchmark's paid the same at one stream.
 
 So the server runs waves of short requests through the host before it listens: for each
-size of the lone driver's steps (1, 2, 4, ... up to the sessions), that many prompts of
-distinct odd lengths arrive together, greedy and then sampled, a few tokens each. Replies
+size of the lone driver's steps (1, 2, 4, ... up to the sessions), that many prompts arrive
+together, greedy with distinct odd lengths (one of them 1), then sampled with lengths that
+are multiples of 16, a few tokens each. Replies
 do not depend on it (rounds are exact whatever their shapes); what it leaves (the prompt
 cache, the piece clock, the host's counters) is reset after.
 """
@@ -46,8 +47,8 @@ def warm_start(host: LaneHost, vocab_size: int) -> float:
         for size in wave_sizes(host):
             if size > host.config.max_queue or longest < 1:
                 break
-            for temperature in (0.0, 1.0):
-                _wave(host, vocab_size, size, temperature, budget, longest)
+            for temperature, grid in ((0.0, 1), (1.0, 16)):
+                _wave(host, vocab_size, size, temperature, _lengths(size, budget, grid), longest)
     finally:  # a wave that failed leaves nothing behind
         for s in (*host.waiting, *host.live):
             host.cancel(s.request_id)
@@ -59,9 +60,9 @@ def warm_start(host: LaneHost, vocab_size: int) -> float:
     return time.perf_counter() - started
 
 
-def _wave(host: LaneHost, vocab: int, size: int, temperature: float, budget: int, longest: int):
-    """`size` short requests arriving together, run to their end."""
-    for i, length in enumerate(_lengths(size, budget)):
+def _wave(host: LaneHost, vocab: int, size: int, temperature: float, lengths, longest: int):
+    """`size` short requests (prompts of `lengths`) arriving together, run to their end."""
+    for i, length in enumerate(lengths):
         prompt = [1 + (31 * i + 7 * j) % (vocab - 1) for j in range(min(length, longest))]
         params = SamplingParams(max_tokens=TOKENS, temperature=temperature)
         host.submit(f"warm-{size}-{temperature}-{i}", prompt, params, seed=i)
@@ -69,7 +70,12 @@ def _wave(host: LaneHost, vocab: int, size: int, temperature: float, budget: int
         host.run_once()
 
 
-def _lengths(size: int, budget: int) -> list[int]:
-    """Distinct odd prompt lengths for `size` requests, together within one round's rows."""
+def _lengths(size: int, budget: int, grid: int = 1) -> list[int]:
+    """Prompt lengths for `size` requests, together within one round's rows: grid 1, distinct
+    odd lengths, the last of several 1; grid 16, multiples of 16 where they fit (Triton
+    specialises a kernel's integers on being 1 and on dividing by 16: both kinds compile)."""
     top = max(1, min(63, budget // size - 1))
-    return [max(1, top - 2 * (i % max(1, top // 2))) | 1 for i in range(size)]
+    if grid == 16 and top >= 16:
+        return [16 * (top // 16 - i % (top // 16)) for i in range(size)]
+    odd = [max(1, top - 2 * (i % max(1, top // 2))) | 1 for i in range(size)]
+    return [*odd[:-1], 1] if size > 1 else odd

@@ -27,12 +27,19 @@ def test_waves_at_each_lone_size_up_to_the_sessions():
     assert wave_sizes(host) == [1, 2, 4, 5]
 
 
-def test_prompts_of_a_wave_are_distinct_odd_lengths_within_one_round():
+def test_prompts_of_a_wave_fit_one_round_in_both_specialisations():
     for size, budget in [(1, 1024), (4, 1024), (16, 1024), (64, 1024), (16, 64)]:
-        lengths = _lengths(size, budget)
-        assert len(lengths) == size and all(n % 2 == 1 for n in lengths)
-        assert sum(lengths) <= budget
-        assert len(set(lengths)) == min(size, max(1, min(63, budget // size - 1) // 2))
+        odd, sixteens = _lengths(size, budget), _lengths(size, budget, 16)
+        assert len(odd) == size == len(sixteens)
+        assert sum(odd) <= budget and sum(sixteens) <= budget
+        assert all(n % 2 == 1 for n in odd) and (size == 1 or odd[-1] == 1)
+        top = min(63, budget // size - 1)
+        if top >= 16:
+            assert all(n % 16 == 0 and n >= 16 for n in sixteens)
+        else:  # no multiple of 16 fits: odd lengths again
+            assert all(n % 2 == 1 for n in sixteens)
+    assert _lengths(4, 1024) == [63, 61, 59, 1]
+    assert _lengths(4, 1024, 16) == [48, 32, 16, 48]
 
 
 def test_warm_rounds_leave_the_host_idle_and_replies_unchanged():
