@@ -13,7 +13,7 @@ size of the lone driver's steps (1, 2, 4, ... up to the sessions), that many pro
 together, greedy with distinct odd lengths (one of them 1), then sampled with lengths that
 are multiples of 16, a few tokens each. Replies
 do not depend on it (rounds are exact whatever their shapes); what it leaves (the prompt
-cache, the piece clock, the host's counters) is reset after.
+cache, the piece clock, the host's counters, how drafts landed) is reset after.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import time
 
 from flashlane.lanes.host import LaneHost
 from flashlane.lanes.piece_clock import PieceClock
+from flashlane.lanes.stream import DraftStats
 from flashlane.request import SamplingParams
 from flashlane.sessions.prompt_cache import PromptCache
 
@@ -57,7 +58,17 @@ def warm_start(host: LaneHost, vocab_size: int) -> float:
     host.cache = PromptCache(host.config.prompt_cache_bytes)
     host.clock = PieceClock(host.config.stall)  # the warm pieces' rounds are not the load's
     host.counts = dict.fromkeys(host.counts, 0)
+    _forget_landing(host)
     return time.perf_counter() - started
+
+
+def _forget_landing(host: LaneHost) -> None:
+    """How the warm prompts' drafts landed says nothing of the requests': the shared rounds'
+    pool and the lone driver's drafting start afresh (its measured step times stay)."""
+    host.core.mtp_pool = DraftStats()
+    drafting = getattr(host.lone, "drafting", None)
+    if drafting is not None:
+        host.lone.drafting = type(drafting)(drafting.driver, drafting.depth)
 
 
 def _wave(host: LaneHost, vocab: int, size: int, temperature: float, lengths, longest: int):

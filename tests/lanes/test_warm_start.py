@@ -5,7 +5,8 @@ import types
 
 import pytest
 
-from flashlane.lanes.warm_start import _lengths, warm_start, wave_sizes
+from flashlane.lanes.stream import DraftStats
+from flashlane.lanes.warm_start import TOKENS, _lengths, warm_start, wave_sizes
 from flashlane.request import SamplingParams
 from tests.lanes.fake import NUM_IDS, FakeBackend, hash_model, make_host, run_to_end, serial
 
@@ -51,6 +52,7 @@ def test_warm_rounds_leave_the_host_idle_and_replies_unchanged():
     assert host.sessions.num_free == 4
     assert host.counts == dict.fromkeys(host.counts, 0)
     assert host.clock.plain is None and host.clock.per_row is None
+    assert host.core.mtp_pool == DraftStats()
     prompt = [11, 12, 13, 14]
     host.submit("real", prompt, SamplingParams(max_tokens=12, temperature=0.0))
     host.submit("seeded", prompt, SamplingParams(max_tokens=12, temperature=1.0), seed=5)
@@ -90,3 +92,20 @@ def test_a_wave_that_fails_leaves_the_host_idle():
     with pytest.raises(RuntimeError, match="boom"):
         warm_start(host, NUM_IDS + 10)
     assert not host.has_work and host.sessions.num_free == 4
+
+
+def test_the_lone_drivers_drafting_starts_afresh():
+    class Drafting:
+        def __init__(self, driver, depth):
+            self.driver, self.depth, self.stats = driver, depth, "fresh"
+
+    host = make_host(FakeBackend(capacities=(4, 4)), num_sessions=2)
+    assert host.sessions.max_model_len <= TOKENS  # no wave fits: only the resets run
+    old = Drafting("driver", 2)
+    old.stats = "warm"
+    host.lone = types.SimpleNamespace(drafting=old, sizes=[1, 2])
+    host.core.mtp_pool.offered.append(3)
+    warm_start(host, NUM_IDS + 10)
+    assert host.core.mtp_pool == DraftStats()
+    assert host.lone.drafting is not old and host.lone.drafting.stats == "fresh"
+    assert (host.lone.drafting.driver, host.lone.drafting.depth) == ("driver", 2)
