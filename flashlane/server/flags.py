@@ -64,7 +64,7 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         dest="log_stats_interval",
         action="store_const",
         const=0.0,
-        help="vLLM's name for --log-stats-interval 0",
+        help="vLLM's name for --log-stats-interval 0 (default: off, the lines logged)",
     )
     parser.add_argument(
         "--request-timeout",
