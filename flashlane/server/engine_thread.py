@@ -77,6 +77,7 @@ class AsyncEngine:
                 log.info(f"engine: warm rounds in {secs:.1f} s")
             except Exception as err:  # the engine serves; first requests pay the first uses
                 log.warning(f"engine: warm rounds stopped ({type(err).__name__}: {err})")
+        self._stats.start(e.host)  # the first stats line counts from here
         self._sinks: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         # cumulative; the per-request ones are counted when a request ends
         self._counters = dict.fromkeys(

@@ -24,11 +24,19 @@ class StatsLog:
         if interval < 0:
             raise ValueError(f"--log-stats-interval must be >= 0, got {interval}")
         self.interval, self.clock = interval, clock
-        self.since = clock()
-        self.last: dict[str, float] = {}
-        self.tokens = 0
-        self.longest = 0.0
-        self.compiles, self.captured = compiles.count(), 0.0
+        self.start(None)
+
+    def start(self, host) -> None:
+        """Count from now: from `host`'s counters, Triton compiles and graph captures so far
+        (None: from zero), so that the first line leaves out what came before (the load,
+        the warm rounds)."""
+        lone = getattr(host, "lone", None)
+        counts = dict(host.counts) if host is not None else {}
+        self._mark(self.clock(), counts, compiles.count(), getattr(lone, "capture_seconds", 0.0))
+
+    def _mark(self, now: float, counts: dict, built: int, captured: float) -> None:
+        self.since, self.last, self.compiles, self.captured = now, counts, built, captured
+        self.tokens, self.longest = 0, 0.0
 
     def round_done(self, host, seconds: float, tokens: int) -> str | None:
         """After a round of `seconds` that delivered `tokens`: the line, logged, when the
@@ -58,7 +66,6 @@ class StatsLog:
             f" {len(host.live) - decoding} filling, {len(host.waiting)} waiting; longest round"
             f" {self.longest * 1e3:,.0f} ms{first_use}"
         )
-        self.since, self.last, self.tokens, self.longest = now, counts, 0, 0.0
-        self.compiles, self.captured = built, captured
+        self._mark(now, counts, built, captured)
         log.info(line)
         return line

@@ -64,3 +64,19 @@ def test_first_use_costs_are_named(monkeypatch):
     assert line.endswith("longest round 5,000 ms; 4 Triton compiles, graph captures 4.5 s")
     now[0] = 2.0
     assert stats.round_done(host, 0.01, 1).endswith("longest round 10 ms")
+
+
+def test_a_start_leaves_out_what_came_before(monkeypatch):
+    from flashlane.kernels import compiles
+
+    monkeypatch.setattr(compiles, "count", lambda: 165)
+    now = [0.0]
+    stats = StatsLog(1.0, clock=lambda: now[0])
+    host = fake_host(40, 900, 30.0, 5.0)
+    host.lone = types.SimpleNamespace(capture_seconds=35.0)
+    now[0] = 60.0
+    stats.start(host)  # after the load and the warm rounds
+    now[0] = 61.0
+    line = stats.round_done(fake_host(42, 964, 30.5, 5.2), 0.3, 20)
+    assert line.startswith("engine: 2 rounds in 1.0 s (shared 0.5 s, lone 0.2 s); prompt 64")
+    assert line.endswith("longest round 300 ms")  # no compile, no capture since the start
