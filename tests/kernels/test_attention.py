@@ -74,4 +74,7 @@ def test_attention_with_lengths_reads_nothing_past_them():
     for b, n in enumerate(lengths.tolist()):
         one = slice(b, b + 1)
         alone = attention(q[one], k[one, :n], v[one, :n], mask[one, :, :n], 0.3)
-        assert torch.equal(got[one], alone)
+        # NaN or inf read past a length would show; the last bits are the host BLAS's (a
+        # batch of 2 and a batch of 1 may take other paths: seen on an AMD EPYC host)
+        assert torch.isfinite(got[one]).all()
+        torch.testing.assert_close(got[one], alone, rtol=1e-6, atol=1e-6)

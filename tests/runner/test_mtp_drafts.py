@@ -71,6 +71,9 @@ def test_a_long_prompt_is_absorbed_in_pieces_as_it_is_kept(oracle_by_name):
     assert queued_whole == [300] and queued_pieces == [0, 0, 0, 0, 45]
     assert drafts_pieces == drafts_whole
     assert pieces.mtp_length == whole.mtp_length == 300
+    # bit for bit as the CPU path promises (DESIGN.md section 1): its fp64 rounded to fp32
+    # (the fp64 GEMM's last bits follow the row count on some hosts' BLAS: an AMD EPYC's)
     for a, b in zip(whole.mtp, pieces.mtp):
         n = whole.mtp_length
-        assert torch.equal(a.k[:n], b.k[:n]) and torch.equal(a.v[:n], b.v[:n])
+        assert torch.equal(a.k[:n].float(), b.k[:n].float())
+        assert torch.equal(a.v[:n].float(), b.v[:n].float())
