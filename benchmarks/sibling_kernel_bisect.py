@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from flashlane.kernels import REFERENCE
-from flashlane.kernels.gdn import triton as gdn_tr
+from flashlane.kernels.gdn import fla_chunk
 from flashlane.kernels.gdn.reference import CHUNK as REFERENCE_CHUNK
 from flashlane.kernels.gpu import TRITON
 from flashlane.models.flashnext import run_piece
@@ -57,12 +57,12 @@ def tf32_chunk(q, k, v, g, beta, state, chunk=REFERENCE_CHUNK):
 def bisect(err, fields) -> None:
     """Every Triton kernel, all but fla's chunk, and each alone on the references."""
     print(f"  {'all Triton':32s} {err(TRITON):.2e}", flush=True)
-    fla = gdn_tr._fla_chunk
-    gdn_tr._fla_chunk = lambda: None
+    fla = fla_chunk._fla_chunk
+    fla_chunk._fla_chunk = lambda: None
     try:
         print(f"  {'all Triton, no fla':32s} {err(TRITON):.2e}", flush=True)
     finally:
-        gdn_tr._fla_chunk = fla
+        fla_chunk._fla_chunk = fla
     for f in fields:
         e = err(dataclasses.replace(REFERENCE, **{f: getattr(TRITON, f)}))
         if e > 1e-5:

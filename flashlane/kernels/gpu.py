@@ -12,6 +12,7 @@ from flashlane.kernels.attention import triton_blocks as blocks_tr
 from flashlane.kernels.attention import triton_causal as causal_tr
 from flashlane.kernels.attention import triton_sessions as sessions_tr
 from flashlane.kernels.conv import triton as conv_tr
+from flashlane.kernels.gdn import fla_chunk
 from flashlane.kernels.gdn import triton as gdn_tr
 from flashlane.kernels.linear.triton_fp8 import linear
 from flashlane.kernels.moe import triton_fp8 as moe_tr
@@ -29,7 +30,7 @@ from flashlane.kernels.rowwise import triton_tables as tables_tr
 
 TRITON = Kernels(
     name="triton",
-    chunk_gdn=gdn_tr.chunk_gdn,
+    chunk_gdn=fla_chunk.chunk_gdn,  # varlen: a round's prompt pieces in one call
     recurrent_gdn=gdn_tr.recurrent_gdn,
     gdn_sessions=gdn_tr.gdn_sessions,  # each session's state in place
     causal_conv=conv_tr.causal_conv,  # one launch for y and xfull (the reference makes ~9)

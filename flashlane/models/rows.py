@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,7 +61,7 @@ class Rows:
     # (B, T) when the pieces are B fresh training sequences of T rows: stateful ops batch them.
     batch: tuple[int, int] | None = None
     # per stacked group of several windows: its rows' indices, so a split is one gather
-    _index: dict[int, torch.Tensor] = field(default_factory=dict)
+    _index: dict[tuple[int, bool], torch.Tensor] = field(default_factory=dict)
     _rope: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     _width: list[int | None] = field(default_factory=list)  # one_width(), once per forward
     _longs: dict[str, torch.Tensor] = field(default_factory=dict)  # longs(), once per forward
@@ -125,42 +126,50 @@ class Rows:
             self._width.append(t if ok else None)
         return self._width[0]
 
-    def split(self, x: torch.Tensor, stack: bool = False) -> list[torch.Tensor]:
-        """[N, ...] -> per group of groups(stack) [B, T, ...] (per piece: B = 1)."""
+    def split(
+        self, x: torch.Tensor, stack: bool = False, prompts: bool = False
+    ) -> list[torch.Tensor]:
+        """[N, ...] -> per group of groups(stack, prompts) [B, T, ...] (per piece: B = 1; the
+        prompt pieces together: [1, their rows, ...])."""
         if self.batch is not None:
             return [x.reshape(*self.batch, *x.shape[1:])]
         out = []
-        for i, g in enumerate(self.groups(stack)):
-            if len(g) == 1:
-                out.append(x[g[0].rows].unsqueeze(0))
+        for i, g in enumerate(self.groups(stack, prompts)):
+            run, shape = _run(g), (len(g) if g[0].recurrent else 1, -1)
+            if run is not None:
+                out.append(x[run].unflatten(0, shape))
             else:
-                out.append(x.index_select(0, self._rows_of(i, g)).unflatten(0, (len(g), -1)))
+                out.append(x.index_select(0, self._rows_of(i, g, prompts)).unflatten(0, shape))
         return out
 
-    def _rows_of(self, i: int, group: list[Piece]) -> torch.Tensor:
-        if i not in self._index:
+    def _rows_of(self, i: int, group: list[Piece], prompts: bool) -> torch.Tensor:
+        if (i, prompts) not in self._index:
             ids = [r for p in group for r in range(p.offset, p.offset + p.length)]
-            self._index[i] = device_longs(ids, self.token_ids.device)
-        return self._index[i]
+            self._index[i, prompts] = device_longs(ids, self.token_ids.device)
+        return self._index[i, prompts]
 
-    def join(self, parts: list[torch.Tensor], stack: bool = False) -> torch.Tensor:
-        """Inverse of split(stack): per group [B, T, ...] -> [N, ...] in row order."""
+    def join(
+        self, parts: list[torch.Tensor], stack: bool = False, prompts: bool = False
+    ) -> torch.Tensor:
+        """Inverse of split(stack, prompts): per group [B, T, ...] -> [N, ...] in row order."""
         if self.batch is not None:
             return torch.cat([p.reshape(-1, *p.shape[2:]) for p in parts], dim=0)
-        groups = self.groups(stack)
-        if all(len(g) == 1 for g in groups):
-            return torch.cat([part[0] for part in parts], dim=0)
+        groups = self.groups(stack, prompts)
+        if all(_run(g) is not None for g in groups):
+            return torch.cat([part.flatten(0, 1) for part in parts], dim=0)
         out = parts[0].new_empty(len(self.token_ids), *parts[0].shape[2:])
         for i, (part, g) in enumerate(zip(parts, groups)):
-            if len(g) == 1:
-                out[g[0].rows] = part[0]
+            run = _run(g)
+            if run is not None:
+                out[run] = part.flatten(0, 1)
             else:
-                out.index_copy_(0, self._rows_of(i, g), part.flatten(0, 1))
+                out.index_copy_(0, self._rows_of(i, g, prompts), part.flatten(0, 1))
         return out
 
-    def groups(self, stack: bool = False) -> list[list[Piece]]:
-        """Pieces in the groups that split() returns: one piece each, or with `stack`, the
-        verify windows of each width together (a layer stacks their per-stream states)."""
+    def groups(self, stack: bool = False, prompts: bool = False) -> list[list[Piece]]:
+        """Pieces in the groups that split() returns: one piece each; with `stack`, the verify
+        windows of each width together (a layer stacks their per-stream states); with
+        `prompts`, also every session's prompt piece in one group (one varlen GDN call)."""
         if self.batch is not None:
             return [self.pieces]
         if not stack:
@@ -168,11 +177,23 @@ class Rows:
         out: list[list[Piece]] = []
         by_width: dict[int, list[Piece]] = {}
         for p in self.pieces:
-            if p.recurrent and p.session is not None:
-                if p.length not in by_width:
-                    by_width[p.length] = []
-                    out.append(by_width[p.length])
-                by_width[p.length].append(p)
-            else:
+            if p.session is None:
                 out.append([p])
+                continue
+            width = p.length if p.recurrent else (-1 if prompts else None)
+            if width is None:
+                out.append([p])
+                continue
+            if width not in by_width:
+                by_width[width] = []
+                out.append(by_width[width])
+            by_width[width].append(p)
         return out
+
+
+def _run(group: list[Piece]) -> slice | None:
+    """The group's rows as one slice when they lie back to back in the flat rows, else None."""
+    for a, b in itertools.pairwise(group):
+        if b.offset != a.offset + a.length:
+            return None
+    return slice(group[0].offset, group[-1].offset + group[-1].length)

@@ -20,6 +20,7 @@ from tests.kernels.triton_env import DEVICE, DTYPES, HAS_CUDA, needs_triton
 
 pytest.importorskip("triton")
 
+from flashlane.kernels.gdn import fla_chunk
 from flashlane.kernels.gdn import reference as gdn_ref
 from flashlane.kernels.gdn import triton as gdn_tri
 
@@ -152,7 +153,7 @@ def test_recurrent_gdn_row_invariance(dtype):
 
 def test_chunk_gdn_falls_back_without_fla_on_cpu():
     q, k, v, g, beta, s0 = (x.cpu() for x in gdn_inputs(1, 70, 2, 16, 8, torch.float32))
-    o, s = gdn_tri.chunk_gdn(q, k, v, g, beta, s0)
+    o, s = fla_chunk.chunk_gdn(q, k, v, g, beta, s0)
     o_ref, s_ref = gdn_ref.chunk_gdn(q, k, v, g, beta, s0)
     assert torch.equal(o, o_ref) and torch.equal(s, s_ref)
 
@@ -166,7 +167,7 @@ def test_chunk_gdn_fla_matches_reference(t, dtype, with_state):
     h, dk, dv = GDN_SHAPES[0]
     q, k, v, g, beta, s0 = gdn_inputs(2, t, h, dk, dv, dtype, seed=t)
     s0 = s0 if with_state else None
-    o, s = gdn_tri.chunk_gdn(q, k, v, g, beta, s0)
+    o, s = fla_chunk.chunk_gdn(q, k, v, g, beta, s0)
     o_ref, s_ref = gdn_ref.chunk_gdn(*as_fp32(q, k, v, g, beta), s0)
     assert o.dtype == dtype and s.dtype == torch.float32 and s.shape == s_ref.shape
     # fla's fp32 dots may run in tf32, and in bf16 it keeps its chunk intermediates in bf16:
@@ -177,3 +178,57 @@ def test_chunk_gdn_fla_matches_reference(t, dtype, with_state):
         err = (got - want).pow(2).mean().sqrt() / want.pow(2).mean().sqrt().clamp_min(1e-12)
         assert err < ratio, float(err)
         torch.testing.assert_close(got, want, rtol=0.1, atol=0.1)
+
+
+def test_chunk_gdn_pieces_on_cpu_run_each_alone():
+    """lengths: [1, sum] rows of several sequences; the reference runs each as its own call."""
+    lengths = [70, 1, 64, 5]
+    q, k, v, g, beta, _ = (x.cpu() for x in gdn_inputs(1, sum(lengths), 2, 16, 8, torch.float32))
+    s0 = torch.randn(len(lengths), 2, 16, 8, generator=torch.Generator().manual_seed(1))
+    o, s = fla_chunk.chunk_gdn(q, k, v, g, beta, s0, lengths=lengths)
+    at = 0
+    for i, n in enumerate(lengths):
+        part = (x[:, at : at + n] for x in (q, k, v, g, beta))
+        o_i, s_i = gdn_ref.chunk_gdn(*part, s0[i : i + 1])
+        assert torch.equal(o[:, at : at + n], o_i) and torch.equal(s[i : i + 1], s_i)
+        at += n
+    with pytest.raises(ValueError, match="do not tile"):
+        fla_chunk.chunk_gdn(q, k, v, g, beta, s0, lengths=[70, 1, 64])
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="fla's chunked kernels need a GPU")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_chunk_gdn_pieces_bits_alone_first_last_beside(dtype):
+    """A piece's output and final state are bitwise the same alone, first, last and between
+    others in one varlen call, and the [B, T] form is the varlen one."""
+    pytest.importorskip("fla.ops.gated_delta_rule")
+    h, dk, dv = GDN_SHAPES[0]
+    lengths = [150, 64, 1, 70, 200]
+    q, k, v, g, beta, _ = gdn_inputs(1, sum(lengths), h, dk, dv, dtype, seed=3)
+    s0 = torch.randn(len(lengths), h, dk, dv, generator=torch.Generator().manual_seed(4))
+    s0 = s0.to(DEVICE) * 0.1
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+
+    def piece(i):
+        return [x[:, starts[i] : starts[i] + lengths[i]] for x in (q, k, v, g, beta)]
+
+    alone = [
+        fla_chunk.chunk_gdn(*piece(i), s0[i : i + 1], lengths=[n]) for i, n in enumerate(lengths)
+    ]
+    o, s = fla_chunk.chunk_gdn(q, k, v, g, beta, s0, lengths=lengths)
+    for i, (o_i, s_i) in enumerate(alone):
+        assert torch.equal(o[:, starts[i] : starts[i] + lengths[i]], o_i), i
+        assert torch.equal(s[i : i + 1], s_i), i
+    order = list(reversed(range(len(lengths))))  # first becomes last
+    cat = [torch.cat([piece(i)[j] for i in order], dim=1) for j in range(5)]
+    o_r, s_r = fla_chunk.chunk_gdn(*cat, s0[order], lengths=[lengths[i] for i in order])
+    at = 0
+    for slot, i in enumerate(order):
+        assert torch.equal(o_r[:, at : at + lengths[i]], alone[i][0]), i
+        assert torch.equal(s_r[slot : slot + 1], alone[i][1]), i
+        at += lengths[i]
+    o_b, s_b = fla_chunk.chunk_gdn(*piece(0), s0[:1])  # no lengths: the same call
+    assert torch.equal(o_b, alone[0][0]) and torch.equal(s_b, alone[0][1])
+    o_ref, s_ref = gdn_ref.chunk_gdn(*as_fp32(*piece(0)), s0[:1])
+    torch.testing.assert_close(o_b.float(), o_ref, rtol=0.1, atol=0.1)
+    torch.testing.assert_close(s_b, s_ref, rtol=0.1, atol=0.1)

@@ -23,14 +23,19 @@ def chunk_gdn(
     beta: torch.Tensor,
     state: torch.Tensor | None,
     chunk: int = CHUNK,
+    lengths: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Chunked gated delta rule, differentiable.
 
     q, k: [B, T, H, Dk]; v: [B, T, H, Dv]; g (log decay, <= 0), beta: [B, T, H];
     state: [B, H, Dk, Dv] or None (zeros). Chunks start at index 0 of the call, so a caller
     whose pieces start at multiples of `chunk` gets chunks at absolute multiples of it.
+    lengths: B = 1 and the T rows are these sequences back to back, state [len(lengths), ...]
+    (the GPU's varlen call; here each runs alone, so its bits are those of a call of its own).
     Returns (o [B, T, H, Dv] in v's dtype, final state [B, H, Dk, Dv] in at least fp32).
     """
+    if lengths is not None:
+        return _each(q, k, v, g, beta, state, chunk, lengths)
     b, t, h, dk = k.shape
     dv, out_dtype = v.shape[-1], v.dtype
     dt = torch.promote_types(v.dtype, torch.float32)
@@ -66,6 +71,20 @@ def chunk_gdn(
         s = s * gam[:, :, i, -1:].exp().unsqueeze(-1) + k_tail[:, :, i].transpose(-1, -2) @ u
     o = torch.stack(outs, dim=2).reshape(b, h, n * chunk, dv)[:, :, :t]
     return o.transpose(1, 2).to(out_dtype), s
+
+
+def _each(q, k, v, g, beta, state, chunk: int, lengths: list[int]):
+    """chunk_gdn over [1, sum(lengths)] rows holding len(lengths) sequences, one at a time."""
+    if q.shape[0] != 1 or sum(lengths) != q.shape[1]:
+        raise ValueError(f"chunk_gdn: lengths {lengths} do not tile {tuple(q.shape[:2])} rows")
+    outs, finals, at = [], [], 0
+    for i, n in enumerate(lengths):
+        part = (x[:, at : at + n] for x in (q, k, v, g, beta))
+        o, s = chunk_gdn(*part, state[i : i + 1] if state is not None else None, chunk)
+        outs.append(o)
+        finals.append(s)
+        at += n
+    return torch.cat(outs, dim=1), torch.cat(finals)
 
 
 def recurrent_gdn(

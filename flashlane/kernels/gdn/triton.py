@@ -1,7 +1,7 @@
-"""Gated DeltaNet in Triton: the recurrent form (verify rows) and a wrapper over fla's chunked form.
+"""Gated DeltaNet in Triton: the recurrent form (verify rows); fla_chunk.py the chunked form.
 
 Same signatures and conventions as flashlane.kernels.gdn.reference (q, k L2-normalised, q
-scaled, value heads matched). Importing this module needs triton; fla-core is optional.
+scaled, value heads matched). Importing this module needs triton.
 
 recurrent_gdn: one program per (Dv block, b, h). The state tile [Dk, BV] (fp32) stays in
 registers across the T rows, which are processed in order; the state after every row is
@@ -26,7 +26,6 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlane.kernels.gdn import reference
 from flashlane.kernels.norms.triton import rows_view
 from flashlane.kernels.pdl import enter, pdl
 from flashlane.kernels.rowwise.triton import gdn_gate_values
@@ -231,51 +230,6 @@ def recurrent_gdn(
         **pdl(o.device),
     )
     return o, states
-
-
-def _fla_chunk():
-    try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-    except Exception:  # fla-core is an optional, GPU-only dependency
-        return None
-    return chunk_gated_delta_rule
-
-
-def chunk_gdn(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor | None,
-    chunk: int = reference.CHUNK,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chunked gated delta rule through fla-core's Triton kernels (forward only).
-
-    Shapes as reference.chunk_gdn ([B, T, H, D], fla's layout; g is the log decay, fla's
-    default). q is already scaled, so scale=1.0; q and k are already normalised. Chunks start
-    at index 0 of the call as in the reference. Falls back to the reference when fla cannot
-    be imported, the tensors are not on a GPU, or `chunk` is not one fla supports.
-    Returns (o [B, T, H, Dv] in v's dtype, final state [B, H, Dk, Dv] fp32).
-    """
-    fla_chunk = _fla_chunk()
-    if fla_chunk is None or not v.is_cuda or chunk not in (16, 32, 64) or v.shape[1] == 0:
-        return reference.chunk_gdn(q, k, v, g, beta, state, chunk)
-    # fla's kernels want one dtype for q, k, v (bf16/fp16 or fp32); g is cumsummed in fp32
-    dt = v.dtype if v.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
-    o, final = fla_chunk(
-        q.to(dt).contiguous(),
-        k.to(dt).contiguous(),
-        v.to(dt).contiguous(),
-        g.to(torch.float32).contiguous(),
-        beta.to(dt).contiguous(),
-        scale=1.0,
-        initial_state=state.to(torch.float32).contiguous() if state is not None else None,
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=False,
-        chunk_size=chunk,
-    )
-    return o.to(v.dtype), final.to(torch.float32)
 
 
 def gdn_sessions(

@@ -59,12 +59,11 @@ class GatedDeltaNet(nn.Module):
     def mix(self, qkv, a, b, rows: Rows, kernels: Kernels) -> torch.Tensor:
         """Conv and the gated delta rule over each piece's session state -> o [N, HV, Dv]."""
         cfg, n = self.cfg, qkv.shape[0]
-        # verify windows of equal width run stacked: one recurrent call for all of them
-        parts = zip(
-            rows.split(qkv, True), rows.split(a, True), rows.split(b, True), rows.groups(True)
-        )
+        # verify windows of equal width run stacked: one recurrent call for all of them; the
+        # prompt pieces one chunked call, their rows back to back
+        parts = zip(*(rows.split(x, True, True) for x in (qkv, a, b)), rows.groups(True, True))
         outs = [self._mix(qkv, a_p, b_p, group, kernels) for qkv, a_p, b_p, group in parts]
-        return rows.join(outs, True).reshape(n, cfg.linear_num_v_heads, cfg.linear_v_head_dim)
+        return rows.join(outs, True, True).reshape(n, cfg.linear_num_v_heads, cfg.linear_v_head_dim)
 
     def finish(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """The gated output norm and the output projection -> [N, H]."""
@@ -74,6 +73,8 @@ class GatedDeltaNet(nn.Module):
     def _mix(self, qkv, a, b, group, kernels: Kernels) -> torch.Tensor:
         cfg = self.cfg
         sessions = [p.session for p in group]
+        if sessions[0] is not None and not group[0].recurrent:
+            return self._prompts(qkv, a, b, group, kernels)
         if sessions[0] is None:
             window = qkv.new_zeros(qkv.shape[0], cfg.linear_conv_kernel - 1, qkv.shape[-1])
             state = None
@@ -82,6 +83,28 @@ class GatedDeltaNet(nn.Module):
         o, xfull, states = self.rule(qkv, a, b, window, state, group[0].recurrent, kernels)
         if sessions[0] is not None:
             self.record(group, xfull, states)
+        return o
+
+    def _prompts(self, qkv, a, b, group, kernels: Kernels) -> torch.Tensor:
+        """Prompt pieces [1, their rows, ...] back to back: a conv per piece (each after its
+        own window), then the heads, the gates and one chunked call over all of them."""
+        window, state = self.state_of([p.session for p in group])
+        ys, xfulls, at = [], [], 0
+        for i, piece in enumerate(group):
+            y, xfull = kernels.causal_conv(
+                qkv[:, at : at + piece.length], window[i : i + 1], self.conv_weight
+            )
+            ys.append(y)
+            xfulls.append(xfull[0])
+            at += piece.length
+        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
+        q, k, v = self.heads(y, kernels, contiguous_v=True)
+        g, beta = self.gate_values(a, b, kernels)
+        lengths = [p.length for p in group]
+        o, final = kernels.chunk_gdn(q, k, v, g, beta, state, lengths=lengths)
+        key = ("gdn", self.layer_idx)
+        for piece, xfull, s in zip(group, xfulls, final.unsqueeze(1)):
+            piece.pending[key] = (xfull, s)
         return o
 
     def state_of(self, sessions) -> tuple[torch.Tensor, torch.Tensor]:
