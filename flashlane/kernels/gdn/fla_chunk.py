@@ -10,6 +10,10 @@ piece alone also goes varlen, so the bits never depend on how many share the cal
 The bounds go to the GPU without a wait: fla would make chunk_indices from cu_seqlens with
 a copy from pageable memory (the host then waits for the stream); here both are made on the
 host, pinned, copied without blocking, and kept per tuple of lengths (a round's shapes recur).
+
+fla-core 0.6 has two backends that would split a sequence by the call's longest one (and so
+change its bits beside others): intra-card CP (off unless FLA_INTRACARD_CP is set) and
+FlashQLA (only where the flash_qla package is installed; the H200 image has none).
 """
 
 from __future__ import annotations
@@ -38,8 +42,40 @@ def _bounds(lengths: tuple[int, ...], chunk: int, device: torch.device):
         cu.append(cu[-1] + n)
     pairs = [(i, c) for i, n in enumerate(lengths) for c in range(-(-n // chunk))]
     host = torch.tensor(cu + [x for pair in pairs for x in pair], dtype=torch.long)
-    both = host.pin_memory().to(device, non_blocking=True)
-    return both[: len(cu)], both[len(cu) :].view(-1, 2), host[: len(cu)]
+    pinned = host.pin_memory()  # kept with the copy: it is read after this returns
+    both = pinned.to(device, non_blocking=True)
+    return both[: len(cu)], both[len(cu) :].view(-1, 2), host[: len(cu)], pinned
+
+
+# Rows of the call that picks fla's tiles. fla-core autotunes each kernel on its first call
+# for a key that holds no length, so whatever shape came first (a warm round's 20-token
+# prompt, a test's 1-row piece) chose the tiles, and so the bits, of every later prefill in
+# the process. One call of a prefill's size picks them first, whatever the traffic.
+TUNE_ROWS = 4096
+_tuned: set[tuple] = set()
+
+
+def _tune(fla_chunk, q, k, v, state, chunk: int) -> None:
+    """fla's first call for these heads, dtypes and chunk, on zeros of TUNE_ROWS rows."""
+    key = (*q.shape[2:], *v.shape[2:], q.dtype, v.dtype, chunk, v.device, state is None)
+    if key in _tuned:
+        return
+    _tuned.add(key)
+    cu, indices, cu_host, _ = _bounds((TUNE_ROWS,), chunk, v.device)
+    zeros = [x.new_zeros(1, TUNE_ROWS, *x.shape[2:]) for x in (q, k, v)]
+    fla_chunk(
+        *zeros,
+        q.new_zeros(1, TUNE_ROWS, q.shape[2], dtype=torch.float32),
+        q.new_zeros(1, TUNE_ROWS, q.shape[2]),
+        scale=1.0,
+        initial_state=None if state is None else state.new_zeros(1, *state.shape[1:]),
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=False,
+        cu_seqlens=cu,
+        cu_seqlens_cpu=cu_host,
+        chunk_indices=indices,
+        chunk_size=chunk,
+    )
 
 
 def chunk_gdn(
@@ -65,21 +101,24 @@ def chunk_gdn(
         lengths = [t] * b
     elif b != 1 or sum(lengths) != t:
         raise ValueError(f"chunk_gdn: lengths {lengths} do not tile [{b}, {t}] rows")
-    cu, indices, cu_host = _bounds(tuple(lengths), chunk, v.device)
+    cu, indices, cu_host, _ = _bounds(tuple(lengths), chunk, v.device)
     # fla's kernels want one dtype for q, k, v (bf16/fp16 or fp32); g is cumsummed in fp32
     dt = v.dtype if v.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
 
     def flat(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return x.reshape(1, b * t, *x.shape[2:]).to(dtype).contiguous()
 
+    q, k, v_in = flat(q, dt), flat(k, dt), flat(v, dt)
+    state = state.to(torch.float32).contiguous() if state is not None else None
+    _tune(fla_chunk, q, k, v_in, state, chunk)
     o, final = fla_chunk(
-        flat(q, dt),
-        flat(k, dt),
-        flat(v, dt),
+        q,
+        k,
+        v_in,
         flat(g, torch.float32),
         flat(beta, dt),
         scale=1.0,
-        initial_state=state.to(torch.float32).contiguous() if state is not None else None,
+        initial_state=state,
         output_final_state=True,
         use_qk_l2norm_in_kernel=False,
         cu_seqlens=cu,
