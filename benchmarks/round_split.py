@@ -4,6 +4,8 @@ shared round) against 24.4 ms decoding, and a drafted lone call 2.9-4.6 ms befor
 step (the MTP head absorbing the plain steps' queued cells) against 0.15 ms for a plain call
 (bench_lanes_cuda_8fdb6b7_*). This splits both: wall time, kernel launches (a graph replay
 counts one), the kernels' busy time, and the flashlane functions that hold the host longest.
+Then a burst: --pieces prompts of the same length in one call (one round of that many prompt
+pieces: their GDN layers run one varlen chunked call each, 1458129) against one prompt.
 
     python benchmarks/round_split.py --device cuda
     python benchmarks/round_split.py --device cpu --tokens 8     # a smoke test
@@ -67,6 +69,36 @@ def host_top(fn, n: int = 12) -> list[tuple[str, float]]:
     return sorted(rows, key=lambda r: -r[1])[:n]
 
 
+def burst(llm: LLM, args, one: SamplingParams, cuda: bool) -> dict:
+    """--pieces prompts of --prompt-len tokens in one generate call, one token out each:
+    wall (median of --repeats, other prompts each time: no prompt cache), then profiled."""
+    vocab, made = llm.engine.model_config.vocab_size, [0]
+
+    def prompts() -> list[list[int]]:
+        made[0] += 1
+        return [
+            [(97 + 31 * i + 7 * j + 1009 * made[0]) % vocab for i in range(args.prompt_len)]
+            for j in range(args.pieces)
+        ]
+
+    for _ in range(2):
+        llm.generate(prompts(), one)
+    walls = []
+    for _ in range(args.repeats):
+        batch = prompts()
+        sync(cuda)
+        t = time.perf_counter()
+        llm.generate(batch, one)
+        sync(cuda)
+        walls.append(1e3 * (time.perf_counter() - t))
+    batch = prompts()
+    return {
+        "prompts": args.pieces,
+        "wall_ms_median": statistics.median(walls),
+        **profiled(lambda: llm.generate(batch, one), cuda),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="a checkpoint folder (default: embedded)")
@@ -74,9 +106,10 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=64, help="the drafted reply's tokens")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--pieces", type=int, default=8, help="prompts of the burst (0: none)")
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")
-    llm = LLM(args.model, parallel=4, device=args.device)
+    llm = LLM(args.model, parallel=max(4, args.pieces), device=args.device)
     vocab = llm.engine.model_config.vocab_size
     prompt = [[(97 + 31 * i) % vocab for i in range(args.prompt_len)]]
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, draft=False)
@@ -96,6 +129,8 @@ def main() -> None:
         walls.append(1e3 * (time.perf_counter() - t))
     out["prompt_round"] = {"wall_ms_median": statistics.median(walls), **profiled(ttft, cuda)}
     out["prompt_round_host"] = host_top(ttft)
+    if args.pieces > 0:
+        out["burst"] = burst(llm, args, one, cuda)
 
     # a drafted reply: the drafted lone calls' loads, and the absorbs inside them
     lone = getattr(llm.engine.host, "lone", None)
@@ -149,6 +184,13 @@ def main() -> None:
     )
     for name, ms in out["prompt_round_host"]:
         print(f"  {ms:8.2f} ms  {name}")
+    if "burst" in out:
+        b = out["burst"]
+        print(
+            f"{b['prompts']} prompts of {args.prompt_len} tokens in one call: "
+            f"{b['wall_ms_median']:.2f} ms (median of {args.repeats}); profiled "
+            f"{b['wall_ms']:.2f} ms wall, {b['launches']} launches, {b['kernels_ms']:.2f} ms of kernels"
+        )
     d = out["drafted"]
     print(
         f"drafted replies of {args.tokens}: {d['absorbs']} absorbs, median "

@@ -76,7 +76,8 @@
 #          (benchmarks/prefill_ab.py; PREFILL_AB_ARGS overrides; ~3 minutes)
 # round-split: issue 28's drafting at one stream: a short prompt's round and a drafted lone
 #          call's load (the MTP head's absorb), wall, launches, kernels, host functions
-#          (benchmarks/round_split.py, embedded model; SPLIT_ARGS overrides; ~1 minute)
+#          and a burst of 8 prompts in one round against one (benchmarks/round_split.py,
+#          embedded model; SPLIT_ARGS overrides; ~1 minute)
 # prefill-variants: the prefill linears whose partitions run in one program, in wider tiles
 #          and each loop over the partitions, bits against the model's tile
 #          (benchmarks/prefill_variants.py; VARIANTS_ARGS overrides, default --rows 8192)
