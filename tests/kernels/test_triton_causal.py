@@ -67,7 +67,8 @@ def test_causal_attention_row_invariance(dtype):
         part = causal_tri.causal_attention(
             q[:, a : a + w], k[:, :n], v[:, :n], scale(), pos[:, a : a + w]
         )
-        assert torch.equal(part, full[:, a : a + w]), (a, w)
+        # a row at another place in its tile: bitwise on the GPU (triton_env.DOT_TOL)
+        assert_dot_equal(part, full[:, a : a + w], (a, w))
     for i in range(b):
         alone = causal_tri.causal_attention(
             q[i : i + 1], k[i : i + 1], v[i : i + 1], scale(), pos[i : i + 1]
