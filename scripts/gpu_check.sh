@@ -136,9 +136,11 @@ cuda_tests="${CUDA_TESTS:-tests/kernels tests/gpu tests/sampling}"
 # each (a module's model is built once): the suite is mostly Triton compiles and Python,
 # which one process leaves serial on 16 cores; the sweep's six processes on one GPU kept
 # every bit (0 of 1,400 differ). GPU_JOBS=1: serial.
-jobs=""
-if [[ "${GPU_JOBS:-4}" -gt 1 ]] && python -c "import xdist" 2>/dev/null; then
-    jobs="-n ${GPU_JOBS:-4} --dist loadfile"
+# (pyproject's addopts ask for two processes: -n 0 or, without xdist, no addopts, is serial)
+jobs="-o addopts="
+if python -c "import xdist" 2>/dev/null; then
+    jobs="-n 0"
+    [[ "${GPU_JOBS:-4}" -gt 1 ]] && jobs="-n ${GPU_JOBS:-4} --dist loadfile"
 fi
 stamp="$(date -u +%Y%m%dT%H%M%SZ)"
 mkdir -p "$out"
