@@ -100,29 +100,34 @@ class QSAttention(nn.Module):
 
     def attend(self, q, k, v, iq, raw, rows: Rows, rotary: Rotary, kernels: Kernels):
         """Keys written to each piece's session, then each row's attention -> o [N, Hq, D]."""
-        windows = [p for p in rows.pieces if p.recurrent and p.session is not None]
-        if rows.batch is not None or len(windows) < 2:
+        stacks = [s for s in _stacks(rows) if len(s) > 1]
+        if rows.batch is not None or not stacks:
             parts = zip(
                 rows.split(q), rows.split(k), rows.split(v), rows.split(iq),
                 rows.split(raw), rows.split(rows.positions), rows.groups(),
             )  # fmt: skip
             return rows.join([self._attend(*part, rotary, kernels) for part in parts])
         o = q.new_empty(q.shape)
-        for p in rows.pieces:  # prompt pieces one at a time
-            if not (p.recurrent and p.session is not None):
+        stacked = {id(p) for s in stacks for p in s}
+        for p in rows.pieces:  # the pieces of no stack, one at a time
+            if id(p) not in stacked:
                 one = (t[p.rows][None] for t in (q, k, v, iq, raw, rows.positions))
                 o[p.rows] = self._attend(*one, [p], rotary, kernels)[0]
-        self._attend_windows(windows, (q, k, v, iq, raw, rows.positions), o, rows, rotary, kernels)
+        for s in stacks:
+            self._attend_windows(s, (q, k, v, iq, raw, rows.positions), o, rows, rotary, kernels)
         return o
 
     def _attend_windows(self, windows: list[Piece], flat, out, rows: Rows, rotary, kernels):
-        """Every verify window of the round in one call: queries padded to the widest window
-        (each window's last row repeated, its results dropped), caches padded to the longest.
-        A query row's result depends on its own row, mask and keys alone, so it is the one
-        the window would get by itself. The index tensors are the round's (every attention
-        layer shares them) and the per-stream copies are multi-tensor copies."""
-        width = max(p.length for p in windows)
-        gather = rows.longs("attend_gather", lambda: [
+        """Every verify window of the round in one call, or every short prompt piece:
+        queries padded to the widest (each piece's last row repeated, its results dropped),
+        caches padded to the longest. A query row's result depends on its own row, mask and
+        keys alone, and its walk stops at its tile's last row's position (a repeated row's),
+        so it is the one the piece would get by itself. The index tensors are the round's
+        (every attention layer shares them) and the per-stream copies are multi-tensor
+        copies."""
+        width, split = max(p.length for p in windows), windows[0].recurrent
+        name = "windows" if split else "prompts"
+        gather = rows.longs(f"attend_gather_{name}", lambda: [
             p.offset + min(t, p.length - 1) for p in windows for t in range(width)
         ])  # fmt: skip
         q, k, v, iq, raw, pos = (t.index_select(0, gather).unflatten(0, (-1, width)) for t in flat)
@@ -131,12 +136,12 @@ class QSAttention(nn.Module):
         cfg, blk = self.cfg, self.cfg.indexer_block
         mask = kernels.select_mask(iq, block_keys, pos, nk, blk, cfg.indexer_top_blocks)
         scale = cfg.head_dim**-0.5
-        res = kernels.attention(q, keys, values, mask, scale, positions=pos, split=True)
+        res = kernels.attention(q, keys, values, mask, scale, positions=pos, split=split)
         res = res.flatten(0, 1)
-        real = rows.longs("attend_real", lambda: [
+        real = rows.longs(f"attend_real_{name}", lambda: [
             i * width + t for i, p in enumerate(windows) for t in range(p.length)
         ])  # fmt: skip
-        dest = rows.longs("attend_rows", lambda: [
+        dest = rows.longs(f"attend_rows_{name}", lambda: [
             p.offset + t for p in windows for t in range(p.length)
         ])  # fmt: skip
         out.index_copy_(0, dest, res.index_select(0, real))
@@ -179,6 +184,23 @@ class QSAttention(nn.Module):
             fresh = self.indexer.block_keys(cache.index_rows(b0 * blk, b1 * blk)[None], b0, rotary)
             cache.block_keys[b0:b1] = fresh[0]
         return cache, e, b1
+
+
+# prompt pieces up to this many rows attend in one call (padded to the widest: a long piece
+# beside short ones would make them all as wide); longer ones alone
+STACK_PROMPT_ROWS = 256
+
+
+def _stacks(rows: Rows) -> list[list[Piece]]:
+    """The pieces that attend together: the sessions' verify windows, and their prompt pieces
+    of at most STACK_PROMPT_ROWS rows."""
+    windows, prompts = [], []
+    for p in rows.pieces:
+        if p.session is not None and p.recurrent:
+            windows.append(p)
+        elif p.session is not None and p.length <= STACK_PROMPT_ROWS:
+            prompts.append(p)
+    return [windows, prompts]
 
 
 def padded_caches(written: list[tuple]) -> tuple:
