@@ -61,14 +61,24 @@ def _tune(fla_chunk, q, k, v, state, chunk: int) -> None:
     if key in _tuned:
         return
     _tuned.add(key)
-    cu, indices, cu_host, _ = _bounds((TUNE_ROWS,), chunk, v.device)
     zeros = [x.new_zeros(1, TUNE_ROWS, *x.shape[2:]) for x in (q, k, v)]
-    fla_chunk(
-        *zeros,
-        q.new_zeros(1, TUNE_ROWS, q.shape[2], dtype=torch.float32),
-        q.new_zeros(1, TUNE_ROWS, q.shape[2]),
+    g = q.new_zeros(1, TUNE_ROWS, q.shape[2], dtype=torch.float32)
+    beta = q.new_zeros(1, TUNE_ROWS, q.shape[2])
+    initial = None if state is None else state.new_zeros(1, *state.shape[1:])
+    _varlen(fla_chunk, *zeros, g, beta, initial, (TUNE_ROWS,), chunk)
+
+
+def _varlen(fla_chunk, q, k, v, g, beta, state, lengths: tuple[int, ...], chunk: int):
+    """fla's call over [1, sum(lengths)] rows holding these sequences -> (o, final states)."""
+    cu, indices, cu_host, _ = _bounds(lengths, chunk, v.device)
+    return fla_chunk(
+        q,
+        k,
+        v,
+        g,
+        beta,
         scale=1.0,
-        initial_state=None if state is None else state.new_zeros(1, *state.shape[1:]),
+        initial_state=state,
         output_final_state=True,
         use_qk_l2norm_in_kernel=False,
         cu_seqlens=cu,
@@ -101,7 +111,6 @@ def chunk_gdn(
         lengths = [t] * b
     elif b != 1 or sum(lengths) != t:
         raise ValueError(f"chunk_gdn: lengths {lengths} do not tile [{b}, {t}] rows")
-    cu, indices, cu_host, _ = _bounds(tuple(lengths), chunk, v.device)
     # fla's kernels want one dtype for q, k, v (bf16/fp16 or fp32); g is cumsummed in fp32
     dt = v.dtype if v.dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
 
@@ -111,19 +120,6 @@ def chunk_gdn(
     q, k, v_in = flat(q, dt), flat(k, dt), flat(v, dt)
     state = state.to(torch.float32).contiguous() if state is not None else None
     _tune(fla_chunk, q, k, v_in, state, chunk)
-    o, final = fla_chunk(
-        q,
-        k,
-        v_in,
-        flat(g, torch.float32),
-        flat(beta, dt),
-        scale=1.0,
-        initial_state=state,
-        output_final_state=True,
-        use_qk_l2norm_in_kernel=False,
-        cu_seqlens=cu,
-        cu_seqlens_cpu=cu_host,
-        chunk_indices=indices,
-        chunk_size=chunk,
-    )
+    g, beta = flat(g, torch.float32), flat(beta, dt)
+    o, final = _varlen(fla_chunk, q, k, v_in, g, beta, state, tuple(lengths), chunk)
     return o.view(b, t, *o.shape[2:]).to(v.dtype), final.to(torch.float32)
