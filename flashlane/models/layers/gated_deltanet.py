@@ -153,10 +153,9 @@ class GatedDeltaNet(nn.Module):
         return q, k, v
 
     def record(self, group, xfull: torch.Tensor, states: torch.Tensor) -> None:
-        """What commit() needs per piece: its conv inputs and its states, padding rows cut
-        (padding rows have zero beta and zero decay, so they leave the state as is)."""
+        """What commit() needs per verify window: its conv inputs and the state after each of
+        its rows, padding rows cut (the prompt pieces record in _prompts)."""
         key, t = ("gdn", self.layer_idx), xfull.shape[1] - (self.cfg.linear_conv_kernel - 1)
         for i, piece in enumerate(group):
             n = piece.length
-            rows_of = states[i, :n] if piece.recurrent else states[i]
-            piece.pending[key] = (xfull[i, : xfull.shape[1] - t + n], rows_of)
+            piece.pending[key] = (xfull[i, : xfull.shape[1] - t + n], states[i, :n])
