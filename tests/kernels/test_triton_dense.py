@@ -27,6 +27,7 @@ from tests.kernels.triton_env import (
     HAS_CUDA,
     assert_dot_equal,
     dot_mismatch,
+    exact_in_interpreter,
     needs_triton,
 )
 
@@ -274,6 +275,32 @@ def test_linear_one_loop_over_partitions_gives_their_bits(nk, dtype, monkeypatch
             got = tlin.linear(x, w, out_dtype=out, tile=dict(cfg, FLAT=flat))
             assert torch.equal(got, want), flat
             assert not torch.signbit(got[3]).any()
+
+
+@pytest.mark.parametrize("dtype", NARROW)
+def test_linear_small_prefill_tiles_keep_the_bits(dtype):
+    """A prefill call with too few rows for prefill_tile's 128 x 128 tiles to fill the SMs takes
+    64 x 64 ones (row_tile), with the same partitions: a row's bits equal the same row in a
+    decode call and in the 128 x 128 tiles (in one program and split)."""
+    from flashlane.kernels.linear.tiles import FEW_PREFILL_TILES, row_tile
+
+    n, k = (324, 10240) if HAS_CUDA else (33, 1536)
+    m = 2048 if HAS_CUDA else 130
+    big, small = tlin.prefill_tile(n, k, dtype), row_tile(m, n, k, dtype)
+    assert big.get("FLAT") and -(-m // 128) * -(-n // 128) < FEW_PREFILL_TILES
+    assert (small["BLOCK_M"], small["BLOCK_N"]) == (64, 64)
+    assert small["PARTS"] == big["PARTS"]
+    assert small["BLOCK_K"] * small["BLOCKS_PER_PART"] == big["BLOCK_K"] * big["BLOCKS_PER_PART"]
+    assert row_tile(128 * FEW_PREFILL_TILES, n, k, dtype) == big  # enough rows: 128 x 128
+    x, w = _rand(m, k, seed=51), _rand(n, k, seed=52)
+    if HAS_CUDA:  # exponents spread over 2^-12..2^12; the interpreter: sums exact in any order
+        x = x * torch.exp2(torch.randint(-12, 13, x.shape, device=DEVICE))
+    x, w = exact_in_interpreter(x).to(dtype), exact_in_interpreter(w).to(dtype)
+    y = tlin.linear(x, w)
+    for split in (False, True):
+        assert_dot_equal(y, tlin.linear(x, w, tile=dict(big, SPLIT=split)), split)
+    for lo in (0, m - 5):
+        assert_dot_equal(tlin.linear(x[lo : lo + 5], w), y[lo : lo + 5], lo)
 
 
 @pytest.mark.parametrize("dtype", NARROW)

@@ -24,6 +24,9 @@ FEW_ROWS = 16
 _NARROW = 512
 # and over this many K blocks or more, partitions of at least this many blocks
 _LONG_K_BLOCKS, _LONG_K_PER_PART = 64, 4
+# a prefill call whose 128 x 128 tiles would be fewer than this (and so split, kernels/linear/
+# triton.py's _IN_PROGRAM_TILES) takes tiles of 64 x 64 instead (`_small_prefill_tile`)
+FEW_PREFILL_TILES = 128
 
 
 @functools.cache
@@ -67,10 +70,14 @@ def tile_config(n: int, k: int, dtype: torch.dtype) -> dict:
 
 
 def row_tile(m: int, n: int, k: int, dtype: torch.dtype) -> dict:
-    """The tile of a call of m rows: prefill_tile above DECODE_ROWS, else tile_config's, in
+    """The tile of a call of m rows: prefill_tile above DECODE_ROWS (`_small_prefill_tile`'s
+    where its 128 x 128 tiles would be fewer than FEW_PREFILL_TILES), else tile_config's, in
     rows of FEW_ROWS up to FEW_ROWS rows. The shapes follow m; the partitions never do."""
     if m > DECODE_ROWS:
-        return prefill_tile(n, k, dtype)
+        t = prefill_tile(n, k, dtype)
+        if t.get("FLAT") and -(-m // t["BLOCK_M"]) * -(-n // t["BLOCK_N"]) < FEW_PREFILL_TILES:
+            return _small_prefill_tile(n, k, dtype)
+        return t
     t = tile_config(n, k, dtype)
     return dict(t, BLOCK_M=FEW_ROWS) if m <= FEW_ROWS < t["BLOCK_M"] else t
 
@@ -107,6 +114,22 @@ def prefill_tile(n: int, k: int, dtype: torch.dtype) -> dict:
         num_stages=4 if flat else 3,
     )
     return dict(wide, FLAT=2) if flat else wide
+
+
+@functools.cache
+def _small_prefill_tile(n: int, k: int, dtype: torch.dtype) -> dict:
+    """prefill_tile's partitions in 64 x 64 tiles, blocks of K of 128 where a span holds them,
+    on 4 warps: for calls with too few rows for 128 x 128 tiles to fill the SMs (the
+    hyper-connections' 324 x 10240 at 2,048 rows: 48 tiles, which split their 20 partitions
+    in 960 programs, 230 us a call in the 2k prefill's timeline). At 2,048 rows on the H200
+    (results/prefill_variants_h200_af8bb74.log, all in one program, bits equal): 324 x 10240
+    62.2 against 127.1 us in 128 x 128, 184.5 split; 1281 x 2560 49.5 against 68.2."""
+    t = prefill_tile(n, k, dtype)
+    span = t["BLOCK_K"] * t["BLOCKS_PER_PART"]
+    bk = 128 if span % 128 == 0 else 64
+    return dict(
+        t, BLOCK_M=64, BLOCK_N=64, BLOCK_K=bk, BLOCKS_PER_PART=span // bk, num_warps=4, num_stages=3
+    )
 
 
 def shaped(y: torch.Tensor, lead: tuple[int, ...]) -> torch.Tensor:
