@@ -35,7 +35,7 @@ CAP = 512
 STEPS = 12
 
 
-@pytest.fixture(scope="module", params=["tiny", "flashnext-4l"])
+@pytest.fixture(scope="module", params=["tiny", "flashnext-4l", "qwen3-next-4l"])
 def gpu_model(request, oracle_by_name):
     cfg, model = gpu_model_named(request.param, oracle_by_name)
     model.graphs = Graphs(max_rows=64)  # pieces of 64 rows replay, longer ones run eagerly

@@ -16,7 +16,7 @@ from torch import nn
 from flashlane.kernels import REFERENCE, Kernels
 from flashlane.models.config import ModelConfig
 from flashlane.models.layers.norms import Stacked
-from flashlane.models.layers.qsa_attention import add_heads, padded_caches
+from flashlane.models.layers.qsa_attention import add_heads, padded_caches, piece_stacks
 from flashlane.models.rows import Piece, Rows, copy_all
 from flashlane.models.state import AttnCache, SessionState
 
@@ -53,43 +53,49 @@ class GatedAttention(nn.Module):
 
     def attend(self, q, k, v, rows: Rows, kernels: Kernels) -> torch.Tensor:
         """Keys written to each piece's session, then each row's attention -> o [N, Hq, D].
-        Training batches attend within themselves; prompt pieces one at a time; the round's
-        verify windows in one call, padded as QSA pads them (qsa_attention.padded_caches)."""
+        Training batches attend within themselves; the round's verify windows in one call,
+        its short prompt pieces (two or more) in another, padded as QSA pads them
+        (qsa_attention.piece_stacks, padded_caches); longer prompt pieces one at a time."""
         scale = self.cfg.head_dim**-0.5
         if rows.batch is not None:
             pos = rows.positions.view(rows.batch)
             q4, k4, v4 = (t.unflatten(0, rows.batch) for t in (q, k, v))
             return kernels.causal_attention(q4, k4, v4, scale, pos).flatten(0, 1)
         o = q.new_empty(q.shape)
-        windows = [p for p in rows.pieces if p.recurrent]
+        windows, prompts = piece_stacks(rows)
+        stacks = [s for s in (windows, prompts if len(prompts) > 1 else []) if s]
+        stacked = {id(p) for s in stacks for p in s}
         for p in rows.pieces:
-            if not p.recurrent:
+            if id(p) not in stacked:
                 pos = rows.positions[p.rows][None]
                 cache, e, _ = self._write_all([p], k[p.rows][None], v[p.rows][None])[0]
                 keys, values = cache.keys(e)[None], cache.values(e)[None]
                 o[p.rows] = kernels.causal_attention(q[p.rows][None], keys, values, scale, pos)[0]
-        if windows:
-            self._attend_windows(windows, q, k, v, o, rows, kernels)
+        for s in stacks:
+            self._attend_stack(s, q, k, v, o, rows, kernels)
         return o
 
-    def _attend_windows(self, windows: list[Piece], q, k, v, out, rows: Rows, kernels):
-        """Every verify window in one call: queries padded to the widest window (each
-        window's last row repeated, its result dropped), caches padded with zeros to the
-        longest; a row sees its own keys up to its position only."""
-        width = max(p.length for p in windows)
-        gather = rows.longs("attend_gather", lambda: [
-            p.offset + min(t, p.length - 1) for p in windows for t in range(width)
+    def _attend_stack(self, pieces: list[Piece], q, k, v, out, rows: Rows, kernels):
+        """Pieces of one kind (verify windows, or short prompt pieces) in one call: queries
+        padded to the widest piece (each piece's last row repeated, its result dropped),
+        caches padded with zeros to the longest; a row sees its own keys up to its position
+        only, and the causal kernel's tiles never depend on T, B or L, so its bits are the
+        ones its piece would get alone."""
+        width = max(p.length for p in pieces)
+        name = "windows" if pieces[0].recurrent else "prompts"
+        gather = rows.longs(f"attend_gather_{name}", lambda: [
+            p.offset + min(t, p.length - 1) for p in pieces for t in range(width)
         ])  # fmt: skip
         qw, kw, vw, pos = (
             t.index_select(0, gather).unflatten(0, (-1, width)) for t in (q, k, v, rows.positions)
         )
-        keys, values, _, _ = padded_caches(self._write_all(windows, kw, vw))
+        keys, values, _, _ = padded_caches(self._write_all(pieces, kw, vw))
         res = kernels.causal_attention(qw, keys, values, self.cfg.head_dim**-0.5, pos)
-        real = rows.longs("attend_real", lambda: [
-            i * width + t for i, p in enumerate(windows) for t in range(p.length)
+        real = rows.longs(f"attend_real_{name}", lambda: [
+            i * width + t for i, p in enumerate(pieces) for t in range(p.length)
         ])  # fmt: skip
-        dest = rows.longs("attend_rows", lambda: [
-            p.offset + t for p in windows for t in range(p.length)
+        dest = rows.longs(f"attend_rows_{name}", lambda: [
+            p.offset + t for p in pieces for t in range(p.length)
         ])  # fmt: skip
         out.index_copy_(0, dest, res.flatten(0, 1).index_select(0, real))
 

@@ -100,7 +100,7 @@ class QSAttention(nn.Module):
 
     def attend(self, q, k, v, iq, raw, rows: Rows, rotary: Rotary, kernels: Kernels):
         """Keys written to each piece's session, then each row's attention -> o [N, Hq, D]."""
-        stacks = [s for s in _stacks(rows) if len(s) > 1]
+        stacks = [s for s in piece_stacks(rows) if len(s) > 1]
         if rows.batch is not None or not stacks:
             parts = zip(
                 rows.split(q), rows.split(k), rows.split(v), rows.split(iq),
@@ -191,7 +191,7 @@ class QSAttention(nn.Module):
 STACK_PROMPT_ROWS = 256
 
 
-def _stacks(rows: Rows) -> list[list[Piece]]:
+def piece_stacks(rows: Rows) -> list[list[Piece]]:
     """The pieces that attend together: the sessions' verify windows, and their prompt pieces
     of at most STACK_PROMPT_ROWS rows."""
     windows, prompts = [], []
