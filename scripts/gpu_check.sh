@@ -7,7 +7,7 @@
 #                                                    # model, long, drafts, diag, serve,
 #                                                    # serve-bisect, replay, stall, fp8,
 #                                                    # fp8-tune, kv8, bisect, attn-decode, gather-ab,
-#                                                    # prefill-ab,
+#                                                    # prefill-ab, moe-layout,
 #                                                    # timeline,
 #                                                    # peer-build, peer
 #
@@ -74,6 +74,9 @@
 #          on one engine: the same prompts timed at each stage of bench model's sequence, the
 #          collector held and not, inside the profiler; then bench model's own 2k and 8k
 #          (benchmarks/prefill_ab.py; PREFILL_AB_ARGS overrides; ~3 minutes)
+# moe-layout: the MoE's expert-sorted layout of a prompt's pairs, the chunked launches against
+#          the torch sort they replaced, side by side: tensors equal, GPU and host time a call
+#          (benchmarks/moe_layout.py; LAYOUT_ARGS overrides; seconds)
 # round-split: issue 28's drafting at one stream: a short prompt's round and a drafted lone
 #          call's load (the MTP head's absorb), wall, launches, kernels, host functions
 #          and a burst of 8 prompts in one round against one (benchmarks/round_split.py,
@@ -364,6 +367,10 @@ fi
 
 if [[ " $steps " == *" round-split "* ]]; then
     script_step round-split round_split "${SPLIT_ARGS:---device cuda}"
+fi
+
+if [[ " $steps " == *" moe-layout "* ]]; then
+    script_step moe-layout moe_layout "${LAYOUT_ARGS:---rows 2048,8192}"
 fi
 
 if [[ " $steps " == *" prefill-variants "* ]]; then

@@ -164,6 +164,23 @@ def test_dispatch_fused_at_the_threshold():
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+@pytest.mark.parametrize("kind", ["random", "one expert", "duplicates"])
+@pytest.mark.parametrize("rows, k, e", [(103, 10, 512), (410, 10, 60), (300, 8, 8)])
+def test_dispatch_past_the_fused_pairs_matches_sort(rows, k, e, kind):
+    """Past FUSED_DISPATCH_MAX_PAIRS (a prompt's MoE) the chunked launches (layout.py): the
+    sort's tensors, with chunks of pairs that end mid-expert and mid-step, every block
+    size, with and without the shared expert's rows."""
+    from flashlane.kernels.moe.layout import LAYOUT_CHUNK
+
+    assert rows * k > routing.FUSED_DISPATCH_MAX_PAIRS and rows * k % LAYOUT_CHUNK
+    ids = _pair_ids(kind, rows, k, e, seed=rows + k)
+    for block_m, shared in ((64, 0), (64, rows), (tmoe.BLOCK_M, rows), (2, 0)):
+        got = routing.dispatch(ids, e, block_m, shared)
+        want = routing.dispatch_by_sort(ids, e, block_m, shared)
+        assert torch.equal(got[0], want[0]), (block_m, shared)
+        assert torch.equal(got[1], want[1]), (block_m, shared)
+
+
 @pytest.mark.parametrize("rows, k, e", [(2, 3, 8), (7, 8, 512), (13, 10, 60)])
 def test_pick_and_lay_out_is_the_pick_then_the_layout(rows, k, e):
     """One launch: the pick's weights and ids bitwise, and dispatch's layout of those ids

@@ -8,7 +8,8 @@
 * `dispatch`: pairs p = row*k + slot sorted by expert (stable) and padded to BLOCK_M per
   expert, in worst-case-sized buffers (no host sync). Up to FUSED_DISPATCH_MAX_PAIRS pairs
   (decode, verify rounds) one single-program kernel lays them out; beyond that (prefill)
-  about 25 torch launches do it with a sort. Both give the same tensors; the tests check it.
+  three launches over chunks of pairs (`layout.py`). Both give `dispatch_by_sort`'s tensors
+  (the torch layout, kept as the tests' reference); the tests check it.
 * `pick_and_lay_out`: both in the pick's launch: the last row's program to finish
   (kernels/partials.py's counter) lays the pairs out as `dispatch`'s kernel does, on the
   pick's one warp (a launch saved; the layout alone measured 1.2 us slower on one warp than
@@ -21,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flashlane.kernels.moe.layout import dispatch_chunked, place_step
 from flashlane.kernels.partials import counters, last_to_arrive
 from flashlane.kernels.pdl import enter, pdl
 
@@ -237,17 +239,9 @@ def _layout(
     tl.debug_barrier()
     # in pair order, so a pair's rank in its expert counts only earlier pairs (stable)
     for p0 in range(0, num_pairs, BLOCK_P):
-        mask_p = p0 + o_p < num_pairs
-        # a masked pair reads expert 0: never stored, and after every real pair of the chunk
-        b_e = tl.load(ids_ptr + p0 + o_p, mask=mask_p, other=0, cache_modifier=CACHE)
-        b_e = b_e.to(tl.int32)
-        is_e = b_e[:, None] == o_e[None, :]
-        mates = (b_e[:, None] == b_e[None, :]) & (o_p[None, :] < o_p[:, None])
-        # b_next of each pair's expert (a one-hot sum gathers from registers), plus its rank
-        # among the chunk's earlier pairs of that expert
-        b_dest = tl.sum(tl.where(is_e, b_next[None, :], 0), axis=1)
-        b_dest += tl.sum(mates.to(tl.int32), axis=1)
-        tl.store(slot_pair_ptr + b_dest, p0 + o_p, mask=mask_p)
+        b_e, b_dest, mask_p = place_step(
+            ids_ptr, slot_pair_ptr, p0, num_pairs, b_next, o_p, o_e, CACHE
+        )
         # every pair of a block writes the block's one expert
         tl.store(block_expert_ptr + b_dest // BLOCK_M, b_e, mask=mask_p)
         b_next += tl.histogram(b_e, BLOCK_E, mask=mask_p)
@@ -343,4 +337,5 @@ def dispatch(ids: torch.Tensor, n_experts: int, block_m: int, shared_rows: int =
     those."""
     if ids.numel() <= FUSED_DISPATCH_MAX_PAIRS:
         return dispatch_fused(ids, n_experts, block_m, shared_rows)
-    return dispatch_by_sort(ids, n_experts, block_m, shared_rows)
+    routed = _routed_blocks(ids.numel(), n_experts, block_m)
+    return dispatch_chunked(ids, n_experts, block_m, shared_rows, routed)
