@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 from flashlane.kernels.linear import triton as linear  # noqa: E402
-from flashlane.kernels.moe import routing  # noqa: E402
+from flashlane.kernels.moe import layout, routing  # noqa: E402
 from flashlane.kernels.moe import triton as moe  # noqa: E402
 from tests.kernels.sm90 import BF, blocks, compiles_for_sm90, launch  # noqa: E402
 
@@ -153,6 +153,22 @@ GEMMS = {
                           routed_blocks="i32"),
                      dict(E=512, BLOCK_M=16, BLOCK_E=512, BLOCK_P=routing.PAIR_CHUNK,
                           BLOCK_C=routing.CLEAR_CHUNK), {}),
+    "moe layout count": (layout._count_kernel,
+                         dict(ids_ptr="*i64", counts_ptr="*i32", slot_pair_ptr="*i32",
+                              num_pairs="i32", num_slots="i32", stripe="i32"),
+                         dict(BLOCK_E=512, CHUNK=layout.LAYOUT_CHUNK, BLOCK_C=layout.CLEAR,
+                              PDL=1), dict(launch_pdl=True)),
+    "moe layout offsets": (layout._offsets_kernel,
+                           dict(counts_ptr="*i32", base_ptr="*i32", slot_pair_ptr="*i32",
+                                block_expert_ptr="*i32", num_pairs="i32", chunks="i32",
+                                routed_blocks="i32", shared_rows="i32"),
+                           dict(E=512, BLOCK_M=64, BLOCK_E=512, BLOCK_C=layout.CLEAR,
+                                BLOCK_B=layout.LABELS, PDL=1), dict(launch_pdl=True)),
+    "moe layout place": (layout._place_kernel,
+                         dict(ids_ptr="*i64", base_ptr="*i32", slot_pair_ptr="*i32",
+                              num_pairs="i32"),
+                         dict(BLOCK_E=512, CHUNK=layout.LAYOUT_CHUNK, BLOCK_P=layout.STEP,
+                              PDL=1), dict(launch_pdl=True)),
 }  # fmt: skip
 
 

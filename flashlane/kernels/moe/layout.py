@@ -71,7 +71,7 @@ def _count_kernel(
 def _offsets_kernel(
     counts_ptr, base_ptr, slot_pair_ptr, block_expert_ptr, num_pairs, chunks, routed_blocks,
     shared_rows, E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_C: tl.constexpr, PDL: tl.constexpr = 0,
+    BLOCK_C: tl.constexpr, BLOCK_B: tl.constexpr, PDL: tl.constexpr = 0,
 ):  # fmt: skip
     enter(PDL)
     o_e = tl.arange(0, BLOCK_E)
@@ -86,14 +86,14 @@ def _offsets_kernel(
         run += tl.load(counts_ptr + c * BLOCK_E + o_e)
     # a block's expert: how many segments end at or before it (the experts past E end with
     # the last, so a block past every segment counts them too: -1)
-    o_c = tl.arange(0, LABELS)
-    for b0 in range(0, routed_blocks, LABELS):
+    o_c = tl.arange(0, BLOCK_B)
+    for b0 in range(0, routed_blocks, BLOCK_B):
         b = b0 + o_c
         ex = tl.sum((end[None, :] <= b[:, None]).to(tl.int32), axis=1)
         tl.store(block_expert_ptr + b, tl.where(ex < E, ex, -1), mask=b < routed_blocks)
     # the shared expert (id E): row r's pair num_pairs + r, in blocks after the routed ones
     shared_blocks = (shared_rows + BLOCK_M - 1) // BLOCK_M
-    for b0 in range(0, shared_blocks, LABELS):
+    for b0 in range(0, shared_blocks, BLOCK_B):
         b = b0 + o_c
         tl.store(block_expert_ptr + routed_blocks + b, E, mask=b < shared_blocks)
     o_s = tl.arange(0, BLOCK_C)
@@ -144,7 +144,7 @@ def dispatch_chunked(
     )  # fmt: skip
     _offsets_kernel[(1,)](
         counts, base, slot_pair, block_expert, pairs, chunks, routed, shared_rows,
-        E=n_experts, BLOCK_M=block_m, BLOCK_E=be, BLOCK_C=CLEAR, **launch,
+        E=n_experts, BLOCK_M=block_m, BLOCK_E=be, BLOCK_C=CLEAR, BLOCK_B=LABELS, **launch,
     )  # fmt: skip
     _place_kernel[(chunks,)](
         flat, base, slot_pair, pairs, BLOCK_E=be, CHUNK=LAYOUT_CHUNK, BLOCK_P=STEP, **launch
