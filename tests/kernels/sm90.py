@@ -19,18 +19,29 @@ def launch(tile: dict) -> dict:
     return {k: v for k, v in tile.items() if not k.isupper()}
 
 
-def compiles_for_sm90(entry: tuple) -> None:
+def aligned_pointers(fn, args: dict) -> dict:
+    """The attrs a launch gives `fn`'s pointer arguments: 16-byte aligned (torch allocates so;
+    Triton specialises a launch on it, and its loads vectorise only then, so code compiled
+    without them is not the code that runs)."""
+    names = list(fn.arg_names)
+    return {(names.index(a),): [["tt.divisibility", 16]] for a, t in args.items() if t[0] == "*"}
+
+
+def compiles_for_sm90(entry: tuple, aligned: bool = False):
     """A table entry (fn, args, constexprs[, options]) compiles to a binary the H200 would
-    load, within the shared memory one program may take."""
+    load, within the shared memory one program may take; aligned: with its pointers 16-byte
+    aligned (`aligned_pointers`). -> the compiled kernel."""
     import triton
     from triton.compiler import ASTSource
 
     fn, args, constexprs, *options = entry
     signature = {**args, **dict.fromkeys(constexprs, "constexpr")}
+    attrs = aligned_pointers(fn, args) if aligned else None
     compiled = triton.compile(
-        ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+        ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
         target=H200,
         options=options[0] if options else None,
     )
     assert len(compiled.asm["cubin"]) > 0  # through ptxas: a binary the H200 would load
     assert compiled.metadata.shared <= H200_SHARED  # else the launch fails (out of resources)
+    return compiled

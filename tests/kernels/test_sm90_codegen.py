@@ -22,7 +22,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from flashlane.kernels.linear import triton as linear  # noqa: E402
 from flashlane.kernels.norms import triton as norms  # noqa: E402
 from flashlane.kernels.rowwise import triton_heads as rowwise_heads  # noqa: E402
-from tests.kernels.sm90 import BF, H200  # noqa: E402
+from tests.kernels.sm90 import BF, H200, aligned_pointers  # noqa: E402
 from tests.kernels.test_sm90_compile import HEADS, HEADS_SIZES  # noqa: E402
 from tests.kernels.test_sm90_compile import KERNELS as NON_GEMMS  # noqa: E402
 from tests.kernels.test_sm90_compile_attention import ATTENTION_KERNELS  # noqa: E402
@@ -138,7 +138,8 @@ def test_the_step_kernels_take_pdl():
 
 
 @pytest.mark.parametrize("name", PDL_KERNELS)
-def test_pdl_kernel_waits_before_it_touches_memory(name):
+@pytest.mark.parametrize("aligned", [False, True], ids=["any pointers", "aligned pointers"])
+def test_pdl_kernel_waits_before_it_touches_memory(name, aligned):
     """Launched early under PDL, a kernel's griddepcontrol.wait comes before its first global
     load, store, async copy or atomic (L2 prefetches of weights aside), and it lets the next
     launch go only after the wait; with PDL 0 it has neither instruction."""
@@ -150,8 +151,11 @@ def test_pdl_kernel_waits_before_it_touches_memory(name):
         c = {**constexprs, "PDL": pdl}
         signature = {**args, **dict.fromkeys(c, "constexpr")}
         opts = dict(options[0] if options else {}, launch_pdl=bool(pdl))
+        attrs = aligned_pointers(fn, args) if aligned else None
         return triton.compile(
-            ASTSource(fn=fn, signature=signature, constexprs=c), target=H200, options=opts
+            ASTSource(fn=fn, signature=signature, constexprs=c, attrs=attrs),
+            target=H200,
+            options=opts,
         ).asm["ptx"]
 
     code = ptx(1)

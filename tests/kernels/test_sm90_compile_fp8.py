@@ -21,7 +21,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from flashlane.kernels.linear import triton_fp8 as linear  # noqa: E402
 from flashlane.kernels.moe import triton_fp8 as moe  # noqa: E402
-from tests.kernels.sm90 import H200, H200_SHARED, blocks, launch  # noqa: E402
+from tests.kernels.sm90 import H200, H200_SHARED, aligned_pointers, blocks, launch  # noqa: E402
 
 BF, F8 = "*bf16", "*fp8e4nv"
 LINEAR = dict(x_ptr=BF, q_ptr=F8, s_ptr="*fp32", y_ptr=BF, ws_ptr="*fp32", count_ptr="*i32",
@@ -71,11 +71,13 @@ KERNELS = {
 
 
 @pytest.mark.parametrize("name", sorted(KERNELS))
-def test_fp8_kernel_compiles_for_sm90_on_the_tensor_cores(name):
+@pytest.mark.parametrize("aligned", [False, True], ids=["any pointers", "aligned pointers"])
+def test_fp8_kernel_compiles_for_sm90_on_the_tensor_cores(name, aligned):
     fn, args, constexprs, options = KERNELS[name]
     signature = {**args, **dict.fromkeys(constexprs, "constexpr")}
+    attrs = aligned_pointers(fn, args) if aligned else None
     compiled = triton.compile(
-        ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+        ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
         target=H200,
         options=options,
     )
@@ -90,7 +92,8 @@ def test_fp8_kernel_compiles_for_sm90_on_the_tensor_cores(name):
 
 
 @pytest.mark.parametrize("name", sorted(KERNELS))
-def test_fp8_kernel_waits_under_pdl_before_it_touches_memory(name):
+@pytest.mark.parametrize("aligned", [False, True], ids=["any pointers", "aligned pointers"])
+def test_fp8_kernel_waits_under_pdl_before_it_touches_memory(name, aligned):
     """Launched early under PDL (kernels/pdl.py), a kernel's griddepcontrol.wait comes before
     its first global load, store, async copy or atomic (the linear's L2 prefetch of its
     weights aside); with PDL 0 it has none."""
@@ -102,8 +105,11 @@ def test_fp8_kernel_waits_under_pdl_before_it_touches_memory(name):
         c = {**constexprs, "PDL": flag}
         signature = {**args, **dict.fromkeys(c, "constexpr")}
         opts = dict(options, launch_pdl=bool(flag))
+        attrs = aligned_pointers(fn, args) if aligned else None
         return triton.compile(
-            ASTSource(fn=fn, signature=signature, constexprs=c), target=H200, options=opts
+            ASTSource(fn=fn, signature=signature, constexprs=c, attrs=attrs),
+            target=H200,
+            options=opts,
         ).asm["ptx"]
 
     code = ptx(1)
@@ -114,14 +120,18 @@ def test_fp8_kernel_waits_under_pdl_before_it_touches_memory(name):
 
 
 @pytest.mark.parametrize("name", sorted(KERNELS))
-def test_fp8_kernel_loads_its_scales_before_the_k_loop(name):
+@pytest.mark.parametrize("aligned", [False, True], ids=["any pointers", "aligned pointers"])
+def test_fp8_kernel_loads_its_scales_before_the_k_loop(name, aligned):
     """A tile's scales are one vector loaded before its K loop (triton_fp8.block_scales): a
     scale loaded in the loop put a load's latency into every K block (half the H200's
     bandwidth at one row). In the loop, only the pipelined copies of x and the weight."""
     fn, args, constexprs, options = KERNELS[name]
     signature = {**args, **dict.fromkeys(constexprs, "constexpr")}
+    attrs = aligned_pointers(fn, args) if aligned else None
     ttgir = triton.compile(
-        ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=H200, options=options
+        ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+        target=H200,
+        options=options,
     ).asm["ttgir"]
     # the innermost loops: text from an scf.for to its scf.yield with no scf.for between (an
     # outer loop over partitions loads each partition's scales before its K loop)

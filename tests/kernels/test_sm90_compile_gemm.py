@@ -174,4 +174,5 @@ GEMMS = {
 
 @pytest.mark.parametrize("name", sorted(GEMMS))
 def test_compiles_for_sm90(name):
-    compiles_for_sm90(GEMMS[name])
+    """With its pointers aligned, as a launch on torch's tensors specialises it (sm90.py)."""
+    compiles_for_sm90(GEMMS[name], aligned=True)
