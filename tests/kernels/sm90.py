@@ -20,17 +20,25 @@ def launch(tile: dict) -> dict:
 
 
 def aligned_pointers(fn, args: dict) -> dict:
-    """The attrs a launch gives `fn`'s pointer arguments: 16-byte aligned (torch allocates so;
-    Triton specialises a launch on it, and its loads vectorise only then, so code compiled
-    without them is not the code that runs)."""
+    """The attrs of a typical launch of `fn` at Flash Next's sizes: its pointers 16-byte
+    aligned (torch allocates so) and its integers that Triton specialises (those not in
+    do_not_specialize) multiples of 16, as the model's widths, strides and prefill rows are.
+    Triton specialises a launch on both, and its loads vectorise only then: a kernel compiled
+    without them is not the code that runs (the MoE's prefill gate-up so compiled had 2-byte
+    scalar loads and local-memory spills; launched, 16-byte async copies and none)."""
     names = list(fn.arg_names)
-    return {(names.index(a),): [["tt.divisibility", 16]] for a, t in args.items() if t[0] == "*"}
+    fixed = {names[i] if isinstance(i, int) else i for i in fn.do_not_specialize}
+    return {
+        (names.index(a),): [["tt.divisibility", 16]]
+        for a, t in args.items()
+        if t[0] == "*" or (t in ("i32", "i64") and a not in fixed)
+    }
 
 
 def compiles_for_sm90(entry: tuple, aligned: bool = False):
     """A table entry (fn, args, constexprs[, options]) compiles to a binary the H200 would
-    load, within the shared memory one program may take; aligned: with its pointers 16-byte
-    aligned (`aligned_pointers`). -> the compiled kernel."""
+    load, within the shared memory one program may take; aligned: specialised as a typical
+    launch is (`aligned_pointers`). -> the compiled kernel."""
     import triton
     from triton.compiler import ASTSource
 
