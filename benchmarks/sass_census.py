@@ -1,0 +1,69 @@
+"""What the H200 would run, counted on any machine: every kernel of the sm_90 compile tables
+(tests/kernels/test_sm90_compile*.py) compiled as a typical launch specialises it (pointers
+16-byte aligned, specialised integers multiples of 16: tests/kernels/sm90.aligned_pointers),
+disassembled with the nvdisasm bundled with triton, and its instructions counted: local-memory
+stores and loads (spills), global loads, async copies, tensor-core ops, all. No GPU needed.
+
+    python benchmarks/sass_census.py [--match attention] [--spills]
+
+--spills lists only the kernels with local-memory traffic. Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from triton.knobs import nvidia
+
+from tests.kernels import test_sm90_compile, test_sm90_compile_attention, test_sm90_compile_gemm
+from tests.kernels.sm90 import compiles_for_sm90
+
+COUNTED = ("STL", "LDL", "LDG", "LDGSTS", "STG", "HGMMA", "HMMA", "BAR")
+
+
+def census(entry: tuple) -> collections.Counter:
+    """Instruction names of `entry`'s launched variant and how often each appears."""
+    cubin = compiles_for_sm90(entry, aligned=True).asm["cubin"]
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run(
+            [nvidia.nvdisasm.path, "-c", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    return collections.Counter(re.findall(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--match", default="", help="only kernels whose name holds this (default all)")
+    ap.add_argument("--spills", action="store_true", help="only kernels that spill (default off)")
+    args = ap.parse_args()
+    tables = {
+        **test_sm90_compile.KERNELS,
+        **test_sm90_compile_attention.ATTENTION_KERNELS,
+        **test_sm90_compile_gemm.GEMMS,
+    }
+    rows = []
+    print(f"{'kernel':<40} " + " ".join(f"{c:>6}" for c in COUNTED) + "   total")
+    for name in sorted(n for n in tables if args.match in n):
+        ops = census(tables[name])
+        if args.spills and not (ops["STL"] or ops["LDL"]):
+            continue
+        rows.append(dict(kernel=name, total=sum(ops.values()), **{c: ops[c] for c in COUNTED}))
+        print(
+            f"{name:<40} " + " ".join(f"{ops[c]:>6}" for c in COUNTED) + f" {sum(ops.values()):7}"
+        )
+    print(json.dumps(dict(bench="sass_census", target="sm_90", kernels=rows)))
+
+
+if __name__ == "__main__":
+    main()
