@@ -10,7 +10,7 @@ walk (every key block loaded), the skipping walk (spans of 8 blocks, one mask lo
 the split walk (ranges of SPLIT_KEYS keys, one program each, folded) at several SPLIT_KEYS,
 the gathered attention (triton_gather.py: each range's allowed keys listed, only those read)
 at the same range sizes, and the listed attention (triton_listed.py: a row's allowed keys
-listed once, folded in slices) at several (SLICES, STEPS). For each: microseconds replayed
+listed once, folded in slices) at several (SLICES, STEPS, warps). For each: microseconds replayed
 from a CUDA graph (as the engine's graphed steps run them; `launched_us`: launched from
 Python), and the rate of reading the selected keys and values (the layer's attention bytes
 a step must read) against the copy bandwidth measured here. Checks: the split walk, the
@@ -52,7 +52,8 @@ from flashlane.kernels.attention.triton_select import select_from_scores
 HQ, HKV, D, HI, DI, BLOCK, TOP = 24, 2, 256, 4, 128, 4, 512
 SPLITS = (1024, 2048, 4096)
 WHOLES = (2048, 4096, 8192)  # triton_select.WHOLE candidates (select_whole*_us)
-LISTED = ((16, 4), (32, 2), (64, 1))  # triton_listed's (SLICES, STEPS) candidates
+# triton_listed's (SLICES, STEPS, FOLD_WARPS) candidates
+LISTED = ((16, 4, 4), (32, 2, 4), (64, 1, 4), (32, 2, 8))
 # the layer by default and with the candidates: (name, triton_listed.LISTED,
 # triton_scores.PROGRAMS: 528, four programs an SM on the H200)
 LAYERS = (
@@ -62,7 +63,7 @@ LAYERS = (
     ("layer_listed_loop_us", True, 528),
 )
 VARIANTS = [f"split{s}" for s in SPLITS] + [f"gather{s}" for s in SPLITS]
-VARIANTS += [f"listed{n}x{steps}" for n, steps in LISTED]
+VARIANTS += [f"listed{n}x{steps}w{warps}" for n, steps, warps in LISTED]
 
 
 def timed(fn, reps: int = 20) -> float:
@@ -179,15 +180,15 @@ def one(c: int, b: int, bw: float, capacity: int = 0) -> dict:
             )
         )
     triton_gather.RANGE_KEYS = 2048
-    slices_default = triton_listed.SLICES, triton_listed.STEPS
-    for n, steps in LISTED:
-        triton_listed.SLICES, triton_listed.STEPS = n, steps
-        out[f"listed{n}x{steps}"] = variant(
+    slices_default = triton_listed.SLICES, triton_listed.STEPS, triton_listed.FOLD_WARPS
+    for n, steps, warps in LISTED:
+        triton_listed.SLICES, triton_listed.STEPS, triton_listed.FOLD_WARPS = n, steps, warps
+        out[f"listed{n}x{steps}w{warps}"] = variant(
             lambda i: triton_listed.attention_listed(
                 rows(q, i), rows(k, i), rows(v, i), rows(mask, i), scale, positions=rows(pos, i)
             )
         )
-    triton_listed.SLICES, triton_listed.STEPS = slices_default
+    triton_listed.SLICES, triton_listed.STEPS, triton_listed.FOLD_WARPS = slices_default
     attn.GATHER = gather_default
     triton_walk.SPLIT_KEYS = 2048
     return out

@@ -41,6 +41,9 @@ LIST_KEYS = 2048  # key positions a listing program reads (int16 offsets: <= 32,
 CHUNK = 1024  # mask bytes a listing step reads
 SLICES = 32  # fold programs a (row, kv head): a row's partials
 STEPS = 2  # steps of gather.BLOCK_L keys a slice (a 2,048-key budget: 32 slices of 2)
+# warps of a fold program; on 4 its sm_90 code keeps 21 values in local memory, on 8 none
+# (benchmarks/sass_census.py), untimed: benchmarks/attention_decode.py times both
+FOLD_WARPS = 4
 
 
 @triton.jit
@@ -230,7 +233,7 @@ def attention_listed(
         SLICES=SLICES,
         PRECISION=gather.PRECISION[q.dtype],
         FP8=scales is not None,
-        num_warps=4,
+        num_warps=FOLD_WARPS,
         **pdl(dev),
     )
     _combine_kernel[(b * t * hq,)](
