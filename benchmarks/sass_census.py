@@ -1,6 +1,6 @@
 """What the H200 would run, counted on any machine: every kernel of the sm_90 compile tables
 (tests/kernels/test_sm90_compile*.py) compiled as a typical launch specialises it (pointers
-16-byte aligned, specialised integers multiples of 16: tests/kernels/sm90.aligned_pointers),
+16-byte aligned, specialised integers multiples of 16: tests/kernels/sm90.launch_attrs),
 disassembled with the nvdisasm bundled with triton, and its instructions counted: local-memory
 stores and loads (spills), global loads, async copies, tensor-core ops, all. No GPU needed.
 
@@ -16,30 +16,20 @@ import collections
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from triton.knobs import nvidia
-
 from tests.kernels import test_sm90_compile, test_sm90_compile_attention, test_sm90_compile_gemm
-from tests.kernels.sm90 import compiles_for_sm90
+from tests.kernels.sm90 import compiles_for_sm90, sass
 
 COUNTED = ("STL", "LDL", "LDG", "LDGSTS", "STG", "HGMMA", "HMMA", "BAR")
 
 
 def census(entry: tuple) -> collections.Counter:
     """Instruction names of `entry`'s launched variant and how often each appears."""
-    cubin = compiles_for_sm90(entry, aligned=True).asm["cubin"]
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run(
-            [nvidia.nvdisasm.path, "-c", f.name], capture_output=True, text=True, check=True
-        ).stdout
-    return collections.Counter(re.findall(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass))
+    code = sass(compiles_for_sm90(entry, aligned=True))
+    return collections.Counter(re.findall(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", code))
 
 
 def main() -> None:

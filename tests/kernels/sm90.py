@@ -19,7 +19,7 @@ def launch(tile: dict) -> dict:
     return {k: v for k, v in tile.items() if not k.isupper()}
 
 
-def aligned_pointers(fn, args: dict) -> dict:
+def launch_attrs(fn, args: dict) -> dict:
     """The attrs of a typical launch of `fn` at Flash Next's sizes: its pointers 16-byte
     aligned (torch allocates so) and its integers that Triton specialises (those not in
     do_not_specialize) multiples of 16, as the model's widths, strides and prefill rows are.
@@ -38,13 +38,13 @@ def aligned_pointers(fn, args: dict) -> dict:
 def compiles_for_sm90(entry: tuple, aligned: bool = False):
     """A table entry (fn, args, constexprs[, options]) compiles to a binary the H200 would
     load, within the shared memory one program may take; aligned: specialised as a typical
-    launch is (`aligned_pointers`). -> the compiled kernel."""
+    launch is (`launch_attrs`). -> the compiled kernel."""
     import triton
     from triton.compiler import ASTSource
 
     fn, args, constexprs, *options = entry
     signature = {**args, **dict.fromkeys(constexprs, "constexpr")}
-    attrs = aligned_pointers(fn, args) if aligned else None
+    attrs = launch_attrs(fn, args) if aligned else None
     compiled = triton.compile(
         ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
         target=H200,
@@ -53,3 +53,18 @@ def compiles_for_sm90(entry: tuple, aligned: bool = False):
     assert len(compiled.asm["cubin"]) > 0  # through ptxas: a binary the H200 would load
     assert compiled.metadata.shared <= H200_SHARED  # else the launch fails (out of resources)
     return compiled
+
+
+def sass(compiled) -> str:
+    """A compiled kernel's SASS, through the nvdisasm bundled with triton."""
+    import subprocess
+    import tempfile
+
+    from triton.knobs import nvidia
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        return subprocess.run(
+            [nvidia.nvdisasm.path, "-c", f.name], capture_output=True, text=True, check=True
+        ).stdout

@@ -22,7 +22,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from flashlane.kernels.linear import triton as linear  # noqa: E402
 from flashlane.kernels.norms import triton as norms  # noqa: E402
 from flashlane.kernels.rowwise import triton_heads as rowwise_heads  # noqa: E402
-from tests.kernels.sm90 import BF, H200, aligned_pointers  # noqa: E402
+from tests.kernels.sm90 import BF, H200, compiles_for_sm90, sass  # noqa: E402
 from tests.kernels.test_sm90_compile import HEADS, HEADS_SIZES  # noqa: E402
 from tests.kernels.test_sm90_compile import KERNELS as NON_GEMMS  # noqa: E402
 from tests.kernels.test_sm90_compile_attention import ATTENTION_KERNELS  # noqa: E402
@@ -148,15 +148,8 @@ def test_pdl_kernel_waits_before_it_touches_memory(name, aligned):
     fn, args, constexprs, *options = KERNELS[name]
 
     def ptx(pdl: int) -> str:
-        c = {**constexprs, "PDL": pdl}
-        signature = {**args, **dict.fromkeys(c, "constexpr")}
         opts = dict(options[0] if options else {}, launch_pdl=bool(pdl))
-        attrs = aligned_pointers(fn, args) if aligned else None
-        return triton.compile(
-            ASTSource(fn=fn, signature=signature, constexprs=c, attrs=attrs),
-            target=H200,
-            options=opts,
-        ).asm["ptx"]
+        return compiles_for_sm90((fn, args, {**constexprs, "PDL": pdl}, opts), aligned).asm["ptx"]
 
     code = ptx(1)
     wait = code.index("griddepcontrol.wait")
@@ -251,19 +244,6 @@ def test_gemms_keep_their_registers(name):
     spill puts a memory round trip into the K loop; the MoE's prefill gate-up compiled
     without the launch's alignment had 96 of each)."""
     import re
-    import subprocess
-    import tempfile
 
-    from triton.knobs import nvidia
-
-    from tests.kernels.sm90 import compiles_for_sm90
-
-    cubin = compiles_for_sm90(GEMMS[name], aligned=True).asm["cubin"]
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run(
-            [nvidia.nvdisasm.path, "-c", f.name], capture_output=True, text=True, check=True
-        ).stdout
-    spills = re.findall(r"\b(STL|LDL)\b", sass)
+    spills = re.findall(r"\b(STL|LDL)\b", sass(compiles_for_sm90(GEMMS[name], aligned=True)))
     assert not spills, f"{len(spills)} local-memory accesses"

@@ -17,11 +17,10 @@ pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") == "1", reason="the interpreter replaces the compiler"
 )
 
-from triton.compiler import ASTSource  # noqa: E402
 
 from flashlane.kernels.linear import triton_fp8 as linear  # noqa: E402
 from flashlane.kernels.moe import triton_fp8 as moe  # noqa: E402
-from tests.kernels.sm90 import H200, H200_SHARED, aligned_pointers, blocks, launch  # noqa: E402
+from tests.kernels.sm90 import H200_SHARED, blocks, compiles_for_sm90, launch  # noqa: E402
 
 BF, F8 = "*bf16", "*fp8e4nv"
 LINEAR = dict(x_ptr=BF, q_ptr=F8, s_ptr="*fp32", y_ptr=BF, ws_ptr="*fp32", count_ptr="*i32",
@@ -73,14 +72,7 @@ KERNELS = {
 @pytest.mark.parametrize("name", sorted(KERNELS))
 @pytest.mark.parametrize("aligned", [False, True], ids=["any pointers", "aligned pointers"])
 def test_fp8_kernel_compiles_for_sm90_on_the_tensor_cores(name, aligned):
-    fn, args, constexprs, options = KERNELS[name]
-    signature = {**args, **dict.fromkeys(constexprs, "constexpr")}
-    attrs = aligned_pointers(fn, args) if aligned else None
-    compiled = triton.compile(
-        ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-        target=H200,
-        options=options,
-    )
+    compiled = compiles_for_sm90(KERNELS[name], aligned)
     assert len(compiled.asm["cubin"]) > 0
     assert compiled.metadata.shared <= H200_SHARED
     ptx = compiled.asm["ptx"]
@@ -102,15 +94,8 @@ def test_fp8_kernel_waits_under_pdl_before_it_touches_memory(name, aligned):
     fn, args, constexprs, options = KERNELS[name]
 
     def ptx(flag: int) -> str:
-        c = {**constexprs, "PDL": flag}
-        signature = {**args, **dict.fromkeys(c, "constexpr")}
-        opts = dict(options, launch_pdl=bool(flag))
-        attrs = aligned_pointers(fn, args) if aligned else None
-        return triton.compile(
-            ASTSource(fn=fn, signature=signature, constexprs=c, attrs=attrs),
-            target=H200,
-            options=opts,
-        ).asm["ptx"]
+        entry = (fn, args, {**constexprs, "PDL": flag}, dict(options, launch_pdl=bool(flag)))
+        return compiles_for_sm90(entry, aligned).asm["ptx"]
 
     code = ptx(1)
     wait = code.index("griddepcontrol.wait")
@@ -125,14 +110,7 @@ def test_fp8_kernel_loads_its_scales_before_the_k_loop(name, aligned):
     """A tile's scales are one vector loaded before its K loop (triton_fp8.block_scales): a
     scale loaded in the loop put a load's latency into every K block (half the H200's
     bandwidth at one row). In the loop, only the pipelined copies of x and the weight."""
-    fn, args, constexprs, options = KERNELS[name]
-    signature = {**args, **dict.fromkeys(constexprs, "constexpr")}
-    attrs = aligned_pointers(fn, args) if aligned else None
-    ttgir = triton.compile(
-        ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-        target=H200,
-        options=options,
-    ).asm["ttgir"]
+    ttgir = compiles_for_sm90(KERNELS[name], aligned).asm["ttgir"]
     # the innermost loops: text from an scf.for to its scf.yield with no scf.for between (an
     # outer loop over partitions loads each partition's scales before its K loop)
     loops = [c.split("scf.yield")[0] for c in ttgir.split("scf.for")[1:] if "scf.yield" in c]
