@@ -16,7 +16,13 @@ from torch import nn
 from flashlane.kernels import REFERENCE, Kernels
 from flashlane.models.config import ModelConfig
 from flashlane.models.layers.norms import Stacked
-from flashlane.models.layers.qsa_attention import add_heads, padded_caches, piece_stacks
+from flashlane.models.layers.qsa_attention import (
+    add_heads,
+    padded_caches,
+    piece_stacks,
+    stack_in,
+    stack_out,
+)
 from flashlane.models.rows import Piece, Rows, copy_all
 from flashlane.models.state import AttnCache, SessionState
 
@@ -63,7 +69,7 @@ class GatedAttention(nn.Module):
             return kernels.causal_attention(q4, k4, v4, scale, pos).flatten(0, 1)
         o = q.new_empty(q.shape)
         windows, prompts = piece_stacks(rows)
-        stacks = [s for s in (windows, prompts if len(prompts) > 1 else []) if s]
+        stacks = ([windows] if windows else []) + ([prompts] if len(prompts) > 1 else [])
         stacked = {id(p) for s in stacks for p in s}
         for p in rows.pieces:
             if id(p) not in stacked:
@@ -81,23 +87,10 @@ class GatedAttention(nn.Module):
         caches padded with zeros to the longest; a row sees its own keys up to its position
         only, and the causal kernel's tiles never depend on T, B or L, so its bits are the
         ones its piece would get alone."""
-        width = max(p.length for p in pieces)
-        name = "windows" if pieces[0].recurrent else "prompts"
-        gather = rows.longs(f"attend_gather_{name}", lambda: [
-            p.offset + min(t, p.length - 1) for p in pieces for t in range(width)
-        ])  # fmt: skip
-        qw, kw, vw, pos = (
-            t.index_select(0, gather).unflatten(0, (-1, width)) for t in (q, k, v, rows.positions)
-        )
+        qw, kw, vw, pos = stack_in(rows, pieces, (q, k, v, rows.positions))
         keys, values, _, _ = padded_caches(self._write_all(pieces, kw, vw))
         res = kernels.causal_attention(qw, keys, values, self.cfg.head_dim**-0.5, pos)
-        real = rows.longs(f"attend_real_{name}", lambda: [
-            i * width + t for i, p in enumerate(pieces) for t in range(p.length)
-        ])  # fmt: skip
-        dest = rows.longs(f"attend_rows_{name}", lambda: [
-            p.offset + t for p in pieces for t in range(p.length)
-        ])  # fmt: skip
-        out.index_copy_(0, dest, res.flatten(0, 1).index_select(0, real))
+        stack_out(rows, pieces, res, out)
 
     def _write_all(self, pieces: list[Piece], k, v) -> list[tuple]:
         """Piece i's rows k[i], v[i] written at its positions (one multi-tensor copy) -> per

@@ -125,26 +125,15 @@ class QSAttention(nn.Module):
         so it is the one the piece would get by itself. The index tensors are the round's
         (every attention layer shares them) and the per-stream copies are multi-tensor
         copies."""
-        width, split = max(p.length for p in windows), windows[0].recurrent
-        name = "windows" if split else "prompts"
-        gather = rows.longs(f"attend_gather_{name}", lambda: [
-            p.offset + min(t, p.length - 1) for p in windows for t in range(width)
-        ])  # fmt: skip
-        q, k, v, iq, raw, pos = (t.index_select(0, gather).unflatten(0, (-1, width)) for t in flat)
+        split = windows[0].recurrent
+        q, k, v, iq, raw, pos = stack_in(rows, windows, flat)
         cached = self._write_all(windows, k, v, raw, rotary)
         keys, values, block_keys, nk = padded_caches(cached)
         cfg, blk = self.cfg, self.cfg.indexer_block
         mask = kernels.select_mask(iq, block_keys, pos, nk, blk, cfg.indexer_top_blocks)
         scale = cfg.head_dim**-0.5
         res = kernels.attention(q, keys, values, mask, scale, positions=pos, split=split)
-        res = res.flatten(0, 1)
-        real = rows.longs(f"attend_real_{name}", lambda: [
-            i * width + t for i, p in enumerate(windows) for t in range(p.length)
-        ])  # fmt: skip
-        dest = rows.longs(f"attend_rows_{name}", lambda: [
-            p.offset + t for p in windows for t in range(p.length)
-        ])  # fmt: skip
-        out.index_copy_(0, dest, res.index_select(0, real))
+        stack_out(rows, windows, res, out)
 
     def _attend(self, q, k, v, iq, raw, pos, group: list[Piece], rotary, kernels: Kernels):
         cfg, blk = self.cfg, self.cfg.indexer_block
@@ -201,6 +190,34 @@ def piece_stacks(rows: Rows) -> list[list[Piece]]:
         elif p.session is not None and p.length <= STACK_PROMPT_ROWS:
             prompts.append(p)
     return [windows, prompts]
+
+
+def stack_in(rows: Rows, pieces: list[Piece], tensors) -> list[torch.Tensor]:
+    """A stack's rows of each tensor [N, ...] padded to its widest piece -> [P, width, ...],
+    a piece's last row repeated past its length. The index tensors are the round's, made once
+    for every attention layer (one name a kind of stack)."""
+    width = max(p.length for p in pieces)
+    gather = rows.longs(f"attend_gather_{_kind(pieces)}", lambda: [
+        p.offset + min(t, p.length - 1) for p in pieces for t in range(width)
+    ])  # fmt: skip
+    return [t.index_select(0, gather).unflatten(0, (-1, width)) for t in tensors]
+
+
+def stack_out(rows: Rows, pieces: list[Piece], res: torch.Tensor, out: torch.Tensor) -> None:
+    """A stack's results res [P, width, ...] into out [N, ...]: each piece's real rows at its
+    rows of the round, the padded ones dropped."""
+    width, kind = res.shape[1], _kind(pieces)
+    real = rows.longs(f"attend_real_{kind}", lambda: [
+        i * width + t for i, p in enumerate(pieces) for t in range(p.length)
+    ])  # fmt: skip
+    dest = rows.longs(f"attend_rows_{kind}", lambda: [
+        p.offset + t for p in pieces for t in range(p.length)
+    ])  # fmt: skip
+    out.index_copy_(0, dest, res.flatten(0, 1).index_select(0, real))
+
+
+def _kind(pieces: list[Piece]) -> str:
+    return "windows" if pieces[0].recurrent else "prompts"
 
 
 def padded_caches(written: list[tuple]) -> tuple:
