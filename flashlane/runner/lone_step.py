@@ -1,6 +1,7 @@
 """A lone step (runner/lone.py's LoneDriver replays it): one row per session through every
 layer, each session's state read and written in place, then the next token's draw.
 
+The layers are runner/trunk.py's (`trunk.layers` with `trunk.InPlace`), as a drafted step's.
 A step launched before the reply's end was read feeds a token the reply does not have; the
 stream has ended and its session is released, so nothing reads that state. Attention reads the
 whole caches with the length on the device, select_mask ranks without its host-side shortcut
@@ -16,29 +17,11 @@ from __future__ import annotations
 import torch
 
 from flashlane.models.flashnext import FlashNext
-from flashlane.models.rows import copy_all
-from flashlane.models.state import (
-    PLE_IDS_COLUMN,
-    AttnCache,
-    GdnState,
-    PleState,
-    SessionState,
-    attn_table,
-    gdn_table,
-    ple_table,
-)
+from flashlane.models.state import SessionState, attn_table, gdn_table, ple_table
+from flashlane.runner import trunk
 from flashlane.sampling.lone_draw import KeyedDraw
 
-__all__ = [
-    "attention_once",
-    "attention_step",
-    "gdn_step",
-    "plain_step",
-    "ple_step",
-    "session_tables",
-    "stacked",
-    "step",
-]
+__all__ = ["plain_step", "session_tables", "step"]
 
 
 @torch.no_grad()
@@ -60,47 +43,23 @@ def step(
     residuals go to record = (rows [n, B, hc*H], k [1]) at rows[k], and k moves on (the MTP
     head's cells, absorbed when a stream drafts again). With `ring` [RING, B, 2] the step also
     stores out into its slot, ring[(k - 1) % RING] for the k it leaves (kernels.record_row
-    with post_ring's slot: the caller's for step k - 1 of a call that set k to 0). Every op
-    is the shared rounds' on the
-    same rows (batched ops are row-invariant; attention, pooling and state commits read and
-    write each session's own buffers: kernels.attend_sessions, with `tables` from
-    session_tables, made where not given), so the bits are theirs. A sibling (Qwen3-Next,
-    Qwen3.5: no hyper-connections) steps through `plain_step`."""
+    with post_ring's slot: the caller's for step k - 1 of a call that set k to 0). The layers
+    are runner/trunk.py's, every op the shared rounds' on the same rows (batched ops are
+    row-invariant; attention, pooling and state commits read and write each session's own
+    buffers: kernels.attend_sessions, with `tables` from session_tables, made where not
+    given), so the bits are theirs. A sibling (Qwen3-Next, Qwen3.5: no hyper-connections)
+    steps through `plain_step`."""
     if not isinstance(model, FlashNext):
         return plain_step(model, sessions, tok, pos, out, record, tables, draw, ring)
     cfg, kernels = model.cfg, model.kernels
-    tables = tables or {}
-    r, xn = embedded(model, tok)
+    r, xn = trunk.embedded(model, tok)
     # the rows' cos / sin, and attention_once's tensors, in one launch
     cos, sin, *once = kernels.step_angles(
         pos, model.rotary.inv(pos.device), r.dtype, cfg.indexer_block
     )
     # xn: the next read's norm, where the launch before it made it
-    for idx, layer in enumerate(model.layers):
-        if layer.ple is not None:
-            r = ple_step(
-                layer.ple, r, [s.ple[idx] for s in sessions], tok, kernels, tables.get(("ple", idx))
-            )
-        a, w = layer.attn_hyper_connection.read(r, xn)
-        if layer.kind == "linear":
-            y = gdn_step(
-                layer.linear_attn, a, [s.gdn[idx] for s in sessions], kernels, tables.get(idx)
-            )
-        else:
-            caches = [s.attn[idx] for s in sessions]
-            y = attention_step(
-                layer.self_attn,
-                a,
-                caches,
-                pos,
-                cos,
-                sin,
-                model.rotary,
-                kernels,
-                tables.get(idx),
-                once,
-            )
-        r, xn = mlp_half(model, idx, r, y, w)
+    state = trunk.InPlace(sessions, tables or {}, tok)
+    r, xn = trunk.layers(model, r, xn, pos, (cos, sin, once), state)
     # the draw for pos + 1 (greedy: the first maximum), its flag, the next token, position
     (draw or kernels.greedy_step)(model.head_logits(r, xn), out, tok, pos)
     # the rows recorded for the MTP head, and the verdict posted, in one launch at the end
@@ -114,13 +73,13 @@ def plain_step(model, sessions, tok, pos, out, record, tables=None, draw=None, r
     kernels.causal_sessions on each session's cache in place), the final norm's output
     recorded as the row's residual (what its MTP head reads)."""
     kernels, tables = model.kernels, tables or {}
+    state = trunk.InPlace(sessions, tables, tok)
     h = kernels.embed_rows(model.embed_tokens.weight, tok, 1)
     cos, sin, *_, lengths = kernels.step_angles(pos, model.rotary.inv(pos.device), h.dtype, 1)
     for idx, layer in enumerate(model.layers):
         a = layer.input_layernorm(h)
         if layer.kind == "linear":
-            states = [s.gdn[idx] for s in sessions]
-            y = gdn_step(layer.linear_attn, a, states, kernels, tables.get(idx))
+            y = state.gdn(idx, layer.linear_attn, a, kernels)
         else:
             attn, caches = layer.self_attn, [s.attn[idx] for s in sessions]
             q, gate, k, v = attn.project(a, cos, sin)
@@ -131,129 +90,6 @@ def plain_step(model, sessions, tok, pos, out, record, tables=None, draw=None, r
     r = model.norm(h)
     (draw or kernels.greedy_step)(model.head_logits(r), out, tok, pos)
     kernels.record_row(record[0], record[1], r, out, ring)
-
-
-def embedded(model: FlashNext, tok: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The rows of tokens tok [N] on the hyper-connection streams [N, hc*H], and the first
-    layer's read norm of them in the same launch (None before a PLE layer, which adds to the
-    streams first)."""
-    kernels, first, hc = model.kernels, model.layers[0], model.cfg.hc_count
-    if first.ple is None:
-        norm = first.attn_hyper_connection.hc_norm
-        return kernels.embed_rows(model.embed_tokens.weight, tok, hc, (norm.weight, norm.eps))
-    return kernels.embed_rows(model.embed_tokens.weight, tok, hc), None
-
-
-def mlp_half(model: FlashNext, idx: int, r, y, w) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Layer idx's mlp_half, with the next read's norm from its last write where one follows
-    (`_next_read`): (the residual, that norm or None)."""
-    layer, then = model.layers[idx], _next_read(model, idx)
-    if then is None:
-        return layer.mlp_half(r, y, w, model.kernels), None
-    return layer.mlp_half(r, y, w, model.kernels, then)
-
-
-def _next_read(model: FlashNext, idx: int):
-    """The hyper-connection that reads layer idx's output next (the next layer's, or the
-    head's mixer), whose norm the layer's last write makes; None before a PLE layer, which
-    adds to the streams first."""
-    layers = model.layers
-    if idx + 1 == len(layers):
-        return model.hyper_connection_mixer
-    return layers[idx + 1].attn_hyper_connection if layers[idx + 1].ple is None else None
-
-
-def stacked(xs: list[torch.Tensor]) -> torch.Tensor:
-    """[B, ...] of the sessions' tensors (one session: a view, no copy)."""
-    return xs[0][None] if len(xs) == 1 else torch.stack(xs)
-
-
-def ple_step(ple, r: torch.Tensor, states: list[PleState], tok: torch.Tensor, kernels, table=None):
-    # one session: its ids move on and the conv moves its window in place (views); several:
-    # stacked copies, copied back (through `table` where given: state.ple_table)
-    if table is not None:
-        ids = kernels.gather_sessions([p.ids for p in states], table, PLE_IDS_COLUMN)
-        window = kernels.gather_sessions([p.conv for p in states], table, 0)
-        history = torch.cat([ids, tok[:, None]], dim=1)
-        added, xfull = ple.stacked(r[:, None], history, window, kernels, added=True)
-        kernels.put_sessions([p.ids for p in states], history[:, 1:], table, PLE_IDS_COLUMN)
-        kernels.put_sessions([p.conv for p in states], xfull[:, 1:], table, 0)
-        return added[:, 0]
-    one = len(states) == 1
-    if one:
-        history = kernels.push_history(states[0].ids[None], tok)
-    else:
-        history = torch.cat([stacked([p.ids for p in states]), tok[:, None]], dim=1)
-    added, xfull = ple.stacked(
-        r[:, None], history, stacked([p.conv for p in states]), kernels, shift=one, added=True
-    )
-    if not one:
-        copy_all(
-            [p.ids for p in states] + [p.conv for p in states], [*history[:, 1:], *xfull[:, 1:]]
-        )
-    return added[:, 0]
-
-
-def gdn_step(gdn, a: torch.Tensor, states: list[GdnState], kernels, table) -> torch.Tensor:
-    qkv, gate_a, gate_b, z = gdn.project(a)
-    gates = gdn.gates(gate_a[:, None], gate_b[:, None])  # computed in the rule's programs
-    # the conv moves each window past the row, and the rule updates each recurrent state,
-    # in place: one session's as views, several (or one with a table) through the table
-    if len(states) == 1 and table is None:
-        y, _ = kernels.causal_conv(qkv[:, None], states[0].conv[None], gdn.conv_weight, shift=True)
-        q, k, v = gdn.heads(y, kernels)
-        s = states[0].recurrent  # the kernel reads each tile before it writes it
-        o, _ = kernels.recurrent_gdn(q, k, v, None, None, s[None], out=s[None, None], gates=gates)
-    else:
-        y, _ = kernels.conv_sessions(qkv[:, None], [g.conv for g in states], gdn.conv_weight, table)
-        q, k, v = gdn.heads(y, kernels)
-        o = kernels.gdn_sessions(
-            q, k, v, None, None, [g.recurrent for g in states], table, gates=gates
-        )
-    return gdn.finish(o[:, 0], z)
-
-
-def attention_step(
-    attn,
-    a,
-    caches: list[AttnCache],
-    pos,
-    cos,
-    sin,
-    rotary,
-    kernels,
-    table,
-    once: tuple | None = None,
-):
-    """once: `attention_once`'s tensors, made once for every attention layer of the step."""
-    cfg, norm = attn.cfg, attn.indexer.k_layernorm
-    q, gate, k, v, iq, raw = attn.project(a, cos, sin)
-    bcos, bsin, lengths = once or attention_once(attn.cfg, rotary, pos, caches[0].block_keys.dtype)
-    o = kernels.attend_sessions(
-        q,
-        k,
-        v,
-        iq,
-        raw,
-        caches,
-        pos,
-        bcos,
-        bsin,
-        norm.weight,
-        norm.eps,
-        cfg.indexer_block,
-        cfg.indexer_top_blocks,
-        cfg.head_dim**-0.5,
-        table,
-        lengths=lengths,
-    )
-    return attn.output(o, gate)
-
-
-def attention_once(cfg, rotary, pos: torch.Tensor, dtype: torch.dtype) -> tuple:
-    """What every attention layer of a step reads alike: cos / sin of each row's block's
-    first position (for pooling the block again) and the rows' cache lengths pos + 1."""
-    return (*rotary.cos_sin(pos, dtype, cfg.indexer_block), pos + 1)
 
 
 def session_tables(
