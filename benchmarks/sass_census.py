@@ -20,7 +20,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.kernels import test_sm90_compile, test_sm90_compile_attention, test_sm90_compile_gemm
+from tests.kernels import (
+    test_sm90_compile,
+    test_sm90_compile_attention,
+    test_sm90_compile_fp8,
+    test_sm90_compile_gemm,
+)
 from tests.kernels.sm90 import compiles_for_sm90, sass
 
 COUNTED = ("STL", "LDL", "LDG", "LDGSTS", "STG", "HGMMA", "HMMA", "BAR")
@@ -41,6 +46,7 @@ def main() -> None:
         **test_sm90_compile.KERNELS,
         **test_sm90_compile_attention.ATTENTION_KERNELS,
         **test_sm90_compile_gemm.GEMMS,
+        **test_sm90_compile_fp8.KERNELS,
     }
     rows = []
     print(f"{'kernel':<40} " + " ".join(f"{c:>6}" for c in COUNTED) + "   total")
