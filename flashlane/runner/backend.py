@@ -10,6 +10,7 @@ absorb the kept rows and chains drafts for all drafting streams together.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,8 +18,10 @@ from dataclasses import dataclass, field
 import torch
 
 from flashlane.drafting.mtp import CATCH_UP_ROWS, MtpDrafter
+from flashlane.kernels import row_kind
 from flashlane.lanes.records import CHUNK, CostTable, Drafts, InvalidBatch, Verdict, Window
 from flashlane.models.flashnext import FlashNext, commit_all
+from flashlane.models.fp8_weights import fp8_weights
 from flashlane.models.rows import Piece, Rows
 from flashlane.models.state import SessionState
 from flashlane.runner import kept as kept_states
@@ -55,6 +58,8 @@ class ModelBackend:
         grammars: Grammars | None = None,
     ):
         self.model, self.sessions = model, list(sessions)
+        # the FP8 GEMMs give prompt rows tiles of their own (kernels/row_kind.py)
+        self.row_kinds = bool(fp8_weights(model))
         self.max_rows, self.max_prompt_rows = max_rows, max_prompt_rows
         self.bound: dict[int, int] = {}  # stream_id -> session_id
         self.fed: dict[int, Fed] = {}
@@ -85,6 +90,10 @@ class ModelBackend:
             raise InvalidBatch("two new streams claim one session")
         decode_rows = sum(w.num_rows for w in windows if w.kind == "decode")
         prompt_rows = sum(w.num_rows for w in windows if w.kind == "prompt")
+        kinds = [w.kind for w in windows]
+        if self.row_kinds and kinds != sorted(kinds):  # "decode" < "prompt"
+            # the FP8 GEMMs split a forward's rows by kind (kernels/row_kind.py) in two runs
+            raise InvalidBatch("decode windows come before prompt pieces in a verify")
         if decode_rows > self.max_rows or prompt_rows > self.max_prompt_rows:
             raise InvalidBatch(
                 f"{decode_rows} decode / {prompt_rows} prompt rows exceed "
@@ -125,7 +134,8 @@ class ModelBackend:
         ]
         with torch.no_grad():
             rows = Rows.of(specs, self.device)
-            r = self.model.residual(rows)
+            with self._kinds(windows, rows):
+                r = self.model.residual(rows)
             draw_at = [i for w, p in zip(windows, rows.pieces) for i in _drawing_rows(w, p)]
             # the rows through pinned memory, not a list index: that copies from pageable
             # memory, and the host waits there for the whole forward before it launches the
@@ -148,6 +158,15 @@ class ModelBackend:
             self.fed[w.stream_id] = fed
             row += n
         return verdicts
+
+    def _kinds(self, windows: Sequence[Window], rows: Rows):
+        """The forward's rows by kind for the kernels (kernels/row_kind.py) where the model's
+        FP8 GEMMs read them: the lane core puts the decode windows before the prompt
+        pieces."""
+        if not self.row_kinds:
+            return contextlib.nullcontext()
+        decode_rows = sum(w.num_rows for w in windows if w.kind == "decode")
+        return row_kind.rows(decode_rows, rows.token_ids.shape[0])
 
     def _constrain(self, windows: Sequence[Window], logits: torch.Tensor | None) -> dict:
         """Sets the logits [draws, V] of ids each constrained window's grammar refuses to -inf,

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 
+from flashlane.kernels import row_kind
 from flashlane.runner.graphed_blocks import block_parts, graphed_block
 
 
@@ -60,9 +61,13 @@ class Graphs:
         which the next replay of any graph may overwrite (for outputs used up at once)."""
         rows = args[0].shape[0]
         size = bucket_of(rows, self.sizes)
-        if self.failed or size is None or torch.cuda.is_current_stream_capturing():
+        # a forward of prompt and decode rows runs eagerly: the FP8 GEMMs split its rows by
+        # kind (kernels/row_kind.py), which a graph of `size` rows cannot
+        capturing = torch.cuda.is_current_stream_capturing()
+        if self.failed or size is None or capturing or row_kind.is_mixed():
             return fn(*args)
-        full = (*key, size, *(tuple(a.shape[1:]) for a in args), *(a.dtype for a in args))
+        shapes = (*(tuple(a.shape[1:]) for a in args), *(a.dtype for a in args))
+        full = (*key, size, *shapes, *row_kind.key())
         entry = self.entries.get(full)
         if entry is None:
             try:

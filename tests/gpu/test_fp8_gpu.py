@@ -11,13 +11,14 @@ import pytest
 import torch
 
 from flashlane.kernels import select_kernels
-from flashlane.lanes.records import CostTable
+from flashlane.lanes.records import CostTable, Draws, Window
 from flashlane.llm import LLM
 from flashlane.models.fp8_weights import fp8_weights
 from flashlane.models.presets import preset
 from flashlane.models.random_weights import build_random
 from flashlane.request import SamplingParams
-from tests.gpu.test_exact_gpu import prefilled, prompts, run_windows
+from flashlane.runner.backend import ModelBackend
+from tests.gpu.test_exact_gpu import new_session, prefilled, prompts, run_windows
 from tests.models.test_fp8 import fp8_trio  # noqa: F401 (a fixture)
 
 pytestmark = [
@@ -120,3 +121,48 @@ def test_int8_host_tables_through_mapped_memory_give_the_reference_bits(tiny_ckp
     params = SamplingParams(max_tokens=16, temperature=0.0)
     together = [o.token_ids for o in llm.generate(ps, params)]
     assert together == [llm.generate(p, params)[0].token_ids for p in ps]
+
+
+def test_fp8_prompt_rows_keep_their_bits_beside_decode_rows(fp8_model):
+    """kernels/row_kind.py: a forward of decode windows and prompt pieces runs each kind in
+    its own tiles (prompt rows on wgmma, decode rows on mma.sync). A prompt fed in the same
+    pieces gives the same rows alone and beside other streams' decode windows, and those
+    windows the rows they give in a forward of decode rows alone."""
+    cfg, model = fp8_model
+    ps = prompts(cfg.vocab_size, 16)
+    prompt, others = ps[8], ps[:3]  # 200 tokens; three streams that decode
+    b = ModelBackend(model, [new_session(cfg) for _ in range(6)], max_rows=64)
+    assert b.row_kinds
+    greedy = SamplingParams(temperature=0.0)
+    for i, p in enumerate(others, start=1):
+        b.verify([Window(i, i, 0, tuple(p), Draws(greedy, 0, p, []), "prompt", True)])
+        b.keep({i: len(p)})
+
+    def decode_windows():
+        return [
+            Window(i, i, len(p), (5, 6, 7)[:i], Draws(greedy, 0, p, [5]))
+            for i, p in enumerate(others, start=1)
+        ]
+
+    def fed(windows):
+        b.verify(windows)
+        return {w.stream_id: b.fed[w.stream_id].residual.clone() for w in windows}
+
+    alone = fed(decode_windows())
+    for cuts in ([], [64, 128]):
+        rows = {}
+        for sid, session, beside in ((10, 4, False), (11, 5, True)):
+            got = []
+            for a, z in zip([0, *cuts], [*cuts, len(prompt)]):
+                draws = Draws(greedy, 0, prompt, [])
+                piece = Window(
+                    sid, session, a, tuple(prompt[a:z]), draws, "prompt", z == len(prompt)
+                )
+                out = fed([*decode_windows(), piece] if beside else [piece])
+                got.append(out[sid])
+                for w in decode_windows() if beside else []:
+                    assert torch.equal(out[w.stream_id], alone[w.stream_id])
+                b.keep({sid: z - a})
+            rows[beside] = torch.cat(got)
+            b.release(sid)
+        assert torch.equal(rows[True], rows[False]), f"pieces cut at {cuts}"

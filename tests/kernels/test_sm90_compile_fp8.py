@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(
 
 from flashlane.kernels.linear import triton_fp8 as linear  # noqa: E402
 from flashlane.kernels.moe import triton_fp8 as moe  # noqa: E402
-from tests.kernels.sm90 import H200_SHARED, blocks, compiles_for_sm90, launch  # noqa: E402
+from tests.kernels.sm90 import H200_SHARED, blocks, compiles_for_sm90, launch, sass  # noqa: E402
 
 BF, F8 = "*bf16", "*fp8e4nv"
 LINEAR = dict(x_ptr=BF, q_ptr=F8, s_ptr="*fp32", y_ptr=BF, ws_ptr="*fp32", count_ptr="*i32",
@@ -35,8 +35,8 @@ BF16 = dict(BLOCK_K=128, IEEE=False, BY_BITS=True)
 DOWN = dict(act_ptr=BF, down_ptr=F8, down_s_ptr="*fp32", y_ptr=BF, **EXPERTS)
 
 
-def _linear(m: int, split: bool) -> tuple:
-    t = linear.fp8_tile(m, 2560, 6144)
+def _linear(m: int, split: bool, prompt: bool = False) -> tuple:
+    t = linear.fp8_tile(m, 2560, 6144, prompt)
     consts = dict(PARTS=t["PARTS"], BLOCKS_PER_PART=t["BLOCKS_PER_PART"],
                   SCALES=triton.next_power_of_2(t["BLOCKS_PER_PART"]), SPLIT=split,
                   FIXUP=split, BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"],
@@ -48,6 +48,8 @@ KERNELS = {
     "fp8 linear decode split": _linear(1, True),
     "fp8 linear decode in program": _linear(16, False),
     "fp8 linear prefill": _linear(4096, False),
+    "fp8 linear prompt": _linear(4096, False, prompt=True),
+    "fp8 linear prompt split": _linear(1, True, prompt=True),
     "fp8 moe gate_up": (moe._gate_up_fp8_kernel, GATE_UP,
                         dict(TOP_K=10, BLOCK_M=16, SCALES=32, **BF16,
                              **blocks(moe.GATE_UP_TILE)), launch(moe.GATE_UP_TILE)),
@@ -66,7 +68,28 @@ KERNELS = {
     "fp8 moe down prefill": (moe._down_fp8_kernel, DOWN,
                              dict(BLOCK_M=64, SCALES=8, **BF16,
                                   **blocks(moe.DOWN_PREFILL)), launch(moe.DOWN_PREFILL)),
+    "fp8 moe gate_up prompt": (moe._gate_up_fp8_kernel, GATE_UP,
+                               dict(TOP_K=10, BLOCK_M=moe.PROMPT_BLOCK_M, SCALES=32, **BF16,
+                                    **blocks(moe.GATE_UP_PROMPT)), launch(moe.GATE_UP_PROMPT)),
+    "fp8 moe down prompt": (moe._down_fp8_kernel, DOWN,
+                            dict(BLOCK_M=moe.PROMPT_BLOCK_M, SCALES=8, **BF16,
+                                 **blocks(moe.DOWN_PROMPT)), launch(moe.DOWN_PROMPT)),
 }  # fmt: skip
+# the tiles of prompt rows (kernels/row_kind.py): on wgmma
+PROMPT = sorted(n for n in KERNELS if "prompt" in n)
+
+
+@pytest.mark.parametrize("name", PROMPT)
+def test_fp8_prompt_tiles_run_on_wgmma_and_keep_their_registers(name):
+    """Prompt rows' tiles, as launched: wgmma (HGMMA), not mma.sync, and no local-memory
+    traffic (the linear's 64 x 128 tile on 4 warps spilled 149 stores:
+    benchmarks/fp8_prefill_tiles.py)."""
+    import re
+
+    code = sass(compiles_for_sm90(KERNELS[name], aligned=True))
+    ops = re.findall(r"\b(HGMMA|HMMA|STL|LDL)\b", code)
+    assert "HGMMA" in ops and "HMMA" not in ops, "prompt rows' products not on wgmma"
+    assert "STL" not in ops and "LDL" not in ops, f"{ops.count('STL')} local stores"
 
 
 @pytest.mark.parametrize("name", sorted(KERNELS))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from flashlane.kernels import row_kind
 from flashlane.kernels.linear.fp8 import Fp8Weight
 from flashlane.models.fp8 import quantize_blocks
 from tests.kernels.triton_env import DEVICE, DTYPES, HAS_CUDA, dot_mismatch, needs_triton
@@ -145,12 +146,52 @@ def test_fp8_partitions_depend_on_n_and_k_only():
         )
 
 
-def test_fp8_tiles_never_take_rows_of_64():
+def test_fp8_decode_rows_never_take_rows_of_64_and_prompt_rows_always_do():
     """Rows of 64 run on wgmma, whose per-block dot from zero gave other bits than mma.sync's
-    in a few elements on the H200 (benchmarks/fp8_bits_probe.py): every FP8 tile, linear and
-    MoE, keeps to rows of 16 or 32."""
+    in a few elements on the H200 (benchmarks/fp8_bits_probe.py): a decode row's tile, linear
+    and MoE, keeps to rows of 16 or 32 at any count; a prompt row's is wgmma's at any count
+    (kernels/row_kind.py), with the same partitions."""
     from flashlane.kernels.moe import triton_fp8 as moe_fp8
 
     for m in (1, 16, 64, 65, 200, 4096):
         assert tfp8.fp8_tile(m, 2560, 2560)["BLOCK_M"] in (16, 32)
-    assert moe_fp8.PREFILL_BLOCK_M in (16, 32)
+        prompt = tfp8.fp8_tile(m, 2560, 2560, prompt=True)
+        assert prompt["BLOCK_M"] == 64 and prompt["PARTS"] == tfp8.fp8_tile(m, 2560, 2560)["PARTS"]
+    assert moe_fp8.PREFILL_BLOCK_M in (16, 32) and moe_fp8.PROMPT_BLOCK_M == 64
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("nk", NK)
+def test_linear_fp8_prompt_rows_near_reference_and_row_invariant(nk, dtype):
+    """Prompt rows in their own tile: near the reference, and a row alone or among 1..17 (at
+    any offset) gives the bits it gets in the whole call: a prompt row's bits do not depend on
+    its piece's size or the other rows."""
+    n, k = nk
+    full, w = _x(70, k, dtype, 11), _w(n, k, 12, spread=True)
+    with row_kind.uniform(True):
+        got = tfp8.linear(full, w)
+        want = full.double() @ w.dequantize(torch.float64).T
+        assert _rel_err(got, want) < TOL[dtype]
+        _check_rows(lambda x: tfp8.linear(x, w), full)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_fp8_mixed_forward_runs_each_kind_in_its_tile(dtype, monkeypatch):
+    """In a forward of decode rows then prompt rows, one call is a launch per kind, each in
+    its kind's tile, with the bits each kind's rows get alone."""
+    n, k = NK[-1]
+    x, w = _x(40, k, dtype, 13), _w(n, k, 14)
+    tiles, real = [], tfp8.fp8_tile
+
+    def spy(m, n, k, prompt=False):
+        tiles.append((m, prompt))
+        return real(m, n, k, prompt)
+
+    monkeypatch.setattr(tfp8, "fp8_tile", spy)
+    with row_kind.rows(9, 40):
+        mixed = tfp8.linear(x, w)
+    assert tiles == [(9, False), (31, True)]
+    with row_kind.uniform(False):
+        assert torch.equal(mixed[:9], tfp8.linear(x[:9], w))
+    with row_kind.uniform(True):
+        assert torch.equal(mixed[9:], tfp8.linear(x[9:], w))

@@ -14,6 +14,7 @@ import functools
 import pytest
 import torch
 
+from flashlane.kernels import row_kind
 from flashlane.kernels.linear.fp8 import Fp8Weight, cat_stack
 from flashlane.models.fp8 import quantize_blocks
 from tests.kernels.test_triton_dense import _check_other_rows, _check_rows, _rand, _rel_err
@@ -106,3 +107,43 @@ def test_moe_fp8_plain_stacks_take_the_bf16_path():
     assert torch.equal(got, dense_moe.moe(x, router, *plain, k, True))  # the same kernels
     # and the FP8 stacks give the same values up to the sums' order (per K block, then scaled)
     assert _rel_err(tmoe.moe(x, router, gate, up, down, k, True), got) < MOE_TOL[torch.float32]
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_moe_fp8_prompt_rows_near_reference_and_row_invariant(case):
+    """Prompt rows (kernels/row_kind.py) in tiles of PROMPT_BLOCK_M pairs, one row too: near
+    the reference, laid out in those tiles, and a row's bits its own among any rows."""
+    (h, e, i, k), dtype = case
+    router, gate, up, down = _weights(h, e, i, dtype)
+    full = _rand(24, h, dtype=dtype, seed=51)
+    fn = lambda x: tmoe.moe(x, router, gate, up, down, k, True)  # noqa: E731
+    with row_kind.uniform(True):
+        for m in (1, 3, 24):
+            want = moe_ref.moe(full[:m], router, gate, up, down, k, True)
+            assert _rel_err(fn(full[:m]), want) < MOE_TOL[dtype]
+        logits = torch.nn.functional.linear(full[:3], router).float()
+        *_, layout = tmoe._route(full[:3], logits, k, True, 0, gate)
+        assert layout[2] == tmoe.PROMPT_BLOCK_M
+        _check_rows(fn, full, m_sweep=[1, 2, 5, 17])
+        _check_other_rows(fn, full, same_tiles=False)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_moe_fp8_mixed_forward_routes_each_kind_apart(case):
+    """A forward of decode rows then prompt rows: each kind's rows routed and run apart, with
+    the bits they get alone (moe with its shared add, and moe_shared)."""
+    (h, e, i, k), dtype = case
+    router, gate, up, down = _weights(h, e, i, dtype)
+    x = _rand(20, h, dtype=dtype, seed=52)
+    logits, s = _rand(20, 1, dtype=dtype, seed=53), _rand(20, h, dtype=dtype, seed=54)
+    r1 = torch.cat([router, _rand(1, h, dtype=dtype, scale=h**-0.5, seed=55)])
+    g1, u1 = (cat_stack(w, _fp8(i, h, seed=sd).to(DEVICE)) for w, sd in ((gate, 56), (up, 57)))
+    d1 = cat_stack(down, _fp8(h, i, seed=58).to(DEVICE))
+    with row_kind.rows(6, 20):
+        mixed = tmoe.moe(x, router, gate, up, down, k, True, (logits, s))
+        both = tmoe.moe_shared(x, r1, g1, u1, d1, k, True)
+    for a, b, prompt in ((0, 6, False), (6, 20, True)):
+        with row_kind.uniform(prompt):
+            part = (logits[a:b], s[a:b])
+            assert torch.equal(mixed[a:b], tmoe.moe(x[a:b], router, gate, up, down, k, True, part))
+            assert torch.equal(both[a:b], tmoe.moe_shared(x[a:b], r1, g1, u1, d1, k, True))

@@ -9,8 +9,10 @@ bf16 operands, and the fma rounds once wherever it is compiled. The K blocks are
 PARTS fixed partitions that depend on (N, K) only (`fp8_tile`); each partition sums its blocks
 in ascending order from zero, and the partitions are added in ascending order,
 `((p0 + p1) + p2) + ...` as the bf16 kernel's (kernels/linear/triton.py), so a row's bits never
-depend on the call's other rows. The tile's shape follows the row count (decode tiles of 16
-rows up to DECODE_ROWS, 64-row tiles above), never the partitions; with few tiles each
+depend on the call's other rows. The tile's shape follows the rows' kind and count (decode
+rows: tiles of 16 rows up to DECODE_ROWS, 32 above, both on mma.sync; prompt rows: 64-row
+tiles on wgmma, whose bits differ from mma.sync's: kernels/row_kind.py says why a row's kind
+may set its bits), never the partitions; with few tiles each
 partition is its own program and the tile's last program adds the fp32 partials in order
 (kernels/partials.py), else one program runs them all. Same sums, same order, same bits.
 
@@ -26,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flashlane.kernels import row_kind
 from flashlane.kernels.linear import triton as dense_tr
 from flashlane.kernels.linear.fp8 import BLOCK, Fp8Weight
 from flashlane.kernels.linear.tiles import DECODE_ROWS
@@ -227,23 +230,33 @@ def fp8_parts(
     return -(-k_blocks // per_part), per_part  # no empty partition
 
 
-def fp8_tile(m: int, n: int, k: int) -> dict:
-    """The tile of a call of m rows: 16 x 64 up to DECODE_ROWS rows (mma rows of 16: a
-    decode step reads the weight once), 32 x 128 above; the partitions of (N, K) in both.
-    Never rows of 64: there Triton takes wgmma, whose per-block dot from zero differs from
-    mma.sync's in a few elements of 10^5 on the H200 (benchmarks/fp8_bits_probe.py: 5 of
-    512,000 at 2560 x 2560 on 64-row tiles, none on 16 or 32; fp8_bits_probe_h200_9dea15f)."""
+def fp8_tile(m: int, n: int, k: int, prompt: bool = False) -> dict:
+    """The tile of a call of m rows: for decode rows 16 x 64 up to DECODE_ROWS rows (mma rows
+    of 16: a decode step reads the weight once), 32 x 128 above, never rows of 64: there
+    Triton takes wgmma, whose per-block dot from zero differs from mma.sync's in a few
+    elements of 10^5 on the H200 (benchmarks/fp8_bits_probe.py: 5 of 512,000 at 2560 x 2560
+    on 64-row tiles, none on 16 or 32; fp8_bits_probe_h200_9dea15f). Prompt rows
+    (kernels/row_kind.py): 64 x 128 on wgmma whatever m, on 8 warps (on 4 its sm_90 code
+    spills: benchmarks/fp8_prefill_tiles.py). The partitions of (N, K) in all."""
     parts, per_part = fp8_parts(n, k)
-    if m <= DECODE_ROWS:
+    if prompt:
+        shape = PROMPT_TILE
+    elif m <= DECODE_ROWS:
         shape = dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=4)
     else:
         shape = dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3)
     return dict(shape, BLOCK_K=BLOCK, PARTS=parts, BLOCKS_PER_PART=per_part)
 
 
+# prompt rows' tile (fp8_tile)
+PROMPT_TILE = dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3)
+
+
 def linear_fp8(x: torch.Tensor, w: Fp8Weight, tile: dict | None = None) -> torch.Tensor:
     """x @ dequantize(w).T. x: [..., K] (bf16 / fp16 / fp32); w: Fp8Weight [N, K] -> [..., N]
-    in x's dtype, fp32 sums rounded once. tile: fp8_tile's keys, to check another tile."""
+    in x's dtype, fp32 sums rounded once, in fp8_tile's tile for the rows' kind
+    (kernels/row_kind.py: a forward's decode rows and prompt rows in a launch each). tile:
+    fp8_tile's keys, to check another tile."""
     k = x.shape[-1]
     n, kw = w.shape
     if w.q.ndim != 2 or kw != k:
@@ -257,7 +270,14 @@ def linear_fp8(x: torch.Tensor, w: Fp8Weight, tile: dict | None = None) -> torch
         return y.reshape(*lead, n)
     if k == 0:
         return y.zero_().reshape(*lead, n)
-    cfg = tile or fp8_tile(m, n, k)
+    if tile is None:
+        runs = row_kind.split(m)
+        if len(runs) > 1:  # the decode rows and the prompt rows, each in its tile
+            for a, b, prompt in runs:
+                y[a:b] = linear_fp8(x2[a:b], w, fp8_tile(b - a, n, k, prompt))
+            return y.reshape(*lead, n)
+        tile = fp8_tile(m, n, k, runs[0][2])
+    cfg = tile
     if cfg["BLOCK_K"] != BLOCK or BLOCK % cfg["BLOCK_N"]:
         raise ValueError(
             f"linear: an FP8 tile's BLOCK_K is its scale block, {BLOCK}, and its BLOCK_N "

@@ -81,14 +81,16 @@ def route_logits(
     normalize: bool,
     shared_rows: int,
     prefill: int = PREFILL_BLOCK_M,
+    forced: bool = False,
 ):
     """The rows' experts from fp32 router logits [N, E] -> (weights [N, k], ids [N, k], the
     pairs' layout (slot_pair, block_expert, block_m) for `experts`, or None): for more than
     one row laid out in the pick's launch (routing.pick_and_lay_out), in tiles of
-    pair_block(N, x's dtype, prefill) pairs; one row needs none."""
+    pair_block(N, x's dtype, prefill) pairs (forced: of `prefill` pairs whatever N); one
+    row needs none."""
     if x.shape[0] <= 1:
         return *pick_experts(logits, top_k, normalize, x.dtype), None
-    bm = pair_block(x.shape[0], x.dtype, prefill)
+    bm = prefill if forced else pair_block(x.shape[0], x.dtype, prefill)
     weights, ids, *layout = pick_and_lay_out(logits, top_k, normalize, x.dtype, bm, shared_rows)
     return weights, ids, (*layout, bm)
 

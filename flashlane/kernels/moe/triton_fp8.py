@@ -10,6 +10,11 @@ arithmetic, without partitions: a tile runs all of K). A pair's row of a tile co
 own x row and its expert's weights alone, so it does not depend on which other pairs share the
 tile; the roundings after the sums (gate x, up x, silu, product, down, each weighted slot, to
 x's dtype) are the bf16 path's. The reference dequantizes (kernels/moe/reference.py).
+
+A forward's prompt rows run in tiles of PROMPT_BLOCK_M pairs on wgmma, whatever their count
+(one row too), and its decode rows on mma.sync: the two give other bits (kernels/row_kind.py
+says why that keeps a row's bits its own); a forward of both kinds routes and runs each
+kind's rows apart (`_kinds`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from flashlane.kernels import row_kind
 from flashlane.kernels.linear.fp8 import BLOCK, Fp8Weight
 from flashlane.kernels.linear.triton import linear
 from flashlane.kernels.linear.triton_fp8 import block_scales, by_bits, pick, weight_operand
@@ -37,6 +43,11 @@ DOWN_TILE = dict(BLOCK_N=64, num_warps=4, num_stages=3)
 PREFILL_BLOCK_M = 32
 GATE_UP_PREFILL = dict(BLOCK_N=64, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
 DOWN_PREFILL = dict(BLOCK_N=128, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
+# prompt rows (kernels/row_kind.py): tiles of 64 pairs, on wgmma (no spills on sm_90:
+# tests/kernels/test_sm90_compile_fp8.py)
+PROMPT_BLOCK_M = 64
+GATE_UP_PROMPT = dict(BLOCK_N=64, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
+DOWN_PROMPT = dict(BLOCK_N=128, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
 
 
 @triton.jit
@@ -171,13 +182,18 @@ def experts_fp8(
     if n == 0:
         return out
     x = x.contiguous()
-    bm = dense_tr.pair_block(n, x.dtype, PREFILL_BLOCK_M)  # PREFILL_BLOCK_M: a prompt chunk
-    prefill = bm == PREFILL_BLOCK_M
-    gu, dn = (GATE_UP_PREFILL, DOWN_PREFILL) if prefill else (GATE_UP_TILE, DOWN_TILE)
+    prompt = _is_prompt(n)
+    if prompt:
+        bm, gu, dn = PROMPT_BLOCK_M, GATE_UP_PROMPT, DOWN_PROMPT
+    else:
+        bm = dense_tr.pair_block(n, x.dtype, PREFILL_BLOCK_M)  # PREFILL_BLOCK_M: many rows
+        prefill = bm == PREFILL_BLOCK_M
+        gu, dn = (GATE_UP_PREFILL, DOWN_PREFILL) if prefill else (GATE_UP_TILE, DOWN_TILE)
     if BLOCK % gu["BLOCK_N"] or BLOCK % dn["BLOCK_N"]:  # a tile's scales: one row (block_scales)
         raise ValueError(f"moe: FP8 tiles' BLOCK_N must divide {BLOCK}: {gu}, {dn}")
     shared_rows = n if shared_logit is not None else 0
-    one_row = n == 1  # its pairs' experts differ: block b holds pair b (`_block`)
+    # its pairs' experts differ: block b holds pair b (`_block`); a prompt row keeps its tile
+    one_row = n == 1 and not prompt
     if one_row:
         slot_pair, block_expert = ids.flatten(), ids.flatten()
         blocks = top_k + shared_rows
@@ -235,6 +251,9 @@ def moe(
 ) -> torch.Tensor:
     """reference.moe: x: [N, H]; router [E, H]; gate, up: [E, I, H]; down: [E, H, I] (bf16
     or Fp8Weight) -> [N, H]; with `shared` (gate logit [N, 1], output [N, H]) its gated add."""
+    if _mixed(x, gate):
+        rest = (router, gate, up, down, top_k, normalize)
+        return _kinds(x, lambda a, b: moe(x[a:b], *rest, _rows(shared, a, b)))
     logits = linear(x, router, out_dtype=torch.float32)
     weights, ids, layout = _route(x, logits, top_k, normalize, 0, gate)
     return experts(x, weights, ids, gate, up, down, shared, layout=layout)
@@ -252,6 +271,8 @@ def moe_shared(
     """reference.moe_shared: router [E+1, H] (its last row the shared expert's gate), gate,
     up [E+1, I, H], down [E+1, H, I] (the last expert the shared one; bf16 or Fp8Weight):
     the shared expert is one more block of every grouped launch (kernels/moe/triton.py)."""
+    if _mixed(x, gate):
+        return _kinds(x, lambda a, b: moe_shared(x[a:b], router, gate, up, down, top_k, normalize))
     e = router.shape[0] - 1
     logits = linear(x, router, out_dtype=torch.float32, aligned=True)
     weights, ids, layout = _route(x, logits[:, :e], top_k, normalize, x.shape[0], gate)
@@ -260,8 +281,37 @@ def moe_shared(
 
 def _route(x, logits, top_k: int, normalize: bool, shared_rows: int, gate):
     """dense_tr.route_logits in the tiles of the experts that `gate`'s kind runs."""
-    prefill = PREFILL_BLOCK_M if isinstance(gate, Fp8Weight) else dense_tr.PREFILL_BLOCK_M
-    return dense_tr.route_logits(x, logits, top_k, normalize, shared_rows, prefill)
+    if not isinstance(gate, Fp8Weight):
+        return dense_tr.route_logits(x, logits, top_k, normalize, shared_rows)
+    if _is_prompt(x.shape[0]):
+        args = (top_k, normalize, shared_rows, PROMPT_BLOCK_M)
+        return dense_tr.route_logits(x, logits, *args, forced=True)
+    return dense_tr.route_logits(x, logits, top_k, normalize, shared_rows, PREFILL_BLOCK_M)
+
+
+def _is_prompt(n: int) -> bool:
+    """Whether a call of n rows (of one kind: `_kinds` splits the others) is of prompt rows."""
+    return row_kind.split(n)[0][2]
+
+
+def _mixed(x: torch.Tensor, gate) -> bool:
+    """Whether FP8 experts run x's rows of both kinds (kernels/row_kind.py)."""
+    return isinstance(gate, Fp8Weight) and len(row_kind.split(x.shape[0])) > 1
+
+
+def _kinds(x: torch.Tensor, run) -> torch.Tensor:
+    """run(a, b) of each run of one kind's rows [a, b), routed and laid out apart, in row
+    order."""
+    outs = []
+    for a, b, prompt in row_kind.split(x.shape[0]):
+        with row_kind.uniform(prompt):
+            outs.append(run(a, b))
+    return torch.cat(outs)
+
+
+def _rows(shared, a: int, b: int):
+    """`shared` (gate logit, output) of rows [a, b), or None."""
+    return None if shared is None else tuple(t[a:b] for t in shared)
 
 
 def moe_placed(*args, **kwargs):
