@@ -24,7 +24,7 @@
 #          tests/kernels/test_drafted_size_tables.py);
 # fp8:     the block-FP8 GEMMs against their references and row invariance, the FP8 engine's
 #          exactness and the n-gram tables in host memory (tests/kernels/test_triton_*fp8.py,
-#          tests/gpu/test_fp8_gpu.py), then `bench model` on flashnext-12l in FP8 at 1 and 16
+#          test_row_kind_fp8.py: prompt rows' own tiles; tests/gpu/test_fp8_gpu.py), then `bench model` on flashnext-12l in FP8 at 1 and 16
 #          streams (FP8_ARGS overrides);
 # fp8-tune: the block-FP8 linear and experts kernels at one decode row, cold weights, each
 #          tile's time and bits (benchmarks/tune_fp8_decode.py, about 45 s)
@@ -187,7 +187,7 @@ fi
 
 if [[ " $steps " == *" fp8 "* ]]; then
     gpu_pytest fp8 tests/kernels/test_triton_fp8.py tests/kernels/test_triton_moe_fp8.py \
-        tests/gpu/test_fp8_gpu.py
+        tests/kernels/test_row_kind_fp8.py tests/gpu/test_fp8_gpu.py
     args="${FP8_ARGS:---config flashnext-12l --random-weights --quantization fp8 --streams 1,16}"
     echo "== flashlane bench model $args"
     python -m flashlane.cli bench model $args --json "$out/bench_model_fp8_$stamp.json" 2>&1 \
