@@ -22,6 +22,7 @@ pytestmark = pytest.mark.skipif(
 
 from flashlane.kernels.conv import triton as conv  # noqa: E402
 from flashlane.kernels.gdn import triton as gdn  # noqa: E402
+from flashlane.kernels.linear import act_quant  # noqa: E402
 from flashlane.kernels.norms import triton as norms  # noqa: E402
 from flashlane.kernels.rowwise import triton as rowwise  # noqa: E402
 from flashlane.kernels.rowwise import triton_accept as rowwise_accept  # noqa: E402
@@ -98,6 +99,10 @@ KERNELS = {
                                    row0="i32", stride0="i32", n1="i32", row1="i32",
                                    stride1="i32"),
                               dict(C0=1, C1=0, BLOCK=1024, PDL=1), dict(launch_pdl=True)),
+    "act_quant": (act_quant._act_quant_kernel,
+                  dict(x_ptr=BF, q_ptr="*fp8e4nv", s_ptr="*fp32", K="i32", KS="i32",
+                       stride_x="i32"),
+                  dict(BLOCK=128, PDL=1), dict(num_warps=1, launch_pdl=True)),
     "post_ring": (rowwise_rows._post_ring_kernel,
                   dict(out_ptr="*i64", ring_ptr="*i64", k_ptr="*i64", n="i32"),
                   dict(RING=4, BLOCK=16, PDL=1), dict(launch_pdl=True)),

@@ -9,6 +9,7 @@ bf16 in registers, by bits, not fp32 FMAs).
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -23,7 +24,8 @@ from flashlane.kernels.moe import triton_fp8 as moe  # noqa: E402
 from tests.kernels.sm90 import H200_SHARED, blocks, compiles_for_sm90, launch, sass  # noqa: E402
 
 BF, F8 = "*bf16", "*fp8e4nv"
-LINEAR = dict(x_ptr=BF, q_ptr=F8, s_ptr="*fp32", y_ptr=BF, ws_ptr="*fp32", count_ptr="*i32",
+LINEAR = dict(x_ptr=BF, xs_ptr="*fp32", q_ptr=F8, s_ptr="*fp32", y_ptr=BF, ws_ptr="*fp32",
+              count_ptr="*i32",
               M="i32", N="i32", K="i32", KS="i32", stride_x="i32", stride_y="i32",
               prefetch="i32")  # fmt: skip
 EXPERTS = dict(slot_pair_ptr="*i64", block_expert_ptr="*i64", H="i32", I="i32", HS="i32",
@@ -37,11 +39,13 @@ DOWN = dict(act_ptr=BF, down_ptr=F8, down_s_ptr="*fp32", y_ptr=BF, **EXPERTS)
 
 def _linear(m: int, split: bool, prompt: bool = False) -> tuple:
     t = linear.fp8_tile(m, 2560, 6144, prompt)
+    x_fp8 = t.get("X_FP8", False)  # prompt rows: e4m3 activations (act_quant)
     consts = dict(PARTS=t["PARTS"], BLOCKS_PER_PART=t["BLOCKS_PER_PART"],
                   SCALES=triton.next_power_of_2(t["BLOCKS_PER_PART"]), SPLIT=split,
                   FIXUP=split, BLOCK_M=t["BLOCK_M"], BLOCK_N=t["BLOCK_N"],
-                  BLOCK_K=t["BLOCK_K"], IEEE=False, BY_BITS=True)  # fmt: skip
-    return linear._fp8_linear_kernel, LINEAR, consts, launch(t)
+                  BLOCK_K=t["BLOCK_K"], IEEE=False, BY_BITS=not x_fp8, X_FP8=x_fp8)  # fmt: skip
+    args = dict(LINEAR, x_ptr=F8) if x_fp8 else LINEAR
+    return linear._fp8_linear_kernel, args, consts, launch(t)
 
 
 KERNELS = {
@@ -81,14 +85,15 @@ PROMPT = sorted(n for n in KERNELS if "prompt" in n)
 
 @pytest.mark.parametrize("name", PROMPT)
 def test_fp8_prompt_tiles_run_on_wgmma_and_keep_their_registers(name):
-    """Prompt rows' tiles, as launched: wgmma (HGMMA), not mma.sync, and no local-memory
+    """Prompt rows' tiles, as launched: wgmma (HGMMA; QGMMA for the linear's e4m3 x e4m3),
+    not mma.sync, and no local-memory
     traffic (the linear's 64 x 128 tile on 4 warps spilled 149 stores:
     benchmarks/fp8_prefill_tiles.py)."""
     import re
 
     code = sass(compiles_for_sm90(KERNELS[name], aligned=True))
-    ops = re.findall(r"\b(HGMMA|HMMA|STL|LDL)\b", code)
-    assert "HGMMA" in ops and "HMMA" not in ops, "prompt rows' products not on wgmma"
+    ops = re.findall(r"\b(HGMMA|QGMMA|HMMA|STL|LDL)\b", code)  # QGMMA: wgmma of e4m3
+    assert {"HGMMA", "QGMMA"} & set(ops) and "HMMA" not in ops, "prompt rows not on wgmma"
     assert "STL" not in ops and "LDL" not in ops, f"{ops.count('STL')} local stores"
 
 
@@ -100,6 +105,9 @@ def test_fp8_kernel_compiles_for_sm90_on_the_tensor_cores(name, aligned):
     assert compiled.metadata.shared <= H200_SHARED
     ptx = compiled.asm["ptx"]
     assert "mma.sync" in ptx or "wgmma" in ptx, "the products are not on the tensor cores"
+    if KERNELS[name][2].get("X_FP8"):  # e4m3 codes on both sides: no conversion at all
+        assert re.search(r"wgmma\.mma_async\S*\.e4m3\.e4m3", ptx), "not e4m3 products"
+        return
     # e4m3 to bf16 by bits (triton_fp8.bf16_of_e4m3), not Triton's conversion through f16
     # (one F2F a value: the conversion unit bounded the kernels)
     assert "mul.rn.bf16x2" in ptx, "no conversion by bits"

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from flashlane.kernels import row_kind
+from flashlane.kernels.linear.act_quant import act_quant, act_quant_ref
 from flashlane.kernels.linear.fp8 import Fp8Weight
 from flashlane.models.fp8 import quantize_blocks
 from tests.kernels.triton_env import DEVICE, DTYPES, HAS_CUDA, dot_mismatch, needs_triton
@@ -160,19 +161,55 @@ def test_fp8_decode_rows_never_take_rows_of_64_and_prompt_rows_always_do():
     assert moe_fp8.PREFILL_BLOCK_M in (16, 32) and moe_fp8.PROMPT_BLOCK_M == 64
 
 
+def _act_ref(x: torch.Tensor) -> torch.Tensor:
+    """x's rows as block-FP8 activations give them (act_quant_ref's codes times scales), fp64."""
+    q, s = act_quant_ref(x)
+    return q.double() * s.double().repeat_interleave(128, dim=1)[:, : x.shape[1]]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("nk", NK)
 def test_linear_fp8_prompt_rows_near_reference_and_row_invariant(nk, dtype):
-    """Prompt rows in their own tile: near the reference, and a row alone or among 1..17 (at
-    any offset) gives the bits it gets in the whole call: a prompt row's bits do not depend on
-    its piece's size or the other rows."""
+    """Prompt rows in their own tile, their activations in block FP8 (act_quant): near the
+    reference of those activations, and a row alone or among 1..17 (at any offset) gives the
+    bits it gets in the whole call: a prompt row's bits do not depend on its piece's size or
+    the other rows."""
     n, k = nk
     full, w = _x(70, k, dtype, 11), _w(n, k, 12, spread=True)
     with row_kind.uniform(True):
         got = tfp8.linear(full, w)
-        want = full.double() @ w.dequantize(torch.float64).T
+        want = _act_ref(full) @ w.dequantize(torch.float64).T
         assert _rel_err(got, want) < TOL[dtype]
         _check_rows(lambda x: tfp8.linear(x, w), full)
+
+
+def test_act_quant_ref_groups_rows_in_blocks_of_128():
+    """A row's groups of 128 (the last partial): scale amax / 448 (1 for zeros), the codes
+    e4m3 of x / scale, so each group's largest value is 448 and every value within half an
+    e4m3 step of its code times the scale (2^-4 relative; 2^-10 of the scale among e4m3's
+    subnormals)."""
+    g = torch.Generator().manual_seed(16)
+    x = torch.randn(3, 300, generator=g) * torch.tensor([1e-3, 1.0, 1e3])[:, None]
+    x[1, 128:256] = 0.0
+    q, s = act_quant_ref(x)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == x.shape and s.shape == (3, 3)
+    assert s[1, 1] == 1.0 and not q[1, 128:256].float().any()
+    amax = torch.stack([x[:, a : a + 128].abs().amax(1) for a in (0, 128, 256)], 1)
+    nonzero = amax > 0
+    assert torch.equal(s[nonzero], amax[nonzero] / 448.0)
+    back = _act_ref(x).float()
+    step = s.repeat_interleave(128, dim=1)[:, :300] * 2.0**-10
+    assert ((back - x).abs() <= torch.maximum(x.abs() * 2.0**-4, step)).all()
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="the interpreter's fp32 -> e4m3 cast is wrong")
+def test_act_quant_kernel_gives_torchs_codes_and_scales():
+    for dtype in DTYPES:
+        x = _x(37, 300, dtype, 15) * 3.0
+        q, s = act_quant(x)
+        qr, sr = act_quant_ref(x)
+        assert torch.equal(s, sr)
+        assert torch.equal(q.view(torch.uint8), qr.view(torch.uint8))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

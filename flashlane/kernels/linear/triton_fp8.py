@@ -1,20 +1,21 @@
 """Row-invariant block-FP8 GEMM: `linear(x, w)` for an Fp8Weight w, x @ (q * scale_inv).T.
 
-The weight is read as its e4m3 bytes (half bf16's), converted exactly to x's dtype in
-registers (e4m3's 3 significant bits and exponents fit bf16's; to bf16 by bits,
-`bf16_of_e4m3`), and each K block of 128 (one
-block of scales) is a dot from zero in fp32 which is then scaled and added,
-`acc = fma(dot_kb, scale[n // 128, kb], acc)`: the scales apply to fp32 sums, never to the
-bf16 operands, and the fma rounds once wherever it is compiled. The K blocks are cut into
-PARTS fixed partitions that depend on (N, K) only (`fp8_tile`); each partition sums its blocks
-in ascending order from zero, and the partitions are added in ascending order,
-`((p0 + p1) + p2) + ...` as the bf16 kernel's (kernels/linear/triton.py), so a row's bits never
-depend on the call's other rows. The tile's shape follows the rows' kind and count (decode
-rows: tiles of 16 rows up to DECODE_ROWS, 32 above, both on mma.sync; prompt rows: 64-row
-tiles on wgmma, whose bits differ from mma.sync's: kernels/row_kind.py says why a row's kind
-may set its bits), never the partitions; with few tiles each
-partition is its own program and the tile's last program adds the fp32 partials in order
-(kernels/partials.py), else one program runs them all. Same sums, same order, same bits.
+The weight is read as its e4m3 bytes (half bf16's). Decode rows: converted exactly to x's
+dtype in registers (e4m3's 3 significant bits and exponents fit bf16's; to bf16 by bits,
+`bf16_of_e4m3`), and each K block of 128 (one block of scales) is a dot from zero in fp32
+which is then scaled and added, `acc = fma(dot_kb, scale[n // 128, kb], acc)`: the scales
+apply to fp32 sums, never to the bf16 operands, and the fma rounds once wherever it is
+compiled. Prompt rows (kernels/row_kind.py): their activations in block FP8 too (1 x 128
+groups, kernels/linear/act_quant.py, as transformers' fine-grained FP8 linear), each K
+block's dot of e4m3 codes on the tensor cores, `acc = fma(dot_kb, xs[m, kb] * scale, acc)`.
+The K blocks are cut into PARTS fixed partitions that depend on (N, K) only (`fp8_parts`);
+each partition sums its blocks in ascending order from zero, and the partitions are added
+in ascending order, `((p0 + p1) + p2) + ...` as the bf16 kernel's (kernels/linear/triton.py),
+so a row's bits never depend on the call's other rows. The tile's shape follows the rows'
+kind and count (decode rows: 16 rows up to DECODE_ROWS, 32 above, both on mma.sync; prompt
+rows: 64 on wgmma), never the partitions; with few tiles each partition is its own program
+and the tile's last program adds the fp32 partials in order (kernels/partials.py), else one
+program runs them all. Same sums, same order, same bits.
 
 fp32 inputs (the tests under the interpreter) take exact fp32 products (`ieee`): bitwise
 `x @ dequantize(w, fp32).T` summed in this order.
@@ -22,23 +23,18 @@ fp32 inputs (the tests under the interpreter) take exact fp32 products (`ieee`):
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from flashlane.kernels import row_kind
 from flashlane.kernels.linear import triton as dense_tr
+from flashlane.kernels.linear.act_quant import act_quant, act_quant_ref
 from flashlane.kernels.linear.fp8 import BLOCK, Fp8Weight
-from flashlane.kernels.linear.tiles import DECODE_ROWS
+from flashlane.kernels.linear.fp8_tiles import fp8_parts, fp8_tile  # noqa: F401 (re-exported)
 from flashlane.kernels.partials import add_partials, counters, last_to_arrive
 from flashlane.kernels.pdl import enter, pdl
 
-# programs to aim for at one row (about two waves of the H200's 132 SMs), as tiles.py
-_TARGET_PROGRAMS = 264
-# fewest K blocks in a partition (>= 2 keeps every partition a real loop)
-_MIN_BLOCKS_PER_PART = 2
 # row tiles x column tiles from which one program runs every partition
 _IN_PROGRAM_TILES = 128
 # e4m3 to bf16 by bits (`bf16_of_e4m3`) where x is bf16 on a GPU; False: Triton's conversion
@@ -114,11 +110,12 @@ def pick(scales, j, SCALES: tl.constexpr):
 
 @triton.jit
 def _scaled_sum(
-    x_ptr, q_ptr, s, rm, rn, m_mask, n_mask, kb, acc, K, stride_x,
-    BLOCK_K: tl.constexpr, IEEE: tl.constexpr, BY_BITS: tl.constexpr,
+    x_ptr, q_ptr, s, xs, rm, rn, m_mask, n_mask, kb, acc, K, stride_x,
+    BLOCK_K: tl.constexpr, IEEE: tl.constexpr, BY_BITS: tl.constexpr, X_FP8: tl.constexpr,
 ):  # fmt: skip
     """acc + (x[rm, kb's K] . q[rn, kb's K]) * s (the tile's scale_inv of block kb), one fma
-    rounding."""
+    rounding. X_FP8: x is e4m3 codes (act_quant) and xs [BLOCK_M] their rows' scales of
+    block kb: the dot of the codes on e4m3 tensor cores, then one fma by xs * s."""
     rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
     k_mask = rk < K
     a = tl.load(
@@ -131,18 +128,27 @@ def _scaled_sum(
         mask=n_mask[None, :] & k_mask[:, None],
         other=0.0,
     )
-    if IEEE:
-        p = tl.dot(a, b.to(tl.float32), input_precision="ieee")
+    if X_FP8:
+        if IEEE:
+            p = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        else:
+            p = tl.dot(a, b)
+        out = tl.fma(p, xs[:, None] * s, acc)
     else:
-        p = tl.dot(a, weight_operand(b, a, BY_BITS))
-    return tl.fma(p, s, acc)
+        if IEEE:
+            p = tl.dot(a, b.to(tl.float32), input_precision="ieee")
+        else:
+            p = tl.dot(a, weight_operand(b, a, BY_BITS))
+        out = tl.fma(p, s, acc)
+    return out
 
 
 @triton.jit
 def _partition(
-    x_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, part, K, KS, stride_x,
+    x_ptr, xs_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, part, K, KS, stride_x,
     BLOCKS_PER_PART: tl.constexpr, SCALES: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, BY_BITS: tl.constexpr,
+    X_FP8: tl.constexpr,
 ):  # fmt: skip
     """Partition `part`'s K blocks, ascending, from zero, in fp32."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -150,20 +156,31 @@ def _partition(
     end = tl.minimum(start + BLOCKS_PER_PART, tl.cdiv(K, BLOCK_K))
     nb = tl.program_id(1) * BLOCK_N // BLOCK_K
     scales = block_scales(s_ptr, nb, start, end - start, KS, SCALES)
+    j = tl.arange(0, SCALES)
+    if X_FP8:  # the rows' activation scales of the partition, before the K loop
+        at = m_mask[:, None] & (j[None, :] < end - start)
+        xscales = tl.load(
+            xs_ptr + rm[:, None].to(tl.int64) * KS + start + j[None, :], mask=at, other=0.0
+        )
+    else:
+        xscales = tl.zeros((BLOCK_M, SCALES), dtype=tl.float32)
     for kb in range(start, end):
         s = pick(scales, kb - start, SCALES)
+        xs = tl.sum(tl.where(j[None, :] == kb - start, xscales, 0.0), axis=1)
         acc = _scaled_sum(
-            x_ptr, q_ptr, s, rm, rn, m_mask, n_mask, kb, acc, K, stride_x, BLOCK_K, IEEE, BY_BITS
-        )
+            x_ptr, q_ptr, s, xs, rm, rn, m_mask, n_mask, kb, acc, K, stride_x, BLOCK_K, IEEE,
+            BY_BITS, X_FP8,
+        )  # fmt: skip
     return acc
 
 
 @triton.jit(do_not_specialize=["M", "prefetch"])
 def _fp8_linear_kernel(
-    x_ptr, q_ptr, s_ptr, y_ptr, ws_ptr, count_ptr, M, N, K, KS, stride_x, stride_y, prefetch,
-    PARTS: tl.constexpr, BLOCKS_PER_PART: tl.constexpr, SCALES: tl.constexpr, SPLIT: tl.constexpr,
-    FIXUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    IEEE: tl.constexpr, BY_BITS: tl.constexpr = False, PDL: tl.constexpr = 0,
+    x_ptr, xs_ptr, q_ptr, s_ptr, y_ptr, ws_ptr, count_ptr, M, N, K, KS, stride_x, stride_y,
+    prefetch, PARTS: tl.constexpr, BLOCKS_PER_PART: tl.constexpr, SCALES: tl.constexpr,
+    SPLIT: tl.constexpr, FIXUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, IEEE: tl.constexpr, BY_BITS: tl.constexpr = False,
+    X_FP8: tl.constexpr = False, PDL: tl.constexpr = 0,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -183,8 +200,8 @@ def _fp8_linear_kernel(
     if SPLIT:
         part = tl.program_id(2)
         acc = _partition(
-            x_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, part, K, KS, stride_x,
-            BLOCKS_PER_PART, SCALES, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, BY_BITS,
+            x_ptr, xs_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, part, K, KS, stride_x,
+            BLOCKS_PER_PART, SCALES, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, BY_BITS, X_FP8,
         )  # fmt: skip
         plane = M.to(tl.int64) * N
         offs = rm[:, None].to(tl.int64) * N + rn[None, :]
@@ -196,13 +213,13 @@ def _fp8_linear_kernel(
                 tl.store(y_ptr + offs_y, total.to(dt), mask=out_mask)
     else:
         total = _partition(
-            x_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, 0, K, KS, stride_x,
-            BLOCKS_PER_PART, SCALES, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, BY_BITS,
+            x_ptr, xs_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, 0, K, KS, stride_x,
+            BLOCKS_PER_PART, SCALES, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, BY_BITS, X_FP8,
         )  # fmt: skip
         for p in range(1, PARTS):
             acc = _partition(
-                x_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, p, K, KS, stride_x,
-                BLOCKS_PER_PART, SCALES, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, BY_BITS,
+                x_ptr, xs_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, p, K, KS, stride_x,
+                BLOCKS_PER_PART, SCALES, BLOCK_M, BLOCK_N, BLOCK_K, IEEE, BY_BITS, X_FP8,
             )  # fmt: skip
             total = total + acc
         tl.store(y_ptr + offs_y, total.to(dt), mask=out_mask)
@@ -213,43 +230,6 @@ def by_bits(x: torch.Tensor) -> bool:
     inline PTX; fp16 and fp32 take Triton's conversion)."""
     interpreted = triton.knobs.runtime.interpret  # TRITON_INTERPRET=1, as Triton reads it
     return BITS and x.is_cuda and x.dtype == torch.bfloat16 and not interpreted
-
-
-@functools.cache
-def fp8_parts(
-    n: int, k: int, programs: int = _TARGET_PROGRAMS, block_n: int = 64
-) -> tuple[int, int]:
-    """(PARTS, BLOCKS_PER_PART) of an [N, K] FP8 weight: enough partitions to fill about
-    `programs` (two waves) at one row in decode tiles of `block_n` columns, at least two K
-    blocks each; N and K only (whatever the rows and x's dtype), so they fix a product's
-    bits. Other programs / block_n: the tune script's candidates."""
-    k_blocks = -(-k // BLOCK)
-    n_tiles = -(-n // block_n)
-    parts = max(1, min(k_blocks // _MIN_BLOCKS_PER_PART, programs // n_tiles))
-    per_part = -(-k_blocks // parts)
-    return -(-k_blocks // per_part), per_part  # no empty partition
-
-
-def fp8_tile(m: int, n: int, k: int, prompt: bool = False) -> dict:
-    """The tile of a call of m rows: for decode rows 16 x 64 up to DECODE_ROWS rows (mma rows
-    of 16: a decode step reads the weight once), 32 x 128 above, never rows of 64: there
-    Triton takes wgmma, whose per-block dot from zero differs from mma.sync's in a few
-    elements of 10^5 on the H200 (benchmarks/fp8_bits_probe.py: 5 of 512,000 at 2560 x 2560
-    on 64-row tiles, none on 16 or 32; fp8_bits_probe_h200_9dea15f). Prompt rows
-    (kernels/row_kind.py): 64 x 128 on wgmma whatever m, on 8 warps (on 4 its sm_90 code
-    spills: benchmarks/fp8_prefill_tiles.py). The partitions of (N, K) in all."""
-    parts, per_part = fp8_parts(n, k)
-    if prompt:
-        shape = PROMPT_TILE
-    elif m <= DECODE_ROWS:
-        shape = dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=4)
-    else:
-        shape = dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3)
-    return dict(shape, BLOCK_K=BLOCK, PARTS=parts, BLOCKS_PER_PART=per_part)
-
-
-# prompt rows' tile (fp8_tile)
-PROMPT_TILE = dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3)
 
 
 def linear_fp8(x: torch.Tensor, w: Fp8Weight, tile: dict | None = None) -> torch.Tensor:
@@ -288,6 +268,10 @@ def linear_fp8(x: torch.Tensor, w: Fp8Weight, tile: dict | None = None) -> torch
     split = parts > 1 and cfg.get("SPLIT", m_tiles * n_tiles < _IN_PROGRAM_TILES)
     # None while a graph is captured before the counters exist: a second kernel adds
     count = counters(x.device, m_tiles * n_tiles) if split and _FIXUP else None
+    x_fp8 = cfg.get("X_FP8", False)
+    xs = x2  # unread without X_FP8
+    if x_fp8:  # the rows' activations in block FP8 (act_quant), e4m3 products
+        x2, xs = (act_quant_ref if triton.knobs.runtime.interpret else act_quant)(x2)
     meta = dict(
         PARTS=parts,
         BLOCKS_PER_PART=cfg["BLOCKS_PER_PART"],
@@ -299,6 +283,7 @@ def linear_fp8(x: torch.Tensor, w: Fp8Weight, tile: dict | None = None) -> torch
         BLOCK_K=cfg["BLOCK_K"],
         IEEE=x.dtype == torch.float32,
         BY_BITS=by_bits(x),
+        X_FP8=x_fp8,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
@@ -309,12 +294,12 @@ def linear_fp8(x: torch.Tensor, w: Fp8Weight, tile: dict | None = None) -> torch
     ks = s.shape[1]
     if not split:
         _fp8_linear_kernel[(m_tiles, n_tiles, 1)](
-            x2, q, s, y, y, y, m, n, k, ks, x2.stride(0), y.stride(0), ahead, **meta
+            x2, xs, q, s, y, y, y, m, n, k, ks, x2.stride(0), y.stride(0), ahead, **meta
         )
         return y.reshape(*lead, n)
     ws = torch.empty((parts, m, n), dtype=torch.float32, device=x.device)
     _fp8_linear_kernel[(m_tiles, n_tiles, parts)](
-        x2, q, s, y, ws, ws if count is None else count, m, n, k, ks, x2.stride(0),
+        x2, xs, q, s, y, ws, ws if count is None else count, m, n, k, ks, x2.stride(0),
         y.stride(0), ahead, **meta,
     )  # fmt: skip
     if count is None:

@@ -1,0 +1,57 @@
+"""The block-FP8 GEMM's tiles and K partitions (kernels/linear/triton_fp8.py): the partitions
+of a weight [N, K] fix a product's bits (`fp8_parts`); the tile follows the rows' kind and
+count (`fp8_tile`, kernels/row_kind.py)."""
+
+from __future__ import annotations
+
+import functools
+
+from flashlane.kernels.linear.fp8 import BLOCK
+from flashlane.kernels.linear.tiles import DECODE_ROWS
+
+__all__ = ["PROMPT_TILE", "fp8_parts", "fp8_tile"]
+
+# programs to aim for at one row (about two waves of the H200's 132 SMs), as tiles.py
+_TARGET_PROGRAMS = 264
+# fewest K blocks in a partition (>= 2 keeps every partition a real loop)
+_MIN_BLOCKS_PER_PART = 2
+
+
+@functools.cache
+def fp8_parts(
+    n: int, k: int, programs: int = _TARGET_PROGRAMS, block_n: int = 64
+) -> tuple[int, int]:
+    """(PARTS, BLOCKS_PER_PART) of an [N, K] FP8 weight: enough partitions to fill about
+    `programs` (two waves) at one row in decode tiles of `block_n` columns, at least two K
+    blocks each; N and K only (whatever the rows and x's dtype), so they fix a product's
+    bits. Other programs / block_n: the tune script's candidates."""
+    k_blocks = -(-k // BLOCK)
+    n_tiles = -(-n // block_n)
+    parts = max(1, min(k_blocks // _MIN_BLOCKS_PER_PART, programs // n_tiles))
+    per_part = -(-k_blocks // parts)
+    return -(-k_blocks // per_part), per_part  # no empty partition
+
+
+def fp8_tile(m: int, n: int, k: int, prompt: bool = False) -> dict:
+    """The tile of a call of m rows: for decode rows 16 x 64 up to DECODE_ROWS rows (mma rows
+    of 16: a decode step reads the weight once), 32 x 128 above, never rows of 64: there
+    Triton takes wgmma, whose per-block dot from zero differs from mma.sync's in a few
+    elements of 10^5 on the H200 (benchmarks/fp8_bits_probe.py: 5 of 512,000 at 2560 x 2560
+    on 64-row tiles, none on 16 or 32; fp8_bits_probe_h200_9dea15f). Prompt rows
+    (kernels/row_kind.py): 64 x 128 on wgmma whatever m, on 8 warps (on 4 its sm_90 code
+    spills: benchmarks/fp8_prefill_tiles.py), with X_FP8: their activations in block FP8
+    too (kernels/linear/act_quant.py), the products on e4m3 tensor cores at twice bf16's
+    rate. The partitions of (N, K) in all."""
+    parts, per_part = fp8_parts(n, k)
+    if prompt:
+        shape = PROMPT_TILE
+    elif m <= DECODE_ROWS:
+        shape = dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=4)
+    else:
+        shape = dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3)
+    return dict(shape, BLOCK_K=BLOCK, PARTS=parts, BLOCKS_PER_PART=per_part)
+
+
+# prompt rows' tile (fp8_tile): their activations in block FP8 too (act_quant), the products
+# on e4m3 tensor cores
+PROMPT_TILE = dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3, X_FP8=True)
