@@ -30,11 +30,13 @@ LINEAR = dict(x_ptr=BF, xs_ptr="*fp32", q_ptr=F8, s_ptr="*fp32", y_ptr=BF, ws_pt
               prefetch="i32")  # fmt: skip
 EXPERTS = dict(slot_pair_ptr="*i64", block_expert_ptr="*i64", H="i32", I="i32", HS="i32",
                IS="i32", num_routed="i32", shared_id="i32")  # fmt: skip
-GATE_UP = dict(x_ptr=BF, gate_ptr=F8, gate_s_ptr="*fp32", up_ptr=F8, up_s_ptr="*fp32",
-               act_ptr=BF, **EXPERTS)  # fmt: skip
+GATE_UP = dict(x_ptr=BF, xs_ptr="*fp32", gate_ptr=F8, gate_s_ptr="*fp32", up_ptr=F8,
+               up_s_ptr="*fp32", act_ptr=BF, **EXPERTS)  # fmt: skip
 # bf16 activations on a GPU: e4m3 converted by bits (triton_fp8.by_bits)
 BF16 = dict(BLOCK_K=128, IEEE=False, BY_BITS=True)
-DOWN = dict(act_ptr=BF, down_ptr=F8, down_s_ptr="*fp32", y_ptr=BF, **EXPERTS)
+# prompt rows: e4m3 activations (kernels/linear/act_quant.py), e4m3 x e4m3 products
+E4M3 = dict(BLOCK_K=128, IEEE=False, BY_BITS=False, X_FP8=True)
+DOWN = dict(act_ptr=BF, acts_ptr="*fp32", down_ptr=F8, down_s_ptr="*fp32", y_ptr=BF, **EXPERTS)
 
 
 def _linear(m: int, split: bool, prompt: bool = False) -> tuple:
@@ -72,11 +74,11 @@ KERNELS = {
     "fp8 moe down prefill": (moe._down_fp8_kernel, DOWN,
                              dict(BLOCK_M=64, SCALES=8, **BF16,
                                   **blocks(moe.DOWN_PREFILL)), launch(moe.DOWN_PREFILL)),
-    "fp8 moe gate_up prompt": (moe._gate_up_fp8_kernel, GATE_UP,
-                               dict(TOP_K=10, BLOCK_M=moe.PROMPT_BLOCK_M, SCALES=32, **BF16,
+    "fp8 moe gate_up prompt": (moe._gate_up_fp8_kernel, dict(GATE_UP, x_ptr=F8),
+                               dict(TOP_K=10, BLOCK_M=moe.PROMPT_BLOCK_M, SCALES=32, **E4M3,
                                     **blocks(moe.GATE_UP_PROMPT)), launch(moe.GATE_UP_PROMPT)),
-    "fp8 moe down prompt": (moe._down_fp8_kernel, DOWN,
-                            dict(BLOCK_M=moe.PROMPT_BLOCK_M, SCALES=8, **BF16,
+    "fp8 moe down prompt": (moe._down_fp8_kernel, dict(DOWN, act_ptr=F8),
+                            dict(BLOCK_M=moe.PROMPT_BLOCK_M, SCALES=8, **E4M3,
                                  **blocks(moe.DOWN_PROMPT)), launch(moe.DOWN_PROMPT)),
 }  # fmt: skip
 # the tiles of prompt rows (kernels/row_kind.py): on wgmma

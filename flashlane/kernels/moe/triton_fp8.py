@@ -24,11 +24,13 @@ import triton
 import triton.language as tl
 
 from flashlane.kernels import row_kind
+from flashlane.kernels.linear.act_quant import act_quant, act_quant_ref
 from flashlane.kernels.linear.fp8 import BLOCK, Fp8Weight
 from flashlane.kernels.linear.triton import linear
-from flashlane.kernels.linear.triton_fp8 import block_scales, by_bits, pick, weight_operand
+from flashlane.kernels.linear.triton_fp8 import block_scales, by_bits, pick
 from flashlane.kernels.moe import triton as dense_tr
 from flashlane.kernels.moe import triton_pairs as pairs
+from flashlane.kernels.moe.fp8_blocks import column, row_scales, scaled
 from flashlane.kernels.moe.routing import dispatch
 from flashlane.kernels.pdl import enter, pdl
 
@@ -50,29 +52,14 @@ GATE_UP_PROMPT = dict(BLOCK_N=64, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
 DOWN_PROMPT = dict(BLOCK_N=128, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
 
 
-@triton.jit
-def _scaled(a, q_ptr, s, w_base, rn, n_mask, rk, k_mask, K, acc, IEEE, BY_BITS):
-    """acc + (a . q[rn, rk]) * s (the tile's scale_inv of this K block): one K block of one
-    expert."""
-    b = tl.load(
-        q_ptr + w_base + rn[None, :].to(tl.int64) * K + rk[:, None],
-        mask=n_mask[None, :] & k_mask[:, None],
-        other=0.0,
-    )
-    if IEEE:
-        p = tl.dot(a, b.to(tl.float32), input_precision="ieee")
-    else:
-        p = tl.dot(a, weight_operand(b, a, BY_BITS))
-    return tl.fma(p, s, acc)
-
-
 @triton.jit(do_not_specialize=["num_routed", "shared_id"])
 def _gate_up_fp8_kernel(
-    x_ptr, gate_ptr, gate_s_ptr, up_ptr, up_s_ptr, act_ptr, slot_pair_ptr, block_expert_ptr,
-    H, I, HS, IS, num_routed, shared_id,
+    x_ptr, xs_ptr, gate_ptr, gate_s_ptr, up_ptr, up_s_ptr, act_ptr, slot_pair_ptr,
+    block_expert_ptr, H, I, HS, IS, num_routed, shared_id,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SCALES: tl.constexpr, IEEE: tl.constexpr, BLOCK_MAJOR: tl.constexpr = False,
-    ONE_ROW: tl.constexpr = False, BY_BITS: tl.constexpr = False, PDL: tl.constexpr = 0,
+    ONE_ROW: tl.constexpr = False, BY_BITS: tl.constexpr = False, X_FP8: tl.constexpr = False,
+    PDL: tl.constexpr = 0,
 ):  # fmt: skip
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     blk, pid_n = pairs._tile_ids(BLOCK_MAJOR)
@@ -96,6 +83,7 @@ def _gate_up_fp8_kernel(
     blocks = tl.cdiv(H, BLOCK_K)
     gate_s = block_scales(gate_s_ptr + s_base, nb, 0, blocks, HS, SCALES)
     up_s = block_scales(up_s_ptr + s_base, nb, 0, blocks, HS, SCALES)
+    x_s = row_scales(xs_ptr, row, valid, HS, X_FP8, SCALES)
     for kb in range(0, blocks):
         rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = rk < H
@@ -104,9 +92,11 @@ def _gate_up_fp8_kernel(
             mask=valid[:, None] & k_mask[None, :],
             other=0.0,
         )
-        sg, su = pick(gate_s, kb, SCALES), pick(up_s, kb, SCALES)
-        acc_g = _scaled(a, gate_ptr, sg, w_base, rn, n_mask, rk, k_mask, H, acc_g, IEEE, BY_BITS)
-        acc_u = _scaled(a, up_ptr, su, w_base, rn, n_mask, rk, k_mask, H, acc_u, IEEE, BY_BITS)
+        sg, su, xs = pick(gate_s, kb, SCALES), pick(up_s, kb, SCALES), column(x_s, kb, SCALES)
+        acc_g = scaled(a, gate_ptr, sg, xs, w_base, rn, n_mask, rk, k_mask, H, acc_g,
+                        IEEE, BY_BITS, X_FP8)  # fmt: skip
+        acc_u = scaled(a, up_ptr, su, xs, w_base, rn, n_mask, rk, k_mask, H, acc_u,
+                        IEEE, BY_BITS, X_FP8)  # fmt: skip
     dt = act_ptr.dtype.element_ty
     g = acc_g.to(dt).to(tl.float32)
     u = acc_u.to(dt).to(tl.float32)
@@ -121,11 +111,11 @@ def _gate_up_fp8_kernel(
 
 @triton.jit(do_not_specialize=["num_routed", "shared_id"])
 def _down_fp8_kernel(
-    act_ptr, down_ptr, down_s_ptr, y_ptr, slot_pair_ptr, block_expert_ptr,
+    act_ptr, acts_ptr, down_ptr, down_s_ptr, y_ptr, slot_pair_ptr, block_expert_ptr,
     H, I, HS, IS, num_routed, shared_id,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALES: tl.constexpr,
     IEEE: tl.constexpr, BLOCK_MAJOR: tl.constexpr = False, ONE_ROW: tl.constexpr = False,
-    BY_BITS: tl.constexpr = False, PDL: tl.constexpr = 0,
+    BY_BITS: tl.constexpr = False, X_FP8: tl.constexpr = False, PDL: tl.constexpr = 0,
 ):  # fmt: skip
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     blk, pid_n = pairs._tile_ids(BLOCK_MAJOR)
@@ -142,6 +132,7 @@ def _down_fp8_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     blocks = tl.cdiv(I, BLOCK_K)
     down_s = block_scales(down_s_ptr + s_base, pid_n * BLOCK_N // BLOCK_K, 0, blocks, IS, SCALES)
+    a_s = row_scales(acts_ptr, slots, valid, IS, X_FP8, SCALES)
     for kb in range(0, blocks):
         rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = rk < I
@@ -150,8 +141,9 @@ def _down_fp8_kernel(
             mask=valid[:, None] & k_mask[None, :],
             other=0.0,
         )
-        s = pick(down_s, kb, SCALES)
-        acc = _scaled(a, down_ptr, s, w_base, rn, n_mask, rk, k_mask, I, acc, IEEE, BY_BITS)
+        s, xs = pick(down_s, kb, SCALES), column(a_s, kb, SCALES)
+        acc = scaled(a, down_ptr, s, xs, w_base, rn, n_mask, rk, k_mask, I, acc, IEEE, BY_BITS,
+                      X_FP8)  # fmt: skip
     tl.store(
         y_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * H + rn[None, :],
         acc.to(y_ptr.dtype.element_ty),
@@ -203,20 +195,25 @@ def experts_fp8(
         )
         blocks = block_expert.numel()
     hs, is_ = -(-h // BLOCK), -(-i // BLOCK)
-    ieee, bits = x.dtype == torch.float32, by_bits(x)
+    ieee, bits = x.dtype == torch.float32, by_bits(x) and not prompt
     act = torch.empty((blocks * bm, i), dtype=x.dtype, device=x.device)
+    quant = act_quant_ref if triton.knobs.runtime.interpret else act_quant
+    # prompt rows: their activations in block FP8 too (kernels/linear/act_quant.py)
+    xq, xs = quant(x) if prompt else (x, x)
     _gate_up_fp8_kernel[pairs._grid(blocks, triton.cdiv(i, gu["BLOCK_N"]), gu)](
-        x, gate.q.contiguous(), gate.scale_inv.contiguous(), up.q.contiguous(),
+        xq, xs, gate.q.contiguous(), gate.scale_inv.contiguous(), up.q.contiguous(),
         up.scale_inv.contiguous(), act, slot_pair, block_expert, h, i, hs, is_, n * top_k,
         routed, TOP_K=top_k, BLOCK_M=bm, BLOCK_K=BLOCK, SCALES=triton.next_power_of_2(hs),
-        IEEE=ieee, ONE_ROW=one_row, BY_BITS=bits, **gu,
+        IEEE=ieee, ONE_ROW=one_row, BY_BITS=bits, X_FP8=prompt, **gu,
         **pdl(x.device),
     )  # fmt: skip
     y = torch.empty((n * top_k + shared_rows, h), dtype=x.dtype, device=x.device)
+    aq, acts = quant(act) if prompt else (act, act)
     _down_fp8_kernel[pairs._grid(blocks, triton.cdiv(h, dn["BLOCK_N"]), dn)](
-        act, down.q.contiguous(), down.scale_inv.contiguous(), y, slot_pair, block_expert,
+        aq, acts, down.q.contiguous(), down.scale_inv.contiguous(), y, slot_pair, block_expert,
         h, i, hs, is_, n * top_k, routed, BLOCK_M=bm, BLOCK_K=BLOCK,
-        SCALES=triton.next_power_of_2(is_), IEEE=ieee, ONE_ROW=one_row, BY_BITS=bits, **dn,
+        SCALES=triton.next_power_of_2(is_), IEEE=ieee, ONE_ROW=one_row, BY_BITS=bits,
+        X_FP8=prompt, **dn,
         **pdl(y.device),
     )  # fmt: skip
     if shared_logit is not None:
