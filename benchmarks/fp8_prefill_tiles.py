@@ -1,9 +1,11 @@
 """Which FP8 prefill tiles stay on mma.sync, counted on any machine: the block-FP8 linear
 (kernels/linear/triton_fp8.py) at Flash Next's 2560 x 6144 compiled for sm_90 as launched
 (tests/kernels/sm90.compiles_for_sm90) at each candidate tile, its SASS counted: wgmma
-(HGMMA) or mma.sync (HMMA), local-memory stores (spills), shared memory. A prefill row must
-get the bits a decode row gets (16-row mma.sync tiles), and wgmma's differ (fp8_tile), so
-only a tile without HGMMA keeps them. No GPU needed.
+(HGMMA) or mma.sync (HMMA), local-memory stores (spills), shared memory, all with bf16
+activations. Written when a prompt row had to get a decode row's bits (16-row mma.sync
+tiles; wgmma's differ: fp8_tile): a 64-row tile stays on mma.sync only on 2 warps, and then
+spills. Prompt rows now have tiles of their own (kernels/row_kind.py: 64 x 128 on 8 warps,
+e4m3 activations). No GPU needed.
 
     python benchmarks/fp8_prefill_tiles.py
 """
