@@ -18,55 +18,57 @@ row. A kernel asks `split(m)` for a call of m rows: the runs of one kind, in row
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Iterator
 
 __all__ = ["is_mixed", "key", "rows", "split", "uniform"]
 
 # (prompt_from, total): rows [0, prompt_from) decode, [prompt_from, total) prompt; None: all
-# decode. Set by one thread (the engine's) around a forward.
-_STATE: list[tuple[int, int] | None] = [None]
+# decode. A thread's own: the engine's forward and a server thread's prompt logprobs
+# (server/engine_thread.py) may run at once.
+_STATE: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
+    "row_kind", default=None
+)
 
 
 @contextlib.contextmanager
-def rows(prompt_from: int, total: int) -> Iterator[None]:
+def _set(state: tuple[int, int] | None) -> Iterator[None]:
+    token = _STATE.set(state)
+    try:
+        yield
+    finally:
+        _STATE.reset(token)
+
+
+def rows(prompt_from: int, total: int) -> contextlib.AbstractContextManager:
     """A forward of `total` rows whose rows from `prompt_from` on are prompt rows."""
     if not 0 <= prompt_from <= total:
         raise ValueError(f"prompt rows from {prompt_from} of {total}")
-    before = _STATE[0]
-    _STATE[0] = None if prompt_from == total else (prompt_from, total)
-    try:
-        yield
-    finally:
-        _STATE[0] = before
+    return _set(None if prompt_from == total else (prompt_from, total))
 
 
-@contextlib.contextmanager
-def uniform(prompt: bool) -> Iterator[None]:
-    """A call inside a mixed forward that runs rows of one kind (one run of `split`)."""
-    before = _STATE[0]
-    _STATE[0] = (0, 0) if prompt else None
-    try:
-        yield
-    finally:
-        _STATE[0] = before
+def uniform(prompt: bool) -> contextlib.AbstractContextManager:
+    """Rows of one kind: a call inside a mixed forward that runs one run of `split`, or a
+    forward of prompt rows outside the backend."""
+    return _set((0, 0) if prompt else None)
 
 
 def is_mixed() -> bool:
     """Whether the forward now running has rows of both kinds."""
-    state = _STATE[0]
+    state = _STATE.get()
     return state is not None and 0 < state[0] < state[1]
 
 
 def key() -> tuple:
     """What a replayed part's graph is captured for (runner/graphs.py): the rows' kind."""
-    return ("prompt",) if _STATE[0] is not None else ()
+    return ("prompt",) if _STATE.get() is not None else ()
 
 
 def split(m: int) -> list[tuple[int, int, bool]]:
     """A call of m rows as runs (start, end, prompt) of one kind each. In a mixed forward
     only a call of the forward's rows can be split; another count is an error, since its
     rows' kinds are unknown."""
-    state = _STATE[0]
+    state = _STATE.get()
     if state is None:
         return [(0, m, False)]
     prompt_from, total = state

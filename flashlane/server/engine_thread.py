@@ -8,6 +8,7 @@ request's asyncio queue with call_soon_threadsafe. The event loop never waits on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -20,11 +21,13 @@ import torch
 
 from flashlane.config import DEFAULT_MODEL, EngineConfig
 from flashlane.engine import Engine
+from flashlane.kernels import row_kind
 from flashlane.lanes.host import QueueFull as HostQueueFull
 from flashlane.lanes.outputs import output
 from flashlane.lanes.records import CHUNK, CostTable
 from flashlane.lanes.warm_start import warm_start
 from flashlane.models.flashnext import run_piece
+from flashlane.models.fp8_weights import fp8_weights
 from flashlane.models.state import SessionState
 from flashlane.request import FinishReason, RequestOutput, SamplingParams
 from flashlane.server.engine_api import EngineFailed, QueueFull
@@ -159,9 +162,11 @@ class AsyncEngine:
             e.device,
             kv_fp8=e.sessions[0].kv_fp8,
         )
-        logits = torch.cat(
-            [run_piece(e.model, s, t[a : a + CHUNK], a, False) for a in range(0, len(ids), CHUNK)]
-        )
+        # prompt rows, as the engine's prompt pieces compute them (kernels/row_kind.py)
+        kinds = row_kind.uniform(True) if fp8_weights(e.model) else contextlib.nullcontext()
+        with kinds:
+            pieces = range(0, len(ids), CHUNK)
+            logits = torch.cat([run_piece(e.model, s, t[a : a + CHUNK], a, False) for a in pieces])
         lp = torch.log_softmax(logits.double(), dim=-1)
         out: list[dict[int, float] | None] = [None]
         for i in range(1, len(ids)):

@@ -2,6 +2,8 @@
 the block-FP8 GEMMs' tiles follow; and the backend says so around its forward, for an FP8
 model only."""
 
+import threading
+
 import pytest
 import torch
 
@@ -39,6 +41,18 @@ def test_a_forward_of_one_kind_is_uniform(prompt_from, kind):
     with row_kind.rows(prompt_from, 6):
         assert not row_kind.is_mixed()
         assert row_kind.split(2) == [(0, 2, kind)]  # any count: every row is of that kind
+
+
+def test_each_thread_has_its_own_kinds():
+    """A server thread's prompt logprobs (server/engine_thread.py) run beside the engine's
+    forward: neither sees the other's kinds."""
+    seen = []
+    with row_kind.rows(3, 10):
+        t = threading.Thread(target=lambda: seen.append(row_kind.split(4)))
+        t.start()
+        t.join()
+        assert row_kind.is_mixed()
+    assert seen == [[(0, 4, False)]]
 
 
 def test_rows_out_of_range_and_state_restored_after_an_error():
