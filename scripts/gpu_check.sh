@@ -7,7 +7,7 @@
 #                                                    # model, long, drafts, diag, serve,
 #                                                    # serve-bisect, replay, stall, fp8,
 #                                                    # fp8-tune, kv8, bisect, attn-decode, gather-ab,
-#                                                    # prefill-ab, moe-layout,
+#                                                    # prefill-ab, moe-layout, fp8-prompt,
 #                                                    # timeline,
 #                                                    # peer-build, peer
 #
@@ -74,6 +74,10 @@
 #          on one engine: the same prompts timed at each stage of bench model's sequence, the
 #          collector held and not, inside the profiler; then bench model's own 2k and 8k
 #          (benchmarks/prefill_ab.py; PREFILL_AB_ARGS overrides; ~3 minutes)
+# fp8-prompt: the FP8 linears and experts at 2k and 8k rows as prompt rows (e4m3 activations
+#          on wgmma) and as decode rows, each call's time, its share of the e4m3 matrix rate
+#          measured in the run, and how far the two outputs lie apart
+#          (benchmarks/fp8_prompt_rows.py; FP8_PROMPT_ARGS overrides; about a minute)
 # moe-layout: the MoE's expert-sorted layout of a prompt's pairs, the chunked launches against
 #          the torch sort they replaced, side by side: tensors equal, GPU and host time a call
 #          (benchmarks/moe_layout.py; LAYOUT_ARGS overrides; seconds)
@@ -367,6 +371,10 @@ fi
 
 if [[ " $steps " == *" round-split "* ]]; then
     script_step round-split round_split "${SPLIT_ARGS:---device cuda}"
+fi
+
+if [[ " $steps " == *" fp8-prompt "* ]]; then
+    script_step fp8-prompt fp8_prompt_rows "${FP8_PROMPT_ARGS:---rows 2048,8192}"
 fi
 
 if [[ " $steps " == *" moe-layout "* ]]; then
