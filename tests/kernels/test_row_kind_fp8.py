@@ -25,9 +25,10 @@ from flashlane.kernels.linear import triton_fp8  # noqa: E402
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def test_fp8_mixed_forward_splits_every_fp8_linear_by_kind(monkeypatch):
+@pytest.mark.parametrize("family", ["flashnext-tiny", "qwen3-next-tiny"])
+def test_fp8_mixed_forward_splits_every_fp8_linear_by_kind(family, monkeypatch):
     cfg, model = build_random(
-        preset("flashnext-tiny"), torch.float32, DEVICE, 1, quantize="fp8", weights="fp8"
+        preset(family), torch.float32, DEVICE, 1, quantize="fp8", weights="fp8"
     )
     assert fp8_weights(model)
     model.use_kernels(TRITON)
