@@ -150,10 +150,17 @@ def commit_all(model: FlashNext, kept: list[tuple[Piece, int]]) -> None:
 
 @torch.no_grad()
 def run_piece(
-    model: FlashNext, session: SessionState, tokens: torch.Tensor, start: int, recurrent: bool
+    model: FlashNext,
+    session: SessionState,
+    tokens: torch.Tensor,
+    start: int,
+    recurrent: bool,
+    whole: bool = False,
 ) -> torch.Tensor:
-    """One piece through the model, committed whole: logits [T, V] fp32 for its rows."""
-    rows = Rows.of([(session, tokens, start, recurrent)], model.embed_tokens.weight.device)
+    """One piece through the model, committed whole: logits [T, V] fp32 for its rows.
+    whole: the piece is its whole prompt (rows.Piece.whole)."""
+    device = model.embed_tokens.weight.device
+    rows = Rows.of([(session, tokens, start, recurrent, whole)], device)
     r = model.residual(rows)
     commit(model, rows.pieces[0], rows.pieces[0].length)
     session.last_residual = r[-1]

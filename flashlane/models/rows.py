@@ -45,6 +45,9 @@ class Piece:
     # Verify windows run the recurrent GDN and keep a state per row (keep = an index);
     # prompt pieces run the chunked GDN (chunks at absolute multiples of 64).
     recurrent: bool = False
+    # A prompt piece that is its whole prompt (from position 0 to its end): a short one runs
+    # the recurrent GDN (GatedDeltaNet.SHORT_PROMPT), in every run of its request alike.
+    whole: bool = False
     # Filled by the layers during the forward: what commit() needs per layer.
     pending: dict[tuple[str, int], Any] = field(default_factory=dict)
 
@@ -74,15 +77,14 @@ class Rows:
         return cls(input_ids.reshape(-1), pos, pieces, batch=(b, t))
 
     @classmethod
-    def of(
-        cls, pieces: list[tuple[SessionState, torch.Tensor | list[int], int, bool]], device
-    ) -> Rows:
-        """pieces: (session, token ids [T] (a tensor or a list), start position, recurrent) in
-        row order. The ids and positions go to the device in one copy, however many pieces,
-        made without a Python list of the rows (an 8k-token prompt's lists and their
-        conversions took ~2.5 ms of host time while the GPU waited)."""
+    def of(cls, pieces: list[tuple], device) -> Rows:
+        """pieces: (session, token ids [T] (a tensor or a list), start position, recurrent[,
+        whole]) in row order (whole: Piece.whole, default False). The ids and positions go to
+        the device in one copy, however many pieces, made without a Python list of the rows
+        (an 8k-token prompt's lists and their conversions took ~2.5 ms of host time while the
+        GPU waited)."""
         out, ids, pos, offset = [], [], [], 0
-        for session, tokens, start, recurrent in pieces:
+        for session, tokens, start, recurrent, *whole in pieces:
             if isinstance(tokens, torch.Tensor):
                 ids.append(tokens.reshape(-1).to("cpu", torch.long))
             else:
@@ -92,7 +94,7 @@ class Rows:
                     else torch.zeros(0, dtype=torch.long)
                 )
             t = int(ids[-1].numel())
-            out.append(Piece(offset, t, start, session, recurrent))
+            out.append(Piece(offset, t, start, session, recurrent, bool(whole and whole[0])))
             pos.append(torch.arange(start, start + t))
             offset += t
         both = torch.cat([torch.cat(ids), torch.cat(pos)]) if pieces else torch.zeros(0).long()

@@ -130,7 +130,8 @@ class ModelBackend:
                 self.grammar_states.pop(w.stream_id, None)
         self.fed.clear()
         specs = [
-            (self.sessions[w.session_id], w.tokens, w.start, w.kind == "decode") for w in windows
+            (self.sessions[w.session_id], w.tokens, w.start, w.kind == "decode", _whole(w))
+            for w in windows
         ]
         with torch.no_grad():
             rows = Rows.of(specs, self.device)
@@ -278,6 +279,11 @@ class ModelBackend:
         self.fed.pop(stream_id, None)
         self.grammar_states.pop(stream_id, None)
         self.drafter.forget(stream_id)
+
+
+def _whole(w: Window) -> bool:
+    """Whether the window is a prompt piece that is its whole prompt (Piece.whole)."""
+    return w.kind == "prompt" and w.start == 0 and w.last_piece
 
 
 def _draw_all(logits: torch.Tensor | None, specs: list[DrawSpec]) -> list:

@@ -165,8 +165,12 @@ class AsyncEngine:
         # prompt rows, as the engine's prompt pieces compute them (kernels/row_kind.py)
         kinds = row_kind.uniform(True) if fp8_weights(e.model) else contextlib.nullcontext()
         with kinds:
+            # a prompt of one piece is a whole prompt, as the engine runs it (Piece.whole)
+            one = len(ids) <= CHUNK
             pieces = range(0, len(ids), CHUNK)
-            logits = torch.cat([run_piece(e.model, s, t[a : a + CHUNK], a, False) for a in pieces])
+            logits = torch.cat(
+                [run_piece(e.model, s, t[a : a + CHUNK], a, False, one) for a in pieces]
+            )
         lp = torch.log_softmax(logits.double(), dim=-1)
         out: list[dict[int, float] | None] = [None]
         for i in range(1, len(ids)):

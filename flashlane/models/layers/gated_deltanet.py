@@ -10,6 +10,14 @@ from flashlane.models.config import ModelConfig
 from flashlane.models.layers.norms import GatedRMSNorm, Stacked, linear
 from flashlane.models.rows import Rows
 
+# A prompt of up to this many tokens (one piece, Piece.whole) runs the recurrent rule: rows
+# one after another, the fp32 state as a decode row's. Longer prompts run the chunked rule
+# (chunks of 64), whose call cost ~0.9 ms of host time a layer for any prompt (H200,
+# round_split at e5f3ec1: 8.4 ms of a 20-token prompt's 12.7 ms round). The rule follows the
+# prompt alone: a prompt this short is always one piece and keeps no mark
+# (sessions/prompt_cache.py), so every run of it computes alike.
+SHORT_PROMPT = 64
+
 
 class ConvWeight(nn.Module):
     def __init__(self, channels: int, kernel: int):
@@ -87,7 +95,9 @@ class GatedDeltaNet(nn.Module):
 
     def _prompts(self, qkv, a, b, group, kernels: Kernels) -> torch.Tensor:
         """Prompt pieces [1, their rows, ...] back to back: a conv per piece (each after its
-        own window), then the heads, the gates and one chunked call over all of them."""
+        own window), then the heads, the gates and one chunked call over all of them; a
+        piece that is its whole prompt of up to SHORT_PROMPT rows runs the recurrent rule
+        instead, alone (the chunked call's host time was most of a short prompt's round)."""
         window, state = self.state_of([p.session for p in group])
         ys, xfulls, at = [], [], 0
         for i, piece in enumerate(group):
@@ -97,15 +107,33 @@ class GatedDeltaNet(nn.Module):
             ys.append(y)
             xfulls.append(xfull[0])
             at += piece.length
-        y = ys[0] if len(ys) == 1 else torch.cat(ys, dim=1)
-        q, k, v = self.heads(y, kernels, contiguous_v=True)
-        g, beta = self.gate_values(a, b, kernels)
-        lengths = [p.length for p in group]
-        o, final = kernels.chunk_gdn(q, k, v, g, beta, state, lengths=lengths)
+        short = [p.whole and p.length <= SHORT_PROMPT for p in group]
+        outs, finals = [None] * len(group), [None] * len(group)
+        starts = [p.offset - group[0].offset for p in group]
+        for i in (i for i, s in enumerate(short) if s):
+            piece, span = group[i], slice(starts[i], starts[i] + group[i].length)
+            q, k, v = self.heads(ys[i], kernels)
+            gates = self.gates(a[:, span], b[:, span])  # computed in the rule's programs
+            o, final = kernels.recurrent_gdn(
+                q, k, v, None, None, state[i : i + 1], keep_states=False, gates=gates
+            )
+            outs[i], finals[i] = o, final[0, 0]
+        rest = [i for i, s in enumerate(short) if not s]
+        if rest:
+            y = torch.cat([ys[i] for i in rest], dim=1) if len(rest) > 1 else ys[rest[0]]
+            q, k, v = self.heads(y, kernels, contiguous_v=True)
+            spans = [slice(starts[i], starts[i] + group[i].length) for i in rest]
+            ga, gb = (x if len(rest) == len(group) else _rows_of(x, spans) for x in (a, b))
+            g, beta = self.gate_values(ga, gb, kernels)
+            lengths = [group[i].length for i in rest]
+            o, final = kernels.chunk_gdn(q, k, v, g, beta, state[rest], lengths=lengths)
+            for j, i in enumerate(rest):
+                at = sum(lengths[:j])
+                outs[i], finals[i] = o[:, at : at + lengths[j]], final[j]
         key = ("gdn", self.layer_idx)
-        for piece, xfull, s in zip(group, xfulls, final.unsqueeze(1)):
-            piece.pending[key] = (xfull, s)
-        return o
+        for piece, xfull, s in zip(group, xfulls, finals):
+            piece.pending[key] = (xfull, s[None])
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
     def state_of(self, sessions) -> tuple[torch.Tensor, torch.Tensor]:
         """The sessions' conv windows [B, k-1, C] and recurrent states [B, HV, Dk, Dv]."""
@@ -159,3 +187,8 @@ class GatedDeltaNet(nn.Module):
         for i, piece in enumerate(group):
             n = piece.length
             piece.pending[key] = (xfull[i, : xfull.shape[1] - t + n], states[i, :n])
+
+
+def _rows_of(x: torch.Tensor, spans: list[slice]) -> torch.Tensor:
+    """x [1, N, ...]'s rows in `spans`, back to back."""
+    return torch.cat([x[:, s] for s in spans], dim=1)
