@@ -14,7 +14,7 @@ from flashlane.models.random_weights import build_random
 from flashlane.models.state import SessionState
 from flashlane.request import SamplingParams
 from flashlane.runner.backend import ModelBackend
-from tests.kernels.triton_env import DEVICE, assert_dot_equal, needs_triton
+from tests.kernels.triton_env import DEVICE, HAS_CUDA, assert_dot_equal, needs_triton
 
 pytestmark = needs_triton
 pytest.importorskip("triton")
@@ -25,7 +25,14 @@ from flashlane.kernels.linear import triton_fp8  # noqa: E402
 GREEDY = SamplingParams(temperature=0.0)
 
 
-@pytest.mark.parametrize("family", ["flashnext-tiny", "qwen3-next-tiny"])
+# the sibling on the GPU only: under the interpreter its minute would go to CI's budget, and
+# its FP8 calls split alike (checked on the CPU once: LOG.md, "2026-12-04 22:53")
+SIBLING = pytest.param(
+    "qwen3-next-tiny", marks=pytest.mark.skipif(not HAS_CUDA, reason="a GPU's minute, not CI's")
+)
+
+
+@pytest.mark.parametrize("family", ["flashnext-tiny", SIBLING])
 def test_fp8_mixed_forward_splits_every_fp8_linear_by_kind(family, monkeypatch):
     cfg, model = build_random(
         preset(family), torch.float32, DEVICE, 1, quantize="fp8", weights="fp8"
