@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.tune_fp8_decode import random_fp8
+from flashlane.bench.common import cuda_timed
 from flashlane.kernels import row_kind
 from flashlane.kernels.linear import triton_fp8 as lin
 from flashlane.kernels.moe import triton_fp8 as moe
@@ -41,22 +42,15 @@ SMALL = ({"small": (130, 300)}, (6, 136, 160, 3))
 
 
 def timed(fn, device: str, reps: int) -> float:
-    """Seconds a call: the fastest of `reps` calls between events (the host's clock on the
-    CPU), after one warm call."""
+    """Seconds a call: the median of `reps` between CUDA events (bench.common.cuda_timed), or
+    one call on the host's clock on the CPU (--small: the script's check), after a warm
+    call."""
+    if device == "cuda":
+        return cuda_timed(fn, reps)
     fn()
-    if device != "cuda":
-        t = time.perf_counter()
-        fn()
-        return time.perf_counter() - t
-    best = float("inf")
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3)
-    return best
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 def apart(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -66,7 +60,7 @@ def apart(a: torch.Tensor, b: torch.Tensor) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="2048,8192", help="rows a call (default 2048,8192)")
-    ap.add_argument("--reps", type=int, default=5, help="timed calls, the fastest (default 5)")
+    ap.add_argument("--reps", type=int, default=5, help="timed calls, the median (default 5)")
     ap.add_argument("--small", action="store_true", help="tiny shapes, any device (default off)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -114,8 +114,7 @@ def _scaled_sum(
     BLOCK_K: tl.constexpr, IEEE: tl.constexpr, BY_BITS: tl.constexpr, X_FP8: tl.constexpr,
 ):  # fmt: skip
     """acc + (x[rm, kb's K] . q[rn, kb's K]) * s (the tile's scale_inv of block kb), one fma
-    rounding. X_FP8: x is e4m3 codes (act_quant) and xs [BLOCK_M] their rows' scales of
-    block kb: the dot of the codes on e4m3 tensor cores, then one fma by xs * s."""
+    rounding (`scaled_dot`; X_FP8: x is e4m3 codes, xs their rows' scales of block kb)."""
     rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
     k_mask = rk < K
     a = tl.load(
@@ -128,6 +127,15 @@ def _scaled_sum(
         mask=n_mask[None, :] & k_mask[:, None],
         other=0.0,
     )
+    return scaled_dot(a, b, s, xs, acc, IEEE, BY_BITS, X_FP8)
+
+
+@triton.jit
+def scaled_dot(a, b, s, xs, acc, IEEE: tl.constexpr, BY_BITS: tl.constexpr, X_FP8: tl.constexpr):
+    """acc + (a . b) * s, one fma: b an e4m3 weight tile of one K block, s its block scale; a
+    in x's dtype (b converted to it), or with X_FP8 e4m3 codes (act_quant) whose rows'
+    scales of the block are xs [BLOCK_M]: the dot of codes on e4m3 tensor cores, one fma by
+    xs * s. IEEE: exact fp32 products (the interpreter's tests)."""
     if X_FP8:
         if IEEE:
             p = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
@@ -144,6 +152,27 @@ def _scaled_sum(
 
 
 @triton.jit
+def row_scales(xs_ptr, rows, valid, KS, start, count, X_FP8: tl.constexpr, SCALES: tl.constexpr):
+    """X_FP8: the rows' activation scales of K blocks start.. [BLOCK_M, SCALES] (zeros past
+    count), loaded before the K loop as `block_scales`; else zeros (unread)."""
+    j = tl.arange(0, SCALES)
+    if X_FP8:
+        at = valid[:, None] & (j[None, :] < count)
+        out = tl.load(
+            xs_ptr + rows[:, None].to(tl.int64) * KS + start + j[None, :], mask=at, other=0.0
+        )
+    else:
+        out = tl.zeros((rows.shape[0], SCALES), dtype=tl.float32)
+    return out
+
+
+@triton.jit
+def column(scales, j, SCALES: tl.constexpr):
+    """scales[:, j], exactly (one value and zeros summed a row): `pick` of each row."""
+    return tl.sum(tl.where(tl.arange(0, SCALES)[None, :] == j, scales, 0.0), axis=1)
+
+
+@triton.jit
 def _partition(
     x_ptr, xs_ptr, q_ptr, s_ptr, rm, rn, m_mask, n_mask, part, K, KS, stride_x,
     BLOCKS_PER_PART: tl.constexpr, SCALES: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -156,17 +185,10 @@ def _partition(
     end = tl.minimum(start + BLOCKS_PER_PART, tl.cdiv(K, BLOCK_K))
     nb = tl.program_id(1) * BLOCK_N // BLOCK_K
     scales = block_scales(s_ptr, nb, start, end - start, KS, SCALES)
-    j = tl.arange(0, SCALES)
-    if X_FP8:  # the rows' activation scales of the partition, before the K loop
-        at = m_mask[:, None] & (j[None, :] < end - start)
-        xscales = tl.load(
-            xs_ptr + rm[:, None].to(tl.int64) * KS + start + j[None, :], mask=at, other=0.0
-        )
-    else:
-        xscales = tl.zeros((BLOCK_M, SCALES), dtype=tl.float32)
+    xscales = row_scales(xs_ptr, rm, m_mask, KS, start, end - start, X_FP8, SCALES)
     for kb in range(start, end):
         s = pick(scales, kb - start, SCALES)
-        xs = tl.sum(tl.where(j[None, :] == kb - start, xscales, 0.0), axis=1)
+        xs = column(xscales, kb - start, SCALES)
         acc = _scaled_sum(
             x_ptr, q_ptr, s, xs, rm, rn, m_mask, n_mask, kb, acc, K, stride_x, BLOCK_K, IEEE,
             BY_BITS, X_FP8,

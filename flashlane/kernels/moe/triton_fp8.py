@@ -27,10 +27,16 @@ from flashlane.kernels import row_kind
 from flashlane.kernels.linear.act_quant import act_quant, act_quant_ref
 from flashlane.kernels.linear.fp8 import BLOCK, Fp8Weight
 from flashlane.kernels.linear.triton import linear
-from flashlane.kernels.linear.triton_fp8 import block_scales, by_bits, pick
+from flashlane.kernels.linear.triton_fp8 import (
+    block_scales,
+    by_bits,
+    column,
+    pick,
+    row_scales,
+    scaled_dot,
+)
 from flashlane.kernels.moe import triton as dense_tr
 from flashlane.kernels.moe import triton_pairs as pairs
-from flashlane.kernels.moe.fp8_blocks import column, row_scales, scaled
 from flashlane.kernels.moe.routing import dispatch
 from flashlane.kernels.pdl import enter, pdl
 
@@ -50,6 +56,18 @@ DOWN_PREFILL = dict(BLOCK_N=128, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
 PROMPT_BLOCK_M = 64
 GATE_UP_PROMPT = dict(BLOCK_N=64, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
 DOWN_PROMPT = dict(BLOCK_N=128, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
+
+
+@triton.jit
+def _scaled(a, q_ptr, s, xs, w_base, rn, n_mask, rk, k_mask, K, acc, IEEE, BY_BITS, X_FP8):
+    """acc + (a . q[rn, rk]) * s (the tile's scale_inv of this K block): one K block of one
+    expert (`scaled_dot`; X_FP8: a is e4m3 codes, xs their rows' scales of the block)."""
+    b = tl.load(
+        q_ptr + w_base + rn[None, :].to(tl.int64) * K + rk[:, None],
+        mask=n_mask[None, :] & k_mask[:, None],
+        other=0.0,
+    )
+    return scaled_dot(a, b, s, xs, acc, IEEE, BY_BITS, X_FP8)
 
 
 @triton.jit(do_not_specialize=["num_routed", "shared_id"])
@@ -83,7 +101,7 @@ def _gate_up_fp8_kernel(
     blocks = tl.cdiv(H, BLOCK_K)
     gate_s = block_scales(gate_s_ptr + s_base, nb, 0, blocks, HS, SCALES)
     up_s = block_scales(up_s_ptr + s_base, nb, 0, blocks, HS, SCALES)
-    x_s = row_scales(xs_ptr, row, valid, HS, X_FP8, SCALES)
+    x_s = row_scales(xs_ptr, row, valid, HS, 0, HS, X_FP8, SCALES)
     for kb in range(0, blocks):
         rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = rk < H
@@ -93,9 +111,9 @@ def _gate_up_fp8_kernel(
             other=0.0,
         )
         sg, su, xs = pick(gate_s, kb, SCALES), pick(up_s, kb, SCALES), column(x_s, kb, SCALES)
-        acc_g = scaled(a, gate_ptr, sg, xs, w_base, rn, n_mask, rk, k_mask, H, acc_g,
+        acc_g = _scaled(a, gate_ptr, sg, xs, w_base, rn, n_mask, rk, k_mask, H, acc_g,
                         IEEE, BY_BITS, X_FP8)  # fmt: skip
-        acc_u = scaled(a, up_ptr, su, xs, w_base, rn, n_mask, rk, k_mask, H, acc_u,
+        acc_u = _scaled(a, up_ptr, su, xs, w_base, rn, n_mask, rk, k_mask, H, acc_u,
                         IEEE, BY_BITS, X_FP8)  # fmt: skip
     dt = act_ptr.dtype.element_ty
     g = acc_g.to(dt).to(tl.float32)
@@ -132,7 +150,7 @@ def _down_fp8_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     blocks = tl.cdiv(I, BLOCK_K)
     down_s = block_scales(down_s_ptr + s_base, pid_n * BLOCK_N // BLOCK_K, 0, blocks, IS, SCALES)
-    a_s = row_scales(acts_ptr, slots, valid, IS, X_FP8, SCALES)
+    a_s = row_scales(acts_ptr, slots, valid, IS, 0, IS, X_FP8, SCALES)
     for kb in range(0, blocks):
         rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
         k_mask = rk < I
@@ -142,7 +160,7 @@ def _down_fp8_kernel(
             other=0.0,
         )
         s, xs = pick(down_s, kb, SCALES), column(a_s, kb, SCALES)
-        acc = scaled(a, down_ptr, s, xs, w_base, rn, n_mask, rk, k_mask, I, acc, IEEE, BY_BITS,
+        acc = _scaled(a, down_ptr, s, xs, w_base, rn, n_mask, rk, k_mask, I, acc, IEEE, BY_BITS,
                       X_FP8)  # fmt: skip
     tl.store(
         y_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * H + rn[None, :],
