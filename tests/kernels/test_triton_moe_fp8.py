@@ -31,7 +31,12 @@ from flashlane.kernels.moe import triton_fp8 as tmoe  # noqa: E402
 MOE_TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 # prompt rows against _prompt_ref: an intermediate a rounding apart can take the next e4m3
 # code (a step of 2^-3 in that value)
-PROMPT_TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
+# In bf16 the SwiGLU's output is rounded to bf16 before its block-FP8 quantization, whose
+# scale follows each 128-group's amax: one bf16 ulp there moves every code of the group.
+# Nudging 1-100% of the reference's own h by one ulp moves it 2.3-3.2% (max error over the
+# largest output); the kernel's fp32 sums differ from float64's by such ulps, and the H200
+# gave 4.7% at SMALL (2026-12-05, 997cb52). float32 keeps the tight check of the arithmetic.
+PROMPT_TOL = {torch.float32: 1e-4, torch.bfloat16: 6e-2}
 # (H, E, I, top_k): two K blocks in each product, partial edge blocks
 SMALL = (160, 6, 136, 3)
 CASES = [(SMALL, dt) for dt in DTYPES] + (
