@@ -41,14 +41,9 @@ def fp8_tile(m: int, n: int, k: int, prompt: bool = False) -> dict:
     (kernels/row_kind.py): 64 x 128 on wgmma whatever m, on 8 warps (on 4 its sm_90 code
     spills: benchmarks/fp8_prefill_tiles.py), with X_FP8: their activations in block FP8
     too (kernels/linear/act_quant.py), the products on e4m3 tensor cores at twice bf16's
-    rate. Decode rows: the partitions of (N, K) (`fp8_parts`), which one row needs to fill
-    the GPU; prompt rows: one partition, every K block in one pipelined loop (their bits
-    their own: with decode's partitions a program at 8k rows ran ten loops of two K blocks
-    for a 2,560-wide K, each draining wgmma's pipeline; 28% of the e4m3 rate at 8k rows on
-    the H200, fp8_prompt_rows_997cb52)."""
+    rate. The partitions of (N, K) in all."""
     parts, per_part = fp8_parts(n, k)
     if prompt:
-        parts, per_part = 1, -(-k // BLOCK)
         shape = PROMPT_TILE
     elif m <= DECODE_ROWS:
         shape = dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=4)
