@@ -10,7 +10,7 @@ seed; the first is always kept, a later one below `confidence` ends the chain.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -51,9 +51,6 @@ class Waiting:
 # is absorbed as its windows are kept (runner/backend.py), not all at once at a prompt mark;
 # a prompt cut in pieces has each piece's cells absorbed as it is kept
 CATCH_UP_ROWS = 512
-# the most cells a lone drafted call absorbs row by row (absorb_waiting's `cells`): each
-# row's attention reads its whole prefix alone, so a long queue goes through a head forward
-SHORT_QUEUE = 64
 
 
 class MtpDrafter:
@@ -169,44 +166,19 @@ class MtpDrafter:
 
     @torch.no_grad()
     def absorb_waiting(
-        self,
-        stream_ids: list[int],
-        sessions: Mapping[int, SessionState],
-        pending: list[int],
-        cells: Callable | None = None,
+        self, stream_ids: list[int], sessions: Mapping[int, SessionState], pending: list[int]
     ) -> None:
         """Every waiting cell of these streams into their heads' caches in one head forward,
         no drafts (the lone driver's drafted steps chain on the device: a host chain's draws
         cost a sync a stream and depth). A dangling row's next token is its stream's
         `pending` one (the token the next step feeds), so no position below it is left
-        unwritten for the device's chain to read. `cells(owners, residual, next_ids, at)`
-        (runner/draft_step.absorb_cells) writes the cells of rows each at its own position
-        in a few launches: used where the queues hold at most SHORT_QUEUE cells together."""
+        unwritten for the device's chain to read."""
         for sid, token in zip(stream_ids, pending):
             w = self.waiting.get(sid)
             if w is not None and w.is_dangling:
                 w.next_ids.append(token)
                 w.is_dangling = False
-        ready = [sid for sid in stream_ids if self.queued(sid)] if self.enabled else []
-        if cells is not None and 0 < sum(map(self.queued, ready)) <= SHORT_QUEUE:
-            self._absorb_rows(ready, sessions, cells)
-        else:
-            self._absorb(stream_ids, sessions, logits=False)
-
-    def _absorb_rows(self, ready: list[int], sessions, cells: Callable) -> None:
-        """The streams' complete cells through `cells`, each at its own position."""
-        taken = [self.waiting[s].take() for s in ready]
-        res = torch.cat([r for r, _ in taken]) if len(taken) > 1 else taken[0][0]
-        owners, ids, at = [], [], []
-        for s, (_, got) in zip(ready, taken):
-            session = sessions[s]
-            owners += [session] * len(got)
-            ids += got
-            at += range(session.mtp_length, session.mtp_length + len(got))
-            session.mtp_length += len(got)
-        pinned = torch.tensor([ids, at], pin_memory=res.is_cuda)
-        on = pinned.to(res.device, non_blocking=True)
-        cells(owners, res, on[0], on[1])
+        self._absorb(stream_ids, sessions, logits=False)
 
     def _absorb(self, stream_ids, sessions, logits: bool):
         """Absorb the streams' waiting cells in one forward -> None where none waits, else

@@ -35,7 +35,7 @@ from flashlane.runner import trunk
 if TYPE_CHECKING:  # its buffers' module imports this one
     from flashlane.runner.lone_draft import DraftBuffers
 
-__all__ = ["absorb_cells", "draft_step"]
+__all__ = ["draft_step"]
 
 
 @torch.no_grad()
@@ -74,30 +74,6 @@ def draft_step(
     )
     angles = (at, cos, sin, once)
     _draft_next(model, sessions, io, r, ids, angles, rows, mtp_tables)
-
-
-@torch.no_grad()
-def absorb_cells(
-    model: FlashNext,
-    owners: list[SessionState],
-    residual: torch.Tensor,
-    next_ids: torch.Tensor,
-    at: torch.Tensor,
-) -> None:
-    """The MTP head's cells of N rows written into their sessions' head caches: residual
-    [N, hc*H] the kept rows, next_ids [N] the token after each, at [N] each cell's position,
-    owners [N] each row's session. The kernels of a drafted step's window cells (`_cells`:
-    any rows, each at its own position, one launch a kernel), not a head forward as shared
-    rounds run it, whose prompt-style attention holds the host (2.3 ms for 20 cells on the
-    H200 at e5f3ec1: a drafted call's load at one stream). Cells steer drafts only."""
-    cfg, kernels, heads = model.cfg, model.kernels, range(len(model.mtp.layers))
-    cos, sin, *once = kernels.step_angles(
-        at, model.rotary.inv(at.device), residual.dtype, cfg.indexer_block
-    )
-    caches = [[s.mtp[j] for s in owners] for j in heads]
-    units = torch.ones(at.numel(), cfg.hc_count, dtype=residual.dtype, device=residual.device)
-    angles = (at, cos, sin, once)
-    _cells(model, residual, next_ids, caches, angles, [None for _ in heads], units, False)
 
 
 def _draft_next(model, sessions, io, r, next_ids, angles, rows, tables) -> None:

@@ -10,7 +10,6 @@ the anchor session (runner/lone_buffers.py), two in flight, as plain lone steps 
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 
@@ -21,7 +20,7 @@ from flashlane.lanes.stream import DraftStats
 from flashlane.models.flashnext import FlashNext
 from flashlane.models.state import SessionState
 from flashlane.runner import lone
-from flashlane.runner.draft_step import absorb_cells, draft_step
+from flashlane.runner.draft_step import draft_step
 from flashlane.runner.graphs import bucket_of
 from flashlane.runner.lone_buffers import RING
 
@@ -211,8 +210,7 @@ class Drafting:
             return set()
         hints = hints or [[] for _ in ids]
         sessions = {s: drv.sessions[i] for s, i in zip(stream_ids, ids)}
-        cells = functools.partial(absorb_cells, drv.model)
-        drv.drafter.absorb_waiting(list(stream_ids), sessions, list(tokens), cells)
+        drv.drafter.absorb_waiting(list(stream_ids), sessions, list(tokens))
         first = self._first_drafts(ids, stream_ids, hints) + [[0] * self.depth] * (io.size - b)
         pad = [0] * (io.size - b)
         pinned = torch.tensor([[*tokens, *pad], [*positions, *pad]], pin_memory=drv.is_cuda)

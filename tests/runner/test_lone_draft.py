@@ -14,7 +14,6 @@ from flashlane.llm import LLM
 from flashlane.models.loader import load_checkpoint
 from flashlane.models.state import SessionState
 from flashlane.runner.backend import ModelBackend
-from flashlane.runner.draft_step import absorb_cells
 from flashlane.runner.lone import LoneDriver
 from tests.runner.test_exact import COSTS, prompts, serial
 from tests.runner.test_lone import (
@@ -83,10 +82,8 @@ def test_a_first_step_takes_its_hints_after_the_head_absorbs_the_queue(tiny_ckpt
         length, absorbed = s.mtp_length, []
         absorb = drafter.absorb_waiting
 
-        def spy(
-            stream_ids, sessions, pending, *cells, absorb=absorb, drafter=drafter, absorbed=absorbed
-        ):
-            absorb(stream_ids, sessions, pending, *cells)
+        def spy(stream_ids, sessions, pending, absorb=absorb, drafter=drafter, absorbed=absorbed):
+            absorb(stream_ids, sessions, pending)
             absorbed.append((drafter.queued(0), sessions[0].mtp_length))
 
         drafter.absorb_waiting = spy
@@ -97,39 +94,6 @@ def test_a_first_step_takes_its_hints_after_the_head_absorbs_the_queue(tiny_ckpt
         assert absorbed == [(0, length + 3)]
         assert got == want[: len(got)] and drafting.landed == [lands]
         assert drafting.num_drafted == 2 and drafting.num_landed == lands
-
-
-@pytest.mark.parametrize("cells", [3, 40])
-def test_a_short_queue_is_absorbed_row_by_row_as_a_head_forward_would(tiny_ckpt, cells):
-    """A lone drafted call absorbs a queue of up to SHORT_QUEUE cells in a drafted step's
-    kernels, each row at its own position (draft_step.absorb_cells), not in a head forward:
-    the head's caches hold the same cells (float64: to rounding), crossing indexer blocks
-    too (40 cells)."""
-    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
-    prompt = prompts()[1]
-    g = torch.Generator().manual_seed(cells)
-    rows = torch.randn(cells, cfg.hc_count * cfg.hidden_size, generator=g, dtype=torch.float64)
-    ids = torch.randint(3, cfg.vocab_size, (cells + 1,), generator=g).tolist()
-    heads, used = [], []
-    for row_by_row in (True, False):
-        s, _ = prefilled(model, cfg, prompt)
-        drafter = MtpDrafter(model, confidence=0.0)
-        drafter.absorb_later(0, rows, ids[:cells], None, None)
-        length = s.mtp_length
-
-        def spy(*args, used=used):
-            used.append(len(args[0]))
-            absorb_cells(model, *args)
-
-        drafter.absorb_waiting([0], {0: s}, [ids[cells]], spy if row_by_row else None)
-        assert s.mtp_length == length + cells and drafter.queued(0) == 0
-        heads.append([(c.k, c.v, c.index_keys, c.block_keys) for c in s.mtp])
-    end, blocks = length + cells, (length + cells) // cfg.indexer_block
-    assert used == [cells] and (cells < cfg.indexer_block or blocks > 1)
-    for a, b in zip(*heads):
-        for x, y, n in zip(a, b, (end, end, end, blocks)):
-            torch.testing.assert_close(x[:n], y[:n], rtol=1e-9, atol=1e-9)
-            assert n == 0 or not torch.equal(x[:n], torch.zeros_like(x[:n]))
 
 
 def test_the_chain_reads_no_position_left_unwritten(tiny_ckpt):
