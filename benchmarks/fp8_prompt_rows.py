@@ -6,6 +6,11 @@ rate against the e4m3 matrix rate measured in the same run (torch._scaled_mm), a
 the prompt rows' output lies from the decode rows' (relative to its largest value).
 
     python benchmarks/fp8_prompt_rows.py [--rows 2048,8192]
+    python benchmarks/fp8_prompt_rows.py --tiles [--rows 8192]     # prompt tiles swept
+
+`--tiles` times each product as prompt rows in other tiles (TILES, MOE_TILES: prompt rows'
+bits are their own, so any fixed tile may become theirs) and says whether each gives the
+default tile's bits.
 
 GPU only for the figures; `--small` runs tiny shapes on any machine (through the interpreter
 on the CPU) to check the script. Ends with one JSON line.
@@ -39,6 +44,25 @@ LINEARS = {
 }
 EXPERTS = (512, 640, 2560, 10)  # E routed, I, H, top_k (the shared expert one more)
 SMALL = ({"small": (130, 300)}, (6, 136, 160, 3))
+# prompt tiles of the linear to sweep (BLOCK_N divides the scale block, 128); PARTS 1: every
+# K block in one loop, else the decode rows' partitions of (N, K)
+TILES = [
+    dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, one_part=one)
+    for bm, bn, w, st, one in (
+        (64, 128, 8, 3, False), (64, 128, 8, 4, False), (128, 128, 8, 3, False),
+        (128, 128, 8, 4, False), (128, 128, 4, 3, False), (128, 64, 4, 4, False),
+        (64, 128, 8, 3, True), (128, 128, 8, 3, True), (128, 128, 8, 4, True),
+    )
+]  # fmt: skip
+# the MoE's prompt tiles (its rows in blocks of PROMPT_BLOCK_M pairs): gate-up, down
+MOE_TILES = [
+    (dict(BLOCK_N=gn, num_warps=gw, num_stages=gs, BLOCK_MAJOR=True),
+     dict(BLOCK_N=dn, num_warps=dw, num_stages=ds, BLOCK_MAJOR=True))
+    for (gn, gw, gs), (dn, dw, ds) in (
+        ((64, 4, 3), (128, 4, 3)), ((64, 8, 3), (128, 8, 3)), ((128, 8, 3), (128, 8, 3)),
+        ((64, 4, 4), (128, 4, 4)), ((128, 8, 4), (128, 8, 4)), ((32, 4, 4), (64, 4, 4)),
+    )
+]  # fmt: skip
 
 
 def timed(fn, device: str, reps: int) -> float:
@@ -62,6 +86,7 @@ def main() -> None:
     ap.add_argument("--rows", default="2048,8192", help="rows a call (default 2048,8192)")
     ap.add_argument("--reps", type=int, default=5, help="timed calls, the median (default 5)")
     ap.add_argument("--small", action="store_true", help="tiny shapes, any device (default off)")
+    ap.add_argument("--tiles", action="store_true", help="sweep prompt tiles (default off)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -98,7 +123,51 @@ def main() -> None:
             shown = f"{of:8.1%}" if of else f"{'-':>8}"
             print(f"{name:<22} {m:>6} {t_prompt * 1e6:>10.1f} {t_decode * 1e6:>10.1f} {tf:>12.1f}"
                   f" {shown} {row['apart']:>8.1e}")  # fmt: skip
+            if args.tiles:
+                row["tiles"] = sweep(name, call, y_prompt, flops, weights.get(name), device, args)
     print(json.dumps(dict(bench="fp8_prompt_rows", device=device, fp8_flops=rate, rows=out)))
+
+
+def sweep(name, call, want, flops, w, device, args) -> list[dict]:
+    """The product as prompt rows in each tile of TILES (a linear: w given) or MOE_TILES:
+    us a call, TF/s, and whether its output has the default tile's bits."""
+    got = []
+    for tile in TILES if w is not None else MOE_TILES:
+        if w is not None:
+            x = call.args[0]
+            n, k = w.shape
+            base = lin.fp8_tile(x.shape[0], n, k, prompt=True)
+            parts = (1, -(-k // base["BLOCK_K"])) if tile["one_part"] else lin.fp8_parts(n, k)
+            cfg = dict(base, **{a: b for a, b in tile.items() if a != "one_part"})
+            cfg.update(PARTS=parts[0], BLOCKS_PER_PART=parts[1])
+            fn = partial(lin.linear_fp8, x, w, cfg)
+            label = (f"{tile['BLOCK_M']}x{tile['BLOCK_N']} w{tile['num_warps']} "
+                     f"s{tile['num_stages']}{' one part' if tile['one_part'] else ''}")  # fmt: skip
+        else:
+            gu, dn = tile
+
+            def fn(gu=gu, dn=dn):
+                old = moe.GATE_UP_PROMPT, moe.DOWN_PROMPT
+                moe.GATE_UP_PROMPT, moe.DOWN_PROMPT = gu, dn
+                try:
+                    return call()
+                finally:
+                    moe.GATE_UP_PROMPT, moe.DOWN_PROMPT = old
+
+            label = (f"gu {gu['BLOCK_N']} w{gu['num_warps']} s{gu['num_stages']}, "
+                     f"down {dn['BLOCK_N']} w{dn['num_warps']} s{dn['num_stages']}")  # fmt: skip
+        try:
+            with row_kind.uniform(True):
+                t = timed(fn, device, args.reps)
+                same = bool(torch.equal(fn(), want))
+        except Exception as err:  # a tile that does not compile or fit: say so, go on
+            print(f"    {label:<36} failed: {type(err).__name__}: {str(err)[:80]}")
+            got.append(dict(tile=label, error=f"{type(err).__name__}"))
+            continue
+        got.append(dict(tile=label, us=t * 1e6, tflops=flops / t / 1e12, same_bits=same))
+        print(f"    {label:<36} {t * 1e6:>10.1f} us {flops / t / 1e12:>8.1f} TF/s"
+              f"  {'same bits' if same else 'OTHER BITS'}")  # fmt: skip
+    return got
 
 
 if __name__ == "__main__":

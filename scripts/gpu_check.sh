@@ -77,7 +77,9 @@
 # fp8-prompt: the FP8 linears and experts at 2k and 8k rows as prompt rows (e4m3 activations
 #          on wgmma) and as decode rows, each call's time, its share of the e4m3 matrix rate
 #          measured in the run, and how far the two outputs lie apart
-#          (benchmarks/fp8_prompt_rows.py; FP8_PROMPT_ARGS overrides; about a minute)
+#          (benchmarks/fp8_prompt_rows.py; FP8_PROMPT_ARGS overrides; about a minute);
+#          FP8_PROMPT_ARGS="--tiles --rows 8192": each product in other prompt tiles too,
+#          their times and whether they keep the default tile's bits
 # moe-layout: the MoE's expert-sorted layout of a prompt's pairs, the chunked launches against
 #          the torch sort they replaced, side by side: tensors equal, GPU and host time a call
 #          (benchmarks/moe_layout.py; LAYOUT_ARGS overrides; seconds)
