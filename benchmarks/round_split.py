@@ -152,7 +152,9 @@ def main() -> None:
 
         drafter.absorb_waiting = timed_absorb
     for _ in range(args.repeats):
-        llm.generate(prompt, drafted)
+        failed = [o for o in llm.generate(prompt, drafted) if o.finish_reason == "error"]
+        if failed:  # a benchmark of replies that failed times nothing
+            raise SystemExit(f"round_split: a drafted reply failed: {failed[0].error}")
     out["drafted"] = {
         "absorbs": len(absorbs),
         "absorb_ms_median": statistics.median(ms for _, ms in absorbs) if absorbs else None,
