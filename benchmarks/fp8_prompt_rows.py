@@ -44,17 +44,21 @@ LINEARS = {
 }
 EXPERTS = (512, 640, 2560, 10)  # E routed, I, H, top_k (the shared expert one more)
 SMALL = ({"small": (130, 300)}, (6, 136, 160, 3))
-# prompt tiles of the linear to sweep (BLOCK_N divides the scale block, 128); PARTS 1: every
-# K block in one loop, else the decode rows' partitions of (N, K)
+# prompt tiles of the linear to sweep (BLOCK_N divides the scale block, 128); one_part: every
+# K block in one loop, else the decode rows' partitions of (N, K). None spills in its sm_90
+# code at 2560 x 6144 (compiled on the CPU, 2026-12-05); these did and are left out: 128 x
+# 128 on 4 warps (727 local stores), 128 x 64 on 4 (51), 128 x 128 on 8 with the
+# partitions (4-5), 256 x 128 on 8 (150)
 TILES = [
     dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st, one_part=one)
     for bm, bn, w, st, one in (
-        (64, 128, 8, 3, False), (64, 128, 8, 4, False), (128, 128, 8, 3, False),
-        (128, 128, 8, 4, False), (128, 128, 4, 3, False), (128, 64, 4, 4, False),
-        (64, 128, 8, 3, True), (128, 128, 8, 3, True), (128, 128, 8, 4, True),
+        (64, 128, 8, 3, False), (64, 128, 8, 4, False), (64, 128, 8, 3, True),
+        (64, 128, 8, 4, True), (64, 128, 4, 4, True), (128, 64, 8, 4, True),
+        (128, 128, 8, 3, True), (128, 128, 8, 4, True), (128, 128, 8, 5, True),
     )
 ]  # fmt: skip
-# the MoE's prompt tiles (its rows in blocks of PROMPT_BLOCK_M pairs): gate-up, down
+# the MoE's prompt tiles (its rows in blocks of PROMPT_BLOCK_M pairs): gate-up, down; none
+# spills in its sm_90 code (2026-12-05)
 MOE_TILES = [
     (dict(BLOCK_N=gn, num_warps=gw, num_stages=gs, BLOCK_MAJOR=True),
      dict(BLOCK_N=dn, num_warps=dw, num_stages=ds, BLOCK_MAJOR=True))
