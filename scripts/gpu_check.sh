@@ -43,7 +43,8 @@
 #          overrides)
 # timeline: one decode step's kernels in order at TIMELINE_STREAMS (1) in sessions of
 #          TIMELINE_CONTEXT positions (71808, bench model's), and a TIMELINE_PREFILL-token
-#          (2048) prefill's kernels and idle gaps (benchmarks/profile_gpu.py); TIMELINE_QUANT=fp8:
+#          (2048) prefill's kernels and idle gaps (benchmarks/profile_gpu.py) of TIMELINE_CONFIG
+#          (flashnext-12l; the real model: flashnext, TIMELINE_CONTEXT=12480); TIMELINE_QUANT=fp8:
 #          the linears in block FP8 (files named _fp8)
 # diag:    where a decode step's time goes: one lone step's kernels in order with their own
 #          time at 1 and 4 streams (benchmarks/profile_gpu.py --timeline), an 8k prefill's
@@ -279,17 +280,18 @@ if [[ " $steps " == *" timeline "* ]]; then
     n="${TIMELINE_STREAMS:-1}"
     ctx="${TIMELINE_CONTEXT:-71808}"
     len="${TIMELINE_PREFILL:-2048}"
+    cfg="${TIMELINE_CONFIG:-flashnext-12l}"
     quant=()
     tag=""
     [[ -n "${TIMELINE_QUANT:-}" ]] && quant=(--quantization "$TIMELINE_QUANT") && tag="_$TIMELINE_QUANT"
-    echo "== python benchmarks/profile_gpu.py --config flashnext-12l --streams $n --context $ctx ${quant[*]}"
-    FLASHLANE_LONE_STREAMS=$n python benchmarks/profile_gpu.py --config flashnext-12l \
+    echo "== python benchmarks/profile_gpu.py --config $cfg --streams $n --context $ctx ${quant[*]}"
+    FLASHLANE_LONE_STREAMS=$n python benchmarks/profile_gpu.py --config "$cfg" \
         --streams "$n" --prefill "$len" --rows 30 --context "$ctx" "${quant[@]}" \
-        --timeline "$out/timeline_flashnext-12l${tag}_${n}streams_${ctx}_$stamp.txt" \
-        --prefill-timeline "$out/timeline_prefill_${len}_flashnext-12l${tag}_$stamp.txt" \
-        > "$out/profile_flashnext-12l${tag}_${n}streams_${ctx}_$stamp.txt" 2>&1 \
+        --timeline "$out/timeline_${cfg}${tag}_${n}streams_${ctx}_$stamp.txt" \
+        --prefill-timeline "$out/timeline_prefill_${len}_${cfg}${tag}_$stamp.txt" \
+        > "$out/profile_${cfg}${tag}_${n}streams_${ctx}_$stamp.txt" 2>&1 \
         || failed+=("profile timeline")
-    tail -n 40 "$out/profile_flashnext-12l${tag}_${n}streams_${ctx}_$stamp.txt"
+    tail -n 40 "$out/profile_${cfg}${tag}_${n}streams_${ctx}_$stamp.txt"
 fi
 
 if [[ " $steps " == *" diag "* ]]; then
