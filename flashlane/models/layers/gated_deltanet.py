@@ -111,7 +111,7 @@ class GatedDeltaNet(nn.Module):
         outs, finals = [None] * len(group), [None] * len(group)
         starts = [p.offset - group[0].offset for p in group]
         for i in (i for i, s in enumerate(short) if s):
-            piece, span = group[i], slice(starts[i], starts[i] + group[i].length)
+            span = slice(starts[i], starts[i] + group[i].length)
             q, k, v = self.heads(ys[i], kernels)
             gates = self.gates(a[:, span], b[:, span])  # computed in the rule's programs
             o, final = kernels.recurrent_gdn(
