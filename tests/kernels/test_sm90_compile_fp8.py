@@ -39,8 +39,8 @@ E4M3 = dict(BLOCK_K=128, IEEE=False, BY_BITS=False, X_FP8=True)
 DOWN = dict(act_ptr=BF, acts_ptr="*fp32", down_ptr=F8, down_s_ptr="*fp32", y_ptr=BF, **EXPERTS)
 
 
-def _linear(m: int, split: bool, prompt: bool = False) -> tuple:
-    t = linear.fp8_tile(m, 2560, 6144, prompt)
+def _linear(m: int, split: bool, prompt: bool = False, n: int = 2560, k: int = 6144) -> tuple:
+    t = linear.fp8_tile(m, n, k, prompt)
     x_fp8 = t.get("X_FP8", False)  # prompt rows: e4m3 activations (act_quant)
     consts = dict(PARTS=t["PARTS"], BLOCKS_PER_PART=t["BLOCKS_PER_PART"],
                   SCALES=triton.next_power_of_2(t["BLOCKS_PER_PART"]), SPLIT=split,
@@ -56,6 +56,8 @@ KERNELS = {
     "fp8 linear prefill": _linear(4096, False),
     "fp8 linear prompt": _linear(4096, False, prompt=True),
     "fp8 linear prompt split": _linear(1, True, prompt=True),
+    # a wide in-projection: one K partition, prompt rows' 128 x 128 tile (PROMPT_TILE_WHOLE)
+    "fp8 linear prompt whole": _linear(4096, False, prompt=True, n=16384, k=2048),
     "fp8 moe gate_up": (moe._gate_up_fp8_kernel, GATE_UP,
                         dict(TOP_K=10, BLOCK_M=16, SCALES=32, **BF16,
                              **blocks(moe.GATE_UP_TILE)), launch(moe.GATE_UP_TILE)),
