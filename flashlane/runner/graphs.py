@@ -27,7 +27,8 @@ from collections.abc import Callable
 import torch
 
 from flashlane.kernels import row_kind
-from flashlane.runner.graphed_blocks import block_parts, graphed_block
+from flashlane.runner.graphed_blocks import graphed_block
+from flashlane.runner.parts import block_parts
 
 
 def buckets(max_rows: int) -> list[int]:
