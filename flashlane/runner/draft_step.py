@@ -9,12 +9,12 @@ head absorbs the window's cells (row i with the draw after it) and chains from t
 the last kept row: K new drafts for the next step. No host value enters a step.
 
 Exactness: every op is the shared rounds' on the same rows, through the layers a plain step
-runs (runner/trunk.py, with `trunk.Windowed`). The window's rows write their keys at their
-own positions and attend through a table that names their session once per row
+runs (runner/trunk.py, with runner/lone_state.py's `Windowed`). The window's rows write their
+keys at their own positions and attend through a table that names their session once per row
 (kernels.attend_sessions: each row reads its own length); the recurrent rule runs the
 window's rows from the session's state (read where it lies, through the table) and keeps the
-state after each, so the commit is an index put back in place (`trunk.Windowed.commit`);
-conv windows and PLE ids are the inputs' tails from the kept length on. Rows past the kept
+state after each, so the commit is an index put back in place (`Windowed.commit`); conv
+windows and PLE ids are the inputs' tails from the kept length on. Rows past the kept
 ones leave keys beyond the length (written over before any row reads them) and cells in the
 MTP cache past its own (likewise). The drafts steer only how many rows a step keeps: the
 kept tokens are the greedy draws of the target, so a reply is the one plain steps give
@@ -31,6 +31,7 @@ import torch
 from flashlane.models.flashnext import FlashNext
 from flashlane.models.state import SessionState
 from flashlane.runner import trunk
+from flashlane.runner.lone_state import Windowed, attention_step
 
 if TYPE_CHECKING:  # its buffers' module imports this one
     from flashlane.runner.lone_draft import DraftBuffers
@@ -56,7 +57,7 @@ def draft_step(
     at = torch.empty(b * (k + 1), dtype=io.pos.dtype, device=io.pos.device)  # [B*T]
     inv = model.rotary.inv(at.device)
     cos, sin, *once = kernels.step_angles(io.pos, inv, r.dtype, cfg.indexer_block, window=at)
-    state = trunk.Windowed(sessions, tables or {}, window)
+    state = Windowed(sessions, tables or {}, window)
     r, xn = trunk.layers(model, r, xn, at, (cos, sin, once), state)
     # each row's draw (the first maximum, ties to the lower id: bf16 logits hold the fp32
     # ones' order) into ids, the kept rows (1..T), the host's verdict, the pending token and
@@ -139,7 +140,7 @@ def _cells(
     x, xn = kernels.hc_write_norm(h, e, units[: h.shape[0]], first.weight, first.eps)
     for j, (layer, layer_caches, table) in enumerate(zip(mtp.layers, caches, tables)):
         a, w = layer.attn_hyper_connection.read(x, xn if j == 0 else None)
-        y = trunk.attention_step(
+        y = attention_step(
             layer.self_attn, a, layer_caches, at, cos, sin, model.rotary, kernels, table, once
         )
         if mixed and j + 1 == len(mtp.layers):

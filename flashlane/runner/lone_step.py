@@ -1,15 +1,16 @@
 """A lone step (runner/lone.py's LoneDriver replays it): one row per session through every
 layer, each session's state read and written in place, then the next token's draw.
 
-The layers are runner/trunk.py's (`trunk.layers` with `trunk.InPlace`), as a drafted step's.
-A step launched before the reply's end was read feeds a token the reply does not have; the
-stream has ended and its session is released, so nothing reads that state. Attention reads the
-whole caches with the length on the device, select_mask ranks without its host-side shortcut
-(the same mask), and a block's pooled key is recomputed whenever a key is written into it
-(the indexer reads it only once the block is complete). Each op is the one the shared rounds
-run, on the same row, so the bits are the same, and so are sampled tokens
-(tests/runner/test_lone.py, test_lone_sampled.py and test_lone_top_p.py on the CPU,
-tests/gpu/test_lone_gpu.py and test_lone_sampled_gpu.py with graphs).
+The layers are runner/trunk.py's (`trunk.layers` with runner/lone_state.py's `InPlace`), as
+a drafted step's and the shared rounds' blocks'. A step launched before the reply's end was
+read feeds a token the reply does not have; the stream has ended and its session is released,
+so nothing reads that state. Attention reads the whole caches with the length on the device,
+select_mask ranks without its host-side shortcut (the same mask), and a block's pooled key is
+recomputed whenever a key is written into it (the indexer reads it only once the block is
+complete). Each op is the one the shared rounds run, on the same row, so the bits are the
+same, and so are sampled tokens (tests/runner/test_lone.py, test_lone_sampled.py and
+test_lone_top_p.py on the CPU, tests/gpu/test_lone_gpu.py and test_lone_sampled_gpu.py with
+graphs).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from flashlane.models.flashnext import FlashNext
 from flashlane.models.state import SessionState, attn_table, gdn_table, ple_table
 from flashlane.runner import trunk
+from flashlane.runner.lone_state import InPlace
 from flashlane.sampling.lone_draw import KeyedDraw
 
 __all__ = ["plain_step", "session_tables", "step"]
@@ -58,7 +60,7 @@ def step(
         pos, model.rotary.inv(pos.device), r.dtype, cfg.indexer_block
     )
     # xn: the next read's norm, where the launch before it made it
-    state = trunk.InPlace(sessions, tables or {}, tok)
+    state = InPlace(sessions, tables or {}, tok)
     r, xn = trunk.layers(model, r, xn, pos, (cos, sin, once), state)
     # the draw for pos + 1 (greedy: the first maximum), its flag, the next token, position
     (draw or kernels.greedy_step)(model.head_logits(r, xn), out, tok, pos)
@@ -73,7 +75,7 @@ def plain_step(model, sessions, tok, pos, out, record, tables=None, draw=None, r
     kernels.causal_sessions on each session's cache in place), the final norm's output
     recorded as the row's residual (what its MTP head reads)."""
     kernels, tables = model.kernels, tables or {}
-    state = trunk.InPlace(sessions, tables, tok)
+    state = InPlace(sessions, tables, tok)
     h = kernels.embed_rows(model.embed_tokens.weight, tok, 1)
     cos, sin, *_, lengths = kernels.step_angles(pos, model.rotary.inv(pos.device), h.dtype, 1)
     for idx, layer in enumerate(model.layers):
