@@ -57,8 +57,8 @@ def draft_step(
     at = torch.empty(b * (k + 1), dtype=io.pos.dtype, device=io.pos.device)  # [B*T]
     inv = model.rotary.inv(at.device)
     cos, sin, *once = kernels.step_angles(io.pos, inv, r.dtype, cfg.indexer_block, window=at)
-    state = Windowed(sessions, tables or {}, window)
-    r, xn = trunk.layers(model, r, xn, at, (cos, sin, once), state)
+    state = Windowed(sessions, tables or {}, window, at, (cos, sin, once))
+    r, xn = trunk.layers(model, r, xn, state)
     # each row's draw (the first maximum, ties to the lower id: bf16 logits hold the fp32
     # ones' order) into ids, the kept rows (1..T), the host's verdict, the pending token and
     # position moved on: kept, kept - 1 and each session's last kept row among the B*T in

@@ -87,7 +87,8 @@ class Graphs:
 
     def block(self, layer, x: torch.Tensor, rows, rotary, kernels) -> torch.Tensor:
         """A block's forward with its row-count-only parts replayed (the model's blocks
-        call this when given graphs: runner/graphed_blocks.py composes them)."""
+        call this when given graphs: runner/graphed_blocks.py runs them, Flash Next's
+        through runner/trunk.py's layer)."""
         return graphed_block(layer, x, rows, rotary, kernels, self)
 
     def _capture(self, fn: Callable, args: tuple, size: int) -> tuple:

@@ -1,11 +1,12 @@
-"""Where a device step's mixers read and write session state: runner/trunk.py's `layers`
+"""Where a device step's mixers read and write session state: runner/trunk.py's `layer`
 runs the target's layers in runner/lone_step.py's plain steps with `InPlace` and in
 runner/draft_step.py's drafted ones with `Windowed`.
 
 A step feeds B sessions a window of T rows each (a plain step: the pending token, T = 1; a
 drafted step: the pending token and K drafts, T = K + 1), every op the shared rounds' on the
-same rows, so the bits are theirs. The two states differ only in where a mixer's session
-state goes:
+same rows, so the bits are theirs. The step is one CUDA graph (runner/lone.py,
+runner/lone_draft.py), so its layers' parts are called as they are (`run`). The two states
+differ only in where a mixer's session state goes:
 
 - `InPlace` (T = 1): each session's PLE ids and conv window, GDN conv window and recurrent
   state are read and written where they lie (one session as views; several through their
@@ -28,18 +29,53 @@ from flashlane.models.state import GDN_CONV_COLUMN, PLE_IDS_COLUMN, SessionState
 __all__ = ["InPlace", "Windowed", "attention_once", "attention_step", "stacked"]
 
 
-class InPlace:
-    """A plain step's session state (T = 1, module docstring): `tables` from
-    lone_step.session_tables, or none (the kernels make their own, states stacked); tok [B]
-    the rows' tokens (the PLE's ids move on by them)."""
+class Step:
+    """What both states hold: the sessions, their `tables` (by layer index; none: the kernels
+    make their own, states stacked), the rows' positions at [B*T] and angles (cos, sin,
+    attention_once's tensors) from kernels.step_angles."""
 
-    def __init__(self, sessions: list[SessionState], tables: dict, tok: torch.Tensor):
-        self.sessions, self.tables, self.tok = sessions, tables, tok
+    def __init__(self, sessions: list[SessionState], tables: dict, at: torch.Tensor, angles):
+        self.sessions, self.tables, self.at, self.angles = sessions, tables, at, angles
+
+    @staticmethod
+    def run(key, fn, *args: torch.Tensor, views: int = 0) -> tuple:
+        """A part called as it is (the whole step is one graph)."""
+        return fn(*args)
+
+    def cos_sin(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.angles[0], self.angles[1]
+
+    def windows(self, gdn) -> None:
+        """No stacked conv windows: the conv reads each session's where it lies."""
+        return None
+
+    def attend(self, idx: int, attn, q, k, v, iq, raw, kernels) -> torch.Tensor:
+        """Each row's attention over its own session's cache (`attend_sessions`) -> o."""
+        caches, table = self.attention(idx)
+        return attend_sessions(
+            attn, q, k, v, iq, raw, caches, self.at, kernels, table, self.angles[2]
+        )
+
+    def attention(self, idx: int) -> tuple[list, torch.Tensor | None]:
+        """Layer idx's caches, one a row's session, and their table."""
+        raise NotImplementedError
+
+
+class InPlace(Step):
+    """A plain step's session state (T = 1, module docstring): `tables` from
+    lone_step.session_tables, or none; tok [B] the rows' tokens (the PLE's ids move on by
+    them); at, angles: `Step`'s."""
+
+    def __init__(self, sessions: list[SessionState], tables: dict, tok: torch.Tensor, at, angles):
+        super().__init__(sessions, tables, at, angles)
+        self.tok = tok
 
     def attention(self, idx: int) -> tuple[list, torch.Tensor | None]:
         return [s.attn[idx] for s in self.sessions], self.tables.get(idx)
 
-    def ple(self, idx: int, ple, r: torch.Tensor, kernels) -> torch.Tensor:
+    def ple(self, idx: int, layer, r: torch.Tensor, kernels) -> torch.Tensor:
+        """r plus layer idx's PLE addition; the sessions' PLE ids and conv windows moved on."""
+        ple = layer.ple
         # one session: its ids move on and the conv moves its window in place (views);
         # several: stacked copies, copied back (through the table where given)
         states, tok = [s.ple[idx] for s in self.sessions], self.tok
@@ -64,9 +100,9 @@ class InPlace:
             copy_all(ids + convs, [*history[:, 1:], *xfull[:, 1:]])
         return added[:, 0]
 
-    def gdn(self, idx: int, gdn, a: torch.Tensor, kernels) -> torch.Tensor:
+    def gdn(self, idx: int, gdn, qkv, gate_a, gate_b, kernels) -> torch.Tensor:
+        """GDN layer idx's conv and recurrent rule over the rows' projections -> o [B, HV, Dv]."""
         states, table = [s.gdn[idx] for s in self.sessions], self.tables.get(idx)
-        qkv, gate_a, gate_b, z = gdn.project(a)
         gates = gdn.gates(gate_a[:, None], gate_b[:, None])  # computed in the rule's programs
         # the conv moves each window past the row, and the rule updates each recurrent
         # state, in place: one session's as views, several (or one with a table) through
@@ -85,19 +121,22 @@ class InPlace:
             q, k, v = gdn.heads(y, kernels)
             recurrents = [g.recurrent for g in states]
             o = kernels.gdn_sessions(q, k, v, None, None, recurrents, table, gates=gates)
-        return gdn.finish(o[:, 0], z)
+        return o[:, 0]
 
 
-class Windowed:
+class Windowed(Step):
     """A drafted step's session state (T = K + 1, module docstring): window [B, T] the rows'
     tokens; `tables` one row a session (lone_step.session_tables), and by ("rows", key) each
     session's row once per window row (made on the host: DraftBuffers.tables), or none (the
     kernels make their own, states stacked: eager steps). `pending`: (table, a layer's puts:
     (states, rows of the window [B, T+tail, ...] or None, states after each row or None,
-    column)), what `commit` puts back."""
+    column)), what `commit` puts back. at, angles: `Step`'s."""
 
-    def __init__(self, sessions: list[SessionState], tables: dict, window: torch.Tensor):
-        self.sessions, self.tables, self.window = sessions, tables, window
+    def __init__(
+        self, sessions: list[SessionState], tables: dict, window: torch.Tensor, at, angles
+    ):
+        super().__init__(sessions, tables, at, angles)
+        self.window = window
         self.b, self.t = window.shape  # (with an anchor's tables, sessions may be the anchor)
         self.pending: list = []
 
@@ -113,7 +152,9 @@ class Windowed:
     def attention(self, idx: int) -> tuple[list, torch.Tensor | None]:
         return [s.attn[idx] for s in self.sessions for _ in range(self.t)], self.rows_of(idx)
 
-    def ple(self, idx: int, ple, r: torch.Tensor, kernels) -> torch.Tensor:
+    def ple(self, idx: int, layer, r: torch.Tensor, kernels) -> torch.Tensor:
+        """r plus layer idx's PLE addition; the window's conv inputs and ids kept."""
+        ple = layer.ple
         states, table = [s.ple[idx] for s in self.sessions], self.tables.get(("ple", idx))
         r3 = r.view(self.b, self.t, -1)
         ids, conv = [p.ids for p in states], [p.conv for p in states]
@@ -128,11 +169,12 @@ class Windowed:
         self.pending.append((table, puts))
         return added.flatten(0, 1)
 
-    def gdn(self, idx: int, gdn, a: torch.Tensor, kernels) -> torch.Tensor:
+    def gdn(self, idx: int, gdn, qkv, gate_a, gate_b, kernels) -> torch.Tensor:
+        """GDN layer idx's conv and recurrent rule over the window's projections -> o
+        [B*T, HV, Dv]; the conv inputs and the state after every row kept."""
         states, table = [s.gdn[idx] for s in self.sessions], self.tables.get(idx)
         b, t = self.b, self.t
         convs, recurrents = [g.conv for g in states], [g.recurrent for g in states]
-        qkv, gate_a, gate_b, z = gdn.project(a)
         qkv, gate_a, gate_b = (x.unflatten(0, (b, t)) for x in (qkv, gate_a, gate_b))
         if table is None:
             q, k, v, xfull = gdn.conv_qkv(qkv, stacked(convs), kernels)
@@ -149,7 +191,7 @@ class Windowed:
             o = kernels.gdn_sessions(q, k, v, None, None, recurrents, table, gates, after)
         puts = [(convs, xfull, None, GDN_CONV_COLUMN), (recurrents, None, after, 0)]
         self.pending.append((table, puts))
-        return gdn.finish(o.flatten(0, 1), z)
+        return o.flatten(0, 1)
 
     def commit(self, kept: torch.Tensor, last: torch.Tensor, kernels) -> None:
         """Each session's state after its kept rows (kernels.put_sessions_from, through the
@@ -187,12 +229,24 @@ def stacked(xs: list[torch.Tensor]) -> torch.Tensor:
 
 def attention_step(attn, a, caches: list, pos, cos, sin, rotary, kernels, table, once=None):
     """One attention layer over rows at positions pos, each reading and writing its own
-    session's cache (kernels.attend_sessions). once: `attention_once`'s tensors, made once
-    for every attention layer of the step."""
-    cfg, norm = attn.cfg, attn.indexer.k_layernorm
+    session's cache (`attend_sessions`), from its input a to its output (the MTP head's
+    cells, runner/draft_step.py). once: `attention_once`'s tensors, made once for every
+    attention layer of the step."""
     q, gate, k, v, iq, raw = attn.project(a, cos, sin)
-    bcos, bsin, lengths = once or attention_once(attn.cfg, rotary, pos, caches[0].block_keys.dtype)
-    o = kernels.attend_sessions(
+    once = once or attention_once(attn.cfg, rotary, pos, caches[0].block_keys.dtype)
+    return attn.output(
+        attend_sessions(attn, q, k, v, iq, raw, caches, pos, kernels, table, once), gate
+    )
+
+
+def attend_sessions(
+    attn, q, k, v, iq, raw, caches: list, pos, kernels, table, once
+) -> torch.Tensor:
+    """Each row's keys written to its own session's cache at pos and its attention over
+    them (kernels.attend_sessions) -> o [N, Hq, D]; once: `attention_once`'s tensors."""
+    cfg, norm = attn.cfg, attn.indexer.k_layernorm
+    bcos, bsin, lengths = once
+    return kernels.attend_sessions(
         q,
         k,
         v,
@@ -210,7 +264,6 @@ def attention_step(attn, a, caches: list, pos, cos, sin, rotary, kernels, table,
         table,
         lengths=lengths,
     )
-    return attn.output(o, gate)
 
 
 def attention_once(cfg, rotary, pos: torch.Tensor, dtype: torch.dtype) -> tuple:

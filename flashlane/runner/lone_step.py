@@ -60,8 +60,8 @@ def step(
         pos, model.rotary.inv(pos.device), r.dtype, cfg.indexer_block
     )
     # xn: the next read's norm, where the launch before it made it
-    state = InPlace(sessions, tables or {}, tok)
-    r, xn = trunk.layers(model, r, xn, pos, (cos, sin, once), state)
+    state = InPlace(sessions, tables or {}, tok, pos, (cos, sin, once))
+    r, xn = trunk.layers(model, r, xn, state)
     # the draw for pos + 1 (greedy: the first maximum), its flag, the next token, position
     (draw or kernels.greedy_step)(model.head_logits(r, xn), out, tok, pos)
     # the rows recorded for the MTP head, and the verdict posted, in one launch at the end
@@ -75,13 +75,15 @@ def plain_step(model, sessions, tok, pos, out, record, tables=None, draw=None, r
     kernels.causal_sessions on each session's cache in place), the final norm's output
     recorded as the row's residual (what its MTP head reads)."""
     kernels, tables = model.kernels, tables or {}
-    state = InPlace(sessions, tables, tok)
     h = kernels.embed_rows(model.embed_tokens.weight, tok, 1)
-    cos, sin, *_, lengths = kernels.step_angles(pos, model.rotary.inv(pos.device), h.dtype, 1)
+    cos, sin, *once = kernels.step_angles(pos, model.rotary.inv(pos.device), h.dtype, 1)
+    state, lengths = InPlace(sessions, tables, tok, pos, (cos, sin, once)), once[-1]
     for idx, layer in enumerate(model.layers):
         a = layer.input_layernorm(h)
         if layer.kind == "linear":
-            y = state.gdn(idx, layer.linear_attn, a, kernels)
+            gdn = layer.linear_attn
+            qkv, gate_a, gate_b, z = gdn.project(a)
+            y = gdn.finish(state.gdn(idx, gdn, qkv, gate_a, gate_b, kernels), z)
         else:
             attn, caches = layer.self_attn, [s.attn[idx] for s in sessions]
             q, gate, k, v = attn.project(a, cos, sin)

@@ -1,14 +1,17 @@
 """The layers' named parts: functions of tensors alone, made once per layer, that the shared
-rounds replay through CUDA graphs (runner/graphs.py; runner/graphed_blocks.py composes them).
+rounds replay through CUDA graphs (runner/graphs.py) and a device step calls as they are.
 
-Flash Next's layer (models/layers/decoder.py): "read" (r, cos, sin -> the write weights and
-the attention's row-wise projections; GDN: r -> the write weights and the input projections),
-"mlp" (the mixer's output -> the residual after the layer), for B verify windows of one width
-T the GDN's "conv" (r [B, T, hc*H], the conv windows -> the write weights, the output gate,
-the gates' inputs a and b, q, k, v after the conv and norms, the conv inputs) and a PLE
-layer's "ple" (r3, ids, conv window -> r3 + PLE, the conv inputs). A sibling's block
-(models/layers/plain_decoder.py): "read" (the norm and the mixer's projections), "mlp" and
-the GDN's "conv", without write weights.
+Flash Next's layer (models/layers/decoder.py; runner/trunk.py composes it): "read" (r, cos,
+sin -> the write weights and the attention's row-wise projections; GDN: r -> the write
+weights and the input projections; either given xn, r's norm that the write before made),
+"mlp" (the mixer's output -> the residual after the layer; given `then`, the hyper-connection
+that reads it next, also then's norm of it from the last write's launch), for B verify
+windows of one width T the GDN's "conv" (r [B, T, hc*H], the conv windows -> the write
+weights, the output gate, the gates' inputs a and b, q, k, v after the conv and norms, the
+conv inputs) and a PLE layer's "ple" (r3, ids, conv window -> r3 + PLE, the conv inputs). A
+sibling's block (models/layers/plain_decoder.py; runner/graphed_blocks.py composes it):
+"read" (the norm and the mixer's projections), "mlp" and the GDN's "conv", without write
+weights.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ def block_parts(layer, kernels: Kernels) -> dict:
 
 
 def _flashnext_parts(layer, kernels: Kernels) -> dict:
-    out = {}
+    out, hc = {}, layer.attn_hyper_connection
     if layer.ple is not None:
 
         def ple(r3, history, window):
@@ -44,21 +47,27 @@ def _flashnext_parts(layer, kernels: Kernels) -> dict:
             return r3 + add, xfull
 
         out["ple"] = ple
+
+    def mlp_half(r, y, w, then):
+        # (the residual,) or with `then` (the residual, then's norm of it)
+        out = layer.mlp_half(r, y, w, kernels, then)
+        return (out,) if then is None else out
+
     if layer.kind != "linear":
         attn = layer.self_attn
 
-        def read_attn(r, cos, sin):
-            a, w = layer.attn_hyper_connection.read(r)
+        def read_attn(r, cos, sin, xn=None):
+            a, w = hc.read(r, xn)
             return (w, *attn.project(a, cos, sin))
 
-        def mlp_attn(r, o, gate, w):
-            return (layer.mlp_half(r, attn.output(o, gate), w, kernels),)
+        def mlp_attn(r, o, gate, w, then=None):
+            return mlp_half(r, attn.output(o, gate), w, then)
 
         return {**out, "read": read_attn, "mlp": mlp_attn}
     gdn = layer.linear_attn
 
-    def read(r):
-        a, w = layer.attn_hyper_connection.read(r)
+    def read(r, xn=None):
+        a, w = hc.read(r, xn)
         return (w, *gdn.project(a))
 
     def conv(r3, window):
@@ -67,8 +76,8 @@ def _flashnext_parts(layer, kernels: Kernels) -> dict:
         q, k, v, xfull = gdn.conv_qkv(qkv, window, kernels)
         return w, z, gate_a, gate_b, q, k, v, xfull
 
-    def mlp(r, o, z, w):
-        return (layer.mlp_half(r, gdn.finish(o, z), w, kernels),)
+    def mlp(r, o, z, w, then=None):
+        return mlp_half(r, gdn.finish(o, z), w, then)
 
     return {**out, "read": read, "conv": conv, "mlp": mlp}
 

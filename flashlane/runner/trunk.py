@@ -1,44 +1,79 @@
-"""The target's layers in a device step, written once: runner/lone_step.py's plain steps and
-runner/draft_step.py's drafted ones both run `layers`, with a state from runner/lone_state.py.
+"""The target's layer written once: the shared rounds' blocks (runner/graphed_blocks.py) and
+the lone driver's device steps (runner/lone_step.py's plain steps, runner/draft_step.py's
+drafted ones, through `layers`) all run `layer`.
 
-A step feeds B sessions a window of T rows each (a plain step: the pending token, T = 1; a
-drafted step: the pending token and K drafts, T = K + 1), every op the shared rounds' on the
-same rows, so the bits are theirs. The two differ only in where a mixer's session state goes,
-which the step's `state` says:
+A layer is its named parts (runner/parts.py: functions of tensors alone) with the mixer's
+use of session state between them: a PLE layer's addition, "read" (the hyper-connection read
+and the mixer's row-wise projections), the mixer (attention over the sessions' caches; the
+GDN's conv and recurrent rule), "mlp" (the mixer's output, its write, the MLP half). Every op
+is the same kernel call on the same rows on every path, so the bits are the same. The paths
+differ only in where a mixer's session state goes and how a part runs, which the `state`
+says:
 
-`InPlace` (T = 1) reads and writes it where it lies; `Windowed` (T = K + 1) keeps it per row
-until the step knows how many rows it keeps.
+- `Recorded` (runner/graphed_blocks.py: the shared rounds): each piece's state read where
+  it lies and what commit() needs recorded in the piece; every part replayed through a CUDA
+  graph (`run` is graphs.run). When the rows are B verify windows of one width, the PLE and
+  the GDN's conv replay too, with the sessions' windows stacked as inputs (`windows`: the
+  conv is then one part with the read, "conv").
+- `InPlace` and `Windowed` (runner/lone_state.py: a plain and a drafted device step): state
+  read and written where it lies, or kept per row until the step's commit; parts called as
+  they are (the step is one CUDA graph).
+
+A device step also makes each read's norm in the launch of the write before it (xn, `then`:
+the same bits as the read's own norm); the shared rounds' model hands a block the residual
+alone, so their reads make their own.
 """
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
+from flashlane.kernels import Kernels
 from flashlane.models.flashnext import FlashNext
-from flashlane.runner.lone_state import attention_step
+from flashlane.runner.parts import block_parts
 
-__all__ = ["embedded", "layers", "mlp_half"]
+__all__ = ["embedded", "layer", "layers"]
 
 
-def layers(model: FlashNext, r, xn, at: torch.Tensor, angles: tuple, state) -> tuple:
-    """Every layer of the target over the step's rows: r [B*T, hc*H] the embedded rows, xn
-    the first read's norm where the embedding made it (`embedded`), at [B*T] the rows'
-    positions, angles (cos, sin, attention_once's tensors) from kernels.step_angles, state
-    `InPlace` or `Windowed` -> (the residual, the head's read norm of it or None)."""
-    kernels, rotary = model.kernels, model.rotary
-    cos, sin, once = angles
-    for idx, layer in enumerate(model.layers):
-        if layer.ple is not None:
-            r = state.ple(idx, layer.ple, r, kernels)
-        a, w = layer.attn_hyper_connection.read(r, xn)
-        if layer.kind == "linear":
-            y = state.gdn(idx, layer.linear_attn, a, kernels)
-        else:
-            caches, table = state.attention(idx)
-            y = attention_step(
-                layer.self_attn, a, caches, at, cos, sin, rotary, kernels, table, once
-            )
-        r, xn = mlp_half(model, idx, r, y, w)
+def layer(decoder, idx: int | None, r, xn, state, kernels: Kernels, then=None) -> tuple:
+    """A Flash Next layer (models/layers/decoder.py's `decoder`, index idx in the sessions'
+    state) over the rows r [N, hc*H] -> (the residual after it, then's norm of it or None).
+    xn: r's norm where the write before made it (None: the read makes it; always before a
+    PLE layer, which adds to the streams first); state: `Recorded`, `InPlace` or `Windowed`
+    (module docstring); then: the hyper-connection that reads the result next, whose norm
+    the last write makes."""
+    parts, key, run = block_parts(decoder, kernels), id(decoder), state.run
+    norm = () if xn is None else (xn,)
+    if decoder.ple is not None:
+        r = state.ple(idx, decoder, r, kernels)
+    if decoder.kind != "linear":
+        cos, sin = state.cos_sin(r.dtype)
+        w, q, gate, k, v, iq, raw = run((key, "read"), parts["read"], r, cos, sin, *norm, views=7)
+        mixed = state.attend(idx, decoder.self_attn, q, k, v, iq, raw, kernels), gate
+    elif (stacked := state.windows(decoder.linear_attn)) is None:
+        w, qkv, gate_a, gate_b, z = run((key, "read"), parts["read"], r, *norm, views=5)
+        mixed = state.gdn(idx, decoder.linear_attn, qkv, gate_a, gate_b, kernels), z
+    else:  # the shared rounds' B windows of T rows (xn None): the conv replays with the read
+        window, recurrent = stacked
+        r3 = r.view(window.shape[0], -1, r.shape[-1])
+        w, z, gate_a, gate_b, q, k, v, xfull = run(
+            (key, "conv"), parts["conv"], r3, window, views=7
+        )
+        o = state.rule(decoder.linear_attn, q, k, v, gate_a, gate_b, xfull, recurrent, kernels)
+        mixed, w = (o, z.flatten(0, 1)), w.flatten(0, 1)
+    mlp = parts["mlp"] if then is None else partial(parts["mlp"], then=then)
+    out = run((key, "mlp"), mlp, r, *mixed, w)
+    return out[0], (None if then is None else out[1])
+
+
+def layers(model: FlashNext, r, xn, state) -> tuple:
+    """Every layer of the target over a device step's rows: r [B*T, hc*H] the embedded rows,
+    xn the first read's norm where the embedding made it (`embedded`), state `InPlace` or
+    `Windowed` (runner/lone_state.py) -> (the residual, the head's read norm of it)."""
+    for idx, decoder in enumerate(model.layers):
+        r, xn = layer(decoder, idx, r, xn, state, model.kernels, _next_read(model, idx))
     return r, xn
 
 
@@ -51,15 +86,6 @@ def embedded(model: FlashNext, tok: torch.Tensor) -> tuple[torch.Tensor, torch.T
         norm = first.attn_hyper_connection.hc_norm
         return kernels.embed_rows(model.embed_tokens.weight, tok, hc, (norm.weight, norm.eps))
     return kernels.embed_rows(model.embed_tokens.weight, tok, hc), None
-
-
-def mlp_half(model: FlashNext, idx: int, r, y, w) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Layer idx's mlp_half, with the next read's norm from its last write where one follows
-    (`_next_read`): (the residual, that norm or None)."""
-    layer, then = model.layers[idx], _next_read(model, idx)
-    if then is None:
-        return layer.mlp_half(r, y, w, model.kernels), None
-    return layer.mlp_half(r, y, w, model.kernels, then)
 
 
 def _next_read(model: FlashNext, idx: int):
