@@ -1,6 +1,7 @@
-"""The graphed layer split (runner/graphed_blocks.py: hyper-connection read and the mixer's
-projections | mixer | output and MLP half; for verify windows of one width also the PLE and
-the GDN conv) computes what the plain layer does, bit for bit. On the CPU a stand-in for
+"""The graphed layer split (runner/graphed_blocks.py, Flash Next's through runner/trunk.py's
+layer: hyper-connection read and the mixer's projections | mixer | output and MLP half; for
+verify windows of one width also the PLE and the GDN conv) computes what the plain layer does,
+bit for bit. On the CPU a stand-in for
 runner.graphs.Graphs calls each part on static buffers that it poisons between calls;
 tests/gpu checks the real CUDA graphs."""
 
