@@ -18,7 +18,9 @@ from torch.profiler import ProfilerActivity, profile
 from flashlane.bench.common import FLAT_COSTS, random_prompts
 from flashlane.config import EngineConfig
 from flashlane.engine import Engine
+from flashlane.engine_plan import table_dtype_for
 from flashlane.llm import LLM
+from flashlane.models.config import ModelConfig
 from flashlane.models.presets import preset
 from flashlane.models.random_weights import build_random, random_table_place
 from flashlane.request import SamplingParams
@@ -59,8 +61,12 @@ def main() -> None:
     args = ap.parse_args()
     raw = preset(args.config)
     tables = random_table_place(raw, "cuda", args.quantization, None)
-    cfg, model = build_random(raw, torch.bfloat16, "cuda", 0, args.quantization, tables)
-    print(f"{args.config}: linears {args.quantization or 'bf16'}, n-gram tables on {tables}")
+    # the n-gram tables in 8 bits where bf16 is over the host's share, as bench model's
+    # default (the real model's 95 GiB tables on a host of 128 GiB)
+    eight = table_dtype_for("auto", ModelConfig.from_hf(raw), tables, 2)
+    q = args.quantization
+    cfg, model = build_random(raw, torch.bfloat16, "cuda", 0, q, tables, table_dtype=eight)
+    print(f"{args.config}: linears {q or 'bf16'}, n-gram tables on {tables} ({eight or 'bf16'})")
     config = EngineConfig.resolve(
         device="cuda",
         parallel=max(2, args.streams),
