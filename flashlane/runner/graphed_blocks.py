@@ -44,13 +44,14 @@ class Recorded:
 
     def __init__(self, rows: Rows, rotary, graphs):
         self.rows, self.rotary, self.run = rows, rotary, graphs.run
+        self.width = rows.one_width()  # the windows' one width T, or None
 
     def cos_sin(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rows.cos_sin(self.rotary, dtype)
 
     def ple(self, idx, layer, r: torch.Tensor, kernels: Kernels) -> torch.Tensor:
         """r plus the layer's PLE addition: its "ple" part for windows of one width."""
-        rows, ple, t = self.rows, layer.ple, self.rows.one_width()
+        rows, ple, t = self.rows, layer.ple, self.width
         if t is None:
             return r + ple(r, rows, kernels)
         pieces, b = rows.pieces, len(rows.pieces)
@@ -70,7 +71,7 @@ class Recorded:
     def windows(self, gdn) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The sessions' conv windows and recurrent states, stacked, when the rows are
         windows of one width (the "conv" part reads the windows), else None."""
-        if self.rows.one_width() is None:
+        if self.width is None:
             return None
         return gdn.state_of([p.session for p in self.rows.pieces])
 
@@ -97,11 +98,10 @@ def _plain_block(layer, h, rows: Rows, rotary, kernels: Kernels, graphs) -> torc
         qkv, a, b, z = graphs.run((key, "read"), parts["read"], h, views=4)
         o = gdn.mix(qkv, a, b, rows, kernels)
         return graphs.run((key, "mlp"), parts["mlp"], h, o, z)[0]
-    n = len(rows.pieces)
-    window, state = gdn.state_of([p.session for p in rows.pieces])
+    state = Recorded(rows, rotary, graphs)
+    window, recurrent = state.windows(gdn)
     z, a, b, q, k, v, xfull = graphs.run(
-        (key, "conv"), parts["conv"], h.view(n, t, -1), window, views=6
+        (key, "conv"), parts["conv"], h.view(len(rows.pieces), t, -1), window, views=6
     )
-    o, states = kernels.recurrent_gdn(q, k, v, None, None, state, gates=gdn.gates(a, b))
-    gdn.record(rows.pieces, xfull, states)
-    return graphs.run((key, "mlp"), parts["mlp"], h, o.flatten(0, 1), z.flatten(0, 1))[0]
+    o = state.rule(gdn, q, k, v, a, b, xfull, recurrent, kernels)
+    return graphs.run((key, "mlp"), parts["mlp"], h, o, z.flatten(0, 1))[0]
