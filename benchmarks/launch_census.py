@@ -3,7 +3,11 @@ CPU tool (issue 9). The CUDA kernel set runs on the CPU through Triton's interpr
 Triton launch and each torch op that would launch a kernel on a GPU (views excluded) counts
 once, under the innermost flashlane function on the call stack.
 
-    python benchmarks/launch_census.py --config flashnext-tiny
+    python benchmarks/launch_census.py --config flashnext-tiny [--depth K | --absorb B]
+
+--absorb B counts instead what a drafted lone call's load launches (issue 28): the MTP head
+absorbing B streams' waiting prompt cells in one forward (MtpDrafter.absorb_waiting), ops on
+host tensors (Rows.of's index lists) left out.
 
 The count is what a CUDA graph of the step holds, not a time: a graph replays each launch
 in 1-3 us however small its work.
@@ -109,23 +113,60 @@ def drafted_step(cfg, model, depth: int):
     return lambda: io.step(model, [sizes.anchor], io.tables())
 
 
+# callers whose ops work on host tensors only (no launch on a GPU)
+HOST = {"models/rows.py:of"}
+
+
+def absorb(cfg, model, streams: int, prompt_len: int = 5):
+    """B streams' prompts kept through a shared round (ModelBackend), their MTP cells left
+    waiting; the call absorbs them all, as a drafted lone call's load does."""
+    from flashlane.lanes.records import Draws, Window
+    from flashlane.request import SamplingParams
+    from flashlane.runner.backend import ModelBackend
+
+    s = [SessionState.empty(cfg, 256, torch.float32, torch.float32, "cpu") for _ in range(streams)]
+    backend = ModelBackend(model, s, max_rows=64, mtp_confidence=0.0)
+    params = SamplingParams(temperature=0.0, max_tokens=8, draft=True)
+    prompts = [[(7 * i + j) % 200 + 3 for j in range(prompt_len)] for i in range(streams)]
+    windows = [
+        Window(i, i, 0, tuple(p), Draws(params, 0, p, []), "prompt", True)
+        for i, p in enumerate(prompts)
+    ]
+    backend.verify(windows)
+    backend.keep({i: len(p) for i, p in enumerate(prompts)})
+    ids = list(range(streams))
+    return lambda: backend.drafter.absorb_waiting(ids, dict(enumerate(s)), [5] * streams)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="flashnext-tiny")
     ap.add_argument("--depth", type=int, default=0, help="a drafted step's (default: plain)")
+    ap.add_argument(
+        "--absorb",
+        type=int,
+        default=0,
+        help="streams whose cells the MTP head absorbs (default: 0)",
+    )
     args = ap.parse_args()
     cfg, model = build_random(preset(args.config), torch.float32, "cpu", 0)
     model.use_kernels(TRITON)
-    run = drafted_step(cfg, model, args.depth) if args.depth else plain_step(cfg, model)
-    run()  # the first step may take other branches
+    if args.absorb:
+        run = absorb(cfg, model, args.absorb)
+    else:
+        run = drafted_step(cfg, model, args.depth) if args.depth else plain_step(cfg, model)
+        run()  # the first step may take other branches
     census = Census()
     with census:
         run()
     where: collections.Counter = collections.Counter()
     for (fn, _), n in census.counts.items():
-        where[fn] += n
+        if fn not in HOST:
+            where[fn] += n
     total = sum(where.values())
     kind = f"drafted lone step (depth {args.depth})" if args.depth else "lone step"
+    if args.absorb:
+        kind = f"load: the MTP head absorbing {args.absorb} streams' waiting cells"
     print(f"{args.config}: {total} launches a {kind} ({len(model.layers)} layers)")
     for fn, n in where.most_common():
         ops = sorted(

@@ -127,7 +127,7 @@ class QSAttention(nn.Module):
         copies."""
         split = windows[0].recurrent
         q, k, v, iq, raw, pos = stack_in(rows, windows, flat)
-        cached = self._write_all(windows, k, v, raw, rotary)
+        cached = self._write_all(windows, k, v, raw, rotary, rows)
         keys, values, block_keys, nk = padded_caches(cached)
         cfg, blk = self.cfg, self.cfg.indexer_block
         # verify windows are decode rows: the indexer's scores take their tile (split)
@@ -156,16 +156,19 @@ class QSAttention(nn.Module):
         cache, e, nb = self._write_all([piece], k[None], v[None], raw[None], rotary)[0]
         return cache.keys(e)[None], cache.values(e)[None], cache.block_keys[None, :nb], e
 
-    def _write_all(self, pieces: list[Piece], k, v, raw, rotary: Rotary) -> list[tuple]:
+    def _write_all(self, pieces: list[Piece], k, v, raw, rotary: Rotary, rows=None) -> list:
         """Each piece i's rows k[i], v[i], raw[i] written at its positions (one multi-tensor
         copy for all), then the pooled keys of the blocks each completes -> per piece (its
-        cache, its length, its complete blocks): padded_caches' entries."""
+        cache, its length, its complete blocks): padded_caches' entries. With `rows` (a
+        stack's round) every piece's blocks are pooled in one launch (`_complete_all`)."""
         dsts, srcs = [], []
         for i, p in enumerate(pieces):
             cache, s, e = self.cache_of(p.session), p.start, p.start + p.length
             to, of = cache.row_copies(s, e, k[i, : p.length], v[i, : p.length], raw[i, : p.length])
             dsts, srcs = dsts + to, srcs + of
         copy_all(dsts, srcs)
+        if rows is not None and len(pieces) > 1:
+            return self._complete_all(pieces, rotary, rows)
         return [self._complete_blocks(p, rotary) for p in pieces]
 
     def _complete_blocks(self, piece: Piece, rotary: Rotary) -> tuple:
@@ -176,6 +179,28 @@ class QSAttention(nn.Module):
             fresh = self.indexer.block_keys(cache.index_rows(b0 * blk, b1 * blk)[None], b0, rotary)
             cache.block_keys[b0:b1] = fresh[0]
         return cache, e, b1
+
+    def _complete_all(self, pieces: list[Piece], rotary: Rotary, rows: Rows) -> list[tuple]:
+        """_complete_blocks for several pieces in a fixed number of launches, not a few a
+        piece: their blocks' raw keys side by side, pooled, normed and roped at each block's
+        own position in one block_keys call (a program a block: each block's bits are those
+        it gets alone), then one multi-tensor copy into the caches. The positions are the
+        round's (every attention layer of the forward shares them)."""
+        blk, norm = self.cfg.indexer_block, self.indexer.k_layernorm
+        spans = [(self.cache_of(p.session), p.start // blk, (p.start + p.length) // blk)
+                 for p in pieces]  # fmt: skip
+        fresh = [(c, b0, b1) for c, b0, b1 in spans if b1 > b0]
+        if fresh:
+            parts = [c.index_rows(b0 * blk, b1 * blk) for c, b0, b1 in fresh]
+            raw = torch.cat(parts) if len(parts) > 1 else parts[0]
+            pos = rows.longs(f"block_starts_{_kind(pieces)}", lambda: [
+                b * blk for _, b0, b1 in fresh for b in range(b0, b1)
+            ])  # fmt: skip
+            cos, sin = rotary.cos_sin(pos, raw.dtype)
+            keys = self.indexer.ops.block_keys(raw[None], cos, sin, norm.weight, norm.eps, blk)[0]
+            copy_all([c.block_keys[b0:b1] for c, b0, b1 in fresh],
+                     list(keys.split([b1 - b0 for _, b0, b1 in fresh])))  # fmt: skip
+        return [(c, p.start + p.length, b1) for (c, _, b1), p in zip(spans, pieces)]
 
 
 # prompt pieces up to this many rows attend in one call (padded to the widest: a long piece
