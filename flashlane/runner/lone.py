@@ -85,8 +85,7 @@ class LoneDriver:
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.capture_seconds = 0.0
         self.failed: str | None = None  # why the steps run eagerly, if a capture failed
-        self.num_steps = 0
-        self.widest = 0  # the most sessions one call has decoded together
+        self.num_steps, self.widest = 0, 0  # widest: the most sessions a call has decoded
         # by (sessions, depth), what drafting weighs: ms a landed step, and ms a call spends
         # before its first step (tables, tokens, a drafted call's queue and hints; no capture)
         self.step_ms: dict[tuple[int, int], float] = {}
@@ -187,22 +186,23 @@ class LoneDriver:
         if len(self.drafter.waiting[stream_id].next_ids) >= MAX_WAITING:
             self.drafter.catch_up(stream_id, self.sessions[session_id])
 
-    def run_steps(self, ids: tuple[int, ...], io, budget: int, land: Callable, started=None) -> int:
+    def run_steps(
+        self, ids: tuple[int, ...], io, budget: int, land: Callable, started=None, fold_load=True
+    ) -> int:
         """Up to `budget` steps with io, two in flight (one where a top_p row may land
         unsettled: module docstring): each landed step's ring rows go to land(), and once it
         says stop the step in flight lands too. From four greedy steps on (keyed ones have
         more launches) folds the mean step time into step_ms and the time from `started`
-        (`clock()` at the call's start) to the first step, less any capture, into load_ms, by
-        (sessions, io.depth); a call in which a Triton kernel compiled folds nothing.
-        Returns the steps launched."""
+        (`clock()` at the call's start) to the first step, less any capture, into load_ms
+        (if `fold_load`), by (sessions, io.depth); a call in which a Triton kernel compiled
+        folds nothing. Returns the steps launched."""
         started = started or self.clock()
         captured = self.capture_seconds
         run = self.runner(ids, io)
         captured = self.capture_seconds - captured
         draw = getattr(io, "draw", None)
         settle = draw is not None and draw.may_need_host
-        in_flight = 1 if settle else 2
-        launched = landed = 0
+        in_flight, launched, landed = 1 if settle else 2, 0, 0
         going, t0 = True, time.perf_counter()
         while landed < launched or (going and launched < budget):
             if going and launched < budget and launched - landed < in_flight:
@@ -217,11 +217,11 @@ class LoneDriver:
             landed += 1
             going = land(rows) and going
         seconds, b = time.perf_counter() - t0, len(ids)
-        self.num_steps += launched
-        self.widest = max(self.widest, b)
+        self.num_steps, self.widest = self.num_steps + launched, max(self.widest, b)
         if launched >= 4 and draw is None and compiles.count() == started[1]:
             load, key = max(0.0, t0 - started[0] - captured), (b, io.depth)
-            for table, ms in ((self.step_ms, seconds / launched), (self.load_ms, load)):
+            folds = [(self.step_ms, seconds / launched)] + [(self.load_ms, load)] * fold_load
+            for table, ms in folds:
                 old = table.get(key)
                 table[key] = 1e3 * ms if old is None else 0.75 * old + 250 * ms
         return launched

@@ -55,7 +55,13 @@ class Drafting:
         self.probe_every = self.until_probe = PROBE_EVERY
         self.probing = False  # this call tries the kind measured slower (or unmeasured)
 
-    def choose(self, ids: list[int], budget: int | None = None, left: int | None = None) -> int:
+    def choose(
+        self,
+        ids: list[int],
+        budget: int | None = None,
+        left: int | None = None,
+        carried: bool = False,
+    ) -> int:
         """The depth, or 0 (plain steps), for a call of these sessions of up to `budget`
         steps (default: a call's most steps) for replies that want `left` more tokens (None:
         as many as the steps give): drafts while a drafted call's tokens cost fewer ms each
@@ -63,20 +69,23 @@ class Drafting:
         first step: driver.load_ms) over the tokens each call gives (a plain step one, a
         drafted step 1 + its expected landed drafts, up to `left`); the kind measured
         slower is tried again after PROBE_EVERY calls, the gap doubling while the tries
-        confirm it (a drafted try runs PROBE_STEPS steps). More than MAX_STREAMS, or more
-        rows than the plan's (`fits`): plain."""
+        confirm it (a drafted try runs PROBE_STEPS steps). `carried`: every stream would go
+        on from a drafted call's carry (`carry_of`), so a drafted call loads as a plain one
+        does (device copies; no head absorbs a queue). More than MAX_STREAMS, or more rows
+        than the plan's (`fits`): plain."""
         self.num_calls += 1
         self.probing = False
         if len(ids) > MAX_STREAMS or not self.fits(len(ids)):
             return 0
-        return self._better(len(ids), budget or self.driver.max_steps, left)
+        return self._better(len(ids), budget or self.driver.max_steps, left, carried)
 
     def run(
         self, ids, tokens, positions, budget, room, takes, stream_ids, draws, hints=None, left=None
     ):
         """LoneDriver.decode_drafted: `decode` where `choose` drafts -> (steps, depth, drafts
         landed per session); None: plain steps (nothing ran)."""
-        depth = self.choose(ids, budget, left)
+        carried = self.carry_of(stream_ids, ids, positions, tokens) is not None
+        depth = self.choose(ids, budget, left, carried)
         if not depth:
             return None
         if self.probing:
@@ -100,7 +109,7 @@ class Drafting:
         size = (bucket_of(b, drv.sizes) or b) if drv.use_graphs else b
         return size * (self.depth + 1) <= drv.max_rows
 
-    def _better(self, b: int, steps: int, left: int | None) -> int:
+    def _better(self, b: int, steps: int, left: int | None, carried: bool = False) -> int:
         drv = self.driver
         measured = {n for n, d in drv.step_ms if d == 0}
         measured &= {n for n, d in drv.step_ms if d == self.depth}
@@ -117,6 +126,8 @@ class Drafting:
         # ms a token each way: a call's load, then its steps, over the tokens they give (a
         # drafted call of as many steps gives `expected` a step: its load spread over more)
         loads = [drv.load_ms.get((near, d), 0.0) for d in (0, self.depth)]
+        if carried:  # no absorb: the plain call's load stands in (run_steps folds none)
+            loads[1] = loads[0]
         plain_ms = (loads[0] + steps * plain) / steps
         tokens = max(1.0, min(steps * expected, math.inf if left is None else left))
         drafted_ms = (loads[1] + math.ceil(tokens / expected) * drafted) / tokens
@@ -161,6 +172,7 @@ class Drafting:
         if io.table is not None:  # rows past b: the pad session's
             io.table.copy_(drv.size_tables.of(tuple(ids), io.size, depth), non_blocking=True)
         # sessions whose first step has no drafts but padding: it tells nothing of landing
+        carried = self.carry_of(stream_ids, ids, positions, tokens, io.depth) is not None
         blind = self._load(io, ids, tokens, positions, stream_ids, hints)
         kept, last = [0] * b, list(tokens)
         self.landed = [0] * b
@@ -181,7 +193,8 @@ class Drafting:
             blind.clear()  # from the second step on, the device's chain drafts
             return going
 
-        launched = drv.run_steps(tuple(ids), io, budget, land, started)
+        # a carried call's load (device copies) would understate the absorbing calls'
+        launched = drv.run_steps(tuple(ids), io, budget, land, started, fold_load=not carried)
         after = [p + n for p, n in zip(positions, kept)]
         self.carry = {sid: c for sid, c in self.carry.items() if c[1] is not io}
         self.carry.update(
@@ -194,11 +207,9 @@ class Drafting:
         """io's pending tokens, positions and drafts: where every session goes on from a
         drafted call's carry, copied on the device; else from the host (`_first_drafts`).
         Returns the sessions (by index) whose first drafts are padding only."""
-        drv, carry = self.driver, [self.carry.get(sid) for sid in stream_ids]
-        b, where = len(ids), list(zip(ids, positions, tokens))
-        if all(
-            c is not None and c[0] == w and c[1].depth == io.depth for c, w in zip(carry, where)
-        ):
+        drv, b = self.driver, len(ids)
+        carry = self.carry_of(stream_ids, ids, positions, tokens, io.depth)
+        if carry is not None:
             if any(src is not io or row != i for i, (_, src, row) in enumerate(carry)):
                 froms = {id(src): [x.clone() for x in src.inputs()] for _, src, _ in carry}
                 for i, (_, src, row) in enumerate(carry):
@@ -218,6 +229,17 @@ class Drafting:
         io.pos.copy_(pinned[1], non_blocking=True)
         io.drafts.copy_(torch.tensor(first, pin_memory=drv.is_cuda), non_blocking=True)
         return {i for i, h in enumerate(hints) if not h}
+
+    def carry_of(self, stream_ids, ids, positions, tokens, depth: int | None = None):
+        """Each stream's carry (where a drafted call of `depth`, default this one's, left
+        it: session, position, pending token), or None unless every stream has one that
+        matches where it is now."""
+        depth = self.depth if depth is None else depth
+        carry = [self.carry.get(sid) for sid in stream_ids]
+        where = list(zip(ids, positions, tokens))
+        if all(c is not None and c[0] == w and c[1].depth == depth for c, w in zip(carry, where)):
+            return carry
+        return None
 
     def _first_drafts(self, ids, stream_ids, hints) -> list[list[int]]:
         """The first step's drafts, its head having absorbed every waiting cell (`_load`):

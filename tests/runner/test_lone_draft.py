@@ -145,7 +145,7 @@ def llm(tiny_ckpt):
 def with_drafting_lone(llm, steps: int, streams: int = 1, depth: int = 2):
     driver = with_lone(llm, steps, streams, drafter=llm.engine.backend.drafter)
     driver.drafting.depth = depth
-    driver.drafting.choose = lambda ids, budget=None, left=None: depth  # always (CPU timings)
+    driver.drafting.choose = lambda ids, budget=None, left=None, carried=False: depth  # always
     return driver
 
 
@@ -304,7 +304,29 @@ def test_a_drafted_call_pays_its_load(tiny_ckpt):
     assert d.choose([0], 32) == 2  # 25.2 ms for 81 tokens: 0.31 a token against 0.40
     assert d.choose([0], 32, left=32) == 0  # a 32-token reply: 13.8 ms against 12.9
     assert d.choose([0], 8) == 0  # 10.8 ms for 20 tokens: 0.53 against 0.41
+    # a call going on from a drafted call's carry absorbs nothing: it loads as a plain one
+    assert d.choose([0], 8, carried=True) == 2  # 4.9 ms for 20 tokens: 0.24 against 0.41
     assert d.choose([0], 10_000, left=10_000) == 2  # a long call earns its load back
+
+
+def test_a_carried_call_folds_its_steps_not_its_load(tiny_ckpt):
+    """A drafted call that goes on from the last one's carry loads without an absorb: its
+    load would understate the next absorbing call's, so only its steps are folded."""
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    prompt = prompts()[1]
+    s, first = prefilled(model, cfg, prompt)
+    driver = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0))
+    drafting, got = driver.drafting, [first]
+    draws = [Draws(DRAFTING, 0, prompt, got)]
+    take = lambda t, f: bool(got.append(t)) or True  # noqa: E731
+    drafting.decode([0], [first], [len(prompt)], 5, 400, [take], [0], draws)
+    key = (1, drafting.depth)
+    assert drafting.num_carried == 0 and key in driver.load_ms and key in driver.step_ms
+    load, step = driver.load_ms[key], driver.step_ms[key]
+    driver.step_ms[key] = step + 1000.0  # so a fold shows
+    drafting.decode([0], [got[-1]], [s.length], 5, 400, [take], [0], draws)
+    assert drafting.num_carried == 1
+    assert driver.load_ms[key] == load and driver.step_ms[key] != step + 1000.0
 
 
 def test_the_host_tells_the_rule_what_the_reply_still_wants(llm):
@@ -313,7 +335,9 @@ def test_the_host_tells_the_rule_what_the_reply_still_wants(llm):
     lone_steps at most."""
     seen = []
     driver = with_drafting_lone(llm, 8)
-    driver.drafting.choose = lambda ids, budget=None, left=None: seen.append((budget, left)) or 2
+    driver.drafting.choose = lambda ids, budget=None, left=None, carried=False: (
+        seen.append((budget, left)) or 2
+    )
     try:
         params = dataclasses.replace(DRAFTING, max_tokens=20)
         llm.generate(prompts()[0], params)
