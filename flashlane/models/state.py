@@ -199,14 +199,7 @@ class SessionState:
 
     def reset(self, cfg: ModelConfig) -> None:
         """Back to an empty sequence without reallocating."""
-        self.length = self.mtp_length = 0
-        self.last_residual = None
-        for g in self.gdn.values():
-            g.conv.zero_()
-            g.recurrent.zero_()
-        for p in self.ple.values():
-            p.conv.zero_()
-            p.ids.fill_(cfg.ple_eos)
+        reset_all([self], cfg)
 
     def attn_dtype(self) -> torch.dtype:
         """The attention caches' compute dtype (their block keys'; K and V may be 8-bit)."""
@@ -232,3 +225,23 @@ class SessionState:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
+
+
+def reset_all(sessions: list[SessionState], cfg: ModelConfig) -> None:
+    """SessionState.reset for several sessions in a fixed number of launches (multi-tensor
+    ops, not one launch a tensor and session): the recurrent states and conv windows zeroed,
+    the PLE histories back to the end-of-text id."""
+    zeros, ids = [], []
+    for s in sessions:
+        s.length = s.mtp_length = 0
+        s.last_residual = None
+        zeros += [t for g in s.gdn.values() for t in (g.conv, g.recurrent)]
+        zeros += [p.conv for p in s.ple.values()]
+        ids += [p.ids for p in s.ple.values()]
+    kinds: dict[tuple, list[torch.Tensor]] = {}
+    for t in zeros + ids:
+        kinds.setdefault((t.device, t.dtype), []).append(t)
+    for group in kinds.values():
+        torch._foreach_zero_(group)
+    if ids:
+        torch._foreach_add_(ids, cfg.ple_eos)

@@ -23,7 +23,7 @@ from flashlane.lanes.records import CHUNK, CostTable, Drafts, InvalidBatch, Verd
 from flashlane.models.flashnext import FlashNext, commit_all
 from flashlane.models.fp8_weights import fp8_weights
 from flashlane.models.rows import Piece, Rows
-from flashlane.models.state import SessionState
+from flashlane.models.state import SessionState, reset_all
 from flashlane.runner import kept as kept_states
 from flashlane.sampling.choose import (
     DrawSpec,
@@ -122,12 +122,12 @@ class ModelBackend:
 
     def verify(self, windows: Sequence[Window]) -> list[Verdict]:
         self._check(windows)
-        for w in windows:
-            if w.stream_id not in self.bound:
-                self.bound[w.stream_id] = w.session_id
-                self.sessions[w.session_id].reset(self.model.cfg)
-                self.drafter.forget(w.stream_id)
-                self.grammar_states.pop(w.stream_id, None)
+        fresh = [w for w in windows if w.stream_id not in self.bound]
+        reset_all([self.sessions[w.session_id] for w in fresh], self.model.cfg)
+        for w in fresh:
+            self.bound[w.stream_id] = w.session_id
+            self.drafter.forget(w.stream_id)
+            self.grammar_states.pop(w.stream_id, None)
         self.fed.clear()
         specs = [
             (self.sessions[w.session_id], w.tokens, w.start, w.kind == "decode", _whole(w))

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from flashlane.kernels import REFERENCE, Kernels
 from flashlane.models.config import ModelConfig
 from flashlane.models.layers.norms import GatedRMSNorm, Stacked, linear
-from flashlane.models.rows import Rows
+from flashlane.models.rows import Rows, device_longs
 
 # A prompt of up to this many tokens (one piece, Piece.whole) runs the recurrent rule: rows
 # one after another, the fp32 state as a decode row's. Longer prompts run the chunked rule
@@ -95,35 +96,31 @@ class GatedDeltaNet(nn.Module):
 
     def _prompts(self, qkv, a, b, group, kernels: Kernels) -> torch.Tensor:
         """Prompt pieces [1, their rows, ...] back to back: a conv per piece (each after its
-        own window), then the heads, the gates and one chunked call over all of them; a
-        piece that is its whole prompt of up to SHORT_PROMPT rows runs the recurrent rule
-        instead, alone (the chunked call's host time was most of a short prompt's round)."""
+        own window), then the heads, the gates and one chunked call over all of them; the
+        pieces that are their whole prompt of up to SHORT_PROMPT rows run the recurrent rule
+        instead (the chunked call's host time was most of a short prompt's round), on
+        Triton's kernels all in one call (`_short`)."""
         window, state = self.state_of([p.session for p in group])
-        ys, xfulls, at = [], [], 0
-        for i, piece in enumerate(group):
-            y, xfull = kernels.causal_conv(
-                qkv[:, at : at + piece.length], window[i : i + 1], self.conv_weight
-            )
-            ys.append(y)
-            xfulls.append(xfull[0])
-            at += piece.length
-        short = [p.whole and p.length <= SHORT_PROMPT for p in group]
-        outs, finals = [None] * len(group), [None] * len(group)
+        n = len(group)
+        outs, finals, xfulls = [None] * n, [None] * n, [None] * n
         starts = [p.offset - group[0].offset for p in group]
-        for i in (i for i, s in enumerate(short) if s):
-            span = slice(starts[i], starts[i] + group[i].length)
-            q, k, v = self.heads(ys[i], kernels)
-            gates = self.gates(a[:, span], b[:, span])  # computed in the rule's programs
-            o, final = kernels.recurrent_gdn(
-                q, k, v, None, None, state[i : i + 1], keep_states=False, gates=gates
-            )
-            outs[i], finals[i] = o, final[0, 0]
-        rest = [i for i, s in enumerate(short) if not s]
+        short = [i for i, p in enumerate(group) if p.whole and p.length <= SHORT_PROMPT]
+        # together on Triton's kernels (a program a session); the references' batched products
+        # may round by batch on a CPU's BLAS, so there one call a piece
+        for idx in [short] if kernels.name == "triton" and short else [[i] for i in short]:
+            self._short(qkv, a, b, group, idx, starts, window, state, kernels, outs, finals, xfulls)
+        rest = [i for i in range(n) if i not in short]
         if rest:
-            y = torch.cat([ys[i] for i in rest], dim=1) if len(rest) > 1 else ys[rest[0]]
+            ys = []
+            for i in rest:
+                span = slice(starts[i], starts[i] + group[i].length)
+                y, xfull = kernels.causal_conv(qkv[:, span], window[i : i + 1], self.conv_weight)
+                ys.append(y)
+                xfulls[i] = xfull[0]
+            y = torch.cat(ys, dim=1) if len(rest) > 1 else ys[0]
             q, k, v = self.heads(y, kernels, contiguous_v=True)
             spans = [slice(starts[i], starts[i] + group[i].length) for i in rest]
-            ga, gb = (x if len(rest) == len(group) else _rows_of(x, spans) for x in (a, b))
+            ga, gb = (x if len(rest) == n else _rows_of(x, spans) for x in (a, b))
             g, beta = self.gate_values(ga, gb, kernels)
             lengths = [group[i].length for i in rest]
             o, final = kernels.chunk_gdn(q, k, v, g, beta, state[rest], lengths=lengths)
@@ -134,6 +131,40 @@ class GatedDeltaNet(nn.Module):
         for piece, xfull, s in zip(group, xfulls, finals):
             piece.pending[key] = (xfull, s[None])
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+    def _short(self, qkv, a, b, group, idx, starts, window, state, kernels, outs, finals, xfulls):
+        """The recurrent rule for the pieces `idx` (short whole prompts) in one conv, one
+        heads and one rule call: their rows side by side [len(idx), width], each padded to
+        the widest with its last row. A padded row's a and b are -inf, so its gates are a
+        decay of exp(0) = 1 and beta = 0: the state goes through it unchanged (S * 1 + k 0),
+        and each piece's rows and final state are those of its call alone (a program per
+        session and head, the rows in order). Fills outs, finals, xfulls at idx."""
+        if len(idx) == 1:  # as is: no gather
+            i = idx[0]
+            span = slice(starts[i], starts[i] + group[i].length)
+            at, x, ga, gb = slice(i, i + 1), qkv[:, span], a[:, span], b[:, span]
+        else:
+            width = max(group[i].length for i in idx)
+            pad = qkv.shape[1]  # the -inf row appended to a and b
+            rows = [starts[i] + t for i in idx for t in range(width)]
+            ends = [starts[i] + group[i].length for i in idx for _ in range(width)]
+            real = device_longs([min(r, e - 1) for r, e in zip(rows, ends)], qkv.device)
+            gates = device_longs([r if r < e else pad for r, e in zip(rows, ends)], qkv.device)
+            x = qkv[0].index_select(0, real).unflatten(0, (len(idx), width))
+            ab = torch.cat([a[0], b[0]], dim=-1)
+            ab = F.pad(ab, (0, 0, 0, 1), value=float("-inf")).index_select(0, gates)
+            hv = a.shape[-1]
+            ab = ab.unflatten(0, (len(idx), width))
+            at, ga, gb = idx, ab[..., :hv], ab[..., hv:]  # a and b: views, rows 2 hv apart
+        y, xfull = kernels.causal_conv(x, window[at], self.conv_weight)
+        q, k, v = self.heads(y, kernels)
+        o, final = kernels.recurrent_gdn(
+            q, k, v, None, None, state[at], keep_states=False, gates=self.gates(ga, gb)
+        )
+        w = self.cfg.linear_conv_kernel - 1
+        for j, i in enumerate(idx):
+            n = group[i].length
+            outs[i], finals[i], xfulls[i] = o[j : j + 1, :n], final[j, 0], xfull[j, : w + n]
 
     def state_of(self, sessions) -> tuple[torch.Tensor, torch.Tensor]:
         """The sessions' conv windows [B, k-1, C] and recurrent states [B, HV, Dk, Dv]."""
