@@ -6,8 +6,9 @@ once, under the innermost flashlane function on the call stack.
     python benchmarks/launch_census.py --config flashnext-tiny [--depth K | --absorb B]
 
 --absorb B counts instead what a drafted lone call's load launches (issue 28): the MTP head
-absorbing B streams' waiting prompt cells in one forward (MtpDrafter.absorb_waiting), ops on
-host tensors (Rows.of's index lists) left out.
+absorbing B streams' waiting prompt cells in one forward (MtpDrafter.absorb_waiting); --prompts
+B a shared round of B short whole prompts (ModelBackend.verify). Ops on host tensors (Rows.of's
+index lists) are left out.
 
 The count is what a CUDA graph of the step holds, not a time: a graph replays each launch
 in 1-3 us however small its work.
@@ -117,9 +118,10 @@ def drafted_step(cfg, model, depth: int):
 HOST = {"models/rows.py:of"}
 
 
-def absorb(cfg, model, streams: int, prompt_len: int = 5):
+def absorb(cfg, model, streams: int, prompt_len: int = 5, round_only: bool = False):
     """B streams' prompts kept through a shared round (ModelBackend), their MTP cells left
-    waiting; the call absorbs them all, as a drafted lone call's load does."""
+    waiting; the call absorbs them all, as a drafted lone call's load does. round_only: the
+    call is the round of the B prompts instead."""
     from flashlane.lanes.records import Draws, Window
     from flashlane.request import SamplingParams
     from flashlane.runner.backend import ModelBackend
@@ -132,6 +134,8 @@ def absorb(cfg, model, streams: int, prompt_len: int = 5):
         Window(i, i, 0, tuple(p), Draws(params, 0, p, []), "prompt", True)
         for i, p in enumerate(prompts)
     ]
+    if round_only:
+        return lambda: backend.verify(windows)
     backend.verify(windows)
     backend.keep({i: len(p) for i, p in enumerate(prompts)})
     ids = list(range(streams))
@@ -148,11 +152,14 @@ def main() -> None:
         default=0,
         help="streams whose cells the MTP head absorbs (default: 0)",
     )
+    ap.add_argument(
+        "--prompts", type=int, default=0, help="short prompts a round takes (default: 0)"
+    )
     args = ap.parse_args()
     cfg, model = build_random(preset(args.config), torch.float32, "cpu", 0)
     model.use_kernels(TRITON)
-    if args.absorb:
-        run = absorb(cfg, model, args.absorb)
+    if args.absorb or args.prompts:
+        run = absorb(cfg, model, args.absorb or args.prompts, round_only=bool(args.prompts))
     else:
         run = drafted_step(cfg, model, args.depth) if args.depth else plain_step(cfg, model)
         run()  # the first step may take other branches
@@ -167,6 +174,8 @@ def main() -> None:
     kind = f"drafted lone step (depth {args.depth})" if args.depth else "lone step"
     if args.absorb:
         kind = f"load: the MTP head absorbing {args.absorb} streams' waiting cells"
+    if args.prompts:
+        kind = f"shared round of {args.prompts} short prompts"
     print(f"{args.config}: {total} launches a {kind} ({len(model.layers)} layers)")
     for fn, n in where.most_common():
         ops = sorted(

@@ -67,6 +67,21 @@ def test_absorbing_more_streams_launches_no_more(capsys):
     assert _census(["--absorb", "5"], capsys) == _census(["--absorb", "2"], capsys)
 
 
+# a prompt piece's own launches in a round of short prompts: its PLE layer's (the n-gram
+# ids, history and conv window, the conv: 5 on flashnext-tiny); the GDN rule, the attention's
+# blocks and the session's reset are one call for all
+PER_PROMPT = 5
+
+
+@ON_CPU
+def test_a_round_of_short_prompts_launches_little_a_prompt(capsys):
+    """Short whole prompts in one round share their GDN layers' conv, heads and recurrent
+    rule (gated_deltanet's _short), their attention's pooled blocks and their resets: 3
+    prompts more cost PER_PROMPT launches each at most (about 20 each before)."""
+    more = _census(["--prompts", "5"], capsys) - _census(["--prompts", "2"], capsys)
+    assert 0 <= more <= 3 * PER_PROMPT
+
+
 @ON_CPU
 @pytest.mark.parametrize("depth,budget", [(0, BUDGET), *DRAFTED_BUDGETS.items()])
 def test_tiny_lone_step_launches_within_budget(capsys, depth, budget):
