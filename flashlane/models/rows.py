@@ -160,13 +160,19 @@ class Rows:
         if all(_run(g) is not None for g in groups):
             return torch.cat([part.flatten(0, 1) for part in parts], dim=0)
         out = parts[0].new_empty(len(self.token_ids), *parts[0].shape[2:])
-        for i, (part, g) in enumerate(zip(parts, groups)):
-            run = _run(g)
-            if run is not None:
-                out[run] = part.flatten(0, 1)
-            else:
-                out.index_copy_(0, self._rows_of(i, g, prompts), part.flatten(0, 1))
+        for i, part in enumerate(parts):
+            self.put(out, i, part, stack, prompts)
         return out
+
+    def put(self, out: torch.Tensor, i: int, part: torch.Tensor, stack=False, prompts=False):
+        """Group i of groups(stack, prompts): its part [B, T, ...] into its rows of out [N, ...]
+        (join, a group at a time)."""
+        g = self.groups(stack, prompts)[i]
+        run = _run(g)
+        if run is not None:
+            out[run] = part.flatten(0, 1)
+        else:
+            out.index_copy_(0, self._rows_of(i, g, prompts), part.flatten(0, 1))
 
     def groups(self, stack: bool = False, prompts: bool = False) -> list[list[Piece]]:
         """Pieces in the groups that split() returns: one piece each; with `stack`, the verify
