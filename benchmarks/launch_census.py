@@ -134,7 +134,9 @@ def absorb(cfg, model, streams: int, prompt_len: int = 5, round_only: bool = Fal
         Window(i, i, 0, tuple(p), Draws(params, 0, p, []), "prompt", True)
         for i, p in enumerate(prompts)
     ]
-    if round_only:
+    if round_only:  # after a first round (its one-time tensors made) on other sessions
+        warm = [SessionState.empty(cfg, 256, torch.float32, torch.float32, "cpu") for _ in s]
+        ModelBackend(model, warm, max_rows=64, mtp_confidence=0.0).verify(windows)
         return lambda: backend.verify(windows)
     backend.verify(windows)
     backend.keep({i: len(p) for i, p in enumerate(prompts)})

@@ -108,7 +108,8 @@ class GatedDeltaNet(nn.Module):
         # together on Triton's kernels (a program a session); the references' batched products
         # may round by batch on a CPU's BLAS, so there one call a piece
         for idx in [short] if kernels.name == "triton" and short else [[i] for i in short]:
-            self._short(qkv, a, b, group, idx, starts, window, state, kernels, outs, finals, xfulls)
+            for i, (o, final, xfull) in self._short(qkv, a, b, group, idx, window, state, kernels):
+                outs[i], finals[i], xfulls[i] = o, final, xfull
         rest = [i for i in range(n) if i not in short]
         if rest:
             ys = []
@@ -132,13 +133,15 @@ class GatedDeltaNet(nn.Module):
             piece.pending[key] = (xfull, s[None])
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
-    def _short(self, qkv, a, b, group, idx, starts, window, state, kernels, outs, finals, xfulls):
+    def _short(self, qkv, a, b, group, idx, window, state, kernels: Kernels):
         """The recurrent rule for the pieces `idx` (short whole prompts) in one conv, one
         heads and one rule call: their rows side by side [len(idx), width], each padded to
         the widest with its last row. A padded row's a and b are -inf, so its gates are a
         decay of exp(0) = 1 and beta = 0: the state goes through it unchanged (S * 1 + k 0),
         and each piece's rows and final state are those of its call alone (a program per
-        session and head, the rows in order). Fills outs, finals, xfulls at idx."""
+        session and head, the rows in order). -> (i, (its rows, final state, conv inputs))
+        for each piece i of idx."""
+        starts = [p.offset - group[0].offset for p in group]
         if len(idx) == 1:  # as is: no gather
             i = idx[0]
             span = slice(starts[i], starts[i] + group[i].length)
@@ -146,10 +149,10 @@ class GatedDeltaNet(nn.Module):
         else:
             width = max(group[i].length for i in idx)
             pad = qkv.shape[1]  # the -inf row appended to a and b
-            rows = [starts[i] + t for i in idx for t in range(width)]
+            spots = [starts[i] + t for i in idx for t in range(width)]
             ends = [starts[i] + group[i].length for i in idx for _ in range(width)]
-            real = device_longs([min(r, e - 1) for r, e in zip(rows, ends)], qkv.device)
-            gates = device_longs([r if r < e else pad for r, e in zip(rows, ends)], qkv.device)
+            real = device_longs([min(r, e - 1) for r, e in zip(spots, ends)], qkv.device)
+            gates = device_longs([r if r < e else pad for r, e in zip(spots, ends)], qkv.device)
             x = qkv[0].index_select(0, real).unflatten(0, (len(idx), width))
             ab = torch.cat([a[0], b[0]], dim=-1)
             ab = F.pad(ab, (0, 0, 0, 1), value=float("-inf")).index_select(0, gates)
@@ -161,10 +164,11 @@ class GatedDeltaNet(nn.Module):
         o, final = kernels.recurrent_gdn(
             q, k, v, None, None, state[at], keep_states=False, gates=self.gates(ga, gb)
         )
-        w = self.cfg.linear_conv_kernel - 1
-        for j, i in enumerate(idx):
-            n = group[i].length
-            outs[i], finals[i], xfulls[i] = o[j : j + 1, :n], final[j, 0], xfull[j, : w + n]
+        w, n = self.cfg.linear_conv_kernel - 1, [group[i].length for i in idx]
+        return [
+            (i, (o[j : j + 1, : n[j]], final[j, 0], xfull[j, : w + n[j]]))
+            for j, i in enumerate(idx)
+        ]
 
     def state_of(self, sessions) -> tuple[torch.Tensor, torch.Tensor]:
         """The sessions' conv windows [B, k-1, C] and recurrent states [B, HV, Dk, Dv]."""
