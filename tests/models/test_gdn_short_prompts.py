@@ -2,7 +2,9 @@
 rows go through one conv, one heads and one recurrent call, side by side and padded to the
 widest with -inf gates (a decay of 1, beta 0: the state goes through a padded row as it
 is). Each piece's outputs, conv inputs and final state must be those of its piece alone;
-a longer prompt in the same round keeps the chunked rule."""
+a longer prompt in the same round keeps the chunked rule. The references (here, on the CPU)
+run the short pieces one call each; tests/kernels/test_gdn_short_prompts_triton.py runs
+this check on Triton's kernels, where they go together."""
 
 import pytest
 import torch
