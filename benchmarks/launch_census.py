@@ -118,10 +118,8 @@ def drafted_step(cfg, model, depth: int):
 HOST = {"models/rows.py:of"}
 
 
-def absorb(cfg, model, streams: int, prompt_len: int = 5, round_only: bool = False):
-    """B streams' prompts kept through a shared round (ModelBackend), their MTP cells left
-    waiting; the call absorbs them all, as a drafted lone call's load does. round_only: the
-    call is the round of the B prompts instead."""
+def prompted(cfg, model, streams: int, prompt_len: int = 5):
+    """B fresh sessions, a shared-round backend over them and B short whole prompts' windows."""
     from flashlane.lanes.records import Draws, Window
     from flashlane.request import SamplingParams
     from flashlane.runner.backend import ModelBackend
@@ -134,14 +132,26 @@ def absorb(cfg, model, streams: int, prompt_len: int = 5, round_only: bool = Fal
         Window(i, i, 0, tuple(p), Draws(params, 0, p, []), "prompt", True)
         for i, p in enumerate(prompts)
     ]
-    if round_only:  # after a first round (its one-time tensors made) on other sessions
-        warm = [SessionState.empty(cfg, 256, torch.float32, torch.float32, "cpu") for _ in s]
-        ModelBackend(model, warm, max_rows=64, mtp_confidence=0.0).verify(windows)
-        return lambda: backend.verify(windows)
+    return s, backend, windows
+
+
+def absorb(cfg, model, streams: int):
+    """B streams' prompts kept through a shared round, their MTP cells left waiting; the call
+    absorbs them all, as a drafted lone call's load does."""
+    s, backend, windows = prompted(cfg, model, streams)
     backend.verify(windows)
-    backend.keep({i: len(p) for i, p in enumerate(prompts)})
+    backend.keep({w.stream_id: len(w.tokens) for w in windows})
     ids = list(range(streams))
     return lambda: backend.drafter.absorb_waiting(ids, dict(enumerate(s)), [5] * streams)
+
+
+def prompt_round(cfg, model, streams: int):
+    """The shared round of B short prompts, after a first round on other sessions (so the
+    process's one-time tensors are made before the count)."""
+    _, warm, windows = prompted(cfg, model, streams)
+    warm.verify(windows)
+    _, backend, windows = prompted(cfg, model, streams)
+    return lambda: backend.verify(windows)
 
 
 def main() -> None:
@@ -160,8 +170,10 @@ def main() -> None:
     args = ap.parse_args()
     cfg, model = build_random(preset(args.config), torch.float32, "cpu", 0)
     model.use_kernels(TRITON)
-    if args.absorb or args.prompts:
-        run = absorb(cfg, model, args.absorb or args.prompts, round_only=bool(args.prompts))
+    if args.absorb:
+        run = absorb(cfg, model, args.absorb)
+    elif args.prompts:
+        run = prompt_round(cfg, model, args.prompts)
     else:
         run = drafted_step(cfg, model, args.depth) if args.depth else plain_step(cfg, model)
         run()  # the first step may take other branches

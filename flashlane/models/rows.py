@@ -111,6 +111,29 @@ class Rows:
             self._longs[key] = device_longs(values(), self.token_ids.device)
         return self._longs[key]
 
+    def stack_in(self, name: str, pieces: list[Piece], tensors) -> list[torch.Tensor]:
+        """Pieces side by side: each tensor's rows [N, ...] of them, padded to the widest
+        piece -> [P, width, ...], a piece's last row repeated past its length (a causal or
+        row-wise op then gives each piece's rows what its call alone gives). The index
+        tensors are the forward's under `name` (made once for every layer)."""
+        width = max(p.length for p in pieces)
+        gather = self.longs(f"{name}_gather", lambda: [
+            p.offset + min(t, p.length - 1) for p in pieces for t in range(width)
+        ])  # fmt: skip
+        return [t.index_select(0, gather).unflatten(0, (-1, width)) for t in tensors]
+
+    def stack_out(self, name: str, pieces: list[Piece], res: torch.Tensor, out: torch.Tensor):
+        """stack_in's inverse: res [P, width, ...] into out [N, ...], each piece's real rows
+        at its rows of the forward, the padded ones dropped."""
+        width = res.shape[1]
+        real = self.longs(f"{name}_real", lambda: [
+            i * width + t for i, p in enumerate(pieces) for t in range(p.length)
+        ])  # fmt: skip
+        dest = self.longs(f"{name}_rows", lambda: [
+            p.offset + t for p in pieces for t in range(p.length)
+        ])  # fmt: skip
+        out.index_copy_(0, dest, res.flatten(0, 1).index_select(0, real))
+
     def cos_sin(self, rotary, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """rotary.cos_sin of the rows' positions, computed once per forward."""
         if dtype not in self._rope:

@@ -71,7 +71,7 @@ def test_absorbing_more_streams_launches_no_more(capsys):
 def test_a_round_of_short_prompts_launches_as_many_for_more(capsys):
     """Short whole prompts in one round share their GDN layers' conv, heads and recurrent
     rule (gated_deltanet's _short), their attention's pooled blocks, their PLE layers
-    (ple.Padded, from PROMPTS_TOGETHER on) and their resets: 6 prompts launch as many
+    (Rows.stack_in, from PROMPTS_TOGETHER on) and their resets: 6 prompts launch as many
     kernels as 3 (28 more a prompt at 22ddfd9: 168 / 252 / 336 for 2 / 5 / 8)."""
     assert _census(["--prompts", "6"], capsys) == _census(["--prompts", "3"], capsys)
 

@@ -1,9 +1,9 @@
-"""A round's prompt pieces through a PLE layer side by side (models/layers/ple.py `Padded`,
-Triton's kernels, PROMPTS_TOGETHER or more): each padded to the widest with its last row, so
-the n-gram ids, the embedding rows and the causal conv of its real rows are those of its call
-alone. Each piece's addition, conv inputs and n-gram history must equal its piece's alone:
-bitwise on a GPU; under the interpreter the additions and conv inputs (after the key and
-value products' dots) within DOT_TOL, the ids exactly."""
+"""A round's prompt pieces through a PLE layer side by side (models/layers/ple.py through
+Rows.stack_in; Triton's kernels, PROMPTS_TOGETHER or more): each padded to the widest with
+its last row, so the n-gram ids, the embedding rows and the causal conv of its real rows are
+those of its call alone. Each piece's addition, conv inputs and n-gram history must equal its
+piece's alone: bitwise on a GPU; under the interpreter the additions and conv inputs (after
+the key and value products' dots) within DOT_TOL, the ids exactly."""
 
 import torch
 

@@ -146,7 +146,7 @@ class PLELayer(nn.Module):
     def forward(self, r: torch.Tensor, rows: Rows, kernels: Kernels) -> torch.Tensor:
         """r: [N, hc*H] -> the PLE's addition to r; records ("ple", idx): (conv inputs, ids).
         On Triton's kernels a round's prompt pieces (PROMPTS_TOGETHER or more) run side by
-        side (`Padded`); every other group, and every group on the references, alone."""
+        side (Rows.stack_in); every other group, and every group on the references, alone."""
         groups = rows.groups(True)
         alone = list(range(len(groups)))
         together = [i for i in alone if _prompt(groups[i])] if rows.batch is None else []
@@ -156,15 +156,19 @@ class PLELayer(nn.Module):
         ids = rows.split(rows.token_ids, True)
         histories = {i: self.history(groups[i], ids[i]) for i in alone}
         embs = {i: self.ple_embedding.embed(h) for i, h in histories.items()}
-        batch = Padded(rows, [groups[i][0] for i in together]) if together else None
-        if batch is not None:
-            history = self.history(batch.pieces, batch.take(rows.token_ids))
+        # the prompt pieces side by side, each padded to the widest with its last row: its
+        # ids, embedding rows and causal conv then give its real rows its call's alone
+        batch = [groups[i][0] for i in together]
+        if batch:
+            (ids_in,) = rows.stack_in("ple", batch, [rows.token_ids])
+            history = self.history(batch, ids_in)
             embs[-1] = self.ple_embedding.embed(history)
         gated, normed = self._gated(r, _placed(rows, embs, batch), kernels)
         xs = rows.split(normed, True)
         convs = {i: self._conv(xs[i], groups[i], histories[i], kernels) for i in alone}
-        if batch is not None:
-            convs[-1] = self._conv(batch.take(normed), batch.pieces, history, kernels)
+        if batch:
+            (x,) = rows.stack_in("ple", batch, [normed])
+            convs[-1] = self._conv(x, batch, history, kernels)
         return gated + _placed(rows, convs, batch)
 
     def stacked(
@@ -247,48 +251,21 @@ class PLELayer(nn.Module):
 PROMPTS_TOGETHER = 3
 
 
-class Padded:
-    """Prompt pieces side by side [P, width], each padded to the widest with its last row:
-    a causal conv and row-wise ops give each piece's rows what its call alone gives, and the
-    padded rows are dropped. The index lists are the forward's (every PLE layer's)."""
-
-    def __init__(self, rows: Rows, pieces: list):
-        self.rows, self.pieces = rows, pieces
-        self.width = width = max(p.length for p in pieces)
-        self.pad = rows.longs("ple_pad", lambda: [
-            p.offset + min(t, p.length - 1) for p in pieces for t in range(width)
-        ])  # fmt: skip
-        self.real = rows.longs("ple_real", lambda: [
-            i * width + t for i, p in enumerate(pieces) for t in range(p.length)
-        ])  # fmt: skip
-        self.dest = rows.longs("ple_dest", lambda: [
-            p.offset + t for p in pieces for t in range(p.length)
-        ])  # fmt: skip
-
-    def take(self, x: torch.Tensor) -> torch.Tensor:
-        """Flat rows x [N, ...] -> the pieces' [P, width, ...]."""
-        return x.index_select(0, self.pad).unflatten(0, (len(self.pieces), self.width))
-
-    def put(self, out: torch.Tensor, part: torch.Tensor) -> None:
-        """The pieces' real rows of part [P, width, ...] into flat out [N, ...]."""
-        out.index_copy_(0, self.dest, part.flatten(0, 1).index_select(0, self.real))
-
-
 def _prompt(group: list) -> bool:
     """Whether the group is one session's prompt piece (groups(True) gives each its own)."""
     return len(group) == 1 and group[0].session is not None and not group[0].recurrent
 
 
-def _placed(rows: Rows, parts: dict, batch: Padded | None) -> torch.Tensor:
-    """Group i's part [B, T, ...] of rows.groups(True) (the padded batch's: key -1) each at
-    its rows of one flat [N, ...]."""
-    if batch is None:
+def _placed(rows: Rows, parts: dict, batch: list) -> torch.Tensor:
+    """Group i's part [B, T, ...] of rows.groups(True) each at its rows of one flat [N, ...];
+    the stacked prompt pieces `batch`'s (key -1) through Rows.stack_out."""
+    if not batch:
         return rows.join([parts[i] for i in range(len(parts))], True)
     first = next(iter(parts.values()))
     out = first.new_empty(len(rows.token_ids), *first.shape[2:])
     for i, part in parts.items():
         if i < 0:
-            batch.put(out, part)
+            rows.stack_out("ple", batch, part, out)
         else:
             rows.put(out, i, part, True)
     return out

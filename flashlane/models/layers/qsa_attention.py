@@ -221,27 +221,14 @@ def piece_stacks(rows: Rows) -> list[list[Piece]]:
 
 
 def stack_in(rows: Rows, pieces: list[Piece], tensors) -> list[torch.Tensor]:
-    """A stack's rows of each tensor [N, ...] padded to its widest piece -> [P, width, ...],
-    a piece's last row repeated past its length. The index tensors are the round's, made once
-    for every attention layer (one name a kind of stack)."""
-    width = max(p.length for p in pieces)
-    gather = rows.longs(f"attend_gather_{_kind(pieces)}", lambda: [
-        p.offset + min(t, p.length - 1) for p in pieces for t in range(width)
-    ])  # fmt: skip
-    return [t.index_select(0, gather).unflatten(0, (-1, width)) for t in tensors]
+    """A stack's rows of each tensor, padded to its widest piece (Rows.stack_in; one name a
+    kind of stack)."""
+    return rows.stack_in(f"attend_{_kind(pieces)}", pieces, tensors)
 
 
 def stack_out(rows: Rows, pieces: list[Piece], res: torch.Tensor, out: torch.Tensor) -> None:
-    """A stack's results res [P, width, ...] into out [N, ...]: each piece's real rows at its
-    rows of the round, the padded ones dropped."""
-    width, kind = res.shape[1], _kind(pieces)
-    real = rows.longs(f"attend_real_{kind}", lambda: [
-        i * width + t for i, p in enumerate(pieces) for t in range(p.length)
-    ])  # fmt: skip
-    dest = rows.longs(f"attend_rows_{kind}", lambda: [
-        p.offset + t for p in pieces for t in range(p.length)
-    ])  # fmt: skip
-    out.index_copy_(0, dest, res.flatten(0, 1).index_select(0, real))
+    """A stack's results into out, the padded rows dropped (Rows.stack_out)."""
+    rows.stack_out(f"attend_{_kind(pieces)}", pieces, res, out)
 
 
 def _kind(pieces: list[Piece]) -> str:
