@@ -4,6 +4,7 @@ Triton launch and each torch op that would launch a kernel on a GPU (views exclu
 once, under the innermost flashlane function on the call stack.
 
     python benchmarks/launch_census.py --config flashnext-tiny [--depth K | --absorb B]
+    python benchmarks/launch_census.py --prompts 1 --host     # the host's own time
 
 --absorb B counts instead what a drafted lone call's load launches (issue 28): the MTP head
 absorbing B streams' waiting prompt cells in one forward (MtpDrafter.absorb_waiting); --prompts
@@ -12,6 +13,12 @@ index lists) are left out.
 
 The count is what a CUDA graph of the step holds, not a time: a graph replays each launch
 in 1-3 us however small its work.
+
+--host times the same work on the host with every Triton launch made a no-op (the kernels'
+outputs are left unwritten): what flashlane's Python and torch's dispatch cost around the
+launches, which an eager round (a prompt round, a drafted call's load) pays on a GPU per
+launch beside Triton's launcher and the driver's. Median of --repeats, then the functions
+with the most host time of their own (cProfile; its own cost inflates each call).
 """
 
 from __future__ import annotations
@@ -22,7 +29,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import argparse
 import collections
+import cProfile
+import pstats
+import statistics
 import sys
+import time
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -154,6 +165,38 @@ def prompt_round(cfg, model, streams: int):
     return lambda: backend.verify(windows)
 
 
+def host_time(runs: list) -> None:
+    """--host: each run once (fresh work each) with Triton's launches as no-ops, the last
+    under cProfile."""
+    torch.set_num_threads(1)
+    original = interpreter.InterpretedFunction.run
+    interpreter.InterpretedFunction.run = lambda fn, *args, **kwargs: None
+    try:
+        ms = []
+        for run in runs[:-1]:
+            t = time.perf_counter()
+            run()
+            ms.append(1e3 * (time.perf_counter() - t))
+        pr = cProfile.Profile()
+        pr.enable()
+        runs[-1]()
+        pr.disable()
+    finally:
+        interpreter.InterpretedFunction.run = original
+    print(
+        f"host: {statistics.median(ms):.2f} ms (median of {len(ms)}, "
+        f"{min(ms):.2f}-{max(ms):.2f}) with Triton's launches as no-ops"
+    )
+    own = [
+        (nc, tt, ct, f"{path.rsplit('/flashlane/', 1)[-1]}:{name}")
+        for (path, _, name), (_, nc, tt, ct, _) in pstats.Stats(pr).stats.items()
+        if "/flashlane/" in path
+    ]
+    print("  own ms  cumul ms  calls  flashlane function (under cProfile)")
+    for nc, tt, ct, name in sorted(own, key=lambda r: -r[1])[:20]:
+        print(f"{1e3 * tt:8.2f}  {1e3 * ct:8.2f}  {nc:5d}  {name}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", default="flashnext-tiny")
@@ -167,16 +210,24 @@ def main() -> None:
     ap.add_argument(
         "--prompts", type=int, default=0, help="short prompts a round takes (default: 0)"
     )
+    ap.add_argument("--host", action="store_true", help="time the host's own work (default: count)")
+    ap.add_argument("--repeats", type=int, default=7, help="--host's timed runs (default: 7)")
     args = ap.parse_args()
     cfg, model = build_random(preset(args.config), torch.float32, "cpu", 0)
     model.use_kernels(TRITON)
-    if args.absorb:
-        run = absorb(cfg, model, args.absorb)
-    elif args.prompts:
-        run = prompt_round(cfg, model, args.prompts)
-    else:
+
+    def work():
+        if args.absorb:
+            return absorb(cfg, model, args.absorb)
+        if args.prompts:
+            return prompt_round(cfg, model, args.prompts)
         run = drafted_step(cfg, model, args.depth) if args.depth else plain_step(cfg, model)
         run()  # the first step may take other branches
+        return run
+
+    if args.host:
+        return host_time([work() for _ in range(args.repeats + 1)])
+    run = work()
     census = Census()
     with census:
         run()
