@@ -178,10 +178,10 @@ class Rows:
     ) -> torch.Tensor:
         """Inverse of split(stack, prompts): per group [B, T, ...] -> [N, ...] in row order."""
         if self.batch is not None:
-            return torch.cat([p.reshape(-1, *p.shape[2:]) for p in parts], dim=0)
+            return _cat([p.reshape(-1, *p.shape[2:]) for p in parts])
         groups = self.groups(stack, prompts)
         if all(_run(g) is not None for g in groups):
-            return torch.cat([part.flatten(0, 1) for part in parts], dim=0)
+            return _cat([part.flatten(0, 1) for part in parts])
         out = parts[0].new_empty(len(self.token_ids), *parts[0].shape[2:])
         for i, part in enumerate(parts):
             self.put(out, i, part, stack, prompts)
@@ -228,3 +228,8 @@ def _run(group: list[Piece]) -> slice | None:
         if b.offset != a.offset + a.length:
             return None
     return slice(group[0].offset, group[-1].offset + group[-1].length)
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat of the rows, without its copy for one part (contiguous, as cat's)."""
+    return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts, dim=0)

@@ -146,7 +146,7 @@ class ModelBackend:
         # no work at all unless a stream is constrained
         refused = self._constrain(windows, logits) if _any_constrained(windows) else {}
         specs = [_spec(w, i) for w in windows for i in range(w.num_draws)]
-        picks = _draw_all(logits, specs)
+        picks = _draw_all(logits, specs, self.model.kernels)
         verdicts, row = [], 0
         for w, p in zip(windows, rows.pieces):
             n = w.num_draws
@@ -286,13 +286,15 @@ def _whole(w: Window) -> bool:
     return w.kind == "prompt" and w.start == 0 and w.last_piece
 
 
-def _draw_all(logits: torch.Tensor | None, specs: list[DrawSpec]) -> list:
-    """Every drawing row of the round: plain greedy rows where the logits are (one call), the
-    rest in one batch, on the GPU with the fused keyed draw (sampling/gpu.py: the CPU path's
-    tokens) or on the CPU; row -> id or SampleError."""
+def _draw_all(logits: torch.Tensor | None, specs: list[DrawSpec], kernels) -> list:
+    """Every drawing row of the round: plain greedy rows where the logits are (one call; on
+    Triton's kernels one launch), the rest in one batch, on the GPU with the fused keyed
+    draw (sampling/gpu.py: the CPU path's tokens) or on the CPU; row -> id or SampleError."""
     if logits is None:
         return []
-    picks: dict = greedy_on_device(logits, [i for i, sp in enumerate(specs) if is_plain_greedy(sp)])
+    greedy = [i for i, sp in enumerate(specs) if is_plain_greedy(sp)]
+    step = kernels.greedy_step if kernels.name == "triton" else None
+    picks: dict = greedy_on_device(logits, greedy, step)
     rest = [i for i in range(len(specs)) if i not in picks]
     if rest:
         draw = draw_rows_gpu if logits.is_cuda else draw_rows

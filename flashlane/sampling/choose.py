@@ -9,7 +9,7 @@ bit; tests hold them to it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -97,14 +97,27 @@ def seen_ids(spec: DrawSpec) -> np.ndarray:
     return np.concatenate([a.reshape(-1) for a in parts])
 
 
-def greedy_on_device(logits: torch.Tensor, rows: Sequence[int]) -> dict[int, int]:
+def greedy_on_device(
+    logits: torch.Tensor, rows: Sequence[int], step: Callable | None = None
+) -> dict[int, int]:
     """Plain greedy draws of `rows` of logits [M, V] where the logits lie (a GPU need not send
     them to the host): row -> id. torch's max returns the first maximal index, so ties go to
     the lower id. A row whose maximum is not finite (a NaN or +inf logit, or no finite
-    candidate) is left out: draw_rows draws it and names its error."""
+    candidate) is left out: draw_rows draws it and names its error. `step`: a kernel set's
+    greedy_step (the first maximum, ties to the lower id, and the flag that it is finite with
+    no NaN in the row, read as fp32: bf16 and fp32 widen exactly), one launch for the
+    eight ops here; not for float64 logits, whose fp32 reading may tie what differs."""
     if not rows:
         return {}
-    top, ids = logits[list(rows)].max(dim=1)
+    picked = logits if list(rows) == list(range(logits.shape[0])) else logits[list(rows)]
+    if step is not None and logits.dtype != torch.float64:
+        n = len(rows)
+        out = torch.empty((n, 2), dtype=torch.long, device=logits.device)
+        scratch = torch.empty((2, n), dtype=torch.long, device=logits.device)
+        step(picked, out, scratch[0], scratch[1])  # scratch: the step's token and position
+        back = out.cpu().tolist()
+        return {r: i for r, (i, ok) in zip(rows, back) if ok}
+    top, ids = picked.max(dim=1)
     back = torch.stack([ids, torch.isfinite(top).long()]).cpu().tolist()
     return {r: i for r, i, ok in zip(rows, back[0], back[1]) if ok}
 

@@ -87,3 +87,26 @@ def test_draft_pick_is_the_first_maximum_into_its_column(dtype):
     alone = torch.full((1, 2), -7, dtype=torch.long, device=DEVICE)
     tg.draft_pick(logits[3:4], alone, 0)
     assert alone[0, 0] == got[3, 1] and alone[0, 1] == -7
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_rounds_greedy_rows_in_one_launch_draw_as_torch(dtype):
+    """A shared round's plain greedy rows (sampling.choose.greedy_on_device) through the
+    kernel set's greedy_step draw the ids torch's ops draw, ties to the lower id, and leave
+    out the same rows (a NaN, an infinite maximum, nothing finite), for every row or some."""
+    from flashlane.sampling.choose import greedy_on_device
+
+    v = 2 * tg.CHUNK + 50
+    g = torch.Generator(device=DEVICE).manual_seed(6)
+    logits = torch.randn(8, v, generator=g, device=DEVICE).to(dtype)
+    logits[0, [7, tg.CHUNK + 1]] = 30.0  # a tie across chunks: the first wins
+    logits[2, 11] = float("nan")
+    logits[3, 40] = float("inf")
+    logits[4] = -float("inf")
+    logits[6, v - 1] = 30.0
+    for rows in (list(range(8)), [0, 2, 3, 6], [5], []):
+        got = greedy_on_device(logits, rows, tg.greedy_step)
+        want = greedy_on_device(logits, rows)
+        assert got == want, rows
+        assert all(r not in got for r in (2, 3, 4))
+    assert greedy_on_device(logits, [0, 6], tg.greedy_step) == {0: 7, 6: v - 1}

@@ -171,8 +171,11 @@ class GatedDeltaNet(nn.Module):
         ]
 
     def state_of(self, sessions) -> tuple[torch.Tensor, torch.Tensor]:
-        """The sessions' conv windows [B, k-1, C] and recurrent states [B, HV, Dk, Dv]."""
+        """The sessions' conv windows [B, k-1, C] and recurrent states [B, HV, Dk, Dv], read
+        only (a session's state changes at commit): one session's are views, no copy."""
         mine = [s.gdn[self.layer_idx] for s in sessions]
+        if len(mine) == 1:
+            return mine[0].conv.unsqueeze(0), mine[0].recurrent.unsqueeze(0)
         return torch.stack([m.conv for m in mine]), torch.stack([m.recurrent for m in mine])
 
     def rule(self, qkv, a, b, window, state, recurrent: bool, kernels: Kernels):
