@@ -18,28 +18,31 @@ from flashlane.models.state import SessionState
 
 # whole prompts: four short ones of other lengths, one past SHORT_PROMPT (the chunked rule)
 LENGTHS = [5, 1, 9, 3, SHORT_PROMPT + 6]
+ALL_SHORT = LENGTHS[:4]  # every piece short: the group's states as they are, no gather
 
 
-def short_prompts_equal_alone(kernels, device: str, dtype: torch.dtype, exact=None) -> None:
+def short_prompts_equal_alone(
+    kernels, device: str, dtype: torch.dtype, exact=None, lengths=LENGTHS
+) -> None:
     """exact(got, want) -> None or why they differ (default: torch.equal)."""
     cfg, model = build_random(preset("flashnext-tiny"), dtype, device, 0)
     model.use_kernels(kernels)
     layer = next(i for i, kind in enumerate(cfg.layer_types) if kind == "linear")
     gdn = model.layers[layer].linear_attn
     gen = torch.Generator().manual_seed(2)
-    n = sum(LENGTHS)
+    n = sum(lengths)
     qkv = torch.randn(n, cfg.linear_conv_dim, generator=gen, dtype=dtype).to(device)
     a, b = (
         torch.randn(n, cfg.linear_num_v_heads, generator=gen, dtype=dtype).to(device) for _ in "ab"
     )
-    starts = [sum(LENGTHS[:i]) for i in range(len(LENGTHS))]
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
 
     def run(which: list[int]):
         sessions = [SessionState.empty(cfg, 128, dtype, dtype, device) for _ in which]
         rows = Rows.of(
-            [(s, [1] * LENGTHS[i], 0, False, True) for s, i in zip(sessions, which)], device
+            [(s, [1] * lengths[i], 0, False, True) for s, i in zip(sessions, which)], device
         )
-        at = torch.cat([torch.arange(starts[i], starts[i] + LENGTHS[i]) for i in which])
+        at = torch.cat([torch.arange(starts[i], starts[i] + lengths[i]) for i in which])
         at = at.to(device)
         o = gdn.mix(qkv[at], a[at], b[at], rows, kernels)
         return [
@@ -47,15 +50,16 @@ def short_prompts_equal_alone(kernels, device: str, dtype: torch.dtype, exact=No
         ]  # (rows, conv inputs, final state) a piece
 
     same = exact or (lambda got, want: None if torch.equal(got, want) else "bits differ")
-    together = run(list(range(len(LENGTHS))))
+    together = run(list(range(len(lengths))))
     for i, got in enumerate(together):
         (want,) = run([i])
         for name, g, w in zip(("rows", "conv inputs", "state"), got, want):
             assert g.shape == w.shape, (i, name, g.shape, w.shape)
             why = same(g, w)
-            assert why is None, f"piece {i} ({LENGTHS[i]} rows), {name}: {why}"
+            assert why is None, f"piece {i} ({lengths[i]} rows), {name}: {why}"
 
 
+@pytest.mark.parametrize("lengths", [LENGTHS, ALL_SHORT])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_short_prompts_together_equal_each_alone(dtype):
-    short_prompts_equal_alone(REFERENCE, "cpu", dtype)
+def test_short_prompts_together_equal_each_alone(dtype, lengths):
+    short_prompts_equal_alone(REFERENCE, "cpu", dtype, lengths=lengths)

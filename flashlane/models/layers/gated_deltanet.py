@@ -9,7 +9,7 @@ from torch import nn
 from flashlane.kernels import REFERENCE, Kernels
 from flashlane.models.config import ModelConfig
 from flashlane.models.layers.norms import GatedRMSNorm, Stacked, linear
-from flashlane.models.rows import Rows, device_longs
+from flashlane.models.rows import Rows
 
 # A prompt of up to this many tokens (one piece, Piece.whole) runs the recurrent rule: rows
 # one after another, the fp32 state as a decode row's. Longer prompts run the chunked rule
@@ -71,7 +71,7 @@ class GatedDeltaNet(nn.Module):
         # verify windows of equal width run stacked: one recurrent call for all of them; the
         # prompt pieces one chunked call, their rows back to back
         parts = zip(*(rows.split(x, True, True) for x in (qkv, a, b)), rows.groups(True, True))
-        outs = [self._mix(qkv, a_p, b_p, group, kernels) for qkv, a_p, b_p, group in parts]
+        outs = [self._mix(qkv, a_p, b_p, group, rows, kernels) for qkv, a_p, b_p, group in parts]
         return rows.join(outs, True, True).reshape(n, cfg.linear_num_v_heads, cfg.linear_v_head_dim)
 
     def finish(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -79,11 +79,11 @@ class GatedDeltaNet(nn.Module):
         n = o.shape[0]
         return self.out_proj(self.norm(o, z.reshape(o.shape)).reshape(n, -1))
 
-    def _mix(self, qkv, a, b, group, kernels: Kernels) -> torch.Tensor:
+    def _mix(self, qkv, a, b, group, rows: Rows, kernels: Kernels) -> torch.Tensor:
         cfg = self.cfg
         sessions = [p.session for p in group]
         if sessions[0] is not None and not group[0].recurrent:
-            return self._prompts(qkv, a, b, group, kernels)
+            return self._prompts(qkv, a, b, group, rows, kernels)
         if sessions[0] is None:
             window = qkv.new_zeros(qkv.shape[0], cfg.linear_conv_kernel - 1, qkv.shape[-1])
             state = None
@@ -94,7 +94,7 @@ class GatedDeltaNet(nn.Module):
             self.record(group, xfull, states)
         return o
 
-    def _prompts(self, qkv, a, b, group, kernels: Kernels) -> torch.Tensor:
+    def _prompts(self, qkv, a, b, group, rows: Rows, kernels: Kernels) -> torch.Tensor:
         """Prompt pieces [1, their rows, ...] back to back: a conv per piece (each after its
         own window), then the heads, the gates and one chunked call over all of them; the
         pieces that are their whole prompt of up to SHORT_PROMPT rows run the recurrent rule
@@ -108,7 +108,8 @@ class GatedDeltaNet(nn.Module):
         # together on Triton's kernels (a program a session); the references' batched products
         # may round by batch on a CPU's BLAS, so there one call a piece
         for idx in [short] if kernels.name == "triton" and short else [[i] for i in short]:
-            for i, (o, final, xfull) in self._short(qkv, a, b, group, idx, window, state, kernels):
+            shorts = self._short(qkv, a, b, group, idx, (window, state), rows, kernels)
+            for i, (o, final, xfull) in shorts:
                 outs[i], finals[i], xfulls[i] = o, final, xfull
         rest = [i for i in range(n) if i not in short]
         if rest:
@@ -133,14 +134,16 @@ class GatedDeltaNet(nn.Module):
             piece.pending[key] = (xfull, s[None])
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
-    def _short(self, qkv, a, b, group, idx, window, state, kernels: Kernels):
+    def _short(self, qkv, a, b, group, idx, states, rows: Rows, kernels: Kernels):
         """The recurrent rule for the pieces `idx` (short whole prompts) in one conv, one
         heads and one rule call: their rows side by side [len(idx), width], each padded to
         the widest with its last row. A padded row's a and b are -inf, so its gates are a
         decay of exp(0) = 1 and beta = 0: the state goes through it unchanged (S * 1 + k 0),
         and each piece's rows and final state are those of its call alone (a program per
-        session and head, the rows in order). -> (i, (its rows, final state, conv inputs))
-        for each piece i of idx."""
+        session and head, the rows in order). states: the group's (conv windows, recurrent
+        states); rows: the forward's, whose index lists every layer shares.
+        -> (i, (its rows, final state, conv inputs)) for each piece i of idx."""
+        window, state = states
         starts = [p.offset - group[0].offset for p in group]
         if len(idx) == 1:  # as is: no gather
             i = idx[0]
@@ -151,14 +154,18 @@ class GatedDeltaNet(nn.Module):
             pad = qkv.shape[1]  # the -inf row appended to a and b
             spots = [starts[i] + t for i in idx for t in range(width)]
             ends = [starts[i] + group[i].length for i in idx for _ in range(width)]
-            real = device_longs([min(r, e - 1) for r, e in zip(spots, ends)], qkv.device)
-            gates = device_longs([r if r < e else pad for r, e in zip(spots, ends)], qkv.device)
+            name = f"gdn_short_{group[0].offset}_{idx[0]}_{len(idx)}"
+            real = rows.longs(f"{name}_rows", lambda: [min(r, e - 1) for r, e in zip(spots, ends)])
+            gates = rows.longs(f"{name}_gates", lambda: [
+                r if r < e else pad for r, e in zip(spots, ends)
+            ])  # fmt: skip
             x = qkv[0].index_select(0, real).unflatten(0, (len(idx), width))
             ab = torch.cat([a[0], b[0]], dim=-1)
             ab = F.pad(ab, (0, 0, 0, 1), value=float("-inf")).index_select(0, gates)
             hv = a.shape[-1]
             ab = ab.unflatten(0, (len(idx), width))
-            at, ga, gb = idx, ab[..., :hv], ab[..., hv:]  # a and b: views, rows 2 hv apart
+            at = slice(None) if idx == list(range(len(group))) else idx  # every piece: no copy
+            ga, gb = ab[..., :hv], ab[..., hv:]  # a and b: views, rows 2 hv apart
         y, xfull = kernels.causal_conv(x, window[at], self.conv_weight)
         q, k, v = self.heads(y, kernels)
         o, final = kernels.recurrent_gdn(
