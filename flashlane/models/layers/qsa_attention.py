@@ -44,7 +44,8 @@ class Indexer(nn.Module):
     def block_keys(self, raw: torch.Tensor, first_block: int, rotary: Rotary) -> torch.Tensor:
         """raw keys of whole blocks [B, nb*block, Di] -> pooled, normed, roped [B, nb, Di]."""
         blk, norm = self.cfg.indexer_block, self.k_layernorm
-        pos = (torch.arange(raw.shape[1] // blk, device=raw.device) + first_block) * blk
+        start = first_block * blk  # the blocks' first positions, in one launch
+        pos = torch.arange(start, start + raw.shape[1] // blk * blk, blk, device=raw.device)
         cos, sin = rotary.cos_sin(pos, raw.dtype)
         return self.ops.block_keys(raw, cos, sin, norm.weight, norm.eps, blk)
 
