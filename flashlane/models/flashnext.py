@@ -65,8 +65,8 @@ class FlashNext(nn.Module):
 
     def residual(self, rows: Rows) -> torch.Tensor:
         """All rows through every block -> the pre-mixer residual [N, hc*H]."""
-        x = self.embed_tokens(rows.token_ids)
-        r = x.repeat(1, self.cfg.hc_count)
+        # the embedding rows on every stream in one launch (embedding, then repeat)
+        r = self.kernels.embed_rows(self.embed_tokens.weight, rows.token_ids, self.cfg.hc_count)
         for layer in self.layers:
             r = layer(r, rows, self.rotary, self.kernels, self.graphs)
         return r
