@@ -172,8 +172,8 @@ class Drafting:
         if io.table is not None:  # rows past b: the pad session's
             io.table.copy_(drv.size_tables.of(tuple(ids), io.size, depth), non_blocking=True)
         # sessions whose first step has no drafts but padding: it tells nothing of landing
-        carried = self.carry_of(stream_ids, ids, positions, tokens, io.depth) is not None
-        blind = self._load(io, ids, tokens, positions, stream_ids, hints)
+        carry = self.carry_of(stream_ids, ids, positions, tokens, io.depth)
+        blind = self._load(io, ids, tokens, positions, stream_ids, hints, carry)
         kept, last = [0] * b, list(tokens)
         self.landed = [0] * b
 
@@ -194,7 +194,7 @@ class Drafting:
             return going
 
         # a carried call's load (device copies) would understate the absorbing calls'
-        launched = drv.run_steps(tuple(ids), io, budget, land, started, fold_load=not carried)
+        launched = drv.run_steps(tuple(ids), io, budget, land, started, carry is None)
         after = [p + n for p, n in zip(positions, kept)]
         self.carry = {sid: c for sid, c in self.carry.items() if c[1] is not io}
         self.carry.update(
@@ -203,12 +203,12 @@ class Drafting:
         self._hand_off(ids, after, last, io, stream_ids, draws)
         return launched
 
-    def _load(self, io, ids, tokens, positions, stream_ids, hints) -> set[int]:
+    def _load(self, io, ids, tokens, positions, stream_ids, hints, carry) -> set[int]:
         """io's pending tokens, positions and drafts: where every session goes on from a
-        drafted call's carry, copied on the device; else from the host (`_first_drafts`).
-        Returns the sessions (by index) whose first drafts are padding only."""
+        drafted call's carry (`carry`: carry_of's), copied on the device; else from the
+        host (`_first_drafts`). Returns the sessions (by index) whose first drafts are
+        padding only."""
         drv, b = self.driver, len(ids)
-        carry = self.carry_of(stream_ids, ids, positions, tokens, io.depth)
         if carry is not None:
             if any(src is not io or row != i for i, (_, src, row) in enumerate(carry)):
                 froms = {id(src): [x.clone() for x in src.inputs()] for _, src, _ in carry}

@@ -152,13 +152,14 @@ class GatedDeltaNet(nn.Module):
         else:
             width = max(group[i].length for i in idx)
             pad = qkv.shape[1]  # the -inf row appended to a and b
-            spots = [starts[i] + t for i in idx for t in range(width)]
-            ends = [starts[i] + group[i].length for i in idx for _ in range(width)]
+
+            def spots():  # (row, end of its piece) for each padded spot; the first layer's
+                return [(starts[i] + t, starts[i] + group[i].length)
+                        for i in idx for t in range(width)]  # fmt: skip
+
             name = f"gdn_short_{group[0].offset}_{idx[0]}_{len(idx)}"
-            real = rows.longs(f"{name}_rows", lambda: [min(r, e - 1) for r, e in zip(spots, ends)])
-            gates = rows.longs(f"{name}_gates", lambda: [
-                r if r < e else pad for r, e in zip(spots, ends)
-            ])  # fmt: skip
+            real = rows.longs(f"{name}_rows", lambda: [min(r, e - 1) for r, e in spots()])
+            gates = rows.longs(f"{name}_gates", lambda: [r if r < e else pad for r, e in spots()])
             x = qkv[0].index_select(0, real).unflatten(0, (len(idx), width))
             ab = torch.cat([a[0], b[0]], dim=-1)
             ab = F.pad(ab, (0, 0, 0, 1), value=float("-inf")).index_select(0, gates)

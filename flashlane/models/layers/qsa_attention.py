@@ -159,34 +159,23 @@ class QSAttention(nn.Module):
 
     def _write_all(self, pieces: list[Piece], k, v, raw, rotary: Rotary, rows=None) -> list:
         """Each piece i's rows k[i], v[i], raw[i] written at its positions (one multi-tensor
-        copy for all), then the pooled keys of the blocks each completes -> per piece (its
-        cache, its length, its complete blocks): padded_caches' entries. With `rows` (a
-        stack's round) every piece's blocks are pooled in one launch (`_complete_all`)."""
+        copy for all), then the pooled keys of the blocks each completes, every piece's in one
+        launch (`_complete_all`) -> per piece (its cache, its length, its complete blocks):
+        padded_caches' entries. rows: the round's (a stack's); None for one piece."""
         dsts, srcs = [], []
         for i, p in enumerate(pieces):
             cache, s, e = self.cache_of(p.session), p.start, p.start + p.length
             to, of = cache.row_copies(s, e, k[i, : p.length], v[i, : p.length], raw[i, : p.length])
             dsts, srcs = dsts + to, srcs + of
         copy_all(dsts, srcs)
-        if rows is not None and len(pieces) > 1:
-            return self._complete_all(pieces, rotary, rows)
-        return [self._complete_blocks(p, rotary) for p in pieces]
+        return self._complete_all(pieces, rotary, rows)
 
-    def _complete_blocks(self, piece: Piece, rotary: Rotary) -> tuple:
-        cache, blk = self.cache_of(piece.session), self.cfg.indexer_block
-        s, e = piece.start, piece.start + piece.length
-        b0, b1 = s // blk, e // blk
-        if b1 > b0:
-            fresh = self.indexer.block_keys(cache.index_rows(b0 * blk, b1 * blk)[None], b0, rotary)
-            cache.block_keys[b0:b1] = fresh[0]
-        return cache, e, b1
-
-    def _complete_all(self, pieces: list[Piece], rotary: Rotary, rows: Rows) -> list[tuple]:
-        """_complete_blocks for several pieces in a fixed number of launches, not a few a
-        piece: their blocks' raw keys side by side, pooled, normed and roped at each block's
-        own position in one block_keys call (a program a block: each block's bits are those
-        it gets alone), then one multi-tensor copy into the caches. The positions are the
-        round's (every attention layer of the forward shares them)."""
+    def _complete_all(self, pieces: list[Piece], rotary: Rotary, rows: Rows | None) -> list:
+        """The blocks the pieces complete, in a fixed number of launches, not a few a piece:
+        their raw keys side by side, pooled, normed and roped at each block's own position in
+        one block_keys call (a program a block: each block's bits are those it gets alone),
+        then one multi-tensor copy into the caches. The positions are the round's (every
+        attention layer of the forward shares them); without rows (one piece) one arange."""
         blk, norm = self.cfg.indexer_block, self.indexer.k_layernorm
         spans = [(self.cache_of(p.session), p.start // blk, (p.start + p.length) // blk)
                  for p in pieces]  # fmt: skip
@@ -194,9 +183,13 @@ class QSAttention(nn.Module):
         if fresh:
             parts = [c.index_rows(b0 * blk, b1 * blk) for c, b0, b1 in fresh]
             raw = torch.cat(parts) if len(parts) > 1 else parts[0]
-            pos = rows.longs(f"block_starts_{_kind(pieces)}", lambda: [
-                b * blk for _, b0, b1 in fresh for b in range(b0, b1)
-            ])  # fmt: skip
+            if rows is None:  # one piece: its blocks' first positions
+                ((_, b0, b1),) = fresh
+                pos = torch.arange(b0 * blk, b1 * blk, blk, device=raw.device)
+            else:
+                pos = rows.longs(f"block_starts_{_kind(pieces)}", lambda: [
+                    b * blk for _, b0, b1 in fresh for b in range(b0, b1)
+                ])  # fmt: skip
             cos, sin = rotary.cos_sin(pos, raw.dtype)
             keys = self.indexer.ops.block_keys(raw[None], cos, sin, norm.weight, norm.eps, blk)[0]
             copy_all([c.block_keys[b0:b1] for c, b0, b1 in fresh],
