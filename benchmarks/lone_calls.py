@@ -36,9 +36,9 @@ def main() -> None:
     calls: list[dict] = []
     inner = drv.run_steps
 
-    def spy(ids, io, budget, land, started=None):
+    def spy(ids, io, budget, land, *rest):
         c0, t = compiles.count(), time.perf_counter()
-        n = inner(ids, io, budget, land, started)
+        n = inner(ids, io, budget, land, *rest)
         calls.append({
             "sessions": len(ids), "depth": getattr(io, "depth", 0), "budget": budget,
             "launched": n, "compiles": compiles.count() - c0,

@@ -155,13 +155,13 @@ def main() -> None:
     if drafter is not None:
         inner = drafter.absorb_waiting
 
-        def timed_absorb(stream_ids, sessions, pending):
+        def timed_absorb(stream_ids, sessions, pending, **kw):
             cells = sum(
                 len(drafter.waiting[s].next_ids) for s in stream_ids if s in drafter.waiting
             )
             sync(cuda)
             t = time.perf_counter()
-            inner(stream_ids, sessions, pending)
+            inner(stream_ids, sessions, pending, **kw)
             sync(cuda)
             absorbs.append((cells, 1e3 * (time.perf_counter() - t)))
 
@@ -181,6 +181,13 @@ def main() -> None:
             f"{b},{d}": round(v, 4) for (b, d), v in (lone.step_ms if lone else {}).items()
         },
         "lone_drafted_calls": getattr(getattr(lone, "drafting", None), "num_drafted", None),
+        # where the replies' rounds went, and whether the driver gave up its graphs
+        "host_counts": dict(llm.engine.host.counts),
+        "lone_steps": getattr(lone, "num_steps", None),
+        "lone_failed": getattr(lone, "failed", None),
+        "absorber": None
+        if lone is None or lone.drafting is None
+        else [lone.drafting.absorber.num_graphed, lone.drafting.absorber.num_eager],
     }
     if absorbs:
         # one absorb under the profiler: its launches
@@ -188,14 +195,14 @@ def main() -> None:
             llm.generate(prompt, drafted)
 
         profiled_absorb: list[dict] = []
-        drafter.absorb_waiting = lambda *a: profiled_absorb.append(
-            profiled(lambda: inner(*a), cuda)
+        drafter.absorb_waiting = lambda *a, **kw: profiled_absorb.append(
+            profiled(lambda: inner(*a, **kw), cuda)
         )
         again()
         out["drafted"]["absorb_profiled"] = profiled_absorb[:3]
         # and one absorb's host time by flashlane function
         held: list[list] = []
-        drafter.absorb_waiting = lambda *a: held.append(host_top(lambda: inner(*a)))
+        drafter.absorb_waiting = lambda *a, **kw: held.append(host_top(lambda: inner(*a, **kw)))
         again()
         out["drafted"]["absorb_host"] = held[0] if held else []
     p = out["prompt_round"]
@@ -220,7 +227,9 @@ def main() -> None:
     print(
         f"drafted replies of {args.tokens}: {d['absorbs']} absorbs, median "
         f"{d['absorb_ms_median']} ms for {d['cells_median']} cells; lone load_ms "
-        f"{d['lone_load_ms']}, step_ms {d['lone_step_ms']}"
+        f"{d['lone_load_ms']}, step_ms {d['lone_step_ms']}; lone steps {d['lone_steps']}, "
+        f"failed {d['lone_failed']}, absorber pieces (graphed, eager) {d['absorber']}, host "
+        f"counts {d['host_counts']}"
     )
     for a in d.get("absorb_profiled", []):
         print(f"  an absorb: {a['wall_ms']:.2f} ms wall, {a['launches']} launches, "

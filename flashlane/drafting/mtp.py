@@ -10,7 +10,7 @@ seed; the first is always kept, a later one below `confidence` ends the chain.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -166,19 +166,33 @@ class MtpDrafter:
 
     @torch.no_grad()
     def absorb_waiting(
-        self, stream_ids: list[int], sessions: Mapping[int, SessionState], pending: list[int]
+        self,
+        stream_ids: list[int],
+        sessions: Mapping[int, SessionState],
+        pending: list[int],
+        cells: Callable | None = None,
     ) -> None:
-        """Every waiting cell of these streams into their heads' caches in one head forward,
-        no drafts (the lone driver's drafted steps chain on the device: a host chain's draws
-        cost a sync a stream and depth). A dangling row's next token is its stream's
-        `pending` one (the token the next step feeds), so no position below it is left
-        unwritten for the device's chain to read."""
+        """Every waiting cell of these streams into their heads' caches, no drafts (the lone
+        driver's drafted steps chain on the device: a host chain's draws cost a sync a
+        stream and depth). A dangling row's next token is its stream's `pending` one (the
+        token the next step feeds), so no position below it is left unwritten for the
+        device's chain to read. cells(session, rows [n, hc*H], next ids): what absorbs one
+        stream's cells from its mtp_length on (the lone driver's graphs, runner/absorb.py);
+        None: one head forward for all."""
         for sid, token in zip(stream_ids, pending):
             w = self.waiting.get(sid)
             if w is not None and w.is_dangling:
                 w.next_ids.append(token)
                 w.is_dangling = False
-        self._absorb(stream_ids, sessions, logits=False)
+        if cells is None:
+            self._absorb(stream_ids, sessions, logits=False)
+            return
+        for sid in stream_ids:
+            w = self.waiting.get(sid)
+            if self.enabled and w is not None and w.next_ids:
+                rows, ids = w.take()
+                cells(sessions[sid], rows, ids)
+                sessions[sid].mtp_length += len(ids)
 
     def _absorb(self, stream_ids, sessions, logits: bool):
         """Absorb the streams' waiting cells in one forward -> None where none waits, else

@@ -36,7 +36,7 @@ from flashlane.runner.lone_state import Windowed, attention_step
 if TYPE_CHECKING:  # its buffers' module imports this one
     from flashlane.runner.lone_draft import DraftBuffers
 
-__all__ = ["draft_step"]
+__all__ = ["cells", "draft_step"]
 
 
 @torch.no_grad()
@@ -89,8 +89,8 @@ def _draft_next(model, sessions, io, r, next_ids, angles, rows, tables) -> None:
     # the window cells' pre_fc norm also keeps each session's last kept row of r in io.last
     # (the hand-off's residual: kernels.rms_norm's keep, no index_select); their last write
     # makes xn, the mixer's norm of each session's last kept cell alone (hc_write_norm's rows)
-    cells = (window_caches, angles, window_tables, io.units, True)
-    x, xn = _cells(model, r, next_ids, *cells, keep=(rows, io.last))
+    window = (window_caches, angles, window_tables, io.units, True)
+    x, xn = cells(model, r, next_ids, *window, keep=(rows, io.last))
     # the last kept rows' cells are read where they lie by the first chained cell's norm
     # (kernels.rms_norm's rows, no copy)
     mixer, picked, pos = mtp.hyper_connection_mixer, rows, io.pos  # accept_window moved pos
@@ -106,11 +106,11 @@ def _draft_next(model, sessions, io, r, next_ids, angles, rows, tables) -> None:
                 pos, inv, x.dtype, cfg.indexer_block, window=at, first=d
             )
             angles = (at, c, s, once)
-            x, xn = _cells(model, x, io.drafts[:, d], caches, angles, chain, io.units, True, picked)
+            x, xn = cells(model, x, io.drafts[:, d], caches, angles, chain, io.units, True, picked)
             picked = None
 
 
-def _cells(
+def cells(
     model, residual, next_ids, caches, angles, tables, units, mixed: bool, picked=None, keep=None
 ):
     """MTP cells (models/layers/mtp.py) of rows at positions `at`, each reading and writing

@@ -32,6 +32,7 @@ import torch
 from flashlane.kernels import compiles
 from flashlane.models.flashnext import FlashNext
 from flashlane.models.state import SessionState
+from flashlane.runner.absorb import ROWS as ABSORB_ROWS
 from flashlane.runner.graphs import bucket_of, buckets
 from flashlane.runner.lone_buffers import RING, SizeTables, StepBuffers, posts_to_pinned, warm_up
 from flashlane.runner.lone_step import session_tables, step
@@ -100,10 +101,10 @@ class LoneDriver:
         # steps run in batches of `sizes` rows, one graph per size (plain, drafted, keyed
         # draw shape) for any sessions, named by size_tables (runner/lone_buffers.py)
         self.sizes = buckets(len(sessions)) if sessions else [1]
-        reach = max_steps * (1 + (self.drafting.depth if self.drafting else 0))
-        self.size_tables = (
-            SizeTables(model.cfg, sessions, reach, self.device) if self.use_graphs else None
-        )
+        d = self.drafting  # a pad row's reach: a call's steps, or an absorb's largest bucket
+        reach = max(max_steps * (1 + d.depth), ABSORB_ROWS[-1]) if d else max_steps
+        tables = SizeTables(model.cfg, sessions, reach, self.device) if self.use_graphs else None
+        self.size_tables = tables
 
     def decode(
         self,
@@ -197,9 +198,8 @@ class LoneDriver:
         (if `fold_load`), by (sessions, io.depth); a call in which a Triton kernel compiled
         folds nothing. Returns the steps launched."""
         started = started or self.clock()
-        captured = self.capture_seconds
         run = self.runner(ids, io)
-        captured = self.capture_seconds - captured
+        captured = self.capture_seconds - started[2]  # the load's absorbs' captures too
         draw = getattr(io, "draw", None)
         settle = draw is not None and draw.may_need_host
         in_flight, launched, landed = 1 if settle else 2, 0, 0
@@ -253,9 +253,9 @@ class LoneDriver:
             return None
         return drafting.run(*args, hints=hints, left=left)
 
-    def clock(self) -> tuple[float, int]:
-        """A call's start for run_steps: the time and the Triton compiles so far."""
-        return time.perf_counter(), compiles.count()
+    def clock(self) -> tuple[float, int, float]:
+        """A call's start for run_steps: the time, the Triton compiles and captures so far."""
+        return time.perf_counter(), compiles.count(), self.capture_seconds
 
     def step_seconds(self, b: int) -> float | None:
         """A plain step's measured wall time for b sessions (the nearest count measured

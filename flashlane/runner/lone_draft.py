@@ -20,6 +20,7 @@ from flashlane.lanes.stream import DraftStats
 from flashlane.models.flashnext import FlashNext
 from flashlane.models.state import SessionState
 from flashlane.runner import lone
+from flashlane.runner.absorb import Absorber
 from flashlane.runner.draft_step import draft_step
 from flashlane.runner.graphs import bucket_of
 from flashlane.runner.lone_buffers import RING
@@ -54,6 +55,8 @@ class Drafting:
         self.best: int | None = None  # the kind the measures chose last
         self.probe_every = self.until_probe = PROBE_EVERY
         self.probing = False  # this call tries the kind measured slower (or unmeasured)
+        # a call's load: its streams' waiting cells into their heads, graphed by bucket
+        self.absorber = Absorber(driver)
 
     def choose(
         self,
@@ -221,7 +224,7 @@ class Drafting:
             return set()
         hints = hints or [[] for _ in ids]
         sessions = {s: drv.sessions[i] for s, i in zip(stream_ids, ids)}
-        drv.drafter.absorb_waiting(list(stream_ids), sessions, list(tokens))
+        drv.drafter.absorb_waiting(list(stream_ids), sessions, list(tokens), cells=self.absorber)
         first = self._first_drafts(ids, stream_ids, hints) + [[0] * self.depth] * (io.size - b)
         pad = [0] * (io.size - b)
         pinned = torch.tensor([[*tokens, *pad], [*positions, *pad]], pin_memory=drv.is_cuda)
@@ -268,7 +271,7 @@ class DraftBuffers:
     [B] and drafts [B, K] (views of window [B, T], T = K+1), pos [B]; out [B, 2T+1]: the T
     draws, their finite flags, the kept count; last [B, hc*H] the last kept row's residual
     (the MTP's cell at the hand-off); units [B*T, hc] ones (the MTP cells' sums as
-    hyper-connection writes of unit weights: runner/draft_step._cells). Graphed: `table`
+    hyper-connection writes of unit weights: runner/draft_step.cells). Graphed: `table`
     [keys, B*(T+1), TABLE_WIDTH] names the sessions from the anchor, then each session once
     per window row (runner/lone_buffers.SizeTables.of, `draft_keys`), written before a call."""
 

@@ -21,6 +21,7 @@ from tests.gpu.test_exact_gpu import (  # noqa: F401
     prompts,
     run_windows,
 )
+from tests.runner.test_absorb import head_cache
 from tests.runner.test_lone import assert_same_states
 from tests.runner.test_lone_beside import churn
 
@@ -249,3 +250,30 @@ def test_engine_drafted_lone_replies_equal_plain_replies():
     assert got == want
     assert [o.token_ids for o in llm.generate(ps, params)] == want
     assert lone.drafting.num_landed > 0.3 * lone.drafting.num_drafted > 0
+
+
+def test_graphed_absorbs_write_the_head_cache_as_eager_ones(drafted_model):
+    """A drafted call's load (runner/absorb.py): 300 waiting cells through the bucket graphs
+    (a piece of 256, then 44 in the bucket of 64, its pad rows past them) write the head's
+    cache bit for bit as the same cells absorbed eagerly, each piece's rows alone."""
+    cfg, model = drafted_model
+    base = prefilled(cfg, model, prompts(cfg.vocab_size, 9)[3])
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    cells = 300
+    width = cfg.hc_count * cfg.hidden_size
+    res = torch.randn(cells, width, generator=gen, device="cuda").to(torch.bfloat16)
+    ids = [(7 * i + 3) % cfg.vocab_size for i in range(cells)]
+    got = []
+    for graphed in (True, False):
+        s = copy_of(cfg, base)
+        s.mtp_length = 0
+        drafter = MtpDrafter(model, 0.0)
+        drafter.absorb_later(0, res.clone(), [3, *ids[:-1]], ids[-1], None)
+        driver = LoneDriver(model, [s], graphs=graphed, drafter=drafter)
+        absorber = driver.drafting.absorber
+        drafter.absorb_waiting([0], {0: s}, [3], cells=absorber)
+        assert s.mtp_length == cells
+        assert (absorber.num_graphed, absorber.num_eager) == ((2, 0) if graphed else (0, 2))
+        got.append(head_cache(s, cells))
+    for a, b in zip(*got):
+        assert torch.equal(a, b)

@@ -67,9 +67,9 @@ def test_drafted_steps_keep_the_greedy_draws_and_their_state(tiny_ckpt, depth):
 
 
 def test_a_first_step_takes_its_hints_after_the_head_absorbs_the_queue(tiny_ckpt):
-    """A call that starts from the host (no carry): the head absorbs every waiting cell in one
-    forward (no host chain), and the first step verifies the hints; right hints all land,
-    wrong ones change no token."""
+    """A call that starts from the host (no carry): the head absorbs every waiting cell (no
+    host chain), and the first step verifies the hints; right hints all land, wrong ones
+    change no token."""
     cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
     prompt = prompts()[1]
     want, _ = serial(model, cfg, prompt, 20)
@@ -82,8 +82,10 @@ def test_a_first_step_takes_its_hints_after_the_head_absorbs_the_queue(tiny_ckpt
         length, absorbed = s.mtp_length, []
         absorb = drafter.absorb_waiting
 
-        def spy(stream_ids, sessions, pending, absorb=absorb, drafter=drafter, absorbed=absorbed):
-            absorb(stream_ids, sessions, pending)
+        def spy(
+            stream_ids, sessions, pending, absorb=absorb, drafter=drafter, absorbed=absorbed, **kw
+        ):
+            absorb(stream_ids, sessions, pending, **kw)
             absorbed.append((drafter.queued(0), sessions[0].mtp_length))
 
         drafter.absorb_waiting = spy
