@@ -105,16 +105,25 @@ class Absorber:
                 self.num_eager += 1
             pos += n
 
-    def _replay(self, session, res, ids: list[int], pos: int, rows: int) -> None:
-        drv, sid, n = self.driver, self.index[id(session)], len(ids)
+    def buffers(self, rows: int) -> AbsorbBuffers:
+        """The graphed absorb's buffers of a bucket of `rows` cells."""
         io = self.io.get(rows)
         if io is None:
-            cfg = drv.model.cfg
+            drv, cfg = self.driver, self.driver.model.cfg
             width = cfg.hc_count * cfg.hidden_size
             io = AbsorbBuffers(rows, cfg.hc_count, width, drv.model.dtype, drv.device)
             io.table = drv.size_tables.device_table(1, rows - 1)
             io.table_keys = drv.size_tables.draft_keys
             self.io[rows] = io
+        return io
+
+    def all_buffers(self) -> list[AbsorbBuffers]:
+        """Every bucket's buffers (LoneDriver.capture_all captures them at engine start)."""
+        return [self.buffers(rows) for rows in ROWS]
+
+    def _replay(self, session, res, ids: list[int], pos: int, rows: int) -> None:
+        drv, sid, n = self.driver, self.index[id(session)], len(ids)
+        io = self.buffers(rows)
         io.table.copy_(drv.size_tables.of((sid,), 1, rows - 1), non_blocking=True)
         io.res[:n].copy_(res)
         host = torch.tensor([*ids, pos], pin_memory=drv.is_cuda)

@@ -227,15 +227,15 @@ class LoneDriver:
         return launched
 
     def capture_all(self) -> int:
-        """Capture the greedy step of every size now (engine start), and the drafted step of
-        every size that drafts (Drafting.eager_sizes), so no greedy request pays a capture;
-        returns how many graphs there are. If a capture fails, lone steps run eagerly (same
-        bits, more launches) and `failed` says why."""
-        kinds = [(size, 0) for size in self.sizes]
-        if self.drafting is not None:
-            kinds += [(size, self.drafting.depth) for size in self.drafting.eager_sizes()]
-        for size, depth in kinds:
-            io = self.buffers(size, depth)
+        """Capture now (engine start) the greedy step of every size, the drafted step of
+        every size that drafts (Drafting.eager_sizes) and its loads' absorbs: no greedy
+        request pays a capture. Returns how many graphs there are. If a capture fails, lone
+        steps run eagerly (same bits, more launches) and `failed` says why."""
+        d = self.drafting
+        ios = [self.buffers(size) for size in self.sizes]
+        ios += [self.buffers(size, d.depth) for size in d.eager_sizes()] if d else []
+        ios += d.absorber.all_buffers() if d and self.use_graphs else []  # runner/absorb.py
+        for io in ios:
             if self.use_graphs and io.key(()) not in self.graphs:
                 try:
                     self.graphs[io.key(())] = self._capture((), io)
