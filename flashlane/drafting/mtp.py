@@ -176,9 +176,9 @@ class MtpDrafter:
         driver's drafted steps chain on the device: a host chain's draws cost a sync a
         stream and depth). A dangling row's next token is its stream's `pending` one (the
         token the next step feeds), so no position below it is left unwritten for the
-        device's chain to read. cells(session, rows [n, hc*H], next ids): what absorbs one
-        stream's cells from its mtp_length on (the lone driver's graphs, runner/absorb.py);
-        None: one head forward for all."""
+        device's chain to read. cells([(session, rows [n, hc*H], next ids), ...]): what absorbs
+        the streams' cells, each from its session's mtp_length on (the lone driver's graphs,
+        runner/absorb.py); None: one head forward."""
         for sid, token in zip(stream_ids, pending):
             w = self.waiting.get(sid)
             if w is not None and w.is_dangling:
@@ -187,12 +187,12 @@ class MtpDrafter:
         if cells is None:
             self._absorb(stream_ids, sessions, logits=False)
             return
-        for sid in stream_ids:
-            w = self.waiting.get(sid)
-            if self.enabled and w is not None and w.next_ids:
-                rows, ids = w.take()
-                cells(sessions[sid], rows, ids)
-                sessions[sid].mtp_length += len(ids)
+        ready = [s for s in stream_ids if self.enabled and s in self.waiting]
+        queues = [(sessions[s], *self.waiting[s].take()) for s in ready if self.queued(s)]
+        if queues:
+            cells(queues)
+        for session, _, ids in queues:
+            session.mtp_length += len(ids)
 
     def _absorb(self, stream_ids, sessions, logits: bool):
         """Absorb the streams' waiting cells in one forward -> None where none waits, else

@@ -1,24 +1,24 @@
-"""A drafted lone call's load in CUDA graphs: the MTP head absorbing a stream's waiting cells
-(its prompt's rows, or the cells its plain steps queued) as a drafted step's window cells
-absorb theirs (runner/draft_step.cells: each row at its own position, reading and writing its
-session's head cache through the size tables), in buckets of rows, one graph each.
+"""A drafted lone call's load in CUDA graphs: the MTP head absorbing its streams' waiting cells
+(a prompt's rows, or the cells plain steps queued) as a drafted step's window cells absorb
+theirs (runner/draft_step.cells: each row at its own position, reading and writing its own
+session's head cache through a table), every stream's cells packed into one call of up to
+256 rows, in buckets of rows, one graph each.
 
-An eager head forward over a 20-cell queue took 2.69 ms on the H200 (e97e8a5): ~37 launches,
-their host time. A replay is a few launches' host time.
+Eager head forwards over the queues took 2.69 / 5.52 / 10.85 ms at 1 / 4 / 16 streams on the
+H200 (e97e8a5): ~37 launches a forward, their host time, most of a drafted call's load. A
+replay is a few copies and one launch from the host.
 
 The cells' bits are not the head forward's (decode kernels, not prompt ones). The head's
 cells steer only how many drafts land, never a token (runner/draft_step.py's exactness).
-Rows past the queue (a bucket's pad) sit at the positions after it, in the same session:
-they write cells past the head's length, which the next step's window writes again before
-any row reads them, as a drafted step's rows past the kept ones do. A queue longer than the
-largest bucket goes in pieces; a piece whose bucket would reach past the session's capacity
-runs eagerly, its rows alone.
+Rows past a call's cells (a bucket's pad) name the pad session (runner/lone_buffers.py), at
+positions from 0, which no stream reads; every kernel of a cell is row-invariant.
 """
 
 from __future__ import annotations
 
 import torch
 
+from flashlane.kernels.session_tables import attn_table
 from flashlane.models.flashnext import FlashNext
 from flashlane.models.state import SessionState
 from flashlane.runner.draft_step import cells
@@ -30,103 +30,119 @@ ROWS = (8, 16, 32, 64, 128, 256)  # an absorb's buckets of cells, one graph each
 
 
 @torch.no_grad()
-def absorb_cells(model: FlashNext, session, res, ids, pos, units, tables=None) -> None:
-    """Cells of rows res [N, hc*H] with next ids [N] into `session`'s head cache at
-    positions pos[0] + i (pos: [1] on the device); units: ones [>= N, hc]. tables: the
-    head layers' tables of the rows by ("rows", ("mtp", j)) (graphed, from the anchor:
-    `session` is then the anchor), or None (the kernels make their own)."""
-    n, heads = ids.shape[0], range(len(model.mtp.layers))
-    at = torch.empty(n, dtype=pos.dtype, device=pos.device)
+def absorb_cells(model: FlashNext, sessions: list, res, ids, at, units, tables=None) -> None:
+    """Cells of rows res [N, hc*H] with next ids [N]: row i into sessions[i]'s head cache at
+    position at[i] (at: [N] on the device); units: ones [>= N, hc]. tables: the head layers'
+    tables of the rows by ("rows", ("mtp", j)) (graphed, from the anchor: `sessions` are
+    then the anchor), or None (the kernels make their own)."""
+    heads = range(len(model.mtp.layers))
     inv = model.rotary.inv(at.device)
-    cos, sin, *once = model.kernels.step_angles(
-        pos, inv, res.dtype, model.cfg.indexer_block, window=at
-    )
-    caches = [[session.mtp[j]] * n for j in heads]
+    cos, sin, *once = model.kernels.step_angles(at, inv, res.dtype, model.cfg.indexer_block)
+    caches = [[s.mtp[j] for s in sessions] for j in heads]
     rows = [None if tables is None else tables[("rows", ("mtp", j))] for j in heads]
     cells(model, res, ids, caches, (at, cos, sin, once), rows, units, False)
 
 
 class AbsorbBuffers:
-    """An absorb's static inputs for a bucket of `rows` cells of one session: res [rows,
-    hc*H], ids [rows], pos [1] (the first cell's position), units [rows, hc] ones. Graphed:
-    `table` in a drafted step's layout (runner/lone_buffers.SizeTables.of with depth rows - 1:
-    the session's row, then its row once per cell), written before a call."""
+    """A graphed absorb's static inputs for a bucket of `rows` cells: res [rows, hc*H], ids
+    and positions `at` ([2, rows]: one copy from the host), units [rows, hc] ones, and the
+    head layers' tables [heads, rows, TABLE_WIDTH] (each row's session from the anchor).
+    `size` 1 and `depth`: LoneDriver's step protocol (its steps' sessions: the anchor)."""
 
-    def __init__(self, rows: int, hc: int, width: int, dtype, device: torch.device):
-        self.size, self.depth, self.rows = 1, rows - 1, rows
-        self.table: torch.Tensor | None = None
-        self.table_keys: list = []
+    def __init__(self, rows: int, heads: int, hc: int, width: int, dtype, device, table_width):
+        on = dict(dtype=torch.long, device=device)
+        self.size, self.depth, self.rows = 1, 0, rows
         self.res = torch.zeros(rows, width, dtype=dtype, device=device)
-        self.ids = torch.zeros(rows, dtype=torch.long, device=device)
-        self.pos = torch.zeros(1, dtype=torch.long, device=device)
+        self.ids_at = torch.zeros(2, rows, **on)
         self.units = torch.ones(rows, hc, dtype=dtype, device=device)
+        self.table = torch.zeros(heads, rows, table_width, **on)
         self.warm = False
 
     def key(self, ids: tuple[int, ...]) -> tuple:
         return ("absorb", self.rows)
 
     def inputs(self) -> tuple[torch.Tensor, ...]:
-        return self.res, self.ids, self.pos
+        return self.res, self.ids_at
 
     def tables(self) -> dict:
-        return {("rows", key): t[1:] for key, t in zip(self.table_keys, self.table)}
+        return {("rows", ("mtp", j)): t for j, t in enumerate(self.table)}
 
     def step(self, model: FlashNext, sessions: list[SessionState], tables) -> None:
-        absorb_cells(model, sessions[0], self.res, self.ids, self.pos, self.units, tables)
+        ids, at = self.ids_at
+        absorb_cells(model, sessions * self.rows, self.res, ids, at, self.units, tables)
 
 
 class Absorber:
-    """What absorbs one stream's waiting cells for the lone driver (`driver`,
-    runner/lone.LoneDriver): called as MtpDrafter.absorb_waiting's `cells`."""
+    """What absorbs streams' waiting cells for the lone driver (`driver`,
+    runner/lone.LoneDriver): MtpDrafter.absorb_waiting's `cells`."""
 
     def __init__(self, driver):
         self.driver = driver
-        self.index = {id(s): i for i, s in enumerate(driver.sessions)}
         self.io: dict[int, AbsorbBuffers] = {}
-        self.num_graphed = self.num_eager = 0  # pieces absorbed each way
+        self.rows_of: dict[int, torch.Tensor] = {}  # id(session) -> its tables' row [heads, W]
+        self.num_graphed = self.num_eager = 0  # calls each way
 
-    def __call__(self, session: SessionState, res: torch.Tensor, ids: list[int]) -> None:
-        """The cells of rows res [N, hc*H] with next ids `ids` into session's head cache
-        from its mtp_length on (the caller moves the length)."""
-        drv, pos = self.driver, session.mtp_length
-        for a in range(0, len(ids), ROWS[-1]):
-            piece = ids[a : a + ROWS[-1]]
-            n = len(piece)
-            rows = bucket_of(n, list(ROWS))
-            if drv.use_graphs and pos + rows <= session.capacity:
-                self._replay(session, res[a : a + n], piece, pos, rows)
-                self.num_graphed += 1
-            else:
-                dev = res.device
-                at = torch.tensor([pos], device=dev)
-                units = torch.ones(n, drv.model.cfg.hc_count, dtype=res.dtype, device=dev)
-                step = (torch.tensor(piece, device=dev), at, units)
-                absorb_cells(drv.model, session, res[a : a + n], *step)
-                self.num_eager += 1
-            pos += n
+    def __call__(self, queues: list[tuple[SessionState, torch.Tensor, list[int]]]) -> None:
+        """Each (session, rows [n, hc*H], next ids) into the session's head cache from its
+        mtp_length on (the caller moves the lengths), ROWS[-1] rows a call."""
+        call: list = []
+        for s, res, ids in queues:
+            for a in range(0, len(ids), ROWS[-1]):
+                piece = (s, res[a : a + ROWS[-1]], ids[a : a + ROWS[-1]], s.mtp_length + a)
+                if call and sum(len(p[2]) for p in call) + len(piece[2]) > ROWS[-1]:
+                    self._run(call)
+                    call = []
+                call.append(piece)
+        if call:
+            self._run(call)
+
+    def _run(self, pieces: list) -> None:
+        drv = self.driver
+        n = sum(len(ids) for _, _, ids, _ in pieces)
+        rows = bucket_of(n, list(ROWS)) if drv.use_graphs else n
+        pad = rows - n
+        ids = [t for _, _, piece, _ in pieces for t in piece] + [0] * pad
+        at = [p + i for _, _, piece, p in pieces for i in range(len(piece))] + list(range(pad))
+        res = [r for _, r, _, _ in pieces]
+        if not drv.use_graphs:
+            dev = res[0].device
+            ids_at = torch.tensor([ids, at], device=dev)
+            units = torch.ones(n, drv.model.cfg.hc_count, dtype=res[0].dtype, device=dev)
+            sessions = [s for s, _, piece, _ in pieces for _ in piece]
+            absorb_cells(drv.model, sessions, torch.cat(res), *ids_at, units)
+            self.num_eager += 1
+            return
+        io = self.buffers(rows)
+        table = [self._rows(s).expand(-1, len(piece), -1) for s, _, piece, _ in pieces]
+        table = torch.cat([*table, self._rows(drv.size_tables.pad).expand(-1, pad, -1)], 1)
+        io.table.copy_(table.pin_memory(), non_blocking=True)
+        io.ids_at.copy_(torch.tensor([ids, at], pin_memory=True), non_blocking=True)
+        torch.cat(res, out=io.res[:n])
+        drv.runner((), io)()
+        self.num_graphed += 1
+
+    def _rows(self, s: SessionState) -> torch.Tensor:
+        """The session's row of each head layer's table, from the anchor [heads, 1, W]."""
+        row = self.rows_of.get(id(s))
+        if row is None:
+            anchor = self.driver.size_tables.anchor
+            row = torch.stack([attn_table([c], a, host=True) for c, a in zip(s.mtp, anchor.mtp)])
+            self.rows_of[id(s)] = row
+        return row
 
     def buffers(self, rows: int) -> AbsorbBuffers:
         """The graphed absorb's buffers of a bucket of `rows` cells."""
         io = self.io.get(rows)
         if io is None:
             drv, cfg = self.driver, self.driver.model.cfg
-            width = cfg.hc_count * cfg.hidden_size
-            io = AbsorbBuffers(rows, cfg.hc_count, width, drv.model.dtype, drv.device)
-            io.table = drv.size_tables.device_table(1, rows - 1)
-            io.table_keys = drv.size_tables.draft_keys
-            self.io[rows] = io
+            width, heads = cfg.hc_count * cfg.hidden_size, len(drv.model.mtp.layers)
+            pad = self._rows(drv.size_tables.pad)
+            args = (cfg.hc_count, width, drv.model.dtype, drv.device, pad.shape[-1])
+            io = self.io[rows] = AbsorbBuffers(rows, heads, *args)
+            # a capture's warm-up runs every row on the pad session (LoneDriver._warm)
+            io.pad = pad.expand(-1, rows, -1).contiguous()
         return io
 
     def all_buffers(self) -> list[AbsorbBuffers]:
         """Every bucket's buffers (LoneDriver.capture_all captures them at engine start)."""
         return [self.buffers(rows) for rows in ROWS]
-
-    def _replay(self, session, res, ids: list[int], pos: int, rows: int) -> None:
-        drv, sid, n = self.driver, self.index[id(session)], len(ids)
-        io = self.buffers(rows)
-        io.table.copy_(drv.size_tables.of((sid,), 1, rows - 1), non_blocking=True)
-        io.res[:n].copy_(res)
-        host = torch.tensor([*ids, pos], pin_memory=drv.is_cuda)
-        io.ids[:n].copy_(host[:n], non_blocking=True)
-        io.pos.copy_(host[n:], non_blocking=True)
-        drv.runner((sid,), io)()

@@ -248,10 +248,9 @@ class LoneDriver:
         Drafting.choose says they pay -> (steps, depth, drafts landed per session); None:
         plain steps (nothing ran). hints: each stream's guesses at its next tokens; left:
         the tokens the replies still want (the fewest)."""
-        drafting = self.drafting
-        if drafting is None or self.drafter is None or not self.drafter.enabled:
+        if self.drafting is None or self.drafter is None or not self.drafter.enabled:
             return None
-        return drafting.run(*args, hints=hints, left=left)
+        return self.drafting.run(*args, hints=hints, left=left)
 
     def clock(self) -> tuple[float, int, float]:
         """A call's start for run_steps: the time, the Triton compiles and captures so far."""
@@ -346,5 +345,6 @@ class LoneDriver:
         return graph
 
     def _warm(self, ids: tuple[int, ...], io: StepBuffers) -> None:
-        pad = self.size_tables.of((), io.size, io.depth)
+        pad = getattr(io, "pad", None)  # an absorb's own (runner/absorb.py)
+        pad = self.size_tables.of((), io.size, io.depth) if pad is None else pad
         warm_up(io, pad, lambda: self._step(ids, io))

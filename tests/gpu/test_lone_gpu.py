@@ -252,28 +252,30 @@ def test_engine_drafted_lone_replies_equal_plain_replies():
     assert lone.drafting.num_landed > 0.3 * lone.drafting.num_drafted > 0
 
 
-def test_graphed_absorbs_write_the_head_cache_as_eager_ones(drafted_model):
-    """A drafted call's load (runner/absorb.py): 300 waiting cells through the bucket graphs
-    (a piece of 256, then 44 in the bucket of 64, its pad rows past them) write the head's
-    cache bit for bit as the same cells absorbed eagerly, each piece's rows alone."""
+def test_graphed_absorbs_write_the_head_caches_as_eager_ones(drafted_model):
+    """A drafted call's load (runner/absorb.py): three streams' 300, 20 and 9 waiting cells
+    through the bucket graphs (a call of 256 rows, then one of 44 + 20 + 9 in the bucket of
+    128, its pad rows on the pad session) write each head cache bit for bit as the same cells
+    absorbed eagerly (the same calls, their rows alone)."""
     cfg, model = drafted_model
     base = prefilled(cfg, model, prompts(cfg.vocab_size, 9)[3])
     gen = torch.Generator(device="cuda").manual_seed(0)
-    cells = 300
-    width = cfg.hc_count * cfg.hidden_size
-    res = torch.randn(cells, width, generator=gen, device="cuda").to(torch.bfloat16)
-    ids = [(7 * i + 3) % cfg.vocab_size for i in range(cells)]
+    cells, width = [300, 20, 9], cfg.hc_count * cfg.hidden_size
+    res = [torch.randn(n, width, generator=gen, device="cuda").to(torch.bfloat16) for n in cells]
     got = []
     for graphed in (True, False):
-        s = copy_of(cfg, base)
-        s.mtp_length = 0
+        sessions = [copy_of(cfg, base) for _ in cells]
         drafter = MtpDrafter(model, 0.0)
-        drafter.absorb_later(0, res.clone(), [3, *ids[:-1]], ids[-1], None)
-        driver = LoneDriver(model, [s], graphs=graphed, drafter=drafter)
-        absorber = driver.drafting.absorber
-        drafter.absorb_waiting([0], {0: s}, [3], cells=absorber)
-        assert s.mtp_length == cells
+        for i, (s, n) in enumerate(zip(sessions, cells)):
+            s.mtp_length = 0
+            ids = [(7 * j + 3 + i) % cfg.vocab_size for j in range(n)]
+            drafter.absorb_later(i, res[i].clone(), [3, *ids[:-1]], ids[-1], None)
+        driver = LoneDriver(model, sessions, graphs=graphed, drafter=drafter)
+        absorber, streams = driver.drafting.absorber, [0, 1, 2]
+        drafter.absorb_waiting(streams, dict(enumerate(sessions)), [3] * 3, cells=absorber)
+        assert [s.mtp_length for s in sessions] == cells
         assert (absorber.num_graphed, absorber.num_eager) == ((2, 0) if graphed else (0, 2))
-        got.append(head_cache(s, cells))
-    for a, b in zip(*got):
-        assert torch.equal(a, b)
+        got.append([head_cache(s, n) for s, n in zip(sessions, cells)])
+    for want, have in zip(*got):
+        for a, b in zip(want, have):
+            assert torch.equal(a, b)
