@@ -1,8 +1,8 @@
 """A drafted lone call's load in CUDA graphs: the MTP head absorbing its streams' waiting cells
 (a prompt's rows, or the cells plain steps queued) as a drafted step's window cells absorb
 theirs (runner/draft_step.cells: each row at its own position, reading and writing its own
-session's head cache through a table), every stream's cells packed into one call of up to
-256 rows, in buckets of rows, one graph each.
+session's head cache through a table), every stream's cells packed into calls of up to 64
+rows, in buckets of rows, one graph each.
 
 Eager head forwards over the queues took 2.69 / 5.52 / 10.85 ms at 1 / 4 / 16 streams on the
 H200 (e97e8a5): ~37 launches a forward, their host time, most of a drafted call's load. A
@@ -26,7 +26,9 @@ from flashlane.runner.graphs import bucket_of
 
 __all__ = ["ROWS", "AbsorbBuffers", "Absorber", "absorb_cells"]
 
-ROWS = (8, 16, 32, 64, 128, 256)  # an absorb's buckets of cells, one graph each
+# an absorb's buckets of cells, one graph each: at most DECODE_ROWS (kernels/linear/tiles.py),
+# the decode tiles a drafted step's cells run (larger calls would take the prompt tiles)
+ROWS = (8, 16, 32, 64)
 
 
 @torch.no_grad()

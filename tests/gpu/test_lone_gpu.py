@@ -253,14 +253,14 @@ def test_engine_drafted_lone_replies_equal_plain_replies():
 
 
 def test_graphed_absorbs_write_the_head_caches_as_eager_ones(drafted_model):
-    """A drafted call's load (runner/absorb.py): three streams' 300, 20 and 9 waiting cells
-    through the bucket graphs (a call of 256 rows, then one of 44 + 20 + 9 in the bucket of
-    128, its pad rows on the pad session) write each head cache bit for bit as the same cells
+    """A drafted call's load (runner/absorb.py): three streams' 150, 20 and 9 waiting cells
+    through the bucket graphs (calls of 64 and 64 rows, then 22 + 20 + 9 in the bucket of 64,
+    its pad rows on the pad session) write each head cache bit for bit as the same cells
     absorbed eagerly (the same calls, their rows alone)."""
     cfg, model = drafted_model
     base = prefilled(cfg, model, prompts(cfg.vocab_size, 9)[3])
     gen = torch.Generator(device="cuda").manual_seed(0)
-    cells, width = [300, 20, 9], cfg.hc_count * cfg.hidden_size
+    cells, width = [150, 20, 9], cfg.hc_count * cfg.hidden_size
     res = [torch.randn(n, width, generator=gen, device="cuda").to(torch.bfloat16) for n in cells]
     got = []
     for graphed in (True, False):
@@ -274,7 +274,7 @@ def test_graphed_absorbs_write_the_head_caches_as_eager_ones(drafted_model):
         absorber, streams = driver.drafting.absorber, [0, 1, 2]
         drafter.absorb_waiting(streams, dict(enumerate(sessions)), [3] * 3, cells=absorber)
         assert [s.mtp_length for s in sessions] == cells
-        assert (absorber.num_graphed, absorber.num_eager) == ((2, 0) if graphed else (0, 2))
+        assert (absorber.num_graphed, absorber.num_eager) == ((3, 0) if graphed else (0, 3))
         got.append([head_cache(s, n) for s, n in zip(sessions, cells)])
     for want, have in zip(*got):
         for a, b in zip(want, have):
