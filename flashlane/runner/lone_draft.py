@@ -29,6 +29,12 @@ DEPTH = 2  # drafts a drafted step carries (the embedded model lands ~3 in 4 at 
 PROBE_EVERY = 8  # calls before a try of the kind measured slower (landing drifts with text)
 MAX_PROBE_EVERY = 128  # the gap doubles while each try confirms the measures, up to this
 PROBE_STEPS = 8  # steps a drafted try runs: enough to measure (run_steps folds from 4)
+# drafts measured at depth 1 before a verdict against drafting waits PROBE_EVERY calls; until
+# then drafting is tried again every UNSURE_EVERY calls. One try's seven measured steps
+# landed 2 of 7 on the H200 (63de559), where the same replies' later steps landed 0.56: that
+# verdict kept one stream on plain steps for eight calls (benchmarks/draft_choices.py)
+SURE_DRAFTS = 32
+UNSURE_EVERY = 2
 # the most sessions a drafted step takes: past it a step's B*(K+1) rows read most experts
 # (plain steps are measured to win there), and each size is one more graph to capture
 MAX_STREAMS = 16
@@ -72,7 +78,8 @@ class Drafting:
         first step: driver.load_ms) over the tokens each call gives (a plain step one, a
         drafted step 1 + its expected landed drafts, up to `left`); the kind measured
         slower is tried again after PROBE_EVERY calls, the gap doubling while the tries
-        confirm it (a drafted try runs PROBE_STEPS steps). `carried`: every stream would go
+        confirm it (a drafted try runs PROBE_STEPS steps), drafting every UNSURE_EVERY
+        calls while fewer than SURE_DRAFTS drafts are measured. `carried`: every stream would go
         on from a drafted call's carry (`carry_of`), so a drafted call loads as a plain one
         does (device copies; no head absorbs a queue). More than MAX_STREAMS, or more rows
         than the plan's (`fits`): plain."""
@@ -138,6 +145,8 @@ class Drafting:
         if better != self.best:  # the measures changed their mind: try the other kind soon
             self.best, self.probe_every = better, PROBE_EVERY
             self.until_probe = min(self.until_probe, PROBE_EVERY)
+        if not better and sum(self.stats.offered[:1]) < SURE_DRAFTS:  # a landing guessed
+            self.until_probe = min(self.until_probe, UNSURE_EVERY)
         self.until_probe -= 1
         if self.until_probe > 0:
             return better

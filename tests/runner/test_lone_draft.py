@@ -242,8 +242,8 @@ def test_the_embedded_models_drafts_land_on_drafted_lone_steps():
 def test_drafting_is_chosen_while_it_pays(tiny_ckpt):
     """choose(): unmeasured sides first (drafted, then plain), then whichever gives more
     tokens a ms by the landing rate and the measured steps of the nearest session count,
-    the slower kind tried again every PROBE_EVERY calls."""
-    from flashlane.runner.lone_draft import MAX_STREAMS, PROBE_EVERY, PROBE_STEPS
+    the slower kind tried again every PROBE_EVERY calls once the landing is measured."""
+    from flashlane.runner.lone_draft import MAX_STREAMS, PROBE_EVERY, PROBE_STEPS, SURE_DRAFTS
 
     cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
     s, _ = prefilled(model, cfg, prompts()[0])
@@ -253,8 +253,9 @@ def test_drafting_is_chosen_while_it_pays(tiny_ckpt):
     driver.step_ms[(1, 2)] = 1.5
     assert d.choose([0]) == 0
     driver.step_ms[(1, 0)] = 1.0
-    d.stats.record([1.0, 1.0], 2)  # drafts landing: 1 + 2/3 + 4/9 tokens for 1.5x the time
-    d.stats.record([1.0, 1.0], 2)
+    for _ in range(SURE_DRAFTS // 2):  # landing measured (SURE_DRAFTS), all but a half of it:
+        d.stats.record([1.0, 1.0], 2)  # 1 + 0.97 + 0.94 tokens for 1.5x the time
+        d.stats.record([1.0, 1.0], 0)  # ~1 + 0.5 + 0.49: still more than 1.5
     # four sessions: the figures of one stand in; the slower kind is tried after PROBE_EVERY
     # calls, then after twice as many while the tries confirm the measures
     picks = [d.choose([0, 1, 2, 3]) for _ in range(4 * PROBE_EVERY)]
@@ -299,8 +300,12 @@ def test_a_drafted_call_pays_its_load(tiny_ckpt):
     driver = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0))
     d = driver.drafting
     driver.step_ms.update({(1, 0): 0.4, (1, 2): 0.6})
-    for _ in range(4):  # both depths land 5 in 6 (smoothed): 2.53 tokens a drafted step
-        d.stats.record([1.0, 1.0], 2)
+    # both depths land 5 in 6 (smoothed: 35 of 42, 30 of 36) over 40 drafted steps, a measured
+    # landing (SURE_DRAFTS): 2.53 tokens a drafted step
+    for landed, times in ((2, 29), (1, 5), (0, 6)):
+        for _ in range(times):
+            d.stats.record([1.0, 1.0], landed)
+    assert d.stats.rate(1) == d.stats.rate(2) == 5 / 6
     assert d.choose([0], 32) == 2  # 0.24 ms a token (32 steps, 81 tokens) against 0.4
     driver.load_ms.update({(1, 0): 0.1, (1, 2): 6.0})  # a drafted call's host work first
     assert d.choose([0], 32) == 2  # 25.2 ms for 81 tokens: 0.31 a token against 0.40
@@ -383,3 +388,24 @@ def test_a_row_without_a_finite_logit_ends_its_step(tiny_ckpt, monkeypatch):
         [None],
     )
     assert got == [(want[1], True), (0, False)]
+
+
+def test_a_verdict_against_drafting_on_few_drafts_is_tried_again_soon(tiny_ckpt):
+    """Plain steps measured to win on fewer than SURE_DRAFTS drafts (one short try's) leave
+    drafting tried every UNSURE_EVERY calls, not after PROBE_EVERY, until the landing is
+    measured; then the verdict holds PROBE_EVERY calls."""
+    from flashlane.runner.lone_draft import PROBE_EVERY, SURE_DRAFTS, UNSURE_EVERY
+
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    s, _ = prefilled(model, cfg, prompts()[0])
+    driver = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0))
+    d = driver.drafting
+    driver.step_ms.update({(1, 0): 0.4, (1, 2): 0.64})
+    for landed in (1, 0, 0, 1, 0, 0, 0):  # a try's seven steps: 2 of 7 land at depth 1
+        d.stats.record([1.0, 1.0], landed)
+    picks = [d.choose([0], 32) for _ in range(2 * PROBE_EVERY)]
+    assert picks[0] == 0 and picks.count(2) >= 2 * PROBE_EVERY // UNSURE_EVERY - 1
+    for _ in range(SURE_DRAFTS):  # measured: the same poor landing, plain steps hold
+        d.stats.record([1.0, 1.0], 0)
+    picks = [d.choose([0], 32) for _ in range(2 * PROBE_EVERY)]
+    assert picks.count(2) <= 2
