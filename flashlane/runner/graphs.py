@@ -80,8 +80,9 @@ class Graphs:
                 torch.cuda.synchronize()
                 return fn(*args)
         static_in, graph, static_out = entry
-        for s, a in zip(static_in, args):
-            s[:rows].copy_(a)
+        # the inputs in one call (an eager round replays a graph a part: its copies' host time
+        # was 0.60 ms of a 20-token prompt's 6.15 ms round on the H200, 44 copy_ calls)
+        torch._foreach_copy_([s[:rows] for s in static_in], list(args))
         graph.replay()
         return tuple(o[:rows] if i < views else o[:rows].clone() for i, o in enumerate(static_out))
 
