@@ -141,6 +141,33 @@ def test_decoders_beside_pieces_get_their_share_of_the_time():
     assert beside_budget(host(None), [], 0.030) == 4  # not measured yet
 
 
+@pytest.mark.parametrize("steps,want", [(3, 3), (None, 32), (50, 40)])
+def test_drafted_decoders_beside_pieces_keep_their_share(steps, want):
+    """run_lone's steps (beside_budget's share) bound a drafted call as a plain one: a
+    drafted lone call beside a round's prompt pieces ran lone_steps (32) at 63de559. No
+    more than the reply's tokens left (40) either."""
+    from flashlane.lanes.host import HostConfig
+    from flashlane.lanes.lone_turn import run_lone
+    from flashlane.lanes.records import Draws
+
+    calls = []
+
+    def decode_drafted(ids, tokens, starts, budget, *rest, hints, left):
+        calls.append((budget, left))
+        return 1, 2, [0]
+
+    lone = types.SimpleNamespace(decode_drafted=decode_drafted)
+    host = types.SimpleNamespace(config=HostConfig(), lone=lone)
+    params = SamplingParams(max_tokens=48, temperature=0.0)
+    stream = types.SimpleNamespace(
+        params=params, reply_ids=[5] * 8, room=1000, held=None, seed=0, start=20,
+        draws=Draws(params, 0, [1, 2], []), copy_index=None, session_id=0, stream_id=0,
+        num_drafted=0, num_accepted=0,
+    )  # fmt: skip
+    run_lone(host, [stream], steps)
+    assert calls == [(want, 40)]
+
+
 def test_an_abort_lands_between_a_long_prompts_pieces():
     """A request cancelled while its prompt fills ends at the next round, with no reply and
     most of its prompt never run; the decoder beside it goes on undisturbed."""
