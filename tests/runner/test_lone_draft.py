@@ -239,83 +239,6 @@ def test_the_embedded_models_drafts_land_on_drafted_lone_steps():
     assert driver.num_steps < 0.75 * len(want)
 
 
-def test_drafting_is_chosen_while_it_pays(tiny_ckpt):
-    """choose(): unmeasured sides first (drafted, then plain), then whichever gives more
-    tokens a ms by the landing rate and the measured steps of the nearest session count,
-    the slower kind tried again every PROBE_EVERY calls once the landing is measured."""
-    from flashlane.runner.lone_draft import MAX_STREAMS, PROBE_EVERY, PROBE_STEPS, SURE_DRAFTS
-
-    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
-    s, _ = prefilled(model, cfg, prompts()[0])
-    driver = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0))
-    d = driver.drafting
-    assert d.choose([0]) == 2
-    driver.step_ms[(1, 2)] = 1.5
-    assert d.choose([0]) == 0
-    driver.step_ms[(1, 0)] = 1.0
-    for _ in range(SURE_DRAFTS // 2):  # landing measured (SURE_DRAFTS), all but a half of it:
-        d.stats.record([1.0, 1.0], 2)  # 1 + 0.97 + 0.94 tokens for 1.5x the time
-        d.stats.record([1.0, 1.0], 0)  # ~1 + 0.5 + 0.49: still more than 1.5
-    # four sessions: the figures of one stand in; the slower kind is tried after PROBE_EVERY
-    # calls, then after twice as many while the tries confirm the measures
-    picks = [d.choose([0, 1, 2, 3]) for _ in range(4 * PROBE_EVERY)]
-    assert [i for i, p in enumerate(picks) if p == 0] == [PROBE_EVERY - 1, 3 * PROBE_EVERY - 1]
-    driver.step_ms[(1, 2)] = 3.0  # now dearer than its tokens: tried again soon, then less
-    picks = [d.choose([0]) for _ in range(PROBE_EVERY)]
-    assert picks.count(0) == PROBE_EVERY - 1 and picks.count(2) == 1
-    # a drafted try runs PROBE_STEPS steps whatever the call's budget
-    budgets = []
-    d.decode = lambda ids, tokens, positions, budget, *rest: budgets.append(budget) or 1
-    for _ in range(2 * PROBE_EVERY):
-        d.run([0], [5], [9], 64, 400, [None], [0], [None])
-    assert budgets == [PROBE_STEPS]
-    # past MAX_STREAMS sessions: plain steps, whatever the measures
-    driver.step_ms[(1, 2)] = 1.5
-    assert [d.choose([0, 1]) for _ in range(PROBE_EVERY)].count(2) == PROBE_EVERY - 1
-    assert {d.choose(list(range(MAX_STREAMS + 1))) for _ in range(PROBE_EVERY)} == {0}
-
-
-def test_a_drafted_step_holds_no_more_rows_than_the_plan(tiny_ckpt):
-    """max_rows (the plan's rows a round): a drafted step of B sessions at depth K takes
-    B*(K+1) rows, refused past it whatever the measures (plain steps), and a size past it is
-    not captured at start (an engine hands its plan's rows to its driver: test_lone_gpu)."""
-    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
-    states = [prefilled(model, cfg, p)[0] for p in prompts()[:3]]
-    driver = LoneDriver(model, states, drafter=MtpDrafter(model, confidence=0.0), max_rows=6)
-    d = driver.drafting
-    assert d.fits(2) and not d.fits(3)  # 2 x 3 rows fit 6, 3 x 3 do not
-    assert d.choose([0, 1]) == 2 and d.choose([0, 1, 2]) == 0
-    assert all(d.fits(n) for n in d.eager_sizes())
-    unbounded = LoneDriver(model, states, drafter=MtpDrafter(model, confidence=0.0))
-    assert unbounded.drafting.fits(3) and unbounded.drafting.choose([0, 1, 2]) == 2
-
-
-def test_a_drafted_call_pays_its_load(tiny_ckpt):
-    """The rule prices each kind's tokens with the time before its first step (load_ms),
-    over the tokens its call gives: a plain call's steps one each, a drafted call's as many
-    steps 1 + their expected landed drafts each, no more than the replies want (`left`).
-    Drafted steps that win step for step lose a call too short to earn their load back."""
-    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
-    s, _ = prefilled(model, cfg, prompts()[0])
-    driver = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0))
-    d = driver.drafting
-    driver.step_ms.update({(1, 0): 0.4, (1, 2): 0.6})
-    # both depths land 5 in 6 (smoothed: 35 of 42, 30 of 36) over 40 drafted steps, a measured
-    # landing (SURE_DRAFTS): 2.53 tokens a drafted step
-    for landed, times in ((2, 29), (1, 5), (0, 6)):
-        for _ in range(times):
-            d.stats.record([1.0, 1.0], landed)
-    assert d.stats.rate(1) == d.stats.rate(2) == 5 / 6
-    assert d.choose([0], 32) == 2  # 0.24 ms a token (32 steps, 81 tokens) against 0.4
-    driver.load_ms.update({(1, 0): 0.1, (1, 2): 6.0})  # a drafted call's host work first
-    assert d.choose([0], 32) == 2  # 25.2 ms for 81 tokens: 0.31 a token against 0.40
-    assert d.choose([0], 32, left=32) == 0  # a 32-token reply: 13.8 ms against 12.9
-    assert d.choose([0], 8) == 0  # 10.8 ms for 20 tokens: 0.53 against 0.41
-    # a call going on from a drafted call's carry absorbs nothing: it loads as a plain one
-    assert d.choose([0], 8, carried=True) == 2  # 4.9 ms for 20 tokens: 0.24 against 0.41
-    assert d.choose([0], 10_000, left=10_000) == 2  # a long call earns its load back
-
-
 def test_a_carried_call_folds_its_steps_not_its_load(tiny_ckpt):
     """A drafted call that goes on from the last one's carry loads without an absorb: its
     load would understate the next absorbing call's, so only its steps are folded."""
@@ -388,24 +311,3 @@ def test_a_row_without_a_finite_logit_ends_its_step(tiny_ckpt, monkeypatch):
         [None],
     )
     assert got == [(want[1], True), (0, False)]
-
-
-def test_a_verdict_against_drafting_on_few_drafts_is_tried_again_soon(tiny_ckpt):
-    """Plain steps measured to win on fewer than SURE_DRAFTS drafts (one short try's) leave
-    drafting tried every UNSURE_EVERY calls, not after PROBE_EVERY, until the landing is
-    measured; then the verdict holds PROBE_EVERY calls."""
-    from flashlane.runner.lone_draft import PROBE_EVERY, SURE_DRAFTS, UNSURE_EVERY
-
-    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
-    s, _ = prefilled(model, cfg, prompts()[0])
-    driver = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0))
-    d = driver.drafting
-    driver.step_ms.update({(1, 0): 0.4, (1, 2): 0.64})
-    for landed in (1, 0, 0, 1, 0, 0, 0):  # a try's seven steps: 2 of 7 land at depth 1
-        d.stats.record([1.0, 1.0], landed)
-    picks = [d.choose([0], 32) for _ in range(2 * PROBE_EVERY)]
-    assert picks[0] == 0 and picks.count(2) >= 2 * PROBE_EVERY // UNSURE_EVERY - 1
-    for _ in range(SURE_DRAFTS):  # measured: the same poor landing, plain steps hold
-        d.stats.record([1.0, 1.0], 0)
-    picks = [d.choose([0], 32) for _ in range(2 * PROBE_EVERY)]
-    assert picks.count(2) <= 2
