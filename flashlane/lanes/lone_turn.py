@@ -104,7 +104,7 @@ def run_lone(host: LaneHost, streams: list[Stream], steps: int | None = None) ->
     for s in streams:
         s.held = None  # the lone steps make them stale
     try:
-        if _drafted(host, streams, take_for, held, steps or host.config.lone_steps):
+        if _drafted(host, streams, take_for, held, budget):
             return
         host.lone.decode_many(
             [s.session_id for s in streams], [s.reply_ids[-1] for s in streams],
@@ -123,10 +123,10 @@ def _hint(s: Stream, held) -> list[int]:
     return s.copy_index.propose(MAX_HINT) if s.copy_index is not None else []
 
 
-def _drafted(host: LaneHost, streams: list[Stream], take_for, held: list, steps: int) -> bool:
-    """Up to `steps` drafted lone steps (runner/lone_draft.py) for streams that all draft
+def _drafted(host: LaneHost, streams: list[Stream], take_for, held: list, budget: int) -> bool:
+    """Up to `budget` drafted lone steps (runner/lone_draft.py) for streams that all draft
     greedily, when the driver has them and finds they pay; False where plain steps should
-    run instead (sampled streams: drafted steps draw greedily). `steps`: run_lone's, so
+    run instead (sampled streams: drafted steps draw greedily). `budget`: run_lone's, so
     that decoders beside a round's prompt pieces keep to their share of the time drafted
     too (beside_budget; at 63de559 a drafted call ran lone_steps whatever its share)."""
     if not all(
@@ -140,7 +140,7 @@ def _drafted(host: LaneHost, streams: list[Stream], take_for, held: list, steps:
     hints = [_hint(s, h) for s, h in zip(streams, held)]
     ran = host.lone.decode_drafted(
         [s.session_id for s in streams], [s.reply_ids[-1] for s in streams],
-        [s.start for s in streams], min(steps, left),
+        [s.start for s in streams], budget,
         min(s.room for s in streams), [take_for(s) for s in streams],
         [s.stream_id for s in streams], [s.draws for s in streams], hints=hints, left=left,
     )  # fmt: skip

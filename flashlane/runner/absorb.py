@@ -48,16 +48,17 @@ def absorb_cells(model: FlashNext, sessions: list, res, ids, at, units, tables=N
 class AbsorbBuffers:
     """A graphed absorb's static inputs for a bucket of `rows` cells: res [rows, hc*H], ids
     and positions `at` ([2, rows]: one copy from the host), units [rows, hc] ones, and the
-    head layers' tables [heads, rows, TABLE_WIDTH] (each row's session from the anchor).
-    `size` 1 and `depth`: LoneDriver's step protocol (its steps' sessions: the anchor)."""
+    head layers' tables [heads, rows, TABLE_WIDTH] (each row's session from the anchor;
+    `pad` [heads, 1, TABLE_WIDTH]: the pad session's row). `size` 1: LoneDriver's step
+    protocol (its steps' sessions: the anchor)."""
 
-    def __init__(self, rows: int, heads: int, hc: int, width: int, dtype, device, table_width):
-        on = dict(dtype=torch.long, device=device)
-        self.size, self.depth, self.rows = 1, 0, rows
+    def __init__(self, rows: int, pad: torch.Tensor, hc: int, width: int, dtype, device):
+        self.size, self.rows = 1, rows
         self.res = torch.zeros(rows, width, dtype=dtype, device=device)
-        self.ids_at = torch.zeros(2, rows, **on)
+        self.ids_at = torch.zeros(2, rows, dtype=torch.long, device=device)
         self.units = torch.ones(rows, hc, dtype=dtype, device=device)
-        self.table = torch.zeros(heads, rows, table_width, **on)
+        self.pad = pad.expand(-1, rows, -1)
+        self.table = torch.zeros(self.pad.shape, dtype=torch.long, device=device)
         self.warm = False
 
     def key(self, ids: tuple[int, ...]) -> tuple:
@@ -68,6 +69,10 @@ class AbsorbBuffers:
 
     def tables(self) -> dict:
         return {("rows", ("mtp", j)): t for j, t in enumerate(self.table)}
+
+    def pad_table(self, tables) -> torch.Tensor:
+        """Every row the pad session's (a capture's warm-up: LoneDriver._warm)."""
+        return self.pad
 
     def step(self, model: FlashNext, sessions: list[SessionState], tables) -> None:
         ids, at = self.ids_at
@@ -87,14 +92,15 @@ class Absorber:
     def __call__(self, queues: list[tuple[SessionState, torch.Tensor, list[int]]]) -> None:
         """Each (session, rows [n, hc*H], next ids) into the session's head cache from its
         mtp_length on (the caller moves the lengths), ROWS[-1] rows a call."""
-        call: list = []
+        call, count = [], 0
         for s, res, ids in queues:
             for a in range(0, len(ids), ROWS[-1]):
                 piece = (s, res[a : a + ROWS[-1]], ids[a : a + ROWS[-1]], s.mtp_length + a)
-                if call and sum(len(p[2]) for p in call) + len(piece[2]) > ROWS[-1]:
+                if count + len(piece[2]) > ROWS[-1]:
                     self._run(call)
-                    call = []
+                    call, count = [], 0
                 call.append(piece)
+                count += len(piece[2])
         if call:
             self._run(call)
 
@@ -138,12 +144,9 @@ class Absorber:
         io = self.io.get(rows)
         if io is None:
             drv, cfg = self.driver, self.driver.model.cfg
-            width, heads = cfg.hc_count * cfg.hidden_size, len(drv.model.mtp.layers)
-            pad = self._rows(drv.size_tables.pad)
-            args = (cfg.hc_count, width, drv.model.dtype, drv.device, pad.shape[-1])
-            io = self.io[rows] = AbsorbBuffers(rows, heads, *args)
-            # a capture's warm-up runs every row on the pad session (LoneDriver._warm)
-            io.pad = pad.expand(-1, rows, -1).contiguous()
+            pad, width = self._rows(drv.size_tables.pad), cfg.hc_count * cfg.hidden_size
+            args = (cfg.hc_count, width, drv.model.dtype, drv.device)
+            io = self.io[rows] = AbsorbBuffers(rows, pad, *args)
         return io
 
     def all_buffers(self) -> list[AbsorbBuffers]:

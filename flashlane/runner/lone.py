@@ -345,6 +345,4 @@ class LoneDriver:
         return graph
 
     def _warm(self, ids: tuple[int, ...], io: StepBuffers) -> None:
-        pad = getattr(io, "pad", None)  # an absorb's own (runner/absorb.py)
-        pad = self.size_tables.of((), io.size, io.depth) if pad is None else pad
-        warm_up(io, pad, lambda: self._step(ids, io))
+        warm_up(io, io.pad_table(self.size_tables), lambda: self._step(ids, io))

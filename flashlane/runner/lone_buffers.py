@@ -158,6 +158,10 @@ class StepBuffers:
         """What a step reads and moves on (a warm-up step puts them back)."""
         return self.tok, self.pos, self.k
 
+    def pad_table(self, tables: SizeTables) -> torch.Tensor:
+        """`table` with every row the pad session's (a warm-up step's: `warm_up`)."""
+        return tables.of((), self.size)
+
     def tables(self, sessions: list[SessionState] | None = None) -> dict:
         if self.table is not None:
             return dict(zip(self.table_keys, self.table))

@@ -311,6 +311,9 @@ class DraftBuffers:
     def inputs(self) -> tuple[torch.Tensor, ...]:
         return self.tok, self.pos, self.drafts
 
+    def pad_table(self, tables) -> torch.Tensor:
+        return tables.of((), self.size, self.depth)
+
     def tables(self) -> dict:
         """The sessions' tables by key [B, TABLE_WIDTH], and by ("rows", key) each session's
         row once per window row [B*T, TABLE_WIDTH] (runner/draft_step.py): views of `table`
