@@ -106,10 +106,12 @@ class LoneDriving(Protocol):
         takes: list[Callable[[int, bool], bool]],
         stream_ids: list[int],
         draws: list[Any],
+        ends: Callable[[list[bool]], bool] = any,
     ) -> int:
         """Up to `budget` steps of these sessions from their pending tokens at their
-        positions; each landed token goes to its stream's take(id, finite), and once one says
-        stop the step in flight lands too. Returns the steps the sessions now hold."""
+        positions; each landed token goes to its stream's take(id, finite), and once `ends`
+        says so of which takes have said no (default: any), the step in flight lands too.
+        Returns the steps the sessions now hold."""
         ...
 
     def decode_drafted(
@@ -124,12 +126,13 @@ class LoneDriving(Protocol):
         draws: list[Any],
         hints: list[list[int]] | None = None,
         left: int | None = None,
-    ) -> tuple[int, int, list[int]] | None:
+        ends: Callable[[list[bool]], bool] = any,
+    ) -> tuple[list[int], list[int]] | None:
         """decode_many in drafted steps where the driver drafts these (greedy, drafting)
-        streams and finds it pays: (steps, depth, drafts landed per stream), else None and
-        nothing ran. hints: each stream's guesses at its next tokens (its copy drafts), for
-        a first step that has no drafts of the driver's own; left: the tokens the replies
-        still want (the fewest), over which a drafted call's load is priced."""
+        streams and finds it pays: (drafts made, drafts landed), per stream before its take
+        said no, else None and nothing ran. hints: each stream's guesses at its next tokens
+        (its copy drafts), for a first step that has no drafts of the driver's own; left:
+        the most tokens a reply still wants, over which a drafted call's load is priced."""
         ...
 
     def step_seconds(self, b: int) -> float | None:

@@ -134,11 +134,12 @@ class LoneDriver:
         takes: list[Callable[[int, bool], bool]],
         stream_ids: list[int],
         draws: list,
+        ends: Callable[[list[bool]], bool] = any,
     ) -> int:
         """decode() for several sessions in lockstep: every step feeds each its pending
-        token; each landed step's tokens go to their takes, and once any take says no, the
-        step in flight (if any) lands and is handed over too. Returns the steps every session
-        holds."""
+        token; each landed step's tokens go to their takes, and once `ends` says so of which
+        takes have said no (default: any), the step in flight (if any) lands and is handed
+        over too. Returns the steps every session holds."""
         started, budget = self.clock(), min(budget, self.max_steps)
         if budget <= 0:
             return 0
@@ -157,15 +158,14 @@ class LoneDriver:
         io.pos.copy_(pinned[1], non_blocking=True)
         io.k.zero_()
         got = [[t] for t in tokens]
-        failed = [False] * len(tokens)
+        failed, done = [False] * b, [False] * b
 
         def land(rows: list[list[int]]) -> bool:
-            going = True
             for i, (token_id, finite) in enumerate(rows[:b]):
                 got[i].append(token_id)
                 failed[i] = failed[i] or not finite
-                going = takes[i](token_id, bool(finite)) and going
-            return going
+                done[i] = not takes[i](token_id, bool(finite)) or done[i]
+            return not ends(done)
 
         launched = self.run_steps(tuple(session_ids), io, budget, land, started)
         for i, sid in enumerate(session_ids):
@@ -243,14 +243,14 @@ class LoneDriver:
                     self._give_up(err)
         return len(self.graphs)
 
-    def decode_drafted(self, *args, hints: list[list[int]] | None = None, left=None):
+    def decode_drafted(self, *args, hints=None, left=None, ends=any):
         """decode_many in drafted steps (runner/lone_draft.py: Drafting.run's arguments) where
-        Drafting.choose says they pay -> (steps, depth, drafts landed per session); None:
+        Drafting.choose says they pay -> (drafts made, drafts landed), per session; None:
         plain steps (nothing ran). hints: each stream's guesses at its next tokens; left:
-        the tokens the replies still want (the fewest)."""
+        the most tokens a reply still wants; ends: as decode_many's."""
         if self.drafting is None or self.drafter is None or not self.drafter.enabled:
             return None
-        return self.drafting.run(*args, hints=hints, left=left)
+        return self.drafting.run(*args, hints=hints, left=left, ends=ends)
 
     def clock(self) -> tuple[float, int, float]:
         """A call's start for run_steps: the time, the Triton compiles and captures so far."""

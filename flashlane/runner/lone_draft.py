@@ -53,6 +53,7 @@ class Drafting:
         self.num_calls = 0
         self.num_drafted = self.num_landed = 0
         self.landed: list[int] = []  # drafts landed per session in the last call
+        self.live_steps: list[int] = []  # its steps per session before its take said no
         self.num_carried = 0  # calls that went on from the device's drafts (`carry`)
         # stream id -> ((session, position, pending token), buffers, row): where a drafted
         # call left the stream's pending token and drafts on the device; a later call from
@@ -90,18 +91,22 @@ class Drafting:
         return self._better(len(ids), budget or self.driver.max_steps, left, carried)
 
     def run(
-        self, ids, tokens, positions, budget, room, takes, stream_ids, draws, hints=None, left=None
-    ):
-        """LoneDriver.decode_drafted: `decode` where `choose` drafts -> (steps, depth, drafts
-        landed per session); None: plain steps (nothing ran)."""
+        self, ids, tokens, positions, budget, room, takes, stream_ids, draws, hints=None,
+        left=None, ends=any,
+    ):  # fmt: skip
+        """LoneDriver.decode_drafted: `decode` where `choose` drafts -> (drafts made, drafts
+        landed), per session in the steps before its take said no; None: plain steps
+        (nothing ran)."""
         carried = self.carry_of(stream_ids, ids, positions, tokens) is not None
         depth = self.choose(ids, budget, left, carried)
         if not depth:
             return None
         if self.probing:
             budget = min(budget, PROBE_STEPS)
-        steps = self.decode(ids, tokens, positions, budget, room, takes, stream_ids, draws, hints)
-        return None if steps is None else (steps, depth, list(self.landed))
+        args = (ids, tokens, positions, budget, room, takes, stream_ids, draws, hints, ends)
+        if self.decode(*args) is None:
+            return None
+        return [n * depth for n in self.live_steps], list(self.landed)
 
     def eager_sizes(self) -> list[int]:
         """The sizes whose drafted step is captured at engine start (those that fit)."""
@@ -165,9 +170,11 @@ class Drafting:
         stream_ids: list[int],
         draws: list,
         hints: list[list[int]] | None = None,
+        ends: Callable[[list[bool]], bool] = any,
     ) -> int | None:
         """LoneDriver.decode_many in drafted steps: up to `budget` steps while each fits in
-        `room` positions; every landed step's kept tokens go to the takes in order. `hints`:
+        `room` positions; every landed step's kept tokens go to the takes in order, and the
+        call ends once `ends` says so of which takes have said no (default: any). `hints`:
         each stream's guesses at its next tokens (copy drafts) for the first step, where no
         earlier drafted call left drafts on the device. Returns the steps launched (None: no
         step fits, nothing ran)."""
@@ -186,24 +193,25 @@ class Drafting:
         # sessions whose first step has no drafts but padding: it tells nothing of landing
         carry = self.carry_of(stream_ids, ids, positions, tokens, io.depth)
         blind = self._load(io, ids, tokens, positions, stream_ids, hints, carry)
-        kept, last = [0] * b, list(tokens)
-        self.landed = [0] * b
+        kept, last, done = [0] * b, list(tokens), [False] * b
+        self.landed, self.live_steps = [0] * b, [0] * b
 
         def land(rows: list[list[int]]) -> bool:
-            going = True
             for i, row in enumerate(rows[:b]):
                 n = row[2 * t]
-                if i not in blind:
+                kept[i] += n
+                last[i] = row[n - 1]
+                if i not in blind:  # the device's own chain: a measure of landing
                     self.stats.record([1.0] * depth, n - 1)
                     self.num_drafted += depth
                     self.num_landed += n - 1
-                self.landed[i] += n - 1
-                kept[i] += n
-                last[i] = row[n - 1]
-                for j in range(n):
-                    going = takes[i](row[j], bool(row[t + j])) and going
+                if not done[i]:  # a stream done before this step rides along
+                    self.landed[i] += n - 1
+                    self.live_steps[i] += 1
+                said = [takes[i](row[j], bool(row[t + j])) for j in range(n)]
+                done[i] = not all(said) or done[i]
             blind.clear()  # from the second step on, the device's chain drafts
-            return going
+            return not ends(done)
 
         # a carried call's load (device copies) would understate the absorbing calls'
         launched = drv.run_steps(tuple(ids), io, budget, land, started, carry is None)

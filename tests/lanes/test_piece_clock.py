@@ -152,9 +152,9 @@ def test_drafted_decoders_beside_pieces_keep_their_share(steps, want):
 
     calls = []
 
-    def decode_drafted(ids, tokens, starts, budget, *rest, hints, left):
+    def decode_drafted(ids, tokens, starts, budget, *rest, hints, left, ends):
         calls.append((budget, left))
-        return 1, 2, [0]
+        return [2], [0]
 
     lone = types.SimpleNamespace(decode_drafted=decode_drafted)
     host = types.SimpleNamespace(config=HostConfig(), lone=lone)
