@@ -170,20 +170,22 @@ class LoneDriver:
         launched = self.run_steps(tuple(session_ids), io, budget, land, started)
         for i, sid in enumerate(session_ids):
             self.sessions[sid].length = positions[i] + launched
-        if self.drafter is not None and self.drafter.enabled:
-            for i, d in enumerate(draws):
-                # a failed stream keeps no cells (as a failed shared round): its ids may be
-                # codes; the next call overwrites io.rows
-                if d is not None and d.params.draft and not failed[i]:
-                    rows = io.rows[:launched, i]
-                    self._queue_cells(stream_ids[i], session_ids[i], rows, got[i], d)
+        # a failed stream keeps no cells (as a failed shared round): its ids may be codes
+        queued = [
+            i for i, d in enumerate(draws) if d is not None and d.params.draft and not failed[i]
+        ]
+        if queued and self.drafter is not None and self.drafter.enabled:
+            # one copy for every stream (the next call overwrites io.rows): a row block each
+            rows = io.rows[:launched, :b].transpose(0, 1).contiguous()
+            for i in queued:
+                self._queue_cells(stream_ids[i], session_ids[i], rows[i], got[i], draws[i])
         return launched
 
     def _queue_cells(self, stream_id: int, session_id: int, rows, got: list[int], draws) -> None:
-        """A drafting stream's steps' residual rows for its MTP head, absorbed when it drafts
-        again, or now past MAX_WAITING."""
+        """A drafting stream's steps' residual rows (its own copy) for its MTP head, absorbed
+        when it drafts again, or now past MAX_WAITING."""
         n = rows.shape[0]
-        self.drafter.absorb_later(stream_id, rows.clone(), got[:n], got[n], draws)
+        self.drafter.absorb_later(stream_id, rows, got[:n], got[n], draws)
         if len(self.drafter.waiting[stream_id].next_ids) >= MAX_WAITING:
             self.drafter.catch_up(stream_id, self.sessions[session_id])
 

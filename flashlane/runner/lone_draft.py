@@ -38,9 +38,10 @@ UNSURE_EVERY = 2
 # the most sessions a drafted step takes: past it a step's B*(K+1) rows read most experts
 # (plain steps are measured to win there), and each size is one more graph to capture
 MAX_STREAMS = 16
-# drafted steps of up to this many sessions are captured at engine start; larger ones when
-# first chosen
-EAGER_STREAMS = 4
+# drafted steps of up to this many sessions (that fit) are captured at engine start; larger
+# ones when first chosen. At 4, a 16-stream batch's tail of 5 captured its size mid-reply
+# (H100, 635fac4: a 9-step call took 49.8 ms; benchmarks/round_trace.py)
+EAGER_STREAMS = MAX_STREAMS
 
 
 class Drafting:
