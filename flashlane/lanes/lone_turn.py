@@ -102,15 +102,11 @@ def run_lone(host: LaneHost, streams: list[Stream], steps: int | None = None) ->
     def ends(done: list[bool]) -> bool:
         return all(done) or host.interrupted() or (any(done) and bool(host.waiting))
 
-    # A call that can end every reply within twice its steps runs to their ends, rather
-    # than leave a tail of a few steps for a call of its own (16 drafting streams of 64
-    # tokens ran 32 drafted steps, then 5 of them 9 more: 8.3 ms, H100 f327dbf); beside
-    # prompt pieces, `steps` holds. Every session holds every step launched: no more than
-    # the least room.
-    want, most = max(_left(s) for s in streams), steps or host.config.lone_steps
-    if steps is None and want <= 2 * most:
-        most = want
-    budget = min([most, want] + [s.room for s in streams])
+    # every session holds every step launched: no more than the least room
+    budget = min(
+        [steps or host.config.lone_steps, max(_left(s) for s in streams)]
+        + [s.room for s in streams]
+    )
     # drafts held for a shared window: a drafted call's first guesses (_hint)
     held = [s.held for s in streams]
     for s in streams:

@@ -172,9 +172,7 @@ def test_drafted_lone_replies_equal_plain_replies(llm, steps, streams):
     assert got == want
     assert driver.drafting.num_drafted > 0  # drafted steps ran
     assert driver.widest == streams
-    # calls went on from the device's drafts (at 32 steps a reply is one call: its tokens
-    # are within twice lone_steps, lanes/lone_turn.run_lone)
-    if steps == 6:
+    if steps > 1:  # calls went on from the device's drafts, the streams left when others ended
         assert driver.drafting.num_carried > 0
 
 
@@ -263,8 +261,8 @@ def test_a_carried_call_folds_its_steps_not_its_load(tiny_ckpt):
 
 def test_the_host_tells_the_rule_what_the_reply_still_wants(llm):
     """run_lone passes each drafted call the tokens its replies still want (`left`, the
-    most), over which choose prices a drafted call's load; the call's steps stay
-    lone_steps at most, unless the reply ends within twice that (then its end)."""
+    fewest), over which choose prices a drafted call's load; the call's steps stay
+    lone_steps at most."""
     seen = []
     driver = with_drafting_lone(llm, 8)
     driver.drafting.choose = lambda ids, budget=None, left=None, carried=False: (
@@ -275,7 +273,7 @@ def test_the_host_tells_the_rule_what_the_reply_still_wants(llm):
         llm.generate(prompts()[0], params)
     finally:
         without_lone(llm)
-    assert seen and all(budget == (left if left <= 16 else 8) for budget, left in seen)
+    assert seen and all(budget == min(8, left) for budget, left in seen)
     assert seen[0][1] == 19  # the prompt's round gave the first of 20 tokens
     assert [left for _, left in seen] == sorted({left for _, left in seen}, reverse=True)
 
