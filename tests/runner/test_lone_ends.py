@@ -30,11 +30,9 @@ def spied(driver, name: str, calls: list):
     setattr(driver, name, spy)
 
 
-def test_a_call_goes_on_past_a_reply_that_ends(llm):
-    """Three greedy replies of 6, 14 and 22 tokens: one lone call of 21 steps decodes them
-    all (at 854e6e3: three calls, of 5, 8 and 8 steps), each reply as alone."""
-    ps = prompts()[:3]
-    params = [dataclasses.replace(GREEDY, max_tokens=m) for m in (6, 14, 22)]
+def alone_then_lone(llm, ps, params):
+    """Each reply alone through shared rounds, then all together on a lone driver of 32
+    steps for up to 4 streams: (the replies alone, together, the driver's plain calls)."""
     without_lone(llm)
     want = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
     driver = with_lone(llm, 32, streams=4)
@@ -44,6 +42,14 @@ def test_a_call_goes_on_past_a_reply_that_ends(llm):
         got = [o.token_ids for o in llm.generate(ps, params)]
     finally:
         without_lone(llm)
+    return want, got, calls
+
+
+def test_a_call_goes_on_past_a_reply_that_ends(llm):
+    """Three greedy replies of 6, 14 and 22 tokens: one lone call of 21 steps decodes them
+    all (at 854e6e3: three calls, of 5, 8 and 8 steps), each reply as alone."""
+    params = [dataclasses.replace(GREEDY, max_tokens=m) for m in (6, 14, 22)]
+    want, got, calls = alone_then_lone(llm, prompts()[:3], params)
     assert got == want
     assert calls == [(3, 21, 21)]
 
@@ -53,17 +59,8 @@ def test_a_call_ends_at_a_reply_end_while_a_request_waits(tiny_ckpt):
     the step in which the shorter reply ends (one more in flight), and the third is
     admitted in the next round. Every reply as alone."""
     llm = LLM(str(tiny_ckpt), costs=COSTS, parallel=2, max_rows=16)
-    ps = prompts()[:3]
     params = [dataclasses.replace(GREEDY, max_tokens=m) for m in (6, 30, 10)]
-    without_lone(llm)
-    want = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
-    driver = with_lone(llm, 32, streams=4)
-    calls: list = []
-    spied(driver, "decode_many", calls)
-    try:
-        got = [o.token_ids for o in llm.generate(ps, params)]
-    finally:
-        without_lone(llm)
+    want, got, calls = alone_then_lone(llm, prompts()[:3], params)
     assert got == want
     sessions, budget, launched = calls[0]
     assert sessions == 2 and budget == 29 and launched <= 6
