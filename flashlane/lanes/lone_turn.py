@@ -142,7 +142,7 @@ def _drafted(host: LaneHost, streams, take_for, held: list, budget: int, ends) -
     run instead (sampled streams: drafted steps draw greedily). `budget`: run_lone's, so
     that decoders beside a round's prompt pieces keep to their share of the time drafted
     too (beside_budget; at 63de559 a drafted call ran lone_steps whatever its share)."""
-    if not all(
+    if len(streams) > host.lone.most_drafted or not all(
         s.params.draft
         and s.draws is not None
         and is_plain_greedy(DrawSpec(s.params, s.seed, s.start))

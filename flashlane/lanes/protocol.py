@@ -96,6 +96,7 @@ class LoneDriving(Protocol):
     device-side steps; lanes/lone_turn.py says when)."""
 
     sampled: bool  # whether it takes sampled streams (else greedy ones only)
+    most_drafted: int  # the most streams a drafted call takes (0: it drafts none)
 
     def decode_many(
         self,

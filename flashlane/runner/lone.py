@@ -91,13 +91,13 @@ class LoneDriver:
         # before its first step (tables, tokens, a drafted call's queue and hints; no capture)
         self.step_ms: dict[tuple[int, int], float] = {}
         self.load_ms: dict[tuple[int, int], float] = {}
-        self.drafting = None  # drafted steps (runner/lone_draft.py), with an MTP head
-        # drafted steps are Flash Next's (a sibling's drafting streams step plainly here, their
-        # cells queued for their MTP head, and draft in shared rounds)
+        # drafted steps (lone_draft.py) of up to most_drafted sessions, Flash Next's (a sibling's
+        # drafting streams step plainly, their cells queued, and draft in shared rounds)
+        self.drafting, self.most_drafted = None, 0
         if drafter is not None and model.mtp is not None and isinstance(model, FlashNext):
-            from flashlane.runner.lone_draft import Drafting
+            from flashlane.runner.lone_draft import MAX_STREAMS, Drafting
 
-            self.drafting = Drafting(self)
+            self.drafting, self.most_drafted = Drafting(self), MAX_STREAMS
         # steps run in batches of `sizes` rows, one graph per size (plain, drafted, keyed
         # draw shape) for any sessions, named by size_tables (runner/lone_buffers.py)
         self.sizes = buckets(len(sessions)) if sessions else [1]

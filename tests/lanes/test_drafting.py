@@ -3,6 +3,8 @@
 import dataclasses
 import itertools
 
+import torch
+
 from flashlane.lanes.allocate import allocate
 from flashlane.lanes.copy_drafts import CopyIndex
 from flashlane.lanes.depth import (
@@ -35,6 +37,37 @@ def test_copy_index_runs_past_the_end_of_a_periodic_context():
     index = CopyIndex([5, 6, 7, 5, 6, 7, 5])
     assert index.propose(5) == [6, 7, 5, 6, 7]
     assert CopyIndex([1, 2]).propose(4) == []
+
+
+def test_copy_index_proposes_as_if_indexed_token_by_token():
+    """The index keys its grams when asked to propose (extend only appends: every token of
+    every reply goes through it, drafting or not); proposals between any extends equal a
+    brute-force search of the most recent longest match."""
+    from flashlane.lanes.copy_drafts import MAX_MATCH, MIN_MATCH, RECENT
+
+    def brute(ids, k):
+        n, best, best_len = len(ids), -1, 0
+        starts = [e for e in range(MIN_MATCH, n) if ids[e - MIN_MATCH : e] == ids[n - MIN_MATCH :]]
+        for end in starts[-RECENT:][::-1]:
+            length = 0
+            while length < min(MAX_MATCH, end) and ids[end - 1 - length] == ids[n - 1 - length]:
+                length += 1
+            if length > best_len:
+                best, best_len = end, length
+        out = []
+        for i in range(k):
+            out.append(ids[best + i] if best + i < n else out[best + i - n])
+        return out if best_len and n >= MIN_MATCH else []
+
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 5, (300,), generator=g).tolist()
+    index, seen = CopyIndex(ids[:10]), ids[:10]
+    at = 10
+    while at < len(ids):
+        step = int(torch.randint(1, 9, (1,), generator=g))
+        index.extend(ids[at : at + step])
+        seen, at = ids[: at + step], at + step
+        assert index.propose(6) == brute(seen, 6)
 
 
 def test_copy_drafts_land_on_a_repetitive_prompt():

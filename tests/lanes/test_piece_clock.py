@@ -156,7 +156,7 @@ def test_drafted_decoders_beside_pieces_keep_their_share(steps, want):
         calls.append((budget, left))
         return [2], [0]
 
-    lone = types.SimpleNamespace(decode_drafted=decode_drafted)
+    lone = types.SimpleNamespace(decode_drafted=decode_drafted, most_drafted=16)
     host = types.SimpleNamespace(config=HostConfig(), lone=lone)
     params = SamplingParams(max_tokens=48, temperature=0.0)
     stream = types.SimpleNamespace(
