@@ -8,12 +8,12 @@ the sessions' state read and written in place, the next token drawn on the devic
 or by the keyed draw of sampling/lone_draw.py), or a window each with drafts
 (runner/lone_draft.py). No host value enters a step, so on CUDA one graph per batch size
 (keyed steps per shape of their draw's kernels too) replays it for any sessions, named by
-tables written before the call (runner/lone_buffers.py; greedy and small drafted graphs
-captured at engine start, the rest at first use). The host launches step n+1 before it reads
-step n's tokens from a small pinned ring (two in flight), hands each landed token to the stop
-rules (a row without a token, to the stream's error), and stops after a landed step when a
-reply ends, a budget or room is spent, or the host has new work. The sessions then hold the
-streams' state as shared rounds would have left it, and the lane core takes the streams on.
+tables written before the call (runner/lone_buffers.py; greedy and drafted graphs captured at
+engine start, keyed ones at first use). The host launches step n+1 before it reads step n's
+tokens from a small pinned ring (two in flight), hands each landed token to the stop rules (a
+row without a token, to the stream's error), and stops after a landed step when its `ends`
+rule says so of the replies ended (lanes/lone_turn.py), a budget or room is spent, or the host
+has new work: the sessions then hold the state shared rounds would have left them.
 
 A top_p row's cut may be too close to call on the device (UNSETTLED, as in shared rounds); a
 call with such a row runs one step in flight: the host reads step n, settles the row from the
