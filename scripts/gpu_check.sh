@@ -4,7 +4,7 @@
 #
 #     bash scripts/gpu_check.sh                      # everything
 #     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, exact, lone, sweep, benches,
-#                                                    # model, long, drafts, diag, serve,
+#                                                    # model, long, drafts, trace, diag, serve,
 #                                                    # serve-bisect, replay, stall, fp8,
 #                                                    # fp8-tune, kv8, bisect, attn-decode, gather-ab,
 #                                                    # prefill-ab, moe-layout, fp8-prompt,
@@ -41,6 +41,9 @@
 # drafts:  drafts on against off with the embedded model on code prompts at 1, 4, 16 and 64
 #          streams, default flags (benchmarks/bench_lanes_cpu.py --device cuda; DRAFT_ARGS
 #          overrides)
+# trace:   where a batch's time goes round by round, drafts off then on, at TRACE_STREAMS
+#          ("16 64"): each round's shared step, lone call and drafted call in wall ms
+#          (benchmarks/round_trace.py), with the drafts step, the why of its ratios
 # timeline: one decode step's kernels in order at TIMELINE_STREAMS (1) in sessions of
 #          TIMELINE_CONTEXT positions (71808, bench model's), and a TIMELINE_PREFILL-token
 #          (2048) prefill's kernels and idle gaps (benchmarks/profile_gpu.py) of TIMELINE_CONFIG
@@ -371,6 +374,15 @@ script_step() {
 
 if [[ " $steps " == *" replay "* ]]; then
     script_step replay alone_replay "${REPLAY_ARGS:---device cuda --config flashnext-12l}"
+fi
+
+if [[ " $steps " == *" trace "* ]]; then
+    for n in ${TRACE_STREAMS:-16 64}; do
+        echo "== python benchmarks/round_trace.py --device cuda --streams $n"
+        python benchmarks/round_trace.py --device cuda --streams "$n" 2>&1 \
+            | tee "$out/round_trace_${n}_$stamp.log" || failed+=("trace $n")
+        tail -n 1 "$out/round_trace_${n}_$stamp.log" > "$out/round_trace_${n}_$stamp.json"
+    done
 fi
 
 if [[ " $steps " == *" round-split "* ]]; then
