@@ -8,7 +8,7 @@
 #                                                    # serve-bisect, replay, stall, fp8,
 #                                                    # fp8-tune, kv8, bisect, attn-decode, gather-ab,
 #                                                    # prefill-ab, moe-layout, fp8-prompt,
-#                                                    # timeline,
+#                                                    # timeline, step-kernels,
 #                                                    # peer-build, peer
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
@@ -44,6 +44,8 @@
 # trace:   where a batch's time goes round by round, drafts off then on, at TRACE_STREAMS
 #          ("16 64"): each round's shared step, lone call and drafted call in wall ms
 #          (benchmarks/round_trace.py), with the drafts step, the why of its ratios
+# step-kernels: a lone step's GPU time by kernel, plain against drafted, at 16 streams
+#          (benchmarks/step_kernels.py; STEP_KERNEL_ARGS overrides)
 # timeline: one decode step's kernels in order at TIMELINE_STREAMS (1) in sessions of
 #          TIMELINE_CONTEXT positions (71808, bench model's), and a TIMELINE_PREFILL-token
 #          (2048) prefill's kernels and idle gaps (benchmarks/profile_gpu.py) of TIMELINE_CONFIG
@@ -383,6 +385,10 @@ if [[ " $steps " == *" trace "* ]]; then
             | tee "$out/round_trace_${n}_$stamp.log" || failed+=("trace $n")
         tail -n 1 "$out/round_trace_${n}_$stamp.log" > "$out/round_trace_${n}_$stamp.json"
     done
+fi
+
+if [[ " $steps " == *" step-kernels "* ]]; then
+    script_step step-kernels step_kernels "${STEP_KERNEL_ARGS:---device cuda --streams 16}"
 fi
 
 if [[ " $steps " == *" round-split "* ]]; then
