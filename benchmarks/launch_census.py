@@ -113,8 +113,8 @@ def plain_step(cfg, model):
 def drafted_step(cfg, model, depth: int):
     """One session's drafted lone step of `depth` drafts, named by size tables as its graph
     names it (runner/lone_draft.py)."""
+    from flashlane.runner.draft_step import DraftBuffers
     from flashlane.runner.lone_buffers import SizeTables
-    from flashlane.runner.lone_draft import DraftBuffers
 
     s = [SessionState.empty(cfg, 256, torch.float32, torch.float32, "cpu")]
     sizes = SizeTables(cfg, s, 8 * (depth + 1), torch.device("cpu"))

@@ -61,7 +61,7 @@ def main() -> None:
         "drafted": SamplingParams(max_tokens=args.tokens, **kw),
     }
     drafting.depth = args.depth
-    drafting.choose = lambda ids, budget=None, left=None, carried=False: args.depth
+    drafting.choose = lambda ids, *rest: args.depth
     for _ in range(2):  # untimed: compiles, captures
         for params in [first, *sides.values()]:
             llm.generate(batch, params)

@@ -155,7 +155,7 @@ def _drafted(host: LaneHost, streams, take_for, held: list, budget: int, ends) -
         [s.start for s in streams], budget,
         min(s.room for s in streams), [take_for(s) for s in streams],
         [s.stream_id for s in streams], [s.draws for s in streams], hints=hints,
-        left=max(_left(s) for s in streams), ends=ends,
+        left=[_left(s) for s in streams], ends=ends,
     )  # fmt: skip
     if ran is None:
         return False

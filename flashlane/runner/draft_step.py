@@ -24,19 +24,15 @@ tests/kernels/test_drafted_size_tables.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from flashlane.models.flashnext import FlashNext
 from flashlane.models.state import SessionState
 from flashlane.runner import trunk
+from flashlane.runner.lone_buffers import RING
 from flashlane.runner.lone_state import Windowed, attention_step
 
-if TYPE_CHECKING:  # its buffers' module imports this one
-    from flashlane.runner.lone_draft import DraftBuffers
-
-__all__ = ["cells", "draft_step"]
+__all__ = ["DraftBuffers", "cells", "draft_step"]
 
 
 @torch.no_grad()
@@ -149,3 +145,56 @@ def cells(
         else:
             x = layer.mlp_half(x, y, w, kernels)
     return x, (xn if mixed else None)
+
+
+class DraftBuffers:
+    """A drafted step's static inputs and outputs for B sessions (`size`) at depth K: tok
+    [B] and drafts [B, K] (views of window [B, T], T = K+1), pos [B]; out [B, 2T+1]: the T
+    draws, their finite flags, the kept count; last [B, hc*H] the last kept row's residual
+    (the MTP's cell at the hand-off); units [B*T, hc] ones (the MTP cells' sums as
+    hyper-connection writes of unit weights: runner/draft_step.cells). Graphed: `table`
+    [keys, B*(T+1), TABLE_WIDTH] names the sessions from the anchor, then each session once
+    per window row (runner/lone_buffers.SizeTables.of, `draft_keys`), written before a call."""
+
+    def __init__(self, b: int, depth: int, hc: int, width: int, dtype, device: torch.device):
+        on = dict(dtype=torch.long, device=device)
+        t = depth + 1
+        self.size, self.depth = b, depth
+        self.table: torch.Tensor | None = None
+        self.table_keys: list = []
+        # the window [B, T]: the pending token, then the drafts (views: a step reads the
+        # window with no cat)
+        self.window = torch.zeros(b, t, **on)
+        self.tok, self.drafts = self.window[:, 0], self.window[:, 1:]
+        self.pos = torch.zeros(b, **on)
+        self.firsts = torch.arange(b, **on) * t  # each session's first row among the B*T
+        self.marks = torch.zeros(3, b, **on)  # kept, kept - 1, the last kept row (of B*T)
+        self.out = torch.zeros(b, 2 * t + 1, **on)
+        self.last = torch.zeros(b, width, dtype=dtype, device=device)
+        self.units = torch.ones(b * t, hc, dtype=dtype, device=device)
+        self.ring = torch.zeros(
+            RING, b, 2 * t + 1, dtype=torch.long, pin_memory=device.type == "cuda"
+        )
+        self.warm = False
+
+    def key(self, ids: tuple[int, ...]) -> tuple:
+        return ("draft", self.depth, "size", self.size)
+
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        return self.tok, self.pos, self.drafts
+
+    def pad_table(self, tables) -> torch.Tensor:
+        return tables.of((), self.size, self.depth)
+
+    def tables(self) -> dict:
+        """The sessions' tables by key [B, TABLE_WIDTH], and by ("rows", key) each session's
+        row once per window row [B*T, TABLE_WIDTH] (runner/draft_step.py): views of `table`
+        (SizeTables.of made the rows on the host: copies, since a view's rows of stride 0
+        would reach the kernels, which read rows TABLE_WIDTH apart)."""
+        b = self.size
+        sessions, rows = self.table[:, :b], self.table[:, b:]
+        rows_of = {("rows", key): r for key, r in zip(self.table_keys, rows)}
+        return dict(zip(self.table_keys, sessions)) | rows_of
+
+    def step(self, model: FlashNext, sessions: list[SessionState], tables) -> None:
+        draft_step(model, sessions, self, tables)

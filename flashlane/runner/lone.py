@@ -249,7 +249,7 @@ class LoneDriver:
         """decode_many in drafted steps (runner/lone_draft.py: Drafting.run's arguments) where
         Drafting.choose says they pay -> (drafts made, drafts landed), per session; None:
         plain steps (nothing ran). hints: each stream's guesses at its next tokens; left:
-        the most tokens a reply still wants; ends: as decode_many's."""
+        the tokens each reply still wants (or one count for all); ends: decode_many's."""
         if self.drafting is None or self.drafter is None or not self.drafter.enabled:
             return None
         return self.drafting.run(*args, hints=hints, left=left, ends=ends)
@@ -277,7 +277,7 @@ class LoneDriver:
             cfg = self.model.cfg
             width = cfg.hc_count * cfg.hidden_size
             if depth:
-                from flashlane.runner.lone_draft import DraftBuffers
+                from flashlane.runner.draft_step import DraftBuffers
 
                 io = DraftBuffers(b, depth, cfg.hc_count, width, self.model.dtype, self.device)
                 if self.size_tables is not None:

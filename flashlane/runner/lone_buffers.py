@@ -61,7 +61,7 @@ class SizeTables:
         stacked as `device_table` holds them, pinned; kept by tuple of sessions (a call's
         few milliseconds of offsets, made once). A drafted step's (`depth` > 0) have
         [layers, size * (depth + 2), TABLE_WIDTH]: the sessions' rows, then each session's
-        row once per window row (depth + 1 times: runner/lone_draft.DraftBuffers.tables),
+        row once per window row (depth + 1 times: runner/draft_step.DraftBuffers.tables),
         made here, so that no step copies them."""
         key = (depth, size, ids)
         table = self.host.get(key)
@@ -133,7 +133,7 @@ class StepBuffers:
         self.ring = torch.zeros(RING, b, 2, dtype=torch.long, pin_memory=device.type == "cuda")
         self.draw = draw
         self.warmed: set[tuple] = set()  # the draw shapes a step has run with outside a capture
-        self.depth = 0  # no drafts (runner/lone_draft.DraftBuffers carry some)
+        self.depth = 0  # no drafts (runner/draft_step.DraftBuffers carry some)
         self.posts = False  # whether its step stores out into the ring (LoneDriver.posts)
 
     @property

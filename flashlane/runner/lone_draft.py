@@ -1,5 +1,6 @@
-"""Drafted lone steps: when a call of the lone driver drafts (`Drafting.choose`), the drafted
-decode loop (`Drafting.decode`) and a drafted step's buffers (`DraftBuffers`).
+"""Drafted lone steps: when a call of the lone driver drafts (`Drafting.choose`) and the
+drafted decode loop (`Drafting.decode`); a drafted step and its buffers are
+runner/draft_step.py's.
 
 A drafted step of depth K verifies each session's pending token and K drafts in one step and
 makes the next K drafts on the device (runner/draft_step.py). No host value enters a step, so
@@ -17,13 +18,10 @@ import torch
 
 from flashlane.drafting.mtp import Waiting
 from flashlane.lanes.stream import DraftStats
-from flashlane.models.flashnext import FlashNext
-from flashlane.models.state import SessionState
 from flashlane.runner import lone
 from flashlane.runner.absorb import Absorber
-from flashlane.runner.draft_step import draft_step
+from flashlane.runner.draft_step import DraftBuffers
 from flashlane.runner.graphs import bucket_of
-from flashlane.runner.lone_buffers import RING
 
 DEPTH = 2  # drafts a drafted step carries (the embedded model lands ~3 in 4 at depth 1)
 PROBE_EVERY = 8  # calls before a try of the kind measured slower (landing drifts with text)
@@ -35,6 +33,8 @@ PROBE_STEPS = 8  # steps a drafted try runs: enough to measure (run_steps folds 
 # verdict kept one stream on plain steps for eight calls (benchmarks/draft_choices.py)
 SURE_DRAFTS = 32
 UNSURE_EVERY = 2
+# drafts of every stream's landing a stream's own stand beside in its price (Drafting._expected)
+STREAM_PRIOR = 8
 # the most sessions a drafted step takes: past it a step's B*(K+1) rows read most experts
 # (plain steps are measured to win there), and each size is one more graph to capture
 MAX_STREAMS = 16
@@ -51,6 +51,7 @@ class Drafting:
     def __init__(self, driver: lone.LoneDriver, depth: int = DEPTH):
         self.driver, self.depth = driver, depth
         self.stats = DraftStats()  # landing per depth over every drafted step
+        self.by_stream: dict[int, DraftStats] = {}  # the same, of each stream's own steps
         self.num_calls = 0
         self.num_drafted = self.num_landed = 0
         self.landed: list[int] = []  # drafts landed per session in the last call
@@ -70,15 +71,18 @@ class Drafting:
         self,
         ids: list[int],
         budget: int | None = None,
-        left: int | None = None,
+        left: int | list[int] | None = None,
         carried: bool = False,
+        stream_ids: list[int] | None = None,
     ) -> int:
         """The depth, or 0 (plain steps), for a call of these sessions of up to `budget`
         steps (default: a call's most steps) for replies that want `left` more tokens (None:
         as many as the steps give): drafts while a drafted call's tokens cost fewer ms each
         than a plain call's, both priced as they run (a step: driver.step_ms; before the
         first step: driver.load_ms) over the tokens each call gives (a plain step one, a
-        drafted step 1 + its expected landed drafts, up to `left`); the kind measured
+        drafted step 1 + its expected landed drafts, each reply up to its `left`: one
+        count for all, or one each; None: as many as the steps give), each call as long as
+        its slowest reply takes (`_priced`); the kind measured
         slower is tried again after PROBE_EVERY calls, the gap doubling while the tries
         confirm it (a drafted try runs PROBE_STEPS steps), drafting every UNSURE_EVERY
         calls while fewer than SURE_DRAFTS drafts are measured. `carried`: every stream would go
@@ -89,7 +93,9 @@ class Drafting:
         self.probing = False
         if len(ids) > MAX_STREAMS or not self.fits(len(ids)):
             return 0
-        return self._better(len(ids), budget or self.driver.max_steps, left, carried)
+        lefts = left if isinstance(left, list) else [math.inf if left is None else left] * len(ids)
+        expected = self._expected(stream_ids or [None] * len(ids))
+        return self._better(len(ids), budget or self.driver.max_steps, lefts, expected, carried)
 
     def run(
         self, ids, tokens, positions, budget, room, takes, stream_ids, draws, hints=None,
@@ -99,7 +105,7 @@ class Drafting:
         landed), per session in the steps before its take said no; None: plain steps
         (nothing ran)."""
         carried = self.carry_of(stream_ids, ids, positions, tokens) is not None
-        depth = self.choose(ids, budget, left, carried)
+        depth = self.choose(ids, budget, left, carried, stream_ids)
         if not depth:
             return None
         if self.probing:
@@ -125,7 +131,26 @@ class Drafting:
         size = (bucket_of(b, drv.sizes) or b) if drv.use_graphs else b
         return size * (self.depth + 1) <= drv.max_rows
 
-    def _better(self, b: int, steps: int, left: int | None, carried: bool = False) -> int:
+    def _expected(self, stream_ids: list) -> list[float]:
+        """Each stream's expected tokens a drafted step (1 + its drafts' chance of landing,
+        chained): the landing of its own drafted steps so far (`by_stream`), leaning on every
+        stream's (`stats`) by STREAM_PRIOR drafts at each depth. Replies land unlike each
+        other, and the slowest is what a call waits for: the last five of sixteen landed
+        0.33 where all sixteen landed 0.5 (H100, f327dbf)."""
+        shared = [self.stats.rate(d) for d in range(1, self.depth + 1)]
+        out = []
+        for sid in stream_ids:
+            own = self.by_stream.get(sid)
+            landing, expected = 1.0, 1.0
+            for d, rate in enumerate(shared):
+                if own is not None and len(own.offered) > d:
+                    rate = (own.accepted[d] + STREAM_PRIOR * rate) / (own.offered[d] + STREAM_PRIOR)
+                landing *= rate
+                expected += landing
+            out.append(expected)
+        return out
+
+    def _better(self, b: int, steps: int, lefts, expected, carried: bool = False) -> int:
         drv = self.driver
         measured = {n for n, d in drv.step_ms if d == 0}
         measured &= {n for n, d in drv.step_ms if d == self.depth}
@@ -135,18 +160,11 @@ class Drafting:
         if drafted is None or plain is None:
             self.probing = drafted is None  # a drafted try: its steps measure it
             return 0 if drafted is not None else self.depth
-        landing, expected = 1.0, 1.0
-        for d in range(1, self.depth + 1):
-            landing *= self.stats.rate(d)
-            expected += landing
-        # ms a token each way: a call's load, then its steps, over the tokens they give (a
-        # drafted call of as many steps gives `expected` a step: its load spread over more)
         loads = [drv.load_ms.get((near, d), 0.0) for d in (0, self.depth)]
         if carried:  # no absorb: the plain call's load stands in (run_steps folds none)
             loads[1] = loads[0]
-        plain_ms = (loads[0] + steps * plain) / steps
-        tokens = max(1.0, min(steps * expected, math.inf if left is None else left))
-        drafted_ms = (loads[1] + math.ceil(tokens / expected) * drafted) / tokens
+        plain_ms = _priced(loads[0], plain, steps, lefts, [1.0] * b)
+        drafted_ms = _priced(loads[1], drafted, steps, lefts, expected)
         better = self.depth if drafted_ms < plain_ms else 0
         if better != self.best:  # the measures changed their mind: try the other kind soon
             self.best, self.probe_every = better, PROBE_EVERY
@@ -195,6 +213,11 @@ class Drafting:
         carry = self.carry_of(stream_ids, ids, positions, tokens, io.depth)
         blind = self._load(io, ids, tokens, positions, stream_ids, hints, carry)
         kept, last, done = [0] * b, list(tokens), [False] * b
+        if len(self.by_stream) > 4 * MAX_STREAMS:  # ended replies' go (theirs ended with them)
+            self.by_stream = {
+                sid: self.by_stream[sid] for sid in stream_ids if sid in self.by_stream
+            }
+        own = [self.by_stream.setdefault(sid, DraftStats()) for sid in stream_ids]
         self.landed, self.live_steps = [0] * b, [0] * b
 
         def land(rows: list[list[int]]) -> bool:
@@ -204,6 +227,7 @@ class Drafting:
                 last[i] = row[n - 1]
                 if i not in blind:  # the device's own chain: a measure of landing
                     self.stats.record([1.0] * depth, n - 1)
+                    own[i].record([1.0] * depth, n - 1)
                     self.num_drafted += depth
                     self.num_landed += n - 1
                 if not done[i]:  # a stream done before this step rides along
@@ -284,54 +308,13 @@ class Drafting:
             )
 
 
-class DraftBuffers:
-    """A drafted step's static inputs and outputs for B sessions (`size`) at depth K: tok
-    [B] and drafts [B, K] (views of window [B, T], T = K+1), pos [B]; out [B, 2T+1]: the T
-    draws, their finite flags, the kept count; last [B, hc*H] the last kept row's residual
-    (the MTP's cell at the hand-off); units [B*T, hc] ones (the MTP cells' sums as
-    hyper-connection writes of unit weights: runner/draft_step.cells). Graphed: `table`
-    [keys, B*(T+1), TABLE_WIDTH] names the sessions from the anchor, then each session once
-    per window row (runner/lone_buffers.SizeTables.of, `draft_keys`), written before a call."""
-
-    def __init__(self, b: int, depth: int, hc: int, width: int, dtype, device: torch.device):
-        on = dict(dtype=torch.long, device=device)
-        t = depth + 1
-        self.size, self.depth = b, depth
-        self.table: torch.Tensor | None = None
-        self.table_keys: list = []
-        # the window [B, T]: the pending token, then the drafts (views: a step reads the
-        # window with no cat)
-        self.window = torch.zeros(b, t, **on)
-        self.tok, self.drafts = self.window[:, 0], self.window[:, 1:]
-        self.pos = torch.zeros(b, **on)
-        self.firsts = torch.arange(b, **on) * t  # each session's first row among the B*T
-        self.marks = torch.zeros(3, b, **on)  # kept, kept - 1, the last kept row (of B*T)
-        self.out = torch.zeros(b, 2 * t + 1, **on)
-        self.last = torch.zeros(b, width, dtype=dtype, device=device)
-        self.units = torch.ones(b * t, hc, dtype=dtype, device=device)
-        self.ring = torch.zeros(
-            RING, b, 2 * t + 1, dtype=torch.long, pin_memory=device.type == "cuda"
-        )
-        self.warm = False
-
-    def key(self, ids: tuple[int, ...]) -> tuple:
-        return ("draft", self.depth, "size", self.size)
-
-    def inputs(self) -> tuple[torch.Tensor, ...]:
-        return self.tok, self.pos, self.drafts
-
-    def pad_table(self, tables) -> torch.Tensor:
-        return tables.of((), self.size, self.depth)
-
-    def tables(self) -> dict:
-        """The sessions' tables by key [B, TABLE_WIDTH], and by ("rows", key) each session's
-        row once per window row [B*T, TABLE_WIDTH] (runner/draft_step.py): views of `table`
-        (SizeTables.of made the rows on the host: copies, since a view's rows of stride 0
-        would reach the kernels, which read rows TABLE_WIDTH apart)."""
-        b = self.size
-        sessions, rows = self.table[:, :b], self.table[:, b:]
-        rows_of = {("rows", key): r for key, r in zip(self.table_keys, rows)}
-        return dict(zip(self.table_keys, sessions)) | rows_of
-
-    def step(self, model: FlashNext, sessions: list[SessionState], tables) -> None:
-        draft_step(model, sessions, self, tables)
+def _priced(load: float, step: float, steps: int, lefts: list, expected: list[float]) -> float:
+    """ms a token of a call of up to `steps` steps that loads in `load` ms and steps in `step`,
+    each stream's step giving it `expected` tokens until its reply has its `lefts`: the call
+    steps until its slowest reply has them (a reply that ends rides along: run_lone)."""
+    need = max(
+        math.ceil(left / e) if left < math.inf else steps for left, e in zip(lefts, expected)
+    )
+    ran = max(1, min(steps, need))
+    tokens = sum(min(left, ran * e) for left, e in zip(lefts, expected))
+    return (load + ran * step) / max(1.0, tokens)

@@ -161,8 +161,8 @@ def _lone(cfg, model, n: int) -> dict:
 def _drafted(cfg, model, n: int, depth: int = 2) -> dict:
     """n sessions' drafted lone step, named by size tables as its graph names it
     (benchmarks/launch_census.py's drafted_step for n sessions)."""
+    from flashlane.runner.draft_step import DraftBuffers
     from flashlane.runner.lone_buffers import SizeTables
-    from flashlane.runner.lone_draft import DraftBuffers
 
     sessions = _sessions(cfg, model, n)
     sizes = SizeTables(cfg, sessions, 8 * (depth + 1), torch.device("cpu"))

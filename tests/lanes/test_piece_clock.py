@@ -145,7 +145,7 @@ def test_decoders_beside_pieces_get_their_share_of_the_time():
 def test_drafted_decoders_beside_pieces_keep_their_share(steps, want):
     """run_lone's steps (beside_budget's share) bound a drafted call as a plain one: a
     drafted lone call beside a round's prompt pieces ran lone_steps (32) at 63de559. No
-    more than the reply's tokens left (40) either."""
+    more than the reply's tokens left (40) either, which the call is told (one each)."""
     from flashlane.lanes.host import HostConfig
     from flashlane.lanes.lone_turn import run_lone
     from flashlane.lanes.records import Draws
@@ -165,7 +165,7 @@ def test_drafted_decoders_beside_pieces_keep_their_share(steps, want):
         num_drafted=0, num_accepted=0,
     )  # fmt: skip
     run_lone(host, [stream], steps)
-    assert calls == [(want, 40)]
+    assert calls == [(want, [40])]
 
 
 def test_an_abort_lands_between_a_long_prompts_pieces():

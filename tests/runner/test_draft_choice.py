@@ -3,6 +3,7 @@ call drafts, priced from the measured steps and loads, the landing rate and the 
 replies still want; the slower kind tried again, sooner while the landing is a guess; no
 drafted step past the plan's rows."""
 
+import pytest
 import torch
 
 from flashlane.drafting.mtp import MtpDrafter
@@ -108,3 +109,33 @@ def test_a_verdict_against_drafting_on_few_drafts_is_tried_again_soon(tiny_ckpt)
         d.stats.record([1.0, 1.0], 0)
     picks = [d.choose([0], 32) for _ in range(2 * PROBE_EVERY)]
     assert picks.count(2) <= 2
+
+
+def test_a_call_is_priced_by_its_own_streams_landing(tiny_ckpt):
+    """Each stream's expected tokens a drafted step lean on its own drafted steps' landing
+    (Drafting.by_stream), and a call lasts as long as its slowest reply takes: a call whose
+    replies all want 16 more tokens waits for the stream whose drafts miss (plain steps
+    win), where a call bound by its steps gains from the others' drafts (drafting wins)."""
+    from flashlane.lanes.stream import DraftStats
+    from flashlane.runner.lone_draft import STREAM_PRIOR
+
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    states = [prefilled(model, cfg, p)[0] for p in prompts()[:2]]
+    driver = LoneDriver(model, states, drafter=MtpDrafter(model, confidence=0.0))
+    d = driver.drafting
+    driver.step_ms.update({(2, 0): 0.4, (2, 2): 0.7})
+    for landed, times in ((2, 29), (1, 5), (0, 6)):  # every stream's: 5 in 6 at each depth
+        for _ in range(times):
+            d.stats.record([1.0, 1.0], landed)
+    poor = d.by_stream[7] = DraftStats()
+    for _ in range(40):  # stream 7's own drafts: none of 40 landed
+        poor.record([1.0, 1.0], 0)
+    first = (5 / 6) * STREAM_PRIOR / (40 + STREAM_PRIOR)  # its second drafts: unreached
+    assert d._expected([7]) == pytest.approx([1 + first + first * 5 / 6])
+    assert d._expected([8]) == pytest.approx([1 + 5 / 6 + 25 / 36])  # none of its own
+    # 16 tokens each: 13 drafted steps (9.1 ms) for the slow one, against 16 plain (6.4)
+    assert d.choose([0, 1], 16, left=[16, 16], stream_ids=[7, 8]) == 0
+    assert d.choose([0, 1], 16, left=[16, 16], stream_ids=[9, 8]) == 2
+    assert d.choose([0, 1], 16, left=[16, 16]) == 2  # no stream named: everyone's landing
+    # 16 steps either way: 11.2 ms for 60.5 tokens against 6.4 for 32
+    assert d.choose([0, 1], 16, stream_ids=[7, 8]) == 2

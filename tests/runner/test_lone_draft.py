@@ -147,7 +147,7 @@ def llm(tiny_ckpt):
 def with_drafting_lone(llm, steps: int, streams: int = 1, depth: int = 2):
     driver = with_lone(llm, steps, streams, drafter=llm.engine.backend.drafter)
     driver.drafting.depth = depth
-    driver.drafting.choose = lambda ids, budget=None, left=None, carried=False: depth  # always
+    driver.drafting.choose = lambda ids, *rest: depth  # always
     return driver
 
 
@@ -260,12 +260,11 @@ def test_a_carried_call_folds_its_steps_not_its_load(tiny_ckpt):
 
 
 def test_the_host_tells_the_rule_what_the_reply_still_wants(llm):
-    """run_lone passes each drafted call the tokens its replies still want (`left`, the
-    fewest), over which choose prices a drafted call's load; the call's steps stay
-    lone_steps at most."""
+    """run_lone passes each drafted call the tokens each reply still wants (`left`), over
+    which choose prices a drafted call's load; the call's steps stay lone_steps at most."""
     seen = []
     driver = with_drafting_lone(llm, 8)
-    driver.drafting.choose = lambda ids, budget=None, left=None, carried=False: (
+    driver.drafting.choose = lambda ids, budget=None, left=None, *rest: (
         seen.append((budget, left)) or 2
     )
     try:
@@ -273,9 +272,9 @@ def test_the_host_tells_the_rule_what_the_reply_still_wants(llm):
         llm.generate(prompts()[0], params)
     finally:
         without_lone(llm)
-    assert seen and all(budget == min(8, left) for budget, left in seen)
-    assert seen[0][1] == 19  # the prompt's round gave the first of 20 tokens
-    assert [left for _, left in seen] == sorted({left for _, left in seen}, reverse=True)
+    assert seen and all(budget == min(8, *left) for budget, left in seen)
+    assert seen[0][1] == [19]  # the prompt's round gave the first of 20 tokens
+    assert [left for _, [left] in seen] == sorted({left for _, [left] in seen}, reverse=True)
 
 
 def test_a_row_without_a_finite_logit_ends_its_step(tiny_ckpt, monkeypatch):
