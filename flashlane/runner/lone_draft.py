@@ -89,7 +89,8 @@ class Drafting:
         first step: driver.load_ms) over the tokens each call gives (a plain step one, a
         drafted step 1 + its expected landed drafts, each reply up to its `left`: one
         count for all, or one each; None: as many as the steps give), each call as long as
-        its slowest reply takes (`_priced`); the kind measured
+        its slowest reply takes (`_priced`), and where every reply's tokens are known, only
+        if the replies also end sooner drafted (`_slowest`); the kind measured
         slower is tried again after PROBE_EVERY calls, the gap doubling while the tries
         confirm it (a drafted try runs PROBE_STEPS steps), drafting every UNSURE_EVERY
         calls while fewer than SURE_DRAFTS drafts are measured. `carried`: every stream would go
