@@ -222,15 +222,8 @@ ATTENTION_KERNELS = {
                          dict(num_warps=_WARPS, num_stages=_STAGES, launch_pdl=True)),
     "index_scores": (triton_scores._index_scores_kernel, INDEX,
                      dict(DI=128, BDI=128, BLOCK_T=triton_scores.INDEX_TILE[0],
-                          BLOCK_N=triton_scores.INDEX_TILE[1], PRECISION="tf32",
-                          DOTS=True),
+                          BLOCK_N=triton_scores.INDEX_TILE[1], PRECISION="tf32"),
                      dict(num_warps=triton_scores.INDEX_TILE[2])),
-    # decode rows: one query row a program, fp32 products on the FMA units
-    "index_scores decode": (triton_scores._index_scores_kernel, INDEX,
-                            dict(DI=128, BDI=128, BLOCK_T=triton_scores.DECODE_TILE[0],
-                                 BLOCK_N=triton_scores.DECODE_TILE[1], PRECISION="tf32",
-                                 DOTS=False),
-                            dict(num_warps=triton_scores.DECODE_TILE[2])),
 }  # fmt: skip
 
 

@@ -6,7 +6,6 @@ and `triton_select.py`'s.
 
 from __future__ import annotations
 
-from functools import partial
 from types import SimpleNamespace
 
 import torch
@@ -76,10 +75,7 @@ def attend_sessions(
     )
     nb = max(c.block_keys.shape[0] for c in caches)
     num_keys = max(c.k.shape[0] for c in caches)
-    # every row here is a decode row (a lone or drafted step's): their own scores' tile
-    scores = index_scores(
-        iq[:, None], first.block_keys[None], table, nb, pos[:, None], block, decode=True
-    )
+    scores = index_scores(iq[:, None], first.block_keys[None], table, nb, pos[:, None], block)
     mask = select_from_scores(scores, pos[:, None], num_keys, block, top_blocks)
     lengths = pos + 1 if lengths is None else lengths
     kv = (first.k_scale[None], first.v_scale[None]) if caches8 else None
@@ -97,9 +93,7 @@ def attend_sessions(
     )[:, 0]
 
 
-# the per-session Triton kernels, for reference.attend_sessions' loop (decode rows, as above)
+# the per-session Triton kernels, for reference.attend_sessions' loop
 _PER_SESSION = SimpleNamespace(
-    pool_block_at=blocks_tr.pool_block_at,
-    select_mask=partial(select_mask, decode=True),
-    attention=attention,
+    pool_block_at=blocks_tr.pool_block_at, select_mask=select_mask, attention=attention
 )
