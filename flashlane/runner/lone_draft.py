@@ -11,7 +11,6 @@ the anchor session (runner/lone_buffers.py), two in flight, as plain lone steps 
 
 from __future__ import annotations
 
-import collections
 import math
 from collections.abc import Callable
 
@@ -36,8 +35,8 @@ SURE_DRAFTS = 32
 UNSURE_EVERY = 2
 # drafts of every stream's landing a stream's own stand beside in its price (Drafting._expected)
 STREAM_PRIOR = 8
-# replies whose landing is kept (Drafting.replies), the fewest that tell a spread, and the
-# drafts a reply's own steps must have offered to count among them
+# streams whose landing is kept (Drafting.replies), the fewest that tell a spread, and the
+# drafts a stream's own steps must have offered to count among them
 REPLIES, FEW_REPLIES, REPLY_DRAFTS = 64, 8, 8
 # the most sessions a drafted step takes: past it a step's B*(K+1) rows read most experts
 # (plain steps are measured to win there), and each size is one more graph to capture
@@ -56,9 +55,11 @@ class Drafting:
         self.driver, self.depth = driver, depth
         self.stats = DraftStats()  # landing per depth over every drafted step
         self.by_stream: dict[int, DraftStats] = {}  # the same, of each stream's own steps
-        # expected tokens a drafted step of the last REPLIES replies that ended drafting (their
-        # own landing): how far the slowest of a call's new streams may fall short (`_slowest`)
-        self.replies: collections.deque[float] = collections.deque(maxlen=REPLIES)
+        # the expected tokens a drafted step of the last REPLIES streams that drafted, by
+        # stream id (each one's own landing, as of its latest drafted call): how far the
+        # slowest of a call's new streams may fall short (`_slowest`). Not only replies that
+        # ended drafting: the slow ones end in plain calls (H100, 46374c1)
+        self.replies: dict[int, float] = {}
         self.num_calls = 0
         self.num_drafted = self.num_landed = 0
         self.landed: list[int] = []  # drafts landed per session in the last call
@@ -158,7 +159,7 @@ class Drafting:
     def _slowest(self, stream_ids: list, lefts: list, expected: list[float]) -> float:
         """Drafted steps until the last of the call's replies has its `lefts` (all known):
         each stream at its own landing, and a stream with none of its own at the landing the
-        slowest of as many new replies had among the last `replies` (their 1 / (k + 1)
+        slowest of as many new streams had among the last `replies` (their 1 / (k + 1)
         quantile): replies land unlike each other, and where nothing else waits for the
         rows a batch lasts as long as its slowest reply. 16 replies of 64 tokens on the H100
         (ddb225a) landed 0.25-0.93 of their drafts in a 32-step drafted call; the five
@@ -166,7 +167,7 @@ class Drafting:
         new = [i for i, sid in enumerate(stream_ids) if sid not in self.by_stream]
         need = [left / e for i, (left, e) in enumerate(zip(lefts, expected)) if i not in new]
         if new and len(self.replies) >= FEW_REPLIES:
-            past = sorted(self.replies)
+            past = sorted(self.replies.values())
             e = past[min(len(past) - 1, len(past) // (len(new) + 1))]
             need.append(max(lefts[i] for i in new) / min(e, expected[new[0]]))
         elif new:
@@ -262,14 +263,18 @@ class Drafting:
                     self.landed[i] += n - 1
                     self.live_steps[i] += 1
                 said = [takes[i](row[j], bool(row[t + j])) for j in range(n)]
-                if not all(said) and not done[i] and sum(own[i].offered[:1]) >= REPLY_DRAFTS:
-                    self.replies.append(self._expected_of(own[i]))  # its reply ended
                 done[i] = not all(said) or done[i]
             blind.clear()  # from the second step on, the device's chain drafts
             return not ends(done)
 
         # a carried call's load (device copies) would understate the absorbing calls'
         launched = drv.run_steps(tuple(ids), io, budget, land, started, carry is None)
+        for sid, stats in zip(stream_ids, own):  # each stream's landing so far, the latest
+            if sum(stats.offered[:1]) >= REPLY_DRAFTS:
+                self.replies.pop(sid, None)
+                self.replies[sid] = self._expected_of(stats)
+        while len(self.replies) > REPLIES:
+            self.replies.pop(next(iter(self.replies)))
         after = [p + n for p, n in zip(positions, kept)]
         self.carry = {sid: c for sid, c in self.carry.items() if c[1] is not io}
         self.carry.update(

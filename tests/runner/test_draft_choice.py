@@ -144,7 +144,7 @@ def test_a_call_is_priced_by_its_own_streams_landing(tiny_ckpt):
 def test_a_batch_is_priced_by_its_slowest_reply(tiny_ckpt):
     """Where every reply's tokens are known, drafting must also end the batch sooner: its
     slowest stream at its own landing, and new streams at the landing the slowest of as many
-    had among the replies that ended (`Drafting.replies`). 16 new streams whose past replies
+    had among the last streams that drafted (`Drafting.replies`). 16 new streams whose past replies
     landed 1.3-2.5 tokens a step: the slowest of 16 (~1.36) makes 63 tokens in 47 drafted
     steps, 35.7 ms against 63 plain ones' 28.4; one new stream: the median, 19.7 against
     23.9. With too few replies ended, every stream's landing stands in."""
@@ -159,27 +159,24 @@ def test_a_batch_is_priced_by_its_slowest_reply(tiny_ckpt):
         for _ in range(times):
             d.stats.record([1.0, 1.0], landed)
     sixteen = list(range(16))
-    d.replies.extend([1.3 + 1.2 * i / (FEW_REPLIES - 2) for i in range(FEW_REPLIES - 1)])
-    assert d.choose(sixteen, 32, left=[63] * 16, stream_ids=sixteen) == 2  # too few ended
-    d.replies.clear()
-    d.replies.extend([1.3 + 1.2 * i / 63 for i in range(64)])
+    past = {100 + i: 1.3 + 1.2 * i / (FEW_REPLIES - 2) for i in range(FEW_REPLIES - 1)}
+    d.replies.update(past)
+    assert d.choose(sixteen, 32, left=[63] * 16, stream_ids=sixteen) == 2  # too few known
+    d.replies = {100 + i: 1.3 + 1.2 * i / 63 for i in range(64)}
     assert d.choose(sixteen, 32, left=[63] * 16, stream_ids=sixteen) == 0
     assert d.choose([0], 32, left=[63], stream_ids=[0]) == 2
     assert d.choose(sixteen, 32, stream_ids=sixteen) == 2  # tokens unknown: per token only
 
 
-def test_an_ended_reply_tells_its_landing(tiny_ckpt):
-    """A drafted call records the expected tokens a step of each reply that ends in it, by
-    its own landing, once it offered REPLY_DRAFTS drafts (`Drafting.replies`)."""
+def test_a_drafted_call_tells_its_streams_landing(tiny_ckpt):
+    """A drafted call records each stream's expected tokens a step by its own landing so
+    far, once it offered REPLY_DRAFTS drafts (`Drafting.replies`, by stream id, the latest),
+    whether or not its reply ended in the call: the slow replies end in plain calls."""
     cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
     prompt = prompts()[0]
     s, first = prefilled(model, cfg, prompt)
     d = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0)).drafting
-    for sid, wants in ((7, 3), (8, 20)):  # 3 tokens: too few drafts offered to tell
-        got = []
-        take = lambda t, f, got=got, wants=wants: bool(got.append(t)) or len(got) < wants  # noqa: E731
-        d.decode([0], [first], [len(prompt)], 30, 400, [take], [sid], [None])
-        assert len(got) >= wants
-    # the step in flight when the reply ended measured one more: the record is before it
-    assert len(d.replies) == 1 and 1.0 <= d.replies[0] <= 1.0 + d.depth
-    assert d.replies[0] == pytest.approx(d._expected_of(d.by_stream[8]), abs=0.01)
+    for sid, steps in ((7, 2), (8, 12), (8, 14)):  # 2 steps: too few drafts offered to tell
+        d.decode([0], [first], [len(prompt)], steps, 400, [lambda t, f: True], [sid], [None])
+    assert list(d.replies) == [8] and d.replies[8] == d._expected_of(d.by_stream[8])
+    assert d.by_stream[8].offered[0] == 11 + 13  # each call's first step blind
