@@ -33,11 +33,10 @@ PROBE_STEPS = 8  # steps a drafted try runs: enough to measure (run_steps folds 
 # verdict kept one stream on plain steps for eight calls (benchmarks/draft_choices.py)
 SURE_DRAFTS = 32
 UNSURE_EVERY = 2
-# drafts of every stream's landing a stream's own stand beside in its price (Drafting._expected)
-STREAM_PRIOR = 8
+# STREAM_PRIOR: drafts of everyone's landing beside a stream's own (Drafting._expected);
 # streams whose landing is kept (Drafting.replies), the fewest that tell a spread, and the
-# drafts a stream's own steps must have offered to count among them
-REPLIES, FEW_REPLIES, REPLY_DRAFTS = 64, 8, 8
+# drafts a stream must have offered to count among them
+STREAM_PRIOR, REPLIES, FEW_REPLIES, REPLY_DRAFTS = 8, 64, 8, 8
 # the most sessions a drafted step takes: past it a step's B*(K+1) rows read most experts
 # (plain steps are measured to win there), and each size is one more graph to capture
 MAX_STREAMS = 16
@@ -55,10 +54,8 @@ class Drafting:
         self.driver, self.depth = driver, depth
         self.stats = DraftStats()  # landing per depth over every drafted step
         self.by_stream: dict[int, DraftStats] = {}  # the same, of each stream's own steps
-        # the expected tokens a drafted step of the last REPLIES streams that drafted, by
-        # stream id (each one's own landing, as of its latest drafted call): how far the
-        # slowest of a call's new streams may fall short (`_slowest`). Not only replies that
-        # ended drafting: the slow ones end in plain calls (H100, 46374c1)
+        # stream id -> expected tokens a drafted step by its own landing at its latest drafted
+        # call, of the last REPLIES streams (`_slowest`; ended or not: slow replies end plain)
         self.replies: dict[int, float] = {}
         self.num_calls = 0
         self.num_drafted = self.num_landed = 0
@@ -161,9 +158,8 @@ class Drafting:
         each stream at its own landing, and a stream with none of its own at the landing the
         slowest of as many new streams had among the last `replies` (their 1 / (k + 1)
         quantile): replies land unlike each other, and where nothing else waits for the
-        rows a batch lasts as long as its slowest reply. 16 replies of 64 tokens on the H100
-        (ddb225a) landed 0.25-0.93 of their drafts in a 32-step drafted call; the five
-        slowest then took 8.6 ms more, the pass 62.2 ms against 57.9 plain."""
+        rows a batch lasts as long as its slowest reply (16 on the H100, ddb225a: landing
+        0.25-0.93; the slowest five's tail 8.6 ms, the pass 62.2 against 57.9 plain)."""
         new = [i for i, sid in enumerate(stream_ids) if sid not in self.by_stream]
         need = [left / e for i, (left, e) in enumerate(zip(lefts, expected)) if i not in new]
         if new and len(self.replies) >= FEW_REPLIES:
@@ -271,7 +267,7 @@ class Drafting:
         launched = drv.run_steps(tuple(ids), io, budget, land, started, carry is None)
         for sid, stats in zip(stream_ids, own):  # each stream's landing so far, the latest
             if sum(stats.offered[:1]) >= REPLY_DRAFTS:
-                self.replies.pop(sid, None)
+                self.replies.pop(sid, None)  # to the end: the latest
                 self.replies[sid] = self._expected_of(stats)
         while len(self.replies) > REPLIES:
             self.replies.pop(next(iter(self.replies)))
@@ -347,9 +343,7 @@ def _priced(load: float, step: float, steps: int, lefts: list, expected: list[fl
     """ms a token of a call of up to `steps` steps that loads in `load` ms and steps in `step`,
     each stream's step giving it `expected` tokens until its reply has its `lefts`: the call
     steps until its slowest reply has them (a reply that ends rides along: run_lone)."""
-    need = max(
-        math.ceil(left / e) if left < math.inf else steps for left, e in zip(lefts, expected)
-    )
-    ran = max(1, min(steps, need))
+    need = [math.ceil(left / e) if left < math.inf else steps for left, e in zip(lefts, expected)]
+    ran = max(1, min(steps, max(need)))
     tokens = sum(min(left, ran * e) for left, e in zip(lefts, expected))
     return (load + ran * step) / max(1.0, tokens)
