@@ -146,7 +146,7 @@ def test_a_batch_is_priced_by_its_slowest_reply(tiny_ckpt):
     slowest stream at its own landing, and new streams at the landing the slowest of as many
     had among the last streams that drafted (`Drafting.replies`). 16 new streams whose past replies
     landed 1.3-2.5 tokens a step: the slowest of 16 (~1.36) makes 63 tokens in 47 drafted
-    steps, 35.7 ms against 63 plain ones' 28.4; one new stream: the median, 19.7 against
+    steps, 35.7 ms against 63 plain ones' 28.4; one new stream: the median, 19.1 against
     23.9. With too few replies ended, every stream's landing stands in."""
     from flashlane.runner.lone_draft import FEW_REPLIES
 
