@@ -28,7 +28,7 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def kernel_us(llm: LLM, batch, params) -> Counter:
+def kernel_us(llm: LLM, batch, params) -> tuple[Counter, Counter]:
     """GPU us by kernel name over one generate (CUDA kernels only), and their launches."""
     sync()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
