@@ -71,9 +71,12 @@ def main() -> None:
     drv = host.lone
     if drv is not None and drv.drafting is not None:
         d = drv.drafting
-        d.run = trace.wrap(
-            d.run, lambda a, kw, g: {"kind": "drafted", "b": len(a[0]), "ran": g and g[:2]}
-        )
+
+        def drafted_event(a, kw, got):  # with the rule's prices (ms a token) and choice
+            why = {k: v if not isinstance(v, float) else round(v, 4) for k, v in d.verdict.items()}
+            return {"kind": "drafted", "b": len(a[0]), "ran": got and got[:2], "why": why}
+
+        d.run = trace.wrap(d.run, drafted_event)
 
     batch = prompts(llm, args.streams)
     on = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)

@@ -1,5 +1,5 @@
 """A drafted lone step (runner/lone_draft.py runs it): verify, acceptance, commit and the next
-drafts, all on the device.
+drafts, all on the device; and what a call of such steps costs a token (`priced`).
 
 A drafted step of depth K feeds each session's window (its pending token and K drafts, at
 its positions) through the model as B*(K+1) rows, draws greedily at every row, keeps the
@@ -24,6 +24,8 @@ tests/kernels/test_drafted_size_tables.py).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from flashlane.models.flashnext import FlashNext
@@ -32,7 +34,7 @@ from flashlane.runner import trunk
 from flashlane.runner.lone_buffers import RING
 from flashlane.runner.lone_state import Windowed, attention_step
 
-__all__ = ["DraftBuffers", "cells", "draft_step"]
+__all__ = ["DraftBuffers", "cells", "draft_step", "priced"]
 
 
 @torch.no_grad()
@@ -198,3 +200,13 @@ class DraftBuffers:
 
     def step(self, model: FlashNext, sessions: list[SessionState], tables) -> None:
         draft_step(model, sessions, self, tables)
+
+
+def priced(load: float, step: float, steps: int, lefts: list, expected: list[float]) -> float:
+    """ms a token of a call of up to `steps` steps that loads in `load` ms and steps in `step`,
+    each stream's step giving it `expected` tokens until its reply has its `lefts`: the call
+    steps until its slowest reply has them (a reply that ends rides along: run_lone)."""
+    need = [math.ceil(left / e) if left < math.inf else steps for left, e in zip(lefts, expected)]
+    ran = max(1, min(steps, max(need)))
+    tokens = sum(min(left, ran * e) for left, e in zip(lefts, expected))
+    return (load + ran * step) / max(1.0, tokens)

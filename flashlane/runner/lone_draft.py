@@ -20,13 +20,13 @@ from flashlane.drafting.mtp import Waiting
 from flashlane.lanes.stream import DraftStats
 from flashlane.runner import lone
 from flashlane.runner.absorb import Absorber
-from flashlane.runner.draft_step import DraftBuffers
+from flashlane.runner.draft_step import DraftBuffers, priced
 from flashlane.runner.graphs import bucket_of
 
 DEPTH = 2  # drafts a drafted step carries (the embedded model lands ~3 in 4 at depth 1)
 PROBE_EVERY = 8  # calls before a try of the kind measured slower (landing drifts with text)
 MAX_PROBE_EVERY = 128  # the gap doubles while each try confirms the measures, up to this
-PROBE_STEPS = 8  # steps a drafted try runs: enough to measure (run_steps folds from 4)
+PROBE_STEPS = 8  # steps a try of either kind runs: enough to measure (run_steps folds from 4)
 # drafts measured at depth 1 before a verdict against drafting waits PROBE_EVERY calls; until
 # then drafting is tried again every UNSURE_EVERY calls. One try's seven measured steps
 # landed 2 of 7 on the H200 (63de559), where the same replies' later steps landed 0.56: that
@@ -35,8 +35,9 @@ SURE_DRAFTS = 32
 UNSURE_EVERY = 2
 # STREAM_PRIOR: drafts of everyone's landing beside a stream's own (Drafting._expected);
 # streams whose landing is kept (Drafting.replies), the fewest that tell a spread, and the
-# drafts a stream must have offered to count among them
-STREAM_PRIOR, REPLIES, FEW_REPLIES, REPLY_DRAFTS = 8, 64, 8, 8
+# drafts a stream must have offered to count among them (a try's seven measured steps do:
+# at 8, a batch's first tries told nothing and its first call drafted on everyone's landing)
+STREAM_PRIOR, REPLIES, FEW_REPLIES, REPLY_DRAFTS = 8, 64, 8, PROBE_STEPS // 2
 # the most sessions a drafted step takes: past it a step's B*(K+1) rows read most experts
 # (plain steps are measured to win there), and each size is one more graph to capture
 MAX_STREAMS = 16
@@ -69,6 +70,7 @@ class Drafting:
         self.best: int | None = None  # the kind the measures chose last
         self.probe_every = self.until_probe = PROBE_EVERY
         self.probing = False  # this call tries the kind measured slower (or unmeasured)
+        self.verdict: dict = {}  # the last prices (ms a token), slowest and depth chosen
         # a call's load: its streams' waiting cells into their heads, graphed by bucket
         self.absorber = Absorber(driver)
 
@@ -87,10 +89,10 @@ class Drafting:
         first step: driver.load_ms) over the tokens each call gives (a plain step one, a
         drafted step 1 + its expected landed drafts, each reply up to its `left`: one
         count for all, or one each; None: as many as the steps give), each call as long as
-        its slowest reply takes (`_priced`), and where every reply's tokens are known, only
-        if the replies also end sooner drafted (`_slowest`); the kind measured
+        its slowest reply takes (`draft_step.priced`), and where every reply's tokens are
+        known, only if the replies also end sooner drafted (`_slowest`); the kind measured
         slower is tried again after PROBE_EVERY calls, the gap doubling while the tries
-        confirm it (a drafted try runs PROBE_STEPS steps), drafting every UNSURE_EVERY
+        confirm it (a try of either kind runs PROBE_STEPS steps), drafting every UNSURE_EVERY
         calls while fewer than SURE_DRAFTS drafts are measured. `carried`: every stream would go
         on from a drafted call's carry (`carry_of`), so a drafted call loads as a plain one
         does (device copies; no head absorbs a queue). More than MAX_STREAMS, or more rows
@@ -109,11 +111,16 @@ class Drafting:
     ):  # fmt: skip
         """LoneDriver.decode_drafted: `decode` where `choose` drafts -> (drafts made, drafts
         landed), per session in the steps before its take said no; None: plain steps
-        (nothing ran)."""
+        (nothing ran). A try of plain steps runs here, PROBE_STEPS of them (a whole call's
+        were half of a 64-token reply at one stream: H100, 172283a)."""
         carried = self.carry_of(stream_ids, ids, positions, tokens) is not None
         depth = self.choose(ids, budget, left, carried, stream_ids)
         if not depth:
-            return None
+            if not self.probing:
+                return None
+            steps = min(budget, PROBE_STEPS)
+            self.driver.decode_many(ids, tokens, positions, steps, takes, stream_ids, draws, ends)
+            return [0] * len(ids), [0] * len(ids)
         if self.probing:
             budget = min(budget, PROBE_STEPS)
         args = (ids, tokens, positions, budget, room, takes, stream_ids, draws, hints, ends)
@@ -183,13 +190,15 @@ class Drafting:
         loads = [drv.load_ms.get((near, d), 0.0) for d in (0, self.depth)]
         if carried:  # no absorb: the plain call's load stands in (run_steps folds none)
             loads[1] = loads[0]
-        plain_ms = _priced(loads[0], plain, steps, lefts, [1.0] * b)
-        drafted_ms = _priced(loads[1], drafted, steps, lefts, expected)
+        plain_ms = priced(loads[0], plain, steps, lefts, [1.0] * b)
+        drafted_ms = priced(loads[1], drafted, steps, lefts, expected)
         better = self.depth if drafted_ms < plain_ms else 0
+        slowest = None
         if better and max(lefts) < math.inf:  # and the replies end sooner drafted
             slowest = self._slowest(stream_ids, lefts, expected)
             if loads[1] + slowest * drafted >= loads[0] + max(lefts) * plain:
                 better = 0
+        self.verdict = dict(plain=plain_ms, drafted=drafted_ms, slowest=slowest, better=better)
         if better != self.best:  # the measures changed their mind: try the other kind soon
             self.best, self.probe_every = better, PROBE_EVERY
             self.until_probe = min(self.until_probe, PROBE_EVERY)
@@ -336,13 +345,3 @@ class Drafting:
             drafter.waiting[stream_ids[i]] = Waiting(
                 [io.last[i : i + 1].clone()], [last[i]], False, draws[i]
             )
-
-
-def _priced(load: float, step: float, steps: int, lefts: list, expected: list[float]) -> float:
-    """ms a token of a call of up to `steps` steps that loads in `load` ms and steps in `step`,
-    each stream's step giving it `expected` tokens until its reply has its `lefts`: the call
-    steps until its slowest reply has them (a reply that ends rides along: run_lone)."""
-    need = [math.ceil(left / e) if left < math.inf else steps for left, e in zip(lefts, expected)]
-    ran = max(1, min(steps, max(need)))
-    tokens = sum(min(left, ran * e) for left, e in zip(lefts, expected))
-    return (load + ran * step) / max(1.0, tokens)

@@ -180,3 +180,38 @@ def test_a_drafted_call_tells_its_streams_landing(tiny_ckpt):
         d.decode([0], [first], [len(prompt)], steps, 400, [lambda t, f: True], [sid], [None])
     assert list(d.replies) == [8] and d.replies[8] == d._expected_of(d.by_stream[8])
     assert d.by_stream[8].offered[0] == 11 + 13  # each call's first step blind
+
+
+def test_a_try_of_plain_steps_runs_a_few_steps(tiny_ckpt):
+    """While drafting wins, plain steps are tried again every PROBE_EVERY calls, in a call
+    of PROBE_STEPS plain steps (decode_many) whatever the call's budget, its streams
+    told that none of their drafts ran; the calls between draft with the whole budget."""
+    from flashlane.runner.lone_draft import PROBE_EVERY, PROBE_STEPS, SURE_DRAFTS
+
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    s, _ = prefilled(model, cfg, prompts()[0])
+    driver = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0))
+    d = driver.drafting
+    driver.step_ms.update({(1, 0): 0.4, (1, 2): 0.6})
+    for _ in range(SURE_DRAFTS):
+        d.stats.record([1.0, 1.0], 2)
+    plain, drafted = [], []
+    driver.decode_many = lambda ids, tokens, positions, budget, *rest: plain.append(budget)
+    d.decode = lambda ids, tokens, positions, budget, *rest: drafted.append(budget) or 1
+    got = [d.run([0], [5], [9], 32, 400, [None], [0], [None]) for _ in range(PROBE_EVERY)]
+    assert plain == [PROBE_STEPS] and drafted == [32] * (PROBE_EVERY - 1)
+    assert got[-1] == ([0], [0]) and d.verdict["better"] == 2
+
+
+def test_a_tried_batch_tells_its_streams_landing(tiny_ckpt):
+    """A try's PROBE_STEPS drafted steps (the first blind) offer enough drafts for its
+    streams to count among the replies the slowest reply is read from (REPLY_DRAFTS)."""
+    from flashlane.runner.lone_draft import PROBE_STEPS, REPLY_DRAFTS
+
+    assert PROBE_STEPS - 1 >= REPLY_DRAFTS
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    prompt = prompts()[0]
+    s, first = prefilled(model, cfg, prompt)
+    d = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0)).drafting
+    d.decode([0], [first], [len(prompt)], PROBE_STEPS, 400, [lambda t, f: True], [3], [None])
+    assert list(d.replies) == [3]
