@@ -147,7 +147,9 @@ def test_a_batch_is_priced_by_its_slowest_reply(tiny_ckpt):
     had among the last streams that drafted (`Drafting.replies`). 16 new streams whose past replies
     landed 1.3-2.5 tokens a step: the slowest of 16 (~1.36) makes 63 tokens in 47 drafted
     steps, 35.7 ms against 63 plain ones' 28.4; one new stream: the median, 19.1 against
-    23.9. With too few replies ended, every stream's landing stands in."""
+    23.9. With too few replies ended, every stream's landing stands in. A landing guessed
+    for a new stream drafts a try (PROBE_STEPS steps), not a whole call."""
+    from flashlane.lanes.stream import DraftStats
     from flashlane.runner.lone_draft import FEW_REPLIES
 
     cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
@@ -162,10 +164,18 @@ def test_a_batch_is_priced_by_its_slowest_reply(tiny_ckpt):
     past = {100 + i: 1.3 + 1.2 * i / (FEW_REPLIES - 2) for i in range(FEW_REPLIES - 1)}
     d.replies.update(past)
     assert d.choose(sixteen, 32, left=[63] * 16, stream_ids=sixteen) == 2  # too few known
+    assert d.probing  # a guess: a try of PROBE_STEPS steps, which measures them
     d.replies = {100 + i: 1.3 + 1.2 * i / 63 for i in range(64)}
     assert d.choose(sixteen, 32, left=[63] * 16, stream_ids=sixteen) == 0
-    assert d.choose([0], 32, left=[63], stream_ids=[0]) == 2
+    assert d.choose([0], 32, left=[63], stream_ids=[0]) == 2 and d.probing
     assert d.choose(sixteen, 32, stream_ids=sixteen) == 2  # tokens unknown: per token only
+    assert not d.probing
+    # once they drafted a try, the streams are priced by their own landing: no try
+    for sid in sixteen:
+        d.by_stream[sid] = DraftStats()
+        for _ in range(7):
+            d.by_stream[sid].record([1.0, 1.0], 2)
+    assert d.choose(sixteen, 32, left=[63] * 16, stream_ids=sixteen) == 2 and not d.probing
 
 
 def test_a_drafted_call_tells_its_streams_landing(tiny_ckpt):
