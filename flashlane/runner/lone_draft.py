@@ -35,8 +35,7 @@ SURE_DRAFTS = 32
 UNSURE_EVERY = 2
 # STREAM_PRIOR: drafts of everyone's landing beside a stream's own (Drafting._expected);
 # streams whose landing is kept (Drafting.replies), the fewest that tell a spread, and the
-# drafts a stream must have offered to count among them (a try's seven measured steps do:
-# at 8, a batch's first tries told nothing and its first call drafted on everyone's landing)
+# drafts a stream must have offered to count among them (a try's seven measured steps do)
 STREAM_PRIOR, REPLIES, FEW_REPLIES, REPLY_DRAFTS = 8, 64, 8, PROBE_STEPS // 2
 # the most sessions a drafted step takes: past it a step's B*(K+1) rows read most experts
 # (plain steps are measured to win there), and each size is one more graph to capture
@@ -161,12 +160,12 @@ class Drafting:
 
     def _slowest(self, stream_ids: list, lefts: list, expected: list[float]) -> tuple:
         """(drafted steps until the last of the call's replies has its `lefts` (all known),
-        whether a stream's landing is guessed): each stream at its own landing, and a
-        stream with none of its own at the landing the slowest of as many new streams had
-        among the last `replies` (their 1 / (k + 1) quantile): a batch lasts as long as its
-        slowest reply (16 on the H100, ddb225a: landing 0.25-0.93). A guess drafts a try
-        (`_better`): the last replies may be other text (16 streams after batches of the
-        first 4 prompts drafted three calls in five, H100, 817e2e1: 0.88 on / off)."""
+        whether a landing is guessed): each stream at its own landing, one with none of its
+        own at the landing the slowest of as many new streams had among the last `replies`
+        (their 1 / (k + 1) quantile): a batch lasts as long as its slowest reply (16 on the
+        H100, ddb225a: landing 0.25-0.93). A guess drafts a try (`_better`) if it gains more
+        than the try loads: the last replies may be other text (H100, 817e2e1: 16 streams
+        after 4 drafted three calls in five, 0.88 on / off)."""
         own = [self.by_stream.get(sid) for sid in stream_ids]
         new = [i for i, o in enumerate(own) if o is None or not o.offered]  # none measured
         need = [left / e for left, e in zip(lefts, expected)]
@@ -196,7 +195,8 @@ class Drafting:
         slowest = guessed = None
         if better and max(lefts) < math.inf:  # and the replies end sooner drafted
             slowest, guessed = self._slowest(stream_ids, lefts, expected)
-            if loads[1] + slowest * drafted >= loads[0] + max(lefts) * plain:
+            gain = loads[0] + max(lefts) * plain - (loads[1] + slowest * drafted)
+            if gain <= (loads[1] if guessed else 0.0):
                 better = 0
         self.verdict = dict(plain=plain_ms, drafted=drafted_ms, slowest=slowest, better=better)
         if better and guessed:  # a try first: its steps measure the new streams' own landing

@@ -3,6 +3,8 @@ call drafts, priced from the measured steps and loads, the landing rate and the 
 replies still want; the slower kind tried again, sooner while the landing is a guess; no
 drafted step past the plan's rows."""
 
+import copy
+
 import pytest
 import torch
 
@@ -148,8 +150,8 @@ def test_a_batch_is_priced_by_its_slowest_reply(tiny_ckpt):
     landed 1.3-2.5 tokens a step: the slowest of 16 (~1.36) makes 63 tokens in 47 drafted
     steps, 35.7 ms against 63 plain ones' 28.4; one new stream: the median, 19.1 against
     23.9. With too few replies ended, every stream's landing stands in. A landing guessed
-    for a new stream drafts a try (PROBE_STEPS steps), not a whole call."""
-    from flashlane.lanes.stream import DraftStats
+    for a new stream drafts a try (PROBE_STEPS steps), not a whole call, and only where the
+    guess gains more than the try's load."""
     from flashlane.runner.lone_draft import FEW_REPLIES
 
     cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
@@ -170,11 +172,14 @@ def test_a_batch_is_priced_by_its_slowest_reply(tiny_ckpt):
     assert d.choose([0], 32, left=[63], stream_ids=[0]) == 2 and d.probing
     assert d.choose(sixteen, 32, stream_ids=sixteen) == 2  # tokens unknown: per token only
     assert not d.probing
-    # once they drafted a try, the streams are priced by their own landing: no try
-    for sid in sixteen:
-        d.by_stream[sid] = DraftStats()
-        for _ in range(7):
-            d.by_stream[sid].record([1.0, 1.0], 2)
+    # a guess must gain more than its try's load: everyone's landing (2.02 tokens a step,
+    # too few replies known) ends the batch in 32 drafted steps, 24.3 ms + 2.5 to load
+    # against 28.35 plain: 1.5 ms gained, less than the 2.5 a try would load
+    d.replies = {}
+    driver.load_ms[(16, 2)] = 2.5
+    assert d.choose(sixteen, 32, left=[63] * 16, stream_ids=sixteen) == 0
+    for sid in sixteen:  # the same landing, measured: the streams' own (a try's), it drafts
+        d.by_stream[sid] = copy.deepcopy(d.stats)
     assert d.choose(sixteen, 32, left=[63] * 16, stream_ids=sixteen) == 2 and not d.probing
 
 
