@@ -1,61 +1,98 @@
-"""Why a lone drafted call drafts or not: each of Drafting.choose's verdicts with the measures
-it weighed (step and load ms, landing rates), over bench_lanes_cpu.py's sequence at one level
-(a warm pass off and on, then off / on pairs). A GPU diagnostic of issue 28's drafting.
+"""Why a lone drafted call drafts or not: each of Drafting.choose's verdicts (runner/lone_draft.py)
+with the prices it weighed, over bench_lanes_cpu.py's sequence (levels in order in one engine,
+each a warm pass off and on, then off / on pairs). A GPU diagnostic of issue 28's drafting, and
+on the CPU a replay of the rule at a GPU's costs: `--costs` takes the step and load ms a
+bench_lanes_cpu.py JSON measured (its last level's `lone_ms`) and holds them fixed, so the
+verdicts are those the rule gives at that card's costs on the embedded model's landing here
+(the CPU attaches a lone driver, as tests/runner/test_lone.py does; its own timings are not
+the GPU's and would drive the rule elsewhere).
 
-    python benchmarks/draft_choices.py --device cuda [--streams 1] [--pairs 3]
+    python benchmarks/draft_choices.py --device cuda --streams 1,4,16
+    python benchmarks/draft_choices.py --device cpu --streams 1,4,16 --pairs 5 \\
+        --costs benchmarks/results/bench_lanes_cuda_h100_817e2e1_20261206T015310Z.json
+
+Prints each pass's verdicts (kind, sessions, drafted steps to the slowest reply), then one
+JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from bench_lanes_cpu import prompts
 
 from flashlane.llm import LLM
 from flashlane.request import SamplingParams
-from flashlane.runner.lone_draft import Drafting
+from flashlane.runner.lone import LoneDriver
+
+
+class Fixed(dict):
+    """A cost table the driver's folds do not move (the GPU's costs, replayed on the CPU)."""
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+
+def held_costs(path: str) -> tuple[Fixed, Fixed]:
+    """(step_ms, load_ms) by (sessions, depth) from a bench_lanes_cpu.py JSON's last level."""
+    with open(path) as f:
+        lone_ms = json.load(f)["rows"][-1]["lone_ms"]
+
+    def table(name: str) -> Fixed:
+        return Fixed({tuple(map(int, k.split(","))): v for k, v in lone_ms[name].items()})
+
+    return table("step_ms"), table("load_ms")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--streams", type=int, default=1)
-    ap.add_argument("--pairs", type=int, default=3)
-    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--streams", default="1", help="levels in order (default 1), e.g. 1,4,16")
+    ap.add_argument("--pairs", type=int, default=3, help="off / on pairs a level (default 3)")
+    ap.add_argument("--tokens", type=int, default=64, help="tokens a reply (default 64)")
+    ap.add_argument("--costs", default=None, help="a bench JSON's costs, held (default: none)")
     args = ap.parse_args()
-    llm = LLM(None, parallel=max(args.streams, 1), device=args.device)
-    drv = llm.engine.host.lone
-    if drv is None or drv.drafting is None:
+    levels = [int(n) for n in args.streams.split(",")]
+    llm = LLM(None, parallel=max(levels), device=args.device)
+    host = llm.engine.host
+    if host.lone is None:  # the CPU: a driver as tests attach one
+        drafter = llm.engine.backend.drafter
+        host.lone = LoneDriver(llm.engine.model, llm.engine.sessions, drafter=drafter)
+        host.config = dataclasses.replace(host.config, lone_streams=max(levels))
+    drv = host.lone
+    if drv.drafting is None:
         raise SystemExit("draft_choices: no drafting lone driver here")
-    log: list[dict] = []
-    inner = Drafting._better
+    if args.costs:
+        drv.step_ms, drv.load_ms = held_costs(args.costs)
+    d, log = drv.drafting, []
+    inner = d.run
 
-    def spy(self, b, steps, left, carried=False):
-        got = inner(self, b, steps, left, carried)
-        log.append({
-            "b": b, "steps": steps, "left": left, "carried": carried, "depth": got,
-            "probing": self.probing, "best": self.best, "until_probe": self.until_probe,
-            "rates": [round(self.stats.rate(d), 3) for d in range(1, self.depth + 1)],
-            "step_ms": {f"{k}": round(v, 3) for k, v in drv.step_ms.items() if k[0] == b},
-            "load_ms": {f"{k}": round(v, 3) for k, v in drv.load_ms.items() if k[0] == b},
-        })  # fmt: skip
+    def spy(ids, *rest, **kw):
+        got = inner(ids, *rest, **kw)
+        kind = "try" if d.probing else ("drafted" if got else "plain")
+        why = {k: round(v, 4) if isinstance(v, float) else v for k, v in d.verdict.items()}
+        log.append({"b": len(ids), "kind": kind, **why})
         return got
 
-    Drafting._better = spy
-    batch = prompts(llm, args.streams)
+    d.run = spy
     on = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
-    off = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True, draft=False)
-    for name, params in [("warm off", off), ("warm on", on)] + [
-        ("off", off),
-        ("on", on),
-    ] * args.pairs:
-        before = len(log)
-        llm.generate(batch, params)
-        print(f"-- {name}")
-        for entry in log[before:]:
-            print("  ", json.dumps(entry))
-    print(json.dumps({"bench": "draft_choices", "choices": log}))
+    off = dataclasses.replace(on, draft=False)
+    passes = []
+    for n in levels:
+        batch = prompts(llm, n)
+        for name, params in [("warm off", off), ("warm on", on)] + [
+            ("off", off),
+            ("on", on),
+        ] * args.pairs:
+            before = len(log)
+            llm.generate(batch, params)
+            if params.draft:
+                calls = log[before:]
+                print(f"{n:3d} {name:8s}", " ".join(f"{c['kind']}:{c['slowest']}" for c in calls))
+                passes.append({"streams": n, "pass": name, "calls": calls})
+    print(json.dumps({"bench": "draft_choices", "costs": args.costs, "passes": passes}))
 
 
 if __name__ == "__main__":
