@@ -97,7 +97,7 @@ class Drafting:
         does (device copies; no head absorbs a queue). More than MAX_STREAMS, or more rows
         than the plan's (`fits`): plain."""
         self.num_calls += 1
-        self.probing = False
+        self.probing, self.verdict = False, {}
         if len(ids) > MAX_STREAMS or not self.fits(len(ids)):
             return 0
         lefts = left if isinstance(left, list) else [math.inf if left is None else left] * len(ids)
