@@ -90,7 +90,9 @@ def main() -> None:
             llm.generate(batch, params)
             if params.draft:
                 calls = log[before:]
-                print(f"{n:3d} {name:8s}", " ".join(f"{c['kind']}:{c.get('slowest')}" for c in calls))
+                print(
+                    f"{n:3d} {name:8s}", " ".join(f"{c['kind']}:{c.get('slowest')}" for c in calls)
+                )
                 passes.append({"streams": n, "pass": name, "calls": calls})
     print(json.dumps({"bench": "draft_choices", "costs": args.costs, "passes": passes}))
 
