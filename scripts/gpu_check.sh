@@ -8,7 +8,7 @@
 #                                                    # serve-bisect, replay, stall, fp8,
 #                                                    # fp8-tune, kv8, bisect, attn-decode, gather-ab,
 #                                                    # prefill-ab, moe-layout, fp8-prompt,
-#                                                    # timeline, step-kernels,
+#                                                    # timeline, step-kernels, draft-choices,
 #                                                    # peer-build, peer
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
@@ -44,6 +44,9 @@
 # trace:   where a batch's time goes round by round, drafts off then on, at TRACE_STREAMS
 #          ("16 64"): each round's shared step, lone call and drafted call in wall ms
 #          (benchmarks/round_trace.py), with the drafts step, the why of its ratios
+# draft-choices: each drafted-call verdict of the depth rule with its prices, levels 1, 4, 16
+#          in one engine as the drafts step runs them (benchmarks/draft_choices.py;
+#          CHOICE_ARGS overrides)
 # step-kernels: a lone step's GPU time by kernel, plain against drafted, at 16 streams
 #          (benchmarks/step_kernels.py; STEP_KERNEL_ARGS overrides)
 # timeline: one decode step's kernels in order at TIMELINE_STREAMS (1) in sessions of
@@ -385,6 +388,10 @@ if [[ " $steps " == *" trace "* ]]; then
             | tee "$out/round_trace_${n}_$stamp.log" || failed+=("trace $n")
         tail -n 1 "$out/round_trace_${n}_$stamp.log" > "$out/round_trace_${n}_$stamp.json"
     done
+fi
+
+if [[ " $steps " == *" draft-choices "* ]]; then
+    script_step draft-choices draft_choices "${CHOICE_ARGS:---device cuda --streams 1,4,16}"
 fi
 
 if [[ " $steps " == *" step-kernels "* ]]; then
