@@ -113,14 +113,13 @@ class Drafting:
         (nothing ran). A try of plain steps runs here: PROBE_STEPS, not a whole call's."""
         carried = self.carry_of(stream_ids, ids, positions, tokens) is not None
         depth = self.choose(ids, budget, left, carried, stream_ids)
+        if self.probing:  # a try of either kind
+            budget = min(budget, PROBE_STEPS)
         if not depth:
             if not self.probing:
                 return None
-            steps = min(budget, PROBE_STEPS)
-            self.driver.decode_many(ids, tokens, positions, steps, takes, stream_ids, draws, ends)
+            self.driver.decode_many(ids, tokens, positions, budget, takes, stream_ids, draws, ends)
             return [0] * len(ids), [0] * len(ids)
-        if self.probing:
-            budget = min(budget, PROBE_STEPS)
         args = (ids, tokens, positions, budget, room, takes, stream_ids, draws, hints, ends)
         if self.decode(*args) is None:
             return None
