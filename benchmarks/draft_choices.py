@@ -4,11 +4,11 @@ each a warm pass off and on, then off / on pairs). A GPU diagnostic of issue 28'
 on the CPU a replay of the rule at a GPU's costs: `--costs` takes the step and load ms a
 bench_lanes_cpu.py JSON measured (its last level's `lone_ms`) and holds them fixed, so the
 verdicts are those the rule gives at that card's costs on the embedded model's landing here
-(the CPU attaches a lone driver, as tests/runner/test_lone.py does; its own timings are not
+(the CPU attaches a lone driver with tests/runner/test_lone.py's `with_lone`; its own timings are not
 the GPU's and would drive the rule elsewhere).
 
-    python benchmarks/draft_choices.py --device cuda --streams 1,4,16
-    python benchmarks/draft_choices.py --device cpu --streams 1,4,16 --pairs 5 \\
+    PYTHONPATH=. python benchmarks/draft_choices.py --device cuda --streams 1,4,16
+    PYTHONPATH=. python benchmarks/draft_choices.py --device cpu --streams 1,4,16 --pairs 5 \\
         --costs benchmarks/results/bench_lanes_cuda_h100_817e2e1_20261206T015310Z.json
 
 Prints each pass's verdicts (kind, sessions, drafted steps to the slowest reply), then one
@@ -25,7 +25,7 @@ from bench_lanes_cpu import prompts
 
 from flashlane.llm import LLM
 from flashlane.request import SamplingParams
-from flashlane.runner.lone import LoneDriver
+from tests.runner.test_lone import with_lone
 
 
 class Fixed(dict):
@@ -58,9 +58,7 @@ def main() -> None:
     llm = LLM(None, parallel=max(levels), device=args.device)
     host = llm.engine.host
     if host.lone is None:  # the CPU: a driver as tests attach one
-        drafter = llm.engine.backend.drafter
-        host.lone = LoneDriver(llm.engine.model, llm.engine.sessions, drafter=drafter)
-        host.config = dataclasses.replace(host.config, lone_streams=max(levels))
+        with_lone(llm, host.config.lone_steps, max(levels), llm.engine.backend.drafter)
     drv = host.lone
     if drv.drafting is None:
         raise SystemExit("draft_choices: no drafting lone driver here")
