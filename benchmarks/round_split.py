@@ -83,6 +83,53 @@ def host_self(fn, n: int = 15) -> list[tuple[str, int, float]]:
     return sorted(rows, key=lambda r: -r[2])[:n]
 
 
+def phases(llm: LLM, args, one: SamplingParams, cuda: bool) -> dict:
+    """A fresh short prompt's generate call split by phase, host ms (no sync inside: on a
+    GPU the host enqueues and these are its costs), medians of --repeats fresh prompts (the
+    prompt cache never serves them): the host's round, the backend's verify and inside it
+    the model's residual and logits, keep and draft; "wait" is the last sync's."""
+    engine, vocab = llm.engine, llm.engine.model_config.vocab_size
+    targets = {
+        "run_once": (engine.host, "run_once"),
+        "verify": (engine.backend, "verify"),
+        "residual": (engine.model, "residual"),
+        "logits": (engine.model, "logits"),
+        "keep": (engine.backend, "keep"),
+        "draft": (engine.backend, "draft"),
+    }
+    spent: dict[str, float] = {}
+
+    def timed(name, fn):
+        def inner(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[name] = spent.get(name, 0.0) + 1e3 * (time.perf_counter() - t)
+
+        return inner
+
+    saved = {n: getattr(o, a) for n, (o, a) in targets.items()}
+    for n, (o, a) in targets.items():
+        setattr(o, a, timed(n, saved[n]))
+    runs: list[dict[str, float]] = []
+    try:
+        for k in range(args.repeats + 2):
+            prompt = [[(13 + 37 * i + 7919 * k) % vocab for i in range(args.prompt_len)]]
+            spent.clear()
+            sync(cuda)
+            t = time.perf_counter()
+            llm.generate(prompt, one)
+            host = 1e3 * (time.perf_counter() - t)
+            sync(cuda)
+            runs.append({"wall": 1e3 * (time.perf_counter() - t), "host": host, **spent})
+    finally:
+        for n, (o, a) in targets.items():
+            setattr(o, a, saved[n])
+    runs = runs[2:]  # the first two warm up
+    return {k: round(statistics.median(r.get(k, 0.0) for r in runs), 3) for k in runs[0]}
+
+
 def burst(llm: LLM, args, one: SamplingParams, cuda: bool) -> dict:
     """--pieces prompts of --prompt-len tokens in one generate call, one token out each:
     wall (median of --repeats, other prompts each time: no prompt cache), then profiled."""
@@ -142,6 +189,7 @@ def main() -> None:
         sync(cuda)
         walls.append(1e3 * (time.perf_counter() - t))
     out["prompt_round"] = {"wall_ms_median": statistics.median(walls), **profiled(ttft, cuda)}
+    out["prompt_phases"] = phases(llm, args, one, cuda)
     out["prompt_round_host"] = host_top(ttft)
     out["prompt_round_self"] = host_self(ttft)
     if args.pieces > 0:
@@ -211,6 +259,7 @@ def main() -> None:
         f"(median of {args.repeats}); profiled {p['wall_ms']:.2f} ms wall, {p['launches']} "
         f"launches, {p['kernels_ms']:.2f} ms of kernels"
     )
+    print("  fresh prompts by phase, host ms (medians):", out["prompt_phases"])
     for name, ms in out["prompt_round_host"]:
         print(f"  {ms:8.2f} ms  {name}")
     print("  host time of their own (cProfile):")
