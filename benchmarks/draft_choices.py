@@ -70,7 +70,7 @@ def main() -> None:
     def spy(ids, *rest, **kw):
         got = inner(ids, *rest, **kw)
         kind = "try" if d.probing else ("drafted" if got else "plain")
-        why = {k: round(v, 4) if isinstance(v, float) else v for k, v in d.verdict.items()}
+        why = dict(d.verdict)
         log.append({"b": len(ids), "kind": kind, **why})
         return got
 

@@ -73,7 +73,7 @@ def main() -> None:
         d = drv.drafting
 
         def drafted_event(a, kw, got):  # with the rule's prices (ms a token) and choice
-            why = {k: v if not isinstance(v, float) else round(v, 4) for k, v in d.verdict.items()}
+            why = dict(d.verdict)
             return {"kind": "drafted", "b": len(a[0]), "ran": got and got[:2], "why": why}
 
         d.run = trace.wrap(d.run, drafted_event)

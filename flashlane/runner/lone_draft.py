@@ -188,8 +188,8 @@ class Drafting:
         loads = [drv.load_ms.get((near, d), 0.0) for d in (0, self.depth)]
         if carried:  # no absorb: the plain call's load stands in (run_steps folds none)
             loads[1] = loads[0]
-        plain_ms = priced(loads[0], plain, steps, lefts, [1.0] * b)
-        drafted_ms = priced(loads[1], drafted, steps, lefts, expected)
+        plain_ms = round(priced(loads[0], plain, steps, lefts, [1.0] * b), 4)
+        drafted_ms = round(priced(loads[1], drafted, steps, lefts, expected), 4)
         better = self.depth if drafted_ms < plain_ms else 0
         slowest = guessed = None
         if better and max(lefts) < math.inf:  # and the replies end sooner drafted
