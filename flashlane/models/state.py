@@ -245,3 +245,30 @@ def reset_all(sessions: list[SessionState], cfg: ModelConfig) -> None:
         torch._foreach_zero_(group)
     if ids:
         torch._foreach_add_(ids, cfg.ple_eos)
+
+
+def state_copies(
+    src: SessionState, dst: SessionState, n: int, block: int, mtp: bool = True
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(destinations, sources) that copy src's first n positions (the pooled keys of their
+    complete blocks of `block`) and its GDN and PLE states into dst, for one multi-tensor
+    copy (models.rows.copy_all); 8-bit values as bytes, with their scales. mtp: the MTP
+    layers' caches too."""
+    if n > dst.capacity or n > src.capacity:
+        raise ValueError(f"sessions of {src.capacity} / {dst.capacity} positions cannot copy {n}")
+    dsts: list[torch.Tensor] = []
+    srcs: list[torch.Tensor] = []
+    pairs = [*zip(src.attn.values(), dst.attn.values())]
+    for a, b in pairs + ([*zip(src.mtp, dst.mtp)] if mtp else []):
+        for x, y in zip(a.tensors(), b.tensors(), strict=True):
+            m = n // block if x is a.block_keys else n
+            x, y = (t.view(torch.uint8) if t.dtype == kv8.FP8 else t for t in (x[:m], y[:m]))
+            dsts.append(y)
+            srcs.append(x)
+    for a, b in zip(src.gdn.values(), dst.gdn.values()):
+        dsts += [b.conv, b.recurrent]
+        srcs += [a.conv, a.recurrent]
+    for a, b in zip(src.ple.values(), dst.ple.values()):
+        dsts += [b.conv, b.ids]
+        srcs += [a.conv, a.ids]
+    return dsts, srcs

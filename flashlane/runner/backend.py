@@ -22,9 +22,10 @@ from flashlane.kernels import row_kind
 from flashlane.lanes.records import CHUNK, CostTable, Drafts, InvalidBatch, Verdict, Window
 from flashlane.models.flashnext import FlashNext, commit_all
 from flashlane.models.fp8_weights import fp8_weights
-from flashlane.models.rows import Piece, Rows
-from flashlane.models.state import SessionState, reset_all
+from flashlane.models.rows import Piece, Rows, copy_all
+from flashlane.models.state import SessionState, reset_all, state_copies
 from flashlane.runner import kept as kept_states
+from flashlane.runner.fresh import FreshPrompts
 from flashlane.sampling.choose import (
     DrawSpec,
     SampleError,
@@ -70,6 +71,11 @@ class ModelBackend:
         # constrained decoding: None without a tokenizer (a constrained stream then fails)
         self.grammars = grammars
         self.grammar_states: dict[int, StreamGrammar] = {}  # stream_id -> its grammar state
+        # a new stream's whole short prompt as one graph where the blocks' parts replay (CUDA,
+        # one process, bf16 products): runner/fresh.py
+        self.fresh = None
+        if model.graphs is not None and sessions and not self.row_kinds:
+            self.fresh = FreshPrompts(model, sessions[0], log=model.graphs.log)
 
     def costs(self) -> CostTable:
         return self._costs
@@ -135,14 +141,8 @@ class ModelBackend:
         ]
         with torch.no_grad():
             rows = Rows.of(specs, self.device)
-            with self._kinds(windows, rows):
-                r = self.model.residual(rows)
-            draw_at = [i for w, p in zip(windows, rows.pieces) for i in _drawing_rows(w, p)]
-            # the rows through pinned memory, not a list index: that copies from pageable
-            # memory, and the host waits there for the whole forward before it launches the
-            # head's kernels one by one
-            at = rows.longs("draw_at", lambda: draw_at) if draw_at else None
-            logits = self.model.logits(r.index_select(0, at)) if draw_at else None
+            fresh = self.fresh is not None and self.fresh.takes(windows)
+            r, logits = (self.fresh.run(rows) if fresh else None) or self._forward(windows, rows)
         # no work at all unless a stream is constrained
         refused = self._constrain(windows, logits) if _any_constrained(windows) else {}
         specs = [_spec(w, i) for w in windows for i in range(w.num_draws)]
@@ -159,6 +159,17 @@ class ModelBackend:
             self.fed[w.stream_id] = fed
             row += n
         return verdicts
+
+    def _forward(self, windows: Sequence[Window], rows: Rows) -> tuple:
+        """The round's forward -> (residual rows, the drawing rows' fp32 logits or None)."""
+        with self._kinds(windows, rows):
+            r = self.model.residual(rows)
+        draw_at = [i for w, p in zip(windows, rows.pieces) for i in _drawing_rows(w, p)]
+        # the rows through pinned memory, not a list index: that copies from pageable
+        # memory, and the host waits there for the whole forward before it launches the
+        # head's kernels one by one
+        at = rows.longs("draw_at", lambda: draw_at) if draw_at else None
+        return r, (self.model.logits(r.index_select(0, at)) if draw_at else None)
 
     def _kinds(self, windows: Sequence[Window], rows: Rows):
         """The forward's rows by kind for the kernels (kernels/row_kind.py) where the model's
@@ -333,17 +344,7 @@ def _logprobs(logits: torch.Tensor, sampled: list[int], top: int) -> list[dict[i
 
 def copy_session(src: SessionState, dst: SessionState, block: int) -> None:
     """Copy a stream's whole state into another session (of any capacity that holds it)."""
-    n, nb = src.length, src.length // block
-    if n > dst.capacity:
-        raise ValueError(f"a session of {dst.capacity} positions cannot hold {n}")
-    for a, b in [*zip(src.attn.values(), dst.attn.values()), *zip(src.mtp, dst.mtp)]:
-        for x, y in zip(a.tensors(), b.tensors(), strict=True):  # 8-bit: the scales too
-            m = nb if x is a.block_keys else n
-            y[:m] = x[:m]
-    for a, b in zip(src.gdn.values(), dst.gdn.values()):
-        b.conv.copy_(a.conv)
-        b.recurrent.copy_(a.recurrent)
-    for a, b in zip(src.ple.values(), dst.ple.values()):
-        b.conv.copy_(a.conv)
-        b.ids.copy_(a.ids)
+    if src.length > dst.capacity:
+        raise ValueError(f"a session of {dst.capacity} positions cannot hold {src.length}")
+    copy_all(*state_copies(src, dst, src.length, block))
     dst.length, dst.mtp_length, dst.last_residual = src.length, src.mtp_length, src.last_residual

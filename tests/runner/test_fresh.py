@@ -1,0 +1,113 @@
+"""A new stream's whole short prompt through runner/fresh.py (one CUDA graph per length on a
+GPU; here the same work eagerly): the scratch session's state copied into the stream's
+session at keep must be the state the eager round leaves, and the round's rows, logits and
+replies those of the eager round, bit for bit (float64 on the CPU). tests/gpu/
+test_fresh_gpu.py replays the graphs."""
+
+import pytest
+import torch
+
+from flashlane.lanes.records import Draws, Window
+from flashlane.llm import LLM
+from flashlane.models.loader import load_checkpoint
+from flashlane.models.state import SessionState
+from flashlane.request import SamplingParams
+from flashlane.runner.backend import ModelBackend
+from flashlane.runner.fresh import ROWS, FreshPrompts
+from tests.sweep_gates import COSTS
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module", params=["tiny", "other", "qwen3_next"])
+def model(request, oracle_by_name):
+    return load_checkpoint(oracle_by_name(request.param), dtype=torch.float64)
+
+
+def _backend(cfg, model, fresh: bool) -> ModelBackend:
+    sessions = [SessionState.empty(cfg, 256, torch.float64, torch.float64) for _ in range(2)]
+    b = ModelBackend(model, sessions, max_rows=16, max_prompt_rows=512)
+    if fresh:
+        b.fresh = FreshPrompts(model, sessions[0], graphed=False)
+    return b
+
+
+def _prompt(sid: int, tokens, start: int = 0, last: bool = True) -> Window:
+    return Window(
+        sid, sid, start, tuple(tokens), Draws(GREEDY, 0, list(tokens), []), "prompt", last
+    )
+
+
+def _state(s: SessionState, block: int) -> list[torch.Tensor]:
+    """Every buffer a session's next rows read: attention rows up to its length (the pooled
+    keys of complete blocks), the GDN and PLE states."""
+    n, out = s.length, []
+    for c in s.attn.values():
+        out += [t[: n // block] if t is c.block_keys else t[:n] for t in c.tensors()]
+    out += [t for g in s.gdn.values() for t in (g.conv, g.recurrent)]
+    return out + [t for p in s.ple.values() for t in (p.conv, p.ids)]
+
+
+@pytest.mark.parametrize("n", [1, 7, 33, ROWS])
+def test_a_fresh_prompt_leaves_the_eager_rounds_state_and_rows(model, n):
+    cfg, m = model
+    block = max(cfg.indexer_block, 1)
+    prompt = [(5 + 13 * i) % cfg.vocab_size for i in range(n)]
+    eager, fresh = _backend(cfg, m, False), _backend(cfg, m, True)
+    got = {}
+    for name, b in (("eager", eager), ("fresh", fresh)):
+        for sid in (0, 1):  # two streams in turn: the scratch is reused
+            verdict = b.verify([_prompt(sid, prompt[sid:] + prompt[:sid])])[0]
+            rows = b.fed[sid].residual.clone()
+            b.keep({sid: n})
+            nxt = b.verify(
+                [Window(sid, sid, n, (verdict.sampled[0],), Draws(GREEDY, 0, prompt, []))]
+            )
+            got[name, sid] = (verdict.sampled, rows, b.fed[sid].residual.clone())
+            b.keep({sid: 1})
+            got[name, sid] += (nxt[0].sampled, _state(b.sessions[sid], block))
+    assert fresh.fresh.num_runs == 2
+    for sid in (0, 1):
+        (a_tok, a_rows, a_next, a_after, a_state), (b_tok, b_rows, b_next, b_after, b_state) = (
+            got["eager", sid],
+            got["fresh", sid],
+        )
+        assert a_tok == b_tok and a_after == b_after
+        assert torch.equal(a_rows, b_rows) and torch.equal(a_next, b_next)
+        assert len(a_state) == len(b_state)
+        assert all(torch.equal(x, y) for x, y in zip(a_state, b_state))
+
+
+def test_only_a_lone_whole_short_prompt_replays(model):
+    cfg, m = model
+    b = _backend(cfg, m, True)
+    prompt = [(3 + 7 * i) % cfg.vocab_size for i in range(ROWS + 1)]
+    assert not b.fresh.takes([_prompt(0, prompt)])  # too long
+    assert not b.fresh.takes([_prompt(0, prompt[:64], last=False)])  # a long prompt's piece
+    assert not b.fresh.takes([_prompt(0, prompt[:5]), _prompt(1, prompt[:6])])  # two
+    assert not b.fresh.takes([_prompt(0, prompt[4:9], start=4)])  # a resumed prompt
+    assert b.fresh.takes([_prompt(0, prompt[:ROWS])])
+    b.verify([_prompt(0, prompt[:9])])
+    with pytest.raises(ValueError, match="keeps all"):  # no state a row to roll back to
+        b.keep({0: 9 - 1})
+
+
+def test_replies_through_fresh_prompts_are_those_of_eager_rounds(tiny_ckpt):
+    """Greedy and seeded replies, drafting on, one stream and three: the fresh path's rows
+    feed the MTP head's cells too."""
+    prompts = [[(11 + 17 * i + 5 * k) % 512 for i in range(5 + 9 * k)] for k in range(3)]
+    params = [
+        SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_tokens=12, temperature=0.9, seed=7, ignore_eos=True),
+    ]
+    llm = LLM(str(tiny_ckpt), costs=COSTS, parallel=4, max_rows=16)
+    want = [
+        [o.token_ids for o in llm.generate(ps, p)] for p in params for ps in (prompts[:1], prompts)
+    ]
+    b = llm.engine.backend
+    b.fresh = FreshPrompts(llm.engine.model, llm.engine.sessions[0], graphed=False)
+    got = [
+        [o.token_ids for o in llm.generate(ps, p)] for p in params for ps in (prompts[:1], prompts)
+    ]
+    assert b.fresh.num_runs >= 2  # the lone prompts at least
+    assert got == want
