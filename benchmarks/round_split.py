@@ -190,6 +190,11 @@ def main() -> None:
         walls.append(1e3 * (time.perf_counter() - t))
     out["prompt_round"] = {"wall_ms_median": statistics.median(walls), **profiled(ttft, cuda)}
     out["prompt_phases"] = phases(llm, args, one, cuda)
+    fresh = llm.engine.backend.fresh  # runner/fresh.py: lone short prompts in one graph
+    out["fresh"] = None if fresh is None else {
+        "lengths": sorted(fresh.entries), "capture_s": round(fresh.capture_seconds, 3),
+        "runs": fresh.num_runs, "failed": fresh.failed,
+    }  # fmt: skip
     out["prompt_round_host"] = host_top(ttft)
     out["prompt_round_self"] = host_self(ttft)
     if args.pieces > 0:
@@ -260,6 +265,7 @@ def main() -> None:
         f"launches, {p['kernels_ms']:.2f} ms of kernels"
     )
     print("  fresh prompts by phase, host ms (medians):", out["prompt_phases"])
+    print("  fresh prompt graphs:", out["fresh"])
     for name, ms in out["prompt_round_host"]:
         print(f"  {ms:8.2f} ms  {name}")
     print("  host time of their own (cProfile):")
