@@ -25,7 +25,7 @@ from flashlane.models.fp8_weights import fp8_weights
 from flashlane.models.rows import Piece, Rows, copy_all
 from flashlane.models.state import SessionState, reset_all, state_copies
 from flashlane.runner import kept as kept_states
-from flashlane.runner.fresh import FreshPrompts
+from flashlane.runner.fresh import fresh_prompts
 from flashlane.sampling.choose import (
     DrawSpec,
     SampleError,
@@ -72,10 +72,8 @@ class ModelBackend:
         self.grammars = grammars
         self.grammar_states: dict[int, StreamGrammar] = {}  # stream_id -> its grammar state
         # a new stream's whole short prompt as one graph where the blocks' parts replay (CUDA,
-        # one process, bf16 products): runner/fresh.py
-        self.fresh = None
-        if model.graphs is not None and sessions and not self.row_kinds:
-            self.fresh = FreshPrompts(model, sessions[0], log=model.graphs.log)
+        # one process), with bf16 products: runner/fresh.py
+        self.fresh = None if self.row_kinds else fresh_prompts(model, self.sessions)
 
     def costs(self) -> CostTable:
         return self._costs

@@ -9,8 +9,9 @@ shared rounds run them (`model.residual`: the same ops on the same rows, so the 
 the scratch committed, the last row's logits. Its state (the attention rows and the pooled
 keys of the blocks they complete, the GDN and PLE states) goes from the scratch into the
 stream's session at keep: the piece's pending "copies", one multi-tensor copy in
-models/flashnext.py's commit_all. A length's graph is captured when first met (its own
-memory pool); a capture that fails turns the path off and rounds run eagerly, as before.
+models/flashnext.py's commit_all. Every length's graph is captured at engine start
+(`capture_all`, one memory pool); a capture that fails turns the path off and rounds run
+eagerly, as before.
 """
 
 from __future__ import annotations
@@ -26,10 +27,25 @@ from flashlane.models.layers.gated_deltanet import SHORT_PROMPT
 from flashlane.models.rows import Rows
 from flashlane.models.state import SessionState, reset_all, state_copies
 
-__all__ = ["ROWS", "FreshPrompts"]
+__all__ = ["ROWS", "FreshPrompts", "fresh_prompts"]
 
 # whole prompts up to this many rows replay (they run the recurrent GDN rule in any round)
 ROWS = SHORT_PROMPT
+
+
+def fresh_prompts(model: FlashNext, sessions: Sequence[SessionState]) -> FreshPrompts | None:
+    """An engine's fresh prompts, every length captured now and logged where the model's
+    graphs log; None where the blocks' parts do not replay (the CPU, --no-graphs, tensor
+    parallel) or there are no sessions."""
+    graphs = model.graphs
+    if graphs is None or not sessions:
+        return None
+    fresh = FreshPrompts(model, sessions[0], log=graphs.log)
+    secs, used = fresh.capture_all()
+    if graphs.log is not None:
+        graphs.log(f"flashlane: {len(fresh.entries)} fresh prompt graphs captured in "
+                   f"{secs:.1f} s, {used / 2**20:.0f} MiB")  # fmt: skip
+    return fresh
 
 
 class FreshPrompts:
@@ -57,6 +73,17 @@ class FreshPrompts:
         self.pool = torch.cuda.graph_pool_handle() if graphed else None
         self.failed: str | None = None
         self.capture_seconds, self.num_runs = 0.0, 0
+
+    def capture_all(self) -> tuple[float, int]:
+        """Every length's graph now (engine start: a length first met mid-serve paid its
+        capture in a reply's first token, 22 ms on the embedded model): (seconds, bytes of
+        GPU memory they took)."""
+        device = self.model.embed_tokens.weight.device
+        before = torch.cuda.memory_allocated(device)
+        for n in range(1, self.rows + 1):
+            if self._entry(n) is None:
+                break
+        return self.capture_seconds, torch.cuda.memory_allocated(device) - before
 
     def takes(self, windows: Sequence[Window]) -> bool:
         """Whether a round of these windows is one fresh whole prompt this replays."""
