@@ -37,9 +37,10 @@ UNSURE_EVERY = 2
 # streams whose landing is kept (Drafting.replies), the fewest that tell a spread, and the
 # drafts a stream must have offered to count among them (a try's seven measured steps do)
 STREAM_PRIOR, REPLIES, FEW_REPLIES, REPLY_DRAFTS = 8, 64, 8, PROBE_STEPS // 2
-# the most sessions a drafted step takes: past it a step's B*(K+1) rows read most experts
-# (plain steps are measured to win there), and each size is one more graph to capture
-MAX_STREAMS = 16
+# the most sessions a drafted step takes: past it a step's B*(K+1) rows read most experts,
+# and 16 lost in every run measured (0.82-0.95 on / off, H100 and H200, 63de559-6d98ca5:
+# the price of its slowest reply, from a try's 7 drafts, was too hopeful)
+MAX_STREAMS = 8
 # drafted steps of up to this many sessions (that fit) are captured at engine start; larger
 # ones when first chosen. At 4, a 16-stream batch's tail of 5 captured its size mid-reply
 # (H100, 635fac4: a 9-step call took 49.8 ms; benchmarks/round_trace.py)

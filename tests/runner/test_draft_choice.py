@@ -146,41 +146,43 @@ def test_a_call_is_priced_by_its_own_streams_landing(tiny_ckpt):
 def test_a_batch_is_priced_by_its_slowest_reply(tiny_ckpt):
     """Where every reply's tokens are known, drafting must also end the batch sooner: its
     slowest stream at its own landing, and new streams at the landing the slowest of as many
-    had among the last streams that drafted (`Drafting.replies`). 16 new streams whose past replies
-    landed 1.3-2.5 tokens a step: the slowest of 16 (~1.36) makes 63 tokens in 47 drafted
-    steps, 35.7 ms against 63 plain ones' 28.4; one new stream: the median, 19.1 against
-    23.9. With too few replies ended, every stream's landing stands in. A landing guessed
-    for a new stream drafts a try (PROBE_STEPS steps), not a whole call, and only where the
-    guess gains more than the try's load."""
-    from flashlane.runner.lone_draft import FEW_REPLIES
+    had among the last streams that drafted (`Drafting.replies`). 8 new streams (MAX_STREAMS)
+    whose past replies landed 1.3-2.5 tokens a step: the slowest of 8 (~1.43) makes 63 tokens
+    in 44 drafted steps, 33.4 ms against 63 plain ones' 28.4; one new stream: the median,
+    19.1 against 23.9. With too few replies ended, every stream's landing stands in. A
+    landing guessed for a new stream drafts a try (PROBE_STEPS steps), not a whole call, and
+    only where the guess gains more than the try's load."""
+    from flashlane.runner.lone_draft import FEW_REPLIES, MAX_STREAMS
 
     cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
     s, _ = prefilled(model, cfg, prompts()[0])
     driver = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0))
     d = driver.drafting
-    driver.step_ms.update({(1, 0): 0.38, (1, 2): 0.58, (16, 0): 0.45, (16, 2): 0.76})
+    driver.step_ms.update(
+        {(1, 0): 0.38, (1, 2): 0.58, (MAX_STREAMS, 0): 0.45, (MAX_STREAMS, 2): 0.76}
+    )
     for landed, times in ((2, 42), (1, 18), (0, 40)):  # 0.6 at depth 1, 0.7 at 2: 2.02
         for _ in range(times):
             d.stats.record([1.0, 1.0], landed)
-    sixteen = list(range(16))
+    eight = list(range(MAX_STREAMS))
     past = {100 + i: 1.3 + 1.2 * i / (FEW_REPLIES - 2) for i in range(FEW_REPLIES - 1)}
     d.replies.update(past)
-    assert d.choose(sixteen, 32, left=[63] * 16, stream_ids=sixteen) == 2  # too few known
+    assert d.choose(eight, 32, left=[63] * MAX_STREAMS, stream_ids=eight) == 2  # too few known
     assert d.probing  # a guess: a try of PROBE_STEPS steps, which measures them
     d.replies = {100 + i: 1.3 + 1.2 * i / 63 for i in range(64)}
-    assert d.choose(sixteen, 32, left=[63] * 16, stream_ids=sixteen) == 0
+    assert d.choose(eight, 32, left=[63] * MAX_STREAMS, stream_ids=eight) == 0
     assert d.choose([0], 32, left=[63], stream_ids=[0]) == 2 and d.probing
-    assert d.choose(sixteen, 32, stream_ids=sixteen) == 2  # tokens unknown: per token only
+    assert d.choose(eight, 32, stream_ids=eight) == 2  # tokens unknown: per token only
     assert not d.probing
     # a guess must gain more than its try's load: everyone's landing (2.02 tokens a step,
     # too few replies known) ends the batch in 32 drafted steps, 24.3 ms + 2.5 to load
     # against 28.35 plain: 1.5 ms gained, less than the 2.5 a try would load
     d.replies = {}
-    driver.load_ms[(16, 2)] = 2.5
-    assert d.choose(sixteen, 32, left=[63] * 16, stream_ids=sixteen) == 0
-    for sid in sixteen:  # the same landing, measured: the streams' own (a try's), it drafts
+    driver.load_ms[(MAX_STREAMS, 2)] = 2.5
+    assert d.choose(eight, 32, left=[63] * MAX_STREAMS, stream_ids=eight) == 0
+    for sid in eight:  # the same landing, measured: the streams' own (a try's), it drafts
         d.by_stream[sid] = copy.deepcopy(d.stats)
-    assert d.choose(sixteen, 32, left=[63] * 16, stream_ids=sixteen) == 2 and not d.probing
+    assert d.choose(eight, 32, left=[63] * MAX_STREAMS, stream_ids=eight) == 2 and not d.probing
 
 
 def test_a_drafted_call_tells_its_streams_landing(tiny_ckpt):
