@@ -59,6 +59,8 @@ class MtpDrafter:
         # read on every kept window: a module attribute lookup costs more than this bool
         self.enabled = model.mtp is not None
         self.waiting: dict[int, Waiting] = {}
+        # streams whose head missed cells (`lag`): they queue none and draft no more
+        self.lagging: set[int] = set()
         # Drafts only steer speed (verification is exact), so their lm_head may run in fp32
         # where the target computes in fp64: on the CPU that halves the head's largest GEMM.
         w = model.lm_head.weight
@@ -77,6 +79,15 @@ class MtpDrafter:
 
     def forget(self, stream_id: int) -> None:
         self.waiting.pop(stream_id, None)
+        self.lagging.discard(stream_id)
+
+    def lag(self, stream_ids: Sequence[int]) -> None:
+        """These streams' heads take no more cells (their rows went unqueued: the lone
+        driver's batches that no drafted step takes), so they draft no more in their reply:
+        their waiting cells go, later windows queue none, `draft` gives them none."""
+        for sid in stream_ids:
+            self.waiting.pop(sid, None)
+            self.lagging.add(sid)
 
     def absorb_later(
         self,
@@ -89,6 +100,8 @@ class MtpDrafter:
         """Queue cells for kept rows: residual [n, hc*H] of tokens; next_token follows them.
         Cheap (a view and a few ids): every kept window of a drafting request queues here,
         drafting this round or not."""
+        if stream_id in self.lagging:
+            return
         w = self.waiting.get(stream_id)
         if w is None:
             w = self.waiting[stream_id] = Waiting()

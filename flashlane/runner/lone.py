@@ -116,11 +116,10 @@ class LoneDriver:
         stream_id: int = -1,
         draws=None,
     ) -> int:
-        """Up to `budget` steps from the pending `token` at `position`. After each landed step
-        take(id, finite) says whether to go on; once it says no, the step still in flight
-        (if any: a top_p stream's call has none) lands and is handed over too. Returns the
-        steps whose tokens the session now holds. With `draws` of a drafting stream, the
-        steps' cells are queued for its MTP head."""
+        """Up to `budget` steps from the pending `token` at `position`; take(id, finite) after
+        each landed step says whether to go on (once it says no, the step in flight lands
+        too). Returns the steps the session now holds. With `draws` of a drafting stream,
+        the steps' cells are queued for its MTP head."""
         return self.decode_many(
             [session_id], [token], [position], budget, [take], [stream_id], [draws]
         )
@@ -136,10 +135,9 @@ class LoneDriver:
         draws: list,
         ends: Callable[[list[bool]], bool] = any,
     ) -> int:
-        """decode() for several sessions in lockstep: every step feeds each its pending
-        token; each landed step's tokens go to their takes, and once `ends` says so of which
-        takes have said no (default: any), the step in flight (if any) lands and is handed
-        over too. Returns the steps every session holds."""
+        """decode() for several sessions in lockstep; each landed step's tokens go to their
+        takes, until `ends` says so of which said no (default: any). A batch no drafted step
+        takes (past most_drafted) queues no cells: its drafting streams' heads lag."""
         started, budget = self.clock(), min(budget, self.max_steps)
         if budget <= 0:
             return 0
@@ -175,18 +173,20 @@ class LoneDriver:
             i for i, d in enumerate(draws) if d is not None and d.params.draft and not failed[i]
         ]
         if queued and self.drafter is not None and self.drafter.enabled:
-            # one copy for every stream (the next call overwrites io.rows): a row block each
-            rows = io.rows[:launched, :b].transpose(0, 1).contiguous()
-            for i in queued:
-                self._queue_cells(stream_ids[i], session_ids[i], rows[i], got[i], draws[i])
+            if self.drafting is not None and b > self.most_drafted:  # heads that lag
+                self.drafter.lag([stream_ids[i] for i in queued])
+            else:  # one copy for every stream (the next call overwrites io.rows): a block each
+                rows = io.rows[:launched, :b].transpose(0, 1).contiguous()
+                for i in queued:
+                    self._queue_cells(stream_ids[i], session_ids[i], rows[i], got[i], draws[i])
         return launched
 
     def _queue_cells(self, stream_id: int, session_id: int, rows, got: list[int], draws) -> None:
         """A drafting stream's steps' residual rows (its own copy) for its MTP head, absorbed
-        when it drafts again, or now past MAX_WAITING."""
+        when it drafts again, or now past MAX_WAITING (a lagging head takes none)."""
         n = rows.shape[0]
         self.drafter.absorb_later(stream_id, rows, got[:n], got[n], draws)
-        if len(self.drafter.waiting[stream_id].next_ids) >= MAX_WAITING:
+        if self.drafter.queued(stream_id) >= MAX_WAITING:
             self.drafter.catch_up(stream_id, self.sessions[session_id])
 
     def run_steps(
@@ -250,7 +250,8 @@ class LoneDriver:
         Drafting.choose says they pay -> (drafts made, drafts landed), per session; None:
         plain steps (nothing ran). hints: each stream's guesses at its next tokens; left:
         the tokens each reply still wants (or one count for all); ends: decode_many's."""
-        if self.drafting is None or self.drafter is None or not self.drafter.enabled:
+        d = self.drafter  # a lagging head (decode_many queued none of its cells) drafts no more
+        if self.drafting is None or d is None or not d.enabled or d.lagging & set(args[6]):
             return None
         return self.drafting.run(*args, hints=hints, left=left, ends=ends)
 
@@ -308,8 +309,7 @@ class LoneDriver:
         return io.ring[i % RING].tolist()
 
     def runner(self, ids: tuple[int, ...], io: StepBuffers) -> Callable[[], None]:
-        """What runs a step of these sessions with io: its graph's replay (captured now if
-        new), or the step itself."""
+        """A step of these sessions with io: its graph's replay (captured if new), or eager."""
         if not self.use_graphs:
             return lambda: self._step(ids, io)
         key = io.key(ids)
