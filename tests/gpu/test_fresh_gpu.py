@@ -55,8 +55,11 @@ def _ids(vocab: int, n: int, seed: int) -> list[int]:
 
 def _state(s: SessionState, block: int) -> list[torch.Tensor]:
     n, out = s.length, []
-    for c in s.attn.values():
-        out += [t[: n // block] if t is c.block_keys else t[:n] for t in c.tensors()]
+    for c in s.attn.values():  # a sibling's zero-wide indexer keys: their scales unread
+        unread = c.index_scale if c.index_keys.shape[-1] == 0 else None
+        out += [
+            t[: n // block] if t is c.block_keys else t[:n] for t in c.tensors() if t is not unread
+        ]
     out += [t for g in s.gdn.values() for t in (g.conv, g.recurrent)]
     return out + [t for p in s.ple.values() for t in (p.conv, p.ids)]
 

@@ -24,8 +24,9 @@ def model(request, oracle_by_name):
     return load_checkpoint(oracle_by_name(request.param), dtype=torch.float64)
 
 
-def _backend(cfg, model, fresh: bool) -> ModelBackend:
-    sessions = [SessionState.empty(cfg, 256, torch.float64, torch.float64) for _ in range(2)]
+def _backend(cfg, model, fresh: bool, kv8: bool = False) -> ModelBackend:
+    f64 = torch.float64
+    sessions = [SessionState.empty(cfg, 256, f64, f64, kv_fp8=kv8) for _ in range(2)]
     b = ModelBackend(model, sessions, max_rows=16, max_prompt_rows=512)
     if fresh:
         b.fresh = FreshPrompts(model, sessions[0], graphed=False)
@@ -42,18 +43,23 @@ def _state(s: SessionState, block: int) -> list[torch.Tensor]:
     """Every buffer a session's next rows read: attention rows up to its length (the pooled
     keys of complete blocks), the GDN and PLE states."""
     n, out = s.length, []
-    for c in s.attn.values():
-        out += [t[: n // block] if t is c.block_keys else t[:n] for t in c.tensors()]
+    for c in s.attn.values():  # a sibling's zero-wide indexer keys: their scales unread
+        unread = c.index_scale if c.index_keys.shape[-1] == 0 else None
+        out += [
+            t[: n // block] if t is c.block_keys else t[:n] for t in c.tensors() if t is not unread
+        ]
     out += [t for g in s.gdn.values() for t in (g.conv, g.recurrent)]
     return out + [t for p in s.ple.values() for t in (p.conv, p.ids)]
 
 
-@pytest.mark.parametrize("n", [1, 7, 33, ROWS])
-def test_a_fresh_prompt_leaves_the_eager_rounds_state_and_rows(model, n):
+@pytest.mark.parametrize("n,kv8", [(1, False), (7, False), (33, False), (ROWS, False), (33, True)])
+def test_a_fresh_prompt_leaves_the_eager_rounds_state_and_rows(model, n, kv8):
+    """kv8: 8-bit caches (--kv-cache-dtype fp8), their values copied as bytes."""
     cfg, m = model
     block = max(cfg.indexer_block, 1)
     prompt = [(5 + 13 * i) % cfg.vocab_size for i in range(n)]
-    eager, fresh = _backend(cfg, m, False), _backend(cfg, m, True)
+    eager, fresh = _backend(cfg, m, False, kv8), _backend(cfg, m, True, kv8)
+    assert fresh.fresh.scratch.kv_fp8 == kv8
     got = {}
     for name, b in (("eager", eager), ("fresh", fresh)):
         for sid in (0, 1):  # two streams in turn: the scratch is reused
