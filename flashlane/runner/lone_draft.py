@@ -20,6 +20,7 @@ from flashlane.drafting.mtp import Waiting
 from flashlane.lanes.stream import DraftStats
 from flashlane.runner import lone
 from flashlane.runner.absorb import Absorber
+from flashlane.runner.draft_prices import Prices
 from flashlane.runner.draft_step import DraftBuffers, priced
 from flashlane.runner.graphs import bucket_of
 
@@ -33,10 +34,10 @@ PROBE_STEPS = 8  # steps a try of either kind runs: enough to measure (run_steps
 # verdict kept one stream on plain steps for eight calls (benchmarks/draft_choices.py)
 SURE_DRAFTS = 32
 UNSURE_EVERY = 2
-# STREAM_PRIOR: drafts of everyone's landing beside a stream's own (Drafting._expected);
-# streams whose landing is kept (Drafting.replies), the fewest that tell a spread, and the
-# drafts a stream must have offered to count among them (a try's seven measured steps do)
-STREAM_PRIOR, REPLIES, FEW_REPLIES, REPLY_DRAFTS = 8, 64, 8, PROBE_STEPS // 2
+# streams whose landing is kept (Drafting.replies; the fewest that tell a spread and
+# STREAM_PRIOR are draft_prices.py's), and the drafts a stream must have offered to count
+# among them (a try's seven measured steps do)
+REPLIES, REPLY_DRAFTS = 64, PROBE_STEPS // 2
 # the most sessions a drafted step takes: past it a step's B*(K+1) rows read most experts,
 # and 16 lost in every run measured (0.82-0.95 on / off, H100 and H200, 63de559-6d98ca5:
 # the price of its slowest reply, from a try's 7 drafts, was too hopeful)
@@ -47,7 +48,7 @@ MAX_STREAMS = 8
 EAGER_STREAMS = MAX_STREAMS
 
 
-class Drafting:
+class Drafting(Prices):
     """The lone driver's drafted steps: whether a call drafts (`choose`) and the drafted
     decode loop (`decode`), two steps in flight as plain ones."""
 
@@ -70,6 +71,7 @@ class Drafting:
         self.best: int | None = None  # the kind the measures chose last
         self.probe_every = self.until_probe = PROBE_EVERY
         self.probing = False  # this call tries the kind measured slower (or unmeasured)
+        self.tried: list | None = None  # a drafted try's replies' tokens left (`_goes_on`)
         self.verdict: dict = {}  # the last prices (ms a token), slowest and depth chosen
         # a call's load: its streams' waiting cells into their heads, graphed by bucket
         self.absorber = Absorber(driver)
@@ -83,27 +85,22 @@ class Drafting:
         stream_ids: list[int] | None = None,
     ) -> int:
         """The depth, or 0 (plain steps), for a call of these sessions of up to `budget`
-        steps (default: a call's most steps) for replies that want `left` more tokens (None:
-        as many as the steps give): drafts while a drafted call's tokens cost fewer ms each
-        than a plain call's, both priced as they run (a step: driver.step_ms; before the
-        first step: driver.load_ms) over the tokens each call gives (a plain step one, a
-        drafted step 1 + its expected landed drafts, each reply up to its `left`: one
-        count for all, or one each; None: as many as the steps give), each call as long as
-        its slowest reply takes (`draft_step.priced`), and where every reply's tokens are
-        known, only if the replies also end sooner drafted (`_slowest`); the kind measured
-        slower is tried again after PROBE_EVERY calls, the gap doubling while the tries
-        confirm it (a try of either kind runs PROBE_STEPS steps), drafting every UNSURE_EVERY
-        calls while fewer than SURE_DRAFTS drafts are measured. `carried`: every stream would go
-        on from a drafted call's carry (`carry_of`), so a drafted call loads as a plain one
-        does (device copies; no head absorbs a queue). More than MAX_STREAMS, or more rows
-        than the plan's (`fits`): plain."""
+        steps for replies that want `left` more tokens (one count or one each; None: as
+        many as the steps give): drafts while a drafted call's tokens cost fewer ms each
+        than a plain call's (`draft_step.priced`: measured step and load ms, a drafted step
+        1 + its expected landed drafts, each call as long as its slowest reply), and with
+        every reply's tokens known, only if the replies end sooner drafted (`_slowest`). The
+        kind measured slower is tried after PROBE_EVERY calls (the gap doubling while tries
+        confirm it), drafting every UNSURE_EVERY calls while fewer than SURE_DRAFTS drafts
+        are measured. `carried`: a drafted call loads as a plain one (`carry_of`). More
+        than MAX_STREAMS, or more rows than the plan's (`fits`): plain."""
         self.num_calls += 1
         self.probing, self.verdict = False, {}
         if len(ids) > MAX_STREAMS or not self.fits(len(ids)):
             return 0
-        lefts = left if isinstance(left, list) else [math.inf if left is None else left] * len(ids)
         stream_ids = stream_ids or [None] * len(ids)
-        return self._better(len(ids), budget or self.driver.max_steps, lefts, stream_ids, carried)
+        steps, lefts = budget or self.driver.max_steps, _lefts(left, len(ids))
+        return self._better(len(ids), steps, lefts, stream_ids, carried)
 
     def run(
         self, ids, tokens, positions, budget, room, takes, stream_ids, draws, hints=None,
@@ -111,10 +108,12 @@ class Drafting:
     ):  # fmt: skip
         """LoneDriver.decode_drafted: `decode` where `choose` drafts -> (drafts made, drafts
         landed), per session in the steps before its take said no; None: plain steps
-        (nothing ran). A try of plain steps runs here: PROBE_STEPS, not a whole call's."""
+        (nothing ran). A plain try runs here, PROBE_STEPS steps; a drafted one goes on past
+        them while its own steps' landing says drafting pays (`_goes_on`)."""
         carried = self.carry_of(stream_ids, ids, positions, tokens) is not None
         depth = self.choose(ids, budget, left, carried, stream_ids)
-        if self.probing:  # a try of either kind
+        self.tried = _lefts(left, len(ids)) if self.probing and depth else None
+        if self.probing and not depth:
             budget = min(budget, PROBE_STEPS)
         if not depth:
             if not self.probing:
@@ -142,47 +141,9 @@ class Drafting:
         size = (bucket_of(b, drv.sizes) or b) if drv.use_graphs else b
         return size * (self.depth + 1) <= drv.max_rows
 
-    def _expected(self, stream_ids: list) -> list[float]:
-        """Each stream's expected tokens a drafted step (1 + its drafts' chance of landing,
-        chained): the landing of its own drafted steps so far (`by_stream`), leaning on every
-        stream's (`stats`) by STREAM_PRIOR drafts at each depth."""
-        return [self._expected_of(self.by_stream.get(sid)) for sid in stream_ids]
-
-    def _expected_of(self, own: DraftStats | None) -> float:
-        landing, expected = 1.0, 1.0
-        for d in range(self.depth):
-            rate = self.stats.rate(d + 1)
-            if own is not None and len(own.offered) > d:
-                rate = (own.accepted[d] + STREAM_PRIOR * rate) / (own.offered[d] + STREAM_PRIOR)
-            landing *= rate
-            expected += landing
-        return expected
-
-    def _slowest(self, stream_ids: list, lefts: list, expected: list[float]) -> tuple:
-        """(drafted steps until the last of the call's replies has its `lefts` (all known),
-        whether a landing is guessed): each stream at its own landing, one with none of its
-        own at the landing the slowest of as many new streams had among the last `replies`
-        (their 1 / (k + 1) quantile): a batch lasts as long as its slowest reply (16 on the
-        H100, ddb225a: landing 0.25-0.93). A guess drafts a try (`_better`) if it gains more
-        than the try loads: the last replies may be other text (H100, 817e2e1: 16 streams
-        after 4 drafted three calls in five, 0.88 on / off)."""
-        own = [self.by_stream.get(sid) for sid in stream_ids]
-        new = [i for i, o in enumerate(own) if o is None or not o.offered]  # none measured
-        need = [left / e for left, e in zip(lefts, expected)]
-        if new and len(self.replies) >= FEW_REPLIES:  # at most everyone's landing
-            past = sorted(self.replies.values())
-            e = min(past[min(len(past) - 1, len(past) // (len(new) + 1))], expected[new[0]])
-            need += [lefts[i] / e for i in new]
-        return math.ceil(max(need)), bool(new)
-
     def _better(self, b, steps, lefts, stream_ids, carried: bool = False) -> int:
-        expected = self._expected(stream_ids)
-        drv = self.driver
-        measured = {n for n, d in drv.step_ms if d == 0}
-        measured &= {n for n, d in drv.step_ms if d == self.depth}
-        # steps of a few sessions cost about the same: the nearest count measured stands in
-        near = min(measured, key=lambda n: (abs(n - b), n), default=b)
-        plain, drafted = (drv.step_ms.get((near, d)) for d in (0, self.depth))
+        expected, drv = self._expected(stream_ids), self.driver
+        near, plain, drafted = self._measured(b)
         if drafted is None or plain is None:
             self.probing = drafted is None  # a drafted try: its steps measure it
             return 0 if drafted is not None else self.depth
@@ -248,7 +209,7 @@ class Drafting:
         # sessions whose first step has no drafts but padding: it tells nothing of landing
         carry = self.carry_of(stream_ids, ids, positions, tokens, io.depth)
         blind = self._load(io, ids, tokens, positions, stream_ids, hints, carry)
-        kept, last, done = [0] * b, list(tokens), [False] * b
+        kept, last, done, steps = [0] * b, list(tokens), [False] * b, [0]
         if len(self.by_stream) > 4 * MAX_STREAMS:  # ended replies' go (theirs ended with them)
             self.by_stream = {
                 sid: self.by_stream[sid] for sid in stream_ids if sid in self.by_stream
@@ -257,6 +218,7 @@ class Drafting:
         self.landed, self.live_steps = [0] * b, [0] * b
 
         def land(rows: list[list[int]]) -> bool:
+            steps[0] += 1
             for i, row in enumerate(rows[:b]):
                 n = row[2 * t]
                 kept[i] += n
@@ -272,6 +234,10 @@ class Drafting:
                 said = [takes[i](row[j], bool(row[t + j])) for j in range(n)]
                 done[i] = not all(said) or done[i]
             blind.clear()  # from the second step on, the device's chain drafts
+            if self.tried is not None and steps[0] == PROBE_STEPS:  # a drafted try
+                lefts = [left - k for left, k in zip(self.tried, kept)]
+                if not self._goes_on(b, budget - steps[0], lefts, stream_ids):
+                    return False
             return not ends(done)
 
         # a carried call's load (device copies) would understate the absorbing calls'
@@ -348,3 +314,8 @@ class Drafting:
             drafter.waiting[stream_ids[i]] = Waiting(
                 [io.last[i : i + 1].clone()], [last[i]], False, draws[i]
             )
+
+
+def _lefts(left, b: int) -> list:
+    """choose's `left` as a count a reply (inf: as many as the steps give)."""
+    return left if isinstance(left, list) else [math.inf if left is None else left] * b

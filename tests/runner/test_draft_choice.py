@@ -4,6 +4,7 @@ replies still want; the slower kind tried again, sooner while the landing is a g
 drafted step past the plan's rows."""
 
 import copy
+import math
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ import torch
 from flashlane.drafting.mtp import MtpDrafter
 from flashlane.models.loader import load_checkpoint
 from flashlane.runner.lone import LoneDriver
-from tests.runner.test_exact import prompts
+from tests.runner.test_exact import prompts, serial
 from tests.runner.test_lone import prefilled
 
 
@@ -19,7 +20,7 @@ def test_drafting_is_chosen_while_it_pays(tiny_ckpt):
     """choose(): unmeasured sides first (drafted, then plain), then whichever gives more
     tokens a ms by the landing rate and the measured steps of the nearest session count,
     the slower kind tried again every PROBE_EVERY calls once the landing is measured."""
-    from flashlane.runner.lone_draft import MAX_STREAMS, PROBE_EVERY, PROBE_STEPS, SURE_DRAFTS
+    from flashlane.runner.lone_draft import MAX_STREAMS, PROBE_EVERY, SURE_DRAFTS
 
     cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
     s, _ = prefilled(model, cfg, prompts()[0])
@@ -39,12 +40,12 @@ def test_drafting_is_chosen_while_it_pays(tiny_ckpt):
     driver.step_ms[(1, 2)] = 3.0  # now dearer than its tokens: tried again soon, then less
     picks = [d.choose([0]) for _ in range(PROBE_EVERY)]
     assert picks.count(0) == PROBE_EVERY - 1 and picks.count(2) == 1
-    # a drafted try runs PROBE_STEPS steps whatever the call's budget
+    # a drafted try has the call's budget, weighed again after PROBE_STEPS steps (`tried`)
     budgets = []
-    d.decode = lambda ids, tokens, positions, budget, *rest: budgets.append(budget) or 1
+    d.decode = lambda ids, tokens, positions, budget, *rest: budgets.append((budget, d.tried))
     for _ in range(2 * PROBE_EVERY):
         d.run([0], [5], [9], 64, 400, [None], [0], [None])
-    assert budgets == [PROBE_STEPS]
+    assert budgets == [(64, [math.inf])]
     # past MAX_STREAMS sessions: plain steps, whatever the measures
     driver.step_ms[(1, 2)] = 1.5
     assert [d.choose([0, 1]) for _ in range(PROBE_EVERY)].count(2) == PROBE_EVERY - 1
@@ -119,7 +120,7 @@ def test_a_call_is_priced_by_its_own_streams_landing(tiny_ckpt):
     replies all want 16 more tokens waits for the stream whose drafts miss (plain steps
     win), where a call bound by its steps gains from the others' drafts (drafting wins)."""
     from flashlane.lanes.stream import DraftStats
-    from flashlane.runner.lone_draft import STREAM_PRIOR
+    from flashlane.runner.draft_prices import STREAM_PRIOR
 
     cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
     states = [prefilled(model, cfg, p)[0] for p in prompts()[:2]]
@@ -152,7 +153,8 @@ def test_a_batch_is_priced_by_its_slowest_reply(tiny_ckpt):
     19.1 against 23.9. With too few replies ended, every stream's landing stands in. A
     landing guessed for a new stream drafts a try (PROBE_STEPS steps), not a whole call, and
     only where the guess gains more than the try's load."""
-    from flashlane.runner.lone_draft import FEW_REPLIES, MAX_STREAMS
+    from flashlane.runner.draft_prices import FEW_REPLIES
+    from flashlane.runner.lone_draft import MAX_STREAMS
 
     cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
     s, _ = prefilled(model, cfg, prompts()[0])
@@ -232,3 +234,24 @@ def test_a_tried_batch_tells_its_streams_landing(tiny_ckpt):
     d = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0)).drafting
     d.decode([0], [first], [len(prompt)], PROBE_STEPS, 400, [lambda t, f: True], [3], [None])
     assert list(d.replies) == [3]
+
+
+def test_a_drafted_try_goes_on_while_its_landing_pays(tiny_ckpt):
+    """A drafted try (a new stream's landing guessed) is one call: after PROBE_STEPS steps
+    it goes on while drafted steps at the streams' own landing, with no load, still cost
+    less a token than a new plain call (`_goes_on`), else it ends there (the step in flight
+    lands too); either way its replies are the plain steps' (drafts are verified)."""
+    from flashlane.runner.lone_draft import PROBE_STEPS
+
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    prompt = prompts()[0]
+    want, _ = serial(model, cfg, prompt, 40)
+    for drafted_ms, ran in ((0.5, 24), (5.0, PROBE_STEPS + 1)):
+        s, first = prefilled(model, cfg, prompt)
+        d = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0)).drafting
+        d.driver.step_ms.update({(1, 0): 1.0, (1, 2): drafted_ms})
+        d.tried, got = [math.inf], [first]
+        take = got.append  # every token taken: the call runs until the try's verdict
+        n = d.decode([0], [first], [len(prompt)], 24, 400,
+                     [lambda t, f, take=take: take(t) is None], [3], [None])  # fmt: skip
+        assert n == ran and got == want[: len(got)]

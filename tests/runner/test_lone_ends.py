@@ -67,8 +67,8 @@ def test_a_call_ends_at_a_reply_end_while_a_request_waits(tiny_ckpt):
 
 
 def test_drafted_calls_go_on_and_count_each_streams_own_drafts(tiny_ckpt):
-    """Drafting streams of 4, 30 and 40 tokens: the first drafted call (a probe of 8 steps)
-    runs all its steps though the shortest reply ends within its first three, and that
+    """Drafting streams of 4, 30 and 40 tokens: the first drafted call (a try: 8 steps, more
+    while its landing pays) runs on though the shortest reply ends within its first three, and that
     reply's drafts are counted only for the steps before it ended. Replies as alone."""
     llm = LLM(str(tiny_ckpt), costs=COSTS, parallel=8, max_rows=16)
     ps = [prompts()[i] for i in (0, 2, 4)]  # 31 rows: one prompt round
@@ -84,6 +84,6 @@ def test_drafted_calls_go_on_and_count_each_streams_own_drafts(tiny_ckpt):
     finally:
         without_lone(llm)
     assert [o.token_ids for o in outs] == want
-    assert calls[0][0] == 3 and calls[0][2] == 8
+    assert calls[0][0] == 3 and calls[0][2] >= 8
     depth = driver.drafting.depth
     assert outs[0].stats.drafted <= depth * 3
