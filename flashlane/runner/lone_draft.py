@@ -210,6 +210,7 @@ class Drafting(Prices):
         carry = self.carry_of(stream_ids, ids, positions, tokens, io.depth)
         blind = self._load(io, ids, tokens, positions, stream_ids, hints, carry)
         kept, last, done, steps = [0] * b, list(tokens), [False] * b, [0]
+        tried, self.tried = self.tried, None  # this call's (run's), not a later one's
         if len(self.by_stream) > 4 * MAX_STREAMS:  # ended replies' go (theirs ended with them)
             self.by_stream = {
                 sid: self.by_stream[sid] for sid in stream_ids if sid in self.by_stream
@@ -234,8 +235,8 @@ class Drafting(Prices):
                 said = [takes[i](row[j], bool(row[t + j])) for j in range(n)]
                 done[i] = not all(said) or done[i]
             blind.clear()  # from the second step on, the device's chain drafts
-            if self.tried is not None and steps[0] == PROBE_STEPS:  # a drafted try
-                lefts = [left - k for left, k in zip(self.tried, kept)]
+            if tried is not None and steps[0] == PROBE_STEPS:  # a drafted try
+                lefts = [max(0, left - k) for left, k in zip(tried, kept)]
                 if not self._goes_on(b, budget - steps[0], lefts, stream_ids):
                     return False
             return not ends(done)
