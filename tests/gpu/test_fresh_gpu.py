@@ -19,6 +19,7 @@ from flashlane.runner.backend import ModelBackend
 from flashlane.runner.fresh import ROWS
 from flashlane.runner.graphs import Graphs
 from tests.gpu.models import gpu_model_named
+from tests.runner.test_lone import state_of
 
 pytestmark = [
     pytest.mark.cuda,
@@ -53,24 +54,13 @@ def _ids(vocab: int, n: int, seed: int) -> list[int]:
     return torch.randint(3, vocab, (n,), generator=g).tolist()
 
 
-def _state(s: SessionState, block: int) -> list[torch.Tensor]:
-    n, out = s.length, []
-    for c in s.attn.values():  # a sibling's zero-wide indexer keys: their scales unread
-        unread = c.index_scale if c.index_keys.shape[-1] == 0 else None
-        out += [
-            t[: n // block] if t is c.block_keys else t[:n] for t in c.tensors() if t is not unread
-        ]
-    out += [t for g in s.gdn.values() for t in (g.conv, g.recurrent)]
-    return out + [t for p in s.ple.values() for t in (p.conv, p.ids)]
-
-
-def _round(b: ModelBackend, sid: int, prompt: list[int], block: int) -> tuple:
+def _round(b: ModelBackend, sid: int, prompt: list[int]) -> tuple:
     """A prompt round, its keep, one decode round: everything a later round reads."""
     w = Window(sid, sid, 0, tuple(prompt), Draws(GREEDY, 0, prompt, []), "prompt", True)
     first = b.verify([w])[0].sampled
     rows = b.fed[sid].residual.clone()
     b.keep({sid: len(prompt)})
-    state = [t.clone() for t in _state(b.sessions[sid], block)]
+    state = [t.clone() for t in state_of(b.sessions[sid])]
     nxt = Window(sid, sid, len(prompt), (first[0],), Draws(GREEDY, 0, prompt, []))
     second = b.verify([nxt])[0].sampled
     after = b.fed[sid].residual.clone()
@@ -81,11 +71,10 @@ def _round(b: ModelBackend, sid: int, prompt: list[int], block: int) -> tuple:
 @pytest.mark.parametrize("n", [1, 9, 20, ROWS])
 def test_a_replayed_fresh_prompt_is_the_eager_round_bit_for_bit(gpu_model, n):
     cfg, model = gpu_model
-    block = max(cfg.indexer_block, 1)
     eager, fresh = _backend(cfg, model, False), _backend(cfg, model, True)
     for seed, sid in ((1, 0), (2, 1), (3, 0)):  # one graph, other prompts and sessions
         prompt = _ids(cfg.vocab_size, n, seed + 10 * n)
-        want, got = _round(eager, sid, prompt, block), _round(fresh, sid, prompt, block)
+        want, got = _round(eager, sid, prompt), _round(fresh, sid, prompt)
         assert want[0] == got[0] and want[3] == got[3]  # the two rounds' tokens
         assert torch.equal(want[1], got[1]) and torch.equal(want[4], got[4])  # their rows
         assert len(want[2]) == len(got[2])  # the state left in the session

@@ -14,6 +14,7 @@ from flashlane.models.state import SessionState
 from flashlane.request import SamplingParams
 from flashlane.runner.backend import ModelBackend
 from flashlane.runner.fresh import ROWS, FreshPrompts
+from tests.runner.test_lone import state_of
 from tests.sweep_gates import COSTS
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -39,24 +40,10 @@ def _prompt(sid: int, tokens, start: int = 0, last: bool = True) -> Window:
     )
 
 
-def _state(s: SessionState, block: int) -> list[torch.Tensor]:
-    """Every buffer a session's next rows read: attention rows up to its length (the pooled
-    keys of complete blocks), the GDN and PLE states."""
-    n, out = s.length, []
-    for c in s.attn.values():  # a sibling's zero-wide indexer keys: their scales unread
-        unread = c.index_scale if c.index_keys.shape[-1] == 0 else None
-        out += [
-            t[: n // block] if t is c.block_keys else t[:n] for t in c.tensors() if t is not unread
-        ]
-    out += [t for g in s.gdn.values() for t in (g.conv, g.recurrent)]
-    return out + [t for p in s.ple.values() for t in (p.conv, p.ids)]
-
-
 @pytest.mark.parametrize("n,kv8", [(1, False), (7, False), (33, False), (ROWS, False), (33, True)])
 def test_a_fresh_prompt_leaves_the_eager_rounds_state_and_rows(model, n, kv8):
     """kv8: 8-bit caches (--kv-cache-dtype fp8), their values copied as bytes."""
     cfg, m = model
-    block = max(cfg.indexer_block, 1)
     prompt = [(5 + 13 * i) % cfg.vocab_size for i in range(n)]
     eager, fresh = _backend(cfg, m, False, kv8), _backend(cfg, m, True, kv8)
     assert fresh.fresh.scratch.kv_fp8 == kv8
@@ -71,7 +58,7 @@ def test_a_fresh_prompt_leaves_the_eager_rounds_state_and_rows(model, n, kv8):
             )
             got[name, sid] = (verdict.sampled, rows, b.fed[sid].residual.clone())
             b.keep({sid: 1})
-            got[name, sid] += (nxt[0].sampled, _state(b.sessions[sid], block))
+            got[name, sid] += (nxt[0].sampled, state_of(b.sessions[sid]))
     assert fresh.fresh.num_runs == 2
     for sid in (0, 1):
         (a_tok, a_rows, a_next, a_after, a_state), (b_tok, b_rows, b_next, b_after, b_state) = (

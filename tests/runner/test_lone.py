@@ -28,11 +28,14 @@ def prefilled(model, cfg, prompt):
 
 
 def state_of(s: SessionState) -> list[torch.Tensor]:
-    """Every tensor the session reads back: caches up to its length, whole recurrent state."""
+    """Every tensor the session reads back: caches up to its length (8-bit ones with their
+    scales; a sibling's zero-wide indexer keys' scales are never read), whole recurrent
+    state."""
     n, out = s.length, []
     for c in s.attn.values():
         blocks = n // (c.k.shape[0] // c.block_keys.shape[0])
-        out += [c.k[:n], c.v[:n], c.index_keys[:n], c.block_keys[:blocks]]
+        unread = c.index_scale if c.index_keys.shape[-1] == 0 else None
+        out += [t[:blocks] if t is c.block_keys else t[:n] for t in c.tensors() if t is not unread]
     for g in s.gdn.values():
         out += [g.conv, g.recurrent]
     for p in s.ple.values():
