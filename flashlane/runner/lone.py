@@ -189,13 +189,12 @@ class LoneDriver:
         if self.drafter.queued(stream_id) >= MAX_WAITING:
             self.drafter.catch_up(stream_id, self.sessions[session_id])
 
-    def run_steps(
-        self, ids: tuple[int, ...], io, budget: int, land: Callable, started=None, fold_load=True
-    ) -> int:
+    def run_steps(self, ids, io, budget: int, land, started=None, fold_load=True, near=None):
         """Up to `budget` steps with io, two in flight (one where a top_p row may land
-        unsettled: module docstring): each landed step's ring rows go to land(), and once it
-        says stop the step in flight lands too. From four greedy steps on (keyed ones have
-        more launches) folds the mean step time into step_ms and the time from `started`
+        unsettled, module docstring, or while near() says the step in flight may end the
+        call: one launched past it is waste): each landed step's ring rows go to land(), and
+        once it says stop the step in flight lands too. From four greedy steps on (keyed ones
+        have more launches) folds the mean step time into step_ms and the time from `started`
         (`clock()` at the call's start) to the first step, less any capture, into load_ms
         (if `fold_load`), by (sessions, io.depth); a call in which a Triton kernel compiled
         folds nothing. Returns the steps launched."""
@@ -207,11 +206,12 @@ class LoneDriver:
         in_flight, launched, landed = 1 if settle else 2, 0, 0
         going, t0 = True, time.perf_counter()
         while landed < launched or (going and launched < budget):
-            if going and launched < budget and launched - landed < in_flight:
+            ahead = 1 if near is not None and near() else in_flight
+            if going and launched < budget and launched - landed < ahead:
                 run()
                 self._post(io, launched)
                 launched += 1
-                if launched - landed < in_flight and launched < budget:
+                if launched - landed < ahead and launched < budget:
                     continue  # put a second step in flight before reading the first
             rows = self._read(io, landed)
             if settle:

@@ -121,7 +121,7 @@ class Drafting(Prices):
             self.driver.decode_many(ids, tokens, positions, budget, takes, stream_ids, draws, ends)
             return [0] * len(ids), [0] * len(ids)
         args = (ids, tokens, positions, budget, room, takes, stream_ids, draws, hints, ends)
-        if self.decode(*args) is None:
+        if self.decode(*args, left=left) is None:
             return None
         return [n * depth for n in self.live_steps], list(self.landed)
 
@@ -187,13 +187,15 @@ class Drafting(Prices):
         draws: list,
         hints: list[list[int]] | None = None,
         ends: Callable[[list[bool]], bool] = any,
+        left: list[int] | int | None = None,
     ) -> int | None:
         """LoneDriver.decode_many in drafted steps: up to `budget` steps while each fits in
         `room` positions; every landed step's kept tokens go to the takes in order, and the
         call ends once `ends` says so of which takes have said no (default: any). `hints`:
         each stream's guesses at its next tokens (copy drafts) for the first step, where no
-        earlier drafted call left drafts on the device. Returns the steps launched (None: no
-        step fits, nothing ran)."""
+        earlier drafted call left drafts on the device. `left`: the tokens each reply still
+        wants (run's); while the step in flight may end the call, none is launched past it.
+        Returns the steps launched (None: no step fits, nothing ran)."""
         drv, depth = self.driver, self.depth
         started = drv.clock()
         t = depth + 1
@@ -241,8 +243,13 @@ class Drafting(Prices):
                     return False
             return not ends(done)
 
+        lefts = _lefts(left, b)
+
+        def near() -> bool:  # the step in flight lands up to t tokens a stream
+            return ends([d or n - k <= t for d, n, k in zip(done, lefts, kept)])
+
         # a carried call's load (device copies) would understate the absorbing calls'
-        launched = drv.run_steps(tuple(ids), io, budget, land, started, carry is None)
+        launched = drv.run_steps(tuple(ids), io, budget, land, started, carry is None, near)
         for sid, stats in zip(stream_ids, own):  # each stream's landing so far, the latest
             if sum(stats.offered[:1]) >= REPLY_DRAFTS:
                 self.replies.pop(sid, None)  # to the end: the latest

@@ -42,7 +42,7 @@ def test_drafting_is_chosen_while_it_pays(tiny_ckpt):
     assert picks.count(0) == PROBE_EVERY - 1 and picks.count(2) == 1
     # a drafted try has the call's budget, weighed again after PROBE_STEPS steps (`tried`)
     budgets = []
-    d.decode = lambda ids, tokens, positions, budget, *rest: budgets.append((budget, d.tried))
+    d.decode = lambda ids, tokens, positions, budget, *rest, **kw: budgets.append((budget, d.tried))
     for _ in range(2 * PROBE_EVERY):
         d.run([0], [5], [9], 64, 400, [None], [0], [None])
     assert budgets == [(64, [math.inf])]
@@ -216,7 +216,7 @@ def test_a_try_of_plain_steps_runs_a_few_steps(tiny_ckpt):
         d.stats.record([1.0, 1.0], 2)
     plain, drafted = [], []
     driver.decode_many = lambda ids, tokens, positions, budget, *rest: plain.append(budget)
-    d.decode = lambda ids, tokens, positions, budget, *rest: drafted.append(budget) or 1
+    d.decode = lambda ids, tokens, positions, budget, *rest, **kw: drafted.append(budget) or 1
     got = [d.run([0], [5], [9], 32, 400, [None], [0], [None]) for _ in range(PROBE_EVERY)]
     assert plain == [PROBE_STEPS] and drafted == [32] * (PROBE_EVERY - 1)
     assert got[-1] == ([0], [0]) and d.verdict["better"] == 2
@@ -255,3 +255,27 @@ def test_a_drafted_try_goes_on_while_its_landing_pays(tiny_ckpt):
         n = d.decode([0], [first], [len(prompt)], 24, 400,
                      [lambda t, f, take=take: take(t) is None], [3], [None])  # fmt: skip
         assert n == ran and got == want[: len(got)]
+
+
+def test_no_drafted_step_is_launched_past_the_one_that_may_end_the_call(tiny_ckpt):
+    """Two steps are in flight, except while the one in flight may land a reply's last
+    wanted token (`left`): a step launched past it would run for nothing. Told how many
+    tokens the reply wants, the call launches exactly the steps that land them; not told, it
+    launches one more (in flight when the take said no). Replies as plain steps give."""
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    prompt = prompts()[0]
+    want, _ = serial(model, cfg, prompt, 40)
+    for n in (3, 11, 20):
+        for left, extra in (([n], 0), (None, 1)):
+            s, first = prefilled(model, cfg, prompt)
+            d = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0)).drafting
+            got = [first]
+
+            def take(t, f, got=got, n=n):
+                got.append(t)
+                return len(got) <= n
+
+            launched = d.decode([0], [first], [len(prompt)], 40, 400, [take], [3], [None],
+                                left=left)  # fmt: skip
+            assert launched == d.live_steps[0] + extra
+            assert got[: n + 1] == want[: n + 1]
