@@ -157,6 +157,9 @@ def burst(llm: LLM, args, one: SamplingParams, cuda: bool) -> dict:
         "prompts": args.pieces,
         "wall_ms_median": statistics.median(walls),
         **profiled(lambda: llm.generate(batch, one), cuda),
+        # where the host holds a burst's round (its kernels are a few percent of its wall)
+        "host": host_top(lambda: llm.generate(prompts(), one), 25),
+        "self": host_self(lambda: llm.generate(prompts(), one), 25),
     }
 
 
@@ -278,6 +281,11 @@ def main() -> None:
             f"{b['wall_ms_median']:.2f} ms (median of {args.repeats}); profiled "
             f"{b['wall_ms']:.2f} ms wall, {b['launches']} launches, {b['kernels_ms']:.2f} ms of kernels"
         )
+        for name, ms in b["host"]:
+            print(f"  {ms:8.2f} ms  {name}")
+        print("  host time of their own (cProfile):")
+        for name, calls, ms in b["self"]:
+            print(f"  {ms:8.2f} ms  {calls:6d}  {name}")
     d = out["drafted"]
     print(
         f"drafted replies of {args.tokens}: {d['absorbs']} absorbs, median "

@@ -11,6 +11,7 @@ absorb the kept rows and chains drafts for all drafting streams together.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -139,8 +140,8 @@ class ModelBackend:
         ]
         with torch.no_grad():
             rows = Rows.of(specs, self.device)
-            fresh = self.fresh is not None and self.fresh.takes(windows)
-            r, logits = (self.fresh.run(rows) if fresh else None) or self._forward(windows, rows)
+            forward, fresh = functools.partial(self._forward, windows, rows), self.fresh
+            r, logits = fresh.round(windows, rows, forward) if fresh else forward()
         # no work at all unless a stream is constrained
         refused = self._constrain(windows, logits) if _any_constrained(windows) else {}
         specs = [_spec(w, i) for w in windows for i in range(w.num_draws)]

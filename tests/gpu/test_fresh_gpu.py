@@ -1,8 +1,9 @@
 """A new stream's whole short prompt replayed from one CUDA graph per length (runner/
 fresh.py) on the GPU, bit for bit against the eager round (DESIGN.md section 1): its rows,
 its logits, the state it leaves in the stream's session and the next row after it; the same
-graph replayed for other prompts of its length and other sessions. Then an engine's
-replies, lone and beside others, with the fresh path on (the default) and off."""
+graph replayed for other prompts of its length and other sessions; several fresh prompts of
+a round replayed one after the other against the eager round of them together. Then an
+engine's replies, lone and beside others, with the fresh path on (the default) and off."""
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from flashlane.runner.backend import ModelBackend
 from flashlane.runner.fresh import ROWS
 from flashlane.runner.graphs import Graphs
 from tests.gpu.models import gpu_model_named
+from tests.runner.test_fresh import replays_pay
 from tests.runner.test_lone import state_of
 
 pytestmark = [
@@ -85,6 +87,35 @@ def test_a_replayed_fresh_prompt_is_the_eager_round_bit_for_bit(gpu_model, n):
     assert all(e[1] is not None for e in fresh.fresh.entries.values())
 
 
+def test_fresh_prompts_together_are_the_eager_round_bit_for_bit(gpu_model):
+    """Row invariance on the GPU: each prompt's replay alone gives what the eager round of
+    all of them together gives its rows, its draw and its session."""
+    cfg, model = gpu_model
+    prompts = [_ids(cfg.vocab_size, n, 70 + n) for n in (9, 1, 33, ROWS)]
+    got = []
+    for fresh in (False, True):
+        b = _backend(cfg, model, fresh)
+        b.sessions += [
+            SessionState.empty(cfg, 512, torch.bfloat16, torch.float32, "cuda") for _ in range(2)
+        ]
+        if fresh:
+            replays_pay(b.fresh)
+        ws = [
+            Window(sid, sid, 0, tuple(p), Draws(GREEDY, 0, p, []), "prompt", True)
+            for sid, p in enumerate(prompts)
+        ]
+        tokens = [v.sampled for v in b.verify(ws)]
+        rows = [b.fed[sid].residual.clone() for sid in range(len(prompts))]
+        b.keep({sid: len(p) for sid, p in enumerate(prompts)})
+        got.append((tokens, rows, [state_of(s) for s in b.sessions]))
+        assert not fresh or (b.fresh.num_runs == 1 and b.fresh.failed is None)
+    (want_tok, want_rows, want_state), (tok, rows, state) = got
+    assert tok == want_tok
+    assert all(torch.equal(x, y) for x, y in zip(want_rows, rows))
+    for a, b in zip(want_state, state):
+        assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
 @pytest.fixture(scope="module")
 def engine_llm():
     cfg, model = build_random(preset("flashnext-4l"), torch.bfloat16, "cuda", seed=3)
@@ -113,9 +144,13 @@ def test_replies_with_fresh_prompts_equal_eager_ones(engine_llm):
 
     got = runs()
     assert b.fresh.num_runs >= 10 and b.fresh.failed is None
+    priced = b.fresh.replay_ms, b.fresh.eager_ms
+    replays_pay(b.fresh)  # the rounds of several prompts replayed too, whatever they cost
+    got_too = runs()
+    b.fresh.replay_ms, b.fresh.eager_ms = priced
     fresh, b.fresh = b.fresh, None
     try:
         want = runs()
     finally:
         b.fresh = fresh
-    assert got == want
+    assert got == want and got_too == want

@@ -71,18 +71,70 @@ def test_a_fresh_prompt_leaves_the_eager_rounds_state_and_rows(model, n, kv8):
         assert all(torch.equal(x, y) for x, y in zip(a_state, b_state))
 
 
-def test_only_a_lone_whole_short_prompt_replays(model):
+def replays_pay(fresh: FreshPrompts, pays: bool = True) -> None:
+    """Replays priced below (above) every eager round of several fresh prompts."""
+    fresh.replay_ms = dict.fromkeys(range(1, ROWS + 1), 0.5)
+    fresh.eager_ms = dict.fromkeys(range(2, 9), 100.0 if pays else 0.1)
+
+
+def test_which_rounds_replay(model):
+    """A whole short prompt alone; several, where their replays cost less GPU time than an
+    eager round of as many took host time (measured by the eager rounds themselves)."""
     cfg, m = model
     b = _backend(cfg, m, True)
     prompt = [(3 + 7 * i) % cfg.vocab_size for i in range(ROWS + 1)]
+    two = [_prompt(0, prompt[:5]), _prompt(1, prompt[:6])]
     assert not b.fresh.takes([_prompt(0, prompt)])  # too long
     assert not b.fresh.takes([_prompt(0, prompt[:64], last=False)])  # a long prompt's piece
-    assert not b.fresh.takes([_prompt(0, prompt[:5]), _prompt(1, prompt[:6])])  # two
+    assert not b.fresh.takes(two)  # no eager round of two measured yet
+    b.verify(two)  # one, eager: it measures
+    assert set(b.fresh.eager_ms) == {2} and b.fresh.num_runs == 0
+    replays_pay(b.fresh, pays=False)
+    assert not b.fresh.takes(two)
+    replays_pay(b.fresh)
+    assert b.fresh.takes(two)
+    assert not b.fresh.takes([two[0], _prompt(1, prompt[:64], last=False)])  # one is not whole
     assert not b.fresh.takes([_prompt(0, prompt[4:9], start=4)])  # a resumed prompt
     assert b.fresh.takes([_prompt(0, prompt[:ROWS])])
+    b = _backend(cfg, m, True)
     b.verify([_prompt(0, prompt[:9])])
     with pytest.raises(ValueError, match="keeps all"):  # no state a row to roll back to
         b.keep({0: 9 - 1})
+
+
+def test_fresh_prompts_together_leave_each_ones_eager_state_and_rows(model):
+    """A round of several fresh whole prompts replayed one after the other (the scratch
+    reused): each session's state, rows and draw are those of an eager round of its prompt
+    alone, bit for bit, and those of the eager round of them together within float64's
+    rounding (the CPU's products are not row invariant; tests/gpu/test_fresh_gpu.py holds
+    the GPU's rounds to the bit)."""
+    cfg, m = model
+    lengths = (9, 1, 33)
+    prompts = [[(5 + 13 * i + k) % cfg.vocab_size for i in range(n)] for k, n in enumerate(lengths)]
+
+    def rounds(fresh: bool, together: bool) -> list:
+        b = _backend(cfg, m, fresh)
+        b.sessions.append(SessionState.empty(cfg, 256, torch.float64, torch.float64))
+        if fresh:
+            replays_pay(b.fresh)
+        groups = [list(enumerate(prompts))] if together else [[x] for x in enumerate(prompts)]
+        out = []
+        for group in groups:
+            verdicts = b.verify([_prompt(sid, p) for sid, p in group])
+            rows = [b.fed[sid].residual.clone() for sid, _ in group]
+            b.keep({sid: len(p) for sid, p in group})
+            out += [(v.sampled, r) for v, r in zip(verdicts, rows)]
+        assert not fresh or b.fresh.num_runs == 1
+        return [(*o, state_of(s)) for o, s in zip(out, b.sessions)]
+
+    got, alone, eager = rounds(True, True), rounds(False, False), rounds(False, True)
+    for (tok, rows, state), (a_tok, a_rows, a_state), (e_tok, e_rows, e_state) in zip(
+        got, alone, eager
+    ):
+        assert tok == a_tok == e_tok and len(state) == len(a_state) == len(e_state)
+        assert torch.equal(rows, a_rows) and torch.allclose(rows, e_rows, rtol=0, atol=1e-12)
+        assert all(torch.equal(x, y) for x, y in zip(state, a_state))
+        assert all(torch.allclose(x, y, rtol=0, atol=1e-12) for x, y in zip(state, e_state))
 
 
 def test_replies_through_fresh_prompts_are_those_of_eager_rounds(tiny_ckpt):
@@ -99,8 +151,9 @@ def test_replies_through_fresh_prompts_are_those_of_eager_rounds(tiny_ckpt):
     ]
     b = llm.engine.backend
     b.fresh = FreshPrompts(llm.engine.model, llm.engine.sessions[0], graphed=False)
+    replays_pay(b.fresh)  # the three prompts' rounds too
     got = [
         [o.token_ids for o in llm.generate(ps, p)] for p in params for ps in (prompts[:1], prompts)
     ]
-    assert b.fresh.num_runs >= 2  # the lone prompts at least
+    assert b.fresh.num_runs >= 4  # the lone prompts and the rounds of three
     assert got == want
