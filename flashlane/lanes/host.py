@@ -24,7 +24,7 @@ from flashlane.lanes.piece_clock import STALL, PieceClock
 from flashlane.lanes.protocol import Backend, LoneDriving
 from flashlane.lanes.records import CHUNK, Window
 from flashlane.lanes.session_pool import SessionPool
-from flashlane.lanes.stops import StopRules, begin, conclude, finish_text
+from flashlane.lanes.stops import StopRules, begin, conclude, finish_text, read_text
 from flashlane.lanes.stream import Stream
 from flashlane.lanes.windows import prompt_piece
 from flashlane.request import SamplingParams, effective_seed
@@ -159,6 +159,7 @@ class LaneHost:
         s.filled = len(s.prompt_ids)
         self._dress(s)
         conclude(s, list(reply_ids), self.rules)
+        read_text(s)
         s.num_delivered = len(s.reply_ids)
         s.num_sent_chars = s.num_final_chars
         s.first_token_at = s.admitted_at
@@ -333,6 +334,7 @@ class LaneHost:
         if s.num_delivered < 0:
             return
         tokens = s.reply_ids[s.num_delivered :]
+        read_text(s)
         text = s.detok.text[s.num_sent_chars : s.num_final_chars] if s.detok else ""
         s.num_delivered = len(s.reply_ids)
         s.num_sent_chars = max(s.num_sent_chars, s.num_final_chars)

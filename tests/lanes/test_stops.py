@@ -131,3 +131,31 @@ def test_forced_rows_stay_within_the_row_cap():
     outs = run_to_end(host)
     assert all(o.token_ids[2:5] == list(CLOSE) for o in outs.values())
     assert max(sum(w) for w in backend.widths) == 2
+
+
+def test_the_text_without_stop_strings_is_decoded_as_the_host_reports():
+    """No stop string reads the text token by token, so the host decodes it when it reports
+    (`read_text`: the tokens since its last report in one add), not twice a token: every
+    update's text begins the reply's text (a byte-level decoder: text that ends in bytes of
+    no whole character waits), and the updates make the whole text. Drafted rounds report
+    several tokens at once."""
+    full = serial(hash_model, PROMPT, None, 40)
+    calls = []
+
+    def utf8(ids):  # each token a byte: 0xc3 and 0xa9 make "é", others ASCII
+        return bytes(0xC3 if t % 5 == 0 else 0xA9 if t % 5 == 1 else 97 + t % 26 for t in ids
+                     ).decode("utf-8", errors="replace")  # fmt: skip
+
+    def counted(ids):
+        calls.append(len(ids))
+        return utf8(ids)
+
+    host = make_host(FakeBackend(), StopRules(detokenize=counted), **DRAFTED)
+    host.submit("r", PROMPT, SamplingParams(max_tokens=40, temperature=0.0))
+    texts = []
+    while host.has_work:
+        for u in host.run_once():
+            texts.append(u.text)
+            assert utf8(u.stream.reply_ids).startswith("".join(texts))
+    assert "".join(texts) == utf8(full)
+    assert len(texts) < len(full) and len(calls) <= 2 * len(texts) + 2  # a report's, no more
