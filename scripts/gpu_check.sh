@@ -9,7 +9,7 @@
 #                                                    # fp8-tune, kv8, bisect, attn-decode, gather-ab,
 #                                                    # prefill-ab, moe-layout, fp8-prompt,
 #                                                    # timeline, step-kernels, draft-choices,
-#                                                    # peer-build, peer
+#                                                    # lone-host, peer-build, peer
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
 #          exactness of the engine on the GPU, the GPU sampler), then 10,000 full-width rows
@@ -47,6 +47,9 @@
 # draft-choices: each drafted-call verdict of the depth rule with its prices, levels 1, 4, 16
 #          in one engine as the drafts step runs them (benchmarks/draft_choices.py;
 #          CHOICE_ARGS overrides)
+# lone-host: whether the lone loop waits on the GPU or its host: steps, wall a step, the
+#          host's wait for a step's rows and its land, drafts off and on, at 16 and 64
+#          streams (benchmarks/lone_host.py; LONE_HOST_ARGS overrides)
 # step-kernels: a lone step's GPU time by kernel, plain against drafted, at 16 streams
 #          (benchmarks/step_kernels.py; STEP_KERNEL_ARGS overrides)
 # timeline: one decode step's kernels in order at TIMELINE_STREAMS (1) in sessions of
@@ -392,6 +395,10 @@ fi
 
 if [[ " $steps " == *" draft-choices "* ]]; then
     script_step draft-choices draft_choices "${CHOICE_ARGS:---device cuda --streams 1,4,16}"
+fi
+
+if [[ " $steps " == *" lone-host "* ]]; then
+    script_step lone-host lone_host "${LONE_HOST_ARGS:---device cuda --streams 16,64}"
 fi
 
 if [[ " $steps " == *" step-kernels "* ]]; then
