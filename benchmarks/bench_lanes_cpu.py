@@ -65,6 +65,21 @@ def drafting_counts(llm: LLM) -> dict[str, int]:
     return {n: getattr(drafting, n) for n in names}
 
 
+def widen_graphs(llm: LLM, rows: int | None) -> None:
+    """An experiment, not the engine's default: the rounds' row-count-only parts replay CUDA
+    graphs up to `rows` rows (the engine captures up to 64: a round of several prompts past
+    it runs its parts eagerly, host-bound on a small model), every bucket captured now."""
+    model = llm.engine.model
+    if rows is None or getattr(model, "graphs", None) is None:
+        return
+    from flashlane.runner.graphs import Graphs, capture_all
+
+    model.graphs = Graphs(max_rows=rows, log=model.graphs.log)
+    secs, used = capture_all(model, model.graphs)
+    print(f"graphed parts up to {rows} rows: {len(model.graphs.entries)} graphs, {secs:.1f} s, "
+          f"{used / 2**20:.0f} MiB, failed: {model.graphs.failed}")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
@@ -73,10 +88,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (the Triton kernels there)")
+    ap.add_argument("--graph-rows", type=int, default=None, help="an experiment: widen_graphs")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     levels = [int(c) for c in args.concurrency.split(",")]
     llm = LLM(args.model, parallel=max(levels), device=args.device)
+    widen_graphs(llm, args.graph_rows)
     costs: CostTable = llm.engine.backend.costs()
     on = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
     off = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True, draft=False)

@@ -23,6 +23,7 @@ import statistics
 import time
 
 import torch
+from bench_lanes_cpu import widen_graphs
 
 from flashlane.llm import LLM
 from flashlane.request import SamplingParams
@@ -171,9 +172,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="the drafted reply's tokens")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--pieces", type=int, default=8, help="prompts of the burst (0: none)")
+    ap.add_argument("--graph-rows", type=int, default=None, help="an experiment: widen_graphs")
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")
     llm = LLM(args.model, parallel=max(4, args.pieces), device=args.device)
+    widen_graphs(llm, args.graph_rows)
     vocab = llm.engine.model_config.vocab_size
     prompt = [[(97 + 31 * i) % vocab for i in range(args.prompt_len)]]
     one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, draft=False)
