@@ -46,6 +46,16 @@ def held_costs(path: str) -> tuple[Fixed, Fixed]:
     return table("step_ms"), table("load_ms")
 
 
+def lone_llm(device: str, streams: int) -> tuple[LLM, object]:
+    """The embedded model for `streams` sessions and its lone driver (on the CPU, one
+    attached as tests attach one)."""
+    llm = LLM(None, parallel=streams, device=device)
+    host = llm.engine.host
+    if host.lone is None:
+        with_lone(llm, host.config.lone_steps, streams, llm.engine.backend.drafter)
+    return llm, host.lone
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -55,11 +65,7 @@ def main() -> None:
     ap.add_argument("--costs", default=None, help="a bench JSON's costs, held (default: none)")
     args = ap.parse_args()
     levels = [int(n) for n in args.streams.split(",")]
-    llm = LLM(None, parallel=max(levels), device=args.device)
-    host = llm.engine.host
-    if host.lone is None:  # the CPU: a driver as tests attach one
-        with_lone(llm, host.config.lone_steps, max(levels), llm.engine.backend.drafter)
-    drv = host.lone
+    llm, drv = lone_llm(args.device, max(levels))
     if drv.drafting is None:
         raise SystemExit("draft_choices: no drafting lone driver here")
     if args.costs:

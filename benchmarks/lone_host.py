@@ -23,8 +23,8 @@ import json
 import time
 
 from bench_lanes_cpu import prompts
+from draft_choices import lone_llm
 
-from flashlane.llm import LLM
 from flashlane.request import SamplingParams
 
 
@@ -35,13 +35,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="tokens a reply (default 64)")
     args = ap.parse_args()
     levels = [int(n) for n in args.streams.split(",")]
-    llm = LLM(None, parallel=max(levels), device=args.device)
-    host = llm.engine.host
-    if host.lone is None:  # the CPU: a driver as tests attach one
-        from tests.runner.test_lone import with_lone
-
-        with_lone(llm, host.config.lone_steps, max(levels), llm.engine.backend.drafter)
-    drv = host.lone
+    llm, drv = lone_llm(args.device, max(levels))
     spent = {"steps": 0, "wall": 0.0, "wait": 0.0, "land": 0.0}
     run_steps, read = drv.run_steps, drv._read
 
