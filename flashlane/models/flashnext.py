@@ -127,7 +127,7 @@ def commit_all(model: FlashNext, kept: list[tuple[Piece, int]]) -> None:
         if not 0 <= n <= piece.length:
             raise ValueError(f"cannot keep {n} of {piece.length} rows")
         for (kind, _), (_, states) in piece.pending.items():
-            whole = kind == "copies" or (kind == "gdn" and states.shape[0] != piece.length)
+            whole = kind == "replayed" or (kind == "gdn" and states.shape[0] != piece.length)
             if whole and n != piece.length:  # no state per row to roll back to
                 raise ValueError("a chunked or replayed prompt piece keeps all of its rows")
     for piece, n in kept:
@@ -135,10 +135,9 @@ def commit_all(model: FlashNext, kept: list[tuple[Piece, int]]) -> None:
             continue
         s = piece.session
         for (kind, idx), (xfull, states) in piece.pending.items():
-            if kind == "copies":  # state made elsewhere (runner/fresh.py): (dsts, srcs)
-                dsts += xfull
-                srcs += states
-            elif kind == "gdn":
+            if kind == "replayed":  # its state is in the session already (runner/fresh.py)
+                continue
+            if kind == "gdn":
                 g = s.gdn[idx]
                 last = states[n - 1] if states.shape[0] == piece.length else states[-1]
                 dsts += [g.recurrent, g.conv]

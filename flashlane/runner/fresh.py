@@ -9,7 +9,7 @@ shared rounds run them (`model.residual`: the same ops on the same rows, so the 
 the scratch committed, the last row's logits. Its state (the attention rows and the pooled
 keys of the blocks they complete, the GDN and PLE states) goes from the scratch into the
 stream's session right after the replay (one multi-tensor copy; the piece's pending
-"copies" then only tells commit_all that it keeps all of its rows). Every length's graph is
+"replayed" then only tells commit_all that it keeps all of its rows). Every length's graph is
 captured at engine start (`capture_all`, one memory pool) and its replay timed; a capture
 that fails turns the path off and rounds run eagerly, as before.
 
@@ -144,7 +144,7 @@ class FreshPrompts:
             else:
                 graph.replay()
             copy_all(*state_copies(self.scratch, piece.session, piece.length, self.block, False))
-            piece.pending[("copies", 0)] = ([], [])  # commit_all: it keeps all of its rows
+            piece.pending[("replayed", 0)] = (None, None)  # commit_all: it keeps all its rows
             if len(rows.pieces) == 1:  # the residual rows outlive the round (MTP cells)
                 return r.clone(), logits
             if out is None:
