@@ -20,12 +20,14 @@ alone equal bit for bit to the batched row.
     python benchmarks/attention_decode.py [--contexts 16384,65536,131072] [--streams 1,4,16]
         [--capacity 71808]
 
-`layer_us`: the step's whole QSA attention as the engine runs it by default (scores of the
-blocks below the rows' positions, the select, the gathered attention); `layer_listed_us`:
+`layer_us`: the step's whole QSA attention as the engine runs it by default (decode rows'
+scores of the blocks below the rows' positions, the select, the gathered attention);
+`layer_listed_us`:
 the same with triton_listed.LISTED on, `layer_loop_us` with triton_scores.PROGRAMS at 528
 (programs looping over tiles), `layer_listed_loop_us` both; `--capacity`: sessions of that
 many positions, as the engine's (`bench model`: 71,808), the rows still at the context's
-last position. `scores_us` scores every block of the capacity; `select_whole{N}_us`: the
+last position. `scores_us` scores every block of the capacity in prompt rows' tile,
+`scores_decode_us` in decode rows'; `select_whole{N}_us`: the
 default select with rows of up to N complete blocks ranked from one load in registers
 (triton_select.WHOLE candidates, each checked against the mask).
 """
@@ -102,7 +104,7 @@ def one(c: int, b: int, bw: float, capacity: int = 0) -> dict:
         triton_listed.LISTED, triton_scores.PROGRAMS = listed, programs
 
         def layer():
-            mask = attn.select_mask(iq, keys, pos, cap, BLOCK, TOP)
+            mask = attn.select_mask(iq, keys, pos, cap, BLOCK, TOP, decode=True)
             return attn.attention(q, k, v, mask, scale, positions=pos, split=True)
 
         outs[name] = layer()
@@ -120,6 +122,9 @@ def one(c: int, b: int, bw: float, capacity: int = 0) -> dict:
     need = b * selected * HKV * D * 2 * 2  # K and V in bf16
     out = dict(context=c, capacity=cap, streams=b, selected_keys=selected, **layers)
     out["scores_us"] = timed(lambda: attn.index_scores(iq, keys)) * 1e6
+    # decode rows' own tile (triton_scores.DECODE_TILE: the block keys as the dot's rows), as
+    # the engine's decode rows score (its bits differ from the prompt tile's, its mask may too)
+    out["scores_decode_us"] = timed(lambda: attn.index_scores(iq, keys, decode=True)) * 1e6
     out["select_us"] = timed(lambda: select_from_scores(scores, pos, cap, BLOCK, TOP)) * 1e6
     triton_select.SPREAD = True  # the long rows' ranking spread over programs
     spread_keys, triton_select.SPREAD_KEYS = triton_select.SPREAD_KEYS, 0  # at any length
@@ -204,7 +209,7 @@ def main() -> None:
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; us a layer (of the selected KV's roofline)")
     head = (
         f"{'ctx':>7} {'B':>3} {'layer':>7} {'listed':>7} {'loop':>7} {'both':>7} "
-        f"{'scores':>7} {'select':>7} {'spread':>7} "
+        f"{'scores':>7} {'decode':>7} {'select':>7} {'spread':>7} "
         f"{'plain':>14} {'skip':>14}"
     )
     print(head + "".join(f" {name:>16}" for name in VARIANTS) + "  checks")
@@ -220,7 +225,7 @@ def main() -> None:
             print(
                 f"{c:7d} {b:3d} {r['layer_us']:7.1f} {r['layer_listed_us']:7.1f} "
                 f"{r['layer_loop_us']:7.1f} {r['layer_listed_loop_us']:7.1f} "
-                f"{r['scores_us']:7.1f} {r['select_us']:7.1f} "
+                f"{r['scores_us']:7.1f} {r['scores_decode_us']:7.1f} {r['select_us']:7.1f} "
                 f"{r['select_spread_us']:7.1f} "
                 f"{r['plain_us']:7.1f} ({r['plain_of_bw']:4.0%}) "
                 f"{r['skip_us']:7.1f} ({r['skip_of_bw']:4.0%})"

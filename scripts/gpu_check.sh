@@ -6,7 +6,8 @@
 #     GPU_STEPS="tests" bash scripts/gpu_check.sh    # a subset: tests, exact, lone, sweep, benches,
 #                                                    # model, long, drafts, trace, diag, serve,
 #                                                    # serve-bisect, replay, stall, fp8,
-#                                                    # fp8-tune, kv8, bisect, attn-decode, gather-ab,
+#                                                    # fp8-tune, kv8, bisect, attn-decode,
+#                                                    # decode-scores, gather-ab,
 #                                                    # prefill-ab, moe-layout, fp8-prompt,
 #                                                    # timeline, step-kernels, draft-choices,
 #                                                    # lone-host, peer-build, peer
@@ -117,6 +118,10 @@
 #          selected keys' roofline, and the layer as a step runs it (benchmarks/attention_decode.py;
 #          ATTN_ARGS overrides: "--capacity 71808" puts the rows in sessions as large as
 #          bench model's)
+# decode-scores: the indexer's scores for decode rows at 16k, 64k and 128k keys, 1 / 4 / 16
+#          streams, one row and a verify window of three: the prompt rows' tile against each
+#          decode tile candidate, the keys' read rate, bits alone against batched, the mask's
+#          keys that differ (benchmarks/decode_scores.py; SCORES_ARGS overrides)
 # bisect:  which Triton kernel takes a sibling's fp32 logits away from the references, each
 #          kernel alone on the references (benchmarks/sibling_kernel_bisect.py; BISECT_NAMES:
 #          the families, default qwen3_5_moe qwen3_next)
@@ -436,6 +441,10 @@ if [[ " $steps " == *" prefill-ab "* ]]; then
     python -m flashlane bench model --config flashnext-12l --random-weights --streams 16 \
         --prefill 2048,8192 --json "$out/bench_model_prefill_ab_$stamp.json" 2>&1 \
         | tee "$out/bench_model_prefill_ab_$stamp.log" || failed+=("prefill-ab bench model")
+fi
+
+if [[ " $steps " == *" decode-scores "* ]]; then
+    script_step decode-scores decode_scores "${SCORES_ARGS:-}"
 fi
 
 if [[ " $steps " == *" attn-decode "* ]]; then

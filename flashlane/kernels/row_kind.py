@@ -9,6 +9,9 @@ bits whatever else runs. The block-FP8 GEMMs use this: prompt rows run on wgmma 
 (`kernels/linear/triton_fp8.py`, `kernels/moe/triton_fp8.py`), whose per-block dot from zero
 differs from the decode tiles' mma.sync in a few elements of 10^5, and which mma.sync's 32-row
 tiles held to 10% of the e4m3 matrix rate.
+The indexer's scores (kernels/attention/triton_scores.py) split the same way, told by their
+callers: decode rows (a verify window's in a round, every row of `attend_sessions`) in dots
+of 64 block keys by up to 16 query rows, prompt rows in dots of 64 query rows by 64 keys.
 
 The runner says what a forward's rows are (`runner/backend.py`'s verify: the decode windows
 first, then the prompt pieces): `rows(prompt_from, total)`. Outside it every row is a decode

@@ -222,8 +222,15 @@ ATTENTION_KERNELS = {
                          dict(num_warps=_WARPS, num_stages=_STAGES, launch_pdl=True)),
     "index_scores": (triton_scores._index_scores_kernel, INDEX,
                      dict(DI=128, BDI=128, BLOCK_T=triton_scores.INDEX_TILE[0],
-                          BLOCK_N=triton_scores.INDEX_TILE[1], PRECISION="tf32"),
+                          BLOCK_N=triton_scores.INDEX_TILE[1], PRECISION="tf32",
+                          DECODE=False),
                      dict(num_warps=triton_scores.INDEX_TILE[2])),
+    # decode rows: the block keys as the dot's rows, up to 16 query rows its columns
+    "index_scores decode": (triton_scores._index_scores_kernel, INDEX,
+                            dict(DI=128, BDI=128, BLOCK_T=triton_scores.DECODE_TILE[0],
+                                 BLOCK_N=triton_scores.DECODE_TILE[1], PRECISION="tf32",
+                                 DECODE=True),
+                            dict(num_warps=triton_scores.DECODE_TILE[2])),
 }  # fmt: skip
 
 

@@ -204,27 +204,48 @@ def ref_scores(iq, keys):
     return s.reshape(b, t, hi, -1).relu().sum(2) / di**0.5
 
 
+# prompt rows' tiles (tensor-core dots) and decode rows' (the block keys as the dot's rows)
+KINDS = pytest.mark.parametrize("decode", [False, True], ids=["prompt rows", "decode rows"])
+
+
+@KINDS
 @pytest.mark.parametrize("nb", [1, 7, 70])
-def test_index_scores_match_reference(nb):
+def test_index_scores_match_reference(nb, decode):
     iq, keys = index_inputs(2, 3, 2, 32, nb, seed=nb)
-    s = attn_tri.index_scores(iq, keys)
+    s = attn_tri.index_scores(iq, keys, decode=decode)
     torch.testing.assert_close(s, ref_scores(iq, keys), rtol=1e-5, atol=1e-5)
     # per row: a row alone equals the same row in the call
-    assert_dot_equal(attn_tri.index_scores(iq[1:, 2:], keys[1:]), s[1:, 2:])
+    assert_dot_equal(attn_tri.index_scores(iq[1:, 2:], keys[1:], decode=decode), s[1:, 2:])
     # a block key's score does not depend on how many follow it (the lone driver scores whole
     # caches, shared rounds caches cut at the length)
     cut = max(1, nb - 5)
-    assert torch.equal(attn_tri.index_scores(iq, keys[:, :cut].contiguous()), s[..., :cut])
+    got = attn_tri.index_scores(iq, keys[:, :cut].contiguous(), decode=decode)
+    assert torch.equal(got, s[..., :cut])
 
 
-def test_index_scores_with_positions_compute_every_ranked_column():
+def test_decode_rows_scores_are_their_own_whatever_the_window():
+    """Decode rows: a row's scores alone (a lone step's, T = 1) are its scores in a verify
+    window of three rows and in a batch of sessions, bit for bit."""
+    iq, keys = index_inputs(3, 3, 4, 128, 150, seed=11)
+    window = attn_tri.index_scores(iq, keys, decode=True)
+    for b in range(3):
+        for t in range(3):
+            alone = attn_tri.index_scores(iq[b : b + 1, t : t + 1], keys[b : b + 1], decode=True)
+            assert torch.equal(alone[0, 0], window[b, t])
+    rows = iq.transpose(0, 1).reshape(9, 1, 4, 128)  # every row its own batch entry
+    spread = attn_tri.index_scores(rows, keys.repeat(3, 1, 1), decode=True)
+    assert torch.equal(spread.view(3, 3, -1).transpose(0, 1), window)
+
+
+@KINDS
+def test_index_scores_with_positions_compute_every_ranked_column(decode):
     """Given the rows' positions, the columns up to each row's complete blocks are the scores'
     bit for bit (tiles past every row's may be skipped: a short context in a large session)."""
     block, nb = 4, 200  # four tiles of block keys
     iq, keys = index_inputs(2, 3, 2, 32, nb, seed=3)
-    full = attn_tri.index_scores(iq, keys)
+    full = attn_tri.index_scores(iq, keys, decode=decode)
     pos = torch.tensor([[5, 100, 250], [799, 0, 3]], device=DEVICE)
-    got = attn_tri.index_scores(iq, keys, positions=pos, block=block)
+    got = attn_tri.index_scores(iq, keys, positions=pos, block=block, decode=decode)
     for (i, j), p in zip(((0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)), pos.flatten()):
         reach = (int(p) + 1) // block
         assert torch.equal(got[i, j, :reach], full[i, j, :reach])
@@ -232,8 +253,9 @@ def test_index_scores_with_positions_compute_every_ranked_column():
         attn_tri.index_scores(iq, keys, positions=pos)
 
 
+@KINDS
 @pytest.mark.parametrize("programs", [1, 3, 8])
-def test_index_scores_looping_over_tiles_give_the_same_bits(monkeypatch, programs):
+def test_index_scores_looping_over_tiles_give_the_same_bits(monkeypatch, programs, decode):
     """triton_scores.PROGRAMS: programs that loop over every n-th tile of their row score
     each block key as one program a tile does, with and without the rows' positions."""
     from flashlane.kernels.attention import triton_scores
@@ -241,11 +263,11 @@ def test_index_scores_looping_over_tiles_give_the_same_bits(monkeypatch, program
     block, nb = 4, 200  # four tiles of block keys a row
     iq, keys = index_inputs(2, 3, 2, 32, nb, seed=5)
     pos = torch.tensor([[5, 100, 250], [799, 0, 3]], device=DEVICE)
-    full = attn_tri.index_scores(iq, keys)
-    bounded = attn_tri.index_scores(iq, keys, positions=pos, block=block)
+    full = attn_tri.index_scores(iq, keys, decode=decode)
+    bounded = attn_tri.index_scores(iq, keys, positions=pos, block=block, decode=decode)
     monkeypatch.setattr(triton_scores, "PROGRAMS", programs)
-    assert torch.equal(attn_tri.index_scores(iq, keys), full)
-    got = attn_tri.index_scores(iq, keys, positions=pos, block=block)
+    assert torch.equal(attn_tri.index_scores(iq, keys, decode=decode), full)
+    got = attn_tri.index_scores(iq, keys, positions=pos, block=block, decode=decode)
     for (i, j), p in zip(((0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)), pos.flatten()):
         reach = (int(p) + 1) // block
         assert torch.equal(got[i, j, :reach], bounded[i, j, :reach])

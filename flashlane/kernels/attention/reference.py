@@ -88,12 +88,15 @@ def select_mask(
     top_blocks: int,
     scores_of=index_scores,
     dense_check: bool = True,
+    decode: bool = False,
 ) -> torch.Tensor:
     """Which keys each query may attend to.
 
     index_q: [B, T, Hi, Di] (normed, roped); block_keys: [B, NB, Di] (pooled, normed, roped);
     positions: [B, T] absolute query positions; keys are positions 0..num_keys-1.
     `scores_of(index_q, block_keys)` computes the indexer scores (the Triton set passes its own).
+    `decode` (the rows are decode rows, whose Triton scores take their own tile) changes
+    nothing here: one arithmetic for every row.
     Returns a bool mask [B, T, num_keys].
 
     `dense_check=False` skips the shortcut for rows that see all their complete blocks, which

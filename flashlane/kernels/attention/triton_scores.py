@@ -1,7 +1,17 @@
 """The indexer's scores in Triton: sum_h relu(q_h . block key) / sqrt(Di) for every query
 row and block key, as reference.index_scores. One program per tile of query rows and block
-keys sums the heads in order, each head's scores a dot on the tensor cores; the tile never
-depends on T, B or the number of block keys, so a row's scores are its own bits.
+keys sums the heads in order; the tile never depends on T, B or the number of block keys, so
+a row's scores are its own bits.
+
+Prompt rows take each head's scores as a dot on the tensor cores, 64 query rows a tile.
+Decode rows (a verify window's, a lone or drafted step's: `decode`) come one or a few to a
+session, so a 64-row dot spent 63 of its 64 rows on nothing: at 131,072 keys the scores took
+37 us a layer at four streams, the tensor cores' time, with the keys read at 0.86 TB/s
+(results/attention_decode_71c8965_*.json); one row a program on the FMA units took twice
+that (results/attention_decode_h100_46374c1_*.json). So decode rows turn the dot around: the
+block keys are its 64 rows and up to 16 query rows its columns, a quarter of the work. The two
+kinds' bits differ (DESIGN.md section 1 allows it: kernels/row_kind.py), and each kind has one
+tile whatever else runs.
 """
 
 from __future__ import annotations
@@ -18,6 +28,9 @@ from flashlane.kernels.tables import BLOCKS_COL, NB_COL, TABLE_WIDTH, no_longs, 
 # head order (an 8k prompt: 1.59 -> 0.11 ms a layer on the H200 against fp32 FMAs one row a
 # program, the same mask; results/attention_prefill_h200_0e77c8b.json)
 INDEX_TILE = (64, 64, 4)
+# decode rows' tiles: (query rows, block keys, warps), each head's scores a dot of the block
+# keys (the MMA's 64-row side) by the few query rows (16 columns, the least a dot takes)
+DECODE_TILE = (16, 64, 4)
 # tile programs a launch aims at: 0, one a tile (a 71,808-position session: 281 a row, most of
 # them past a short context's blocks); N, each program loops over every (N / rows)-th tile of
 # its row, the same sums. 528 (four an SM): a QSA layer 0.3-14 us faster at 64 to 64k keys,
@@ -44,6 +57,7 @@ def _index_scores_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
+    DECODE: tl.constexpr = False,
     PDL: tl.constexpr = 0,
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
@@ -72,17 +86,30 @@ def _index_scores_kernel(
             mask=m_n[:, None] & m_d[None, :],
             other=0.0,
         )
-        acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-        for h in range(0, HI):
-            qh = tl.load(
-                iq_ptr + q_rows[:, None] + h * DI + d[None, :],
-                mask=m_t[:, None] & m_d[None, :],
-                other=0.0,
-            ).to(key.dtype)
-            s = tl.dot(qh, tl.trans(key), input_precision=PRECISION)
-            acc += tl.maximum(s, 0.0)
-        out = scores_ptr + (i_b.to(tl.int64) * T + t)[:, None] * NB + n[None, :]
-        tl.store(out, acc / sqrt_di, mask=m_t[:, None] & m_n[None, :])
+        if DECODE:  # the block keys as the dot's rows, the few query rows as its columns
+            acc_t = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
+            for h in range(0, HI):
+                qh = tl.load(
+                    iq_ptr + q_rows[:, None] + h * DI + d[None, :],
+                    mask=m_t[:, None] & m_d[None, :],
+                    other=0.0,
+                ).to(key.dtype)
+                s_t = tl.dot(key, tl.trans(qh), input_precision=PRECISION)
+                acc_t += tl.maximum(s_t, 0.0)
+            out = scores_ptr + (i_b.to(tl.int64) * T + t)[None, :] * NB + n[:, None]
+            tl.store(out, acc_t / sqrt_di, mask=m_n[:, None] & m_t[None, :])
+        else:
+            acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+            for h in range(0, HI):
+                qh = tl.load(
+                    iq_ptr + q_rows[:, None] + h * DI + d[None, :],
+                    mask=m_t[:, None] & m_d[None, :],
+                    other=0.0,
+                ).to(key.dtype)
+                s = tl.dot(qh, tl.trans(key), input_precision=PRECISION)
+                acc += tl.maximum(s, 0.0)
+            out = scores_ptr + (i_b.to(tl.int64) * T + t)[:, None] * NB + n[None, :]
+            tl.store(out, acc / sqrt_di, mask=m_t[:, None] & m_n[None, :])
 
 
 def index_scores(
@@ -92,6 +119,7 @@ def index_scores(
     nb: int = 0,
     positions: torch.Tensor | None = None,
     block: int = 0,
+    decode: bool = False,
 ) -> torch.Tensor:
     """sum_h relu(index_q[b, t, h] . block_keys[b, n]) / sqrt(Di) in fp32: [B, T, NB]. One
     program per tile of query rows and block keys (INDEX_TILE; fewer with PROGRAMS, each
@@ -103,7 +131,8 @@ def index_scores(
     b's in place, and the scores have nb columns, those past session b's own left unwritten.
     With `positions` [B, T] and the indexer's `block`, columns at or past a row's complete
     blocks ((position + 1) // block, the most the mask ranks) may be left unwritten: a tile
-    past all its rows' is not computed (a short context in a large session)."""
+    past all its rows' is not computed (a short context in a large session). `decode`: the
+    rows are decode rows (module docstring): the block keys are the dot's rows."""
     b, t, hi, di = index_q.shape
     if positions is not None and block <= 0:
         raise ValueError("index_scores: positions need the indexer's block")
@@ -112,7 +141,7 @@ def index_scores(
     scores = torch.empty(b, t, nb, dtype=torch.float32, device=index_q.device)
     if b * t == 0 or nb == 0:
         return scores
-    block_t, block_n, warps = INDEX_TILE
+    block_t, block_n, warps = DECODE_TILE if decode else INDEX_TILE
     keys = block_keys.contiguous()
     tiles = triton.cdiv(nb, block_n)
     if PROGRAMS > 0:
@@ -137,6 +166,7 @@ def index_scores(
         BLOCK_T=block_t,
         BLOCK_N=block_n,
         PRECISION="ieee" if keys.dtype == torch.float32 else "tf32",
+        DECODE=decode,
         num_warps=warps,
         **pdl(scores.device),
     )

@@ -236,10 +236,13 @@ def select_mask(
     block: int,
     top_blocks: int,
     dense_check: bool = True,
+    decode: bool = False,
 ) -> torch.Tensor:
     """reference.select_mask: the indexer scores and the mask each in one Triton launch
     (the mask ranked without a sort), always without the dense shortcut (the same
     mask): its host read of a device value waits for the GPU, which costs a host-bound round
-    more than the scores do. `dense_check` is accepted for the signature and ignored."""
-    scores = index_scores(index_q, block_keys, positions=positions, block=block)
+    more than the scores do. `dense_check` is accepted for the signature and ignored.
+    `decode`: the rows are decode rows (verify windows), whose scores take their own tile
+    (triton_scores.py)."""
+    scores = index_scores(index_q, block_keys, positions=positions, block=block, decode=decode)
     return select_from_scores(scores, positions, num_keys, block, top_blocks)

@@ -6,6 +6,7 @@ and `triton_select.py`'s.
 
 from __future__ import annotations
 
+from functools import partial
 from types import SimpleNamespace
 
 import torch
@@ -75,7 +76,10 @@ def attend_sessions(
     )
     nb = max(c.block_keys.shape[0] for c in caches)
     num_keys = max(c.k.shape[0] for c in caches)
-    scores = index_scores(iq[:, None], first.block_keys[None], table, nb, pos[:, None], block)
+    # every row here is a decode row (a lone or drafted step's): their own scores' tile
+    scores = index_scores(
+        iq[:, None], first.block_keys[None], table, nb, pos[:, None], block, decode=True
+    )
     mask = select_from_scores(scores, pos[:, None], num_keys, block, top_blocks)
     lengths = pos + 1 if lengths is None else lengths
     kv = (first.k_scale[None], first.v_scale[None]) if caches8 else None
@@ -93,7 +97,9 @@ def attend_sessions(
     )[:, 0]
 
 
-# the per-session Triton kernels, for reference.attend_sessions' loop
+# the per-session Triton kernels, for reference.attend_sessions' loop (decode rows, as above)
 _PER_SESSION = SimpleNamespace(
-    pool_block_at=blocks_tr.pool_block_at, select_mask=select_mask, attention=attention
+    pool_block_at=blocks_tr.pool_block_at,
+    select_mask=partial(select_mask, decode=True),
+    attention=attention,
 )

@@ -131,7 +131,9 @@ class QSAttention(nn.Module):
         cached = self._write_all(windows, k, v, raw, rotary, rows)
         keys, values, block_keys, nk = padded_caches(cached)
         cfg, blk = self.cfg, self.cfg.indexer_block
-        mask = kernels.select_mask(iq, block_keys, pos, nk, blk, cfg.indexer_top_blocks)
+        # verify windows are decode rows: the indexer's scores take their tile (split)
+        top = cfg.indexer_top_blocks
+        mask = kernels.select_mask(iq, block_keys, pos, nk, blk, top, decode=split)
         scale = cfg.head_dim**-0.5
         res = kernels.attention(q, keys, values, mask, scale, positions=pos, split=split)
         stack_out(rows, windows, res, out)
@@ -143,8 +145,9 @@ class QSAttention(nn.Module):
             block_keys = self.indexer.block_keys(raw[:, : nk // blk * blk], 0, rotary)
         else:
             keys, values, block_keys, nk = self._write(group[0], k[0], v[0], raw[0], rotary)
-        mask = kernels.select_mask(iq, block_keys, pos, nk, blk, cfg.indexer_top_blocks)
         split = group[0].recurrent  # a verify window: the decode walk (attention's `split`)
+        top = cfg.indexer_top_blocks
+        mask = kernels.select_mask(iq, block_keys, pos, nk, blk, top, decode=split)
         scale = cfg.head_dim**-0.5
         return kernels.attention(q, keys, values, mask, scale, positions=pos, split=split)
 
