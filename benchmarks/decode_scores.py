@@ -11,7 +11,7 @@ to the batch's (row invariance); the mask the select ranks from them, keys that 
 the prompt tile's (near ties only).
 
     python benchmarks/decode_scores.py [--contexts 16384,65536,131072] [--streams 1,4,16]
-        [--rows 1,3] [--tiles 16x64x4,16x128x4,16x128x8]
+        [--rows 1,3] [--tiles 16x64x4,16x64x4x2@1056,16x256x8]
 """
 
 from __future__ import annotations
@@ -28,6 +28,17 @@ from flashlane.kernels.attention.triton_scores import index_scores
 from flashlane.kernels.attention.triton_select import select_from_scores
 
 HI, DI, BLOCK, TOP = 4, 128, 4, 512
+
+
+def tile_name(tile: tuple) -> str:
+    dims, programs = tile
+    return "x".join(map(str, dims)) + f"@{programs}"
+
+
+def parse_tile(text: str) -> tuple:
+    """'16x64x4' (query rows x block keys x warps[x stages]) [@programs, default PROGRAMS]."""
+    dims, _, programs = text.partition("@")
+    return tuple(int(v) for v in dims.split("x")), int(programs or triton_scores.PROGRAMS)
 
 
 def copy_bandwidth() -> float:
@@ -51,11 +62,11 @@ def one(c: int, b: int, t: int, tiles: list[tuple], bw: float) -> dict:
     prompt_mask = select_from_scores(prompt, pos, c, BLOCK, TOP)
     us = graph_timed(lambda: scores(False), 20) * 1e6
     row = dict(context=c, streams=b, rows=t, prompt_us=us, prompt_of_bw=key_bytes / us / bw * 1e6)
-    default = triton_scores.DECODE_TILE
+    default = triton_scores.DECODE_TILE, triton_scores.DECODE_PROGRAMS
     try:
         for tile in tiles:
-            triton_scores.DECODE_TILE = tile
-            name = "x".join(map(str, tile))
+            triton_scores.DECODE_TILE, triton_scores.DECODE_PROGRAMS = tile
+            name = tile_name(tile)
             got = scores(True)
             us = graph_timed(lambda: scores(True), 20) * 1e6
             alone = all(
@@ -77,7 +88,7 @@ def one(c: int, b: int, t: int, tiles: list[tuple], bw: float) -> dict:
                 mask_keys_differ=int((mask != prompt_mask).sum()),
             )
     finally:
-        triton_scores.DECODE_TILE = default
+        triton_scores.DECODE_TILE, triton_scores.DECODE_PROGRAMS = default
     return row
 
 
@@ -88,10 +99,10 @@ def main() -> None:
     ap.add_argument("--rows", default="1,3")
     ap.add_argument("--tiles", default="16x64x4,16x128x4,16x128x8,16x256x8")
     args = ap.parse_args()
-    tiles = [tuple(int(v) for v in s.split("x")) for s in args.tiles.split(",")]
+    tiles = [parse_tile(s) for s in args.tiles.split(",")]
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; decode rows' scores, us a layer (of bw)")
-    names = ["x".join(map(str, tile)) for tile in tiles]
+    names = [tile_name(tile) for tile in tiles]
     print(f"{'ctx':>7} {'B':>3} {'T':>2} {'prompt':>13}" + "".join(f" {n:>22}" for n in names))
     rows = []
     for c in (int(v) for v in args.contexts.split(",")):
@@ -115,7 +126,7 @@ def main() -> None:
         commit=commit(),
         device=torch.cuda.get_device_name(),
         copy_bandwidth=bw,
-        default_tile=list(triton_scores.DECODE_TILE),
+        default_tile=tile_name((triton_scores.DECODE_TILE, triton_scores.DECODE_PROGRAMS)),
         rows=rows,
     )
     print(json.dumps(out))

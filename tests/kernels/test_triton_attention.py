@@ -266,6 +266,7 @@ def test_index_scores_looping_over_tiles_give_the_same_bits(monkeypatch, program
     full = attn_tri.index_scores(iq, keys, decode=decode)
     bounded = attn_tri.index_scores(iq, keys, positions=pos, block=block, decode=decode)
     monkeypatch.setattr(triton_scores, "PROGRAMS", programs)
+    monkeypatch.setattr(triton_scores, "DECODE_PROGRAMS", programs)
     assert torch.equal(attn_tri.index_scores(iq, keys, decode=decode), full)
     got = attn_tri.index_scores(iq, keys, positions=pos, block=block, decode=decode)
     for (i, j), p in zip(((0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)), pos.flatten()):

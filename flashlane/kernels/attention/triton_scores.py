@@ -36,6 +36,7 @@ DECODE_TILE = (16, 64, 4)
 # its row, the same sums. 528 (four an SM): a QSA layer 0.3-14 us faster at 64 to 64k keys,
 # the most at 16 streams (results/attention_decode_h200_8299589.json)
 PROGRAMS = 528
+DECODE_PROGRAMS = PROGRAMS
 
 
 @triton.jit(do_not_specialize=["T", "NB", "HI", "HAS_TABLE", "HAS_POS", "BLOCK"])
@@ -141,11 +142,12 @@ def index_scores(
     scores = torch.empty(b, t, nb, dtype=torch.float32, device=index_q.device)
     if b * t == 0 or nb == 0:
         return scores
-    block_t, block_n, warps = DECODE_TILE if decode else INDEX_TILE
+    block_t, block_n, warps, *stages = DECODE_TILE if decode else INDEX_TILE
+    programs = DECODE_PROGRAMS if decode else PROGRAMS
     keys = block_keys.contiguous()
     tiles = triton.cdiv(nb, block_n)
-    if PROGRAMS > 0:
-        tiles = max(1, min(tiles, PROGRAMS // (b * triton.cdiv(t, block_t))))
+    if programs > 0:
+        tiles = max(1, min(tiles, programs // (b * triton.cdiv(t, block_t))))
     _index_scores_kernel[(triton.cdiv(t, block_t), tiles, b)](
         index_q.to(keys.dtype).contiguous(),
         keys,
@@ -168,6 +170,7 @@ def index_scores(
         PRECISION="ieee" if keys.dtype == torch.float32 else "tf32",
         DECODE=decode,
         num_warps=warps,
+        **({"num_stages": stages[0]} if stages else {}),
         **pdl(scores.device),
     )
     return scores
