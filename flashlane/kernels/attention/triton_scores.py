@@ -29,14 +29,18 @@ from flashlane.kernels.tables import BLOCKS_COL, NB_COL, TABLE_WIDTH, no_longs, 
 # program, the same mask; results/attention_prefill_h200_0e77c8b.json)
 INDEX_TILE = (64, 64, 4)
 # decode rows' tiles: (query rows, block keys, warps), each head's scores a dot of the block
-# keys (the MMA's 64-row side) by the few query rows (16 columns, the least a dot takes)
+# keys (the MMA's 64-row side) by the few query rows (16 columns, the least a dot takes). On
+# the H100 at 131,072 keys and 1 / 4 / 16 streams: 6.7 / 18.0 / 70.0 us a layer against the
+# prompt tile's 11.1 / 33.7 / 127.3, the same bits (results/decode_scores_h100_1ea81b8_*);
+# (16, 128, 8) in 3 stages was 1.6-8 us faster at 128k but 0.7 slower at 16k and one stream
 DECODE_TILE = (16, 64, 4)
 # tile programs a launch aims at: 0, one a tile (a 71,808-position session: 281 a row, most of
 # them past a short context's blocks); N, each program loops over every (N / rows)-th tile of
 # its row, the same sums. 528 (four an SM): a QSA layer 0.3-14 us faster at 64 to 64k keys,
 # the most at 16 streams (results/attention_decode_h200_8299589.json)
 PROGRAMS = 528
-DECODE_PROGRAMS = PROGRAMS
+# decode rows' programs (eight an SM): at 131,072 keys and four streams 18.0 us against 18.8
+DECODE_PROGRAMS = 1056
 
 
 @triton.jit(do_not_specialize=["T", "NB", "HI", "HAS_TABLE", "HAS_POS", "BLOCK"])
