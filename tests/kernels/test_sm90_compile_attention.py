@@ -142,8 +142,7 @@ ATTENTION_KERNELS = {
     # row whole), a lower byte's, the flags and the mask
     **{f"select spread {step}": (triton_select_spread._spread_kernel, SPREAD,
                                  dict(BLOCK=4, TOP=512, CHUNK=1024, WHOLE=triton_select.WHOLE,
-                                      PASS=step, KEYS=triton_select_spread.MASK_KEYS, PDL=1),
-                                 dict(launch_pdl=True))
+                                      PASS=step, KEYS=triton_select_spread.MASK_KEYS))
        for step in (0, 3, 4)},
     "select spread whole 8192": (triton_select_spread._spread_kernel, SPREAD,
                                  dict(BLOCK=4, TOP=512, CHUNK=1024, WHOLE=8192, PASS=0,

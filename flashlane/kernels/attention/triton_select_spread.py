@@ -28,7 +28,6 @@ from flashlane.kernels.attention.triton_select import (
     _pick_digit,
     whole_warps,
 )
-from flashlane.kernels.pdl import enter, pdl
 
 MASK_KEYS = 1024  # mask bytes the last pass writes a step
 TOP_KEY = tl.constexpr(4294967296)  # a NaN's order key
@@ -95,9 +94,7 @@ def _spread_kernel(
     WHOLE: tl.constexpr,
     PASS: tl.constexpr,
     KEYS: tl.constexpr,
-    PDL: tl.constexpr = 0,
 ):
-    enter(PDL)  # kernels/pdl.py: each pass starts as the one before drains, then waits for it
     row = tl.program_id(0).to(tl.int64)
     p = tl.program_id(1)
     n_p = tl.num_programs(1)
@@ -183,5 +180,5 @@ def rank_and_mask(scores, positions, mask, sizes: tuple[int, int, int, int]):
         _spread_kernel[(rows, n_p)](
             scores, positions, nans, firsts, hist, keep, mask, nb, num_keys,
             BLOCK=block, TOP=top, CHUNK=chunk, WHOLE=whole, PASS=step, KEYS=MASK_KEYS,
-            num_warps=whole_warps(whole), **pdl(dev),
+            num_warps=whole_warps(whole),
         )  # fmt: skip
