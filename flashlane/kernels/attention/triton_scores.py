@@ -82,6 +82,8 @@ def _index_scores_kernel(
         p = tl.load(pos_ptr + i_b.to(tl.int64) * T + t, mask=m_t, other=-1)
         nb = tl.minimum(nb, tl.max((p + 1) // BLOCK, axis=0))
     q_rows = (i_b.to(tl.int64) * T + t) * HI * DI  # [BLOCK_T]
+    q_ptrs, m_q = iq_ptr + q_rows[:, None] + d[None, :], m_t[:, None] & m_d[None, :]
+    out_rows = (i_b.to(tl.int64) * T + t) * NB
     # this program's tiles of block keys: one, or every num_programs(1)-th (the same sums)
     for tile in range(tl.program_id(1), tl.cdiv(nb, BLOCK_N).to(tl.int32), tl.num_programs(1)):
         n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -91,30 +93,22 @@ def _index_scores_kernel(
             mask=m_n[:, None] & m_d[None, :],
             other=0.0,
         )
-        if DECODE:  # the block keys as the dot's rows, the few query rows as its columns
-            acc_t = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
-            for h in range(0, HI):
-                qh = tl.load(
-                    iq_ptr + q_rows[:, None] + h * DI + d[None, :],
-                    mask=m_t[:, None] & m_d[None, :],
-                    other=0.0,
-                ).to(key.dtype)
-                s_t = tl.dot(key, tl.trans(qh), input_precision=PRECISION)
-                acc_t += tl.maximum(s_t, 0.0)
-            out = scores_ptr + (i_b.to(tl.int64) * T + t)[None, :] * NB + n[:, None]
-            tl.store(out, acc_t / sqrt_di, mask=m_n[:, None] & m_t[None, :])
+        # decode rows: the block keys as the dot's rows, the few query rows as its columns
+        if DECODE:
+            acc = tl.zeros([BLOCK_N, BLOCK_T], dtype=tl.float32)
         else:
             acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
-            for h in range(0, HI):
-                qh = tl.load(
-                    iq_ptr + q_rows[:, None] + h * DI + d[None, :],
-                    mask=m_t[:, None] & m_d[None, :],
-                    other=0.0,
-                ).to(key.dtype)
-                s = tl.dot(qh, tl.trans(key), input_precision=PRECISION)
-                acc += tl.maximum(s, 0.0)
-            out = scores_ptr + (i_b.to(tl.int64) * T + t)[:, None] * NB + n[None, :]
-            tl.store(out, acc / sqrt_di, mask=m_t[:, None] & m_n[None, :])
+        for h in range(0, HI):
+            qh = tl.load(q_ptrs + h * DI, mask=m_q, other=0.0).to(key.dtype)
+            if DECODE:
+                acc += tl.maximum(tl.dot(key, tl.trans(qh), input_precision=PRECISION), 0.0)
+            else:
+                acc += tl.maximum(tl.dot(qh, tl.trans(key), input_precision=PRECISION), 0.0)
+        if DECODE:
+            out, m_out = out_rows[None, :] + n[:, None], m_n[:, None] & m_t[None, :]
+        else:
+            out, m_out = out_rows[:, None] + n[None, :], m_t[:, None] & m_n[None, :]
+        tl.store(scores_ptr + out, acc / sqrt_di, mask=m_out)
 
 
 def index_scores(
