@@ -237,6 +237,20 @@ def test_decode_rows_scores_are_their_own_whatever_the_window():
     assert torch.equal(spread.view(3, 3, -1).transpose(0, 1), window)
 
 
+def test_decode_rows_past_one_tile_are_scored_as_alone():
+    """A verify window of more decode rows than a decode tile's columns (a long copy draft)
+    spans two tiles: every row matches the reference, and alone gives its bits."""
+    from flashlane.kernels.attention import triton_scores
+
+    t = triton_scores.DECODE_TILE[0] + 3
+    iq, keys = index_inputs(2, t, 4, 32, 90, seed=13)
+    window = attn_tri.index_scores(iq, keys, decode=True)
+    torch.testing.assert_close(window, ref_scores(iq, keys), rtol=1e-5, atol=1e-5)
+    for row in (0, t - 1):
+        alone = attn_tri.index_scores(iq[1:, row : row + 1], keys[1:], decode=True)
+        assert_dot_equal(alone[0, 0], window[1, row])
+
+
 @KINDS
 def test_index_scores_with_positions_compute_every_ranked_column(decode):
     """Given the rows' positions, the columns up to each row's complete blocks are the scores'
