@@ -21,8 +21,9 @@ import json
 import time
 
 import torch
+from attention_decode import copy_bandwidth
 
-from flashlane.bench.common import commit, cuda_timed, graph_timed
+from flashlane.bench.common import commit, graph_timed
 from flashlane.kernels.attention import triton_scores
 from flashlane.kernels.attention.triton_scores import index_scores
 from flashlane.kernels.attention.triton_select import select_from_scores
@@ -39,12 +40,6 @@ def parse_tile(text: str) -> tuple:
     """'16x64x4' (query rows x block keys x warps[x stages]) [@programs, default PROGRAMS]."""
     dims, _, programs = text.partition("@")
     return tuple(int(v) for v in dims.split("x")), int(programs or triton_scores.PROGRAMS)
-
-
-def copy_bandwidth() -> float:
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    return 2 * x.numel() / cuda_timed(lambda: y.copy_(x), 5)
 
 
 def one(c: int, b: int, t: int, tiles: list[tuple], bw: float) -> dict:

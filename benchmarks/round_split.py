@@ -55,13 +55,17 @@ def profiled(fn, cuda: bool) -> dict:
     return {"wall_ms": 1e3 * wall, "launches": launches, "kernels_ms": busy / 1e3}
 
 
-def host_top(fn, n: int = 12) -> list[tuple[str, float]]:
-    """The flashlane functions with the most cumulative host time in fn(), ms."""
+def host_profile(fn) -> dict:
+    """fn()'s host profile: cProfile's (file, line, name) -> (cc, nc, tt, ct, callers)."""
     pr = cProfile.Profile()
     pr.enable()
     fn()
     pr.disable()
-    stats = pstats.Stats(pr).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
+    return pstats.Stats(pr).stats
+
+
+def host_top(stats: dict, n: int = 12) -> list[tuple[str, float]]:
+    """The flashlane functions with the most cumulative host time in a profile, ms."""
     rows = [
         (f"{path.rsplit('/flashlane/', 1)[-1]}:{name}", ct * 1e3)
         for (path, _, name), (_, _, _, ct, _) in stats.items()
@@ -70,16 +74,12 @@ def host_top(fn, n: int = 12) -> list[tuple[str, float]]:
     return sorted(rows, key=lambda r: -r[1])[:n]
 
 
-def host_self(fn, n: int = 15) -> list[tuple[str, int, float]]:
-    """The functions (any package, builtins too) with the most host time of their own in
-    fn(): name, calls, ms. On a GPU the round's host work is most of its wall."""
-    pr = cProfile.Profile()
-    pr.enable()
-    fn()
-    pr.disable()
+def host_self(stats: dict, n: int = 15) -> list[tuple[str, int, float]]:
+    """The functions (any package, builtins too) with the most host time of their own in a
+    profile: name, calls, ms. On a GPU the round's host work is most of its wall."""
     rows = [
         (f"{path.rsplit('/', 1)[-1]}:{name}", nc, tt * 1e3)
-        for (path, _, name), (_, nc, tt, _, _) in pstats.Stats(pr).stats.items()
+        for (path, _, name), (_, nc, tt, _, _) in stats.items()
     ]
     return sorted(rows, key=lambda r: -r[2])[:n]
 
@@ -154,13 +154,14 @@ def burst(llm: LLM, args, one: SamplingParams, cuda: bool) -> dict:
         sync(cuda)
         walls.append(1e3 * (time.perf_counter() - t))
     batch = prompts()
+    # where the host holds a burst's round (its kernels are a few percent of its wall)
+    stats = host_profile(lambda: llm.generate(prompts(), one))
     return {
         "prompts": args.pieces,
         "wall_ms_median": statistics.median(walls),
         **profiled(lambda: llm.generate(batch, one), cuda),
-        # where the host holds a burst's round (its kernels are a few percent of its wall)
-        "host": host_top(lambda: llm.generate(prompts(), one), 25),
-        "self": host_self(lambda: llm.generate(prompts(), one), 25),
+        "host": host_top(stats, 25),
+        "self": host_self(stats, 25),
     }
 
 
@@ -201,8 +202,9 @@ def main() -> None:
         "lengths": sorted(fresh.entries), "capture_s": round(fresh.capture_seconds, 3),
         "runs": fresh.num_runs, "failed": fresh.failed,
     }  # fmt: skip
-    out["prompt_round_host"] = host_top(ttft)
-    out["prompt_round_self"] = host_self(ttft)
+    stats = host_profile(ttft)
+    out["prompt_round_host"] = host_top(stats)
+    out["prompt_round_self"] = host_self(stats)
     if args.pieces > 0:
         out["burst"] = burst(llm, args, one, cuda)
 
@@ -261,7 +263,9 @@ def main() -> None:
         out["drafted"]["absorb_profiled"] = profiled_absorb[:3]
         # and one absorb's host time by flashlane function
         held: list[list] = []
-        drafter.absorb_waiting = lambda *a, **kw: held.append(host_top(lambda: inner(*a, **kw)))
+        drafter.absorb_waiting = lambda *a, **kw: held.append(
+            host_top(host_profile(lambda: inner(*a, **kw)))
+        )
         again()
         out["drafted"]["absorb_host"] = held[0] if held else []
     p = out["prompt_round"]
