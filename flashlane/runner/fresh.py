@@ -100,15 +100,15 @@ class FreshPrompts:
     def round(self, windows: Sequence[Window], rows: Rows, eager: Callable[[], tuple]) -> tuple:
         """The round's (residual rows, the drawing rows' fp32 logits): replayed where `takes`
         says so, else eager(), whose host time is kept where its windows are all fresh."""
-        got = self.run(rows) if self.takes(windows) else None
+        fresh = self._all_fresh(windows)
+        got = self.run(rows) if fresh and self._replays_pay(windows) else None
         if got is not None:
             return got
         t, built = time.perf_counter(), compiles.count()
         got = eager()
         ms, k = 1e3 * (time.perf_counter() - t), len(windows)
         # a round that compiled Triton kernels is no price (it would hold replays up forever)
-        fresh = k > 1 and self.failed is None and all(map(self._fresh, windows))
-        if fresh and compiles.count() == built:
+        if fresh and k > 1 and self.failed is None and compiles.count() == built:
             self.eager_ms[k] = min(ms, self.eager_ms.get(k, ms))
         return got
 
@@ -116,8 +116,12 @@ class FreshPrompts:
         """Whether this replays a round of these windows: one fresh whole prompt, or several
         whose replays take less GPU time than the least host time an eager round of as many
         took (none measured yet: eager, which measures it)."""
-        if self.failed is not None or not windows or not all(map(self._fresh, windows)):
-            return False
+        return self._all_fresh(windows) and self._replays_pay(windows)
+
+    def _all_fresh(self, windows: Sequence[Window]) -> bool:
+        return self.failed is None and bool(windows) and all(map(self._fresh, windows))
+
+    def _replays_pay(self, windows: Sequence[Window]) -> bool:
         if len(windows) == 1:
             return True
         eager = self.eager_ms.get(len(windows))
