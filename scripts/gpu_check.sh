@@ -10,7 +10,7 @@
 #                                                    # decode-scores, gather-ab,
 #                                                    # prefill-ab, moe-layout, fp8-prompt,
 #                                                    # timeline, step-kernels, draft-choices,
-#                                                    # lone-host, peer-build, peer
+#                                                    # lone-host, draft-overhead, peer-build, peer
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
 #          exactness of the engine on the GPU, the GPU sampler), then 10,000 full-width rows
@@ -51,6 +51,9 @@
 # lone-host: whether the lone loop waits on the GPU or its host: steps, wall a step, the
 #          host's wait for a step's rows and its land, drafts off and on, at 16 and 64
 #          streams (benchmarks/lone_host.py; LONE_HOST_ARGS overrides)
+# draft-overhead: what drafting on costs where nothing drafts, at 16 and 64 streams: off and
+#          on pairs' walls, then the host functions whose own time differs most between
+#          a profiled pass of each (benchmarks/draft_overhead.py; DRAFT_OVERHEAD_ARGS overrides)
 # step-kernels: a lone step's GPU time by kernel, plain against drafted, at 16 streams
 #          (benchmarks/step_kernels.py; STEP_KERNEL_ARGS overrides)
 # timeline: one decode step's kernels in order at TIMELINE_STREAMS (1) in sessions of
@@ -387,6 +390,10 @@ script_step() {
 
 if [[ " $steps " == *" replay "* ]]; then
     script_step replay alone_replay "${REPLAY_ARGS:---device cuda --config flashnext-12l}"
+fi
+
+if [[ " $steps " == *" draft-overhead "* ]]; then
+    script_step draft-overhead draft_overhead "${DRAFT_OVERHEAD_ARGS:---device cuda --streams 16,64 --pairs 9}"
 fi
 
 if [[ " $steps " == *" trace "* ]]; then
