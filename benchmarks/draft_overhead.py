@@ -2,7 +2,8 @@
 on the H100, 166eee3, with no drafted step at either count): bench_lanes_cpu.py's batch at
 each level, off and on interleaved pair by pair, the pass's wall and the host's time around
 it, then one profiled pass of each side and the functions whose own host time differs most
-between them (on minus off), with their calls. A function the on side alone calls is
+between them (on minus off), with their calls, and Python's garbage collections in
+the timed passes. A function the on side alone calls is
 drafting's bookkeeping; one called as often on both sides but slower points at the GPU
 (a sync that waits longer) or at memory the on side holds.
 
@@ -12,6 +13,7 @@ drafting's bookkeeping; one called as often on both sides but slower points at t
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 from statistics import median
@@ -22,6 +24,27 @@ from round_split import host_profile
 
 from flashlane.llm import LLM
 from flashlane.request import SamplingParams
+
+
+class Collections:
+    """Python's garbage collections while it is on: by generation, (count, ms)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, list] = {}
+        self.t0 = 0.0
+        gc.callbacks.append(self)
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self.t0 = time.perf_counter()
+            return
+        got = self.seen.setdefault(info["generation"], [0, 0.0])
+        got[0] += 1
+        got[1] += 1e3 * (time.perf_counter() - self.t0)
+
+    def take(self) -> dict[int, list]:
+        seen, self.seen = self.seen, {}
+        return seen
 
 
 def timed_pass(llm: LLM, batch, params: SamplingParams) -> tuple[float, float, list]:
@@ -55,7 +78,7 @@ def differences(off: dict, on: dict, n: int) -> list[dict]:
     return top
 
 
-def level(llm: LLM, n: int, args, on: SamplingParams, off: SamplingParams) -> dict:
+def level(llm: LLM, n: int, args, on, off, collections: Collections) -> dict:
     batch = prompts(llm, n)
     for params in (off, on, off, on):  # compiles, captures, the prompt cache's first keeps
         run(llm, batch, params)
@@ -63,10 +86,15 @@ def level(llm: LLM, n: int, args, on: SamplingParams, off: SamplingParams) -> di
     cpus: dict[str, list[float]] = {"off": [], "on": []}
     before = drafting_counts(llm)
     drafted = 0
+    gcs: dict[str, dict] = {"off": {}, "on": {}}  # generation -> [collections, ms], summed
     for i in range(args.pairs):
         pair = (("off", off), ("on", on))
         for name, params in pair if i % 2 == 0 else pair[::-1]:
+            collections.take()
             dt, cpu, outs = timed_pass(llm, batch, params)
+            for g, (c, ms) in collections.take().items():
+                got = gcs[name].setdefault(g, [0, 0.0])
+                got[0], got[1] = got[0] + c, round(got[1] + ms, 3)
             walls[name].append(dt * 1e3)
             cpus[name].append(cpu * 1e3)
             drafted += sum(o.stats.drafted for o in outs) if name == "on" else 0
@@ -82,6 +110,7 @@ def level(llm: LLM, n: int, args, on: SamplingParams, off: SamplingParams) -> di
         "on_over_off": round(median(ratios), 4),
         "on_over_off_runs": [round(r, 4) for r in ratios],
         "drafted": drafted,
+        "collections": gcs,
         "lone_drafting": {k: v - before.get(k, 0) for k, v in drafting_counts(llm).items()},
         "host_differences": differences(profiles["off"], profiles["on"], args.top),
     }
@@ -99,13 +128,15 @@ def main() -> None:
     llm = LLM(None, parallel=max(levels), device=args.device)
     on = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
     off = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True, draft=False)
-    rows = [level(llm, n, args, on, off) for n in levels]
+    collections = Collections()
+    rows = [level(llm, n, args, on, off, collections) for n in levels]
     for r in rows:
         print(
             f"-- {r['streams']} streams: on / off {r['on_over_off']} "
             f"({r['on_over_off_runs'][0]}-{r['on_over_off_runs'][-1]}); wall ms off "
             f"{r['wall_ms']['off']} on {r['wall_ms']['on']}; host CPU ms off "
-            f"{r['cpu_ms']['off']} on {r['cpu_ms']['on']}; drafted {r['drafted']}"
+            f"{r['cpu_ms']['off']} on {r['cpu_ms']['on']}; drafted {r['drafted']}; "
+            f"garbage collections by generation [count, ms] of all passes: {r['collections']}"
         )
         print(f"   {'own ms off':>10} {'on':>8} {'calls off':>9} {'on':>6}  function")
         for d in r["host_differences"]:
