@@ -21,20 +21,23 @@ RECENT = 8
 
 class CopyIndex:
     """One stream's context (prompt then reply) and where each MIN_MATCH-gram occurred,
-    keyed when a proposal asks (`extend` only appends: every token of every reply comes
-    through it, drafting or not; 64 streams of 64 tokens keyed 4,096 grams a pass, about
-    1 ms of the host's time on the GPU machine, where no stream could draft)."""
+    keyed when a proposal asks. With `reply` (the stream's reply list, which only grows) the
+    index reads the reply's new tokens when it proposes: a reply's tokens cost nothing
+    until then (64 streams of 64 tokens through `extend` took ~0.4 ms of the host's time a
+    pass on the H100's host, where no stream could draft: draft_overhead_h100_a9a8031_*)."""
 
-    __slots__ = ("_ends", "_keyed", "ids")
+    __slots__ = ("_ends", "_keyed", "_read", "_reply", "ids")
 
-    def __init__(self, ids: Iterable[int] = ()) -> None:
+    def __init__(self, ids: Iterable[int] = (), reply: list[int] | None = None) -> None:
         self.ids: list[int] = list(ids)
         # gram -> positions just after its earlier occurrences, oldest first, for every
         # position below _keyed
         self._ends: dict[tuple[int, ...], list[int]] = {}
         self._keyed = MIN_MATCH
+        self._reply, self._read = reply, 0  # the reply's tokens read into ids
 
     def extend(self, tokens: Iterable[int]) -> None:
+        """Append tokens to the context (an index without `reply`)."""
         self.ids.extend(tokens)
 
     def _key(self) -> None:
@@ -50,7 +53,10 @@ class CopyIndex:
 
     def propose(self, num_tokens: int) -> list[int]:
         """Up to `num_tokens` drafts continuing the context, or [] where no suffix repeats."""
-        ids = self.ids
+        ids, reply = self.ids, self._reply
+        if reply is not None and self._read < len(reply):
+            ids.extend(reply[self._read :])
+            self._read = len(reply)
         n = len(ids)
         if num_tokens <= 0 or n < MIN_MATCH:
             return []

@@ -273,7 +273,7 @@ class LaneHost:
         """The per-stream helpers its params ask for: copy index, text, stop strings."""
         lanes = self.config.lanes
         if s.params.draft and lanes.copy_drafts > 0:
-            s.copy_index = CopyIndex(s.prompt_ids)
+            s.copy_index = CopyIndex(s.prompt_ids, s.reply_ids)
         if s.params.logprobs is not None:
             s.logprobs = []
         if self.rules.detokenize is not None:

@@ -61,13 +61,16 @@ def test_copy_index_proposes_as_if_indexed_token_by_token():
 
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 5, (300,), generator=g).tolist()
-    index, seen = CopyIndex(ids[:10]), ids[:10]
+    # a stream's index reads its reply list itself (host.py): nothing goes through extend
+    reply: list[int] = []
+    index, read, seen = CopyIndex(ids[:10]), CopyIndex(ids[:10], reply), ids[:10]
     at = 10
     while at < len(ids):
         step = int(torch.randint(1, 9, (1,), generator=g))
         index.extend(ids[at : at + step])
+        reply.extend(ids[at : at + step])
         seen, at = ids[: at + step], at + step
-        assert index.propose(6) == brute(seen, 6)
+        assert index.propose(6) == read.propose(6) == brute(seen, 6)
 
 
 def test_copy_drafts_land_on_a_repetitive_prompt():
