@@ -38,7 +38,6 @@ from flashlane.planning.shorter import shorter_note
 from flashlane.request import SeedSource
 from flashlane.runner.backend import ModelBackend
 from flashlane.runner.costs import describe, time_costs
-from flashlane.runner.heap import freeze_heap, thaw_heap
 from flashlane.sampling.grammar import Grammars
 
 
@@ -78,7 +77,6 @@ class Engine:
         replays rank 0's calls); None with config.tensor_parallel_size > 1: start the group."""
         self.config = config
         self.log = log or _default_log()
-        thaw_heap()  # runner/heap.py: an engine built before this one may have frozen it
         self.device = config.resolved_device()
         if config.expert_parallel and self.device.startswith("cuda"):
             raise ValueError(
@@ -172,9 +170,7 @@ class Engine:
         # piece reads every expert's weights once a layer, which bounded the MoE at 2,048 rows;
         # 8,192 is SGLang's chunked-prefill default on large GPUs); the plan holds its activations.
         prefill_rows = self.plan.prompt_rows
-        rules = StopRules.of(
-            self.tokenizer, self.model_config.eos_token_ids, self.generation_defaults
-        )
+        rules = self._stop_rules()
         self.backend = ModelBackend(
             self.model,
             self.sessions,
@@ -224,7 +220,6 @@ class Engine:
         if self.device.startswith("cuda") and self.graphed:
             torch.cuda.empty_cache()  # what stays reserved: tensors and the graphs' pools
             self.fit_prompt_pieces(rank_cfg, torch.cuda.memory_reserved(self.device))
-            freeze_heap()  # the host's rounds pay no full collection over the engine's objects
         self.log(self.summary(weights, costs))
 
     def summary(self, weights: torch.dtype, costs: CostTable | None) -> str:
@@ -318,6 +313,22 @@ class Engine:
             return None
         vocab = self.model_config.vocab_size
         return Grammars(self.tokenizer.to_str(), vocab, sorted(rules.eos_ids))
+
+    def _stop_rules(self) -> StopRules:
+        tok, cfg = self.tokenizer, self.model_config
+        eos = set(cfg.eos_token_ids)
+        gen_eos = self.generation_defaults.get("eos_token_id")
+        eos |= set(
+            gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else []
+        )
+        close, end = (), None
+        if tok is not None and tok.token_to_id("</think>") is not None:
+            end = tok.token_to_id("</think>")
+            close = tuple(tok.encode("\n</think>\n\n", add_special_tokens=False).ids)
+        detok = (lambda ids: tok.decode(ids, skip_special_tokens=True)) if tok else None
+        return StopRules(
+            eos_ids=frozenset(eos), think_close_ids=close, think_end_id=end, detokenize=detok
+        )
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:

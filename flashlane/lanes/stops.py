@@ -29,24 +29,6 @@ class StopRules:
     # ids -> text (special tokens skipped): the reply's text and its stop strings
     detokenize: Callable[[list[int]], str] | None = None
 
-    @classmethod
-    def of(cls, tok, eos_ids: Sequence[int], generation_defaults: dict) -> StopRules:
-        """A model's rules: its config's end ids and its generation_config.json's, and with a
-        tokenizer (`tokenizers.Tokenizer`, or None) its "</think>" and its text."""
-        eos = set(eos_ids)
-        gen_eos = generation_defaults.get("eos_token_id")
-        eos |= set(
-            gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else []
-        )
-        close, end = (), None
-        if tok is not None and tok.token_to_id("</think>") is not None:
-            end = tok.token_to_id("</think>")
-            close = tuple(tok.encode("\n</think>\n\n", add_special_tokens=False).ids)
-        detok = (lambda ids: tok.decode(ids, skip_special_tokens=True)) if tok else None
-        return cls(
-            eos_ids=frozenset(eos), think_close_ids=close, think_end_id=end, detokenize=detok
-        )
-
 
 def begin(stream: Stream, rules: StopRules) -> None:
     """A new stream: a thinking budget starts it thinking; a budget of 0 forces the close now,

@@ -30,6 +30,7 @@ from flashlane.models.flashnext import run_piece
 from flashlane.models.fp8_weights import fp8_weights
 from flashlane.models.state import SessionState
 from flashlane.request import FinishReason, RequestOutput, SamplingParams
+from flashlane.runner.heap import freeze_heap
 from flashlane.server.engine_api import EngineFailed, QueueFull
 from flashlane.server.stats_log import StatsLog
 
@@ -278,13 +279,16 @@ def start_engine(args) -> AsyncEngine:
 
     opts = engine_options(args)
     built = random_model(args, opts) if getattr(args, "random_weights", False) else None
-    return AsyncEngine(
+    engine = AsyncEngine(
         model=model_of(args),
         served_model_name=getattr(args, "served_model_name", None),
         built=built,
         log_stats_interval=getattr(args, "log_stats_interval", 0.0),
         **opts,
     )
+    if engine.engine.device.startswith("cuda"):
+        freeze_heap()  # runner/heap.py: no full collection walks the engine's objects
+    return engine
 
 
 def random_model(args, opts: dict):
