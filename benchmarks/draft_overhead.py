@@ -3,7 +3,8 @@ on the H100, 166eee3, with no drafted step at either count): bench_lanes_cpu.py'
 each level, off and on interleaved pair by pair, the pass's wall and the host's time around
 it, then one profiled pass of each side and the functions whose own host time differs most
 between them (on minus off), with their calls, and Python's garbage collections in
-the timed passes. A function the on side alone calls is
+the timed passes; on a GPU, one pass a side under torch's profiler and the kernels whose
+launches or GPU time differ most. A function the on side alone calls is
 drafting's bookkeeping; one called as often on both sides but slower points at the GPU
 (a sync that waits longer) or at memory the on side holds.
 
@@ -21,6 +22,7 @@ from statistics import median
 import torch
 from bench_lanes_cpu import drafting_counts, prompts, run
 from round_split import host_profile
+from step_kernels import kernel_us
 
 from flashlane.llm import LLM
 from flashlane.request import SamplingParams
@@ -78,6 +80,24 @@ def differences(off: dict, on: dict, n: int) -> list[dict]:
     return top
 
 
+def gpu_differences(llm: LLM, batch, on, off, n: int) -> list[dict]:
+    """One pass a side under torch's profiler: the kernels whose launches or GPU time differ
+    most between off and on (the same work would give the same launches)."""
+    (us0, calls0), (us1, calls1) = kernel_us(llm, batch, off), kernel_us(llm, batch, on)
+    rows = [
+        {
+            "kernel": k[:80],
+            "calls": [calls0[k], calls1[k]],
+            "us": [round(us0[k], 1), round(us1[k], 1)],
+        }
+        for k in set(us0) | set(us1)
+    ]
+    total = {"kernel": "(all)", "calls": [sum(calls0.values()), sum(calls1.values())]}
+    total["us"] = [round(sum(us0.values()), 1), round(sum(us1.values()), 1)]
+    rows.sort(key=lambda r: -abs(r["us"][1] - r["us"][0]) - 1e3 * (r["calls"][0] != r["calls"][1]))
+    return [total, *rows[:n]]
+
+
 def level(llm: LLM, n: int, args, on, off, collections: Collections) -> dict:
     batch = prompts(llm, n)
     for params in (off, on, off, on):  # compiles, captures, the prompt cache's first keeps
@@ -103,8 +123,10 @@ def level(llm: LLM, n: int, args, on, off, collections: Collections) -> dict:
         name: self_times(host_profile(lambda p=params: run(llm, batch, p)))
         for name, params in (("off", off), ("on", on))
     }
+    gpu = gpu_differences(llm, batch, on, off, args.top) if args.device == "cuda" else []
     return {
         "streams": n,
+        "gpu_differences": gpu,
         "wall_ms": {k: round(median(v), 3) for k, v in walls.items()},
         "cpu_ms": {k: round(median(v), 3) for k, v in cpus.items()},
         "on_over_off": round(median(ratios), 4),
@@ -138,6 +160,12 @@ def main() -> None:
             f"{r['cpu_ms']['off']} on {r['cpu_ms']['on']}; drafted {r['drafted']}; "
             f"garbage collections by generation [count, ms] of all passes: {r['collections']}"
         )
+        print(f"   {'GPU us off':>10} {'on':>8} {'calls off':>9} {'on':>6}  kernel")
+        for d in r["gpu_differences"]:
+            print(
+                f"   {d['us'][0]:>10.1f} {d['us'][1]:>8.1f} {d['calls'][0]:>9} "
+                f"{d['calls'][1]:>6}  {d['kernel']}"
+            )
         print(f"   {'own ms off':>10} {'on':>8} {'calls off':>9} {'on':>6}  function")
         for d in r["host_differences"]:
             print(
