@@ -67,8 +67,8 @@ def _forget_landing(host: LaneHost) -> None:
     pool and the lone driver's drafting start afresh (its measured step times stay)."""
     host.core.mtp_pool = DraftStats()
     drafting = getattr(host.lone, "drafting", None)
-    if drafting is not None:
-        host.lone.drafting = type(drafting)(drafting.driver, drafting.depth)
+    if drafting is not None:  # the same object: its absorber's buffers are graphs' inputs
+        drafting.restart()
 
 
 def _wave(host: LaneHost, vocab: int, size: int, temperature: float, lengths, longest: int):

@@ -54,6 +54,17 @@ class Drafting(Prices):
 
     def __init__(self, driver: lone.LoneDriver, depth: int = DEPTH):
         self.driver, self.depth = driver, depth
+        # a call's load: its streams' waiting cells into their heads, graphed by bucket (the
+        # driver's absorb graphs read these buffers: they live as long as the driver)
+        self.absorber = Absorber(driver)
+        self.restart()
+
+    def restart(self) -> None:
+        """Forget every measure, landing and carry (the server's warm rounds say nothing of
+        its requests', lanes/warm_start.py); the absorber stays. A new Drafting in its place
+        (8bcbebb) dropped the buffers the driver's absorb graphs were captured on (they are
+        found by bucket, 27c44d8), so a drafted call's absorb read a freed table: `flashlane
+        serve` on the H100 at 1670cd1 met an illegal memory access at its first request."""
         self.stats = DraftStats()  # landing per depth over every drafted step
         self.by_stream: dict[int, DraftStats] = {}  # the same, of each stream's own steps
         # stream id -> expected tokens a drafted step by its own landing at its latest drafted
@@ -73,8 +84,6 @@ class Drafting(Prices):
         self.probing = False  # this call tries the kind measured slower (or unmeasured)
         self.tried: list | None = None  # a drafted try's replies' tokens left (`_goes_on`)
         self.verdict: dict = {}  # the last prices (ms a token), slowest and depth chosen
-        # a call's load: its streams' waiting cells into their heads, graphed by bucket
-        self.absorber = Absorber(driver)
 
     def choose(
         self,

@@ -94,18 +94,24 @@ def test_a_wave_that_fails_leaves_the_host_idle():
     assert not host.has_work and host.sessions.num_free == 4
 
 
-def test_the_lone_drivers_drafting_starts_afresh():
-    class Drafting:
-        def __init__(self, driver, depth):
-            self.driver, self.depth, self.stats = driver, depth, "fresh"
+def test_the_lone_drivers_drafting_starts_afresh_on_its_own_buffers():
+    """The same Drafting, its measures, landing and carries forgotten, its absorber kept: the
+    driver's absorb graphs, captured at engine start, read that absorber's buffers (a new
+    Drafting dropped them, and a drafted call's absorb then read freed memory)."""
+    from flashlane.runner.lone_draft import Drafting
 
     host = make_host(FakeBackend(capacities=(4, 4)), num_sessions=2)
     assert host.sessions.max_model_len <= TOKENS  # no wave fits: only the resets run
-    old = Drafting("driver", 2)
-    old.stats = "warm"
-    host.lone = types.SimpleNamespace(drafting=old, sizes=[1, 2])
+    drafting = Drafting(types.SimpleNamespace(), depth=2)
+    absorber, io = drafting.absorber, drafting.absorber.io
+    io[8] = "the captured bucket's buffers"
+    drafting.stats.offered.append(3)
+    drafting.num_calls, drafting.carry[7], drafting.best = 5, "device drafts", 2
+    host.lone = types.SimpleNamespace(drafting=drafting, sizes=[1, 2])
     host.core.mtp_pool.offered.append(3)
     warm_start(host, NUM_IDS + 10)
     assert host.core.mtp_pool == DraftStats()
-    assert host.lone.drafting is not old and host.lone.drafting.stats == "fresh"
-    assert (host.lone.drafting.driver, host.lone.drafting.depth) == ("driver", 2)
+    assert host.lone.drafting is drafting and drafting.absorber is absorber
+    assert absorber.io is io and io[8] == "the captured bucket's buffers"
+    assert drafting.stats == DraftStats() and drafting.num_calls == 0
+    assert drafting.carry == {} and drafting.best is None and drafting.depth == 2
