@@ -80,7 +80,8 @@ class LoneDriver:
         self.posts = not self.is_cuda or (post and posts_to_pinned(model, self.device))
         # per (sessions, depth, keyed): static buffers
         self.io: dict[tuple[int, int, bool], StepBuffers] = {}
-        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # io.key() -> its step, by size
+        # io.key() -> (its step, by size; the buffers it was captured on, which its replay reads)
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, object]] = {}
         # one memory pool for every graph: they never run at once, and a step's results go to
         # the static buffers, so no replay overwrites memory in use
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
@@ -238,11 +239,8 @@ class LoneDriver:
         ios += [self.buffers(size, d.depth) for size in d.eager_sizes()] if d else []
         ios += d.absorber.all_buffers() if d and self.use_graphs else []  # runner/absorb.py
         for io in ios:
-            if self.use_graphs and io.key(()) not in self.graphs:
-                try:
-                    self.graphs[io.key(())] = self._capture((), io)
-                except Exception as err:
-                    self._give_up(err)
+            if self.use_graphs:
+                self.runner((), io)  # captured if new; a failure: eager steps from now on
         return len(self.graphs)
 
     def decode_drafted(self, *args, hints=None, left=None, ends=any):
@@ -316,11 +314,13 @@ class LoneDriver:
         graph = self.graphs.get(key)
         if graph is None:
             try:
-                graph = self.graphs[key] = self._capture(ids, io)
+                graph = self.graphs[key] = (self._capture(ids, io), io)
             except Exception as err:  # a step that cannot be captured runs eagerly from now on
                 self._give_up(err)
                 return self.runner(ids, io)
-        return graph.replay
+        if graph[1] is not io:  # other buffers than its replay reads: a stale io (9a2b8a0)
+            raise RuntimeError(f"the lone graph {key} was captured on other buffers")
+        return graph[0].replay
 
     def _give_up(self, err: Exception) -> None:
         self.use_graphs, self.failed = False, f"{type(err).__name__}: {err}"

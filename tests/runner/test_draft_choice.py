@@ -279,3 +279,23 @@ def test_no_drafted_step_is_launched_past_the_one_that_may_end_the_call(tiny_ckp
                                 left=left)  # fmt: skip
             assert launched == d.live_steps[0] + extra
             assert got[: n + 1] == want[: n + 1]
+
+
+def test_a_graph_replays_only_with_the_buffers_it_was_captured_on(tiny_ckpt):
+    """A captured step reads the buffers it was captured on: a call with other buffers of
+    the same key (a stale absorber's, as a rebuilt Drafting had: 9a2b8a0) is refused, not
+    replayed on memory that may be free."""
+    cfg, model = load_checkpoint(tiny_ckpt, dtype=torch.float64)
+    s, _ = prefilled(model, cfg, prompts()[0])
+    driver = LoneDriver(model, [s], drafter=MtpDrafter(model, confidence=0.0))
+    io = driver.buffers(1)
+    other = copy.copy(io)
+
+    class Graph:
+        def replay(self):
+            pass
+
+    driver.use_graphs, driver.graphs[io.key(())] = True, (Graph(), io)
+    assert driver.runner((), io) is not None
+    with pytest.raises(RuntimeError, match="captured on other buffers"):
+        driver.runner((), other)
