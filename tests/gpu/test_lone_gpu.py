@@ -29,6 +29,13 @@ pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU"),
 ]
+# code prompts whose replies draft well on the embedded model
+CODE = [
+    "def fibonacci(n):\n",
+    "class LRUCache:\n    def __init__(self, capacity):\n",
+    "import os\n\n\ndef walk(path):\n",
+    "    for key, value in sorted(items):\n",
+]
 
 
 @pytest.fixture
@@ -237,19 +244,36 @@ def test_engine_drafted_lone_replies_equal_plain_replies():
     llm = LLM(costs=costs, parallel=4, max_rows=16, device="cuda", lone_streams=4)
     lone = llm.engine.host.lone
     assert lone is not None and lone.drafting is not None
-    ps = [
-        "def fibonacci(n):\n",
-        "class LRUCache:\n    def __init__(self, capacity):\n",
-        "import os\n\n\ndef walk(path):\n",
-        "    for key, value in sorted(items):\n",
-    ]
     params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
     plain = dataclasses.replace(params, draft=False)
-    want = [llm.generate(p, plain)[0].token_ids for p in ps]
-    got = [llm.generate(p, params)[0].token_ids for p in ps]
+    want = [llm.generate(p, plain)[0].token_ids for p in CODE]
+    got = [llm.generate(p, params)[0].token_ids for p in CODE]
     assert got == want
-    assert [o.token_ids for o in llm.generate(ps, params)] == want
+    assert [o.token_ids for o in llm.generate(CODE, params)] == want
     assert lone.drafting.num_landed > 0.3 * lone.drafting.num_drafted > 0
+
+
+def test_drafted_replies_after_warm_rounds_equal_plain_replies():
+    """`flashlane serve`'s start on the GPU: warm rounds, then drafting streams whose drafted
+    calls absorb their cells through the graphs captured at engine start. Warm rounds had
+    rebuilt the Drafting whose absorber's buffers those graphs read, and served requests met
+    an illegal memory access (1670cd1; 9a2b8a0 restarts it in place). Every reply equals its
+    undrafted one, and graphed absorbs ran."""
+    from flashlane.lanes.warm_start import warm_start
+
+    costs = CostTable(
+        {1: 1.0, 2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4}, draft_step_ms=0.3, overhead_ms=0.2
+    )
+    llm = LLM(costs=costs, parallel=4, max_rows=16, device="cuda", lone_streams=4)
+    host, lone = llm.engine.host, llm.engine.host.lone
+    absorber = lone.drafting.absorber
+    warm_start(host, llm.engine.model_config.vocab_size)
+    assert lone.drafting.absorber is absorber
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    want = [llm.generate(p, dataclasses.replace(params, draft=False))[0].token_ids for p in CODE]
+    graphed = absorber.num_graphed
+    assert [o.token_ids for o in llm.generate(CODE, params)] == want
+    assert absorber.num_graphed > graphed and lone.drafting.num_landed > 0
 
 
 def test_graphed_absorbs_write_the_head_caches_as_eager_ones(drafted_model):
