@@ -81,6 +81,11 @@ class MtpDrafter:
         self.waiting.pop(stream_id, None)
         self.lagging.discard(stream_id)
 
+    def start(self, stream_id: int) -> None:
+        """A stream's first window: no cells wait (a lag set for it before,
+        lanes/lone_turn.lag_heads, stays)."""
+        self.waiting.pop(stream_id, None)
+
     def lag(self, stream_ids: Sequence[int]) -> None:
         """These streams' heads take no more cells (their rows went unqueued: the lone
         driver's batches that no drafted step takes), so they draft no more in their reply:

@@ -18,7 +18,7 @@ from flashlane.detok import IncrementalDetokenizer, StopMatcher
 from flashlane.lanes.cached_prompts import keep_marks, resume
 from flashlane.lanes.copy_drafts import CopyIndex
 from flashlane.lanes.core import LaneConfig, LaneCore, RoundFailed
-from flashlane.lanes.lone_turn import beside_budget, lone_drawn, lone_streams, run_lone
+from flashlane.lanes.lone_turn import beside_budget, lag_heads, lone_drawn, lone_streams, run_lone
 from flashlane.lanes.outputs import TextDecoder
 from flashlane.lanes.piece_clock import STALL, PieceClock
 from flashlane.lanes.protocol import Backend, LoneDriving
@@ -191,6 +191,7 @@ class LaneHost:
         shared = started
         try:
             if rest:  # prompt pieces, and streams the lone driver does not take
+                lag_heads(self, alone, rest, pieces)
                 room = self.lone is not None and len(alone) < self.config.lone_streams
                 self.core.step(rest, pieces, self._goes_lone if room else None)
                 shared = time.perf_counter()

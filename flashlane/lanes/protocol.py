@@ -136,6 +136,11 @@ class LoneDriving(Protocol):
         the most tokens a reply still wants, over which a drafted call's load is priced."""
         ...
 
+    def lag(self, stream_ids: list[int]) -> None:
+        """These drafting streams' next call takes more than most_drafted: their MTP heads
+        queue no cells from now on, and they draft no more in their replies."""
+        ...
+
     def step_seconds(self, b: int) -> float | None:
         """A plain step's measured time for b sessions, None before any."""
         ...

@@ -131,7 +131,7 @@ class ModelBackend:
         reset_all([self.sessions[w.session_id] for w in fresh], self.model.cfg)
         for w in fresh:
             self.bound[w.stream_id] = w.session_id
-            self.drafter.forget(w.stream_id)
+            self.drafter.start(w.stream_id)
             self.grammar_states.pop(w.stream_id, None)
         self.fed.clear()
         specs = [

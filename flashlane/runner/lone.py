@@ -117,10 +117,7 @@ class LoneDriver:
         stream_id: int = -1,
         draws=None,
     ) -> int:
-        """Up to `budget` steps from the pending `token` at `position`; take(id, finite) after
-        each landed step says whether to go on (once it says no, the step in flight lands
-        too). Returns the steps the session now holds. With `draws` of a drafting stream,
-        the steps' cells are queued for its MTP head."""
+        """decode_many for one session (its pending `token` at `position`)."""
         return self.decode_many(
             [session_id], [token], [position], budget, [take], [stream_id], [draws]
         )
@@ -252,6 +249,11 @@ class LoneDriver:
         if self.drafting is None or d is None or not d.enabled or d.lagging & set(args[6]):
             return None
         return self.drafting.run(*args, hints=hints, left=left, ends=ends)
+
+    def lag(self, stream_ids: list[int]) -> None:
+        """These drafting streams go to a call wider than most_drafted: their heads lag."""
+        if self.drafting is not None and self.drafter is not None:
+            self.drafter.lag(stream_ids)
 
     def clock(self) -> tuple[float, int, float]:
         """A call's start for run_steps: the time, the Triton compiles and captures so far."""

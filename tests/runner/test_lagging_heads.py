@@ -78,3 +78,34 @@ def test_replies_of_a_wide_lone_batch_drafting_equal_plain(tiny_ckpt):
     on, _ = lone_run(llm, lambda: replies(True), 8, len(ps), drafter)
     off, _ = lone_run(llm, lambda: replies(False), 8, len(ps), drafter)
     assert lagged and on == off
+
+
+def test_prompts_ending_into_a_wide_lone_batch_queue_no_cells(tiny_ckpt):
+    """Prompts that end in one round into a lone batch past MAX_STREAMS: their heads lag
+    from that round (lanes/lone_turn.lag_heads), so the prompt round queues none of their cells
+    (on the H100 the 64-prompt round's queueing was ~0.1% of a pass where nothing drafts);
+    fewer prompts than that queue theirs as before. Replies equal drafting off."""
+    llm = LLM(str(tiny_ckpt), costs=COSTS, parallel=MAX_STREAMS + 2, max_rows=256)
+    drafter = llm.engine.backend.drafter
+    queued: list[int] = []
+    absorb_later = drafter.absorb_later
+
+    def counting(sid, *args):
+        if sid not in drafter.lagging:
+            queued.append(sid)
+        absorb_later(sid, *args)
+
+    drafter.absorb_later = counting
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+
+    def replies(n: int, draft: bool) -> list[list[int]]:
+        ask = dataclasses.replace(params, draft=draft)
+        return [o.token_ids for o in llm.generate(_prompts(n), [ask] * n)]
+
+    wide = MAX_STREAMS + 2
+    on, _ = lone_run(llm, lambda: replies(wide, True), 8, wide, drafter)
+    assert not queued
+    off, _ = lone_run(llm, lambda: replies(wide, False), 8, wide, drafter)
+    assert on == off
+    lone_run(llm, lambda: replies(2, True), 8, wide, drafter)
+    assert queued  # two prompts into a batch a drafted step takes: cells queue
