@@ -260,8 +260,7 @@ class LoneDriver:
         return time.perf_counter(), compiles.count(), self.capture_seconds
 
     def step_seconds(self, b: int) -> float | None:
-        """A plain step's measured wall time for b sessions (the nearest count measured
-        stands in), None before any."""
+        """A plain step's measured wall time for b sessions (or the nearest count), else None."""
         measured = [n for n, depth in self.step_ms if depth == 0]
         if not measured:
             return None
@@ -295,8 +294,7 @@ class LoneDriver:
         return self.io[(b, depth, keyed)]
 
     def _post(self, io: StepBuffers, i: int) -> None:
-        """Step i's (id, finite) rows into its ring slot, without waiting for them (a step
-        that stores them itself, `posts`, needs no copy)."""
+        """Step i's (id, finite) rows into its ring slot, unawaited (a step that `posts`: none)."""
         if not getattr(io, "posts", False):
             io.ring[i % RING].copy_(io.out, non_blocking=True)
         if self.is_cuda:
