@@ -26,6 +26,7 @@ import torch
 from flashlane.lanes.records import CostTable
 from flashlane.llm import LLM
 from flashlane.request import SamplingParams
+from flashlane.runner.heap import freeze_heap
 
 PROMPTS = [
     "def fibonacci(n):\n",
@@ -94,6 +95,9 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     llm = LLM(args.model, parallel=max(levels), device=args.device)
     widen_graphs(llm, args.graph_rows)
+    frozen = args.device.startswith("cuda")
+    if frozen:  # as `flashlane serve` on a GPU (runner/heap.py): no full collection walks
+        freeze_heap()  # the engine's objects in a timed pass (one took 183 ms, a9a8031)
     costs: CostTable = llm.engine.backend.costs()
     on = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
     off = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True, draft=False)
@@ -197,6 +201,7 @@ def main() -> None:
                 "tokens": args.tokens,
                 "costs_ms": costs.verify_ms,
                 "exact": exact,
+                "heap_frozen": frozen,
                 "rows": rows,
                 "command": "python benchmarks/bench_lanes_cpu.py "
                 + " ".join(f"--{k} {v}" for k, v in vars(args).items() if v is not None),
