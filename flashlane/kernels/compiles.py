@@ -4,13 +4,17 @@ A call in which a kernel compiled (a shape's first specialisation, a first use) 
 compiler, not the work, so timings that steer choices skip it (runner/lone.py: the lone
 driver's step and load times, which the depth rule prices). Counted by Triton's
 post-compile hook, chained to any hook already set; without Triton (or under its
-interpreter, which compiles nothing) the count stays 0.
+interpreter, which compiles nothing) the count stays 0. `since` names what compiled after a
+count: a served round that met a shape the warm rounds did not (server/stats_log.py).
 """
 
 from __future__ import annotations
 
 _count = 0
 _installed = False
+# the last compiles' (kernel name, Triton's repr: launch options and argument specialisations)
+_recent: list[tuple[str, str]] = []
+_RECENT = 256
 
 
 def count() -> int:
@@ -33,6 +37,14 @@ def _install() -> None:
     def counted(**info):
         global _count
         _count += 1
+        fn = info.get("fn")
+        _recent.append((getattr(fn, "name", "?"), str(info.get("repr", ""))))
+        del _recent[:-_RECENT]
         return before(**info) if before is not None else None
 
     knobs.runtime.jit_post_compile_hook = counted
+
+
+def since(before: int) -> list[tuple[str, str]]:
+    """(name, repr) of the compiles after `before` (a `count()`), at most the last 256."""
+    return _recent[len(_recent) - min(len(_recent), max(0, _count - before)) :]

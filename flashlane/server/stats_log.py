@@ -53,12 +53,16 @@ class StatsLog:
         d = {k: v - self.last.get(k, 0) for k, v in counts.items()}
         decoding = sum(1 for s in host.live if not s.is_filling)
         built, captured = compiles.count(), getattr(host.lone, "capture_seconds", 0.0)
+        new = compiles.since(self.compiles)
+        names = f" ({', '.join(sorted({name for name, _ in new}))})" if new else ""
         first_use = (
-            f"; {built - self.compiles} Triton compiles, graph captures"
+            f"; {built - self.compiles} Triton compiles{names}, graph captures"
             f" {captured - self.captured:.1f} s"
             if built > self.compiles or captured > self.captured
             else ""
         )
+        for _, spec in new:  # what the warm rounds missed, to warm it next time
+            log.info("engine: compiled while serving: %s", spec)
         line = (
             f"engine: {d['rounds']:,.0f} rounds in {span:.1f} s (shared {d['shared_s']:.1f} s,"
             f" lone {d['lone_s']:.1f} s); prompt {d['piece_rows'] / span:,.0f} rows/s, out"

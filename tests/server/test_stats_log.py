@@ -1,6 +1,7 @@
 """The engine's periodic stats line (server/stats_log.py): what the rounds since the last
 line did, once an interval has passed, and nothing when it is 0."""
 
+import logging
 import types
 
 import pytest
@@ -50,18 +51,25 @@ def test_serve_takes_the_flag():
     assert parser.parse_args(["--disable-log-stats"]).log_stats_interval == 0.0
 
 
-def test_first_use_costs_are_named(monkeypatch):
+def test_first_use_costs_are_named(monkeypatch, caplog):
     from flashlane.kernels import compiles
 
     built = [5]
     monkeypatch.setattr(compiles, "count", lambda: built[0])
+    specs = [("_attn", "_attn[num_warps=4](M: i32)"), ("_norm", "_norm[num_warps=2](N: i32)")]
+    monkeypatch.setattr(compiles, "since", lambda before: (specs * 2)[: built[0] - before])
     now = [0.0]
     stats = StatsLog(1.0, clock=lambda: now[0])
     host = fake_host(2, 0, 1.0, 0.0)
     host.lone = types.SimpleNamespace(capture_seconds=0.0)
     built[0], host.lone.capture_seconds, now[0] = 9, 4.5, 1.0
-    line = stats.round_done(host, 5.0, 1)
-    assert line.endswith("longest round 5,000 ms; 4 Triton compiles, graph captures 4.5 s")
+    with caplog.at_level(logging.INFO, logger="flashlane.engine"):
+        line = stats.round_done(host, 5.0, 1)
+    assert line.endswith(
+        "longest round 5,000 ms; 4 Triton compiles (_attn, _norm), graph captures 4.5 s"
+    )
+    # each compile's specialisation, for the warm rounds to cover
+    assert caplog.text.count("compiled while serving: _attn[num_warps=4](M: i32)") == 2
     now[0] = 2.0
     assert stats.round_done(host, 0.01, 1).endswith("longest round 10 ms")
 
