@@ -11,7 +11,10 @@ a warm-up request of the benchmark's paid the same at one stream.
 So the server runs waves of short requests through the host before it listens: for each
 size of the lone driver's steps (1, 2, 4, ... up to the sessions), that many prompts arrive
 together, greedy with distinct odd lengths (one of them 1), then sampled with lengths that
-are multiples of 16, a few tokens each. Replies
+are multiples of 16, a few tokens each; then prompts past LONG rows, whose GDN takes the
+chunked call (fla's kernels on a GPU): several in one round, and one arriving while a reply
+decodes, cut into pieces by the piece clock (at 16 streams on the H100 such rounds compiled
+four of fla's kernels while serving, 2-3 s each: serve_cuda_h100_eda8d35_*). Replies
 do not depend on it (rounds are exact whatever their shapes); what it leaves (the prompt
 cache, the piece clock, the host's counters, how drafts landed) is reset after.
 """
@@ -27,6 +30,9 @@ from flashlane.request import SamplingParams
 from flashlane.sessions.prompt_cache import PromptCache
 
 TOKENS = 4  # reply tokens of a warm request: its first from the prompt round, then steps
+# whole prompts up to this many rows take the GDN's recurrent rule, longer ones and pieces
+# the chunked call (models/layers/gated_deltanet.SHORT_PROMPT)
+LONG = 64
 
 
 def wave_sizes(host: LaneHost) -> list[int]:
@@ -50,6 +56,8 @@ def warm_start(host: LaneHost, vocab_size: int) -> float:
                 break
             for temperature, grid in ((0.0, 1), (1.0, 16)):
                 _wave(host, vocab_size, size, temperature, _lengths(size, budget, grid), longest)
+        if longest > 3 * LONG + 5:
+            _chunked(host, vocab_size, budget)
     finally:  # a wave that failed leaves nothing behind
         for s in (*host.waiting, *host.live):
             host.cancel(s.request_id)
@@ -71,14 +79,34 @@ def _forget_landing(host: LaneHost) -> None:
         drafting.restart()
 
 
-def _wave(host: LaneHost, vocab: int, size: int, temperature: float, lengths, longest: int):
-    """`size` short requests (prompts of `lengths`) arriving together, run to their end."""
+def _wave(host: LaneHost, vocab: int, size, temperature: float, lengths, longest: int):
+    """Requests (prompts of `lengths`) arriving together, run to their end."""
     for i, length in enumerate(lengths):
-        prompt = [1 + (31 * i + 7 * j) % (vocab - 1) for j in range(min(length, longest))]
         params = SamplingParams(max_tokens=TOKENS, temperature=temperature)
-        host.submit(f"warm-{size}-{temperature}-{i}", prompt, params, seed=i)
+        host.submit(f"warm-{size}-{temperature}-{i}", _prompt(i, min(length, longest), vocab),
+                    params, seed=i)  # fmt: skip
     while host.has_work:
         host.run_once()
+
+
+def _chunked(host: LaneHost, vocab: int, budget: int) -> None:
+    """Prompts past LONG rows: three whole ones in one round (odd rows in all), then one
+    arriving while a reply decodes, in pieces on the chunk grid (one from a kept state)."""
+    lengths = [2 * LONG + 1 + 2 * i for i in range(3)]
+    if sum(lengths) <= budget and host.config.max_queue >= 3:
+        _wave(host, vocab, "long", 0.0, lengths, sum(lengths))
+    reply = SamplingParams(max_tokens=LONG, temperature=0.0)
+    host.submit("warm-reply", _prompt(7, 8, vocab), reply)
+    while host.has_work and all(s.is_filling for s in host.live):
+        host.run_once()
+    params = SamplingParams(max_tokens=TOKENS, temperature=0.0)
+    host.submit("warm-beside", _prompt(9, 3 * LONG + 5, vocab), params)
+    while host.has_work:
+        host.run_once()
+
+
+def _prompt(i: int, length: int, vocab: int) -> list[int]:
+    return [1 + (31 * i + 7 * j) % (vocab - 1) for j in range(length)]
 
 
 def _lengths(size: int, budget: int, grid: int = 1) -> list[int]:

@@ -6,7 +6,7 @@ import types
 import pytest
 
 from flashlane.lanes.stream import DraftStats
-from flashlane.lanes.warm_start import TOKENS, _lengths, warm_start, wave_sizes
+from flashlane.lanes.warm_start import LONG, TOKENS, _lengths, warm_start, wave_sizes
 from flashlane.request import SamplingParams
 from tests.lanes.fake import NUM_IDS, FakeBackend, hash_model, make_host, run_to_end, serial
 
@@ -15,9 +15,11 @@ class CountingBackend(FakeBackend):
     def __init__(self, **kw):
         super().__init__(**kw)
         self.pieces: list[int] = []  # prompt pieces per verify
+        self.rounds: list[list] = []  # (kind, start, rows, last piece) of each verify's windows
 
     def verify(self, windows):
         self.pieces.append(sum(1 for w in windows if w.kind == "prompt"))
+        self.rounds.append([(w.kind, w.start, w.num_rows, w.last_piece) for w in windows])
         return FakeBackend.verify(self, windows)
 
 
@@ -115,3 +117,29 @@ def test_the_lone_drivers_drafting_starts_afresh_on_its_own_buffers():
     assert absorber.io is io and io[8] == "the captured bucket's buffers"
     assert drafting.stats == DraftStats() and drafting.num_calls == 0
     assert drafting.carry == {} and drafting.best is None and drafting.depth == 2
+
+
+def test_warm_rounds_meet_chunked_prompts_together_and_beside_a_reply():
+    """Past LONG rows a prompt takes the chunked GDN call (fla's kernels on a GPU), whose
+    specialisations the short waves never meet; served at 16 on the H100 four of them
+    compiled in a 2-3 s round (serve_cuda_h100_eda8d35_*). So the warm rounds run several
+    whole long prompts in one round, and a long prompt arriving while a reply decodes, whose
+    pieces the clock cuts (one that starts from a kept state, then its last)."""
+    backend = CountingBackend()
+    host = make_host(backend, num_sessions=4, prefill_rows=1024)
+    warm_start(host, NUM_IDS + 10)
+    together = [
+        r for r in backend.rounds
+        if sum(1 for k, start, n, last in r if k == "prompt" and start == 0 and last and n > LONG)
+        >= 3
+    ]  # fmt: skip
+    cut = [
+        r for r in backend.rounds
+        if any(k == "decode" for k, *_ in r)
+        and any(k == "prompt" and start > 0 for k, start, *_ in r)
+    ]  # fmt: skip
+    assert together and cut
+    assert not host.has_work and host.sessions.num_free == 4
+    from flashlane.models.layers.gated_deltanet import SHORT_PROMPT
+
+    assert LONG == SHORT_PROMPT
