@@ -12,7 +12,7 @@ from __future__ import annotations
 
 _count = 0
 _installed = False
-# the last compiles' (kernel name, Triton's repr: launch options and argument specialisations)
+# the last compiles' (kernel name, its specialisation: `_spec`)
 _recent: list[tuple[str, str]] = []
 _RECENT = 256
 
@@ -37,8 +37,8 @@ def _install() -> None:
     def counted(**info):
         global _count
         _count += 1
-        fn = info.get("fn")
-        _recent.append((getattr(fn, "name", "?"), str(info.get("repr", ""))))
+        name = getattr(info.get("fn"), "name", "?")
+        _recent.append((name, _spec(name, info.get("compile") or {})))
         del _recent[:-_RECENT]
         return before(**info) if before is not None else None
 
@@ -48,3 +48,18 @@ def _install() -> None:
 def since(before: int) -> list[tuple[str, str]]:
     """(name, repr) of the compiles after `before` (a `count()`), at most the last 256."""
     return _recent[len(_recent) - min(len(_recent), max(0, _count - before)) :]
+
+
+def _spec(name: str, compiled: dict) -> str:
+    """A compile's specialisation on one line: its constants (constexprs and the integers
+    specialised to 1) and the arguments it took as divisible by 16, which tell which of a
+    kernel's variants a shape met (Triton's own repr runs over several lines)."""
+    names = list(compiled.get("signature") or {})
+
+    def arg(key):
+        i = key[0] if isinstance(key, tuple) and len(key) == 1 else key
+        return names[i] if isinstance(i, int) and 0 <= i < len(names) else i
+
+    constants = {arg(k): v for k, v in (compiled.get("constants") or {}).items()}
+    div16 = sorted(str(arg(k)) for k in (compiled.get("configs") or [{}])[0])
+    return f"{name} warps={compiled.get('num_warps')} constants={constants} div16={div16}"

@@ -18,6 +18,10 @@ def test_the_count_chains_a_hook_already_set(monkeypatch):
     knobs.runtime.jit_post_compile_hook(key="k", repr="r")  # what Triton calls after a compile
     assert compiles.count() == 1 and seen == [{"key": "k", "repr": "r"}]
     fn = type("Info", (), {"name": "_kernel"})()
-    knobs.runtime.jit_post_compile_hook(key="k2", repr="_kernel[num_warps=4](M: i32)", fn=fn)
-    assert compiles.since(1) == [("_kernel", "_kernel[num_warps=4](M: i32)")]
+    compiled = {"signature": {"x": "*bf16", "T": "i32", "N": "i32", "BLOCK": "constexpr"},
+                "constants": {(2,): 1, (3,): 64}, "configs": [{(0,): [["tt.divisibility", 16]]}],
+                "num_warps": 4}  # fmt: skip
+    knobs.runtime.jit_post_compile_hook(key="k2", repr="r2", fn=fn, compile=compiled)
+    spec = "_kernel warps=4 constants={'N': 1, 'BLOCK': 64} div16=['x']"
+    assert compiles.since(1) == [("_kernel", spec)]
     assert compiles.since(2) == [] and len(compiles.since(0)) == 2
