@@ -74,11 +74,13 @@ def lag_heads(host: LaneHost, alone, rest: Sequence[Stream], pieces: Sequence[Wi
     lone, ending = host.lone, {w.stream_id for w in pieces if w.last_piece}
     if lone is None or not lone.most_drafted or not ending:
         return
+    # those past the call's room (`lone_streams`) decode in shared rounds, drafting there
     joining = [
-        s.stream_id for s in rest
+        s.stream_id
+        for s in rest
         if s.stream_id in ending and s.params.draft and lone_drawn(host, s, prompt_ends=True)
-    ]  # fmt: skip
-    if joining and min(len(alone) + len(joining), host.config.lone_streams) > lone.most_drafted:
+    ][: max(0, host.config.lone_streams - len(alone))]
+    if joining and len(alone) + len(joining) > lone.most_drafted:
         lone.lag(joining)
 
 

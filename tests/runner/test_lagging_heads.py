@@ -109,3 +109,18 @@ def test_prompts_ending_into_a_wide_lone_batch_queue_no_cells(tiny_ckpt):
     assert on == off
     lone_run(llm, lambda: replies(2, True), 8, wide, drafter)
     assert queued  # two prompts into a batch a drafted step takes: cells queue
+
+
+def test_prompts_past_the_lone_calls_room_keep_their_cells(tiny_ckpt):
+    """A lone call takes at most `lone_streams`: of MAX_STREAMS + 2 prompts ending together
+    into a call of MAX_STREAMS + 1, the one left to shared rounds keeps its cells (it drafts
+    there); the others lag."""
+    llm = LLM(str(tiny_ckpt), costs=COSTS, parallel=MAX_STREAMS + 2, max_rows=256)
+    drafter = llm.engine.backend.drafter
+    lagged: list[int] = []
+    lag = drafter.lag
+    drafter.lag = lambda sids: (lagged.extend(sids), lag(sids))
+    n = MAX_STREAMS + 2
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    lone_run(llm, lambda: llm.generate(_prompts(n), [params] * n), 8, n - 1, drafter)
+    assert len(set(lagged)) == n - 1
