@@ -46,7 +46,7 @@ def _install() -> None:
 
 
 def since(before: int) -> list[tuple[str, str]]:
-    """(name, repr) of the compiles after `before` (a `count()`), at most the last 256."""
+    """(name, `_spec`) of the compiles after `before` (a `count()`), at most the last 256."""
     return _recent[len(_recent) - min(len(_recent), max(0, _count - before)) :]
 
 

@@ -79,7 +79,7 @@ def _forget_landing(host: LaneHost) -> None:
         drafting.restart()
 
 
-def _wave(host: LaneHost, vocab: int, size, temperature: float, lengths, longest: int):
+def _wave(host: LaneHost, vocab: int, size: int | str, temperature: float, lengths, longest: int):
     """Requests (prompts of `lengths`) arriving together, run to their end."""
     for i, length in enumerate(lengths):
         params = SamplingParams(max_tokens=TOKENS, temperature=temperature)
