@@ -5,7 +5,9 @@ host's counters (LaneHost.counts) and its streams.
     engine: 41 rounds in 5.0 s (shared 3.9 s, lone 1.1 s); prompt 2,048 rows/s, out 310.4
     tok/s; 12 decoding, 4 filling, 0 waiting; longest round 402 ms
 
-and, where rounds met new shapes, the Triton compiles and the lone driver's graph captures.
+and, where rounds met new shapes, the Triton compiles (each kernel named, and logged at once
+with its specialisation: what the warm rounds did not compile) and the lone driver's graph
+captures.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ class StatsLog:
         the warm rounds)."""
         lone = getattr(host, "lone", None)
         counts = dict(host.counts) if host is not None else {}
-        self._mark(self.clock(), counts, compiles.count(), getattr(lone, "capture_seconds", 0.0))
+        self.logged = compiles.count()  # compiles logged one by one up to here
+        self._mark(self.clock(), counts, self.logged, getattr(lone, "capture_seconds", 0.0))
 
     def _mark(self, now: float, counts: dict, built: int, captured: float) -> None:
         self.since, self.last, self.compiles, self.captured = now, counts, built, captured
@@ -43,6 +46,10 @@ class StatsLog:
         interval has passed (and rounds ran), else None."""
         if self.interval == 0:
             return None
+        if compiles.count() > self.logged:  # at once, what the warm rounds did not compile
+            for _, spec in compiles.since(self.logged):
+                log.info("engine: compiled while serving: %s", spec)
+            self.logged = compiles.count()
         self.tokens += tokens
         self.longest = max(self.longest, seconds)
         now = self.clock()
@@ -61,8 +68,6 @@ class StatsLog:
             if built > self.compiles or captured > self.captured
             else ""
         )
-        for _, spec in new:  # what the warm rounds missed, to warm it next time
-            log.info("engine: compiled while serving: %s", spec)
         line = (
             f"engine: {d['rounds']:,.0f} rounds in {span:.1f} s (shared {d['shared_s']:.1f} s,"
             f" lone {d['lone_s']:.1f} s); prompt {d['piece_rows'] / span:,.0f} rows/s, out"
