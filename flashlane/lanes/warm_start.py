@@ -12,11 +12,12 @@ So the server runs waves of short requests through the host before it listens: f
 size of the lone driver's steps (1, 2, 4, ... up to the sessions), that many prompts arrive
 together, greedy with distinct odd lengths (one of them 1), then sampled with lengths that
 are multiples of 16, a few tokens each; then prompts past LONG rows, whose GDN takes the
-chunked call (fla's kernels on a GPU): several in one round, and one arriving while a reply
-decodes, cut into pieces by the piece clock (at 16 streams on the H100 such rounds compiled
-four of fla's kernels while serving, 2-3 s each: serve_cuda_h100_eda8d35_*). Replies
-do not depend on it (rounds are exact whatever their shapes); what it leaves (the prompt
-cache, the piece clock, the host's counters, how drafts landed) is reset after.
+chunked call (fla's kernels on a GPU): several in one round, one arriving while a reply
+decodes, cut into pieces by the piece clock, and one a row past a round's (at 16 streams
+on the H100 such rounds compiled four of fla's kernels while serving, 2-3 s each:
+serve_cuda_h100_eda8d35_*). Replies do not depend on it (rounds are exact whatever their
+shapes); what it leaves (the prompt cache, the piece clock, the host's counters, how drafts
+landed) is reset after.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def warm_start(host: LaneHost, vocab_size: int) -> float:
             for temperature, grid in ((0.0, 1), (1.0, 16)):
                 _wave(host, vocab_size, size, temperature, _lengths(size, budget, grid), longest)
         if longest > 3 * LONG + 5:
-            _chunked(host, vocab_size, budget)
+            _chunked(host, vocab_size, budget, longest)
     finally:  # a wave that failed leaves nothing behind
         for s in (*host.waiting, *host.live):
             host.cancel(s.request_id)
@@ -89,9 +90,11 @@ def _wave(host: LaneHost, vocab: int, size: int | str, temperature: float, lengt
         host.run_once()
 
 
-def _chunked(host: LaneHost, vocab: int, budget: int) -> None:
-    """Prompts past LONG rows: three whole ones in one round (odd rows in all), then one
-    arriving while a reply decodes, in pieces on the chunk grid (one from a kept state)."""
+def _chunked(host: LaneHost, vocab: int, budget: int, longest: int) -> None:
+    """Prompts past LONG rows: three whole ones in one round (odd rows in all); one arriving
+    while a reply decodes, in pieces on the chunk grid (from a kept state); and, where a
+    session holds it, one of a round's rows and one more, whose last piece is a row (Triton
+    specialises an integer equal to 1)."""
     lengths = [2 * LONG + 1 + 2 * i for i in range(3)]
     if sum(lengths) <= budget and host.config.max_queue >= 3:
         _wave(host, vocab, "long", 0.0, lengths, sum(lengths))
@@ -103,6 +106,8 @@ def _chunked(host: LaneHost, vocab: int, budget: int) -> None:
     host.submit("warm-beside", _prompt(9, 3 * LONG + 5, vocab), params)
     while host.has_work:
         host.run_once()
+    if budget + 1 <= longest:
+        _wave(host, vocab, "past", 0.0, [budget + 1], longest)
 
 
 def _prompt(i: int, length: int, vocab: int) -> list[int]:

@@ -123,8 +123,9 @@ def test_warm_rounds_meet_chunked_prompts_together_and_beside_a_reply():
     """Past LONG rows a prompt takes the chunked GDN call (fla's kernels on a GPU), whose
     specialisations the short waves never meet; served at 16 on the H100 four of them
     compiled in a 2-3 s round (serve_cuda_h100_eda8d35_*). So the warm rounds run several
-    whole long prompts in one round, and a long prompt arriving while a reply decodes, whose
-    pieces the clock cuts (one that starts from a kept state, then its last)."""
+    whole long prompts in one round, a long prompt arriving while a reply decodes, whose
+    pieces the clock cuts (one that starts from a kept state, then its last), and a prompt
+    whose last piece is one row."""
     backend = CountingBackend()
     host = make_host(backend, num_sessions=4, prefill_rows=1024)
     warm_start(host, NUM_IDS + 10)
@@ -139,6 +140,8 @@ def test_warm_rounds_meet_chunked_prompts_together_and_beside_a_reply():
         and any(k == "prompt" and start > 0 for k, start, *_ in r)
     ]  # fmt: skip
     assert together and cut
+    # a prompt of a round's rows and one more: its last piece a row, from a kept state
+    assert any(r == [("prompt", 1024, 1, True)] for r in backend.rounds)
     assert not host.has_work and host.sessions.num_free == 4
     from flashlane.models.layers.gated_deltanet import SHORT_PROMPT
 
