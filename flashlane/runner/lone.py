@@ -171,8 +171,8 @@ class LoneDriver:
             i for i, d in enumerate(draws) if d is not None and d.params.draft and not failed[i]
         ]
         if queued and self.drafter is not None and self.drafter.enabled:
-            if self.drafting is not None and b > self.most_drafted:  # heads that lag
-                self.drafter.lag([stream_ids[i] for i in queued])
+            if self.drafting is not None and b > self.most_drafted:  # heads that lag (once)
+                self.drafter.lag(list({stream_ids[i] for i in queued} - self.drafter.lagging))
             else:  # one copy for every stream (the next call overwrites io.rows): a block each
                 rows = io.rows[:launched, :b].transpose(0, 1).contiguous()
                 for i in queued:
