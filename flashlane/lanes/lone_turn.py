@@ -1,10 +1,10 @@
 """A host round given to the lone driver (runner/lone.py) instead of the lane core.
 
-When one stream is live (or up to `lone_streams`), nothing waits, and each draws rows the
-fused keyed draw takes (greedy, or sampled: plain, min_p, top_k up to MAX_TOP_K, top_p; no
-logit_bias or penalties: sampling/kinds.is_lone_drawn), without logprobs or a thinking
-budget, the host lets the lone driver run the next steps on the device (with a top_p stream,
-one step in flight: a cut the device cannot call is settled on the host between steps). A
+When one stream is live (or up to `lone_streams`), nothing waits, and each is greedy or
+sampled (any parameters), without logprobs or a thinking budget, the host lets the lone driver
+run the next steps on the device. A row the fused keyed draw cannot always settle (a top_p cut;
+logit_bias, a penalty or top_k past MAX_TOP_K: sampling/kinds.py) is drawn on the host between
+steps, with one step in flight (sampling/lone_draw.KeyedDraw.settle). A
 sampled step keys its draw by the stream's seed and the position drawn, as a shared round's
 decode window does (runner/backend._spec), so the tokens are the shared rounds'. Each landed
 token goes through the same stop rules as a shared round's; a row without a token ends the
@@ -23,7 +23,6 @@ from flashlane.lanes.core import RoundFailed
 from flashlane.lanes.records import Window
 from flashlane.lanes.stops import conclude
 from flashlane.lanes.stream import Stream
-from flashlane.sampling.kinds import is_lone_drawn
 from flashlane.sampling.spec import DrawSpec, failure, is_plain_greedy
 
 if TYPE_CHECKING:
@@ -33,12 +32,12 @@ MAX_HINT = 4  # copy drafts a drafted call's first step may take (it takes up to
 
 
 def lone_streams(host: LaneHost, running: Sequence[Stream]) -> list[Stream]:
-    """The streams the lone driver may take this round: the decoding ones whose rows the
-    fused keyed draw takes (greedy or sampled, top_p too, greedy and sampled together too;
-    no logprobs, thinking budget, forced tokens or grammar; room for a step), oldest first,
-    at most `lone_streams` of them. The rest (prompt pieces, other streams) go to a shared
-    round beside them (LaneHost.run_once). Sampled streams only where the driver takes them
-    (`LoneDriver.sampled`; EngineConfig.lone_sampled)."""
+    """The streams the lone driver may take this round: the decoding ones, greedy or sampled
+    (any parameters, greedy and sampled together too; no logprobs, thinking budget, forced
+    tokens or grammar; room for a step), oldest first, at most `lone_streams` of them. The
+    rest (prompt pieces, other streams) go to a shared round beside them (LaneHost.run_once).
+    Sampled streams (and greedy ones with logit_bias or a penalty) only where the driver takes
+    them (`LoneDriver.sampled`; EngineConfig.lone_sampled)."""
     if host.lone is None or not running:
         return []
     # A drafting stream too: a lone step costs less than a drafted shared round gains (tiny
@@ -62,9 +61,7 @@ def lone_drawn(host: LaneHost, s: Stream, prompt_ends: bool = False) -> bool:
         or s.params.structured is not None
     ):
         return False
-    return is_plain_greedy(DrawSpec(s.params, s.seed, s.start)) or (
-        host.lone.sampled and is_lone_drawn(s.params)
-    )
+    return host.lone.sampled or is_plain_greedy(DrawSpec(s.params, s.seed, s.start))
 
 
 def lag_heads(host: LaneHost, alone, rest: Sequence[Stream], pieces: Sequence[Window]) -> None:

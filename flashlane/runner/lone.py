@@ -1,7 +1,7 @@
 """The lone driver: the decoding streams' rounds as device-side steps.
 
-The host hands it every decoding stream whose rows the fused keyed draw takes (greedy, or
-sampled without logit_bias or penalties: lanes/lone_turn.py), up to `lone_streams`, whatever
+The host hands it every decoding stream, greedy or sampled with any parameters, without
+logprobs, a grammar or a thinking budget (lanes/lone_turn.py), up to `lone_streams`, whatever
 else runs (prompt pieces and other streams get a shared round beside them). The streams step
 in lockstep, one row each (runner/lone_step.py: each op the shared rounds' on the same row,
 the sessions' state read and written in place, the next token drawn on the device, greedily
@@ -15,11 +15,11 @@ row without a token, to the stream's error), and stops after a landed step when 
 rule says so of the replies ended (lanes/lone_turn.py), a budget or room is spent, or the host
 has new work: the sessions then hold the state shared rounds would have left them.
 
-A top_p row's cut may be too close to call on the device (UNSETTLED, as in shared rounds); a
-call with such a row runs one step in flight: the host reads step n, settles the row from the
-logits the step kept with the shared rounds' own fallback, and writes the token where step
-n+1 reads it before launching it (lone_draw.KeyedDraw.settle). No step feeds a provisional
-token, so nothing rolls back.
+A top_p cut may be too close to call on the device (UNSETTLED, as in shared rounds), and a
+row with logit_bias or a penalty (or top_k past 128) is always drawn on the host; a call with
+such a row runs one step in flight: the host reads step n, draws those rows from the logits
+the step kept with the shared rounds' own path, and writes the tokens where step n+1 reads
+them before launching it (lone_draw.KeyedDraw.settle). Nothing provisional, no rollback.
 """
 
 from __future__ import annotations

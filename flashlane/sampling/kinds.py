@@ -1,9 +1,10 @@
 """Which rows the fused keyed draw (triton_draw) takes, without importing Triton.
 
-The lane host asks this when it hands streams to the lone driver (lanes/lone_turn.py), and
-fused_draw when it writes a call's parameter table; one definition serves both, so a stream
-admitted as lone is one whose rows the kernels take. The lone driver asks `is_always_settled`
-too: a call with a row that may come back unsettled (a top_p cut) runs one step in flight.
+fused_draw asks this when it writes a call's parameter table, and the lone driver's keyed draw
+(sampling/lone_draw.py) when it loads its streams: a row the kernels settle needs no host; the
+rest (a top_p cut they cannot prove, and OTHER rows: logit_bias, penalties, top_k past
+MAX_TOP_K) are drawn on the host between steps, so a lone call with such a row runs one step in
+flight (`is_always_settled`).
 """
 
 from __future__ import annotations
@@ -39,10 +40,3 @@ def is_always_settled(params: SamplingParams, vocab: int | None = None) -> bool:
     only when an error bound proves it; the rest come back UNSETTLED.)"""
     kind = row_kind(params, vocab)
     return kind in (GREEDY, PLAIN) or (kind == TOP_K and params.top_p >= 1.0)
-
-
-def is_lone_drawn(params: SamplingParams, vocab: int | None = None) -> bool:
-    """Whether a lone step's keyed draw takes rows drawn with `params`: every row the kernels
-    take (not OTHER). Those that are not `is_always_settled` (top_p cuts) may need the host,
-    which settles them between steps (sampling/lone_draw.KeyedDraw.settle)."""
-    return row_kind(params, vocab) != OTHER

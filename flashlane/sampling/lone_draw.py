@@ -9,19 +9,22 @@ steps, writes out [B, 2] (token, flag), tok the token and pos + 1.
 On CUDA a step is triton_draw's launches (`launch`, the shared rounds' kernels) over a
 workspace this object owns, after a copy of pos + 1 into the table's positions and before
 triton_lone's landing: no host value is read and nothing is allocated, so the driver's CUDA
-graph holds the step. It takes every row the kernels take (kinds.is_lone_drawn: greedy, plain,
-min_p, top_k up to MAX_TOP_K, top_p). The tokens are the shared rounds': the same launches on
-the same logits bits (draw_rows_gpu sends these rows to them as well), and a row's result does
-not depend on the other rows, the chunk count or K. Elsewhere (the CPU, no Triton, fp64
+graph holds the step. The kernels draw greedy, plain, min_p, top_k (up to MAX_TOP_K) and top_p
+rows (sampling/kinds.py). The tokens are the shared rounds': the same launches on the same
+logits bits (draw_rows_gpu sends these rows to them as well), and a row's result does not
+depend on the other rows, the chunk count or K. Elsewhere (the CPU, no Triton, fp64
 logits) a step calls the shared rounds' draw for the logits' device, reading pos on the host;
 the CPU has no graphs.
 
 A top_p cut the kernels cannot prove (sums within rounding of top_p * S) lands UNSETTLED, as
-it comes back None to draw_rows_gpu. A call with rows that may (`may_need_host`) keeps the
-step's logits (fp32, as shared rounds draw from: model.logits) in a buffer of its own, where
-the next step has not yet overwritten them: the driver runs such calls one step in flight and
-`settle` draws an unsettled row on the host as draw_rows_gpu does (its torch path, then the
-CPU's) and writes the token into tok before the next step is launched.
+it comes back None to draw_rows_gpu; so does every step of a row the kernels do not take
+(kinds.OTHER: logit_bias, a penalty, top_k past MAX_TOP_K), whose draw depends on the reply so
+far. A call with rows that may (`may_need_host`) keeps the step's logits (fp32, as shared rounds
+draw from: model.logits) in a buffer of its own, where the next step has not yet overwritten
+them: the driver runs such calls one step in flight and `settle` draws the unsettled rows
+together as draw_rows_gpu does (its torch path, then the CPU's), each with its stream's prompt
+and its reply as the step found it (the lane host appends each landed token before the next
+step is settled), and writes the tokens into tok before the next step is launched.
 
 A row without a token (no finite candidate, a NaN or +inf logit) gets flag 0 and in the
 token's place a negative code; `spec.failure` turns it into the SampleError shared rounds give.
@@ -42,7 +45,6 @@ from flashlane.sampling.kinds import (
     PLAIN,
     TOP_K,
     is_always_settled,
-    is_lone_drawn,
     row_kind,
 )
 from flashlane.sampling.spec import (
@@ -66,11 +68,15 @@ def failure_code(row: torch.Tensor) -> int:
 
 
 def keyed_specs(draws: Sequence, positions: Sequence[int]) -> list[DrawSpec] | None:
-    """The streams' specs for a keyed step from their lanes.records.Draws (params, seed) and
-    pending positions (each step sets its own), or None when every stream draws plain-greedy
-    (kernels.greedy_step serves them in one launch). No `draws` (tests): greedy."""
+    """The streams' specs for a keyed step from their lanes.records.Draws and pending
+    positions (each step sets its own), or None when every stream draws plain-greedy
+    (kernels.greedy_step serves them in one launch). A spec holds the stream's own prompt and
+    reply lists (not copies), which grow as its tokens land: penalties read them as they are
+    at each step. No `draws` (tests): greedy."""
     specs = [
-        DrawSpec(d.params, d.seed, p + 1) if d is not None else DrawSpec(GREEDY, 0, p + 1)
+        DrawSpec(d.params, d.seed, p + 1, d.prompt_ids, d.reply_ids)
+        if d is not None
+        else DrawSpec(GREEDY, 0, p + 1)
         for d, p in zip(draws, positions)
     ]
     return None if all(is_plain_greedy(s) for s in specs) else specs
@@ -124,8 +130,8 @@ class KeyedDraw:
     def load(self, specs: Sequence[DrawSpec]) -> None:
         """The streams' draws, one per row (positions are set by each step): the table goes
         to the device now, outside any step."""
-        if len(specs) != self.b or not all(is_lone_drawn(s.params, self.vocab) for s in specs):
-            raise ValueError("a lone keyed draw takes B rows the fused kernels take")
+        if len(specs) != self.b:
+            raise ValueError(f"a lone keyed draw takes {self.b} rows, not {len(specs)}")
         self.specs = list(specs)
         self.may_need_host = not all(is_always_settled(s.params, self.vocab) for s in specs)
         if self.fused:
@@ -161,25 +167,26 @@ class KeyedDraw:
     def settle(
         self, rows: list[list[int]], tok: torch.Tensor, pos: torch.Tensor
     ) -> list[list[int]]:
-        """The last step's landed rows [token or code, flag], with each row the device left
-        UNSETTLED drawn from the logits the step kept, as shared rounds draw a row the kernels
-        return None for (draw_rows_gpu's torch path on CUDA, the CPU's draw elsewhere), at the
-        position the step drew (pos [B] has moved on to it). Its token goes into tok [B], the
-        next step's input: the driver settles before it launches that step."""
-        for i, (code, flag) in enumerate(rows):
-            if flag or code != UNSETTLED:
-                continue
-            spec = dataclasses.replace(self.specs[i], position=int(pos[i]))
-            row = self.logits[i : i + 1].float()
-            if row.is_cuda:
-                got = draw_rows_gpu(row, [spec], fused=False)[0]
-            else:
-                got = draw_rows(row, [spec])[0]
-            if isinstance(got, int):
-                tok[i] = got
-                rows[i] = [got, 1]
-            else:  # a failed row keeps tok 0 (the reply ends)
-                rows[i] = [failure_code(row[0]), 0]
+        """The last step's landed rows [token or code, flag], with the rows the device left
+        UNSETTLED drawn together from the logits the step kept, as shared rounds draw the rows
+        the kernels return None for (draw_rows_gpu's torch path on CUDA, the CPU's draw
+        elsewhere), at the positions the step drew (pos [B] has moved on to them). Their
+        tokens go into tok [B], the next step's input: the driver settles before it launches
+        that step."""
+        idx = [i for i, (code, flag) in enumerate(rows) if not flag and code == UNSETTLED]
+        if not idx:
+            return rows
+        at = pos[idx].tolist() if len(idx) < self.b else pos.tolist()
+        specs = [dataclasses.replace(self.specs[i], position=p) for i, p in zip(idx, at)]
+        logits = self.logits[idx].float()
+        if logits.is_cuda:
+            got = draw_rows_gpu(logits, specs, fused=False)
+        else:
+            got = draw_rows(logits, specs)
+        for j, (i, g) in enumerate(zip(idx, got)):
+            # a failed row keeps tok 0 (the reply ends)
+            rows[i] = [g, 1] if isinstance(g, int) else [failure_code(logits[j]), 0]
+        tok[idx] = torch.tensor([rows[i][0] if rows[i][1] else 0 for i in idx]).to(tok.device)
         return rows
 
     def _launches(self, kinds: list[int], top_ks: list[int]):

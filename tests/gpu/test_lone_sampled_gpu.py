@@ -39,6 +39,13 @@ TOP_P = [  # one step in flight; rows the kernels cannot call are settled on the
     SamplingParams(temperature=0.0),
 ]
 MIXES = {"settled": PARAMS, "top_p": TOP_P}
+PENALIZED = [  # drawn on the host every step, with the reply so far (lone_draw.KeyedDraw)
+    SamplingParams(temperature=0.0, repetition_penalty=1.5),
+    SamplingParams(temperature=0.3, presence_penalty=1.5, frequency_penalty=0.8),
+    SamplingParams(temperature=0.0, logit_bias={5: 4.0, 9: -2.0}),
+    SamplingParams(temperature=1.2, top_k=300),
+]
+ENGINE_MIXES = {**MIXES, "penalized": PENALIZED}
 
 
 def sampled_rounds(model, ref, params, seed: int, n: int) -> list[int]:
@@ -118,7 +125,7 @@ def test_unsettled_top_p_rows_are_settled_between_steps(lone_model, graphed, mon
     assert unsettled[0] >= 20  # every step's first row, at least
 
 
-@pytest.mark.parametrize("mix", list(MIXES))
+@pytest.mark.parametrize("mix", list(ENGINE_MIXES))
 def test_engine_sampled_replies_lone_and_shared_agree(tiny_ckpt, monkeypatch, mix):
     monkeypatch.delenv("FLASHLANE_NO_LONE_SAMPLED", raising=False)  # the default: taken
     costs = CostTable(
@@ -130,7 +137,7 @@ def test_engine_sampled_replies_lone_and_shared_agree(tiny_ckpt, monkeypatch, mi
     assert lone is not None and lone.use_graphs
     ps = prompts(500, 6)
     params = [
-        dataclasses.replace(MIXES[mix][i % 4], max_tokens=m, seed=100 + i, draft=False)
+        dataclasses.replace(ENGINE_MIXES[mix][i % 4], max_tokens=m, seed=100 + i, draft=False)
         for i, m in enumerate((40, 9, 33, 1, 25, 60))
     ]
     host.lone = None

@@ -13,7 +13,6 @@ from flashlane.lanes.records import Draws
 from flashlane.llm import LLM
 from flashlane.request import SamplingParams
 from flashlane.runner.lone import LoneDriver
-from flashlane.sampling.kinds import is_lone_drawn
 from tests.runner.test_exact import COSTS, prompts
 from tests.runner.test_lone import (
     lone_run,
@@ -31,6 +30,17 @@ SAMPLED = [
     SamplingParams(max_tokens=20, temperature=2.0, top_k=40, min_p=0.01, seed=-3, draft=False),
     SamplingParams(max_tokens=1, temperature=1.0, seed=11, draft=False),
 ]
+
+# rows the fused draw does not take: drawn on the host every lone step, with the reply so far
+PENALIZED = [
+    SamplingParams(max_tokens=28, temperature=0.0, repetition_penalty=1.5, draft=False),
+    SamplingParams(
+        max_tokens=24, temperature=0.3, presence_penalty=1.5, frequency_penalty=0.8, seed=5
+    ),
+    SamplingParams(max_tokens=20, temperature=0.0, logit_bias={5: 4.0, 9: -2.0}, draft=False),
+    SamplingParams(max_tokens=26, temperature=1.2, top_k=300, seed=8, draft=False),
+]
+PENALIZED[1] = dataclasses.replace(PENALIZED[1], draft=False)
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +63,32 @@ def test_sampled_lone_replies_equal_shared_replies(llm, steps):
     assert [g.seed for g in got] == [w.seed for w in want]
     assert driver.num_steps >= sum(len(w.token_ids) - 1 for w in want) - 1  # all lone
     assert any(k[2] for k in driver.io)  # the keyed buffers served them
+
+
+@pytest.mark.parametrize("steps", [1, 6, 32])
+def test_penalized_lone_replies_equal_shared_replies(llm, steps):
+    """Penalized rows beside a greedy one, four streams in one lone call: each step's host
+    draw reads the reply as it stood (a penalty that read a stale reply would drift)."""
+    ps = prompts()[:5]
+    params = [SamplingParams(max_tokens=26, temperature=0.0, draft=False), *PENALIZED]
+    want = shared(llm, ps, params)
+    unpenalized = [
+        dataclasses.replace(
+            p, repetition_penalty=1.0, presence_penalty=0, frequency_penalty=0, logit_bias=None
+        )
+        for p in params[1:4]
+    ]
+    # the penalties change these replies (a draw that ignored them would fail below)
+    plain = shared(llm, ps[1:4], unpenalized)
+    assert [a.token_ids != b.token_ids for a, b in zip(want[1:4], plain)] == [True] * 3
+    got, driver = lone_run(llm, lambda: llm.generate(ps, params), steps, streams=5)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert driver.num_steps >= max(len(w.token_ids) for w in want) - 2  # all lone
+    assert driver.widest == 5
+
+
+def test_penalized_lone_hands_off_when_work_arrives_and_takes_back(llm):
+    hands_off_and_takes_back(llm, PENALIZED)
 
 
 def test_unseeded_sampled_reply_reproduces_through_its_returned_seed(llm):
@@ -121,21 +157,21 @@ def test_drafting_sampled_stream_runs_plain_keyed_steps(tiny_ckpt):
         (SamplingParams(top_k=128, min_p=0.2, seed=1), True),
         (SamplingParams(top_p=0.9, seed=1), True),  # one step in flight: the host may settle it
         (SamplingParams(top_k=5, top_p=0.5, seed=1), True),
-        (SamplingParams(top_k=129, seed=1), False),  # beyond the kernels' top_k
-        (SamplingParams(repetition_penalty=1.2, seed=1), False),
-        (SamplingParams(presence_penalty=0.5, seed=1), False),
-        (SamplingParams(logit_bias={3: 2.0}, seed=1), False),
+        (SamplingParams(top_k=129, seed=1), True),  # beyond the kernels' top_k: the host's
+        (SamplingParams(repetition_penalty=1.2, seed=1), True),
+        (SamplingParams(presence_penalty=0.5, seed=1), True),
+        (SamplingParams(temperature=0.0, frequency_penalty=0.7), True),
+        (SamplingParams(logit_bias={3: 2.0}, seed=1), True),
         (SamplingParams(logprobs=2, seed=1), False),
         (SamplingParams(temperature=0.0, logprobs=0), False),
     ],
 )
-def test_lone_streams_admits_the_rows_the_fused_draw_takes(llm, params, lone):
+def test_lone_streams_admits_every_sampled_row_without_logprobs(llm, params, lone):
     params = dataclasses.replace(params, max_tokens=12, draft=False)
     want = shared(llm, [prompts()[0]], [params])[0]
     got, driver = lone_run(llm, lambda: llm.generate(prompts()[0], params)[0], 8)
     assert got.token_ids == want.token_ids
     assert (driver.num_steps > 0) == lone
-    assert is_lone_drawn(params) == (lone or params.logprobs is not None)
 
 
 POISONS = {  # what a poisoned row gets, and the error shared rounds give for it

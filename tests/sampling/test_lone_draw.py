@@ -12,7 +12,7 @@ import torch
 
 from flashlane.request import SamplingParams
 from flashlane.sampling.choose import DrawSpec, SampleError, draw_rows
-from flashlane.sampling.kinds import is_always_settled, is_lone_drawn
+from flashlane.sampling.kinds import OTHER, is_always_settled, row_kind
 from flashlane.sampling.lone_draw import UNSETTLED, KeyedDraw
 from flashlane.sampling.spec import failure
 from tests.kernels.triton_env import DEVICE, HAS_CUDA, needs_triton
@@ -31,12 +31,25 @@ ADMITTED = [
     SamplingParams(top_k=128, temperature=1.5, min_p=0.01),
     SamplingParams(top_k=VOCAB + 5),  # every id: a plain row
 ]
+HOST_DRAWN = [  # rows the kernels do not take (kinds.OTHER): drawn on the host every step
+    SamplingParams(temperature=0.0, logit_bias={17: 1e4}),
+    SamplingParams(temperature=0.0, presence_penalty=1e4),
+    SamplingParams(temperature=0.0, repetition_penalty=1e4),
+    SamplingParams(temperature=0.8, frequency_penalty=0.5, top_k=200),
+    SamplingParams(temperature=1.1, top_k=129),  # past the kernels' top_k
+]
 TOP_P = [  # rows a lone step takes that the kernels may leave unsettled
     SamplingParams(top_p=0.5),
     SamplingParams(top_p=0.9, temperature=0.7, min_p=0.02),
     SamplingParams(top_k=40, top_p=0.8, temperature=1.3),
     SamplingParams(top_k=128, top_p=0.95, temperature=0.5),
 ]
+
+
+def triton_test(f):
+    for mark in needs_triton:
+        f = mark(f)
+    return f
 
 
 def specs_of(rng, params):
@@ -82,25 +95,81 @@ def test_host_path_equals_the_cpu_draws():
     assert run_steps(draw, specs, rng, 1, "cpu", bad=True) == 3
 
 
-def test_load_refuses_rows_the_kernels_do_not_take():
+def test_load_takes_every_row_and_keeps_host_rows_one_step_in_flight():
+    """Rows the kernels do not take (logit_bias, penalties, top_k past MAX_TOP_K) load too;
+    like top_p rows they may need the host, so the step keeps its logits."""
     draw = KeyedDraw(1, VOCAB, torch.device("cpu"), fused=False)
-    for p in (
-        SamplingParams(top_k=129),
-        SamplingParams(top_k=129, top_p=0.5),
-        SamplingParams(repetition_penalty=1.1),
-        SamplingParams(logit_bias={3: 1.0}),
-    ):
-        assert not is_lone_drawn(p)
-        with pytest.raises(ValueError, match="fused kernels take"):
-            draw.load([DrawSpec(p, 1, 0)])
-    with pytest.raises(ValueError):
+    for p in HOST_DRAWN:
+        assert row_kind(p, VOCAB) == OTHER and not is_always_settled(p, VOCAB)
+        draw.load([DrawSpec(p, 1, 0)])
+        assert draw.may_need_host
+    with pytest.raises(ValueError, match="takes 1 rows, not 0"):
         draw.load([])  # one row per stream
     for p in ADMITTED:
         draw.load([DrawSpec(p, 1, 0)])
         assert is_always_settled(p, VOCAB) and not draw.may_need_host
     for p in TOP_P:
         draw.load([DrawSpec(p, 1, 0)])
-        assert is_lone_drawn(p) and not is_always_settled(p) and draw.may_need_host
+        assert row_kind(p, VOCAB) != OTHER and not is_always_settled(p) and draw.may_need_host
+
+
+def penalized_steps(draw: KeyedDraw, device: str, num_steps: int = 4) -> list[list[int]]:
+    """Steps over the same logits each step for HOST_DRAWN rows beside a plain row, each row
+    with its prompt and a reply that grows by its landed token after each step (the lane
+    host's conclude, before the next step is settled), as the specs' own lists. Each step's
+    tokens equal draw_rows with the reply as it stood; returns the rows' tokens per step."""
+    rng = np.random.default_rng(11)
+    greedy = SamplingParams(temperature=0.0)  # row 2's logits without its penalty
+    params = [*HOST_DRAWN, greedy, SamplingParams(temperature=0.9)]
+    logits = torch.stack([random_row(rng, VOCAB) for _ in params])
+    logits[len(HOST_DRAWN)] = logits[2]
+    top = [int(i) for i in logits.argmax(1)]
+    prompts = [[top[i], 5, 9] for i in range(len(params))]  # the best id seen in the prompt
+    replies = [[int(t)] for t in rng.integers(0, VOCAB, len(params))]  # the pending token
+    specs = [
+        DrawSpec(p, int(rng.integers(0, 2**63)), 0, prompt, reply)
+        for p, prompt, reply in zip(params, prompts, replies)
+    ]
+    draw.load(specs)
+    b = len(specs)
+    pos = torch.tensor(rng.integers(0, 9000, b), dtype=torch.long, device=device)
+    tok, out = torch.zeros_like(pos), torch.zeros(b, 2, dtype=torch.long, device=device)
+    steps = []
+    for _ in range(num_steps):
+        at = [[*r] for r in replies]
+        draw(logits.to(device), out, tok, pos)
+        rows = out.cpu().tolist()
+        if draw.fused:  # the kernels leave every host row UNSETTLED
+            assert rows[: len(HOST_DRAWN)] == [[UNSETTLED, 0]] * len(HOST_DRAWN)
+        rows = draw.settle(rows, tok, pos)
+        want = draw_rows(logits, [DrawSpec(s.params, s.seed, int(p), s.prompt_ids, a)
+                                  for s, p, a in zip(specs, pos.tolist(), at)])  # fmt: skip
+        assert rows == [[w, 1] for w in want]
+        assert tok.cpu().tolist() == want
+        for reply, w in zip(replies, want):
+            reply.append(w)
+        steps.append(want)
+    return steps
+
+
+def check_penalized(steps: list[list[int]]) -> None:
+    """What the penalties must have done (so a draw that ignored them would fail)."""
+    by_row = list(zip(*steps))
+    assert set(by_row[0]) == {17}  # logit_bias +1e4 on id 17
+    assert len(set(by_row[1])) == len(by_row[1])  # presence 1e4: never the same id twice
+    assert by_row[2][0] != by_row[len(HOST_DRAWN)][0]  # repetition 1e4 on the prompt's best
+
+
+def test_host_path_draws_penalized_rows_with_the_reply_so_far():
+    draw = KeyedDraw(len(HOST_DRAWN) + 2, VOCAB, torch.device("cpu"), fused=False)
+    check_penalized(penalized_steps(draw, "cpu"))
+
+
+@triton_test
+def test_fused_steps_leave_penalized_rows_to_settle_with_the_reply_so_far():
+    draw = KeyedDraw(len(HOST_DRAWN) + 2, VOCAB, torch.device(DEVICE), fused=True, block=BLOCK)
+    assert draw.fused
+    check_penalized(penalized_steps(draw, DEVICE))
 
 
 def test_settle_draws_an_unsettled_row_as_shared_rounds_and_feeds_it():
@@ -129,12 +198,6 @@ def test_settle_draws_an_unsettled_row_as_shared_rounds_and_feeds_it():
         assert isinstance(want[2], SampleError) == (step == 2)
         assert [r[0] for r in landed[:2]] == want[:2]
     assert str(failure(landed[2][0])) == "NaN logit at id 9"
-
-
-def triton_test(f):
-    for mark in needs_triton:
-        f = mark(f)
-    return f
 
 
 @triton_test

@@ -3,8 +3,8 @@
 Their host side is sampling/fused_draw.py (gpu.draw_rows_gpu calls it on CUDA, tests on the CPU
 under TRITON_INTERPRET=1). They take rows with no logit_bias or penalties that are greedy, plain
 or min_p (any T), top_k up to MAX_TOP_K (with or without top_p and min_p), or top_p without top_k
-(with or without min_p); every other row, and any row they cannot settle, comes back as None for
-the caller's torch path.
+(with or without min_p); every other row (UNSETTLED in its OUT word), and any row they cannot
+settle, comes back as None for the caller's torch path.
 Launches, on [rows, chunks of BLOCK ids], all in one int64 workspace (triton_keyed):
 
 1. `_stats_kernel`: each chunk's largest logit and its first id, whether it holds a NaN or +inf,
@@ -235,6 +235,8 @@ def _finish_kernel(
                 if TOP_P_ROWS:
                     res = top_p_token(ws_ptr, n, r, V, C, CP, KP)
         tl.store(region(ws_ptr, n, C, OUT, KP) + r, res)
+    else:  # a row the kernels do not take (OTHER): the caller's host path draws it
+        tl.store(region(ws_ptr, n, C, OUT, KP) + r, tl.full([], -3, tl.int64))
 
 
 @dataclass(frozen=True, slots=True)
