@@ -7,8 +7,9 @@ duration. Prompts are random words cut to exactly --input-len tokens by --tokeni
 server's /tokenize: llama-server's takes other fields), and sent as token ids; replies run to
 --output-len tokens (ignore_eos). A stream that ends before `data: [DONE]` (a dropped
 connection) or runs past --timeout is that request's error, never a hang. Greedy unless --seed
-is given, then seeded sampling (temperature 1, seed S + prompt index): either way each reply
-is reproducible, which --check-alone verifies against the same request sent alone. With
+is given, then seeded sampling (temperature 1, seed S + prompt index); --extra-body adds
+fields (penalties, top_p) to every request. Either way each reply is reproducible, which
+--check-alone verifies against the same request sent alone. With
 --request-rate, requests arrive as a Poisson process (vLLM's), each level still capped at its
 concurrency.
 """
@@ -75,6 +76,7 @@ def request_body(args: argparse.Namespace, model: str, prompt: list[int], i: int
         body["temperature"] = 0.0
     else:
         body.update(temperature=1.0, seed=args.seed + i)
+    body.update(args.extra_body or {})
     return body
 
 
@@ -272,10 +274,21 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "input_len": args.input_len,
         "output_len": args.output_len,
         "seed": args.seed,
+        "extra_body": args.extra_body,
         "request_rate": None if args.request_rate == float("inf") else args.request_rate,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "levels": rows,
     }
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object of request fields")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -297,6 +310,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens a request")
     p.add_argument("--output-len", type=int, default=128, help="reply tokens a request")
     p.add_argument("--seed", type=int, default=None, help="seeded sampling instead of greedy")
+    p.add_argument(
+        "--extra-body",
+        type=_json_object,
+        default=None,
+        help="JSON fields added to every request, e.g. '{\"frequency_penalty\": 0.5}'",
+    )
     p.add_argument(
         "--tokenizer",
         default=str(EMBEDDED),

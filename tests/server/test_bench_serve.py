@@ -314,3 +314,17 @@ def test_bench_serve_waits_for_a_server_still_loading():
     with pytest.raises(SystemExit, match=r"not ready within 0.2 s \(/v1/models: HTTP 503\)"):
         asyncio.run(ask(never, "--ready-check-timeout-sec", "0.2"))
     assert asyncio.run(ask(never, "--model", "given")) == "given"
+
+
+def test_extra_body_adds_fields_to_every_request(capsys):
+    from flashlane.bench.serve import build_parser, request_body
+
+    p = build_parser()
+    args = p.parse_args(["--seed", "4", "--extra-body", '{"frequency_penalty": 0.5, "top_p": 0.9}'])
+    body = request_body(args, "m", [1, 2], 3)
+    assert (body["seed"], body["frequency_penalty"], body["top_p"]) == (7, 0.5, 0.9)
+    assert "frequency_penalty" not in request_body(p.parse_args([]), "m", [1], 0)
+    for bad, why in (("{oops", "not JSON"), ("[1]", "must be a JSON object")):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--extra-body", bad])
+        assert why in capsys.readouterr().err
