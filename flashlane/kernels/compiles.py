@@ -15,6 +15,8 @@ _installed = False
 # the last compiles' (kernel name, its specialisation: `_spec`)
 _recent: list[tuple[str, str]] = []
 _RECENT = 256
+# every specialisation each kernel compiled, in order (a kernel has a few)
+_variants: dict[str, list[str]] = {}
 
 
 def count() -> int:
@@ -38,8 +40,10 @@ def _install() -> None:
         global _count
         _count += 1
         name = getattr(info.get("fn"), "name", "?")
-        _recent.append((name, _spec(name, info.get("compile") or {})))
+        spec = _spec(name, info.get("compile") or {})
+        _recent.append((name, spec))
         del _recent[:-_RECENT]
+        _variants.setdefault(name, []).append(spec)
         return before(**info) if before is not None else None
 
     knobs.runtime.jit_post_compile_hook = counted
@@ -48,6 +52,13 @@ def _install() -> None:
 def since(before: int) -> list[tuple[str, str]]:
     """(name, `_spec`) of the compiles after `before` (a `count()`), at most the last 256."""
     return _recent[len(_recent) - min(len(_recent), max(0, _count - before)) :]
+
+
+def earlier(name: str, spec: str) -> list[str]:
+    """The specialisations `name` compiled before `spec` (its first compile of it): what a
+    shape met while serving differs from."""
+    seen = _variants.get(name, [])
+    return seen[: seen.index(spec)] if spec in seen else list(seen)
 
 
 def _spec(name: str, compiled: dict) -> str:
@@ -62,4 +73,8 @@ def _spec(name: str, compiled: dict) -> str:
 
     constants = {arg(k): v for k, v in (compiled.get("constants") or {}).items()}
     div16 = sorted(str(arg(k)) for k in (compiled.get("configs") or [{}])[0])
-    return f"{name} warps={compiled.get('num_warps')} constants={constants} div16={div16}"
+    types = [f"{k}:{t}" for k, t in (compiled.get("signature") or {}).items() if t != "constexpr"]
+    return (
+        f"{name} warps={compiled.get('num_warps')} stages={compiled.get('num_stages')} "
+        f"constants={constants} div16={div16} args={','.join(types)}"
+    )

@@ -47,8 +47,10 @@ class StatsLog:
         if self.interval == 0:
             return None
         if compiles.count() > self.logged:  # at once, what the warm rounds did not compile
-            for _, spec in compiles.since(self.logged):
-                log.info("engine: compiled while serving: %s", spec)
+            for name, spec in compiles.since(self.logged):
+                before = compiles.earlier(name, spec)
+                log.info("engine: compiled while serving: %s; before it: %s", spec,
+                         " | ".join(before) if before else "none")  # fmt: skip
             self.logged = compiles.count()
         self.tokens += tokens
         self.longest = max(self.longest, seconds)

@@ -58,6 +58,7 @@ def test_first_use_costs_are_named(monkeypatch, caplog):
     monkeypatch.setattr(compiles, "count", lambda: built[0])
     specs = [("_attn", "_attn[num_warps=4](M: i32)"), ("_norm", "_norm[num_warps=2](N: i32)")]
     monkeypatch.setattr(compiles, "since", lambda before: (specs * 2)[: built[0] - before])
+    monkeypatch.setattr(compiles, "earlier", lambda name, spec: ["v0"] if name == "_norm" else [])
     now = [0.0]
     stats = StatsLog(1.0, clock=lambda: now[0])
     host = fake_host(2, 0, 1.0, 0.0)
@@ -72,7 +73,11 @@ def test_first_use_costs_are_named(monkeypatch, caplog):
     assert line.endswith(
         "longest round 5,000 ms; 4 Triton compiles (_attn, _norm), graph captures 4.5 s"
     )
-    assert caplog.text.count("compiled while serving: _attn[num_warps=4](M: i32)") == 2
+    assert (
+        caplog.text.count("compiled while serving: _attn[num_warps=4](M: i32); before it: none")
+        == 2
+    )
+    assert caplog.text.count("_norm[num_warps=2](N: i32); before it: v0") == 2
     assert caplog.text.count("compiled while serving:") == 4
     now[0] = 2.0
     assert stats.round_done(host, 0.01, 1).endswith("longest round 10 ms")
