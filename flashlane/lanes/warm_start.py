@@ -11,7 +11,8 @@ a warm-up request of the benchmark's paid the same at one stream.
 So the server runs waves of short requests through the host before it listens: for each
 size of the lone driver's steps (1, 2, 4, ... up to the sessions), that many prompts arrive
 together, greedy with distinct odd lengths (one of them 1), then sampled with lengths that
-are multiples of 16, a few tokens each; then prompts past LONG rows, whose GDN takes the
+are multiples of 16, then sampled with a penalty (drawn on the host), a few tokens each; then
+prompts past LONG rows, whose GDN takes the
 chunked call (fla's kernels on a GPU): several in one round, one arriving while a reply
 decodes, cut into pieces by the piece clock, and one a row past a round's (at 16 streams
 on the H100 such rounds compiled four of fla's kernels while serving, 2-3 s each:
@@ -34,6 +35,14 @@ TOKENS = 4  # reply tokens of a warm request: its first from the prompt round, t
 # whole prompts up to this many rows take the GDN's recurrent rule, longer ones and pieces
 # the chunked call (models/layers/gated_deltanet.SHORT_PROMPT)
 LONG = 64
+# each wave size's passes: (name, params, length grid): greedy; sampled (the keyed draw);
+# penalized, whose steps keep their logits in fp32 for the host's draw (a served run at 16
+# compiled the landing kernel's fp32 variant while serving: serve_cuda_h100_66fe4d1_*)
+WAVES = (
+    ("greedy", SamplingParams(max_tokens=TOKENS, temperature=0.0), 1),
+    ("sampled", SamplingParams(max_tokens=TOKENS, temperature=1.0), 16),
+    ("penalized", SamplingParams(max_tokens=TOKENS, temperature=1.0, presence_penalty=0.5), 1),
+)
 
 
 def wave_sizes(host: LaneHost) -> list[int]:
@@ -55,8 +64,9 @@ def warm_start(host: LaneHost, vocab_size: int) -> float:
         for size in wave_sizes(host):
             if size > host.config.max_queue or longest < 1:
                 break
-            for temperature, grid in ((0.0, 1), (1.0, 16)):
-                _wave(host, vocab_size, size, temperature, _lengths(size, budget, grid), longest)
+            for name, params, grid in WAVES:
+                _wave(host, vocab_size, f"{size}-{name}", params, _lengths(size, budget, grid),
+                      longest)  # fmt: skip
         if longest > 3 * LONG + 5:
             _chunked(host, vocab_size, budget, longest)
     finally:  # a wave that failed leaves nothing behind
@@ -80,12 +90,10 @@ def _forget_landing(host: LaneHost) -> None:
         drafting.restart()
 
 
-def _wave(host: LaneHost, vocab: int, size: int | str, temperature: float, lengths, longest: int):
+def _wave(host: LaneHost, vocab: int, name: str, params: SamplingParams, lengths, longest: int):
     """Requests (prompts of `lengths`) arriving together, run to their end."""
     for i, length in enumerate(lengths):
-        params = SamplingParams(max_tokens=TOKENS, temperature=temperature)
-        host.submit(f"warm-{size}-{temperature}-{i}", _prompt(i, min(length, longest), vocab),
-                    params, seed=i)  # fmt: skip
+        host.submit(f"warm-{name}-{i}", _prompt(i, min(length, longest), vocab), params, seed=i)
     while host.has_work:
         host.run_once()
 
@@ -96,18 +104,18 @@ def _chunked(host: LaneHost, vocab: int, budget: int, longest: int) -> None:
     session holds it, one of a round's rows and one more, whose last piece is a row (Triton
     specialises an integer equal to 1)."""
     lengths = [2 * LONG + 1 + 2 * i for i in range(3)]
+    greedy = SamplingParams(max_tokens=TOKENS, temperature=0.0)
     if sum(lengths) <= budget and host.config.max_queue >= 3:
-        _wave(host, vocab, "long", 0.0, lengths, sum(lengths))
+        _wave(host, vocab, "long", greedy, lengths, sum(lengths))
     reply = SamplingParams(max_tokens=LONG, temperature=0.0)
     host.submit("warm-reply", _prompt(7, 8, vocab), reply)
     while host.has_work and all(s.is_filling for s in host.live):
         host.run_once()
-    params = SamplingParams(max_tokens=TOKENS, temperature=0.0)
-    host.submit("warm-beside", _prompt(9, 3 * LONG + 5, vocab), params)
+    host.submit("warm-beside", _prompt(9, 3 * LONG + 5, vocab), greedy)
     while host.has_work:
         host.run_once()
     if budget + 1 <= longest:
-        _wave(host, vocab, "past", 0.0, [budget + 1], longest)
+        _wave(host, vocab, "past", greedy, [budget + 1], longest)
 
 
 def _prompt(i: int, length: int, vocab: int) -> list[int]:

@@ -21,7 +21,7 @@ import torch
 
 from flashlane.config import DEFAULT_MODEL, EngineConfig
 from flashlane.engine import Engine
-from flashlane.kernels import row_kind
+from flashlane.kernels import compiles, row_kind
 from flashlane.lanes.host import QueueFull as HostQueueFull
 from flashlane.lanes.outputs import output
 from flashlane.lanes.records import CHUNK, CostTable
@@ -277,6 +277,7 @@ def start_engine(args) -> AsyncEngine:
     """The engine `flashlane serve` runs, from its parsed flags."""
     from flashlane.flags import engine_options, model_of
 
+    compiles.count()  # the compile hook from the start: served compiles name earlier variants
     opts = engine_options(args)
     built = random_model(args, opts) if getattr(args, "random_weights", False) else None
     engine = AsyncEngine(

@@ -146,3 +146,24 @@ def test_warm_rounds_meet_chunked_prompts_together_and_beside_a_reply():
     from flashlane.models.layers.gated_deltanet import SHORT_PROMPT
 
     assert LONG == SHORT_PROMPT
+
+
+def test_each_size_warms_greedy_sampled_and_host_drawn_steps():
+    """Every wave size runs greedy, keyed and penalized requests: a penalized step keeps its
+    logits in fp32 for the host's draw, a variant of the landing kernel of its own (served
+    at 16 on the H100 it compiled while serving, serve_cuda_h100_66fe4d1_*)."""
+    from flashlane.sampling.kinds import GREEDY, OTHER, PLAIN, row_kind
+
+    host = make_host(FakeBackend(), num_sessions=4, prefill_rows=1024)
+    submitted = []
+    submit = host.submit
+
+    def recording(request_id, prompt, params, **kw):
+        submitted.append((request_id, row_kind(params)))
+        return submit(request_id, prompt, params, **kw)
+
+    host.submit = recording
+    warm_start(host, NUM_IDS + 10)
+    for size in wave_sizes(host):
+        kinds = [k for rid, k in submitted if rid.startswith(f"warm-{size}-")]
+        assert kinds.count(GREEDY) == kinds.count(PLAIN) == kinds.count(OTHER) == size
