@@ -84,6 +84,8 @@ class LaneHost:
         # when work waits, so a lone call ends after its next step and the next round admits
         # the work (its prompt pieces then run beside the lone steps).
         self.interrupted: Callable[[], bool] = lambda: False
+        # a streaming caller's sink: a lone call hands it updates every STREAM_EVERY
+        self.on_updates: Callable[[list[Update]], None] | None = None
         self.config = config
         self.rules = rules
         self.core = LaneCore(backend, config.lanes, rules)

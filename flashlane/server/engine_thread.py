@@ -75,6 +75,7 @@ class AsyncEngine:
         # a lone call ends after its next step when requests or aborts wait in the inbox,
         # instead of after its whole budget
         e.host.interrupted = lambda: not self._inbox.empty()
+        self._streamed = 0  # tokens a lone call delivered before its round ended
         if e.device.startswith("cuda"):  # no request pays a compile or a capture
             try:
                 secs = warm_start(e.host, self.model_vocab_size)
@@ -89,6 +90,7 @@ class AsyncEngine:
         )
         self._closed = threading.Event()
         self.error: str | None = None  # set when the engine thread has failed (engine_api)
+        e.host.on_updates = self._deliver  # a lone call's tokens as it lands them
         self._thread = threading.Thread(target=self._run, name="flashlane-engine", daemon=True)
         self._thread.start()
 
@@ -217,12 +219,16 @@ class AsyncEngine:
             self._take_inbox(block=not host.has_work)
             if not host.has_work:
                 continue
-            started, tokens = time.perf_counter(), 0
-            for u in host.run_once():
-                tokens += len(u.token_ids)
-                self._send(u.stream.request_id, output(u.stream), u.finish is not None)
+            started, self._streamed = time.perf_counter(), 0
+            self._deliver(host.run_once())
             self._counters["rounds"] += 1
-            self._stats.round_done(host, time.perf_counter() - started, tokens)
+            self._stats.round_done(host, time.perf_counter() - started, self._streamed)
+
+    def _deliver(self, updates) -> None:
+        """Each update to its request's stream (a lone call's too, as it lands tokens)."""
+        for u in updates:
+            self._streamed += len(u.token_ids)
+            self._send(u.stream.request_id, output(u.stream), u.finish is not None)
 
     def _take_inbox(self, block: bool) -> None:
         try:
