@@ -31,6 +31,7 @@ from tokenizers import Tokenizer
 from flashlane.bench.client import Result, compared, send
 from flashlane.bench.serve_report import plot, print_table, summarize
 from flashlane.flags import FlagParser
+from flashlane.options import json_object
 
 EMBEDDED = Path(__file__).resolve().parent.parent / "default_model"
 
@@ -202,16 +203,6 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _json_object(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("must be a JSON object of request fields")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = FlagParser(
         prog="flashlane bench serve",
@@ -233,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="seeded sampling instead of greedy")
     p.add_argument(
         "--extra-body",
-        type=_json_object,
+        type=json_object,
         default=None,
         help="JSON fields added to every request, e.g. '{\"frequency_penalty\": 0.5}'",
     )
