@@ -1,10 +1,11 @@
 """A host round given to the lone driver (runner/lone.py) instead of the lane core.
 
 When one stream is live (or up to `lone_streams`), nothing waits, and each is greedy or
-sampled (any parameters), without logprobs or a thinking budget, the host lets the lone driver
-run the next steps on the device. A row the fused keyed draw cannot always settle (a top_p cut;
+sampled (any parameters), without a thinking budget, the host lets the lone driver run the
+next steps on the device. A row the fused keyed draw cannot always settle (a top_p cut;
 logit_bias, a penalty or top_k past MAX_TOP_K: sampling/kinds.py) is drawn on the host between
-steps, with one step in flight (sampling/lone_draw.KeyedDraw.settle). A
+steps, with one step in flight (sampling/lone_draw.KeyedDraw.settle), where a row that asks
+for logprobs gets them too. A
 sampled step keys its draw by the stream's seed and the position drawn, as a shared round's
 decode window does (runner/backend._spec), so the tokens are the shared rounds'. Each landed
 token goes through the same stop rules as a shared round's; a row without a token ends the
@@ -38,11 +39,11 @@ STREAM_EVERY = 0.02  # seconds between a lone call's deliveries to a streaming c
 
 def lone_streams(host: LaneHost, running: Sequence[Stream]) -> list[Stream]:
     """The streams the lone driver may take this round: the decoding ones, greedy or sampled
-    (any parameters, greedy and sampled together too; no logprobs, thinking budget, forced
-    tokens or grammar; room for a step), oldest first, at most `lone_streams` of them. The
-    rest (prompt pieces, other streams) go to a shared round beside them (LaneHost.run_once).
-    Sampled streams (and greedy ones with logit_bias or a penalty) only where the driver takes
-    them (`LoneDriver.sampled`; EngineConfig.lone_sampled)."""
+    (any parameters, greedy and sampled together too; no thinking budget, forced tokens or
+    grammar; room for a step), oldest first, at most `lone_streams` of them. The rest (prompt
+    pieces, other streams) go to a shared round beside them (LaneHost.run_once). Sampled
+    streams (and greedy ones with logit_bias, a penalty or logprobs) only where the driver
+    takes them (`LoneDriver.sampled`; EngineConfig.lone_sampled)."""
     if host.lone is None or not running:
         return []
     # A drafting stream too: a lone step costs less than a drafted shared round gains (tiny
@@ -61,7 +62,7 @@ def lone_drawn(host: LaneHost, s: Stream, prompt_ends: bool = False) -> bool:
         or s.is_finished
         or s.forced
         or s.is_thinking
-        or s.logprobs is not None
+        or (s.logprobs is not None and not host.lone.sampled)
         or s.room < 1
         or s.params.structured is not None
     ):
@@ -108,13 +109,13 @@ def run_lone(host: LaneHost, streams: list[Stream], steps: int | None = None) ->
     tokens on the H100 ran 13 calls, the last twelve of one to four steps, ccd8297.)"""
 
     def take_for(s: Stream) -> Callable[[int, bool], bool]:
-        def take(token: int, finite: bool) -> bool:
+        def take(token: int, finite: bool, logprobs: dict | None = None) -> bool:
             if s.is_finished:
                 return False  # a step launched before the end was read: not the reply's
             if not finite:  # the token's place holds why (greedy steps: a generic reason)
                 s.end("error", f"sampling failed: {failure(token)}")
                 return False
-            conclude(s, [token], host.rules)
+            conclude(s, [token], host.rules, [logprobs] if logprobs is not None else None)
             s.num_rounds += 1
             return not s.is_finished
 
@@ -184,6 +185,7 @@ def _drafted(host: LaneHost, streams, take_for, held: list, budget: int, ends) -
     if len(streams) > host.lone.most_drafted or not all(
         s.params.draft
         and s.draws is not None
+        and s.logprobs is None
         and is_plain_greedy(DrawSpec(s.params, s.seed, s.start))
         for s in streams
     ):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -36,6 +35,7 @@ from flashlane.sampling.choose import (
 )
 from flashlane.sampling.gpu import draw_rows_gpu
 from flashlane.sampling.grammar import GrammarError, Grammars, StreamGrammar
+from flashlane.sampling.logprobs import row_logprobs
 
 
 @dataclass(slots=True)
@@ -213,7 +213,7 @@ class ModelBackend:
             return Verdict(w.stream_id, [], error=f"sampling failed: {errors[0]}")
         fed.sampled = [int(g) for g in got]
         top = w.draws.params.logprobs
-        lp = _logprobs(logits, fed.sampled, top) if top is not None else None
+        lp = row_logprobs(logits, fed.sampled, top) if top is not None else None
         return Verdict(w.stream_id, list(fed.sampled), logprobs=lp)
 
     # -- keep, draft, move, release --------------------------------------------------------
@@ -329,16 +329,6 @@ def _spec(w: Window, r: int) -> DrawSpec:
     return DrawSpec(
         d.params, d.seed, w.start + r + 1, d.prompt_ids, [*d.reply_ids, *w.tokens[1 : r + 1]]
     )
-
-
-def _logprobs(logits: torch.Tensor, sampled: list[int], top: int) -> list[dict[int, float]]:
-    lp = torch.log_softmax(logits.double(), dim=-1)
-    out = []
-    for row, tok in zip(lp, sampled):
-        best = torch.topk(row, top).indices.tolist() if top else []
-        # ids a grammar refuses (-inf) are no alternatives
-        out.append({i: float(row[i]) for i in [*best, tok] if i == tok or row[i] > -math.inf})
-    return out
 
 
 def copy_session(src: SessionState, dst: SessionState, block: int) -> None:

@@ -153,14 +153,14 @@ class LoneDriver:
         io.tok.copy_(pinned[0], non_blocking=True)
         io.pos.copy_(pinned[1], non_blocking=True)
         io.k.zero_()
-        got = [[t] for t in tokens]
-        failed, done = [False] * b, [False] * b
+        got, failed, done = [[t] for t in tokens], [False] * b, [False] * b
 
         def land(rows: list[list[int]]) -> bool:
             for i, (token_id, finite) in enumerate(rows[:b]):
                 got[i].append(token_id)
                 failed[i] = failed[i] or not finite
-                done[i] = not takes[i](token_id, bool(finite)) or done[i]
+                lp = io.draw.logprobs.get(i) if keyed else None  # where asked: a third argument
+                done[i] = not takes[i](token_id, bool(finite), *([lp] if lp else [])) or done[i]
             return not ends(done)
 
         launched = self.run_steps(tuple(session_ids), io, budget, land, started)

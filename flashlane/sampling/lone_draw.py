@@ -47,6 +47,7 @@ from flashlane.sampling.kinds import (
     is_always_settled,
     row_kind,
 )
+from flashlane.sampling.logprobs import row_logprobs
 from flashlane.sampling.spec import (
     INF_AT,
     NAN_AT,
@@ -79,7 +80,8 @@ def keyed_specs(draws: Sequence, positions: Sequence[int]) -> list[DrawSpec] | N
         else DrawSpec(GREEDY, 0, p + 1)
         for d, p in zip(draws, positions)
     ]
-    return None if all(is_plain_greedy(s) for s in specs) else specs
+    plain = all(is_plain_greedy(s) and s.params.logprobs is None for s in specs)
+    return None if plain else specs
 
 
 class KeyedDraw:
@@ -104,6 +106,7 @@ class KeyedDraw:
         # the last step's logits [B, V] while may_need_host: fused, `held` (fp32, made at the
         # first such load; graphs hold its address); on the host path the step's own tensor
         self.logits: torch.Tensor | None = None
+        self.logprobs: dict[int, dict[int, float]] = {}  # the last settled step's, by row
         self.held: torch.Tensor | None = None
         if fused is None:
             fused = device.type == "cuda"
@@ -132,8 +135,10 @@ class KeyedDraw:
         to the device now, outside any step."""
         if len(specs) != self.b:
             raise ValueError(f"a lone keyed draw takes {self.b} rows, not {len(specs)}")
-        self.specs = list(specs)
-        self.may_need_host = not all(is_always_settled(s.params, self.vocab) for s in specs)
+        self.specs, self.logprobs = list(specs), {}
+        self.may_need_host = not all(
+            is_always_settled(s.params, self.vocab) and s.params.logprobs is None for s in specs
+        )
         if self.fused:
             tdraw = fused_kernels()
             kinds = [row_kind(s.params, self.vocab) for s in specs]
@@ -172,10 +177,14 @@ class KeyedDraw:
         the kernels return None for (draw_rows_gpu's torch path on CUDA, the CPU's draw
         elsewhere), at the positions the step drew (pos [B] has moved on to them). Their
         tokens go into tok [B], the next step's input: the driver settles before it launches
-        that step."""
+        that step. The rows whose requests ask for logprobs get them (`logprobs`, by row)."""
         idx = [i for i, (code, flag) in enumerate(rows) if not flag and code == UNSETTLED]
-        if not idx:
-            return rows
+        if idx:
+            self._draw_unsettled(rows, idx, tok, pos)
+        self.logprobs = self._logprobs(rows)
+        return rows
+
+    def _draw_unsettled(self, rows, idx: list[int], tok: torch.Tensor, pos: torch.Tensor):
         at = pos[idx].tolist() if len(idx) < self.b else pos.tolist()
         specs = [dataclasses.replace(self.specs[i], position=p) for i, p in zip(idx, at)]
         logits = self.logits[idx].float()
@@ -187,7 +196,15 @@ class KeyedDraw:
             # a failed row keeps tok 0 (the reply ends)
             rows[i] = [g, 1] if isinstance(g, int) else [failure_code(logits[j]), 0]
         tok[idx] = torch.tensor([rows[i][0] if rows[i][1] else 0 for i in idx]).to(tok.device)
-        return rows
+
+    def _logprobs(self, rows) -> dict[int, dict[int, float]]:
+        """The landed rows' logprobs where their requests ask (params.logprobs: the top
+        count), from the logits the step kept, as shared rounds report them."""
+        want = [(i, s.params.logprobs) for i, s in enumerate(self.specs)]
+        want = [(i, top) for i, top in want if top is not None and rows[i][1]]
+        return {
+            i: row_logprobs(self.logits[i : i + 1].float(), [rows[i][0]], top)[0] for i, top in want
+        }
 
     def _launches(self, kinds: list[int], top_ks: list[int]):
         tdraw = fused_kernels()

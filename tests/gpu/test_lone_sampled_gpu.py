@@ -45,7 +45,13 @@ PENALIZED = [  # drawn on the host every step, with the reply so far (lone_draw.
     SamplingParams(temperature=0.0, logit_bias={5: 4.0, 9: -2.0}),
     SamplingParams(temperature=1.2, top_k=300),
 ]
-ENGINE_MIXES = {**MIXES, "penalized": PENALIZED}
+LOGPROBS = [  # the host adds them from the logits the step kept
+    SamplingParams(temperature=0.0, logprobs=0),
+    SamplingParams(temperature=0.9, logprobs=3),
+    SamplingParams(temperature=0.7, top_p=0.9, logprobs=5),
+    SamplingParams(temperature=0.0),
+]
+ENGINE_MIXES = {**MIXES, "penalized": PENALIZED, "logprobs": LOGPROBS}
 
 
 def sampled_rounds(model, ref, params, seed: int, n: int) -> list[int]:
@@ -125,6 +131,10 @@ def test_unsettled_top_p_rows_are_settled_between_steps(lone_model, graphed, mon
     assert unsettled[0] >= 20  # every step's first row, at least
 
 
+def reply(o) -> tuple:
+    return o.token_ids, o.logprobs
+
+
 @pytest.mark.parametrize("mix", list(ENGINE_MIXES))
 def test_engine_sampled_replies_lone_and_shared_agree(tiny_ckpt, monkeypatch, mix):
     monkeypatch.delenv("FLASHLANE_NO_LONE_SAMPLED", raising=False)  # the default: taken
@@ -141,18 +151,18 @@ def test_engine_sampled_replies_lone_and_shared_agree(tiny_ckpt, monkeypatch, mi
         for i, m in enumerate((40, 9, 33, 1, 25, 60))
     ]
     host.lone = None
-    want = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
-    together_want = [o.token_ids for o in llm.generate(ps[:4], params[:4])]
+    want = [reply(llm.generate(p, q)[0]) for p, q in zip(ps, params)]
+    together_want = [reply(o) for o in llm.generate(ps[:4], params[:4])]
     host.lone = lone
-    got = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
+    got = [reply(llm.generate(p, q)[0]) for p, q in zip(ps, params)]
     assert got == want and lone.num_steps > 0 and lone.failed is None
     # four together on the lone driver (greedy beside sampled), then hand-offs: every fifth
     # landed step "work arrives"
-    assert [o.token_ids for o in llm.generate(ps[:4], params[:4])] == together_want
+    assert [reply(o) for o in llm.generate(ps[:4], params[:4])] == together_want
     calls = [0]
     host.interrupted = lambda: calls.__setitem__(0, calls[0] + 1) or calls[0] % 5 == 0
     host.config = dataclasses.replace(host.config, lone_steps=8)
-    got = [llm.generate(p, q)[0].token_ids for p, q in zip(ps, params)]
+    got = [reply(llm.generate(p, q)[0]) for p, q in zip(ps, params)]
     assert got == want
     assert any(k[0] == "keyed" for k in lone.graphs)
 

@@ -162,15 +162,17 @@ def test_drafting_sampled_stream_runs_plain_keyed_steps(tiny_ckpt):
         (SamplingParams(presence_penalty=0.5, seed=1), True),
         (SamplingParams(temperature=0.0, frequency_penalty=0.7), True),
         (SamplingParams(logit_bias={3: 2.0}, seed=1), True),
-        (SamplingParams(logprobs=2, seed=1), False),
-        (SamplingParams(temperature=0.0, logprobs=0), False),
+        (SamplingParams(logprobs=2, seed=1), True),  # the host adds them from kept logits
+        (SamplingParams(temperature=0.0, logprobs=0), True),
+        (SamplingParams(temperature=0.0, logprobs=5, presence_penalty=0.5), True),
     ],
 )
-def test_lone_streams_admits_every_sampled_row_without_logprobs(llm, params, lone):
+def test_lone_streams_admits_every_sampled_row(llm, params, lone):
     params = dataclasses.replace(params, max_tokens=12, draft=False)
     want = shared(llm, [prompts()[0]], [params])[0]
     got, driver = lone_run(llm, lambda: llm.generate(prompts()[0], params)[0], 8)
     assert got.token_ids == want.token_ids
+    assert got.logprobs == want.logprobs  # bit for bit, None where not asked
     assert (driver.num_steps > 0) == lone
 
 
