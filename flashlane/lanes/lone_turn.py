@@ -185,7 +185,7 @@ def _drafted(host: LaneHost, streams, take_for, held: list, budget: int, ends) -
     if len(streams) > host.lone.most_drafted or not all(
         s.params.draft
         and s.draws is not None
-        and s.logprobs is None
+        and s.params.logprobs is None
         and is_plain_greedy(DrawSpec(s.params, s.seed, s.start))
         for s in streams
     ):

@@ -149,6 +149,24 @@ def test_drafting_sampled_stream_runs_plain_keyed_steps(tiny_ckpt):
     assert driver.num_steps > 0 and driver.drafting.num_calls == 0
 
 
+def test_drafting_stream_with_logprobs_runs_plain_keyed_steps(tiny_ckpt):
+    """A greedy drafting stream that asks for logprobs goes lone on plain keyed steps
+    (drafted lone steps report none): its tokens and logprobs are its undrafted ones."""
+    llm = LLM(str(tiny_ckpt), costs=COSTS, parallel=8, max_rows=16)
+    params = SamplingParams(max_tokens=24, temperature=0.0, logprobs=3, draft=True)
+    want = shared(llm, [prompts()[2]], [dataclasses.replace(params, draft=False)])[0]
+    from flashlane.drafting.mtp import MtpDrafter
+
+    got, driver = lone_run(
+        llm,
+        lambda: llm.generate(prompts()[2], params)[0],
+        6,
+        drafter=MtpDrafter(llm.engine.model, 0.0),
+    )
+    assert (got.token_ids, got.logprobs) == (want.token_ids, want.logprobs)
+    assert driver.num_steps > 0 and driver.drafting.num_calls == 0
+
+
 @pytest.mark.parametrize(
     "params,lone",
     [
