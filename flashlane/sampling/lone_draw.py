@@ -24,7 +24,9 @@ draw from: model.logits) in a buffer of its own, where the next step has not yet
 them: the driver runs such calls one step in flight and `settle` draws the unsettled rows
 together as draw_rows_gpu does (its torch path, then the CPU's), each with its stream's prompt
 and its reply as the step found it (the lane host appends each landed token before the next
-step is settled), and writes the tokens into tok before the next step is launched.
+step is settled), and writes the tokens into tok before the next step is launched. A row
+whose request asks for logprobs keeps the call one step in flight too: `settle` reports them
+from the kept logits as shared rounds do (sampling/logprobs.py).
 
 A row without a token (no finite candidate, a NaN or +inf logit) gets flag 0 and in the
 token's place a negative code; `spec.failure` turns it into the SampleError shared rounds give.
