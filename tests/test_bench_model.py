@@ -47,7 +47,7 @@ def test_bench_model_smoke_on_cpu(tmp_path, capsys):
     assert result["peer"]["decode"]["2"]["tok_s"] > 0
     cache = result["ours"]["prompt_cache"]
     assert cache["resent"]["cached_tokens"] > 0 and cache["cold"]["cached_tokens"] == 0
-    runs = {"greedy", "top_k 40", "top_p 0.9", "penalties"}
+    runs = {"greedy", "top_k 40", "top_p 0.9", "penalties", "logprobs 5"}
     assert set(result["ours"]["decode_sampled"]) == runs
     printed = capsys.readouterr().out
     assert "decode 2 streams" in printed and "decode 1 stream, top_p 0.9" in printed

@@ -157,8 +157,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--sampled",
         action="store_true",
-        help="also time one sampled stream (top_k 40), one top_p stream (0.9) and one with "
-        "presence and frequency penalties (0.5), beside one greedy stream",
+        help="also time one sampled stream (top_k 40), one top_p stream (0.9), one with "
+        "presence and frequency penalties (0.5) and one with logprobs (5), beside one greedy "
+        "stream",
     )
     p.add_argument("--json", default=None, help="also write the result here")
     args = p.parse_args(argv)

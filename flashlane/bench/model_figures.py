@@ -29,8 +29,9 @@ def kernels_name(name: str, asked: str) -> str:
 
 
 def sampled_params(args) -> dict[str, SamplingParams]:
-    """The sampled streams --sampled times: a keyed top_k draw, a top_p one, and one with
-    penalties (drawn on the host between lone steps: sampling/lone_draw.py)."""
+    """The sampled streams --sampled times: a keyed top_k draw, a top_p one, one with
+    penalties (drawn on the host between lone steps: sampling/lone_draw.py) and one that asks
+    for logprobs (reported there too)."""
     common = dict(
         max_tokens=args.decode_tokens + 1, temperature=0.8, seed=7, ignore_eos=True, draft=False
     )
@@ -38,6 +39,7 @@ def sampled_params(args) -> dict[str, SamplingParams]:
         "top_k 40": SamplingParams(top_k=40, **common),
         "top_p 0.9": SamplingParams(top_p=0.9, **common),
         "penalties": SamplingParams(presence_penalty=0.5, frequency_penalty=0.5, **common),
+        "logprobs 5": SamplingParams(logprobs=5, **common),
     }
 
 
