@@ -26,7 +26,7 @@ def lone_server():
     e.host.config = dataclasses.replace(e.host.config, lone_steps=32, lone_streams=4)
     server = LiveServer(build_app(engine))
     try:
-        yield server, e.host.lone
+        yield server, e.host
     finally:
         server.stop()
         engine.close()
@@ -49,7 +49,8 @@ def chunks(server, seed: int) -> tuple[list[str], int]:
 
 @pytest.mark.parametrize("every", [0.0, 1e9])
 def test_lone_calls_stream_as_they_land(lone_server, monkeypatch, every):
-    server, driver = lone_server
+    server, host = lone_server
+    driver = host.lone
     monkeypatch.setattr(lone_turn, "STREAM_EVERY", every)
     before = driver.num_steps
     pieces, tokens = chunks(server, 3)
@@ -57,3 +58,26 @@ def test_lone_calls_stream_as_they_land(lone_server, monkeypatch, every):
     assert "".join(pieces) == "".join(chunks(server, 3)[0])  # the same reply either way
     # every landed step its own chunk, or (never due) one chunk a call of up to 32 steps
     assert len(pieces) >= TOKENS - 3 if every == 0.0 else len(pieces) <= 4
+
+
+def test_logprobs_and_penalties_served_lone_equal_shared_rounds(lone_server):
+    """A request with logprobs and penalties on the lone driver (drawn and reported on the
+    host between steps) gets the reply and logprobs shared rounds give it."""
+    server, host = lone_server
+    driver = host.lone
+
+    def ask():
+        c = server.client().completions.create(
+            model="default_model", prompt="def fibonacci(n):", max_tokens=24, logprobs=2,
+            temperature=0.7, seed=11, frequency_penalty=0.6, presence_penalty=0.3,
+        ).choices[0]  # fmt: skip
+        return c.text, c.logprobs.tokens, c.logprobs.token_logprobs, c.logprobs.top_logprobs
+
+    before = driver.num_steps
+    lone = ask()
+    assert driver.num_steps - before >= 20  # decoded lone
+    host.lone = None  # the engine thread is idle between requests
+    try:
+        assert ask() == lone
+    finally:
+        host.lone = driver
