@@ -12,13 +12,12 @@ So the server runs waves of short requests through the host before it listens: f
 size of the lone driver's steps (1, 2, 4, ... up to the sessions), that many prompts arrive
 together, greedy with distinct odd lengths (one of them 1), then sampled with lengths that
 are multiples of 16, then sampled with a penalty (drawn on the host), a few tokens each; then
-prompts past LONG rows, whose GDN takes the
-chunked call (fla's kernels on a GPU): several in one round, one arriving while a reply
-decodes, cut into pieces by the piece clock, and one a row past a round's (at 16 streams
-on the H100 such rounds compiled four of fla's kernels while serving, 2-3 s each:
-serve_cuda_h100_eda8d35_*). Replies do not depend on it (rounds are exact whatever their
-shapes); what it leaves (the prompt cache, the piece clock, the host's counters, how drafts
-landed) is reset after.
+prompts past LONG rows, whose GDN takes the chunked call (fla's kernels on a GPU): several in
+one round, one arriving while a reply decodes, cut into pieces by the piece clock, and one a
+row past a round's (at 16 streams on the H100 such rounds compiled four of fla's kernels
+while serving, 2-3 s each: serve_cuda_h100_eda8d35_*; still at 56deb9b). Replies do not
+depend on it (rounds are exact whatever their shapes); what it leaves (the prompt cache, the
+piece clock, the host's counters, how drafts landed) is reset after.
 """
 
 from __future__ import annotations
