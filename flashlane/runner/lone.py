@@ -1,7 +1,7 @@
 """The lone driver: the decoding streams' rounds as device-side steps.
 
-The host hands it every decoding stream, greedy or sampled with any parameters, without
-logprobs, a grammar or a thinking budget (lanes/lone_turn.py), up to `lone_streams`, whatever
+The host hands it every decoding stream, greedy or sampled with any parameters (logprobs
+too), without a grammar or a thinking budget (lanes/lone_turn.py), up to `lone_streams`, whatever
 else runs (prompt pieces and other streams get a shared round beside them). The streams step
 in lockstep, one row each (runner/lone_step.py: each op the shared rounds' on the same row,
 the sessions' state read and written in place, the next token drawn on the device, greedily
