@@ -2,8 +2,8 @@
 
 When one stream is live (or up to `lone_streams`), nothing waits, and each is greedy or
 sampled (any parameters), without a thinking budget, the host lets the lone driver run the
-next steps on the device. A row the fused keyed draw cannot always settle (a top_p cut;
-logit_bias, a penalty or top_k past MAX_TOP_K: sampling/kinds.py) is drawn on the host between
+next steps on the device. A row the device's keyed draw cannot always settle (a top_p cut;
+logit_bias or a penalty with top_p: sampling/lone_draw.py) is drawn on the host between
 steps, with one step in flight (sampling/lone_draw.KeyedDraw.settle), where a row that asks
 for logprobs gets them too. A
 sampled step keys its draw by the stream's seed and the position drawn, as a shared round's

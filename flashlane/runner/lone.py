@@ -15,11 +15,11 @@ row without a token, to the stream's error), and stops after a landed step when 
 rule says so of the replies ended (lanes/lone_turn.py), a budget or room is spent, or the host
 has new work: the sessions then hold the state shared rounds would have left them.
 
-A top_p cut may be too close to call on the device (UNSETTLED, as in shared rounds), and a
-row with logit_bias or a penalty (or top_k past 128) is always drawn on the host; a call with
-such a row runs one step in flight: the host reads step n, draws those rows from the logits
-the step kept with the shared rounds' own path, and writes the tokens where step n+1 reads
-them before launching it (lone_draw.KeyedDraw.settle). Nothing provisional, no rollback.
+A top_p cut may be too close to call on the device (UNSETTLED, as in shared rounds), and a row
+with logit_bias or a penalty that sampling/adjusted_draw.py does not take is drawn on the host;
+a call with such a row runs one step in flight: the host reads step n, draws those rows from the
+logits the step kept with the shared rounds' own path, and writes the tokens where step n+1
+reads them before launching it (lone_draw.KeyedDraw.settle). Nothing provisional.
 """
 
 from __future__ import annotations

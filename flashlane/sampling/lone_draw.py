@@ -16,17 +16,19 @@ depend on the other rows, the chunk count or K. Elsewhere (the CPU, no Triton, f
 logits) a step calls the shared rounds' draw for the logits' device, reading pos on the host;
 the CPU has no graphs.
 
-A top_p cut the kernels cannot prove (sums within rounding of top_p * S) lands UNSETTLED, as
-it comes back None to draw_rows_gpu; so does every step of a row the kernels do not take
-(kinds.OTHER: logit_bias, a penalty, top_k past MAX_TOP_K), whose draw depends on the reply so
-far. A call with rows that may (`may_need_host`) keeps the step's logits (fp32, as shared rounds
-draw from: model.logits) in a buffer of its own, where the next step has not yet overwritten
-them: the driver runs such calls one step in flight and `settle` draws the unsettled rows
-together as draw_rows_gpu does (its torch path, then the CPU's), each with its stream's prompt
-and its reply as the step found it (the lane host appends each landed token before the next
-step is settled), and writes the tokens into tok before the next step is launched. A row
-whose request asks for logprobs keeps the call one step in flight too: `settle` reports them
-from the kept logits as shared rounds do (sampling/logprobs.py).
+The kernels do not take a row whose draw adjusts its logits (kinds.OTHER: logit_bias, a
+penalty; also top_k past MAX_TOP_K): on CUDA sampling/adjusted_draw.py draws those after them
+in the same step, with each row's reply counts on the device. A top_p cut the kernels cannot
+prove (sums within rounding of top_p * S) lands UNSETTLED, as it comes back None to
+draw_rows_gpu; so does every step of an OTHER row adjusted_draw does not take (with top_p, or
+values that could overflow). A call with rows that may (`may_need_host`) keeps the step's
+logits (fp32, as shared rounds draw from: model.logits) in a buffer of its own, where the next
+step has not yet overwritten them: the driver runs such calls one step in flight and `settle`
+draws the unsettled rows together as draw_rows_gpu does (its torch path, then the CPU's), each
+with its stream's prompt and its reply as the step found it (the lane host appends each landed
+token before the next step is settled), and writes the tokens into tok before the next step is
+launched. A row whose request asks for logprobs keeps the call one step in flight too: `settle`
+reports them from the kept logits as shared rounds do (sampling/logprobs.py).
 
 A row without a token (no finite candidate, a NaN or +inf logit) gets flag 0 and in the
 token's place a negative code; `spec.failure` turns it into the SampleError shared rounds give.
@@ -40,10 +42,12 @@ from collections.abc import Sequence
 import torch
 
 from flashlane.request import SamplingParams
+from flashlane.sampling.adjusted_draw import AdjustedRows
 from flashlane.sampling.choose import draw_rows
 from flashlane.sampling.gpu import draw_rows_gpu, fused_kernels
 from flashlane.sampling.kinds import (
     MAX_TOP_K,
+    OTHER,
     PLAIN,
     TOP_K,
     is_always_settled,
@@ -122,6 +126,7 @@ class KeyedDraw:
             self.ws = torch.zeros(widest.words, dtype=torch.long, device=device)
             self.table = self.ws[: b * NPARAM].view(b, NPARAM)
             self.positions = self.table[:, 6]  # NPARAM's columns end with seed, position
+            self.adjusted = AdjustedRows(b, vocab, device)
 
     @property
     def key(self) -> tuple:
@@ -130,7 +135,8 @@ class KeyedDraw:
         shape = self.launches
         if shape is None:
             return ()
-        return (shape.k, shape.has_top_k, shape.plain_rows, shape.top_p_rows, self.may_need_host)
+        flags = (shape.k, shape.has_top_k, shape.plain_rows, shape.top_p_rows)
+        return (*flags, self.may_need_host, *self.adjusted.key)
 
     def load(self, specs: Sequence[DrawSpec]) -> None:
         """The streams' draws, one per row (positions are set by each step): the table goes
@@ -138,12 +144,18 @@ class KeyedDraw:
         if len(specs) != self.b:
             raise ValueError(f"a lone keyed draw takes {self.b} rows, not {len(specs)}")
         self.specs, self.logprobs = list(specs), {}
+        kinds = [row_kind(s.params, self.vocab) for s in specs]
+        on_device = set()
+        if self.fused:
+            other = [i for i, k in enumerate(kinds) if k == OTHER]
+            on_device = set(self.adjusted.load([specs[i] for i in other], other))
         self.may_need_host = not all(
-            is_always_settled(s.params, self.vocab) and s.params.logprobs is None for s in specs
+            (is_always_settled(s.params, self.vocab) or i in on_device)
+            and s.params.logprobs is None
+            for i, s in enumerate(specs)
         )
         if self.fused:
             tdraw = fused_kernels()
-            kinds = [row_kind(s.params, self.vocab) for s in specs]
             top_ks = [s.params.top_k for s, k in zip(specs, kinds) if k == TOP_K]
             self.launches = self._launches(kinds, top_ks)
             self.table.copy_(tdraw.param_table(specs, kinds, self.vocab))
@@ -166,6 +178,8 @@ class KeyedDraw:
             torch.add(pos, 1, out=self.positions)
             tdraw.launch(logits, self.ws, shape)
             land(self.ws, self.b, shape.chunks, shape.kp, logits, out, tok, pos)
+            if self.adjusted.n:
+                self.adjusted(logits, out, tok, self.positions)
             return
         if self.may_need_host:
             self.logits = logits

@@ -39,11 +39,17 @@ TOP_P = [  # one step in flight; rows the kernels cannot call are settled on the
     SamplingParams(temperature=0.0),
 ]
 MIXES = {"settled": PARAMS, "top_p": TOP_P}
-PENALIZED = [  # drawn on the host every step, with the reply so far (lone_draw.KeyedDraw)
+PENALIZED = [  # drawn in the step from the reply counts on the device (adjusted_draw.py)
     SamplingParams(temperature=0.0, repetition_penalty=1.5),
     SamplingParams(temperature=0.3, presence_penalty=1.5, frequency_penalty=0.8),
     SamplingParams(temperature=0.0, logit_bias={5: 4.0, 9: -2.0}),
     SamplingParams(temperature=1.2, top_k=300),
+]
+PENALIZED_TOP_P = [  # the first on the host every step (with the reply so far), beside others
+    SamplingParams(temperature=0.8, top_p=0.9, presence_penalty=1.0),
+    SamplingParams(temperature=0.5, frequency_penalty=0.4, top_k=30, min_p=0.01),
+    SamplingParams(temperature=0.0, logit_bias={7: 3.0}),
+    SamplingParams(temperature=1.0),
 ]
 LOGPROBS = [  # the host adds them from the logits the step kept
     SamplingParams(temperature=0.0, logprobs=0),
@@ -51,7 +57,12 @@ LOGPROBS = [  # the host adds them from the logits the step kept
     SamplingParams(temperature=0.7, top_p=0.9, logprobs=5),
     SamplingParams(temperature=0.0),
 ]
-ENGINE_MIXES = {**MIXES, "penalized": PENALIZED, "logprobs": LOGPROBS}
+ENGINE_MIXES = {
+    **MIXES,
+    "penalized": PENALIZED,
+    "penalized_top_p": PENALIZED_TOP_P,
+    "logprobs": LOGPROBS,
+}
 
 
 def sampled_rounds(model, ref, params, seed: int, n: int) -> list[int]:

@@ -139,8 +139,8 @@ def penalized_steps(draw: KeyedDraw, device: str, num_steps: int = 4) -> list[li
         at = [[*r] for r in replies]
         draw(logits.to(device), out, tok, pos)
         rows = out.cpu().tolist()
-        if draw.fused:  # the kernels leave every host row UNSETTLED
-            assert rows[: len(HOST_DRAWN)] == [[UNSETTLED, 0]] * len(HOST_DRAWN)
+        if draw.fused:  # adjusted_draw lands them in the step: nothing to settle
+            assert not draw.may_need_host and UNSETTLED not in [r[0] for r in rows]
         rows = draw.settle(rows, tok, pos)
         want = draw_rows(logits, [DrawSpec(s.params, s.seed, int(p), s.prompt_ids, a)
                                   for s, p, a in zip(specs, pos.tolist(), at)])  # fmt: skip
@@ -166,10 +166,32 @@ def test_host_path_draws_penalized_rows_with_the_reply_so_far():
 
 
 @triton_test
-def test_fused_steps_leave_penalized_rows_to_settle_with_the_reply_so_far():
+def test_fused_steps_draw_penalized_rows_with_the_reply_so_far():
     draw = KeyedDraw(len(HOST_DRAWN) + 2, VOCAB, torch.device(DEVICE), fused=True, block=BLOCK)
     assert draw.fused
     check_penalized(penalized_steps(draw, DEVICE))
+
+
+@triton_test
+def test_fused_steps_leave_penalized_top_p_rows_to_settle():
+    """An adjusted row with top_p (its cut needs the host's proof) lands UNSETTLED beside an
+    adjusted row drawn in the step; settle draws it with the reply as it stood."""
+    rng = np.random.default_rng(4)
+    params = [SamplingParams(presence_penalty=2.0, top_p=0.9), HOST_DRAWN[1]]
+    specs = [DrawSpec(p, 7 + i, 0, [1, 2], [3, 3, 4]) for i, p in enumerate(params)]
+    draw = KeyedDraw(2, VOCAB, torch.device(DEVICE), fused=True, block=BLOCK)
+    draw.load(specs)
+    assert draw.may_need_host
+    pos = torch.tensor([5, 9], device=DEVICE)
+    tok, out = torch.zeros_like(pos), torch.zeros(2, 2, dtype=torch.long, device=DEVICE)
+    logits = torch.stack([random_row(rng, VOCAB) for _ in params])
+    draw(logits.to(DEVICE), out, tok, pos)
+    rows = out.cpu().tolist()
+    assert rows[0] == [UNSETTLED, 0] and rows[1][1] == 1
+    want = draw_rows(logits, [DrawSpec(s.params, s.seed, int(p), s.prompt_ids, s.reply_ids)
+                              for s, p in zip(specs, pos.tolist())])  # fmt: skip
+    assert draw.settle(rows, tok, pos) == [[w, 1] for w in want]
+    assert tok.cpu().tolist() == want
 
 
 def test_settle_draws_an_unsettled_row_as_shared_rounds_and_feeds_it():
