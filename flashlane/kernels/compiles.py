@@ -55,10 +55,11 @@ def since(before: int) -> list[tuple[str, str]]:
 
 
 def earlier(name: str, spec: str) -> list[str]:
-    """The specialisations `name` compiled before `spec` (its first compile of it): what a
-    shape met while serving differs from."""
+    """The specialisations `name` compiled before its last compile of `spec`: what a shape
+    met while serving differs from (`spec` itself among them where the same specialisation
+    compiled again: a new kernel object or a key this line does not show)."""
     seen = _variants.get(name, [])
-    return seen[: seen.index(spec)] if spec in seen else list(seen)
+    return seen[: len(seen) - 1 - seen[::-1].index(spec)] if spec in seen else list(seen)
 
 
 def _spec(name: str, compiled: dict) -> str:
@@ -74,7 +75,9 @@ def _spec(name: str, compiled: dict) -> str:
     constants = {arg(k): v for k, v in (compiled.get("constants") or {}).items()}
     div16 = sorted(str(arg(k)) for k in (compiled.get("configs") or [{}])[0])
     types = [f"{k}:{t}" for k, t in (compiled.get("signature") or {}).items() if t != "constexpr"]
+    extra = {k: compiled[k] for k in ("num_ctas", "enable_fp_fusion") if k in compiled}
     return (
         f"{name} warps={compiled.get('num_warps')} stages={compiled.get('num_stages')} "
-        f"constants={constants} div16={div16} args={','.join(types)}"
+        + "".join(f"{k}={v} " for k, v in extra.items())
+        + f"constants={constants} div16={div16} args={','.join(types)}"
     )

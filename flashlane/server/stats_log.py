@@ -49,7 +49,8 @@ class StatsLog:
         if compiles.count() > self.logged:  # at once, what the warm rounds did not compile
             for name, spec in compiles.since(self.logged):
                 before = compiles.earlier(name, spec)
-                log.info("engine: compiled while serving: %s; before it: %s", spec,
+                again = " (this one too: it compiled again)" if spec in before else ""
+                log.info("engine: compiled while serving: %s; before it%s: %s", spec, again,
                          " | ".join(before) if before else "none")  # fmt: skip
             self.logged = compiles.count()
         self.tokens += tokens

@@ -35,3 +35,5 @@ def test_the_count_chains_a_hook_already_set(monkeypatch):
     assert "div16=[]" in other
     assert compiles.earlier("_kernel", other) == [spec] and compiles.earlier("_kernel", spec) == []
     assert compiles.earlier("_none", spec) == []
+    knobs.runtime.jit_post_compile_hook(fn=fn, compile=compiled)  # the same specialisation
+    assert compiles.earlier("_kernel", spec) == [spec, other]

@@ -52,20 +52,28 @@ def _bounds(lengths: tuple[int, ...], chunk: int, device: torch.device):
 # prompt, a test's 1-row piece) chose the tiles, and so the bits, of every later prefill in
 # the process. One call of a prefill's size picks them first, whatever the traffic.
 TUNE_ROWS = 4096
+# Then calls that compile the other specialisations Triton makes of fla's kernels: the rows T
+# equal to 1, dividing by 16 or neither, and 1, 2 or 3 sequences (chunk_indices follows
+# cu_seqlens in one buffer, so their count moves its alignment). Served at 16 streams on the
+# H100, four of them compiled mid-round, ~2 s each (serve_cuda_h100_5c561f3_*).
+SHAPES = ((1,), (5,), (64,), (5, 1), (64, 64), (37, 5, 1))
 _tuned: set[tuple] = set()
 
 
 def _tune(fla_chunk, q, k, v, state, chunk: int) -> None:
-    """fla's first call for these heads, dtypes and chunk, on zeros of TUNE_ROWS rows."""
+    """fla's first call for these heads, dtypes and chunk, on zeros of TUNE_ROWS rows, then
+    of each of SHAPES."""
     key = (*q.shape[2:], *v.shape[2:], q.dtype, v.dtype, chunk, v.device, state is None)
     if key in _tuned:
         return
     _tuned.add(key)
-    zeros = [x.new_zeros(1, TUNE_ROWS, *x.shape[2:]) for x in (q, k, v)]
-    g = q.new_zeros(1, TUNE_ROWS, q.shape[2], dtype=torch.float32)
-    beta = q.new_zeros(1, TUNE_ROWS, q.shape[2])
-    initial = None if state is None else state.new_zeros(1, *state.shape[1:])
-    _varlen(fla_chunk, *zeros, g, beta, initial, (TUNE_ROWS,), chunk)
+    for lengths in ((TUNE_ROWS,), *SHAPES):
+        rows = sum(lengths)
+        zeros = [x.new_zeros(1, rows, *x.shape[2:]) for x in (q, k, v)]
+        g = q.new_zeros(1, rows, q.shape[2], dtype=torch.float32)
+        beta = q.new_zeros(1, rows, q.shape[2])
+        initial = None if state is None else state.new_zeros(len(lengths), *state.shape[1:])
+        _varlen(fla_chunk, *zeros, g, beta, initial, lengths, chunk)
 
 
 def _varlen(fla_chunk, q, k, v, g, beta, state, lengths: tuple[int, ...], chunk: int):
