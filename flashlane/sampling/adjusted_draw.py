@@ -38,6 +38,7 @@ from flashlane.sampling.spec import GREEDY_TEMPERATURE, INF_AT, NAN_AT, NO_CANDI
 
 LIMIT = 1e30  # |bias|, |penalties| and 1/repetition_penalty up to this keep fp32 logits finite
 MAX_K = 4096  # larger top_k rows stay with the host (torch.topk's cost grows with k)
+GROUP = 16  # rows drawn together: a few float64 [GROUP, V] temporaries at a time
 F64 = torch.float64
 
 
@@ -137,31 +138,32 @@ class AdjustedRows:
         """The loaded rows' draws from logits [B, V] at positions [B] (the ones drawn): into
         out [B, 2] (token or failure code, flag) and tok [B] (0 for a failed row), and each
         drawn token into its row's counts."""
-        n = self.n
-        idx, counts = self.idx[:n], self.counts[:n]
-        x = logits.index_select(0, idx)
-        code = self._draw(x, counts, positions.index_select(0, idx))
-        v = self.vocab
-        nan_at = torch.where(torch.isnan(x), self.ids, v).amin(1)
-        inf_at = torch.where(torch.isposinf(x), self.ids, v).amin(1)
-        code = torch.where(inf_at < v, INF_AT - 2 * inf_at, code)
-        code = torch.where(nan_at < v, NAN_AT - 2 * nan_at, code)
-        ok = code >= 0
-        token = torch.where(ok, code, 0)
-        out[idx, 0] = code
-        out[idx, 1] = ok.long()
-        tok[idx] = token
-        counts.scatter_add_(1, token[:, None], ok.int()[:, None])
+        for a in range(0, self.n, GROUP):
+            rows = slice(a, min(self.n, a + GROUP))
+            idx, counts = self.idx[rows], self.counts[rows]
+            x = logits.index_select(0, idx)
+            code = self._draw(rows, x, counts, positions.index_select(0, idx))
+            v = self.vocab
+            nan_at = torch.where(torch.isnan(x), self.ids, v).amin(1)
+            inf_at = torch.where(torch.isposinf(x), self.ids, v).amin(1)
+            code = torch.where(inf_at < v, INF_AT - 2 * inf_at, code)
+            code = torch.where(nan_at < v, NAN_AT - 2 * nan_at, code)
+            ok = code >= 0
+            token = torch.where(ok, code, 0)
+            out[idx, 0] = code
+            out[idx, 1] = ok.long()
+            tok[idx] = token
+            counts.scatter_add_(1, token[:, None], ok.int()[:, None])
 
-    def _draw(self, x: torch.Tensor, counts: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-        """Each row's token, or NO_CANDIDATE where no adjusted logit is finite."""
-        n, v = x.shape
-        temp, pres, freq, rp, min_p, top_k, greedy = self.cols[:n, :, None].unbind(1)
+    def _draw(self, rows: slice, x: torch.Tensor, counts: torch.Tensor, at: torch.Tensor):
+        """Each of `rows`' token, or NO_CANDIDATE where no adjusted logit is finite."""
+        v = x.shape[1]
+        temp, pres, freq, rp, min_p, top_k, greedy = self.cols[rows, :, None].unbind(1)
         l = x.to(F64)  # bf16 and fp32 widen exactly
         if self.any_bias:
-            l = l + self.bias[:n]
+            l = l + self.bias[rows]
         if self.any_seen:
-            seen = self.seen[:n] | (counts > 0)
+            seen = self.seen[rows] | (counts > 0)
             l = torch.where(seen, torch.where(l > 0, l / rp, l * rp), l)
         l = torch.where(counts > 0, l - (pres + freq * counts), l)
         z = l / temp
@@ -171,7 +173,7 @@ class AdjustedRows:
         if self.max_k:
             keep = self._top_k(z, keep, top_k)
         keep &= torch.exp(z - zmax) >= min_p
-        key = splitmix64_torch(self.seeds[:n] ^ at)
+        key = splitmix64_torch(self.seeds[rows] ^ at)
         noise = gumbel_torch(uniforms_torch(key[:, None], self.ids[None, :]))
         scores = torch.where(greedy > 0, l, torch.where(keep, z + noise, -torch.inf))
         best = scores.amax(1, keepdim=True)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from flashlane.request import SamplingParams
+from flashlane.sampling import adjusted_draw
 from flashlane.sampling.adjusted_draw import AdjustedRows, takes
 from flashlane.sampling.choose import DrawSpec, SampleError, draw_full, draw_rows
 from flashlane.sampling.spec import failure
@@ -101,7 +102,9 @@ def steps(params, num_steps: int, seed: int, tie: bool = False):
     return tokens
 
 
-def test_steps_equal_the_cpu_draws_as_the_replies_grow():
+@pytest.mark.parametrize("group", [4, adjusted_draw.GROUP])
+def test_steps_equal_the_cpu_draws_as_the_replies_grow(group, monkeypatch):
+    monkeypatch.setattr(adjusted_draw, "GROUP", group)  # 4: the rows in three groups
     by_row = list(zip(*steps(TAKEN, 8, seed=1)))
     # what the adjustments must have done (a draw that ignored them would fail)
     assert set(by_row[0]) == {17}  # logit_bias +1e4 on id 17
