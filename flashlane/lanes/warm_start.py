@@ -11,7 +11,7 @@ a warm-up request of the benchmark's paid the same at one stream.
 So the server runs waves of short requests through the host before it listens: for each
 size of the lone driver's steps (1, 2, 4, ... up to the sessions), that many prompts arrive
 together, greedy with distinct odd lengths (one of them 1), then sampled with lengths that
-are multiples of 16, then sampled with a penalty (drawn on the host), a few tokens each; then
+are multiples of 16, then sampled with a penalty (adjusted_draw's step), a few tokens each; then
 prompts past LONG rows, whose GDN takes the chunked call (fla's kernels on a GPU): several in
 one round, one arriving while a reply decodes, cut into pieces by the piece clock, and one a
 row past a round's (at 16 streams on the H100 such rounds compiled four of fla's kernels
@@ -35,8 +35,8 @@ TOKENS = 4  # reply tokens of a warm request: its first from the prompt round, t
 # the chunked call (models/layers/gated_deltanet.SHORT_PROMPT)
 LONG = 64
 # each wave size's passes: (name, params, length grid): greedy; sampled (the keyed draw);
-# penalized, whose steps keep their logits in fp32 for the host's draw (a served run at 16
-# compiled the landing kernel's fp32 variant while serving: serve_cuda_h100_66fe4d1_*)
+# penalized, whose steps draw with sampling/adjusted_draw.py (a graph of each size; when the
+# host drew them, a served run at 16 compiled kernels while serving: serve_cuda_h100_66fe4d1_*)
 WAVES = (
     ("greedy", SamplingParams(max_tokens=TOKENS, temperature=0.0), 1),
     ("sampled", SamplingParams(max_tokens=TOKENS, temperature=1.0), 16),
