@@ -15,11 +15,10 @@ row without a token, to the stream's error), and stops after a landed step when 
 rule says so of the replies ended (lanes/lone_turn.py), a budget or room is spent, or the host
 has new work: the sessions then hold the state shared rounds would have left them.
 
-A top_p cut may be too close to call on the device (UNSETTLED, as in shared rounds), and a row
-with logit_bias or a penalty that sampling/adjusted_draw.py does not take is drawn on the host;
-a call with such a row runs one step in flight: the host reads step n, draws those rows from the
-logits the step kept with the shared rounds' own path, and writes the tokens where step n+1
-reads them before launching it (lone_draw.KeyedDraw.settle). Nothing provisional.
+A top_p cut may be too close to call on the device (UNSETTLED, as in shared rounds), as may a
+row with logit_bias or a penalty that sampling/adjusted_draw.py does not take: a call with such
+a row runs one step in flight, the host drawing them from the kept logits with the shared
+rounds' path before step n+1 launches (lone_draw.KeyedDraw.settle). Nothing provisional.
 """
 
 from __future__ import annotations
@@ -200,8 +199,7 @@ class LoneDriver:
         run = self.runner(ids, io)
         captured = self.capture_seconds - started[2]  # the load's absorbs' captures too
         draw = getattr(io, "draw", None)
-        settle = draw is not None and draw.may_need_host
-        in_flight, launched, landed = 1 if settle else 2, 0, 0
+        in_flight, launched, landed = 1 if draw is not None and draw.may_need_host else 2, 0, 0
         going, t0 = True, time.perf_counter()
         while landed < launched or (going and launched < budget):
             ahead = 1 if near is not None and near() else in_flight
@@ -212,8 +210,8 @@ class LoneDriver:
                 if launched - landed < ahead and launched < budget:
                     continue  # put a second step in flight before reading the first
             rows = self._read(io, landed)
-            if settle:
-                rows = draw.settle(rows, io.tok, io.pos)
+            if draw is not None:
+                rows = draw.settle(rows, io.tok, io.pos, landed % RING)
             landed += 1
             going = land(rows) and going
         seconds, b = time.perf_counter() - t0, len(ids)
@@ -297,6 +295,8 @@ class LoneDriver:
         """Step i's (id, finite) rows into its ring slot, unawaited (a step that `posts`: none)."""
         if not getattr(io, "posts", False):
             io.ring[i % RING].copy_(io.out, non_blocking=True)
+        if getattr(io, "draw", None) is not None:
+            io.draw.post(i % RING)  # its logprobs, where rows ask
         if self.is_cuda:
             self.events[i % RING].record()
 

@@ -26,3 +26,53 @@ def row_logprobs(logits: torch.Tensor, sampled: list[int], top: int) -> list[dic
         # ids a grammar refuses (-inf) are no alternatives
         out.append({i: v for i, v in zip(row_ids, row_values) if i == tok or v > -math.inf})
     return out
+
+
+MAX_TOP = 20  # SamplingParams.logprobs' largest
+
+
+class StepLogprobs:
+    """A lone step's logprobs, reported on the device (sampling/lone_draw.py): for each row
+    that asks, row_logprobs' ops on the same row of the step's logits (log_softmax of its
+    [1, V] fp32 reading widened to float64, its own topk, the gather at those ids and the drawn one), written
+    as ids and float64 bits into `out` [B, 2 * WIDTH]. `post` copies out into a ring slot
+    after the step, unawaited; `read` decodes a landed step's slot on the host. No host value
+    is read in the step, so the driver's graph holds it with two steps in flight."""
+
+    WIDTH = MAX_TOP + 1
+
+    def __init__(self, b: int, device: torch.device, slots: int):
+        self.rows: tuple[tuple[int, int], ...] = ()  # (row, top) of the rows that ask
+        self.out = torch.zeros(b, 2 * self.WIDTH, dtype=torch.long, device=device)
+        pinned = device.type == "cuda"
+        self.ring = torch.zeros(slots, *self.out.shape, dtype=torch.long, pin_memory=pinned)
+
+    def report(self, logits: torch.Tensor, tok: torch.Tensor) -> None:
+        """Each asking row's logprobs from logits [B, V] and its drawn id in tok [B]."""
+        w = self.WIDTH
+        for i, top in self.rows:
+            # fp32 first, as shared rounds hand row_logprobs (float64 logits on the CPU round)
+            lp = torch.log_softmax(logits[i : i + 1].float().double(), dim=-1)
+            ids = tok[i : i + 1, None]
+            if top:
+                ids = torch.cat([torch.topk(lp[0], top).indices[None], ids], dim=1)
+            self.out[i, : top + 1] = ids[0]
+            self.out[i, w : w + top + 1] = lp.gather(1, ids)[0].view(torch.long)
+
+    def post(self, slot: int) -> None:
+        if self.rows:
+            self.ring[slot].copy_(self.out, non_blocking=True)
+
+    def read(self, slot, rows: list[list[int]], skip=()) -> dict[int, dict[int, float]]:
+        """The landed step's logprobs by row (rows [token, flag]: a row without a token has
+        none), as row_logprobs gives them, from its ring slot (None: `out`, the last step's);
+        not for the rows in `skip`."""
+        w, data = self.WIDTH, self.out.cpu() if slot is None else self.ring[slot]
+        out = {}
+        for i, top in self.rows:
+            if rows[i][1] and i not in skip:
+                ids = data[i, : top + 1].tolist()
+                values = data[i, w : w + top + 1].view(torch.float64).tolist()
+                tok = ids[-1]
+                out[i] = {t: v for t, v in zip(ids, values) if t == tok or v > -math.inf}
+        return out

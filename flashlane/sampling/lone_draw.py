@@ -27,8 +27,9 @@ step has not yet overwritten them: the driver runs such calls one step in flight
 draws the unsettled rows together as draw_rows_gpu does (its torch path, then the CPU's), each
 with its stream's prompt and its reply as the step found it (the lane host appends each landed
 token before the next step is settled), and writes the tokens into tok before the next step is
-launched. A row whose request asks for logprobs keeps the call one step in flight too: `settle`
-reports them from the kept logits as shared rounds do (sampling/logprobs.py).
+launched. A row whose request asks for logprobs gets them reported in the step
+(sampling/logprobs.StepLogprobs: row_logprobs' ops on the device), read by `settle` from the
+driver's ring slot.
 
 A row without a token (no finite candidate, a NaN or +inf logit) gets flag 0 and in the
 token's place a negative code; `spec.failure` turns it into the SampleError shared rounds give.
@@ -53,7 +54,7 @@ from flashlane.sampling.kinds import (
     is_always_settled,
     row_kind,
 )
-from flashlane.sampling.logprobs import row_logprobs
+from flashlane.sampling.logprobs import StepLogprobs, row_logprobs
 from flashlane.sampling.spec import (
     INF_AT,
     NAN_AT,
@@ -100,11 +101,14 @@ class KeyedDraw:
         device: torch.device,
         fused: bool | None = None,
         block: int | None = None,
+        slots: int = 4,  # runner/lone_buffers.RING
     ):
         """`fused`: steps run triton_draw's kernels (default: on CUDA, where Triton imports;
         tests ask for them on the CPU under TRITON_INTERPRET=1). `block`: their ids per
-        program (tests shrink it so rows span many chunks)."""
+        program (tests shrink it so rows span many chunks). `slots`: the driver's ring of
+        landed steps (`post`)."""
         self.b, self.vocab, self.device, self.block = b, vocab, device, block
+        self.reported = StepLogprobs(b, device, slots)
         self.specs: list[DrawSpec] = []
         self.launches = None  # triton_draw.Launches of the loaded rows (fused steps)
         # some loaded row may land UNSETTLED (a top_p cut): the step keeps its logits
@@ -136,7 +140,7 @@ class KeyedDraw:
         if shape is None:
             return ()
         flags = (shape.k, shape.has_top_k, shape.plain_rows, shape.top_p_rows)
-        return (*flags, self.may_need_host, *self.adjusted.key)
+        return (*flags, self.may_need_host, *self.adjusted.key, self.reported.rows)
 
     def load(self, specs: Sequence[DrawSpec]) -> None:
         """The streams' draws, one per row (positions are set by each step): the table goes
@@ -150,10 +154,10 @@ class KeyedDraw:
             other = [i for i, k in enumerate(kinds) if k == OTHER]
             on_device = set(self.adjusted.load([specs[i] for i in other], other))
         self.may_need_host = not all(
-            (is_always_settled(s.params, self.vocab) or i in on_device)
-            and s.params.logprobs is None
-            for i, s in enumerate(specs)
+            is_always_settled(s.params, self.vocab) or i in on_device for i, s in enumerate(specs)
         )
+        asks = [(i, s.params.logprobs) for i, s in enumerate(specs)]
+        self.reported.rows = tuple((i, top) for i, top in asks if top is not None)
         if self.fused:
             tdraw = fused_kernels()
             top_ks = [s.params.top_k for s, k in zip(specs, kinds) if k == TOP_K]
@@ -180,24 +184,33 @@ class KeyedDraw:
             land(self.ws, self.b, shape.chunks, shape.kp, logits, out, tok, pos)
             if self.adjusted.n:
                 self.adjusted(logits, out, tok, self.positions)
-            return
-        if self.may_need_host:
-            self.logits = logits
-        self._on_host(logits, out, tok, pos)
+        else:
+            if self.may_need_host:
+                self.logits = logits
+            self._on_host(logits, out, tok, pos)
+        if self.reported.rows:
+            self.reported.report(logits, tok)
+
+    def post(self, slot: int) -> None:
+        """After a step's launch: its logprobs into the driver's ring slot, unawaited."""
+        self.reported.post(slot)
 
     def settle(
-        self, rows: list[list[int]], tok: torch.Tensor, pos: torch.Tensor
+        self, rows: list[list[int]], tok: torch.Tensor, pos: torch.Tensor, slot=None
     ) -> list[list[int]]:
         """The last step's landed rows [token or code, flag], with the rows the device left
         UNSETTLED drawn together from the logits the step kept, as shared rounds draw the rows
         the kernels return None for (draw_rows_gpu's torch path on CUDA, the CPU's draw
         elsewhere), at the positions the step drew (pos [B] has moved on to them). Their
         tokens go into tok [B], the next step's input: the driver settles before it launches
-        that step. The rows whose requests ask for logprobs get them (`logprobs`, by row)."""
+        that step. The rows whose requests ask for logprobs get them (`logprobs`, by row):
+        the step reported them on the device (ring `slot`, where `post` put them; None: the
+        last step's), the host from the kept logits for a row it drew here."""
         idx = [i for i, (code, flag) in enumerate(rows) if not flag and code == UNSETTLED]
         if idx:
             self._draw_unsettled(rows, idx, tok, pos)
-        self.logprobs = self._logprobs(rows)
+        self.logprobs = self.reported.read(slot, rows, skip=idx) if self.reported.rows else {}
+        self.logprobs.update(self._logprobs(rows, idx))
         return rows
 
     def _draw_unsettled(self, rows, idx: list[int], tok: torch.Tensor, pos: torch.Tensor):
@@ -213,10 +226,11 @@ class KeyedDraw:
             rows[i] = [g, 1] if isinstance(g, int) else [failure_code(logits[j]), 0]
         tok[idx] = torch.tensor([rows[i][0] if rows[i][1] else 0 for i in idx]).to(tok.device)
 
-    def _logprobs(self, rows) -> dict[int, dict[int, float]]:
-        """The landed rows' logprobs where their requests ask (params.logprobs: the top
-        count), from the logits the step kept, as shared rounds report them."""
-        want = [(i, s.params.logprobs) for i, s in enumerate(self.specs)]
+    def _logprobs(self, rows, idx: list[int]) -> dict[int, dict[int, float]]:
+        """Rows idx's logprobs where their requests ask (params.logprobs: the top count), from
+        the logits the step kept, as shared rounds report them (the step's report read the
+        token it left there, before the host drew one)."""
+        want = [(i, self.specs[i].params.logprobs) for i in idx]
         want = [(i, top) for i, top in want if top is not None and rows[i][1]]
         return {
             i: row_logprobs(self.logits[i : i + 1].float(), [rows[i][0]], top)[0] for i, top in want

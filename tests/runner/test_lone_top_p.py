@@ -85,9 +85,9 @@ def unsettle_top_p_rows(monkeypatch) -> list[int]:
                 out[i] = torch.tensor([UNSETTLED, 0])
                 tok[i] = 0
 
-    def counted(self, rows, tok, pos):
+    def counted(self, rows, tok, pos, slot=None):
         settled[0] += sum(r == [UNSETTLED, 0] for r in rows)
-        return SETTLE(self, rows, tok, pos)
+        return SETTLE(self, rows, tok, pos, slot)
 
     monkeypatch.setattr(KeyedDraw, "_on_host", unsettled)
     monkeypatch.setattr(KeyedDraw, "settle", counted)
@@ -112,7 +112,9 @@ def test_unsettled_rows_are_settled_on_the_host_and_fed_to_the_next_step(
     assert got == want[:3] and driver.num_steps > 0
     # the control: each settled token reported but not fed (tok keeps 0), the reply differs
     monkeypatch.setattr(
-        KeyedDraw, "settle", lambda self, rows, tok, pos: SETTLE(self, rows, tok.clone(), pos)
+        KeyedDraw,
+        "settle",
+        lambda self, rows, tok, pos, slot=None: SETTLE(self, rows, tok.clone(), pos, slot),
     )
     got, _ = lone_replies(llm, ps[:1], params[:1], 32)
     assert got[0][:2] == want[0][:2] and got != want[:1]

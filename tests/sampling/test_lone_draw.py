@@ -283,7 +283,7 @@ def test_fused_unsettled_rows_are_settled_as_shared_rounds_do():
     specs = specs_of(rng, params)
     draw = KeyedDraw(3, VOCAB, torch.device(DEVICE), fused=True, block=BLOCK)
     draw.load(specs)
-    assert draw.fused and draw.may_need_host and draw.key[-1]
+    assert draw.fused and draw.may_need_host and draw.key[4]  # the step keeps its logits
     pos = torch.tensor([5, 6005, 77], device=DEVICE)  # row 1 unsettled at 6006 and 6008
     tok, out = torch.zeros_like(pos), torch.zeros(3, 2, dtype=torch.long, device=DEVICE)
     logits = degenerate_rows(VOCAB).to(DEVICE)
@@ -315,3 +315,30 @@ def test_the_kernels_number_row_kinds_and_statuses_as_the_sampler_does():
     assert [getattr(triton_keyed, n) for n in names] == [getattr(kinds, n) for n in names]
     assert len({getattr(kinds, n) for n in names}) == len(names)
     assert (triton_draw.NO_CANDIDATE, triton_draw.UNSETTLED) == (spec.NO_CANDIDATE, spec.UNSETTLED)
+
+
+def test_logprobs_rows_are_reported_in_the_step_and_settled_rows_on_the_host():
+    """Rows that ask for logprobs need no host (the step reports them); a row the host
+    settles gets them from the kept logits with its settled token, as shared rounds do."""
+    from flashlane.sampling.logprobs import row_logprobs
+
+    rng = np.random.default_rng(8)
+    params = [SamplingParams(temperature=0.0, logprobs=2), SamplingParams(logprobs=4)]
+    draw = KeyedDraw(3, VOCAB, torch.device("cpu"), fused=False)
+    draw.load([DrawSpec(p, 3 + i, 0) for i, p in enumerate([*params, ADMITTED[1]])])
+    assert not draw.may_need_host and draw.reported.rows == ((0, 2), (1, 4))
+    draw.load([DrawSpec(p, 3 + i, 0) for i, p in enumerate([*params, TOP_P[0]])])
+    assert draw.may_need_host  # the top_p row's
+    pos, tok = torch.tensor([10, 20, 30]), torch.zeros(3, dtype=torch.long)
+    out = torch.zeros(3, 2, dtype=torch.long)
+    logits = torch.stack([random_row(rng, VOCAB) for _ in range(3)])
+    draw(logits, out, tok, pos)
+    draw.post(1)
+    landed = out.tolist()
+    rows = [list(r) for r in landed]
+    rows[1], tok[1] = [UNSETTLED, 0], 0  # the report read tok 0 for it; the host settles
+    assert draw.settle(rows, tok, pos, slot=1) == landed
+    want = {
+        i: row_logprobs(logits[i : i + 1], [landed[i][0]], top)[0] for i, top in ((0, 2), (1, 4))
+    }
+    assert draw.logprobs == want
