@@ -1,21 +1,20 @@
 """A host round given to the lone driver (runner/lone.py) instead of the lane core.
 
-When one stream is live (or up to `lone_streams`), nothing waits, and each is greedy or
-sampled (any parameters), without a thinking budget, the host lets the lone driver run the
-next steps on the device. A row the device's keyed draw cannot always settle (a top_p cut;
-logit_bias or a penalty with top_p: sampling/lone_draw.py) is drawn on the host between
-steps, with one step in flight (sampling/lone_draw.KeyedDraw.settle), where a row that asks
-for logprobs gets them too. A
-sampled step keys its draw by the stream's seed and the position drawn, as a shared round's
-decode window does (runner/backend._spec), so the tokens are the shared rounds'. Each landed
-token goes through the same stop rules as a shared round's; a row without a token ends the
-stream with the error a shared round gives (sampling/spec.failure). The driver stops
-after a landed step when the last of its replies ends (or one ends while requests wait for
-a session), its budget or room is spent, or the host is interrupted (work arrived), and the
-streams are then exactly where shared rounds would have left them. Where the host has a
-streaming caller (`LaneHost.on_updates`), a call hands it the replies' new tokens every
-STREAM_EVERY seconds as it lands them, not only once it ends (a 32-step call of 6 ms steps held
-a stream's tokens for 190 ms: bench_serve_cuda_h100_66fe4d1_*).
+When one stream is live (or up to `lone_streams`), nothing waits, and each is greedy or sampled
+(any parameters), without a thinking budget, the host lets the lone driver run the next steps
+on the device. A row the device's keyed draw cannot always settle (a top_p cut; logit_bias or a
+penalty with top_p: sampling/lone_draw.py) is drawn on the host between steps, with one step in
+flight (sampling/lone_draw.KeyedDraw.settle); a row that asks for logprobs gets them from the
+step (sampling/logprobs.StepLogprobs). A sampled step keys its draw by the stream's seed and
+the position drawn, as a shared round's decode window does (runner/backend._spec), so the
+tokens are the shared rounds'. Each landed token goes through the same stop rules as a shared
+round's; a row without a token ends the stream with the error a shared round gives
+(sampling/spec.failure). The driver stops after a landed step when the last of its replies ends
+(or one ends while requests wait for a session), its budget or room is spent, or the host is
+interrupted (work arrived), and the streams are then exactly where shared rounds would have
+left them. Where the host has a streaming caller (`LaneHost.on_updates`), a call hands it the
+replies' new tokens every STREAM_EVERY seconds as it lands them, not only once it ends (a
+32-step call of 6 ms steps held a stream's tokens for 190 ms: bench_serve_cuda_h100_66fe4d1_*).
 """
 
 from __future__ import annotations
