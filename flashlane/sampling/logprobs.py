@@ -32,12 +32,13 @@ MAX_TOP = 20  # SamplingParams.logprobs' largest
 
 
 class StepLogprobs:
-    """A lone step's logprobs, reported on the device (sampling/lone_draw.py): for each row
-    that asks, row_logprobs' ops on the same row of the step's logits (log_softmax of its
-    [1, V] fp32 reading widened to float64, its own topk, the gather at those ids and the drawn one), written
-    as ids and float64 bits into `out` [B, 2 * WIDTH]. `post` copies out into a ring slot
-    after the step, unawaited; `read` decodes a landed step's slot on the host. No host value
-    is read in the step, so the driver's graph holds it with two steps in flight."""
+    """A lone step's logprobs, reported on the device (sampling/lone_draw.py): for each row that
+    asks, row_logprobs' ops on the same row of the step's logits (log_softmax of its [1, V]
+    fp32 reading widened to float64, its own topk, the gather at those ids and the drawn
+    one), written as ids and float64 bits into `out` [B, 2 * WIDTH]. `post` copies out into
+    a ring slot after the step, unawaited; `read` decodes a landed step's slot on the host.
+    No host value is read in the step, so the driver's graph holds it with two steps in
+    flight."""
 
     WIDTH = MAX_TOP + 1
 
