@@ -96,11 +96,14 @@ def warm_up(io, pad: torch.Tensor, run) -> None:
     saved = [x.clone() for x in io.inputs()]
     for x in io.inputs():
         x.zero_()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
+    if io.tok.is_cuda:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            run()
+        torch.cuda.current_stream().wait_stream(side)
+    else:  # tests: no graphs on the CPU
         run()
-    torch.cuda.current_stream().wait_stream(side)
     for live, value in zip(io.inputs(), saved):
         live.copy_(value)
     io.table.copy_(loaded)
@@ -155,8 +158,9 @@ class StepBuffers:
         return which if self.draw is None else ("keyed", *self.draw.key, *which)
 
     def inputs(self) -> tuple[torch.Tensor, ...]:
-        """What a step reads and moves on (a warm-up step puts them back)."""
-        return self.tok, self.pos, self.k
+        """What a step reads and moves on (a warm-up step puts them back): with the keyed
+        draw's own (the penalized rows' counts)."""
+        return self.tok, self.pos, self.k, *(self.draw.moved() if self.draw is not None else ())
 
     def pad_table(self, tables: SizeTables) -> torch.Tensor:
         """`table` with every row the pad session's (a warm-up step's: `warm_up`)."""

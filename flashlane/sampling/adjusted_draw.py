@@ -80,6 +80,11 @@ class AdjustedRows:
         """What a graph of the step is compiled for: the rows' count and which ops run."""
         return (self.n, self.any_bias, self.any_seen, self.max_k) if self.n else ()
 
+    def moved(self) -> tuple[torch.Tensor, ...]:
+        """What a step moves on besides the driver's inputs: the loaded rows' counts (a view;
+        a warm-up step, lone_buffers.warm_up, puts it back)."""
+        return (self.counts[: self.n],) if self.n else ()
+
     def load(self, specs: Sequence[DrawSpec], rows: Sequence[int]) -> list[int]:
         """Of `rows` (places in the step) with their specs, whose reply lists hold every
         landed token, those this draws (`takes`, and every history id inside the vocabulary):

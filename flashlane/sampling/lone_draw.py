@@ -134,8 +134,9 @@ class KeyedDraw:
 
     @property
     def key(self) -> tuple:
-        """What a graph of the step is compiled for besides the buffers (Launches' flags, and
-        whether the step keeps its logits)."""
+        """What a graph of the step is compiled for besides the buffers (Launches' flags,
+        whether the step keeps its logits, the adjusted rows' shape, the rows reporting
+        logprobs)."""
         shape = self.launches
         if shape is None:
             return ()
@@ -190,6 +191,11 @@ class KeyedDraw:
             self._on_host(logits, out, tok, pos)
         if self.reported.rows:
             self.reported.report(logits, tok)
+
+    def moved(self) -> tuple[torch.Tensor, ...]:
+        """The draw's tensors a step moves on (adjusted rows' counts): a warm-up step's
+        inputs, put back after it (runner/lone_buffers.warm_up)."""
+        return self.adjusted.moved() if self.fused else ()
 
     def post(self, slot: int) -> None:
         """After a step's launch: its logprobs into the driver's ring slot, unawaited."""

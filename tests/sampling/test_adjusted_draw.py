@@ -146,3 +146,31 @@ def test_failures_name_the_cpu_errors():
     )
     assert got[3] == want[3]
     assert adj.counts[:3].sum().item() == 4 * 3  # a failed row counts nothing
+
+
+def test_a_warm_up_step_puts_the_counts_back():
+    """The counts are what a step moves on besides the driver's inputs: StepBuffers.inputs
+    hands them (views) to lone_buffers.warm_up, which zeroes them for its step on the pad
+    session and copies them back; counts the warm-up step added would penalize a token the
+    reply never drew."""
+    from flashlane.runner.lone_buffers import StepBuffers, warm_up
+
+    rng = np.random.default_rng(12)
+    specs = specs_for(rng, TAKEN[1:3])
+    adj = AdjustedRows(2, VOCAB, torch.device("cpu"))
+    adj.load(specs, [0, 1])
+    before = adj.counts[:2].clone()
+    draw = type("Draw", (), {"moved": adj.moved, "key": ()})()
+    io = StepBuffers(2, 4, 8, torch.float32, torch.device("cpu"), draw)
+    io.table = torch.ones(3, 2, 4)
+    logits = torch.stack([random_row(rng, VOCAB) for _ in range(2)])
+    seen = []
+
+    def step():
+        seen.append(int(adj.counts[:2].sum()))  # zeroed for the warm-up step
+        adj(logits, torch.zeros(2, 2, dtype=torch.long), io.tok, torch.tensor([5, 6]))
+        seen.append(int(adj.counts[:2].sum()))
+
+    warm_up(io, torch.zeros(3, 2, 4), step)
+    assert seen == [0, 2] and io.warm
+    assert torch.equal(adj.counts[:2], before) and io.table.eq(1).all()
