@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from flashlane.sampling.keyed import (
-    _signed,
     gumbel_torch,
+    row_keys_torch,
     splitmix64,
     splitmix64_torch,
     uniforms_torch,
@@ -107,8 +107,8 @@ class AdjustedRows:
         ]  # fmt: skip
         self.idx[:n].copy_(torch.tensor(took, dtype=torch.long))
         self.cols[:n].copy_(torch.tensor(cols, dtype=F64))
-        seeds = [_signed(splitmix64(s.seed)) for s, _, _ in specs]
-        self.seeds[:n].copy_(torch.tensor(seeds, dtype=torch.long))
+        # the seed's half of row_key (keyed.py): each step hashes in its position
+        self.seeds[:n].copy_(row_keys_torch([splitmix64(s.seed) for s, _, _ in specs], "cpu"))
         self.counts = self._scatter(self.counts, torch.int32, [r for _, r, _ in specs])
         if self.any_seen:
             self.seen = self._scatter(self.seen, torch.bool, [p for _, _, p in specs])
