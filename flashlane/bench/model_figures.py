@@ -30,8 +30,8 @@ def kernels_name(name: str, asked: str) -> str:
 
 def sampled_params(args) -> dict[str, SamplingParams]:
     """The sampled streams --sampled times: a keyed top_k draw, a top_p one, one with
-    penalties (drawn on the host between lone steps: sampling/lone_draw.py) and one that asks
-    for logprobs (reported there too)."""
+    penalties (sampling/adjusted_draw.py in the lone step) and one that asks for logprobs
+    (sampling/logprobs.StepLogprobs, in the step too)."""
     common = dict(
         max_tokens=args.decode_tokens + 1, temperature=0.8, seed=7, ignore_eos=True, draft=False
     )

@@ -15,7 +15,7 @@ are multiples of 16, then sampled with a penalty (adjusted_draw's step), a few t
 prompts past LONG rows, whose GDN takes the chunked call (fla's kernels on a GPU): several in
 one round, one arriving while a reply decodes, cut into pieces by the piece clock, and one a
 row past a round's (at 16 streams on the H100 such rounds compiled four of fla's kernels
-while serving, 2-3 s each: serve_cuda_h100_eda8d35_*; still at 56deb9b). Replies do not
+while serving, 2-3 s each: serve_cuda_h100_eda8d35_*; none since 86fa95a). Replies do not
 depend on it (rounds are exact whatever their shapes); what it leaves (the prompt cache, the
 piece clock, the host's counters, how drafts landed) is reset after.
 """

@@ -20,12 +20,14 @@ def row_logprobs(logits: torch.Tensor, sampled: list[int], top: int) -> list[dic
         ids = torch.cat([best, ids], dim=1)
     # one transfer for every row's ids and values (each float(row[i]) waited on the device)
     picked, values = ids.tolist(), lp[:n].gather(1, ids).tolist()
-    out = []
-    for row_ids, row_values in zip(picked, values):
-        tok = row_ids[-1]
-        # ids a grammar refuses (-inf) are no alternatives
-        out.append({i: v for i, v in zip(row_ids, row_values) if i == tok or v > -math.inf})
-    return out
+    return [_kept(row_ids, row_values) for row_ids, row_values in zip(picked, values)]
+
+
+def _kept(ids: list[int], values: list[float]) -> dict[int, float]:
+    """{id: logprob} of a row's best ids and its drawn one (the last), without the -inf
+    alternatives (ids a grammar refuses)."""
+    tok = ids[-1]
+    return {i: v for i, v in zip(ids, values) if i == tok or v > -math.inf}
 
 
 MAX_TOP = 20  # SamplingParams.logprobs' largest
@@ -72,8 +74,6 @@ class StepLogprobs:
         out = {}
         for i, top in self.rows:
             if rows[i][1] and i not in skip:
-                ids = data[i, : top + 1].tolist()
                 values = data[i, w : w + top + 1].view(torch.float64).tolist()
-                tok = ids[-1]
-                out[i] = {t: v for t, v in zip(ids, values) if t == tok or v > -math.inf}
+                out[i] = _kept(data[i, : top + 1].tolist(), values)
         return out

@@ -212,6 +212,8 @@ class KeyedDraw:
         that step. The rows whose requests ask for logprobs get them (`logprobs`, by row):
         the step reported them on the device (ring `slot`, where `post` put them; None: the
         last step's), the host from the kept logits for a row it drew here."""
+        if not (self.may_need_host or self.reported.rows):
+            return rows  # nothing lands unsettled, nothing to report
         idx = [i for i, (code, flag) in enumerate(rows) if not flag and code == UNSETTLED]
         if idx:
             self._draw_unsettled(rows, idx, tok, pos)
