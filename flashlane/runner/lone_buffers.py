@@ -96,7 +96,7 @@ def warm_up(io, pad: torch.Tensor, run) -> None:
     saved = [x.clone() for x in io.inputs()]
     for x in io.inputs():
         x.zero_()
-    if io.tok.is_cuda:
+    if loaded.is_cuda:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
