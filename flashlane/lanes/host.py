@@ -19,7 +19,7 @@ from flashlane.lanes.cached_prompts import keep_marks, resume
 from flashlane.lanes.copy_drafts import CopyIndex
 from flashlane.lanes.core import LaneConfig, LaneCore, RoundFailed
 from flashlane.lanes.lone_turn import beside_budget, lag_heads, lone_drawn, lone_streams, run_lone
-from flashlane.lanes.outputs import TextDecoder
+from flashlane.lanes.outputs import TextDecoder, Update, news
 from flashlane.lanes.piece_clock import STALL, PieceClock
 from flashlane.lanes.protocol import Backend, LoneDriving
 from flashlane.lanes.records import CHUNK, Window
@@ -53,17 +53,6 @@ class HostConfig:
     mark_every: int = DEFAULT_EVERY  # a long prompt keeps a state every this many tokens
     lone_steps: int = 32  # steps of one lone-driver call before the host looks for new work
     lone_streams: int = 1  # decoding streams the lone driver may take together
-
-
-@dataclass(frozen=True, slots=True)
-class Update:
-    """What a round produced for one request: its new tokens, and its end."""
-
-    stream: Stream  # the stream itself, for outputs and stats (read it, don't change it)
-    token_ids: list[int]  # reply tokens new since the last update
-    text: str  # final text new since the last update ("" without a detokenize)
-    finish: str | None  # "stop" | "length" | "abort" | "error"; None while running
-    error: str | None
 
 
 class LaneHost:
@@ -334,14 +323,8 @@ class LaneHost:
         self._report(s)
 
     def _report(self, s: Stream) -> None:
-        if s.num_delivered < 0:
-            return
-        tokens = s.reply_ids[s.num_delivered :]
-        read_text(s)
-        text = s.detok.text[s.num_sent_chars : s.num_final_chars] if s.detok else ""
-        s.num_delivered = len(s.reply_ids)
-        s.num_sent_chars = max(s.num_sent_chars, s.num_final_chars)
-        self._updates.append(Update(s, tokens, text, s.finish, s.error))
+        if (update := news(s)) is not None:
+            self._updates.append(update)
 
 
 def _window_rows(lanes: LaneConfig) -> int:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from flashlane.lanes.core import RoundFailed
+from flashlane.lanes.outputs import news
 from flashlane.lanes.records import Window
 from flashlane.lanes.stops import conclude
 from flashlane.lanes.stream import Stream
@@ -152,12 +153,8 @@ def run_lone(host: LaneHost, streams: list[Stream], steps: int | None = None) ->
 def _deliver(host: LaneHost, streams: list[Stream]) -> None:
     """The new tokens of the call's replies still going, to the streaming caller now (an
     ended reply's last update waits for the host's round end, which releases its session)."""
-    start = len(host._updates)  # those before the call stay for the round's end
-    for s in streams:
-        if not s.is_finished and len(s.reply_ids) > s.num_delivered:
-            host._report(s)
-    updates = host._updates[start:]
-    del host._updates[start:]
+    going = [s for s in streams if not s.is_finished and len(s.reply_ids) > s.num_delivered]
+    updates = [u for u in map(news, going) if u is not None]
     if updates:
         host.on_updates(updates)
 

@@ -1,12 +1,39 @@
-"""What a caller gets from a stream: its RequestOutput, and the text decoder the host uses."""
+"""What a caller gets from a stream: its RequestOutput, its updates as they come, and the text
+decoder the host uses."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from flashlane.lanes.stops import read_text
 from flashlane.lanes.stream import Stream
 from flashlane.request import FinishReason, RequestOutput, RequestStats
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """What a round produced for one request: its new tokens, and its end."""
+
+    stream: Stream  # the stream itself, for outputs and stats (read it, don't change it)
+    token_ids: list[int]  # reply tokens new since the last update
+    text: str  # final text new since the last update ("" without a detokenize)
+    finish: str | None  # "stop" | "length" | "abort" | "error"; None while running
+    error: str | None
+
+
+def news(s: Stream) -> Update | None:
+    """The stream's tokens and final text since its last update, marked delivered (None: a
+    stream that delivers nothing, num_delivered < 0)."""
+    if s.num_delivered < 0:
+        return None
+    tokens = s.reply_ids[s.num_delivered :]
+    read_text(s)
+    text = s.detok.text[s.num_sent_chars : s.num_final_chars] if s.detok else ""
+    s.num_delivered = len(s.reply_ids)
+    s.num_sent_chars = max(s.num_sent_chars, s.num_final_chars)
+    return Update(s, tokens, text, s.finish, s.error)
 
 
 def output(s: Stream) -> RequestOutput:
