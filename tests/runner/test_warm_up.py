@@ -1,31 +1,41 @@
-"""lone_buffers.warm_up on every kind of buffers a lone capture warms: its step sees the pad
-session's tables and zeroed inputs, and the inputs and tables are put back after. The absorb's
-buffers have no `tok` (H200 at 1a68afd: every lone capture failed on it and the steps ran
-eagerly, 7% of the roofline)."""
+"""lone_buffers.warm_up on every kind of buffers a lone capture warms (the plain and keyed
+steps' StepBuffers: tests/sampling/test_adjusted_draw.py): its step sees the pad session's
+tables and zeroed inputs, and the inputs and tables are put back after. The absorb's buffers
+have no `tok` (H200 at 1a68afd: every lone capture failed on it and the steps ran eagerly,
+7% of the roofline)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from flashlane.kernels.tables import TABLE_WIDTH
 from flashlane.runner.absorb import AbsorbBuffers
+from flashlane.runner.draft_step import DraftBuffers
 from flashlane.runner.lone_buffers import warm_up
 
 
-def test_warm_up_of_an_absorb_puts_its_inputs_and_tables_back():
+def absorb_buffers():
     pad = torch.full((2, 1, TABLE_WIDTH), 7, dtype=torch.long)
     io = AbsorbBuffers(rows=4, pad=pad, hc=2, width=6, dtype=torch.float32, device="cpu")
-    io.res.normal_()
-    io.ids_at.random_(1, 100)
-    io.table.random_(1, 100)
+    return io, io.pad_table(None)
+
+
+def draft_buffers():
+    io = DraftBuffers(3, 2, hc=2, width=6, dtype=torch.float32, device=torch.device("cpu"))
+    io.table = torch.zeros(2, 3 * 4, TABLE_WIDTH, dtype=torch.long)
+    return io, torch.full_like(io.table, 7)
+
+
+@pytest.mark.parametrize("make", [absorb_buffers, draft_buffers])
+def test_warm_up_puts_the_inputs_and_tables_back(make):
+    io, pad = make()
+    for x in (*io.inputs(), io.table):
+        x.copy_(torch.randint(1, 100, x.shape) if x.dtype == torch.long else torch.randn(x.shape))
     before = [x.clone() for x in (*io.inputs(), io.table)]
     seen = []
-
-    def step():
-        seen.append([x.clone() for x in (*io.inputs(), io.table)])
-
-    warm_up(io, io.pad_table(None), step)
-    ((res, ids_at, table),) = seen
-    assert not res.any() and not ids_at.any() and (table == 7).all()
+    warm_up(io, pad, lambda: seen.append([x.clone() for x in (*io.inputs(), io.table)]))
+    ((*inputs, table),) = seen
+    assert not any(x.any() for x in inputs) and (table == 7).all()
     assert all(torch.equal(x, y) for x, y in zip((*io.inputs(), io.table), before))
     assert io.warm
