@@ -260,3 +260,17 @@ def test_an_fp8_prefill_is_shown_against_the_e4m3_matrix_rate():
     result["ours"]["prefill"][8192] = row
     text = table(result)
     assert "14%" in text and "e4m3" not in text
+
+
+def test_a_failed_capture_fails_the_run(capsys):
+    """Figures of eager lone steps are not the product's (H200 at 1a68afd: every lone
+    capture failed and one stream decoded at 7% of the roofline): the run exits 1 and says
+    why, where it would have exited 0."""
+    from flashlane.bench.model_table import failed_exit
+
+    ok = {"ours": {"lone_failed": None, "graphs": {"failed": None}}}
+    assert failed_exit(ok) == 0 and capsys.readouterr().err == ""
+    why = "AttributeError: 'AbsorbBuffers' object has no attribute 'tok'"
+    assert failed_exit({"ours": {"lone_failed": why}}) == 1
+    assert why in capsys.readouterr().err
+    assert failed_exit({"ours": {"graphs": {"failed": "OOM"}}}) == 1

@@ -35,7 +35,7 @@ from flashlane.bench.model_figures import (
     replies,
     sampled_params,
 )
-from flashlane.bench.model_table import table
+from flashlane.bench.model_table import failed_exit, table
 from flashlane.config import EngineConfig
 from flashlane.engine import Engine
 from flashlane.engine_plan import table_dtype_for
@@ -265,6 +265,7 @@ def run_ours(args, raw: dict, ceilings: dict) -> dict:
             "over_shared_rounds": out["decode"][1]["tok_s"]
             / out["decode_shared_rounds"][1]["tok_s"],
         }
+    out["lone_failed"] = lone.failed if lone is not None else None  # eager steps (1a68afd)
     out["prefill"] = prefill_rows(
         args, llm, cfg, ceilings.get("bf16_flops"), failed, ceilings.get("fp8_flops")
     )
@@ -342,7 +343,7 @@ def bench_model_main(argv: list[str]) -> int:
         with open(args.json, "w") as f:
             f.write(line + "\n")
     print(line)
-    return 0
+    return failed_exit(result)  # 1: figures of another engine than the product's
 
 
 if __name__ == "__main__":

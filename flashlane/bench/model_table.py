@@ -3,6 +3,8 @@ the peer, and ours against the roofline, per measured figure."""
 
 from __future__ import annotations
 
+import sys
+
 
 def table(result: dict) -> str:
     """ours, the peer, ours / the peer, and ours against the roofline, per measured figure."""
@@ -63,4 +65,25 @@ def table(result: dict) -> str:
             f"resent {pc['resent']['ttft_s']:.3f} s ({pc['resent']['of_cold']:.1%}), "
             f"extended {pc['extended']['ttft_s']:.3f} s ({pc['extended']['of_cold']:.1%})"
         )
+    lines += [f"FAILED: {why}" for why in failures(result)]
     return "\n".join(lines)
+
+
+def failures(result: dict) -> list[str]:
+    """Why the figures are not the product's: a capture that failed (the steps then ran
+    eagerly: at 1a68afd every lone step did, 7% of the roofline on the H200)."""
+    ours, why = result["ours"], []
+    if ours.get("lone_failed"):
+        why.append(
+            f"the lone driver's captures failed, its steps ran eagerly: {ours['lone_failed']}"
+        )
+    if (ours.get("graphs") or {}).get("failed"):
+        why.append(f"the round graphs' captures failed: {ours['graphs']['failed']}")
+    return why
+
+
+def failed_exit(result: dict) -> int:
+    """Each of `failures` on stderr; the exit status: 1 if any."""
+    for why in failures(result):
+        print(f"flashlane bench model: {why}", file=sys.stderr)
+    return 1 if failures(result) else 0
