@@ -167,6 +167,8 @@ def main() -> None:
             }
         )
     one = rows[0]["shared_off_tok_s"]
+    # a capture that failed: the lone steps ran eagerly, not the product's figures (1a68afd)
+    failed = getattr(getattr(llm.engine.host, "lone", None), "failed", None)
     print(
         f"{'streams':>7} {'serial':>8} {'off':>8} {'on':>8} {'on/off':>7} {'min-max':>11} "
         f"{'x one':>6} {'accept':>7}"
@@ -202,12 +204,15 @@ def main() -> None:
                 "costs_ms": costs.verify_ms,
                 "exact": exact,
                 "heap_frozen": frozen,
+                "lone_failed": failed,
                 "rows": rows,
                 "command": "python benchmarks/bench_lanes_cpu.py "
                 + " ".join(f"--{k} {v}" for k, v in vars(args).items() if v is not None),
             }
         )
     )
+    if failed:
+        raise SystemExit(f"bench_lanes_cpu: the lone driver's captures failed: {failed}")
 
 
 if __name__ == "__main__":
