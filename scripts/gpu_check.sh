@@ -360,6 +360,10 @@ serve_and_bench() {
         | tee "$out/bench_serve_cuda_$tag.log" || failed+=("bench serve $tag")
     # kernels the warm rounds left uncompiled (server/stats_log.py), each a slow round
     grep -h "compiled while serving" "$out/serve_cuda_$tag.log" | cut -c1-300 | head -n 20 || true
+    # captures that failed: the server stepped eagerly, not the product (1a68afd)
+    if grep -h "failed, steps run eagerly" "$out/serve_cuda_$tag.log"; then
+        failed+=("serve $tag: eager lone steps")
+    fi
     kill "$server"
     wait "$server"
 }
