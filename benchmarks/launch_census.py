@@ -135,7 +135,8 @@ def prompted(cfg, model, streams: int, prompt_len: int = 5):
     from flashlane.request import SamplingParams
     from flashlane.runner.backend import ModelBackend
 
-    s = [SessionState.empty(cfg, 256, torch.float32, torch.float32, "cpu") for _ in range(streams)]
+    n = max(256, 2 * prompt_len)
+    s = [SessionState.empty(cfg, n, torch.float32, torch.float32, "cpu") for _ in range(streams)]
     backend = ModelBackend(model, s, max_rows=64, mtp_confidence=0.0)
     params = SamplingParams(temperature=0.0, max_tokens=8, draft=True)
     prompts = [[(7 * i + j) % 200 + 3 for j in range(prompt_len)] for i in range(streams)]
@@ -156,12 +157,12 @@ def absorb(cfg, model, streams: int):
     return lambda: backend.drafter.absorb_waiting(ids, dict(enumerate(s)), [5] * streams)
 
 
-def prompt_round(cfg, model, streams: int):
-    """The shared round of B short prompts, after a first round on other sessions (so the
-    process's one-time tensors are made before the count)."""
-    _, warm, windows = prompted(cfg, model, streams)
+def prompt_round(cfg, model, streams: int, prompt_len: int = 5):
+    """The shared round of B prompts of prompt_len tokens, after a first round on other
+    sessions (so the process's one-time tensors are made before the count)."""
+    _, warm, windows = prompted(cfg, model, streams, prompt_len)
     warm.verify(windows)
-    _, backend, windows = prompted(cfg, model, streams)
+    _, backend, windows = prompted(cfg, model, streams, prompt_len)
     return lambda: backend.verify(windows)
 
 
@@ -210,6 +211,7 @@ def main() -> None:
     ap.add_argument(
         "--prompts", type=int, default=0, help="short prompts a round takes (default: 0)"
     )
+    ap.add_argument("--prompt-len", type=int, default=5, help="--prompts' tokens each")
     ap.add_argument("--host", action="store_true", help="time the host's own work (default: count)")
     ap.add_argument("--repeats", type=int, default=7, help="--host's timed runs (default: 7)")
     args = ap.parse_args()
@@ -220,7 +222,7 @@ def main() -> None:
         if args.absorb:
             return absorb(cfg, model, args.absorb)
         if args.prompts:
-            return prompt_round(cfg, model, args.prompts)
+            return prompt_round(cfg, model, args.prompts, args.prompt_len)
         run = drafted_step(cfg, model, args.depth) if args.depth else plain_step(cfg, model)
         run()  # the first step may take other branches
         return run
@@ -240,7 +242,7 @@ def main() -> None:
     if args.absorb:
         kind = f"load: the MTP head absorbing {args.absorb} streams' waiting cells"
     if args.prompts:
-        kind = f"shared round of {args.prompts} short prompts"
+        kind = f"shared round of {args.prompts} prompts of {args.prompt_len} tokens"
     print(f"{args.config}: {total} launches a {kind} ({len(model.layers)} layers)")
     for fn, n in where.most_common():
         ops = sorted(
