@@ -276,12 +276,10 @@ class Engine:
             post=self.config.lone_post,
             max_rows=self.max_rows,
         )
-        n = driver.capture_all()
+        n, s = driver.capture_all(), f"{driver.capture_seconds:.1f} s"
         failed = f" (failed, steps run eagerly: {driver.failed})" if driver.failed else ""
-        self.log(
-            f"flashlane: lone driver, {n} step graphs captured in "
-            f"{driver.capture_seconds:.1f} s{failed}"
-        )
+        self.log(f"flashlane: lone driver, {n} step graphs captured in {s}{failed}")
+        driver.log = self.log  # a capture that fails later says so too
         return driver
 
     def fit_prompt_pieces(self, cfg: ModelConfig, started: int) -> None:

@@ -1,19 +1,19 @@
 """The lone driver: the decoding streams' rounds as device-side steps.
 
-The host hands it every decoding stream, greedy or sampled with any parameters (logprobs
-too), without a grammar or a thinking budget (lanes/lone_turn.py), up to `lone_streams`, whatever
-else runs (prompt pieces and other streams get a shared round beside them). The streams step
-in lockstep, one row each (runner/lone_step.py: each op the shared rounds' on the same row,
-the sessions' state read and written in place, the next token drawn on the device, greedily
-or by the keyed draw of sampling/lone_draw.py), or a window each with drafts
-(runner/lone_draft.py). No host value enters a step, so on CUDA one graph per batch size
-(keyed steps per shape of their draw's kernels too) replays it for any sessions, named by
-tables written before the call (runner/lone_buffers.py; greedy and drafted graphs captured at
-engine start, keyed ones at first use). The host launches step n+1 before it reads step n's
-tokens from a small pinned ring (two in flight), hands each landed token to the stop rules (a
-row without a token, to the stream's error), and stops after a landed step when its `ends`
-rule says so of the replies ended (lanes/lone_turn.py), a budget or room is spent, or the host
-has new work: the sessions then hold the state shared rounds would have left them.
+The host hands it every decoding stream, greedy or sampled with any parameters (logprobs too),
+without a grammar or a thinking budget (lanes/lone_turn.py), up to `lone_streams`, whatever else
+runs (prompt pieces and other streams get a shared round beside them). The streams step in
+lockstep, one row each (runner/lone_step.py: each op the shared rounds' on the same row, the
+sessions' state read and written in place, the next token drawn on the device, greedily or by
+the keyed draw of sampling/lone_draw.py), or a window each with drafts (runner/lone_draft.py).
+No host value enters a step, so on CUDA one graph per batch size (keyed steps per shape of their
+draw's kernels too) replays it for any sessions, named by tables written before the call
+(runner/lone_buffers.py; greedy and drafted graphs captured at engine start, keyed ones at first
+use). The host launches step n+1 before it reads step n's tokens from a small pinned ring (two
+in flight), hands each landed token to the stop rules (a row without a token, to the stream's
+error), and stops after a landed step when its `ends` rule says so of the replies ended
+(lanes/lone_turn.py), a budget or room is spent, or the host has new work: the sessions then
+hold the state shared rounds would have left them.
 
 A top_p cut may be too close to call on the device (UNSETTLED, as in shared rounds), as may a
 row with logit_bias or a penalty that sampling/adjusted_draw.py does not take: a call with such
@@ -86,6 +86,7 @@ class LoneDriver:
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.capture_seconds = 0.0
         self.failed: str | None = None  # why the steps run eagerly, if a capture failed
+        self.log: Callable[[str], None] = lambda line: None  # the engine's, once it has started
         self.num_steps, self.widest = 0, 0  # widest: the most sessions a call has decoded
         # by (sessions, depth), what drafting weighs: ms a landed step, and ms a call spends
         # before its first step (tables, tokens, a drafted call's queue and hints; no capture)
@@ -146,9 +147,8 @@ class LoneDriver:
             io.draw.load(keyed_specs([*draws, *[None] * pad], [*positions, *[0] * pad]))
         if io.table is not None:
             io.table.copy_(self.size_tables.of(tuple(session_ids), io.size), non_blocking=True)
-        pinned = torch.tensor(
-            [[*tokens, *[0] * pad], [*positions, *[0] * pad]], pin_memory=self.is_cuda
-        )
+        inputs = [[*tokens, *[0] * pad], [*positions, *[0] * pad]]
+        pinned = torch.tensor(inputs, pin_memory=self.is_cuda)
         io.tok.copy_(pinned[0], non_blocking=True)
         io.pos.copy_(pinned[1], non_blocking=True)
         io.k.zero_()
@@ -166,9 +166,8 @@ class LoneDriver:
         for i, sid in enumerate(session_ids):
             self.sessions[sid].length = positions[i] + launched
         # a failed stream keeps no cells (as a failed shared round): its ids may be codes
-        queued = [
-            i for i, d in enumerate(draws) if d is not None and d.params.draft and not failed[i]
-        ]
+        drafts = [d is not None and d.params.draft and not f for d, f in zip(draws, failed)]
+        queued = [i for i, q in enumerate(drafts) if q]
         if queued and self.drafter is not None and self.drafter.enabled:
             if self.drafting is not None and b > self.most_drafted:  # heads that lag (once)
                 self.drafter.lag(list({stream_ids[i] for i in queued} - self.drafter.lagging))
@@ -324,6 +323,7 @@ class LoneDriver:
 
     def _give_up(self, err: Exception) -> None:
         self.use_graphs, self.failed = False, f"{type(err).__name__}: {err}"
+        self.log(f"flashlane: lone step graphs failed, steps run eagerly: {self.failed}")
         self.graphs.clear()
         torch.cuda.synchronize()
 
