@@ -84,6 +84,7 @@ def failures(result: dict) -> list[str]:
 
 def failed_exit(result: dict) -> int:
     """Each of `failures` on stderr; the exit status: 1 if any."""
-    for why in failures(result):
+    broken = failures(result)
+    for why in broken:
         print(f"flashlane bench model: {why}", file=sys.stderr)
-    return 1 if failures(result) else 0
+    return 1 if broken else 0

@@ -13,14 +13,23 @@ def row_logprobs(logits: torch.Tensor, sampled: list[int], top: int) -> list[dic
     n = len(sampled)
     if n == 0:
         return []
-    lp = torch.log_softmax(logits.double(), dim=-1)
-    ids = torch.tensor(sampled, dtype=torch.long, device=lp.device)[:, None]
-    if top:  # each row's own topk call, as before (ties keep their order)
-        best = torch.stack([torch.topk(row, top).indices for row in lp[:n]])
-        ids = torch.cat([best, ids], dim=1)
+    drawn = torch.tensor(sampled, dtype=torch.long, device=logits.device)[:, None]
+    ids, values = _picked(logits[:n], drawn, top)
     # one transfer for every row's ids and values (each float(row[i]) waited on the device)
-    picked, values = ids.tolist(), lp[:n].gather(1, ids).tolist()
-    return [_kept(row_ids, row_values) for row_ids, row_values in zip(picked, values)]
+    return [
+        _kept(row_ids, row_values) for row_ids, row_values in zip(ids.tolist(), values.tolist())
+    ]
+
+
+def _picked(logits: torch.Tensor, drawn: torch.Tensor, top: int):
+    """The ops both reports run on the device: per row of logits [n, V], ids [n, top + 1] (the
+    `top` best by its float64 log_softmax, each row its own topk call so ties keep their
+    order, then the drawn id of drawn [n, 1]) and their logprobs."""
+    lp = torch.log_softmax(logits.double(), dim=-1)
+    ids = drawn
+    if top:
+        ids = torch.cat([torch.stack([torch.topk(row, top).indices for row in lp]), drawn], dim=1)
+    return ids, lp.gather(1, ids)
 
 
 def _kept(ids: list[int], values: list[float]) -> dict[int, float]:
@@ -55,12 +64,9 @@ class StepLogprobs:
         w = self.WIDTH
         for i, top in self.rows:
             # fp32 first, as shared rounds hand row_logprobs (float64 logits on the CPU round)
-            lp = torch.log_softmax(logits[i : i + 1].float().double(), dim=-1)
-            ids = tok[i : i + 1, None]
-            if top:
-                ids = torch.cat([torch.topk(lp[0], top).indices[None], ids], dim=1)
+            ids, values = _picked(logits[i : i + 1].float(), tok[i : i + 1, None], top)
             self.out[i, : top + 1] = ids[0]
-            self.out[i, w : w + top + 1] = lp.gather(1, ids)[0].view(torch.long)
+            self.out[i, w : w + top + 1] = values[0].view(torch.long)
 
     def post(self, slot: int) -> None:
         if self.rows:
