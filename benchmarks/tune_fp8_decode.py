@@ -1,9 +1,10 @@
-"""Tiles of the block-FP8 kernels at one decode row (issue 34): the linear (`linear_fp8`) and
-the grouped experts (`experts_fp8`, ten routed and the shared expert) at Flash Next's
-per-layer shapes, each candidate's GPU time against the bytes it must read, and whether
-candidates of the same partitions give the same bits as the default tile.
+"""Tiles of the block-FP8 kernels at one decode row, or `--rows` of them (issue 34): the
+linear (`linear_fp8`) and the grouped experts (`experts_fp8`, ten routed a row and the shared
+expert) at Flash Next's per-layer shapes, each candidate's GPU time against the bytes it
+must read, and whether candidates of the same partitions give the same bits as the default
+tile.
 
-    python benchmarks/tune_fp8_decode.py [--calls 64]
+    python benchmarks/tune_fp8_decode.py [--calls 64] [--rows 16]
 
 Weights are cold as in a decode step: the calls of one timing cycle through copies of a
 weight that together exceed the H200's 50 MB L2 (the experts: a different draw of ten a
@@ -66,15 +67,15 @@ def linear_candidates(n: int, k: int) -> list[dict]:
     return out
 
 
-def tune_linears(calls: int, device: str, g) -> list[dict]:
+def tune_linears(calls: int, device: str, g, m: int = 1) -> list[dict]:
     rows = []
     for label, (n, k) in LINEARS.items():
         w0 = random_fp8((n, k), device, g)
         copies = [w0] + [
             random_fp8((n, k), device, g) for _ in range(max(1, -(-3 * L2_BYTES // nbytes(w0))))
         ]
-        x = torch.randn(1, k, device=device, dtype=torch.bfloat16, generator=g)
-        base = lin.fp8_tile(1, n, k)
+        x = torch.randn(m, k, device=device, dtype=torch.bfloat16, generator=g)
+        base = lin.fp8_tile(m, n, k)
         want = lin.linear_fp8(x, w0)
 
         def run(t, ws=copies, x=x):
@@ -112,17 +113,21 @@ def tune_linears(calls: int, device: str, g) -> list[dict]:
     return rows
 
 
-def tune_experts(calls: int, device: str, g) -> list[dict]:
+def tune_experts(calls: int, device: str, g, m: int = 1) -> list[dict]:
     e, i, h, top_k = EXPERTS
     gate, up = random_fp8((e + 1, i, h), device, g), random_fp8((e + 1, i, h), device, g)
     down = random_fp8((e + 1, h, i), device, g)
-    x = torch.randn(1, h, device=device, dtype=torch.bfloat16, generator=g)
-    draws = [torch.randperm(e, generator=g, device=device)[:top_k].view(1, top_k)
-             for _ in range(calls)]  # fmt: skip
-    weights = torch.softmax(torch.randn(1, top_k, device=device, generator=g), -1)
+    x = torch.randn(m, h, device=device, dtype=torch.bfloat16, generator=g)
+    # each row its own draw of top_k experts (random weights route evenly)
+    draws = [torch.stack([torch.randperm(e, generator=g, device=device)[:top_k]
+                          for _ in range(m)]) for _ in range(calls)]  # fmt: skip
+    weights = torch.softmax(torch.randn(m, top_k, device=device, generator=g), -1)
     weights = weights.to(torch.bfloat16)
-    logit = torch.zeros(1, 1, device=device, dtype=torch.bfloat16)
-    read = (top_k + 1) * 3 * i * h * (1 + 4 / BLOCK / BLOCK)
+    logit = torch.zeros(m, 1, device=device, dtype=torch.bfloat16)
+    # bytes a call reads: the distinct experts its rows picked (a mean over the draws) and
+    # the shared one, each with its scales
+    picked = sum(d.unique().numel() for d in draws) / len(draws)
+    read = (picked + 1) * 3 * i * h * (1 + 4 / BLOCK / BLOCK)
     rows = []
 
     def call(ids):
@@ -157,7 +162,7 @@ def tune_experts(calls: int, device: str, g) -> list[dict]:
             rows.append(dict(kind="experts", which=which, tile=tile, us=s * 1e6,
                              TBps=read / s / 1e12, bits_equal=same))  # fmt: skip
     moe.GATE_UP_TILE, moe.DOWN_TILE = saved
-    print(f"\nexperts: {top_k} routed + shared, I={i}, H={h}, {read / 1e6:.1f} MB a call; "
+    print(f"\nexperts: {m} rows of {top_k} routed + shared, I={i}, H={h}, {read / 1e6:.1f} MB a call; "
           f"defaults gate_up {saved[0]}, down {saved[1]}")  # fmt: skip
     for which in ("gate_up", "down"):
         for r in sorted((r for r in rows if r["which"] == which), key=lambda r: r["us"])[:5]:
@@ -175,6 +180,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=64)
     ap.add_argument("--only", choices=["linear", "experts"], default=None)
+    ap.add_argument("--rows", type=int, default=1, help="decode rows a call (1-16)")
     ap.add_argument(
         "--smoke",
         action="store_true",
@@ -190,14 +196,14 @@ def main() -> None:
     g = torch.Generator(device=device).manual_seed(0)
     rows = []
     if args.only in (None, "linear"):
-        rows += tune_linears(args.calls, device, g)
+        rows += tune_linears(args.calls, device, g, args.rows)
     if args.only in (None, "experts"):
-        rows += tune_experts(args.calls, device, g)
+        rows += tune_experts(args.calls, device, g, args.rows)
     differ = [r for r in rows if r.get("same_parts", True) and not r["bits_equal"]]
     print(f"\nsame partitions, other bits: {len(differ)} of "
           f"{sum(r.get('same_parts', True) for r in rows)}")  # fmt: skip
     name = "cpu (interpreter)" if args.smoke else torch.cuda.get_device_name()
-    print(json.dumps(dict(bench="tune_fp8_decode", device=name,
+    print(json.dumps(dict(bench="tune_fp8_decode", device=name, decode_rows=args.rows,
                           rows=rows)))  # fmt: skip
 
 

@@ -28,7 +28,8 @@
 #          test_row_kind_fp8.py: prompt rows' own tiles; tests/gpu/test_fp8_gpu.py), then `bench model` on flashnext-12l in FP8 at 1 and 16
 #          streams (FP8_ARGS overrides);
 # fp8-tune: the block-FP8 linear and experts kernels at one decode row, cold weights, each
-#          tile's time and bits (benchmarks/tune_fp8_decode.py, about 45 s)
+#          tile's time and bits (benchmarks/tune_fp8_decode.py, about 45 s; FP8_TUNE_ARGS
+#          adds its arguments: "--rows 16 --only experts")
 # kv8:     the 8-bit KV cache (--kv-cache-dtype fp8): the Triton kernels reading e4m3 and
 #          its scales (tests/kernels/test_triton_kv8.py), the engine's exactness with it
 #          (tests/gpu/test_kv8_gpu.py), then `bench model` on flashnext-12l with FP8 weights
@@ -221,8 +222,10 @@ if [[ " $steps " == *" fp8 "* ]]; then
 fi
 
 if [[ " $steps " == *" fp8-tune "* ]]; then
-    echo "== python benchmarks/tune_fp8_decode.py"
-    python benchmarks/tune_fp8_decode.py 2>&1 | tee "$out/tune_fp8_decode_$stamp.log" \
+    echo "== python benchmarks/tune_fp8_decode.py ${FP8_TUNE_ARGS:-}"
+    # shellcheck disable=SC2086
+    python benchmarks/tune_fp8_decode.py ${FP8_TUNE_ARGS:-} 2>&1 \
+        | tee "$out/tune_fp8_decode${FP8_TUNE_ARGS:+_args}_$stamp.log" \
         | grep -v '^{"bench"' || failed+=("tune_fp8_decode")
 fi
 
