@@ -10,7 +10,8 @@
 #                                                    # decode-scores, gather-ab,
 #                                                    # prefill-ab, moe-layout, fp8-prompt,
 #                                                    # timeline, step-kernels, draft-choices,
-#                                                    # lone-host, draft-overhead, peer-build, peer
+#                                                    # lone-host, draft-overhead, route-layout,
+#                                                    # peer-build, peer
 #
 # tests:   the tests marked `cuda` or `triton` (kernels against references, bitwise
 #          exactness of the engine on the GPU, the GPU sampler), then 10,000 full-width rows
@@ -55,6 +56,9 @@
 # draft-overhead: what drafting on costs where nothing drafts, at 16 and 64 streams: off and
 #          on pairs' walls, then the host functions whose own time differs most between
 #          a profiled pass of each (benchmarks/draft_overhead.py; DRAFT_OVERHEAD_ARGS overrides)
+# route-layout: the MoE's decode front (router product, pick and the pairs' layout in one
+#          launch) at 1 / 4 / 16 / 64 rows, 24 layers in a graph, and the layout alone, each
+#          layout against the sort's (benchmarks/route_layout.py; seconds; ROUTE_ARGS overrides)
 # step-kernels: a lone step's GPU time by kernel, plain against drafted, at 16 streams
 #          (benchmarks/step_kernels.py; STEP_KERNEL_ARGS overrides)
 # timeline: one decode step's kernels in order at TIMELINE_STREAMS (1) in sessions of
@@ -314,6 +318,13 @@ if [[ " $steps " == *" timeline "* ]]; then
         > "$out/profile_${cfg}${tag}_${n}streams_${ctx}_$stamp.txt" 2>&1 \
         || failed+=("profile timeline")
     tail -n 40 "$out/profile_${cfg}${tag}_${n}streams_${ctx}_$stamp.txt"
+fi
+
+if [[ " $steps " == *" route-layout "* ]]; then
+    echo "== python benchmarks/route_layout.py ${ROUTE_ARGS:-}"
+    # shellcheck disable=SC2086
+    python benchmarks/route_layout.py ${ROUTE_ARGS:-} 2>&1 | tee "$out/route_layout_$stamp.log" \
+        | grep -v '^{"bench"' || failed+=("route_layout")
 fi
 
 if [[ " $steps " == *" diag "* ]]; then
