@@ -9,8 +9,9 @@ the GPU idle ~150 us before each layer's experts (timeline_prefill_8192_*_5f386b
   slot in it (the segment's start plus the earlier chunks' counts), every block's expert
   (-1 past the used ones), the shared expert's blocks and slots;
 * place, grid (chunks,): each chunk walks its pairs in order from its first slots, a pair's
-  rank among its chunk's earlier pairs of its expert added (`place_step`, as the one-program
-  layout does): stable, as the sort was.
+  rank among its chunk's earlier pairs of its expert added (`place_step`): stable, as the
+  sort was. (The one-program layout of a decode round's few pairs sorts them instead:
+  routing._layout.)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from flashlane.kernels.pdl import enter, pdl
 
 # pairs a program of the count and place launches takes
 LAYOUT_CHUNK = 1024
-# pairs a step of a chunk's walk ([STEP, experts] one-hot tiles, as the one-program layout's)
+# pairs a step of a chunk's walk ([STEP, experts] one-hot tiles)
 STEP = 16
 # slots a store clears or fills
 CLEAR = 1024
