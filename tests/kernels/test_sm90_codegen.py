@@ -196,7 +196,7 @@ def test_norm_rope_heads_sums_squares_as_rms_norm():
         assert alone == [(width, layout)]
 
 
-def _softmax_ir(layout: bool, stride_on_16: bool) -> list[str]:
+def _softmax_ir(layout: bool, stride_on_16: bool, sort_block: int | None = None) -> list[str]:
     """The pick's softmax in _route_kernel's TTGIR for sm_90 (from the logits' load to the
     divide), with SSA names, locations and layout names taken out."""
     import re
@@ -206,6 +206,8 @@ def _softmax_ir(layout: bool, stride_on_16: bool) -> list[str]:
     fn, signature, constexprs, options = KERNELS[
         "moe route with the layout" if layout else "moe route"
     ]
+    if sort_block is not None:  # the layout's pairs a launch sorts (routing.sort_block)
+        constexprs = dict(constexprs, BLOCK_S=sort_block)
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(3 + stride_on_16)}
     compiled = triton.compile(
         ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
@@ -233,6 +235,9 @@ def test_the_picks_softmax_is_one_variant_with_and_without_the_layout():
     28's served reply): pick_experts never passes one, and this shows the difference."""
     plain = _softmax_ir(layout=False, stride_on_16=True)
     assert plain == _softmax_ir(layout=True, stride_on_16=True)
+    # the layout's sort is sized by the round's pairs (16 to 1,024): one softmax for all
+    for pairs in (16, 64, 1024):
+        assert plain == _softmax_ir(layout=True, stride_on_16=True, sort_block=pairs), pairs
     assert any("sizePerThread = [4]" in s for s in plain)
     assert plain != _softmax_ir(layout=False, stride_on_16=False)
 
