@@ -13,8 +13,8 @@
   (the torch layout, kept as the tests' reference); the tests check it.
 * `pick_and_lay_out`: both in the pick's launch: the last row's program to finish
   (kernels/partials.py's counter) lays the pairs out as `dispatch`'s kernel does, on the
-  pick's one warp (a launch saved; the layout alone measured 1.2 us slower on one warp than
-  on two on the H200, route_warps_acbb0d2_h200.log).
+  pick's one warp (a launch saved; the layout alone, then a walk of the pairs, measured 1.2
+  us slower on one warp than on two at one row on the H200, route_warps_acbb0d2_h200.log).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ FUSED_DISPATCH_MAX_PAIRS = 1024
 # slots set to -1 per store while clearing the layout
 CLEAR_CHUNK = 1024
 # warps of a row's pick and of the layout's one program: their reductions are serial steps,
-# shuffles alone on one warp (route_warps_acbb0d2_h200.log: a decode layer's router, pick and
-# layout 10.88 us on 4 and 4 warps, 10.13 on 1 and 2; the layout 11.3 on 1). The pick's
+# shuffles alone on one warp (route_warps_acbb0d2_h200.log, one row, before 656c213's sort: a
+# decode layer's router, pick and layout 10.88 us on 4 and 4 warps, 10.13 on 1 and 2). The pick's
 # softmax sum follows its warps (tests/kernels/test_triton_moe_route.py's oracle takes them)
 ROUTE_WARPS, DISPATCH_WARPS = 1, 2
 
