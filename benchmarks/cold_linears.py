@@ -6,15 +6,17 @@ Here each call of a CUDA graph reads another copy of the weight (copies enough f
 every call reads DRAM; the same calls on one copy give the warm figure. For each product of
 a flashnext-12l step whose time is furthest above its bytes', today's tile against tile
 shapes that keep its spans of K (the same bits: checked here against today's output) and,
-marked `new bits`, other partitions. One row, each call as the model makes it (the
+marked `new bits`, other partitions. One row (`--rows N`: N decode rows, each row also
+checked against itself alone in the tile), each call as the model makes it (the
 hyper-connection's down squashing its columns as it stores them, its up reading a column
 slice). GPU only; a table and one JSON line.
 
-    python benchmarks/cold_linears.py
+    python benchmarks/cold_linears.py [--rows 16]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -60,6 +62,9 @@ def variants(n: int, k: int) -> dict[str, dict]:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=1, help="decode rows a call (default 1)")
+    rows = ap.parse_args().rows
     torch.manual_seed(0)
     d, bf = "cuda", torch.bfloat16
     # (name, N, K, calls a token, squash (cols, hc) or None, fp32 out, x a column slice):
@@ -76,11 +81,11 @@ def main() -> None:
     only = os.environ.get("COLD_ONLY", "")
     shapes = [s for s in shapes if not only or s[0].startswith(only)]
     results = []
-    print(f"PDL {'on' if pdl_enabled() else 'off'}; us a call at one row, cold (DRAM) / warm (L2)")
+    print(f"PDL {'on' if pdl_enabled() else 'off'}; us a call at {rows} row(s), cold / warm (L2)")
     for name, n, k, calls, squash, fp32, strided in shapes:
         copies = max(2, COLD_BYTES // (n * k * 2))
         ws = [torch.randn(n, k, device=d).to(bf) for _ in range(copies)]
-        wide = torch.randn(1, k + 4, device=d).to(bf)
+        wide = torch.randn(rows, k + 4, device=d).to(bf)
         x = wide[:, :k] if strided else wide[:, :k].contiguous()
         out = torch.float32 if fp32 else None
         ref = tlin.linear(x, ws[0], out_dtype=out, squash=squash)
@@ -91,6 +96,9 @@ def main() -> None:
                 print(f"{name:>16} {tag:>14}: {type(e).__name__}")
                 continue
             same = bool(torch.equal(got, ref))
+            for i in range(1, rows):  # each row alone in this tile: the rows' invariance
+                one = tlin.linear(x[i : i + 1], ws[0], out_dtype=out, squash=squash, tile=cfg)
+                same = same and bool(torch.equal(one[0], got[i]))
 
             def cold(cfg=cfg, ws=ws, x=x, out=out, squash=squash):
                 for w in ws:
@@ -103,6 +111,7 @@ def main() -> None:
             results.append(
                 dict(
                     product=name,
+                    rows=rows,
                     shape=[n, k],
                     calls=calls,
                     tile=tag,
@@ -125,7 +134,11 @@ def main() -> None:
             best[r["product"]] = r
     better = sum(r["us_cold"] * r["calls"] for r in best.values())
     print(f"a token, cold: today {today / 1e3:.3f} ms, best same-bit tiles {better / 1e3:.3f} ms")
-    print(json.dumps({"bench": "cold_linears", "pdl": pdl_enabled(), "results": results}))
+    print(
+        json.dumps(
+            {"bench": "cold_linears", "rows": rows, "pdl": pdl_enabled(), "results": results}
+        )
+    )
 
 
 if __name__ == "__main__":

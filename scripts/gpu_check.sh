@@ -340,8 +340,9 @@ if [[ " $steps " == *" diag "* ]]; then
     python benchmarks/profile_gpu.py --config flashnext-12l --streams 1 --prefill 8192 --rows 2 \
         --prefill-timeline "$out/timeline_prefill_8k_flashnext-12l_$stamp.txt" \
         > "$out/profile_prefill_8k_flashnext-12l_$stamp.txt" 2>&1 || failed+=("profile prefill")
-    echo "== python benchmarks/cold_linears.py"
-    python benchmarks/cold_linears.py 2>&1 | tee "$out/cold_linears_$stamp.log" \
+    echo "== python benchmarks/cold_linears.py ${COLD_ARGS:-}"
+    # shellcheck disable=SC2086
+    python benchmarks/cold_linears.py ${COLD_ARGS:-} 2>&1 | tee "$out/cold_linears_$stamp.log" \
         || failed+=("cold_linears")
     echo "== python benchmarks/hc_read_chain.py"
     python benchmarks/hc_read_chain.py 2>&1 | tee "$out/hc_read_chain_$stamp.log" \
