@@ -21,6 +21,7 @@ from flashlane.planning.buffers import (
     PREFILL_ROWS,
     Buffer,
     activation_bytes,
+    draw_row_bytes,
     element_bytes,
     scratch_buffers,
     session_buffers,
@@ -208,11 +209,16 @@ def _plan(
     longest = max([context or cfg.max_position_embeddings, *(slot_contexts or [])])
     activations = activation_bytes(cfg, max_rows, device, prompt_rows, longest)
     context = cfg.max_position_embeddings if context is None else context
-    one = session_bytes(cfg, context, cache_b, state_b, mtp, kv_fp8)
+    draw = draw_row_bytes(cfg, device)  # each session's row of the keyed draws' buffers
+
+    def sized(capacity: int) -> int:
+        return session_bytes(cfg, capacity, cache_b, state_b, mtp, kv_fp8) + draw
+
+    one = sized(context)
     if prompt_cache_auto:  # a quarter at most of what is left beside the sessions
         room = limit_bytes - weight_bytes - scratch - activations
         if slot_contexts:
-            room -= sum(session_bytes(cfg, c, cache_b, state_b, mtp, kv_fp8) for c in slot_contexts)
+            room -= sum(sized(c) for c in slot_contexts)
         else:  # the sessions asked, or those that fit up to AUTO_SESSIONS_WANTED (at least 1)
             room -= one * (parallel or min(AUTO_SESSIONS_WANTED, max(1, room // one)))
         prompt_cache_bytes = min(prompt_cache_bytes, max(0, room // PROMPT_CACHE_ROOM))
@@ -232,7 +238,7 @@ def _plan(
     budget = limit_bytes - fixed
     most = MAX_AUTO_SESSIONS_GPU if device.startswith("cuda") else MAX_AUTO_SESSIONS
     capacities = _capacities(context, slot_contexts, parallel, min(most, budget // one))
-    sizes = {c: session_bytes(cfg, c, cache_b, state_b, mtp, kv_fp8) for c in set(capacities)}
+    sizes = {c: sized(c) for c in set(capacities)}
     per_session = tuple(sizes[c] for c in capacities)
     if sum(per_session) > budget:
         what = f"{len(capacities)} session(s) of {format_slot_contexts(capacities)} tokens"

@@ -36,7 +36,9 @@ class MemoryPlan:
     # max_rows x vocab fp32 logits + ACTIVATION_FIXED[device] + prompt_rows' activations
     activation_bytes: int
     capacities: tuple[int, ...]  # tokens of context, one per session
-    session_bytes: tuple[int, ...]  # bytes of each session's buffers
+    # bytes of each session's buffers (on a GPU and its row of the lone driver's keyed-draw
+    # buffers: planning/buffers.draw_row_bytes)
+    session_bytes: tuple[int, ...]
     max_rows: int
     cache_bytes: int  # bytes per KV / conv element
     state_bytes: int  # bytes per recurrent-state element

@@ -36,6 +36,7 @@ from flashlane.runner.graphs import bucket_of, buckets
 from flashlane.runner.lone_buffers import RING, SizeTables, StepBuffers, posts_to_pinned, warm_up
 from flashlane.runner.lone_step import session_tables, step
 from flashlane.sampling.lone_draw import KeyedDraw, keyed_specs
+from flashlane.sampling.vocab_rows import VocabRows
 
 __all__ = ["LoneDriver", "session_tables", "step"]
 
@@ -71,21 +72,18 @@ class LoneDriver:
         self.device = model.embed_tokens.weight.device
         self.is_cuda = self.device.type == "cuda"
         self.sampled = sampled  # sampled streams too (lanes/lone_turn.py), as shared rounds
-        # graphs name the sessions through size tables (no sessions: nothing to step)
-        self.use_graphs = graphs and self.is_cuda and bool(sessions)
+        self.use_graphs = graphs and self.is_cuda and bool(sessions)  # sessions by size tables
         self.events = [torch.cuda.Event() for _ in range(RING)] if self.is_cuda else []
-        # a plain step stores its verdict into the pinned ring itself (kernels.record_row)
-        # where the GPU can write host memory: no copy after each graph
+        # a step stores its verdict in the pinned ring itself where the GPU can write host
+        # memory (kernels.record_row): no copy after each graph
         self.posts = not self.is_cuda or (post and posts_to_pinned(model, self.device))
-        # per (sessions, depth, keyed): static buffers
-        self.io: dict[tuple[int, int, bool], StepBuffers] = {}
+        self.io: dict[tuple[int, int, bool], StepBuffers] = {}  # by (sessions, depth, keyed)
         # io.key() -> (its step, by size; the buffers it was captured on, which its replay reads)
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, object]] = {}
         # one memory pool for every graph: they never run at once, and a step's results go to
         # the static buffers, so no replay overwrites memory in use
         self.pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
-        self.capture_seconds = 0.0
-        self.failed: str | None = None  # why the steps run eagerly, if a capture failed
+        self.capture_seconds, self.failed = 0.0, None  # failed: why steps run eagerly, if so
         self.log: Callable[[str], None] = lambda line: None  # the engine's, once it has started
         self.num_steps, self.widest = 0, 0  # widest: the most sessions a call has decoded
         # by (sessions, depth), what drafting weighs: ms a landed step, and ms a call spends
@@ -100,8 +98,10 @@ class LoneDriver:
 
             self.drafting, self.most_drafted = Drafting(self), MAX_STREAMS
         # steps run in batches of `sizes` rows, one graph per size (plain, drafted, keyed
-        # draw shape) for any sessions, named by size_tables (runner/lone_buffers.py)
+        # draw shape) for any sessions, named by size_tables (runner/lone_buffers.py), the
+        # keyed draws' [B, V] buffers shared (sampling/vocab_rows.py)
         self.sizes = buckets(len(sessions)) if sessions else [1]
+        self.vocab_rows = VocabRows(self.sizes[-1], model.cfg.vocab_size, self.device)
         d = self.drafting  # a pad row's reach: a call's steps, or an absorb's largest bucket
         reach = max(max_steps * (1 + d.depth), ABSORB_ROWS[-1]) if d else max_steps
         tables = SizeTables(model.cfg, sessions, reach, self.device) if self.use_graphs else None
@@ -281,7 +281,8 @@ class LoneDriver:
                     io.table = self.size_tables.device_table(b, depth)
                     io.table_keys = self.size_tables.draft_keys
             else:
-                draw = KeyedDraw(b, self.model.cfg.vocab_size, self.device) if keyed else None
+                args = (b, cfg.vocab_size, self.device)
+                draw = KeyedDraw(*args, rows=self.vocab_rows) if keyed else None
                 io = StepBuffers(b, self.max_steps, width, self.model.dtype, self.device, draw)
                 io.posts = self.posts
                 if self.size_tables is not None:
@@ -334,9 +335,8 @@ class LoneDriver:
             io.step(self.model, [self.sessions[i] for i in ids], None)
 
     def _capture(self, ids: tuple[int, ...], io: StepBuffers) -> torch.cuda.CUDAGraph:
-        """Capture a step of io's size (a capture records work: no session is touched).
-        Before the first capture of a size one step runs outside it on the pad session, so
-        that every kernel is compiled and the allocator warm."""
+        """Capture a step of io's size (it records work, touching no session), after one step
+        outside it on the pad session the first time (kernels compiled, the allocator warm)."""
         t = time.perf_counter()
         if not io.warm:
             self._warm(ids, io)

@@ -35,6 +35,7 @@ from flashlane.sampling.keyed import (
 )
 from flashlane.sampling.kinds import OTHER, row_kind
 from flashlane.sampling.spec import GREEDY_TEMPERATURE, INF_AT, NAN_AT, NO_CANDIDATE, DrawSpec
+from flashlane.sampling.vocab_rows import VocabRows
 
 LIMIT = 1e30  # |bias|, |penalties| and 1/repetition_penalty up to this keep fp32 logits finite
 MAX_K = 4096  # larger top_k rows stay with the host (torch.topk's cost grows with k)
@@ -62,8 +63,11 @@ class AdjustedRows:
     """Up to B rows of a lone step drawn here (module docstring); buffers made at the first
     load that needs them and kept (graphs hold their addresses)."""
 
-    def __init__(self, b: int, vocab: int, device: torch.device):
+    def __init__(self, b: int, vocab: int, device: torch.device, rows: VocabRows | None = None):
+        """rows: the [B, V] buffers shared with the driver's other sizes (a pool of its own
+        if None)."""
         self.b, self.vocab, self.device = b, vocab, device
+        self.pool = rows if rows is not None else VocabRows(b, vocab, device)
         self.n, self.any_bias, self.any_seen, self.max_k = 0, False, False, 0
         self.idx = torch.zeros(b, dtype=torch.long, device=device)
         # per row: temperature (1 for greedy rows), presence, frequency, repetition, min_p,
@@ -109,21 +113,21 @@ class AdjustedRows:
         self.cols[:n].copy_(torch.tensor(cols, dtype=F64))
         # the seed's half of row_key (keyed.py): each step hashes in its position
         self.seeds[:n].copy_(row_keys_torch([splitmix64(s.seed) for s, _, _ in specs], "cpu"))
-        self.counts = self._scatter(self.counts, torch.int32, [r for _, r, _ in specs])
+        self.counts = self._scatter("counts", [r for _, r, _ in specs])
         if self.any_seen:
-            self.seen = self._scatter(self.seen, torch.bool, [p for _, _, p in specs])
+            self.seen = self._scatter("seen", [p for _, _, p in specs])
         if self.any_bias:
             bias = [[(t, b) for t, b in (p.logit_bias or {}).items()] for p in ps]
             ids = [np.array([t for t, _ in row], dtype=np.int64) for row in bias]
             values = [b for row in bias for _, b in row]
-            self.bias = self._scatter(self.bias, F64, ids, values)
+            self.bias = self._scatter("bias", ids, values)
         return took
 
-    def _scatter(self, buf, dtype, ids: list[np.ndarray], values=None) -> torch.Tensor:
-        """buf [B, V] (made at the first use) with rows :n cleared, then each row i's `ids`
+    def _scatter(self, name: str, ids: list[np.ndarray], values=None) -> torch.Tensor:
+        """The pool's buffer `name` [B, V] with rows :n cleared, then each row i's `ids`
         counted (int32), marked (bool) or set to `values` (float64)."""
-        if buf is None:
-            buf = torch.zeros(self.b, self.vocab, dtype=dtype, device=self.device)
+        buf = self.pool.take(name, self.b)
+        dtype = buf.dtype
         n = len(ids)
         buf[:n].zero_()
         flat = np.concatenate([a + i * self.vocab for i, a in enumerate(ids)])

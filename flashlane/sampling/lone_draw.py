@@ -63,6 +63,7 @@ from flashlane.sampling.spec import (
     DrawSpec,
     is_plain_greedy,
 )
+from flashlane.sampling.vocab_rows import VocabRows
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -102,19 +103,23 @@ class KeyedDraw:
         fused: bool | None = None,
         block: int | None = None,
         slots: int = 4,  # runner/lone_buffers.RING
+        rows: VocabRows | None = None,
     ):
         """`fused`: steps run triton_draw's kernels (default: on CUDA, where Triton imports;
         tests ask for them on the CPU under TRITON_INTERPRET=1). `block`: their ids per
         program (tests shrink it so rows span many chunks). `slots`: the driver's ring of
-        landed steps (`post`)."""
+        landed steps (`post`). `rows`: the [B, V] buffers the driver's draws of every size
+        share (sampling/vocab_rows.py; a pool of its own if None)."""
+        self.pool = rows if rows is not None else VocabRows(b, vocab, device)
         self.b, self.vocab, self.device, self.block = b, vocab, device, block
         self.reported = StepLogprobs(b, device, slots)
         self.specs: list[DrawSpec] = []
         self.launches = None  # triton_draw.Launches of the loaded rows (fused steps)
         # some loaded row may land UNSETTLED (a top_p cut): the step keeps its logits
         self.may_need_host = False
-        # the last step's logits [B, V] while may_need_host: fused, `held` (fp32, made at the
-        # first such load; graphs hold its address); on the host path the step's own tensor
+        # the last step's logits [B, V] while may_need_host: fused, `held` (fp32, the pool's,
+        # taken at the first such load; graphs hold its address); on the host path the step's
+        # own tensor
         self.logits: torch.Tensor | None = None
         self.logprobs: dict[int, dict[int, float]] = {}  # the last settled step's, by row
         self.held: torch.Tensor | None = None
@@ -130,7 +135,7 @@ class KeyedDraw:
             self.ws = torch.zeros(widest.words, dtype=torch.long, device=device)
             self.table = self.ws[: b * NPARAM].view(b, NPARAM)
             self.positions = self.table[:, 6]  # NPARAM's columns end with seed, position
-            self.adjusted = AdjustedRows(b, vocab, device)
+            self.adjusted = AdjustedRows(b, vocab, device, self.pool)
 
     @property
     def key(self) -> tuple:
@@ -165,7 +170,7 @@ class KeyedDraw:
             self.launches = self._launches(kinds, top_ks)
             self.table.copy_(tdraw.param_table(specs, kinds, self.vocab))
             if self.may_need_host and self.held is None:
-                self.held = torch.empty(self.b, self.vocab, device=self.device)
+                self.held = self.pool.take("held", self.b)
 
     def __call__(
         self, logits: torch.Tensor, out: torch.Tensor, tok: torch.Tensor, pos: torch.Tensor

@@ -14,6 +14,7 @@ from flashlane.sampling import adjusted_draw
 from flashlane.sampling.adjusted_draw import AdjustedRows, takes
 from flashlane.sampling.choose import DrawSpec, SampleError, draw_full, draw_rows
 from flashlane.sampling.spec import failure
+from flashlane.sampling.vocab_rows import VocabRows
 from tests.sampling.rows import random_row
 
 VOCAB = 1500
@@ -65,13 +66,19 @@ def test_takes_the_rows_it_can_draw_exactly():
 
 
 def steps(params, num_steps: int, seed: int, tie: bool = False):
-    """num_steps steps: each compares the loaded rows (every other row of the step) with
-    draw_rows at the position drawn, the reply as it stood, then appends the token."""
+    """num_steps steps of one load (`call`), its rows every other row of the step."""
     rng = np.random.default_rng(seed)
     specs = specs_for(rng, params)
-    b = 2 * len(specs)
-    rows = list(range(1, b, 2))
-    adj = AdjustedRows(b, VOCAB, torch.device("cpu"))
+    adj = AdjustedRows(2 * len(specs), VOCAB, torch.device("cpu"))
+    return call(adj, specs, rng, num_steps, tie)
+
+
+def call(adj: AdjustedRows, specs, rng, num_steps: int, tie: bool = False):
+    """A lone call's draws: the specs loaded into every other row of adj's B, then num_steps
+    steps, each comparing the loaded rows with draw_rows at the position drawn, the reply as
+    it stood, then appending the token."""
+    b = adj.b
+    rows = list(range(1, b, 2))[: len(specs)]
     assert adj.load(specs, rows) == rows
     tokens = []
     for step in range(num_steps):
@@ -109,6 +116,25 @@ def test_steps_equal_the_cpu_draws_as_the_replies_grow(group, monkeypatch):
     # what the adjustments must have done (a draw that ignored them would fail)
     assert set(by_row[0]) == {17}  # logit_bias +1e4 on id 17
     assert len(set(by_row[1])) == len(by_row[1])  # presence 1e4: never the same id twice
+
+
+def test_draws_of_every_size_share_one_pool_and_keep_their_tokens():
+    """The lone driver's draws of sizes 8 and 4 share their [B, V] buffers
+    (sampling/vocab_rows.py): the smaller's call overwrites rows the larger's loaded, and the
+    larger's next call, which loads its replies' counts and prompt ids anew, still draws
+    draw_rows' tokens; the memory is one buffer of the largest size's rows."""
+    rng = np.random.default_rng(21)
+    pool = VocabRows(8, VOCAB, torch.device("cpu"))
+    big, small = (AdjustedRows(b, VOCAB, torch.device("cpu"), pool) for b in (8, 4))
+    wide = specs_for(rng, [TAKEN[0], TAKEN[2], TAKEN[6], TAKEN[7]])  # bias, seen, counts
+    narrow = specs_for(rng, [TAKEN[1], TAKEN[6]])
+    call(big, wide, rng, 2)
+    call(small, narrow, rng, 2)
+    assert small.counts.data_ptr() == big.counts.data_ptr()
+    assert small.bias.data_ptr() == big.bias.data_ptr()
+    assert small.seen.data_ptr() == big.seen.data_ptr()
+    call(big, wide, rng, 2)
+    assert pool.nbytes() == 8 * VOCAB * (4 + 1 + 8)  # counts, seen, bias: 8 rows each
 
 
 @pytest.mark.parametrize("seed", [2, 3, 4])
