@@ -129,9 +129,9 @@ def test_unsettled_top_p_rows_are_settled_between_steps(lone_model, graphed, mon
     head, settle, unsettled = model.head_logits, KeyedDraw.settle, [0]
     monkeypatch.setattr(model, "head_logits", lambda r, xn=None: head(r, xn) * 0)
 
-    def counted(self, rows, tok, pos):
+    def counted(self, rows, tok, pos, slot=None):
         unsettled[0] += sum(r[1] == 0 for r in rows)
-        return settle(self, rows, tok, pos)
+        return settle(self, rows, tok, pos, slot)
 
     monkeypatch.setattr(KeyedDraw, "settle", counted)
     params = [
