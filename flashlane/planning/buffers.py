@@ -144,16 +144,17 @@ def split_partial_bytes(cfg: ModelConfig, rows: int, context: int) -> int:
     return partials * rows * cfg.num_attention_heads * (cfg.head_dim + 2) * 4 + lists
 
 
-# a session's row of the lone driver's keyed-draw buffers, bytes a vocabulary id: held fp32
-# logits, int32 reply counts, bool prompt ids, float64 bias (sampling/vocab_rows.BYTES_PER_ID;
-# tests/planning/test_draw_rows.py checks they agree)
-DRAW_BYTES_PER_ID = 17
+# a session's row of the lone driver's keyed-draw buffers: bytes a vocabulary id (held fp32
+# logits, int32 reply counts, bool prompt ids) and besides (1,024 bias ids and float64 values)
+# (sampling/vocab_rows.BYTES_PER_ID, BYTES_PER_ROW; tests/planning/test_draw_rows.py checks)
+DRAW_BYTES_PER_ID, DRAW_BYTES_PER_ROW = 9, 16384
 
 
 def draw_row_bytes(cfg: ModelConfig, device: str) -> int:
     """What a session adds to the lone driver's keyed-draw buffers (sampling/vocab_rows.py),
     made on a GPU only (the fused draw's), whatever the session's size."""
-    return cfg.vocab_size * DRAW_BYTES_PER_ID if device.startswith("cuda") else 0
+    row = cfg.vocab_size * DRAW_BYTES_PER_ID + DRAW_BYTES_PER_ROW
+    return row if device.startswith("cuda") else 0
 
 
 # the decode walk's range of keys (kernels/attention/triton_walk.SPLIT_KEYS; the planning

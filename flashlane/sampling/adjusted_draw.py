@@ -35,7 +35,7 @@ from flashlane.sampling.keyed import (
 )
 from flashlane.sampling.kinds import OTHER, row_kind
 from flashlane.sampling.spec import GREEDY_TEMPERATURE, INF_AT, NAN_AT, NO_CANDIDATE, DrawSpec
-from flashlane.sampling.vocab_rows import VocabRows
+from flashlane.sampling.vocab_rows import BIAS_IDS, VocabRows
 
 LIMIT = 1e30  # |bias|, |penalties| and 1/repetition_penalty up to this keep fp32 logits finite
 MAX_K = 4096  # larger top_k rows stay with the host (torch.topk's cost grows with k)
@@ -45,7 +45,7 @@ F64 = torch.float64
 
 def takes(spec: DrawSpec, vocab: int) -> bool:
     """Whether a step draws this row here: an OTHER row without top_p, its top_k at most
-    MAX_K, its values within LIMIT and its bias ids inside the vocabulary."""
+    MAX_K, its values within LIMIT and its bias ids inside the vocabulary, BIAS_IDS at most."""
     p = spec.params
     if row_kind(p, vocab) != OTHER or p.top_p < 1.0 or MAX_K < p.top_k < vocab:
         return False
@@ -56,6 +56,7 @@ def takes(spec: DrawSpec, vocab: int) -> bool:
         all(abs(v) <= LIMIT for v in values)
         and 1 / LIMIT <= rp <= LIMIT
         and all(0 <= t < vocab for t in bias)
+        and len(bias) <= BIAS_IDS
     )
 
 
@@ -77,7 +78,7 @@ class AdjustedRows:
         self.ids = torch.arange(vocab, device=device)
         self.counts: torch.Tensor | None = None  # [B, V] int32: each id's count in the reply
         self.seen: torch.Tensor | None = None  # [B, V] bool: the prompt's ids
-        self.bias: torch.Tensor | None = None  # [B, V] float64
+        self.bias: tuple | None = None  # ([B, BIAS_IDS] ids, [B, BIAS_IDS] float64 values)
 
     @property
     def key(self) -> tuple:
@@ -116,16 +117,19 @@ class AdjustedRows:
         self.counts = self._scatter("counts", [r for _, r, _ in specs])
         if self.any_seen:
             self.seen = self._scatter("seen", [p for _, _, p in specs])
-        if self.any_bias:
-            bias = [[(t, b) for t, b in (p.logit_bias or {}).items()] for p in ps]
-            ids = [np.array([t for t, _ in row], dtype=np.int64) for row in bias]
-            values = [b for row in bias for _, b in row]
-            self.bias = self._scatter("bias", ids, values)
+        if self.any_bias:  # each row's ids and values, then id 0 and -0.0 (adds nothing)
+            ids, values = np.zeros((n, BIAS_IDS), np.int64), np.full((n, BIAS_IDS), -0.0)
+            for i, p in enumerate(ps):
+                row = p.logit_bias or {}
+                ids[i, : len(row)], values[i, : len(row)] = list(row), list(row.values())
+            self.bias = (self.pool.take("bias_ids", self.b), self.pool.take("bias_values", self.b))
+            self.bias[0][:n].copy_(torch.from_numpy(ids))
+            self.bias[1][:n].copy_(torch.from_numpy(values))
         return took
 
-    def _scatter(self, name: str, ids: list[np.ndarray], values=None) -> torch.Tensor:
+    def _scatter(self, name: str, ids: list[np.ndarray]) -> torch.Tensor:
         """The pool's buffer `name` [B, V] with rows :n cleared, then each row i's `ids`
-        counted (int32), marked (bool) or set to `values` (float64)."""
+        counted (int32) or marked (bool)."""
         buf = self.pool.take(name, self.b)
         dtype = buf.dtype
         n = len(ids)
@@ -135,10 +139,8 @@ class AdjustedRows:
         view = buf.view(-1)
         if dtype == torch.int32:
             view.index_add_(0, at, torch.ones_like(at, dtype=dtype))
-        elif dtype == torch.bool:
-            view[at] = True
         else:
-            view[at] = torch.tensor(values, dtype=dtype).to(self.device)
+            view[at] = True
         return buf
 
     def __call__(
@@ -169,8 +171,8 @@ class AdjustedRows:
         v = x.shape[1]
         temp, pres, freq, rp, min_p, top_k, greedy = self.cols[rows, :, None].unbind(1)
         l = x.to(F64)  # bf16 and fp32 widen exactly
-        if self.any_bias:
-            l = l + self.bias[rows]
+        if self.any_bias:  # a row's bias added at its ids alone, as choose.adjusted does
+            l = l.scatter_add(1, self.bias[0][rows], self.bias[1][rows])
         if self.any_seen:
             seen = self.seen[rows] | (counts > 0)
             l = torch.where(seen, torch.where(l > 0, l / rp, l * rp), l)

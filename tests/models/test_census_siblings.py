@@ -110,9 +110,9 @@ def test_info_plans_qwen3_next_sessions(capsys) -> None:
     out = capsys.readouterr().out
     # per session: K and V of 12 layers and the MTP layer (2 x 2 heads x 256, bf16) a
     # position, no indexer keys, and 36 GDN layers' fp32 states and bf16 conv rows; on a GPU
-    # its row of the lone driver's keyed-draw buffers (17 bytes a vocabulary id)
+    # its row of the lone driver's keyed-draw buffers (9 bytes a vocabulary id, 16 KiB besides)
     per_position = 13 * 2 * 2 * 256 * 2
     gdn = 36 * (32 * 128 * 128 * 4 + 3 * 8192 * 2)
-    sessions = (65536 + 3 * 32768) * per_position + 4 * (gdn + 151_936 * 17)
-    assert sessions == 4_681_475_584 and f"({sessions:,} bytes)" in out
+    sessions = (65536 + 3 * 32768) * per_position + 4 * (gdn + 151_936 * 9 + 16384)
+    assert sessions == 4676679168 and f"({sessions:,} bytes)" in out
     assert "79,674,391,296" in out and "65536,32768x3" in out

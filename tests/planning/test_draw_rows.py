@@ -6,22 +6,23 @@ from __future__ import annotations
 
 import torch
 
-from flashlane.planning.buffers import DRAW_BYTES_PER_ID, draw_row_bytes
+from flashlane.planning.buffers import DRAW_BYTES_PER_ID, DRAW_BYTES_PER_ROW, draw_row_bytes
 from flashlane.planning.memory import GIB, plan, session_bytes
-from flashlane.sampling.vocab_rows import BYTES_PER_ID, DTYPES, VocabRows
+from flashlane.sampling.vocab_rows import BIAS_IDS, BYTES_PER_ID, BYTES_PER_ROW, SHAPES, VocabRows
 from tests.planning.test_memory import TINY
 
 
 def test_the_plan_and_the_buffers_agree_on_bytes_an_id():
-    assert DRAW_BYTES_PER_ID == BYTES_PER_ID
+    assert (DRAW_BYTES_PER_ID, DRAW_BYTES_PER_ROW) == (BYTES_PER_ID, BYTES_PER_ROW)
     pool = VocabRows(3, 10, torch.device("cpu"))
-    for name in DTYPES:
-        assert pool.take(name, 2).shape == (2, 10)
-    assert pool.nbytes() == 3 * 10 * DRAW_BYTES_PER_ID
+    for name, (_, width) in SHAPES.items():
+        assert pool.take(name, 2).shape == (2, width or 10)
+    assert pool.take("bias_ids", 1).shape == (1, BIAS_IDS)
+    assert pool.nbytes() == 3 * (10 * DRAW_BYTES_PER_ID + DRAW_BYTES_PER_ROW)
 
 
 def test_a_gpu_session_counts_its_draw_row_and_a_cpu_one_does_not():
-    row = TINY.vocab_size * DRAW_BYTES_PER_ID
+    row = TINY.vocab_size * DRAW_BYTES_PER_ID + DRAW_BYTES_PER_ROW
     assert draw_row_bytes(TINY, "cuda") == row and draw_row_bytes(TINY, "cpu") == 0
     gpu = plan(TINY, device="cuda", limit_bytes=4 * GIB, weight_bytes=0, max_rows=16, parallel=3)
     assert gpu.session_bytes == (session_bytes(TINY, 512, 2, 4) + row,) * 3

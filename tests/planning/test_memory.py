@@ -169,7 +169,7 @@ def test_real_flash_next_in_fp8_on_an_h200(real: ModelConfig) -> None:
     prompt cache yielding to them; 16 in 8 bits with 16 rows and no prompt cache. Rows no
     more than the sessions fill (--max-rows unset), windows narrowed from 9 rows a session
     while that makes room for more: 9 sessions of 32k with a 16-bit cache (10 before each
-    counted its row of the keyed draws' buffers, 4.2 MB), 16 with the 8-bit one (issue 34's
+    counted its row of the keyed draws' buffers, 2.25 MB), 16 with the 8-bit one (issue 34's
     plan: --kv-cache-dtype auto's with FP8 weights), a row each; one of 262,144 beside its 9
     rows (none beside 64)."""
     from flashlane.models.census import count_params

@@ -14,7 +14,7 @@ from flashlane.sampling import adjusted_draw
 from flashlane.sampling.adjusted_draw import AdjustedRows, takes
 from flashlane.sampling.choose import DrawSpec, SampleError, draw_full, draw_rows
 from flashlane.sampling.spec import failure
-from flashlane.sampling.vocab_rows import VocabRows
+from flashlane.sampling.vocab_rows import BIAS_IDS, VocabRows
 from tests.sampling.rows import random_row
 
 VOCAB = 1500
@@ -131,10 +131,11 @@ def test_draws_of_every_size_share_one_pool_and_keep_their_tokens():
     call(big, wide, rng, 2)
     call(small, narrow, rng, 2)
     assert small.counts.data_ptr() == big.counts.data_ptr()
-    assert small.bias.data_ptr() == big.bias.data_ptr()
+    assert small.bias[1].data_ptr() == big.bias[1].data_ptr()
     assert small.seen.data_ptr() == big.seen.data_ptr()
     call(big, wide, rng, 2)
-    assert pool.nbytes() == 8 * VOCAB * (4 + 1 + 8)  # counts, seen, bias: 8 rows each
+    # counts and seen, 8 rows each, and the bias as 8 rows of ids and values
+    assert pool.nbytes() == 8 * VOCAB * (4 + 1) + 8 * BIAS_IDS * (8 + 8)
 
 
 @pytest.mark.parametrize("seed", [2, 3, 4])
