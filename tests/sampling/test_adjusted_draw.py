@@ -58,6 +58,10 @@ def test_takes_the_rows_it_can_draw_exactly():
     past_max_k = SamplingParams(frequency_penalty=0.1, top_k=5000)
     assert takes(DrawSpec(past_max_k, 1, 0), VOCAB)  # top_k past V: no limit
     assert not takes(DrawSpec(past_max_k, 1, 0), 10 * VOCAB)
+    full = {t: float(t % 7) - 3.0 for t in range(BIAS_IDS)}  # a list's worth of bias ids
+    assert takes(DrawSpec(SamplingParams(logit_bias=full), 1, 0), VOCAB)
+    over = SamplingParams(logit_bias={**full, BIAS_IDS: 1.0})
+    assert not takes(DrawSpec(over, 1, 0), VOCAB)  # the host draws it
     adj = AdjustedRows(4, VOCAB, torch.device("cpu"))
     ok, bad_reply = specs_for(rng, TAKEN[1:3])
     bad_reply = DrawSpec(bad_reply.params, 1, 0, [1, 2], [5, VOCAB + 3])
@@ -136,6 +140,12 @@ def test_draws_of_every_size_share_one_pool_and_keep_their_tokens():
     call(big, wide, rng, 2)
     # counts and seen, 8 rows each, and the bias as 8 rows of ids and values
     assert pool.nbytes() == 8 * VOCAB * (4 + 1) + 8 * BIAS_IDS * (8 + 8)
+
+
+def test_a_full_list_of_bias_ids_draws_the_cpu_tokens():
+    full = {t: float(t % 7) - 3.0 for t in range(BIAS_IDS)}
+    params = [SamplingParams(logit_bias=full), SamplingParams(temperature=0.9, logit_bias=full)]
+    steps(params, 3, seed=30)
 
 
 @pytest.mark.parametrize("seed", [2, 3, 4])
