@@ -145,7 +145,7 @@ def _plan_lines(p: MemoryPlan) -> list[str]:
         f"  session budget     {gib(p.budget_bytes)}",
         f"  sessions           {p.num_sessions} ({'auto' if p.auto else 'given'}): "
         f"{format_slot_contexts(p.capacities)} tokens",
-        f"  sessions take      {gib(p.sessions_bytes)}",
+        f"  sessions take      {gib(p.sessions_bytes)}{_draw_note(p)}",
         f"  left               {gib(p.free_bytes)}",
     ]
     if p.serial:
@@ -161,6 +161,12 @@ def _plan_lines(p: MemoryPlan) -> list[str]:
     else:
         lines.append(f"  where              weights and n-gram tables on {p.device}")
     return lines
+
+
+def _draw_note(p: MemoryPlan) -> str:
+    if not p.draw_row_bytes:
+        return ""
+    return f"  (each {p.draw_row_bytes / 2**20:.2f} MiB of sampled steps' buffers)"
 
 
 def _kv_note(p: MemoryPlan) -> str:

@@ -262,6 +262,7 @@ def _plan(
         prompt_rows=prompt_rows,
         prompt_cache_bytes=prompt_cache_bytes,
         kv_fp8=kv_fp8,
+        draw_row_bytes=draw,
     )
 
 

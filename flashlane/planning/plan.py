@@ -51,6 +51,7 @@ class MemoryPlan:
     prompt_cache_bytes: int = 0  # the prompt cache's budget (kept states), under the limit
     kv_fp8: bool = False  # K, V, indexer keys in e4m3 + fp32 scales (fp8, or auto: FP8 weights)
     shorter: tuple[tuple[int, int], ...] = ()  # serial: (a --context, its sessions)
+    draw_row_bytes: int = 0  # of each session's bytes, its row of the keyed draws' buffers
 
     @property
     def workspace_bytes(self) -> int:

@@ -38,3 +38,14 @@ def test_a_larger_size_than_the_pool_was_made_for_gets_its_own_buffer():
     big = pool.take("counts", 5)
     assert big.shape == (5, 10) and small[1, 3] == 7 and big.data_ptr() != small.data_ptr()
     assert pool.take("counts", 1).data_ptr() == big.data_ptr()
+
+
+def test_info_says_what_a_gpu_session_holds_for_its_draws():
+    from flashlane.planning.info import describe
+
+    gpu = plan(TINY, device="cuda", limit_bytes=4 * GIB, weight_bytes=0, max_rows=16, parallel=2)
+    assert gpu.draw_row_bytes == draw_row_bytes(TINY, "cuda")
+    row = f"(each {gpu.draw_row_bytes / 2**20:.2f} MiB of sampled steps' buffers)"
+    assert row in describe(TINY, gpu)
+    cpu = plan(TINY, device="cpu", limit_bytes=4 * GIB, weight_bytes=0, max_rows=16, parallel=2)
+    assert cpu.draw_row_bytes == 0 and "sampled steps' buffers" not in describe(TINY, cpu)
