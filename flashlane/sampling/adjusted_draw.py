@@ -117,8 +117,10 @@ class AdjustedRows:
         self.counts = self._scatter("counts", [r for _, r, _ in specs])
         if self.any_seen:
             self.seen = self._scatter("seen", [p for _, _, p in specs])
-        if self.any_bias:  # each row's ids and values, then id 0 and -0.0 (adds nothing)
-            ids, values = np.zeros((n, BIAS_IDS), np.int64), np.full((n, BIAS_IDS), -0.0)
+        if self.any_bias:  # each row's ids and values, then -0.0 (adds nothing) at other ids
+            # (distinct ones: a GPU's scatter_add adds with atomics, so no address waits)
+            ids = np.tile(np.arange(BIAS_IDS, dtype=np.int64) % v, (n, 1))
+            values = np.full((n, BIAS_IDS), -0.0)
             for i, p in enumerate(ps):
                 row = p.logit_bias or {}
                 ids[i, : len(row)], values[i, : len(row)] = list(row), list(row.values())
