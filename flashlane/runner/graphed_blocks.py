@@ -50,7 +50,7 @@ class Recorded:
         return self.rows.cos_sin(self.rotary, dtype)
 
     @staticmethod
-    def ahead(decoder, weight, kernels: Kernels) -> None:
+    def ahead(weight, kernels: Kernels) -> None:
         """Nothing: each part replays its own graph, and a launch between them would cost
         more than the read ahead saves."""
 

@@ -21,8 +21,6 @@ a key beyond the session's length, written over before any row reads it).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from flashlane.models.rows import copy_all
@@ -48,15 +46,9 @@ class Step:
         return self.angles[0], self.angles[1]
 
     @staticmethod
-    def ahead(decoder, weight, kernels) -> None:
-        """The mixer's out projection (weight) read into L2 while the mixer runs
-        (linear/ahead.py); FLASHLANE_AHEAD=2: the MLP's hyper-connection read too."""
-        if os.environ.get("FLASHLANE_AHEAD") != "2":
-            kernels.ahead(weight)
-            return
-        hc = decoder.mlp_hyper_connection
-        down = hc.down.weight if hc.down.weight is not None else hc.input_mix_weight_down.weight
-        kernels.ahead(weight, down, hc.input_mix_weight_up.weight)
+    def ahead(weight, kernels) -> None:
+        """The mixer's out projection read into L2 while the mixer runs (linear/ahead.py)."""
+        kernels.ahead(weight)
 
     def windows(self, gdn) -> None:
         """No stacked conv windows: the conv reads each session's where it lies."""

@@ -37,15 +37,7 @@ def test_ahead_launches_for_bf16_and_fp8_weights_eager_and_captured(monkeypatch)
     ahead_mod.ahead(w)
     ahead_mod.ahead(Fp8Weight(*quantize_blocks(w)))
     assert len(calls) == 2
-    n = w.numel()
-    assert calls == [(blocks(2 * n), 2 * n, 0, 0), (blocks(n), n, 0, 0)]
-    ahead_mod.ahead(w, w[:64], w[64:128])  # three weights, one launch
-    assert calls[-1] == (
-        blocks(2 * n, 64 * 6144 * 2, 64 * 6144 * 2),
-        2 * n,
-        64 * 6144 * 2,
-        64 * 6144 * 2,
-    )
+    assert calls == [(blocks(w.numel() * 2), w.numel() * 2), (blocks(w.numel()), w.numel())]
     graph, out = torch.cuda.CUDAGraph(), {}
     with torch.cuda.graph(graph):
         ahead_mod.ahead(w)
@@ -54,12 +46,12 @@ def test_ahead_launches_for_bf16_and_fp8_weights_eager_and_captured(monkeypatch)
     torch.cuda.synchronize()
     assert torch.equal(out["y"], want)
     ahead_mod.ahead(w[:, 1:])  # not contiguous: nothing launched
-    assert len(calls) == 4
+    assert len(calls) == 3
 
 
-def blocks(*sizes: int) -> tuple[int]:
+def blocks(nbytes: int) -> tuple[int]:
     span = ahead_mod._CHUNK * ahead_mod._CHUNKS
-    return (sum(-(-n // span) for n in sizes),)
+    return (-(-nbytes // span),)
 
 
 class _Counting:
@@ -69,8 +61,8 @@ class _Counting:
         self.kernel, self.calls = kernel, calls
 
     def __getitem__(self, grid):
-        def launch(*args, **kw):
-            self.calls.append((grid, args[1], args[3], args[5]))
-            return self.kernel[grid](*args, **kw)
+        def launch(w, nbytes, **kw):
+            self.calls.append((grid, nbytes))
+            return self.kernel[grid](w, nbytes, **kw)
 
         return launch
