@@ -49,11 +49,6 @@ class Recorded:
     def cos_sin(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rows.cos_sin(self.rotary, dtype)
 
-    @staticmethod
-    def ahead(weight, kernels: Kernels) -> None:
-        """Nothing: each part replays its own graph, and a launch between them would cost
-        more than the read ahead saves."""
-
     def ple(self, idx, layer, r: torch.Tensor, kernels: Kernels) -> torch.Tensor:
         """r plus the layer's PLE addition: its "ple" part for windows of one width."""
         rows, ple, t = self.rows, layer.ple, self.width

@@ -45,11 +45,6 @@ class Step:
     def cos_sin(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.angles[0], self.angles[1]
 
-    @staticmethod
-    def ahead(weight, kernels) -> None:
-        """The mixer's out projection read into L2 while the mixer runs (linear/ahead.py)."""
-        kernels.ahead(weight)
-
     def windows(self, gdn) -> None:
         """No stacked conv windows: the conv reads each session's where it lies."""
         return None

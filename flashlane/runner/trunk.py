@@ -51,11 +51,9 @@ def layer(decoder, idx: int | None, r, xn, state, kernels: Kernels, then=None) -
     if decoder.kind != "linear":
         cos, sin = state.cos_sin(r.dtype)
         w, q, gate, k, v, iq, raw = run((key, "read"), parts["read"], r, cos, sin, *norm, views=7)
-        state.ahead(decoder.self_attn.o_proj.weight, kernels)
         mixed = state.attend(idx, decoder.self_attn, q, k, v, iq, raw, kernels), gate
     elif (stacked := state.windows(decoder.linear_attn)) is None:
         w, qkv, gate_a, gate_b, z = run((key, "read"), parts["read"], r, *norm, views=5)
-        state.ahead(decoder.linear_attn.out_proj.weight, kernels)
         mixed = state.gdn(idx, decoder.linear_attn, qkv, gate_a, gate_b, kernels), z
     else:  # the shared rounds' B windows of T rows (xn None): the conv replays with the read
         window, recurrent = stacked
