@@ -36,7 +36,6 @@ class Kernels:
     moe_shared: Callable
     moe_placed: Callable  # an expert-parallel rank's experts (parallel/plan.py)
     linear: Callable
-    ahead: Callable  # a weight read into L2 ahead of its product (linear/ahead.py)
     rms_norm: Callable
     gated_rms_norm: Callable
     # the layers' row-wise tails (kernels/rowwise)
@@ -84,7 +83,6 @@ REFERENCE = Kernels(
     moe_shared=moe_ref.moe_shared,
     moe_placed=moe_ref.moe_placed,
     linear=linear_ref.linear,
-    ahead=linear_ref.ahead,
     rms_norm=norms_ref.rms_norm,
     gated_rms_norm=norms_ref.gated_rms_norm,
     hc_down=rowwise_ref.hc_down,

@@ -14,7 +14,6 @@ from flashlane.kernels.attention import triton_sessions as sessions_tr
 from flashlane.kernels.conv import triton as conv_tr
 from flashlane.kernels.gdn import fla_chunk
 from flashlane.kernels.gdn import triton as gdn_tr
-from flashlane.kernels.linear.ahead import ahead
 from flashlane.kernels.linear.triton_fp8 import linear
 from flashlane.kernels.moe import triton_fp8 as moe_tr
 from flashlane.kernels.norms import triton as norms_tr
@@ -47,7 +46,6 @@ TRITON = Kernels(
     moe_shared=moe_tr.moe_shared,  # the shared expert as one more expert of the launches
     moe_placed=moe_tr.moe_placed,  # expert parallel: not on the GPU yet (it says so)
     linear=linear,  # bf16 weights, and Fp8Weight's e4m3 bytes and block scales
-    ahead=ahead,  # a decode step's out projection into L2 while its mixer runs
     rms_norm=norms_tr.rms_norm,
     gated_rms_norm=norms_tr.gated_rms_norm,
     hc_down=hc_tr.hc_down,

@@ -49,15 +49,6 @@ class Recorded:
     def cos_sin(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rows.cos_sin(self.rotary, dtype)
 
-    @staticmethod
-    def ahead(decoder, weight, kernels: Kernels) -> None:
-        """Nothing: each part replays its own graph (runner/lone_state.py's Step reads the
-        out projection ahead in a device step)."""
-
-    @staticmethod
-    def join() -> None:
-        """Nothing to wait for (`ahead`)."""
-
     def ple(self, idx, layer, r: torch.Tensor, kernels: Kernels) -> torch.Tensor:
         """r plus the layer's PLE addition: its "ple" part for windows of one width."""
         rows, ple, t = self.rows, layer.ple, self.width

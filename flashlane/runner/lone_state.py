@@ -21,9 +21,6 @@ a key beyond the session's length, written over before any row reads it).
 
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
 
 from flashlane.models.rows import copy_all
@@ -48,31 +45,6 @@ class Step:
     def cos_sin(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         return self.angles[0], self.angles[1]
 
-    def ahead(self, decoder, weight, kernels) -> None:
-        """FLASHLANE_AHEAD=1 (an experiment): the mixer's out projection (weight) read into
-        L2 on a side stream while the mixer runs (kernels/linear/ahead.py); 2: the MLP's
-        hyper-connection weights too. `join` waits for it."""
-        mode = os.environ.get("FLASHLANE_AHEAD", "0")
-        if mode not in ("1", "2") or self.at.device.type != "cuda":
-            return
-        weights = [weight]
-        if mode == "2":
-            hc = decoder.mlp_hyper_connection
-            down = hc.down.weight if hc.down.weight is not None else hc.input_mix_weight_down.weight
-            weights += [down, hc.input_mix_weight_up.weight]
-        side = _side_stream(self.at.device)
-        side.wait_stream(torch.cuda.current_stream(self.at.device))
-        with torch.cuda.stream(side):
-            kernels.ahead(*weights)
-        self.joining = side
-
-    def join(self) -> None:
-        """The step's stream waits for the read `ahead` forked, if any."""
-        side = getattr(self, "joining", None)
-        if side is not None:
-            torch.cuda.current_stream(self.at.device).wait_stream(side)
-            self.joining = None
-
     def windows(self, gdn) -> None:
         """No stacked conv windows: the conv reads each session's where it lies."""
         return None
@@ -87,11 +59,6 @@ class Step:
     def attention(self, idx: int) -> tuple[list, torch.Tensor | None]:
         """Layer idx's caches, one a row's session, and their table."""
         raise NotImplementedError
-
-
-@functools.cache
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    return torch.cuda.Stream(device)
 
 
 class InPlace(Step):

@@ -51,11 +51,9 @@ def layer(decoder, idx: int | None, r, xn, state, kernels: Kernels, then=None) -
     if decoder.kind != "linear":
         cos, sin = state.cos_sin(r.dtype)
         w, q, gate, k, v, iq, raw = run((key, "read"), parts["read"], r, cos, sin, *norm, views=7)
-        state.ahead(decoder, decoder.self_attn.o_proj.weight, kernels)
         mixed = state.attend(idx, decoder.self_attn, q, k, v, iq, raw, kernels), gate
     elif (stacked := state.windows(decoder.linear_attn)) is None:
         w, qkv, gate_a, gate_b, z = run((key, "read"), parts["read"], r, *norm, views=5)
-        state.ahead(decoder, decoder.linear_attn.out_proj.weight, kernels)
         mixed = state.gdn(idx, decoder.linear_attn, qkv, gate_a, gate_b, kernels), z
     else:  # the shared rounds' B windows of T rows (xn None): the conv replays with the read
         window, recurrent = stacked
@@ -65,7 +63,6 @@ def layer(decoder, idx: int | None, r, xn, state, kernels: Kernels, then=None) -
         )
         o = state.rule(decoder.linear_attn, q, k, v, gate_a, gate_b, xfull, recurrent, kernels)
         mixed, w = (o, z.flatten(0, 1)), w.flatten(0, 1)
-    state.join()
     mlp = parts["mlp"] if then is None else partial(parts["mlp"], then=then)
     out = run((key, "mlp"), mlp, r, *mixed, w)
     return out[0], (None if then is None else out[1])

@@ -33,7 +33,3 @@ def linear(x: torch.Tensor, w: torch.Tensor | Fp8Weight) -> torch.Tensor:
         pad = x.new_zeros(PAD_ROWS - n % PAD_ROWS, x.shape[1])
         return F.linear(torch.cat([x, pad]), w)[:n]
     return F.linear(x, w)
-
-
-def ahead(w: torch.Tensor | Fp8Weight) -> None:
-    """Nothing: the CPU has no L2 to read a weight into (linear/ahead.py)."""
