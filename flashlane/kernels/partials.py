@@ -7,7 +7,8 @@ ascending order, `((p0 + p1) + p2) + ...` (`add_partials`, which the second kern
 and sets the counter back to 0. Which program comes last depends on timing; what it adds does
 not, so the bits are those of the two-kernel path. No atomic ever touches the data.
 
-The counters are one zeroed int32 buffer per device, left zeroed by every launch. A CUDA graph
+The counters are one zeroed int32 buffer per device, left zeroed by every launch (the MoE's
+down launch counts its rows' pairs on them too: moe/triton_pairs.combine_arrived). A CUDA graph
 capture does not run a zero fill, so while capturing `counters` returns None if the buffer was
 not made before, and the caller takes the two-kernel path (same bits). One stream at a time:
 launches running concurrently on two streams would share counters.
