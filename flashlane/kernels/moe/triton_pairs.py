@@ -6,6 +6,8 @@ the down launch at decode rows, else in a launch of its own: `combine_args`).
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
@@ -148,9 +150,11 @@ def combine_args(y, weights, out, shared, top_k: int, shared_expert: bool, n_til
     """The down launch's combine arguments (its trailing ones): with `fuse` (a decode call
     outside a capture that would miss the counters) and the device's counters, the down
     launch combines (`combine_arrived`, COMBINE) and no combine launch follows; else
-    COMBINE off and `combine` launches it. shared: (gate logit [N, 1], s [N, H]) or None;
-    shared_expert: s is the launch's own shared pairs (one more arrival a row)."""
+    COMBINE off and `combine` launches it (always with FLASHLANE_COMBINE_LAUNCH=1, for an
+    A/B). shared: (gate logit [N, 1], s [N, H]) or None; shared_expert: s is the launch's
+    own shared pairs (one more arrival a row)."""
     n = out.shape[0]
+    fuse = fuse and os.environ.get("FLASHLANE_COMBINE_LAUNCH", "0") != "1"
     g, s = shared if shared is not None else (out, out)  # unread without SHARED
     count = None
     if fuse and n * n_tiles <= partials.NUM_COUNTERS:
