@@ -10,6 +10,7 @@
 #                                                    # decode-scores, gather-ab,
 #                                                    # prefill-ab, moe-layout, fp8-prompt,
 #                                                    # timeline, step-kernels, draft-choices,
+#                                                    # env-ab,
 #                                                    # lone-host, draft-overhead, route-layout,
 #                                                    # peer-build, peer
 #
@@ -114,6 +115,9 @@
 # stall:   issue 29's stall: 8 streams of flashnext-12l decoding, a 32k prompt arriving; their
 #          gap p99 against without it, its TTFT against alone (benchmarks/long_prompt_stall.py;
 #          STALL_ARGS overrides)
+# env-ab:  `bench model` (MODEL_ARGS) with default flags, then with AB_ENV set (NAME=VALUE:
+#          an experiment's switch, e.g. FLASHLANE_COMBINE_LAUNCH=1), side by side in one call
+#          (files bench_model_ab_default_* and bench_model_ab_<NAME_VALUE>_*)
 # gather-ab: `bench model` on flashnext-12l at 64, 16k and 64k-token prompts, 1 / 4 / 16
 #          streams, with the default kernels (the gathered decode attention and the spread
 #          select) and with `--kernels walk` (the split walk, one select program a row);
@@ -285,6 +289,20 @@ if [[ " $steps " == *" gather-ab "* ]]; then
         python -m flashlane.cli bench model $args --kernels "$kernels" \
             --json "$out/bench_model_gather_ab_${kernels}_$stamp.json" 2>&1 \
             | tee "$out/bench_model_gather_ab_${kernels}_$stamp.log" || failed+=("gather-ab $kernels")
+    done
+fi
+
+if [[ " $steps " == *" env-ab "* ]]; then
+    args="${MODEL_ARGS:---config flashnext-12l --random-weights --streams 1,4,16}"
+    for side in default "${AB_ENV:?env-ab needs AB_ENV=NAME=VALUE}"; do
+        tag="${side//[^A-Za-z0-9]/_}"
+        with=()
+        [[ $side != default ]] && with=("$side")
+        echo "== ${with[*]:-(default)} flashlane bench model $args"
+        # shellcheck disable=SC2086
+        env "${with[@]}" python -m flashlane.cli bench model $args \
+            --json "$out/bench_model_ab_${tag}_$stamp.json" 2>&1 \
+            | tee "$out/bench_model_ab_${tag}_$stamp.log" || failed+=("env-ab $side")
     done
 fi
 
