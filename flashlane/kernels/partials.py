@@ -53,18 +53,25 @@ def add_partials(ws_ptr, offs, mask, plane, PARTS: tl.constexpr, CACHE: tl.const
 
 
 @triton.jit
-def last_to_arrive(count_ptr, PARTS):
+def last_to_arrive(count_ptr, PARTS, mask=None):
     """True in the program that is the last of its tile's PARTS (a constexpr or a runtime
-    count) to get here (partial stored).
+    count) to get here (partial stored). With `mask`, count_ptr is a vector of counters,
+    each bumped where mask holds (the MoE's down launch counts a row's pairs so:
+    moe/triton_pairs.combine_arrived), and the result is the vector of lasts.
 
     The barrier orders every thread's partial store before the count's release; the acquire
     makes the other programs' partials visible to the last one, which resets the counter for
     the next launch (no other program of the tile touches it again). The last one must read
     the partials through L2 (CACHE=".cg" in `add_partials`): its L1 is not coherent."""
     tl.debug_barrier()
-    old = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
-    is_last = old == PARTS - 1
-    if is_last:
-        tl.store(count_ptr, 0)
+    if mask is None:
+        old = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+        is_last = old == PARTS - 1
+        if is_last:
+            tl.store(count_ptr, 0)
+    else:
+        old = tl.atomic_add(count_ptr, 1, mask=mask, sem="acq_rel", scope="gpu")
+        is_last = mask & (old == PARTS - 1)
+        tl.store(count_ptr, 0, mask=is_last)
     tl.debug_barrier()
     return is_last

@@ -121,17 +121,11 @@ def combine_arrived(
     tile is stored, each of its pairs counts one arrival at (the pair's row, column tile
     pid_n); the program that brings a row's ARRIVALS-th (its k routed pairs and, when the
     shared expert is one of the launch's, its shared pair) adds that row's tile as the
-    combine launch would (`combined`, the same bits) and sets the counter back to 0. The
-    ordering is partials.last_to_arrive's: a barrier, then acq_rel atomics; y read through
-    L2 (".cg")."""
+    combine launch would (`combined`, the same bits); partials.last_to_arrive counts and
+    resets, and y is read through L2 (".cg")."""
     row = tl.where(pair < num_routed, pair // TOP_K, pair - num_routed)
     row = tl.where(valid, row, 0).to(tl.int64)
-    counter = count_ptr + row * n_tiles + pid_n
-    tl.debug_barrier()
-    old = tl.atomic_add(counter, 1, mask=valid, sem="acq_rel", scope="gpu")
-    last = valid & (old == ARRIVALS - 1)
-    tl.store(counter, 0, mask=last)
-    tl.debug_barrier()
+    last = partials.last_to_arrive(count_ptr + row * n_tiles + pid_n, ARRIVALS, valid)
     dt: tl.constexpr = out_ptr.dtype.element_ty
     r = tl.where(last, row, 0)[:, None]
     mask = last[:, None] & n_mask[None, :]
