@@ -16,8 +16,6 @@ READERS = {
     "cli.py": "`flashlane info` plans under the engine's variables without an engine",
     "kernels/pdl.py": "FLASHLANE_PDL, per launch: GPU tests and benchmarks flip it between "
     "calls in one process",
-    "kernels/moe/triton_pairs.py": "FLASHLANE_COMBINE_LAUNCH, per launch: the MoE combine's "
-    "A/B (gpu_check's env-ab), flipped by its test in one process",
     "models/hub.py": "Hugging Face's own variables (HF_HUB_OFFLINE, HF_HOME, ...)",
     "models/segments.py": "PYTORCH_CUDA_ALLOC_CONF: the user's allocator setting wins over "
     "the weights' expandable segments",

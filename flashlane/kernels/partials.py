@@ -7,8 +7,7 @@ ascending order, `((p0 + p1) + p2) + ...` (`add_partials`, which the second kern
 and sets the counter back to 0. Which program comes last depends on timing; what it adds does
 not, so the bits are those of the two-kernel path. No atomic ever touches the data.
 
-The counters are one zeroed int32 buffer per device, left zeroed by every launch (the MoE's
-down launch counts its rows' pairs on them too: moe/triton_pairs.combine_arrived). A CUDA graph
+The counters are one zeroed int32 buffer per device, left zeroed by every launch. A CUDA graph
 capture does not run a zero fill, so while capturing `counters` returns None if the buffer was
 not made before, and the caller takes the two-kernel path (same bits). One stream at a time:
 launches running concurrently on two streams would share counters.
@@ -53,25 +52,18 @@ def add_partials(ws_ptr, offs, mask, plane, PARTS: tl.constexpr, CACHE: tl.const
 
 
 @triton.jit
-def last_to_arrive(count_ptr, PARTS, mask=None):
+def last_to_arrive(count_ptr, PARTS):
     """True in the program that is the last of its tile's PARTS (a constexpr or a runtime
-    count) to get here (partial stored). With `mask`, count_ptr is a vector of counters,
-    each bumped where mask holds (the MoE's down launch counts a row's pairs so:
-    moe/triton_pairs.combine_arrived), and the result is the vector of lasts.
+    count) to get here (partial stored).
 
     The barrier orders every thread's partial store before the count's release; the acquire
     makes the other programs' partials visible to the last one, which resets the counter for
     the next launch (no other program of the tile touches it again). The last one must read
     the partials through L2 (CACHE=".cg" in `add_partials`): its L1 is not coherent."""
     tl.debug_barrier()
-    if mask is None:
-        old = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
-        is_last = old == PARTS - 1
-        if is_last:
-            tl.store(count_ptr, 0)
-    else:
-        old = tl.atomic_add(count_ptr, 1, mask=mask, sem="acq_rel", scope="gpu")
-        is_last = mask & (old == PARTS - 1)
-        tl.store(count_ptr, 0, mask=is_last)
+    old = tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu")
+    is_last = old == PARTS - 1
+    if is_last:
+        tl.store(count_ptr, 0)
     tl.debug_barrier()
     return is_last

@@ -36,12 +36,7 @@ GATE_UP = dict(x_ptr=BF, xs_ptr="*fp32", gate_ptr=F8, gate_s_ptr="*fp32", up_ptr
 BF16 = dict(BLOCK_K=128, IEEE=False, BY_BITS=True)
 # prompt rows: e4m3 activations (kernels/linear/act_quant.py), e4m3 x e4m3 products
 E4M3 = dict(BLOCK_K=128, IEEE=False, BY_BITS=False, X_FP8=True)
-DOWN = dict(act_ptr=BF, acts_ptr="*fp32", down_ptr=F8, down_s_ptr="*fp32", y_ptr=BF, **EXPERTS,
-            w_ptr=BF, out_ptr=BF, gate_ptr=BF, s_ptr=BF, count_ptr=BF, stride_gate="i32",
-            n_tiles="i32")  # fmt: skip
-# the down launch's combine constants (moe/triton_pairs.combine_args): off, and on
-UNCOMBINED = dict(TOP_K=10, SHARED=True, ARRIVALS=10, COMBINE=False)
-COMBINED = dict(TOP_K=10, SHARED=True, ARRIVALS=11, COMBINE=True)
+DOWN = dict(act_ptr=BF, acts_ptr="*fp32", down_ptr=F8, down_s_ptr="*fp32", y_ptr=BF, **EXPERTS)
 
 
 def _linear(m: int, split: bool, prompt: bool = False, n: int = 2560, k: int = 6144) -> tuple:
@@ -71,26 +66,21 @@ KERNELS = {
                                      ONE_ROW=True, **blocks(moe.GATE_UP_TILE)),
                                 launch(moe.GATE_UP_TILE)),
     "fp8 moe down": (moe._down_fp8_kernel, DOWN,
-                     dict(BLOCK_M=16, SCALES=8, **BF16, **UNCOMBINED,
+                     dict(BLOCK_M=16, SCALES=8, **BF16,
                           **blocks(moe.DOWN_TILE)),
                      launch(moe.DOWN_TILE)),
-    "fp8 moe down with the combine": (moe._down_fp8_kernel,
-                                      dict(DOWN, gate_ptr="*fp32", count_ptr="*i32"),
-                                      dict(BLOCK_M=16, SCALES=8, **BF16, **COMBINED, PDL=1,
-                                           **blocks(moe.DOWN_TILE)),
-                                      dict(launch(moe.DOWN_TILE), launch_pdl=True)),
     "fp8 moe gate_up prefill": (moe._gate_up_fp8_kernel, GATE_UP,
                                 dict(TOP_K=10, BLOCK_M=64, SCALES=32, **BF16,
                                      **blocks(moe.GATE_UP_PREFILL)),
                                 launch(moe.GATE_UP_PREFILL)),
     "fp8 moe down prefill": (moe._down_fp8_kernel, DOWN,
-                             dict(BLOCK_M=64, SCALES=8, **BF16, **UNCOMBINED,
+                             dict(BLOCK_M=64, SCALES=8, **BF16,
                                   **blocks(moe.DOWN_PREFILL)), launch(moe.DOWN_PREFILL)),
     "fp8 moe gate_up prompt": (moe._gate_up_fp8_kernel, dict(GATE_UP, x_ptr=F8),
                                dict(TOP_K=10, BLOCK_M=moe.PROMPT_BLOCK_M, SCALES=32, **E4M3,
                                     **blocks(moe.GATE_UP_PROMPT)), launch(moe.GATE_UP_PROMPT)),
     "fp8 moe down prompt": (moe._down_fp8_kernel, dict(DOWN, act_ptr=F8),
-                            dict(BLOCK_M=moe.PROMPT_BLOCK_M, SCALES=8, **E4M3, **UNCOMBINED,
+                            dict(BLOCK_M=moe.PROMPT_BLOCK_M, SCALES=8, **E4M3,
                                  **blocks(moe.DOWN_PROMPT)), launch(moe.DOWN_PROMPT)),
 }  # fmt: skip
 # the tiles of prompt rows (kernels/row_kind.py): on wgmma

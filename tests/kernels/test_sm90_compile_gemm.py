@@ -19,7 +19,6 @@ pytestmark = pytest.mark.skipif(
 from flashlane.kernels.linear import triton as linear  # noqa: E402
 from flashlane.kernels.moe import layout, routing  # noqa: E402
 from flashlane.kernels.moe import triton as moe  # noqa: E402
-from flashlane.kernels.moe import triton_pairs as pairs  # noqa: E402
 from tests.kernels.sm90 import BF, blocks, compiles_for_sm90, launch  # noqa: E402
 
 # the linear's arguments, and a tile of it
@@ -46,12 +45,6 @@ EXPERTS = dict(
     num_routed="i32",
     shared_id="i32",
 )
-# the down launch's combine arguments (moe/triton_pairs.combine_args), and its constants
-# when it leaves the combine to its own launch
-DOWN = dict(
-    w_ptr=BF, out_ptr=BF, gate_ptr=BF, s_ptr=BF, count_ptr=BF, stride_gate="i32", n_tiles="i32"
-)
-UNCOMBINED = dict(TOP_K=10, SHARED=True, ARRIVALS=10, COMBINE=False)
 # the route's layout arguments (read only with LAYOUT: routing.pick_and_lay_out)
 ROUTE_LAYOUT = dict(
     count_ptr="*i32",
@@ -129,26 +122,18 @@ GEMMS = {
                             dict(TOP_K=10, BLOCK_M=16, **blocks(moe.GATE_UP_TILE),
                                  PRECISION="tf32", ONE_ROW=True),
                             launch(moe.GATE_UP_TILE)),
-    "moe down": (moe._down_kernel, dict(act_ptr=BF, down_ptr=BF, y_ptr=BF, **EXPERTS, **DOWN),
-                 dict(BLOCK_M=16, **blocks(moe.DOWN_TILE), PRECISION="tf32", **UNCOMBINED),
+    "moe down": (moe._down_kernel, dict(act_ptr=BF, down_ptr=BF, y_ptr=BF, **EXPERTS),
+                 dict(BLOCK_M=16, **blocks(moe.DOWN_TILE), PRECISION="tf32"),
                  launch(moe.DOWN_TILE)),
-    "moe down with the combine": (moe._down_kernel,
-                                  dict(act_ptr=BF, down_ptr=BF, y_ptr=BF, **EXPERTS,
-                                       **dict(DOWN, gate_ptr="*fp32", count_ptr="*i32")),
-                                  dict(BLOCK_M=16, **blocks(moe.DOWN_TILE), PRECISION="tf32",
-                                       **dict(UNCOMBINED, ARRIVALS=11, COMBINE=True), PDL=1),
-                                  dict(launch(moe.DOWN_TILE), launch_pdl=True)),
     "moe gate_up prefill": (moe._gate_up_kernel,
                             dict(x_ptr=BF, gate_ptr=BF, up_ptr=BF, act_ptr=BF, **EXPERTS),
                             dict(TOP_K=10, BLOCK_M=64, **blocks(moe.GATE_UP_PREFILL),
                                  PRECISION="tf32"),
                             launch(moe.GATE_UP_PREFILL)),
-    "moe down prefill": (moe._down_kernel,
-                         dict(act_ptr=BF, down_ptr=BF, y_ptr=BF, **EXPERTS, **DOWN),
-                         dict(BLOCK_M=64, **blocks(moe.DOWN_PREFILL), PRECISION="tf32",
-                              **UNCOMBINED),
+    "moe down prefill": (moe._down_kernel, dict(act_ptr=BF, down_ptr=BF, y_ptr=BF, **EXPERTS),
+                         dict(BLOCK_M=64, **blocks(moe.DOWN_PREFILL), PRECISION="tf32"),
                          launch(moe.DOWN_PREFILL)),
-    "moe combine + shared": (pairs._combine_kernel,
+    "moe combine + shared": (moe._combine_kernel,
                              dict(y_ptr=BF, w_ptr=BF, out_ptr=BF, gate_ptr=BF, s_ptr=BF,
                                   H="i32", stride_gate="i32"),
                              dict(TOP_K=10, SHARED=True, BLOCK=1024), {}),

@@ -27,7 +27,6 @@ from tests.kernels.triton_env import (
     DEVICE,
     DTYPES,
     HAS_CUDA,
-    Recording,
     assert_dot_equal,
     exact_in_interpreter,
     needs_triton,
@@ -144,39 +143,6 @@ def test_moe_shared_is_one_more_expert_of_the_launches(case, m):
     assert got.dtype == dtype and _rel_err(got, want) < MOE_TOL[dtype]
     if m > 1:
         _check_rows(lambda x: tmoe.moe_shared(x, r1, g1, u1, d1, k, True), x)
-
-
-@pytest.mark.parametrize("case", MOE_CASES, ids=str)
-@pytest.mark.parametrize("m", [1, 7, 70])
-def test_the_down_launch_combines_as_the_combine_launch(monkeypatch, case, m):
-    """At decode rows the down launch adds each row's slots once its last pair is stored
-    (triton_pairs.combine_arrived), with no combine launch after it: the same bits as the
-    combine launch (every op per element), routed alone, with a shared expert of the
-    launches and with a shared output given; the counters are left zeroed."""
-    from flashlane.kernels import partials
-    from flashlane.kernels.moe import triton_pairs
-
-    (h, e, i, k), dtype = case
-    router, gate, up, down = _moe_weights(h, e, i, dtype)
-    x = _rand(m, h, dtype=dtype, seed=40)
-    logit = _rand(m, 3, dtype=dtype, seed=41)[:, 1:2]
-    s = _rand(m, h, dtype=dtype, seed=42)
-    stacks = [torch.cat([w, w[:1]]) for w in (router, gate, up, down)]
-    calls = {
-        "routed": lambda: tmoe.moe(x, router, gate, up, down, k, True),
-        "shared given": lambda: tmoe.moe(x, router, gate, up, down, k, True, (logit, s)),
-        "shared expert": lambda: tmoe.moe_shared(x, *stacks, k, True),
-    }
-    launches = []
-    real = triton_pairs._combine_kernel
-    monkeypatch.setattr(triton_pairs, "_combine_kernel", Recording(real, launches))
-    fused = {name: call() for name, call in calls.items()}
-    assert launches == []  # combined in the down launches
-    assert not partials.counters(x.device, 1).any()
-    monkeypatch.setenv("FLASHLANE_COMBINE_LAUNCH", "1")  # the combine launch (an A/B)
-    for name, call in calls.items():
-        assert torch.equal(call(), fused[name]), name
-    assert len(launches) == len(calls)
 
 
 @pytest.mark.parametrize("case", MOE_CASES, ids=str)

@@ -19,14 +19,7 @@ from flashlane.kernels.linear.fp8 import Fp8Weight, cat_stack
 from flashlane.models.fp8 import quantize_blocks
 from tests.kernels.test_triton_dense import _check_other_rows, _check_rows, _rand, _rel_err
 from tests.kernels.test_triton_fp8 import _act_ref
-from tests.kernels.triton_env import (
-    DEVICE,
-    DTYPES,
-    HAS_CUDA,
-    Recording,
-    assert_dot_equal,
-    needs_triton,
-)
+from tests.kernels.triton_env import DEVICE, DTYPES, HAS_CUDA, assert_dot_equal, needs_triton
 
 pytestmark = needs_triton
 pytest.importorskip("triton")
@@ -102,36 +95,6 @@ def test_moe_fp8_with_the_shared_expert(case):
             tmoe.moe(x[o : o + m], router, gate, up, down, k, True, part), got[o : o + m]
         )
         assert_dot_equal(tmoe.moe_shared(x[o : o + m], r1, g1, u1, d1, k, True), both[o : o + m])
-
-
-@pytest.mark.parametrize("case", CASES, ids=str)
-def test_moe_fp8_down_launch_combines_as_the_combine_launch(monkeypatch, case):
-    """At decode rows the FP8 down launch combines the rows as the combine launch would
-    (triton_pairs.combine_arrived): the same bits, with no combine launch; with the shared
-    expert stacked too."""
-    from flashlane.kernels.moe import triton_pairs
-
-    (h, e, i, k), dtype = case
-    router, gate, up, down = _weights(h, e, i, dtype)
-    x = _rand(9, h, dtype=dtype, seed=50)
-    r1 = torch.cat([router, router[:1]])
-    g1, u1, d1 = (cat_stack(w, w.__class__(w.q[0], w.scale_inv[0])) for w in (gate, up, down))
-    calls = {
-        "routed": lambda: tmoe.moe(x, router, gate, up, down, k, True),
-        "shared expert": lambda: tmoe.moe_shared(x, r1, g1, u1, d1, k, True),
-    }
-    launches = []
-    real = triton_pairs._combine_kernel
-    monkeypatch.setattr(triton_pairs, "_combine_kernel", Recording(real, launches))
-    fused = {name: call() for name, call in calls.items()}
-    assert launches == []
-    real_args = triton_pairs.combine_args
-    monkeypatch.setattr(
-        triton_pairs, "combine_args", lambda *a, **kw: real_args(*a[:-1], False)
-    )  # fmt: skip
-    for name, call in calls.items():
-        assert torch.equal(call(), fused[name]), name
-    assert len(launches) == len(calls)
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)

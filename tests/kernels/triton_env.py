@@ -74,14 +74,3 @@ def exact_in_interpreter(t: torch.Tensor, step: float = 2**-6) -> torch.Tensor:
     through any BLAS (ties stay ties). On the GPU t itself: there the kernels' own order makes
     equal inputs equal bits, as the tests check."""
     return (t / step).round() * step if INTERPRET else t
-
-
-class Recording:
-    """A kernel whose launches are recorded, then run."""
-
-    def __init__(self, kernel, launches):
-        self.kernel, self.launches = kernel, launches
-
-    def __getitem__(self, grid):
-        self.launches.append(grid)
-        return self.kernel[grid]

@@ -15,10 +15,7 @@ Experts as a grouped GEMM over those expert-sorted pairs (their blocks and the c
 
 * gate/up kernel, grid (pair blocks, I / BLOCK_N): silu(x gate^T) * (x up^T) -> act [slots, I]
 * down kernel, grid (pair blocks, H / BLOCK_N): act down^T -> y [pairs, H] (scattered by pair)
-* combine: out = y0*w0; out = out + y1*w1; ... in rank order. At decode rows in the down
-  launch: the program that stores a row's last pair of a column tile adds that tile
-  (`triton_pairs.combine_arrived`); for prompt chunks, or in a capture before the counters
-  exist, a launch of its own, grid (rows, H / BLOCK). Every op is per element: the same bits.
+* combine, grid (rows, H / BLOCK): out = y0*w0; out = out + y1*w1; ... in rank order.
 
 Each pair's row of a tile is computed from its own x row and its expert's weights only, with
 one ascending K loop, so it does not depend on which other pairs share the tile (nor where in
@@ -40,13 +37,12 @@ from flashlane.kernels.linear.triton import DECODE_ROWS, linear
 from flashlane.kernels.moe.routing import dispatch, pick_and_lay_out, pick_experts
 from flashlane.kernels.moe.triton_pairs import (
     BLOCK_M,
+    COMBINE_BLOCK,
     PREFILL_BLOCK_M,
     _block,
+    _combine_kernel,
     _grid,
     _tile_ids,
-    combine,
-    combine_args,
-    combine_arrived,
 )
 from flashlane.kernels.pdl import enter, pdl
 
@@ -183,26 +179,14 @@ def _down_kernel(
     I,
     num_routed,
     shared_id,
-    w_ptr,
-    out_ptr,
-    gate_ptr,
-    s_ptr,
-    count_ptr,
-    stride_gate,
-    n_tiles,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
-    TOP_K: tl.constexpr,
-    SHARED: tl.constexpr,
-    ARRIVALS: tl.constexpr,
-    COMBINE: tl.constexpr,
     BLOCK_MAJOR: tl.constexpr = False,
     ONE_ROW: tl.constexpr = False,
     PDL: tl.constexpr = 0,
 ):
-    # COMBINE: the rows' combine here, with w_ptr .. ARRIVALS (triton_pairs.combine_args)
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     blk, pid_n = _tile_ids(BLOCK_MAJOR)
     e, slots, pair = _block(
@@ -234,11 +218,6 @@ def _down_kernel(
         acc.to(y_ptr.dtype.element_ty),
         mask=valid[:, None] & n_mask[None, :],
     )
-    if COMBINE:
-        combine_arrived(
-            pair, valid, pid_n, n_tiles, count_ptr, num_routed, y_ptr, w_ptr, out_ptr,
-            gate_ptr, s_ptr, rn, n_mask, H, stride_gate, TOP_K, SHARED, ARRIVALS,
-        )  # fmt: skip
 
 
 def experts(
@@ -299,17 +278,30 @@ def experts(
         **pdl(x.device),
     )
     y = torch.empty((n * top_k + shared_rows, h), dtype=x.dtype, device=x.device)
+    _down_kernel[_grid(blocks, triton.cdiv(h, dn["BLOCK_N"]), dn)](
+        act,
+        down,
+        y,
+        slot_pair,
+        block_expert,
+        h,
+        i,
+        n * top_k,
+        routed,
+        BLOCK_M=bm,
+        PRECISION=precision,
+        ONE_ROW=one_row,
+        **dn,
+        **pdl(y.device),
+    )
     if shared_logit is not None:
         shared = (shared_logit, y[n * top_k :])
-    n_tiles = triton.cdiv(h, dn["BLOCK_N"])
-    args, consts = combine_args(
-        y, weights, out, shared, top_k, shared_logit is not None, n_tiles, fuse=not prefill
-    )
-    _down_kernel[_grid(blocks, n_tiles, dn)](
-        act, down, y, slot_pair, block_expert, h, i, n * top_k, routed, *args,
-        BLOCK_M=bm, PRECISION=precision, ONE_ROW=one_row, **consts, **dn, **pdl(y.device),
+    g, s = shared if shared is not None else (out, out)  # unread without SHARED
+    s = s.contiguous()
+    _combine_kernel[(n, triton.cdiv(h, COMBINE_BLOCK))](
+        y, weights.contiguous(), out, g, s, h, g.stride(0), TOP_K=top_k,
+        SHARED=shared is not None, BLOCK=COMBINE_BLOCK, num_warps=4, **pdl(out.device),
     )  # fmt: skip
-    combine(y, args, consts)
     return out
 
 

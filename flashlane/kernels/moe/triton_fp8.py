@@ -132,13 +132,10 @@ def _gate_up_fp8_kernel(
 def _down_fp8_kernel(
     act_ptr, acts_ptr, down_ptr, down_s_ptr, y_ptr, slot_pair_ptr, block_expert_ptr,
     H, I, HS, IS, num_routed, shared_id,
-    w_ptr, out_ptr, gate_ptr, s_ptr, count_ptr, stride_gate, n_tiles,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALES: tl.constexpr,
-    IEEE: tl.constexpr, TOP_K: tl.constexpr, SHARED: tl.constexpr, ARRIVALS: tl.constexpr,
-    COMBINE: tl.constexpr, BLOCK_MAJOR: tl.constexpr = False, ONE_ROW: tl.constexpr = False,
+    IEEE: tl.constexpr, BLOCK_MAJOR: tl.constexpr = False, ONE_ROW: tl.constexpr = False,
     BY_BITS: tl.constexpr = False, X_FP8: tl.constexpr = False, PDL: tl.constexpr = 0,
 ):  # fmt: skip
-    # COMBINE: the rows' combine in this launch, as kernels/moe/triton.py's _down_kernel's
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     blk, pid_n = pairs._tile_ids(BLOCK_MAJOR)
     e, slots, pair = pairs._block(
@@ -171,11 +168,6 @@ def _down_fp8_kernel(
         acc.to(y_ptr.dtype.element_ty),
         mask=valid[:, None] & n_mask[None, :],
     )
-    if COMBINE:
-        pairs.combine_arrived(
-            pair, valid, pid_n, n_tiles, count_ptr, num_routed, y_ptr, w_ptr, out_ptr,
-            gate_ptr, s_ptr, rn, n_mask, H, stride_gate, TOP_K, SHARED, ARRIVALS,
-        )  # fmt: skip
 
 
 def experts_fp8(
@@ -236,21 +228,22 @@ def experts_fp8(
     )  # fmt: skip
     y = torch.empty((n * top_k + shared_rows, h), dtype=x.dtype, device=x.device)
     aq, acts = quant(act) if prompt else (act, act)
-    if shared_logit is not None:
-        shared = (shared_logit, y[n * top_k :])
-    n_tiles = triton.cdiv(h, dn["BLOCK_N"])
-    fuse = not prompt and bm != PREFILL_BLOCK_M  # a decode call's tiles
-    args, consts = pairs.combine_args(
-        y, weights, out, shared, top_k, shared_logit is not None, n_tiles, fuse
-    )
-    _down_fp8_kernel[pairs._grid(blocks, n_tiles, dn)](
+    _down_fp8_kernel[pairs._grid(blocks, triton.cdiv(h, dn["BLOCK_N"]), dn)](
         aq, acts, down.q.contiguous(), down.scale_inv.contiguous(), y, slot_pair, block_expert,
-        h, i, hs, is_, n * top_k, routed, *args, BLOCK_M=bm, BLOCK_K=BLOCK,
+        h, i, hs, is_, n * top_k, routed, BLOCK_M=bm, BLOCK_K=BLOCK,
         SCALES=triton.next_power_of_2(is_), IEEE=ieee, ONE_ROW=one_row, BY_BITS=bits,
-        X_FP8=prompt, **consts, **dn,
+        X_FP8=prompt, **dn,
         **pdl(y.device),
     )  # fmt: skip
-    pairs.combine(y, args, consts)
+    if shared_logit is not None:
+        shared = (shared_logit, y[n * top_k :])
+    g, s = shared if shared is not None else (out, out)  # unread without SHARED
+    s = s.contiguous()
+    pairs._combine_kernel[(n, triton.cdiv(h, pairs.COMBINE_BLOCK))](
+        y, weights.contiguous(), out, g, s, h, g.stride(0), TOP_K=top_k,
+        SHARED=shared is not None, BLOCK=pairs.COMBINE_BLOCK, num_warps=4,
+        **pdl(out.device),
+    )  # fmt: skip
     return out
 
 
