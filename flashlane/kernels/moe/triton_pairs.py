@@ -5,6 +5,8 @@ and pairs a block holds, and the combine that adds a row's weighted slots in ran
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -18,8 +20,9 @@ BLOCK_M = 16
 PREFILL_BLOCK_M = 64
 COMBINE_BLOCK = 1024
 # prompt tiles read the experts' weights through descriptors (Hopper's tensor memory
-# accelerator, TMA) where the GPU has one: the same tiles, K order and dots, so the same bits
-TMA_PREFILL = False
+# accelerator, TMA) where the GPU has one: the same tiles, K order and dots, so the same bits.
+# FLASHLANE_MOE_TMA=1: on (an experiment's switch until a GPU has timed it, `env-ab`)
+TMA_PREFILL = os.environ.get("FLASHLANE_MOE_TMA", "0") == "1"
 
 
 @triton.jit
