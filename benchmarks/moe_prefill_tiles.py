@@ -1,7 +1,7 @@
 """The MoE experts' prefill tiles (issue 9): flashnext-12l's experts (512 of width 640 over
 2,560, top-10, random weights routing evenly) at 2,048 and 8,192 rows in candidate tiles
 (pairs a tile, then gate/up and down tiles; "tma": the weights read through TMA descriptors,
-triton_pairs.TMA_PREFILL), each timed eagerly between events (the dispatch above 1,024 pairs sorts)
+kernels/tma.py PROMPT), each timed eagerly between events (the dispatch above 1,024 pairs sorts)
 and its output compared bitwise with the default tiles' ("same" / "OTHER"). GPU only;
 prints a table and one JSON line.
 
@@ -20,8 +20,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.prefill_tiles import eager
+from flashlane.kernels import tma
 from flashlane.kernels.moe import triton as tmoe
-from flashlane.kernels.moe import triton_pairs as pairs
 
 
 def tile(n: int, k: int, warps: int, stages: int, block_major: bool = True) -> dict:
@@ -71,7 +71,7 @@ def main() -> None:
     u = torch.randn(e, i, h, device=d).to(bf) * h**-0.5
     dn = torch.randn(e, h, i, device=d).to(bf) * i**-0.5
     r = torch.randn(e, h, device=d).to(bf)
-    saved = (*CANDIDATES["default"], pairs.TMA_PREFILL)
+    saved = (*CANDIDATES["default"], tma.PROMPT)
     results = []
     for m in (2048, 8192):
         x = torch.randn(m, h, device=d).to(bf)
@@ -79,9 +79,9 @@ def main() -> None:
         call = partial(tmoe.experts, x, wts, ids, g, u, dn)
         want = call()
         flops = 2.0 * m * top * 3 * i * h
-        for name, (bm, gu, dn_tile, *tma) in CANDIDATES.items():
+        for name, (bm, gu, dn_tile, *on) in CANDIDATES.items():
             tmoe.PREFILL_BLOCK_M, tmoe.GATE_UP_PREFILL, tmoe.DOWN_PREFILL = bm, gu, dn_tile
-            pairs.TMA_PREFILL = bool(tma and tma[0])
+            tma.PROMPT = bool(on and on[0])
             try:
                 us = eager(call)
                 same = torch.equal(call(), want)
@@ -90,7 +90,7 @@ def main() -> None:
                 continue
             finally:
                 tmoe.PREFILL_BLOCK_M, tmoe.GATE_UP_PREFILL, tmoe.DOWN_PREFILL = saved[:3]
-                pairs.TMA_PREFILL = saved[3]
+                tma.PROMPT = saved[3]
             results.append(dict(rows=m, tiles=name, us=us, tflops=flops / us / 1e6, same=same))
             print(
                 f"  {m:>5} rows  {name:<44} {us:9.1f} us {flops / us / 1e6:7.1f} TF/s "

@@ -5,13 +5,10 @@ and pairs a block holds, and the combine that adds a row's weighted slots in ran
 
 from __future__ import annotations
 
-import os
-
-import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
+from flashlane.kernels import tma
 from flashlane.kernels.pdl import enter
 
 # pairs a tile at decode (up to DECODE_ROWS rows, and every fp32 call)
@@ -19,10 +16,6 @@ BLOCK_M = 16
 # pairs a tile above DECODE_ROWS rows (prompt chunks, wgmma)
 PREFILL_BLOCK_M = 64
 COMBINE_BLOCK = 1024
-# prompt tiles read the experts' weights through descriptors (Hopper's tensor memory
-# accelerator, TMA) where the GPU has one: the same tiles, K order and dots, so the same bits.
-# FLASHLANE_MOE_TMA=1: on (an experiment's switch until a GPU has timed it, `env-ab`)
-TMA_PREFILL = os.environ.get("FLASHLANE_MOE_TMA", "0") == "1"
 
 
 @triton.jit
@@ -104,17 +97,12 @@ def _grid(blocks: int, n_tiles: int, tile: dict) -> tuple[int, int]:
 
 def described(gate, up, down, gu: dict, dn: dict, prompt: bool = True):
     """The grouped launches' weights: with prompt tiles (gu, dn) (gate, up, down) as TMA
-    descriptors of their [E * I, H] and [E * H, I] rows in the tiles' blocks, and True, where
-    TMA_PREFILL, the device (compute capability 9 or more, or the interpreter's CPU) and
-    the rows' 16-byte alignment allow; else as they are, and False."""
+    descriptors of their [E * I, H] and [E * H, I] rows in the tiles' blocks, and True,
+    where kernels/tma.py allows; else as they are, and False."""
     e, i, h = gate.shape
-    dev = gate.device
-    able = dev.type == "cpu" or torch.cuda.get_device_capability(dev)[0] >= 9
-    rows = (i * gate.element_size()) % 16 == 0 and (h * gate.element_size()) % 16 == 0
-    bases = all(w.data_ptr() % 16 == 0 for w in (gate, up, down))
-    if not (prompt and TMA_PREFILL and able and rows and bases):
+    rows = (gate.view(e * i, h), up.view(e * i, h), down.view(e * h, i))
+    if not (prompt and tma.able(*rows)):
         return gate, up, down, False
     gu_block, dn_block = [gu["BLOCK_N"], gu["BLOCK_K"]], [dn["BLOCK_N"], dn["BLOCK_K"]]
-    g, u = (TensorDescriptor.from_tensor(w.view(e * i, h), gu_block) for w in (gate, up))
-    d = TensorDescriptor.from_tensor(down.view(e * h, i), dn_block)
-    return g, u, d, True
+    g, u = (tma.described(w, gu_block) for w in rows[:2])
+    return g, u, tma.described(rows[2], dn_block), True
