@@ -1,9 +1,8 @@
 """The MoE experts' prefill tiles (issue 9): flashnext-12l's experts (512 of width 640 over
 2,560, top-10, random weights routing evenly) at 2,048 and 8,192 rows in candidate tiles
-(pairs a tile, then gate/up and down tiles; "tma": the weights read through TMA descriptors,
-kernels/tma.py PROMPT), each timed eagerly between events (the dispatch above 1,024 pairs sorts)
-and its output compared bitwise with the default tiles' ("same" / "OTHER"). GPU only;
-prints a table and one JSON line.
+(pairs a tile, then gate/up and down tiles), each timed eagerly between events (the dispatch
+above 1,024 pairs sorts) and its output compared bitwise with the default tiles' ("same" /
+"OTHER"). GPU only; prints a table and one JSON line.
 
     python benchmarks/moe_prefill_tiles.py
 """
@@ -20,7 +19,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.prefill_tiles import eager
-from flashlane.kernels import tma
 from flashlane.kernels.moe import triton as tmoe
 
 
@@ -32,22 +30,6 @@ def tile(n: int, k: int, warps: int, stages: int, block_major: bool = True) -> d
 # of a column tile together
 CANDIDATES = {
     "default": (tmoe.PREFILL_BLOCK_M, tmoe.GATE_UP_PREFILL, tmoe.DOWN_PREFILL),
-    "tma: the default tiles": (64, tile(64, 64, 4, 3), tile(128, 64, 4, 3), True),
-    "tma: gu 64x64 w4 s4, dn 128x64 w4 s4": (64, tile(64, 64, 4, 4), tile(128, 64, 4, 4), True),
-    "tma: gu 128x64 w8 s3, dn 256x64 w8 s3": (64, tile(128, 64, 8, 3), tile(256, 64, 8, 3), True),
-    "tma: gu 128x64 w4 s3, dn 128x64 w8 s4": (64, tile(128, 64, 4, 3), tile(128, 64, 8, 4), True),
-    "tma 128: gu 64x64 w8 s3, dn 128x64 w8 s3": (
-        128,
-        tile(64, 64, 8, 3),
-        tile(128, 64, 8, 3),
-        True,
-    ),
-    "tma 128: gu 128x64 w8 s3, dn 128x64 w8 s4": (
-        128,
-        tile(128, 64, 8, 3),
-        tile(128, 64, 8, 4),
-        True,
-    ),
     "64 col: gu 64x64 w4 s3, dn 128x64 w4 s3": (
         64,
         tile(64, 64, 4, 3, False),
@@ -71,7 +53,7 @@ def main() -> None:
     u = torch.randn(e, i, h, device=d).to(bf) * h**-0.5
     dn = torch.randn(e, h, i, device=d).to(bf) * i**-0.5
     r = torch.randn(e, h, device=d).to(bf)
-    saved = (*CANDIDATES["default"], tma.PROMPT)
+    saved = CANDIDATES["default"]
     results = []
     for m in (2048, 8192):
         x = torch.randn(m, h, device=d).to(bf)
@@ -79,9 +61,8 @@ def main() -> None:
         call = partial(tmoe.experts, x, wts, ids, g, u, dn)
         want = call()
         flops = 2.0 * m * top * 3 * i * h
-        for name, (bm, gu, dn_tile, *on) in CANDIDATES.items():
+        for name, (bm, gu, dn_tile) in CANDIDATES.items():
             tmoe.PREFILL_BLOCK_M, tmoe.GATE_UP_PREFILL, tmoe.DOWN_PREFILL = bm, gu, dn_tile
-            tma.PROMPT = bool(on and on[0])
             try:
                 us = eager(call)
                 same = torch.equal(call(), want)
@@ -89,8 +70,7 @@ def main() -> None:
                 print(f"  {m} rows {name}: {type(err).__name__}")
                 continue
             finally:
-                tmoe.PREFILL_BLOCK_M, tmoe.GATE_UP_PREFILL, tmoe.DOWN_PREFILL = saved[:3]
-                tma.PROMPT = saved[3]
+                tmoe.PREFILL_BLOCK_M, tmoe.GATE_UP_PREFILL, tmoe.DOWN_PREFILL = saved
             results.append(dict(rows=m, tiles=name, us=us, tflops=flops / us / 1e6, same=same))
             print(
                 f"  {m:>5} rows  {name:<44} {us:9.1f} us {flops / us / 1e6:7.1f} TF/s "

@@ -55,13 +55,6 @@ ROUTE_LAYOUT = dict(
     shared_rows="i32",
     routed_blocks="i32",
 )
-
-
-def desc(tile: dict) -> str:
-    """A bf16 TMA descriptor argument in a tile's (BLOCK_N, BLOCK_K) blocks."""
-    return f"tensordesc<bf16[{tile['BLOCK_N']}, {tile['BLOCK_K']}]>"
-
-
 GEMMS = {
     "linear split fixup": (linear._linear_kernel, LINEAR,
                            dict(PARTS=4, BLOCKS_PER_PART=10, SPLIT=True, FIXUP=True, **TILE,
@@ -89,21 +82,6 @@ GEMMS = {
                                            FIXUP=False, BLOCK_M=128, BLOCK_N=128,
                                            BLOCK_K=64, FP32_PRODUCTS=False, SQUASH=0, FLAT=2),
                                       dict(num_warps=8, num_stages=4)),
-    "linear prefill 128x128 tma": (linear._linear_kernel,
-                                   dict(LINEAR, x_ptr=desc(dict(BLOCK_N=128, BLOCK_K=64)),
-                                        w_ptr=desc(dict(BLOCK_N=128, BLOCK_K=64))),
-                                   dict(PARTS=10, BLOCKS_PER_PART=4, SPLIT=False, FIXUP=False,
-                                        BLOCK_M=128, BLOCK_N=128, BLOCK_K=64,
-                                        FP32_PRODUCTS=False, SQUASH=4, TMA=True),
-                                   dict(num_warps=8, num_stages=3, launch_pdl=True)),
-    "linear prefill branch 128x128 tma": (linear._linear_kernel,
-                                          dict(LINEAR, x_ptr=desc(dict(BLOCK_N=128, BLOCK_K=64)),
-                                               w_ptr=desc(dict(BLOCK_N=128, BLOCK_K=64))),
-                                          dict(PARTS=6, BLOCKS_PER_PART=16, SPLIT=False,
-                                               FIXUP=False, BLOCK_M=128, BLOCK_N=128,
-                                               BLOCK_K=64, FP32_PRODUCTS=False, SQUASH=0,
-                                               FLAT=2, TMA=True),
-                                          dict(num_warps=8, num_stages=4)),
     "linear fp32 out on tensor cores": (linear._linear_kernel,
                                         dict(LINEAR, y_ptr="*fp32"),
                                         dict(PARTS=10, BLOCKS_PER_PART=2, SPLIT=True,
@@ -155,18 +133,6 @@ GEMMS = {
     "moe down prefill": (moe._down_kernel, dict(act_ptr=BF, down_ptr=BF, y_ptr=BF, **EXPERTS),
                          dict(BLOCK_M=64, **blocks(moe.DOWN_PREFILL), PRECISION="tf32"),
                          launch(moe.DOWN_PREFILL)),
-    "moe gate_up prefill tma": (moe._gate_up_kernel,
-                                dict(x_ptr=BF, gate_ptr=desc(moe.GATE_UP_PREFILL),
-                                     up_ptr=desc(moe.GATE_UP_PREFILL), act_ptr=BF, **EXPERTS),
-                                dict(TOP_K=10, BLOCK_M=64, **blocks(moe.GATE_UP_PREFILL),
-                                     PRECISION="tf32", TMA=True),
-                                launch(moe.GATE_UP_PREFILL)),
-    "moe down prefill tma": (moe._down_kernel,
-                             dict(act_ptr=BF, down_ptr=desc(moe.DOWN_PREFILL), y_ptr=BF,
-                                  **EXPERTS),
-                             dict(BLOCK_M=64, **blocks(moe.DOWN_PREFILL), PRECISION="tf32",
-                                  TMA=True),
-                             launch(moe.DOWN_PREFILL)),
     "moe combine + shared": (moe._combine_kernel,
                              dict(y_ptr=BF, w_ptr=BF, out_ptr=BF, gate_ptr=BF, s_ptr=BF,
                                   H="i32", stride_gate="i32"),

@@ -177,33 +177,3 @@ def test_dispatch_layout():
     assert all(b == -1 for b in block_expert.tolist()[4:])
     assert slot_pair.tolist()[:8] == [1, 2, 5, -1, 0, 3, 4, -1]
     assert all(p == -1 for p in slot_pair.tolist()[8:])
-
-
-# several column tiles of gate / up (64) and down (128), the last ones partial, K tails
-TMA_CASES = [(200, 6, 136, 2)] + ([REAL_MOE] if HAS_CUDA else [])
-
-
-@pytest.mark.parametrize("case", TMA_CASES, ids=str)
-def test_prompt_tiles_read_the_weights_through_tma_with_the_same_bits(case, monkeypatch):
-    """A prompt chunk's grouped launches (bf16, more than DECODE_ROWS rows: wgmma tiles) read
-    the experts' weights through TMA descriptors (kernels/tma.py PROMPT): the same tiles,
-    K order and dots, so the bits of the pointer loads, shared expert included."""
-    from flashlane.kernels import tma
-
-    h, e, i, k = case
-    router, gate, up, down = _moe_weights(h, e, i, torch.bfloat16)
-    x = _rand(70, h, dtype=torch.bfloat16, seed=26)
-    gu, dn = tmoe.GATE_UP_PREFILL, tmoe.DOWN_PREFILL
-    monkeypatch.setattr(tma, "PROMPT", False)
-    assert tmoe.pairs.described(gate, up, down, gu, dn)[3] is False
-    plain = tmoe.moe(x, router, gate, up, down, k, True)
-    r1, g1, u1, d1 = (torch.cat([t, t[:1]]) for t in (router, gate, up, down))
-    plain_shared = tmoe.moe_shared(x, r1, g1, u1, d1, k, True)
-    monkeypatch.setattr(tma, "PROMPT", True)
-    assert tmoe.pairs.described(gate, up, down, gu, dn)[3] is True  # the descriptors are read
-    assert tmoe.pairs.described(gate, up, down, gu, dn, prompt=False)[3] is False
-    assert_dot_equal(tmoe.moe(x, router, gate, up, down, k, True), plain)
-    assert_dot_equal(tmoe.moe_shared(x, r1, g1, u1, d1, k, True), plain_shared)
-    # rows that are not 16-byte multiples keep the pointer loads
-    odd = _moe_weights(h, e, 6, torch.bfloat16)
-    assert tmoe.pairs.described(*odd[1:], gu, dn)[3] is False

@@ -17,26 +17,20 @@ __all__ = [
 
 
 @triton.jit
-def k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K: tl.constexpr, TMA=None):
-    """K block kb of x's rows and w's columns: a [BLOCK_M, BLOCK_K], b [BLOCK_K, BLOCK_N].
-    TMA (the tile's first row and column, where x_ptr and w_ptr are descriptors of x and w in
-    its blocks): loaded by TMA, out of bounds as zeros, the masked loads' values."""
-    if TMA is not None:
-        a = x_ptr.load([TMA[0], kb * BLOCK_K])
-        b = w_ptr.load([TMA[1], kb * BLOCK_K]).T
-    else:
-        rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-        k_mask = rk < K
-        a = tl.load(
-            x_ptr + rm[:, None].to(tl.int64) * stride_x + rk[None, :],
-            mask=m_mask[:, None] & k_mask[None, :],
-            other=0.0,
-        )
-        b = tl.load(
-            w_ptr + rn[None, :].to(tl.int64) * K + rk[:, None],
-            mask=n_mask[None, :] & k_mask[:, None],
-            other=0.0,
-        )
+def k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K: tl.constexpr):
+    """K block kb of x's rows and w's columns: a [BLOCK_M, BLOCK_K], b [BLOCK_K, BLOCK_N]."""
+    rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+    k_mask = rk < K
+    a = tl.load(
+        x_ptr + rm[:, None].to(tl.int64) * stride_x + rk[None, :],
+        mask=m_mask[:, None] & k_mask[None, :],
+        other=0.0,
+    )
+    b = tl.load(
+        w_ptr + rn[None, :].to(tl.int64) * K + rk[:, None],
+        mask=n_mask[None, :] & k_mask[:, None],
+        other=0.0,
+    )
     return a, b
 
 
@@ -64,16 +58,14 @@ def partition_sum(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     FP32_PRODUCTS: tl.constexpr,
-    TMA=None,
 ):
-    """Sum over partition `part`'s K blocks, in ascending order, from zero, in fp32 (TMA:
-    k_block's)."""
+    """Sum over partition `part`'s K blocks, in ascending order, from zero, in fp32."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_blocks = tl.cdiv(K, BLOCK_K)
     start = part * BLOCKS_PER_PART
     end = tl.minimum(start + BLOCKS_PER_PART, k_blocks)
     for kb in range(start, end):
-        a, b = k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K, TMA)
+        a, b = k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K)
         acc = product(a, b, acc, FP32_PRODUCTS)
     return acc
 
@@ -94,7 +86,6 @@ def all_partitions(
     BLOCK_K: tl.constexpr,
     FP32_PRODUCTS: tl.constexpr,
     BRANCH: tl.constexpr = False,
-    TMA=None,
 ):
     """((p0 + p1) + p2) + ... over every partition in one loop over all K blocks (one
     software pipeline, not one a partition: partitions of 2-4 blocks spent most of their
@@ -109,7 +100,7 @@ def all_partitions(
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_blocks = tl.cdiv(K, BLOCK_K)
     for kb in range(0, k_blocks):
-        a, b = k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K, TMA)
+        a, b = k_block(x_ptr, w_ptr, rm, rn, m_mask, n_mask, kb, K, stride_x, BLOCK_K)
         acc = product(a, b, acc, FP32_PRODUCTS)
         edge = ((kb + 1) % BLOCKS_PER_PART == 0) | (kb == k_blocks - 1)
         if BRANCH:

@@ -38,7 +38,6 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlane.kernels import tma
 from flashlane.kernels.linear.partitions import all_partitions, partition_sum
 from flashlane.kernels.linear.prefetch import prefetch_rows, prefetch_span
 from flashlane.kernels.linear.tiles import DECODE_ROWS, prefill_tile, row_tile, shaped, tile_config
@@ -107,17 +106,13 @@ def _linear_kernel(
     SQUASH: tl.constexpr,
     PDL: tl.constexpr = 0,
     FLAT: tl.constexpr = 0,
-    TMA: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    corner = None  # TMA (x_ptr, w_ptr descriptors, prompt tiles): the tile's first row, column
-    if TMA:
-        corner = (pid_m * BLOCK_M, pid_n * BLOCK_N)
     # a constexpr and a runtime test in one `and` would not fold the constexpr away
-    if PDL and not TMA:  # noqa: SIM102 (the weights nothing writes, into L2 meanwhile)
+    if PDL:  # noqa: SIM102 (the weights nothing writes, into L2 while the kernel before runs)
         if prefetch > 0:
             k0 = tl.program_id(2) * BLOCKS_PER_PART * BLOCK_K if SPLIT else 0
             elem: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
@@ -175,15 +170,28 @@ def _linear_kernel(
             BLOCK_K,
             FP32_PRODUCTS,
             FLAT == 2,
-            corner,
         )
         tl.store(
             y_ptr + offs_y, _stored(total, rn[None, :], squash_cols, SQUASH, dt), mask=out_mask
         )
     else:
-        # 0 + p0 is p0 bitwise (a partition's sum starts at +0.0, so it is never -0.0)
-        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for p in range(0, PARTS):  # a loop, not unrolled: PARTS may be 40
+        total = partition_sum(
+            x_ptr,
+            w_ptr,
+            rm,
+            rn,
+            m_mask,
+            n_mask,
+            0,
+            K,
+            stride_x,
+            BLOCKS_PER_PART,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+            FP32_PRODUCTS,
+        )
+        for p in range(1, PARTS):  # a loop, not unrolled: PARTS may be 40
             acc = partition_sum(
                 x_ptr,
                 w_ptr,
@@ -199,7 +207,6 @@ def _linear_kernel(
                 BLOCK_N,
                 BLOCK_K,
                 FP32_PRODUCTS,
-                corner,
             )
             total = total + acc
         tl.store(
@@ -304,10 +311,8 @@ def linear(
     if not split:
         if cfg.get("FLAT", False):  # prefill_tile's one loop over every partition
             meta.update(FLAT=int(cfg["FLAT"]))
-        prompt = m > DECODE_ROWS and not fp32_products
-        xa, wa, meta["TMA"] = tma.linear_operands(x2, w, cfg, prompt)
         _linear_kernel[(m_tiles, n_tiles, 1)](
-            xa, wa, y, y, y, m, n, k, x2.stride(0), y.stride(0), ahead, squash_cols, **meta
+            x2, w, y, y, y, m, n, k, x2.stride(0), y.stride(0), ahead, squash_cols, **meta
         )
         return shaped(y, lead)
     ws = torch.empty((parts, m, n), dtype=torch.float32, device=x.device)

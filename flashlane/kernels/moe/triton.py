@@ -34,7 +34,6 @@ import triton
 import triton.language as tl
 
 from flashlane.kernels.linear.triton import DECODE_ROWS, linear
-from flashlane.kernels.moe import triton_pairs as pairs
 from flashlane.kernels.moe.routing import dispatch, pick_and_lay_out, pick_experts
 from flashlane.kernels.moe.triton_pairs import (
     BLOCK_M,
@@ -52,7 +51,8 @@ from flashlane.kernels.pdl import enter, pdl
 # 4, 16 and 64 rows; down + combine equal at 1 row, faster at 4-64)
 GATE_UP_TILE = dict(BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=4)
 DOWN_TILE = dict(BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
-# prompt chunks (over DECODE_ROWS rows): wgmma tiles, a block's column tiles together
+# above DECODE_ROWS rows (prompt chunks): PREFILL_BLOCK_M pairs a tile on wgmma, a block's
+# column tiles launched together (`_tile_ids`)
 GATE_UP_PREFILL = dict(BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
 DOWN_PREFILL = dict(BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
 
@@ -60,8 +60,10 @@ DOWN_PREFILL = dict(BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=3, BLOCK_MA
 def route(
     x: torch.Tensor, router: torch.Tensor, top_k: int, normalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k experts per row of x [N, H] (router [E, H]) -> (weights [N, k] in x's dtype,
-    ids [N, k] int64), ids in rank order."""
+    """Top-k experts per row. x: [N, H]; router: [E, H].
+
+    Returns (weights [N, k] in x's dtype, ids [N, k] int64), ids in rank order.
+    """
     logits = linear(x, router, out_dtype=torch.float32)
     return pick_experts(logits, top_k, normalize, x.dtype)
 
@@ -122,7 +124,6 @@ def _gate_up_kernel(
     PRECISION: tl.constexpr,
     BLOCK_MAJOR: tl.constexpr = False,
     ONE_ROW: tl.constexpr = False,
-    TMA: tl.constexpr = False,
     PDL: tl.constexpr = 0,
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
@@ -149,15 +150,10 @@ def _gate_up_kernel(
             mask=valid[:, None] & k_mask[None, :],
             other=0.0,
         )
-        if TMA:  # gate_ptr, up_ptr: descriptors of [E * I, H] (`triton_pairs.described`)
-            w_row = (e * I + pid_n * BLOCK_N).to(tl.int32)
-            g = gate_ptr.load([w_row, kb * BLOCK_K]).T
-            u = up_ptr.load([w_row, kb * BLOCK_K]).T
-        else:
-            w_offs = w_base + rn[None, :].to(tl.int64) * H + rk[:, None]
-            w_mask = n_mask[None, :] & k_mask[:, None]
-            g = tl.load(gate_ptr + w_offs, mask=w_mask, other=0.0)
-            u = tl.load(up_ptr + w_offs, mask=w_mask, other=0.0)
+        w_offs = w_base + rn[None, :].to(tl.int64) * H + rk[:, None]
+        w_mask = n_mask[None, :] & k_mask[:, None]
+        g = tl.load(gate_ptr + w_offs, mask=w_mask, other=0.0)
+        u = tl.load(up_ptr + w_offs, mask=w_mask, other=0.0)
         acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
         acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
     dt = act_ptr.dtype.element_ty
@@ -189,7 +185,6 @@ def _down_kernel(
     PRECISION: tl.constexpr,
     BLOCK_MAJOR: tl.constexpr = False,
     ONE_ROW: tl.constexpr = False,
-    TMA: tl.constexpr = False,
     PDL: tl.constexpr = 0,
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
@@ -212,11 +207,11 @@ def _down_kernel(
             mask=valid[:, None] & k_mask[None, :],
             other=0.0,
         )
-        if TMA:  # down_ptr: a descriptor of [E * H, I]
-            w = down_ptr.load([(e * H + pid_n * BLOCK_N).to(tl.int32), kb * BLOCK_K]).T
-        else:
-            w_offs = w_base + rn[None, :].to(tl.int64) * I + rk[:, None]
-            w = tl.load(down_ptr + w_offs, mask=n_mask[None, :] & k_mask[:, None], other=0.0)
+        w = tl.load(
+            down_ptr + w_base + rn[None, :].to(tl.int64) * I + rk[:, None],
+            mask=n_mask[None, :] & k_mask[:, None],
+            other=0.0,
+        )
         acc = tl.dot(a, w, acc, input_precision=PRECISION)
     tl.store(
         y_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * H + rn[None, :],
@@ -251,7 +246,7 @@ def experts(
         return out
     x = x.contiguous()
     gate, up, down = gate.contiguous(), up.contiguous(), down.contiguous()
-    bm = pair_block(n, x.dtype, PREFILL_BLOCK_M)  # a prompt chunk, on wgmma tiles
+    bm = pair_block(n, x.dtype)  # PREFILL_BLOCK_M: a prompt chunk, on wgmma tiles
     prefill = bm == PREFILL_BLOCK_M
     gu, dn = (GATE_UP_PREFILL, DOWN_PREFILL) if prefill else (GATE_UP_TILE, DOWN_TILE)
     shared_rows = n if shared_logit is not None else 0
@@ -263,12 +258,11 @@ def experts(
         slot_pair, block_expert = laid_out(layout, bm) or dispatch(ids, routed, bm, shared_rows)
         blocks = block_expert.numel()
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    g_w, u_w, d_w, tma = pairs.described(gate, up, down, gu, dn, prefill)
     act = torch.empty((blocks * bm, i), dtype=x.dtype, device=x.device)
     _gate_up_kernel[_grid(blocks, triton.cdiv(i, gu["BLOCK_N"]), gu)](
         x,
-        g_w,
-        u_w,
+        gate,
+        up,
         act,
         slot_pair,
         block_expert,
@@ -280,14 +274,13 @@ def experts(
         BLOCK_M=bm,
         PRECISION=precision,
         ONE_ROW=one_row,
-        TMA=tma,
         **gu,
         **pdl(x.device),
     )
     y = torch.empty((n * top_k + shared_rows, h), dtype=x.dtype, device=x.device)
     _down_kernel[_grid(blocks, triton.cdiv(h, dn["BLOCK_N"]), dn)](
         act,
-        d_w,
+        down,
         y,
         slot_pair,
         block_expert,
@@ -298,7 +291,6 @@ def experts(
         BLOCK_M=bm,
         PRECISION=precision,
         ONE_ROW=one_row,
-        TMA=tma,
         **dn,
         **pdl(y.device),
     )

@@ -8,7 +8,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flashlane.kernels import tma
 from flashlane.kernels.pdl import enter
 
 # pairs a tile at decode (up to DECODE_ROWS rows, and every fp32 call)
@@ -93,16 +92,3 @@ def _combine_kernel(
 
 def _grid(blocks: int, n_tiles: int, tile: dict) -> tuple[int, int]:
     return (n_tiles, blocks) if tile.get("BLOCK_MAJOR") else (blocks, n_tiles)
-
-
-def described(gate, up, down, gu: dict, dn: dict, prompt: bool = True):
-    """The grouped launches' weights: with prompt tiles (gu, dn) (gate, up, down) as TMA
-    descriptors of their [E * I, H] and [E * H, I] rows in the tiles' blocks, and True,
-    where kernels/tma.py allows; else as they are, and False."""
-    e, i, h = gate.shape
-    rows = (gate.view(e * i, h), up.view(e * i, h), down.view(e * h, i))
-    if not (prompt and tma.able(*rows)):
-        return gate, up, down, False
-    gu_block, dn_block = [gu["BLOCK_N"], gu["BLOCK_K"]], [dn["BLOCK_N"], dn["BLOCK_K"]]
-    g, u = (tma.described(w, gu_block) for w in rows[:2])
-    return g, u, tma.described(rows[2], dn_block), True
