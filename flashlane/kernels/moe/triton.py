@@ -246,7 +246,7 @@ def experts(
         return out
     x = x.contiguous()
     gate, up, down = gate.contiguous(), up.contiguous(), down.contiguous()
-    bm = pair_block(n, x.dtype)  # PREFILL_BLOCK_M: a prompt chunk, on wgmma tiles
+    bm = pair_block(n, x.dtype, PREFILL_BLOCK_M)  # a prompt chunk, on wgmma tiles
     prefill = bm == PREFILL_BLOCK_M
     gu, dn = (GATE_UP_PREFILL, DOWN_PREFILL) if prefill else (GATE_UP_TILE, DOWN_TILE)
     shared_rows = n if shared_logit is not None else 0
