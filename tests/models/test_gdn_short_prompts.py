@@ -63,3 +63,43 @@ def short_prompts_equal_alone(
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_short_prompts_together_equal_each_alone(dtype, lengths):
     short_prompts_equal_alone(REFERENCE, "cpu", dtype, lengths=lengths)
+
+
+def test_chunked_pieces_take_their_states_without_a_host_list(monkeypatch):
+    """The chunked call reads the sessions' states as they lie when every piece is chunked,
+    and else gathers them by the forward's index tensor (Rows.longs): indexing by a host list
+    copied it from pageable memory, and on a GPU the host then waited for the stream at
+    every GDN layer of a prefill."""
+    import dataclasses
+
+    cfg, model = build_random(preset("flashnext-tiny"), torch.float32, "cpu", 0)
+    layer = next(i for i, kind in enumerate(cfg.layer_types) if kind == "linear")
+    gdn = model.layers[layer].linear_attn
+    seen, asked = [], []
+
+    def spy(q, k, v, g, beta, state, *args, **kw):
+        seen.append(state)
+        return REFERENCE.chunk_gdn(q, k, v, g, beta, state, *args, **kw)
+
+    longs = Rows.longs
+
+    def spy_longs(self, key, values):
+        asked.append((key, values()))
+        return longs(self, key, values)
+
+    monkeypatch.setattr(Rows, "longs", spy_longs)
+    kernels = dataclasses.replace(REFERENCE, chunk_gdn=spy)
+    model.use_kernels(kernels)
+    for lengths in ([SHORT_PROMPT + 6], [3, SHORT_PROMPT + 6]):
+        sessions = [SessionState.empty(cfg, 128, torch.float32, torch.float32, "cpu")
+                    for _ in lengths]  # fmt: skip
+        rows = Rows.of([(s, [1] * n, 0, False, True) for s, n in zip(sessions, lengths)], "cpu")
+        n = sum(lengths)
+        qkv = torch.randn(n, cfg.linear_conv_dim)
+        a, b = torch.randn(n, cfg.linear_num_v_heads), torch.randn(n, cfg.linear_num_v_heads)
+        gdn.mix(qkv, a, b, rows, kernels)
+        if len(lengths) == 1:  # the one session's state itself
+            assert seen[-1].data_ptr() == sessions[0].gdn[layer].recurrent.data_ptr()
+            assert not [key for key, _ in asked if key.startswith("gdn_rest")]
+        else:  # the long piece's, by the forward's index tensor
+            assert [v for key, v in asked if key.startswith("gdn_rest")] == [[1]]
