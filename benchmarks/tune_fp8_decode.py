@@ -86,19 +86,11 @@ def tune_linears(calls: int, device: str, g, m: int = 1) -> list[dict]:
         lin.BITS = False  # Triton's e4m3 conversion, for the record
         triton_s = run(base)
         same_cvt = bool(torch.equal(lin.linear_fp8(x, w0), want))
-        lin.BITS, f16 = True, lin.F16
-        lin.F16 = True  # f16 products (other bits: the largest difference)
-        f16_s, f16_diff = run(base), (lin.linear_fp8(x, w0) - want).abs().max().item()
-        lin.F16 = f16
+        lin.BITS = True
         print(f"\n{label} [{n} x {k}], {nbytes(w0) / 1e6:.1f} MB, default {_name(base)}: "
               f"{default_s * 1e6:.1f} us, {nbytes(w0) / default_s / 1e12:.2f} TB/s "
               f"(Triton's conversion: {triton_s * 1e6:.1f} us, bits "
-              f"{'==' if same_cvt else '!='}; f16 products {f16_s * 1e6:.1f} us, "
-              f"{nbytes(w0) / f16_s / 1e12:.2f} TB/s, largest difference {f16_diff:.3g})")  # fmt: skip
-        rows.append(dict(kind="linear", shape=label, n=n, k=k, tile="default, f16 products",
-                         us=f16_s * 1e6, TBps=nbytes(w0) / f16_s / 1e12,
-                         default_us=default_s * 1e6, same_parts=True,
-                         bits_equal=f16_diff == 0))  # fmt: skip
+              f"{'==' if same_cvt else '!='})")  # fmt: skip
         rows.append(dict(kind="linear", shape=label, n=n, k=k, tile="default, Triton's cvt",
                          us=triton_s * 1e6, TBps=nbytes(w0) / triton_s / 1e12,
                          default_us=default_s * 1e6, same_parts=True,
@@ -142,18 +134,16 @@ def tune_experts(calls: int, device: str, g, m: int = 1) -> list[dict]:
         return moe.experts_fp8(x, weights, ids, gate, up, down, shared_logit=logit)
 
     want = call(draws[0])
-    f16 = lin.F16
-    for bits, lin.F16 in ((True, False), (False, False), (True, True)):  # e4m3 conversions
+    for bits in (True, False):  # the defaults with each e4m3 conversion
         lin.BITS = bits
         it = itertools.cycle(draws)
         s = timed(lambda it=it: call(next(it)), device, calls)
         same = bool(torch.equal(call(draws[0]), want))
-        which = "f16 products" if lin.F16 else "by bits" if bits else "Triton"
-        rows.append(dict(kind="experts", which=f"default, {which}", tile={}, us=s * 1e6,
-                         TBps=read / s / 1e12, bits_equal=same))  # fmt: skip
-        print(f"experts, default tiles, {which}: {s * 1e6:.1f} us, "
+        rows.append(dict(kind="experts", which="default" if bits else "default, Triton's cvt",
+                         tile={}, us=s * 1e6, TBps=read / s / 1e12, bits_equal=same))  # fmt: skip
+        print(f"experts, default tiles, {'by bits' if bits else 'Triton'}: {s * 1e6:.1f} us, "
               f"{read / s / 1e12:.2f} TB/s, bits {'==' if same else '!='}")  # fmt: skip
-    lin.BITS, lin.F16 = True, f16
+    lin.BITS = True
     saved = dict(moe.GATE_UP_TILE), dict(moe.DOWN_TILE)
     for which, bns in (("gate_up", (16, 32, 64)), ("down", (32, 64, 128))):
         for bn, warps, stages in itertools.product(bns, (4, 8), (2, 4, 6)):

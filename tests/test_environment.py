@@ -24,8 +24,6 @@ READERS = {
     "parallel/group.py": "torchrun's RANK / WORLD_SIZE / MASTER_ADDR, and the transports' own "
     "(GLOO_SOCKET_IFNAME, NCCL_NVLS_ENABLE=0: NVLink multicast stays off)",
     "parallel/launch.py": "OMP_NUM_THREADS for the ranks it spawns",
-    "kernels/linear/triton_fp8.py": "FLASHLANE_FP8_F16=1: FP8 decode rows' products in f16, "
-    "an experiment's switch for an A/B in one GPU call",
 }
 
 

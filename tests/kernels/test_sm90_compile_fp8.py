@@ -34,8 +34,6 @@ GATE_UP = dict(x_ptr=BF, xs_ptr="*fp32", gate_ptr=F8, gate_s_ptr="*fp32", up_ptr
                up_s_ptr="*fp32", act_ptr=BF, **EXPERTS)  # fmt: skip
 # bf16 activations on a GPU: e4m3 converted by bits (triton_fp8.by_bits)
 BF16 = dict(BLOCK_K=128, IEEE=False, BY_BITS=True)
-# decode rows in f16 products (triton_fp8.F16): e4m3 unpacked to f16, x scaled into f16
-F16 = dict(BLOCK_K=128, IEEE=False, BY_BITS=2)
 # prompt rows: e4m3 activations (kernels/linear/act_quant.py), e4m3 x e4m3 products
 E4M3 = dict(BLOCK_K=128, IEEE=False, BY_BITS=False, X_FP8=True)
 DOWN = dict(act_ptr=BF, acts_ptr="*fp32", down_ptr=F8, down_s_ptr="*fp32", y_ptr=BF, **EXPERTS)
@@ -55,8 +53,6 @@ def _linear(m: int, split: bool, prompt: bool = False, n: int = 2560, k: int = 6
 KERNELS = {
     "fp8 linear decode split": _linear(1, True),
     "fp8 linear decode in program": _linear(16, False),
-    "fp8 linear decode f16": (*_linear(1, True)[:2], dict(_linear(1, True)[2], BY_BITS=2),
-                              _linear(1, True)[3]),
     "fp8 linear prefill": _linear(4096, False),
     "fp8 linear prompt": _linear(4096, False, prompt=True),
     "fp8 linear prompt split": _linear(1, True, prompt=True),
@@ -73,12 +69,6 @@ KERNELS = {
                      dict(BLOCK_M=16, SCALES=8, **BF16,
                           **blocks(moe.DOWN_TILE)),
                      launch(moe.DOWN_TILE)),
-    "fp8 moe gate_up f16": (moe._gate_up_fp8_kernel, GATE_UP,
-                            dict(TOP_K=10, BLOCK_M=16, SCALES=32, **F16,
-                                 **blocks(moe.GATE_UP_TILE)), launch(moe.GATE_UP_TILE)),
-    "fp8 moe down f16": (moe._down_fp8_kernel, DOWN,
-                         dict(BLOCK_M=16, SCALES=8, **F16, **blocks(moe.DOWN_TILE)),
-                         launch(moe.DOWN_TILE)),
     "fp8 moe gate_up prefill": (moe._gate_up_fp8_kernel, GATE_UP,
                                 dict(TOP_K=10, BLOCK_M=64, SCALES=32, **BF16,
                                      **blocks(moe.GATE_UP_PREFILL)),
@@ -121,10 +111,6 @@ def test_fp8_kernel_compiles_for_sm90_on_the_tensor_cores(name, aligned):
     assert "mma.sync" in ptx or "wgmma" in ptx, "the products are not on the tensor cores"
     if KERNELS[name][2].get("X_FP8"):  # e4m3 codes on both sides: no conversion at all
         assert re.search(r"wgmma\.mma_async\S*\.e4m3\.e4m3", ptx), "not e4m3 products"
-        return
-    if KERNELS[name][2].get("BY_BITS") == 2:  # f16 products: e4m3x2 unpacked to f16x2
-        assert "cvt.rn.f16x2.e4m3x2" in ptx and "mul.rn.bf16x2" not in ptx
-        assert re.search(r"mma\.sync\S*\.f32\.f16\.f16\.f32", ptx), "not f16 products"
         return
     # e4m3 to bf16 by bits (triton_fp8.bf16_of_e4m3), not Triton's conversion through f16
     # (one F2F a value: the conversion unit bounded the kernels)

@@ -23,8 +23,6 @@ fp32 inputs (the tests under the interpreter) take exact fp32 products (`ieee`):
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -33,7 +31,6 @@ from flashlane.kernels import row_kind
 from flashlane.kernels.linear import triton as dense_tr
 from flashlane.kernels.linear.act_quant import act_quant, act_quant_ref
 from flashlane.kernels.linear.fp8 import BLOCK, Fp8Weight
-from flashlane.kernels.linear.fp8_convert import f16_dot, weight_operand
 from flashlane.kernels.linear.fp8_tiles import fp8_parts, fp8_tile  # noqa: F401 (re-exported)
 from flashlane.kernels.partials import add_partials, counters, last_to_arrive
 from flashlane.kernels.pdl import enter, pdl
@@ -43,13 +40,55 @@ _IN_PROGRAM_TILES = 128
 # e4m3 to bf16 by bits (`bf16_of_e4m3`) where x is bf16 on a GPU; False: Triton's conversion
 # (the tune script times both: benchmarks/tune_fp8_decode.py)
 BITS = True
-# decode rows' products in f16 (`f16_dot`): e4m3 unpacks to f16 two values an instruction,
-# where bf16 takes the bits' five a pair; other bits than bf16 products. FLASHLANE_FP8_F16=1:
-# on (an experiment's switch until a GPU has timed it side by side, gpu_check's `env-ab`)
-F16 = os.environ.get("FLASHLANE_FP8_F16", "0") == "1"
 # split partitions added by each tile's last program; False: by a second kernel (the path
 # taken while a CUDA graph is captured before the counters exist; the tests take both)
 _FIXUP = True
+
+
+@triton.jit
+def bf16_of_e4m3(b):
+    """The e4m3 values b as bf16, exactly, four at a time in the integer and bf16x2 units.
+    Triton's own conversion goes e4m3x2 -> f16x2 -> one F2F a value (the SASS: 64 F2F a K
+    block a thread), and conversions run at 16 a clock per SM (NVIDIA's throughput table):
+    by that estimate a bound near 2.4 TB/s at one row, where the H200 measured 1.0-2.2.
+    Here each byte goes to the top of a 16-bit half (prmt), its sign kept and its exponent
+    and mantissa moved down by 4: the bf16 of value * 2^-120 (exponent fields line up:
+    e4m3's bias 7, bf16's 127; its subnormals land on bf16's subnormals, the same ratio),
+    then one bf16x2 multiply by 2^120, exact. The NaN
+    codes (0x7F, 0xFF: no checkpoint holds them) come out as +-480."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b32 lo, hi, t, up;
+        prmt.b32 lo, $2, 0, 0x1404;
+        prmt.b32 hi, $2, 0, 0x3424;
+        mov.b32 up, 0x7B807B80;
+        shr.b32 t, lo, 4;
+        and.b32 t, t, 0x07F007F0;
+        and.b32 lo, lo, 0x80008000;
+        or.b32 lo, lo, t;
+        mul.rn.bf16x2 $0, lo, up;
+        shr.b32 t, hi, 4;
+        and.b32 t, t, 0x07F007F0;
+        and.b32 hi, hi, 0x80008000;
+        or.b32 hi, hi, t;
+        mul.rn.bf16x2 $1, hi, up;
+        }""",
+        "=r,=r,r",
+        [b.to(tl.uint8, bitcast=True)],
+        dtype=tl.bfloat16,
+        is_pure=True,
+        pack=4,
+    )
+
+
+@triton.jit
+def weight_operand(b, a, BY_BITS: tl.constexpr):
+    """The e4m3 tile b in a's dtype for the dot: by bits (bf16_of_e4m3) or by Triton."""
+    if BY_BITS:
+        out = bf16_of_e4m3(b)
+    else:
+        out = b.to(a.dtype)
+    return out
 
 
 @triton.jit
@@ -103,9 +142,6 @@ def scaled_dot(a, b, s, xs, acc, IEEE: tl.constexpr, BY_BITS: tl.constexpr, X_FP
         else:
             p = tl.dot(a, b)
         out = tl.fma(p, xs[:, None] * s, acc)
-    elif BY_BITS == 2 and not IEEE:  # f16 products (F16), a row's power of two back in
-        p, up = f16_dot(a, b)
-        out = tl.fma(p, up[:, None] * s, acc)
     else:
         if IEEE:
             p = tl.dot(a, b.to(tl.float32), input_precision="ieee")
@@ -211,14 +247,11 @@ def _fp8_linear_kernel(
         tl.store(y_ptr + offs_y, total.to(dt), mask=out_mask)
 
 
-def by_bits(x: torch.Tensor) -> int:
-    """How the decode tiles convert e4m3 for x: 2, to f16 with f16 products (F16, 16-bit x);
-    1, to bf16 by bits (bf16 x on a GPU: the interpreter has no inline PTX); 0, Triton's
-    conversion to x's dtype (fp16, fp32)."""
-    if F16 and x.dtype in (torch.bfloat16, torch.float16):
-        return 2
+def by_bits(x: torch.Tensor) -> bool:
+    """Whether the kernels convert e4m3 by bits for x: bf16 on a GPU (the interpreter has no
+    inline PTX; fp16 and fp32 take Triton's conversion)."""
     interpreted = triton.knobs.runtime.interpret  # TRITON_INTERPRET=1, as Triton reads it
-    return int(BITS and x.is_cuda and x.dtype == torch.bfloat16 and not interpreted)
+    return BITS and x.is_cuda and x.dtype == torch.bfloat16 and not interpreted
 
 
 def linear_fp8(x: torch.Tensor, w: Fp8Weight, tile: dict | None = None) -> torch.Tensor:

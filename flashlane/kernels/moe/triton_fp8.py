@@ -214,7 +214,7 @@ def experts_fp8(
         )
         blocks = block_expert.numel()
     hs, is_ = -(-h // BLOCK), -(-i // BLOCK)
-    ieee, bits = x.dtype == torch.float32, 0 if prompt else by_bits(x)
+    ieee, bits = x.dtype == torch.float32, by_bits(x) and not prompt
     act = torch.empty((blocks * bm, i), dtype=x.dtype, device=x.device)
     quant = act_quant_ref if triton.knobs.runtime.interpret else act_quant
     # prompt rows: their activations in block FP8 too (kernels/linear/act_quant.py)
