@@ -10,7 +10,7 @@
 #                                                    # decode-scores, gather-ab,
 #                                                    # prefill-ab, moe-layout, fp8-prompt,
 #                                                    # timeline, step-kernels, draft-choices,
-#                                                    # env-ab,
+#                                                    # env-ab, moe-tiles,
 #                                                    # lone-host, draft-overhead, route-layout,
 #                                                    # peer-build, peer
 #
@@ -115,6 +115,9 @@
 # stall:   issue 29's stall: 8 streams of flashnext-12l decoding, a 32k prompt arriving; their
 #          gap p99 against without it, its TTFT against alone (benchmarks/long_prompt_stall.py;
 #          STALL_ARGS overrides)
+# moe-tiles: the experts' grouped launches at 2,048 and 8,192 prompt rows in candidate tiles
+#          (the joined gate / up dot among them), each timed and its bits against the
+#          default's (benchmarks/moe_prefill_tiles.py; about 2 minutes on the H100)
 # env-ab:  `bench model` (MODEL_ARGS) with default flags, then with AB_ENV set (NAME=VALUE:
 #          an experiment's switch, e.g. FLASHLANE_COMBINE_LAUNCH=1), side by side in one call
 #          (files bench_model_ab_default_* and bench_model_ab_<NAME_VALUE>_*)
@@ -426,6 +429,10 @@ script_step() {
     python "benchmarks/$2.py" $3 2>&1 | tee "$out/$2_$stamp.log" || failed+=("$1")
     tail -n 1 "$out/$2_$stamp.log" > "$out/$2_$stamp.json"
 }
+
+if [[ " $steps " == *" moe-tiles "* ]]; then
+    script_step moe-tiles moe_prefill_tiles ""
+fi
 
 if [[ " $steps " == *" replay "* ]]; then
     script_step replay alone_replay "${REPLAY_ARGS:---device cuda --config flashnext-12l}"

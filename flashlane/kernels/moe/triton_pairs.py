@@ -92,3 +92,30 @@ def _combine_kernel(
 
 def _grid(blocks: int, n_tiles: int, tile: dict) -> tuple[int, int]:
     return (n_tiles, blocks) if tile.get("BLOCK_MAJOR") else (blocks, n_tiles)
+
+
+@triton.jit
+def joined_sums(
+    x_ptr, gate_ptr, up_ptr, row, valid, n0, w_base, H, I,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """The gate/up kernel's two K loops as one (JOIN): a K block's gate and up columns of the
+    tile side by side, [BLOCK_K, 2 BLOCK_N] (gate's first), in one dot of twice the width,
+    whose columns sum the same k-steps in the same order as the two dots. -> (gate's sums,
+    up's sums) [BLOCK_M, BLOCK_N] each."""
+    j = tl.arange(0, 2 * BLOCK_N)
+    cols = n0 + j % BLOCK_N
+    base = tl.where(j >= BLOCK_N, up_ptr, gate_ptr)  # each column's weight
+    w_cols = base + w_base + cols.to(tl.int64) * H
+    acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(H, BLOCK_K)):
+        rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        k_mask = rk < H
+        a = tl.load(
+            x_ptr + row[:, None] * H + rk[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0
+        )
+        w = tl.load(
+            w_cols[None, :] + rk[:, None], mask=(cols < I)[None, :] & k_mask[:, None], other=0.0
+        )
+        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+    return tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
