@@ -44,6 +44,7 @@ from flashlane.kernels.moe.triton_pairs import (
     _grid,
     _tile_ids,
     joined_sums,
+    x_block,
 )
 from flashlane.kernels.pdl import enter, pdl
 
@@ -149,13 +150,7 @@ def _gate_up_kernel(
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kb in range(0, tl.cdiv(H, BLOCK_K)):
-            rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-            k_mask = rk < H
-            a = tl.load(
-                x_ptr + row[:, None] * H + rk[None, :],
-                mask=valid[:, None] & k_mask[None, :],
-                other=0.0,
-            )
+            a, rk, k_mask = x_block(x_ptr, row, valid, kb, H, BLOCK_K)
             w_offs = w_base + rn[None, :].to(tl.int64) * H + rk[:, None]
             w_mask = n_mask[None, :] & k_mask[:, None]
             g = tl.load(gate_ptr + w_offs, mask=w_mask, other=0.0)

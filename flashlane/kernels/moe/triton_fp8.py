@@ -104,13 +104,7 @@ def _gate_up_fp8_kernel(
     up_s = block_scales(up_s_ptr + s_base, nb, 0, blocks, HS, SCALES)
     x_s = row_scales(xs_ptr, row, valid, HS, 0, HS, X_FP8, SCALES)
     for kb in range(0, blocks):
-        rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-        k_mask = rk < H
-        a = tl.load(
-            x_ptr + row[:, None] * H + rk[None, :],
-            mask=valid[:, None] & k_mask[None, :],
-            other=0.0,
-        )
+        a, rk, k_mask = pairs.x_block(x_ptr, row, valid, kb, H, BLOCK_K)
         sg, su, xs = pick(gate_s, kb, SCALES), pick(up_s, kb, SCALES), column(x_s, kb, SCALES)
         acc_g = _scaled(a, gate_ptr, sg, xs, w_base, rn, n_mask, rk, k_mask, H, acc_g,
                         IEEE, BY_BITS, X_FP8)  # fmt: skip

@@ -95,6 +95,18 @@ def _grid(blocks: int, n_tiles: int, tile: dict) -> tuple[int, int]:
 
 
 @triton.jit
+def x_block(x_ptr, row, valid, kb, H, BLOCK_K: tl.constexpr):
+    """K block kb of the tile's pairs' x rows [BLOCK_M, BLOCK_K] (empty slots' as zeros), its
+    columns rk and their mask: (a, rk, k_mask)."""
+    rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+    k_mask = rk < H
+    a = tl.load(
+        x_ptr + row[:, None] * H + rk[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0
+    )
+    return a, rk, k_mask
+
+
+@triton.jit
 def joined_sums(
     x_ptr, gate_ptr, up_ptr, row, valid, n0, w_base, H, I,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
@@ -109,11 +121,7 @@ def joined_sums(
     w_cols = base + w_base + cols.to(tl.int64) * H
     acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(H, BLOCK_K)):
-        rk = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-        k_mask = rk < H
-        a = tl.load(
-            x_ptr + row[:, None] * H + rk[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0
-        )
+        a, rk, k_mask = x_block(x_ptr, row, valid, kb, H, BLOCK_K)
         w = tl.load(
             w_cols[None, :] + rk[:, None], mask=(cols < I)[None, :] & k_mask[:, None], other=0.0
         )
