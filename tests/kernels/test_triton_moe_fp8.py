@@ -174,3 +174,22 @@ def test_moe_fp8_mixed_forward_routes_each_kind_apart(case):
             part = (logits[a:b], s[a:b])
             assert torch.equal(mixed[a:b], tmoe.moe(x[a:b], router, gate, up, down, k, True, part))
             assert torch.equal(both[a:b], tmoe.moe_shared(x[a:b], r1, g1, u1, d1, k, True))
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_moe_fp8_gate_up_joined_in_one_dot_keeps_the_bits(case, monkeypatch):
+    """JOIN (triton_pairs.joined_fp8_sums: a K block's gate and up columns in one dot, each
+    column's block scale gate's or up's) gives the two dots' bits, for decode rows, prompt
+    rows (e4m3 activations) and the shared expert as one more expert."""
+    (h, e, i, k), dtype = case
+    router, gate, up, down = _weights(h, e, i, dtype)
+    x = _rand(20, h, dtype=dtype, seed=53)
+    want = {p: None for p in (False, True)}
+    for prompt in want:
+        with row_kind.uniform(prompt):
+            want[prompt] = tmoe.moe(x, router, gate, up, down, k, True)
+    for name in ("GATE_UP_TILE", "GATE_UP_PROMPT"):
+        monkeypatch.setattr(tmoe, name, dict(getattr(tmoe, name), JOIN=True))
+    for prompt in want:
+        with row_kind.uniform(prompt):
+            assert_dot_equal(tmoe.moe(x, router, gate, up, down, k, True), want[prompt], prompt)
