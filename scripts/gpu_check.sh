@@ -119,7 +119,7 @@
 #          (the joined gate / up dot among them), each timed and its bits against the
 #          default's (benchmarks/moe_prefill_tiles.py; about 2 minutes on the H100)
 # env-ab:  `bench model` (MODEL_ARGS) with default flags, then with AB_ENV set (NAME=VALUE:
-#          an experiment's switch, e.g. FLASHLANE_COMBINE_LAUNCH=1), side by side in one call
+#          an experiment's switch, a variable the code reads), side by side in one call
 #          (files bench_model_ab_default_* and bench_model_ab_<NAME_VALUE>_*)
 # gather-ab: `bench model` on flashnext-12l at 64, 16k and 64k-token prompts, 1 / 4 / 16
 #          streams, with the default kernels (the gathered decode attention and the spread

@@ -128,10 +128,10 @@ class GatedDeltaNet(nn.Module):
             # the states as they lie, or gathered by the forward's index tensor: indexing by
             # a host list copies it from pageable memory, and the host waited for the GPU at
             # every GDN layer (an H100's 2k prefill idled 14.5 of 58.7 ms, mostly after them)
-            name = f"gdn_rest_{group[0].offset}_{n}"
-            initial = (
-                state if len(rest) == n else state.index_select(0, rows.longs(name, lambda: rest))
-            )
+            initial = state
+            if len(rest) < n:
+                at = rows.longs(f"gdn_rest_{group[0].offset}_{n}", lambda: rest)
+                initial = state.index_select(0, at)
             o, final = kernels.chunk_gdn(q, k, v, g, beta, initial, lengths=lengths)
             for j, i in enumerate(rest):
                 at = sum(lengths[:j])
