@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from flashlane.kernels import row_kind
+from flashlane.kernels.linear.act_quant import ROWS as QUANT_ROWS
 from flashlane.kernels.linear.act_quant import act_quant, act_quant_ref
 from flashlane.kernels.linear.fp8 import Fp8Weight
 from flashlane.models.fp8 import quantize_blocks
@@ -203,13 +204,45 @@ def test_act_quant_ref_groups_rows_in_blocks_of_128():
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="the interpreter's fp32 -> e4m3 cast is wrong")
-def test_act_quant_kernel_gives_torchs_codes_and_scales():
+@pytest.mark.parametrize("m", [1, 37, 300])
+def test_act_quant_kernel_gives_torchs_codes_and_scales(m):
+    """The kernel's tiles of act_quant.ROWS rows (a last partial one, a partial last group of
+    columns, rows of a longer stride) against torch's codes and scales, bit for bit."""
     for dtype in DTYPES:
-        x = _x(37, 300, dtype, 15) * 3.0
+        x = (_x(m, 320, dtype, 15) * 3.0)[:, :300]
         q, s = act_quant(x)
         qr, sr = act_quant_ref(x)
         assert torch.equal(s, sr)
         assert torch.equal(q.view(torch.uint8), qr.view(torch.uint8))
+
+
+def _exact_groups(m, k, seed):
+    """Rows whose every group of 128 holds e4m3 codes times a power of two, one of them
+    +-448 times it: each scale is that power and each value over it is a code, exactly."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 256, (m, k), generator=g, dtype=torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0  # no NaN
+    vals = codes.view(torch.float8_e4m3fn).float()
+    groups = -(-k // 128)
+    vals[:, ::128] = 448.0 * torch.where(torch.rand(m, groups, generator=g) < 0.5, -1.0, 1.0)
+    power = 2.0 ** torch.randint(-6, 7, (m, groups), generator=g).float()
+    return vals * power.repeat_interleave(128, dim=1)[:, :k], power
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the GPU runs test_act_quant_kernel_gives_torchs_codes")
+def test_act_quant_kernel_tiles_rows_and_groups_under_the_interpreter():
+    """The kernel's row tiles and masks under the interpreter, on values whose quotients are
+    e4m3 codes exactly (its fp32 -> e4m3 cast rounds others wrong): the scales and codes of
+    every row, a last partial tile of rows and a partial last group, rows of a longer
+    stride, are torch's."""
+    m, k = 2 * QUANT_ROWS + 3, 300
+    full, power = _exact_groups(m, k + 20, 4)
+    x = full.to(torch.bfloat16)[:, :k]
+    assert torch.equal(x.float(), full[:, :k])
+    q, s = act_quant(x)
+    qr, sr = act_quant_ref(x)
+    assert torch.equal(s, sr) and torch.equal(s, power[:, :3])
+    assert torch.equal(q.view(torch.uint8), qr.view(torch.uint8))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
