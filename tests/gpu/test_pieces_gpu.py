@@ -16,7 +16,6 @@ import torch
 
 from flashlane.config import EngineConfig
 from flashlane.engine import Engine
-from flashlane.kernels.attention import triton_far
 from flashlane.lanes.records import CostTable
 from flashlane.llm import LLM
 from flashlane.models.flashnext import commit
@@ -122,14 +121,6 @@ def test_prompt_bits_do_not_depend_on_pieces_or_neighbours(gpu_model, length):
         got = greedy(model, s, int(last.argmax()))
         steps = (got != want).any(-1).nonzero().flatten().tolist()
         assert not steps, f"{schedule}: greedy steps {steps} differ"
-
-
-def test_prompt_bits_with_far_rows_do_not_depend_on_pieces(gpu_model, monkeypatch):
-    """The same with FAR_ROWS at 100: the rows past it read only their allowed keys
-    (kernels/attention/triton_far.py) in every schedule, graphs captured with it."""
-    monkeypatch.setattr(triton_far, "FAR_ROWS", 100)
-    monkeypatch.setattr(gpu_model[1], "graphs", Graphs(max_rows=64))
-    test_prompt_bits_do_not_depend_on_pieces_or_neighbours(gpu_model, 64 * 5)
 
 
 @pytest.fixture(scope="module")

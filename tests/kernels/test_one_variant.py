@@ -36,7 +36,6 @@ pytestmark = [
 HARMLESS = {
     ("_attention_kernel", "pos_ptr"): "positions are loaded as integers and only compared",
     ("_gather_kernel", "pos_ptr"): "positions are loaded as integers and only compared",
-    ("_far_kernel", "pos_ptr"): "positions are loaded as integers and only compared",
     ("_select_kernel", "pos_ptr"): "positions are loaded as integers and only compared",
     ("_spread_kernel", "pos_ptr"): "positions are loaded as integers and only compared",
     ("_index_scores_kernel", "pos_ptr"): "positions are loaded as integers and only compared",

@@ -22,7 +22,6 @@ from flashlane.kernels.attention import triton as attention  # noqa: E402
 from flashlane.kernels.attention import (  # noqa: E402
     triton_blocks,
     triton_causal,
-    triton_far,
     triton_gather,
     triton_listed,
     triton_scores,
@@ -72,7 +71,6 @@ ATTENTION = dict(
     REP="i32",
     scale="fp32",
     split_keys="i32",
-    far="i32",
 )
 _BM, _BL, _WARPS, _STAGES, _PREC, _SKIP = attention.CONFIGS[torch.bfloat16]
 ATTENTION_TILE = dict(D=256, BD=256, BLOCK_M=_BM, BLOCK_L=_BL, PRECISION=_PREC, SKIP=_SKIP)
@@ -86,16 +84,6 @@ GATHER = dict(
 GATHER_TILE = dict(
     HQ=24, REP=12, D=256, BD=256, BLOCK_M=16, BLOCK_L=triton_gather.BLOCK_L,
     RANGE=triton_gather.RANGE_KEYS, CHUNK=triton_gather.CHUNK, PRECISION="tf32", FP8=False,
-)  # fmt: skip
-# prompt rows far into their context (kernels/attention/triton_far.py)
-FAR = dict(
-    q_ptr=BF, k_ptr=BF, v_ptr=BF, mask_ptr="*u8", o_ptr=BF, len_ptr="*i64", tab_ptr="*i64",
-    pos_ptr="*i64", ks_ptr="*fp32", vs_ptr="*fp32", list_ptr="*i16", HAS_LEN="i32",
-    HAS_TABLE="i32", T="i32", L="i32", HKV="i32", stride_b="i32", scale="fp32", far="i32",
-)  # fmt: skip
-FAR_TILE = dict(
-    HQ=24, REP=12, D=256, BD=256, BLOCK_M=16, BLOCK_L=triton_far.BLOCK_L,
-    CHUNK=triton_far.CHUNK, PRECISION="tf32", FP8=False,
 )  # fmt: skip
 LISTED_FOLD = dict(
     q_ptr=BF, k_ptr=BF, v_ptr=BF, tab_ptr="*i64", ks_ptr="*fp32", vs_ptr="*fp32",
@@ -200,10 +188,6 @@ ATTENTION_KERNELS = {
     "attention gathered fp8": (triton_gather._gather_kernel,
                                dict(GATHER, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv"),
                                dict(GATHER_TILE, FP8=True), dict(num_warps=4)),
-    "attention far": (triton_far._far_kernel, FAR, FAR_TILE, dict(num_warps=4)),
-    "attention far fp8": (triton_far._far_kernel,
-                          dict(FAR, k_ptr="*fp8e4nv", v_ptr="*fp8e4nv"),
-                          dict(FAR_TILE, FP8=True), dict(num_warps=4)),
     # ... listed once a row, folded in slices (kernels/attention/triton_listed.py)
     "attention listed: list": (triton_listed._list_kernel,
                                dict(mask_ptr="*u8", len_ptr="*i64", pos_ptr="*i64",

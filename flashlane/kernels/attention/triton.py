@@ -21,7 +21,6 @@ import torch
 import triton
 import triton.language as tl
 
-from flashlane.kernels.attention import triton_far
 from flashlane.kernels.attention import triton_gather as gather
 from flashlane.kernels.attention import triton_listed as listed
 from flashlane.kernels.attention import triton_walk as walk
@@ -73,7 +72,6 @@ CONFIGS = {
         "HAS_TABLE",
         "HAS_POS",
         "split_keys",
-        "far",
     ]
 )
 def _attention_kernel(
@@ -100,7 +98,6 @@ def _attention_kernel(
     REP,
     scale,
     split_keys,
-    far,
     D: tl.constexpr,
     BD: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -159,10 +156,6 @@ def _attention_kernel(
     if HAS_POS != 0:
         last = tl.load(pos_ptr + i_b.to(tl.int64) * T + tok, mask=m_rows, other=0)
         hi = tl.minimum(hi, tl.max(last.to(tl.int32)) + 1)
-        # rows at or past `far` are the far kernel's (triton_far.py): a tile of only such
-        # rows walks nothing (its stores are overwritten)
-        if tl.min(tl.where(m_rows, last, far)) >= far:
-            hi = 0
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -300,7 +293,6 @@ def attention(
     splits = triton.cdiv(l, walk.SPLIT_KEYS) if split else 1
     parts = walk.partials(splits, b * t * hq, d, q.device) if splits > 1 else (ks,) * 3
     grid = (triton.cdiv(rep * t, block_m), b * hkv, splits)
-    far = triton_far.far_from(positions, split, l)
     _attention_kernel[grid](
         q,
         k,
@@ -323,7 +315,6 @@ def attention(
         rep,
         float(scale),
         walk.SPLIT_KEYS if splits > 1 else 1 << 30,
-        far,
         D=d,
         BD=triton.next_power_of_2(d),
         BLOCK_M=block_m,
@@ -335,11 +326,6 @@ def attention(
         num_stages=stages,
         **pdl(q.device),
     )
-    if far != triton_far.OFF:
-        eights = (ks, vs) if eight else None
-        triton_far.attend_far(
-            q, k, v, mask, o, scale, lengths, table, positions, eights, k.shape[1]
-        )
     if splits == 1:
         return o
     return walk.combine(parts, o, walk.SPLIT_KEYS, l, lengths, positions)
