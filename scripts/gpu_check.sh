@@ -10,7 +10,7 @@
 #                                                    # decode-scores, gather-ab,
 #                                                    # prefill-ab, moe-layout, fp8-prompt,
 #                                                    # timeline, step-kernels, draft-choices,
-#                                                    # env-ab, moe-tiles,
+#                                                    # env-ab, moe-tiles, attn-prefill,
 #                                                    # lone-host, draft-overhead, route-layout,
 #                                                    # peer-build, peer
 #
@@ -118,6 +118,10 @@
 # moe-tiles: the experts' grouped launches at 2,048 and 8,192 prompt rows in candidate tiles
 #          (the joined gate / up dot among them), each timed and its bits against the
 #          default's (benchmarks/moe_prefill_tiles.py; about 2 minutes on the H100)
+# attn-prefill: the QSA prompt attention's walk in candidate tiles at a long prompt (16,384
+#          rows; ATTN_PREFILL_ARGS="--tokens 32768"), each timed, its rows' bits alone and in
+#          windows, its difference from the default's (benchmarks/attention_prefill.py): at
+#          8k a tile of 128 x 64 on 8 warps was 8% faster (other bits) on the H200 (0e77c8b)
 # env-ab:  `bench model` (MODEL_ARGS) with default flags, then with AB_ENV set (NAME=VALUE:
 #          an experiment's switch, a variable the code reads), side by side in one call
 #          (files bench_model_ab_default_* and bench_model_ab_<NAME_VALUE>_*)
@@ -432,6 +436,10 @@ script_step() {
 
 if [[ " $steps " == *" moe-tiles "* ]]; then
     script_step moe-tiles moe_prefill_tiles ""
+fi
+
+if [[ " $steps " == *" attn-prefill "* ]]; then
+    script_step attn-prefill attention_prefill "${ATTN_PREFILL_ARGS:---tokens 16384}"
 fi
 
 if [[ " $steps " == *" replay "* ]]; then
