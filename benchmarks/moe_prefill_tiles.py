@@ -1,6 +1,7 @@
 """The MoE experts' prefill tiles (issue 9): flashnext-12l's experts (512 of width 640 over
 2,560, top-10, random weights routing evenly) at 2,048 and 8,192 rows in candidate tiles
-(pairs a tile, then gate/up and down tiles; "joined": gate's and up's columns in one dot),
+(pairs a tile, then gate/up and down tiles; gate's and up's columns in one dot, JOIN, was
+timed here and removed: no gain, results/moe_prefill_tiles_h100_d68acca_*),
 each timed eagerly between events (the dispatch above 1,024 pairs sorts) and its output
 compared bitwise with the default tiles' ("same" / "OTHER"). GPU only; prints a table and
 one JSON line (scripts/gpu_check.sh `moe-tiles`).
@@ -31,10 +32,6 @@ def tile(n: int, k: int, warps: int, stages: int, block_major: bool = True) -> d
 # of a column tile together
 CANDIDATES = {
     "default": (tmoe.PREFILL_BLOCK_M, tmoe.GATE_UP_PREFILL, tmoe.DOWN_PREFILL),
-    # JOIN: a K block's gate and up columns in one dot of twice the width (joined_sums)
-    "joined: the default tiles": (64, dict(tile(64, 64, 4, 3), JOIN=True), tile(128, 64, 4, 3)),
-    "joined: gu 64x64 w4 s4": (64, dict(tile(64, 64, 4, 4), JOIN=True), tile(128, 64, 4, 3)),
-    "joined 128: gu 64x64 w8 s3": (128, dict(tile(64, 64, 8, 3), JOIN=True), tile(128, 64, 8, 3)),
     "64 col: gu 64x64 w4 s3, dn 128x64 w4 s3": (
         64,
         tile(64, 64, 4, 3, False),

@@ -115,9 +115,9 @@
 # stall:   issue 29's stall: 8 streams of flashnext-12l decoding, a 32k prompt arriving; their
 #          gap p99 against without it, its TTFT against alone (benchmarks/long_prompt_stall.py;
 #          STALL_ARGS overrides)
-# moe-tiles: the experts' grouped launches at 2,048 and 8,192 prompt rows in candidate tiles
-#          (the joined gate / up dot among them), each timed and its bits against the
-#          default's (benchmarks/moe_prefill_tiles.py; about 2 minutes on the H100)
+# moe-tiles: the experts' grouped launches at 2,048 and 8,192 prompt rows in candidate tiles,
+#          each timed and its bits against the default's (benchmarks/moe_prefill_tiles.py;
+#          about 2 minutes on the H100)
 # attn-prefill: the QSA prompt attention's walk in candidate tiles at a long prompt (16,384
 #          rows; ATTN_PREFILL_ARGS="--tokens 32768"), each timed, its rows' bits alone and in
 #          windows, its difference from the default's (benchmarks/attention_prefill.py): at

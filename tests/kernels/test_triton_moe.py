@@ -38,7 +38,7 @@ pytest.importorskip("triton")
 from flashlane.kernels.moe import reference as moe_ref  # noqa: E402
 from flashlane.kernels.moe import triton as tmoe  # noqa: E402
 
-MOE_TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 1e-2}
+MOE_TOL = {torch.float32: 1e-5, torch.bfloat16: 3e-2}
 # (H, E, I, top_k)
 SMALL_MOE = (80, 8, 40, 3)
 REAL_MOE = (2560, 512, 640, 10)
@@ -177,25 +177,3 @@ def test_dispatch_layout():
     assert all(b == -1 for b in block_expert.tolist()[4:])
     assert slot_pair.tolist()[:8] == [1, 2, 5, -1, 0, 3, 4, -1]
     assert all(p == -1 for p in slot_pair.tolist()[8:])
-
-
-# several column tiles of gate / up (64), the last one partial, and K tails
-JOIN_CASES = [(200, 6, 136, 2)] + ([REAL_MOE] if HAS_CUDA else [])
-
-
-@pytest.mark.parametrize("case", JOIN_CASES, ids=str)
-def test_gate_up_joined_in_one_dot_keeps_the_bits(case, monkeypatch):
-    """A prompt chunk's gate / up launch with JOIN (a K block's gate and up columns side by
-    side in one dot of twice the width, triton_pairs.joined_sums) gives the bits of the two
-    dots, shared expert included."""
-    h, e, i, k = case
-    dtype = torch.bfloat16 if HAS_CUDA else torch.float16  # the interpreter's bf16 dots: no
-    router, gate, up, down = _moe_weights(h, e, i, dtype)
-    x = _rand(70, h, dtype=dtype, seed=26)
-    r1, g1, u1, d1 = (torch.cat([t, t[:1]]) for t in (router, gate, up, down))
-    plain = tmoe.moe(x, router, gate, up, down, k, True)
-    assert _rel_err(plain, moe_ref.moe(x, router, gate, up, down, k, True)) < MOE_TOL[dtype]
-    plain_shared = tmoe.moe_shared(x, r1, g1, u1, d1, k, True)
-    monkeypatch.setattr(tmoe, "GATE_UP_PREFILL", dict(tmoe.GATE_UP_PREFILL, JOIN=True))
-    assert_dot_equal(tmoe.moe(x, router, gate, up, down, k, True), plain)
-    assert_dot_equal(tmoe.moe_shared(x, r1, g1, u1, d1, k, True), plain_shared)

@@ -43,7 +43,6 @@ from flashlane.kernels.moe.triton_pairs import (
     _combine_kernel,
     _grid,
     _tile_ids,
-    joined_sums,
     x_block,
 )
 from flashlane.kernels.pdl import enter, pdl
@@ -127,7 +126,6 @@ def _gate_up_kernel(
     BLOCK_MAJOR: tl.constexpr = False,
     ONE_ROW: tl.constexpr = False,
     PDL: tl.constexpr = 0,
-    JOIN: tl.constexpr = False,
 ):
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     blk, pid_n = _tile_ids(BLOCK_MAJOR)
@@ -143,20 +141,16 @@ def _gate_up_kernel(
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < I
     w_base = e.to(tl.int64) * I * H
-    if JOIN:  # one dot a K block of gate's and up's columns side by side
-        acc_g, acc_u = joined_sums(x_ptr, gate_ptr, up_ptr, row, valid, pid_n * BLOCK_N, w_base,
-                                   H, I, BLOCK_M, BLOCK_N, BLOCK_K, PRECISION)  # fmt: skip
-    else:
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kb in range(0, tl.cdiv(H, BLOCK_K)):
-            a, rk, k_mask = x_block(x_ptr, row, valid, kb, H, BLOCK_K)
-            w_offs = w_base + rn[None, :].to(tl.int64) * H + rk[:, None]
-            w_mask = n_mask[None, :] & k_mask[:, None]
-            g = tl.load(gate_ptr + w_offs, mask=w_mask, other=0.0)
-            u = tl.load(up_ptr + w_offs, mask=w_mask, other=0.0)
-            acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
-            acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(H, BLOCK_K)):
+        a, rk, k_mask = x_block(x_ptr, row, valid, kb, H, BLOCK_K)
+        w_offs = w_base + rn[None, :].to(tl.int64) * H + rk[:, None]
+        w_mask = n_mask[None, :] & k_mask[:, None]
+        g = tl.load(gate_ptr + w_offs, mask=w_mask, other=0.0)
+        u = tl.load(up_ptr + w_offs, mask=w_mask, other=0.0)
+        acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
+        acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
     dt = act_ptr.dtype.element_ty
     g = acc_g.to(dt).to(tl.float32)
     u = acc_u.to(dt).to(tl.float32)

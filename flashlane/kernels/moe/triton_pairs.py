@@ -110,7 +110,7 @@ def x_block(x_ptr, row, valid, kb, H, BLOCK_K: tl.constexpr):
 @triton.jit
 def joined_columns(gate_ptr, up_ptr, n0, w_base, H, BLOCK_N: tl.constexpr):
     """A tile's gate and up columns side by side (gate's first): (each column's weight row
-    pointer, its column in the expert, whether it is up's) [2 BLOCK_N] (`joined_sums`)."""
+    pointer, its column in the expert, whether it is up's) [2 BLOCK_N] (`joined_fp8_sums`)."""
     j = tl.arange(0, 2 * BLOCK_N)
     cols = n0 + j % BLOCK_N
     upper = j >= BLOCK_N
@@ -132,33 +132,16 @@ def unjoined(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def joined_sums(
-    x_ptr, gate_ptr, up_ptr, row, valid, n0, w_base, H, I,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
-):  # fmt: skip
-    """The gate/up kernel's two K loops as one (JOIN): a K block's gate and up columns of the
-    tile side by side, [BLOCK_K, 2 BLOCK_N] (gate's first), in one dot of twice the width,
-    whose columns sum the same k-steps in the same order as the two dots. -> (gate's sums,
-    up's sums) [BLOCK_M, BLOCK_N] each."""
-    w_cols, cols, _ = joined_columns(gate_ptr, up_ptr, n0, w_base, H, BLOCK_N)
-    acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(H, BLOCK_K)):
-        a, rk, k_mask = x_block(x_ptr, row, valid, kb, H, BLOCK_K)
-        w = joined_block(w_cols, cols, I, rk, k_mask)
-        acc = tl.dot(a, w, acc, input_precision=PRECISION)
-    return unjoined(acc, BLOCK_M, BLOCK_N)
-
-
-@triton.jit
 def joined_fp8_sums(
     x_ptr, gate_ptr, up_ptr, gate_s, up_s, x_s, row, valid, n0, w_base, H, I,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALES: tl.constexpr,
     IEEE: tl.constexpr, BY_BITS: tl.constexpr, X_FP8: tl.constexpr,
 ):  # fmt: skip
-    """joined_sums for block-FP8 stacks (kernels/moe/triton_fp8.py): each K block's dot of
-    the tile's gate and up columns side by side from zero, then one fma a value by its
-    column's block scale, gate's or up's (`scaled_dot` with a row of scales): the two dots'
-    and fmas' values. -> (gate's sums, up's sums) [BLOCK_M, BLOCK_N] each."""
+    """The FP8 gate/up kernel's two K loops as one (JOIN, kernels/moe/triton_fp8.py): each K
+    block's dot of the tile's gate and up columns side by side ([BLOCK_K, 2 BLOCK_N], gate's
+    first) from zero, then one fma a value by its column's block scale, gate's or up's
+    (`scaled_dot` with a row of scales): the two dots' and fmas' values. -> (gate's sums,
+    up's sums) [BLOCK_M, BLOCK_N] each."""
     w_cols, cols, upper = joined_columns(gate_ptr, up_ptr, n0, w_base, H, BLOCK_N)
     acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(H, BLOCK_K)):
