@@ -108,30 +108,6 @@ def x_block(x_ptr, row, valid, kb, H, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def joined_columns(gate_ptr, up_ptr, n0, w_base, H, BLOCK_N: tl.constexpr):
-    """A tile's gate and up columns side by side (gate's first): (each column's weight row
-    pointer, its column in the expert, whether it is up's) [2 BLOCK_N] (`joined_fp8_sums`)."""
-    j = tl.arange(0, 2 * BLOCK_N)
-    cols = n0 + j % BLOCK_N
-    upper = j >= BLOCK_N
-    return tl.where(upper, up_ptr, gate_ptr) + w_base + cols.to(tl.int64) * H, cols, upper
-
-
-@triton.jit
-def joined_block(w_cols, cols, I, rk, k_mask):
-    """K block rk of the joined columns: [BLOCK_K, 2 BLOCK_N] (past I and K as zeros)."""
-    return tl.load(
-        w_cols[None, :] + rk[:, None], mask=(cols < I)[None, :] & k_mask[:, None], other=0.0
-    )
-
-
-@triton.jit
-def unjoined(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The joined sums [BLOCK_M, 2 BLOCK_N] -> (gate's, up's) [BLOCK_M, BLOCK_N] each."""
-    return tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
-
-
-@triton.jit
 def joined_fp8_sums(
     x_ptr, gate_ptr, up_ptr, gate_s, up_s, x_s, row, valid, n0, w_base, H, I,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALES: tl.constexpr,
@@ -142,11 +118,16 @@ def joined_fp8_sums(
     first) from zero, then one fma a value by its column's block scale, gate's or up's
     (`scaled_dot` with a row of scales): the two dots' and fmas' values. -> (gate's sums,
     up's sums) [BLOCK_M, BLOCK_N] each."""
-    w_cols, cols, upper = joined_columns(gate_ptr, up_ptr, n0, w_base, H, BLOCK_N)
+    j = tl.arange(0, 2 * BLOCK_N)
+    cols = n0 + j % BLOCK_N
+    upper = j >= BLOCK_N
+    w_cols = tl.where(upper, up_ptr, gate_ptr) + w_base + cols.to(tl.int64) * H
     acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(H, BLOCK_K)):
         a, rk, k_mask = x_block(x_ptr, row, valid, kb, H, BLOCK_K)
-        b = joined_block(w_cols, cols, I, rk, k_mask)
+        b = tl.load(
+            w_cols[None, :] + rk[:, None], mask=(cols < I)[None, :] & k_mask[:, None], other=0.0
+        )
         s = tl.where(upper, pick(up_s, kb, SCALES), pick(gate_s, kb, SCALES))[None, :]
         acc = scaled_dot(a, b, s, column(x_s, kb, SCALES), acc, IEEE, BY_BITS, X_FP8)
-    return unjoined(acc, BLOCK_M, BLOCK_N)
+    return tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
