@@ -181,6 +181,23 @@ def test_dispatch_past_the_fused_pairs_matches_sort(rows, k, e, kind):
         assert torch.equal(got[1], want[1]), (block_m, shared)
 
 
+def test_dispatch_in_chunks_past_the_most_chunks(monkeypatch):
+    """Past MAX_CHUNKS chunks of LAYOUT_CHUNK pairs a chunk doubles (each place program sums
+    every chunk's counts): chunks of 1,024 pairs, each counted in steps, and fewer chunks
+    than blocks to label; the sort's tensors."""
+    from flashlane.kernels.moe import layout
+
+    monkeypatch.setattr(layout, "MAX_CHUNKS", 3)
+    rows, k, e = 300, 8, 60
+    assert layout.layout_chunk(rows * k) == 4 * layout.LAYOUT_CHUNK
+    ids = _pair_ids("random", rows, k, e, seed=11)
+    for block_m, shared in ((64, rows), (2, 0)):
+        got = routing.dispatch(ids, e, block_m, shared)
+        want = routing.dispatch_by_sort(ids, e, block_m, shared)
+        assert torch.equal(got[0], want[0]), (block_m, shared)
+        assert torch.equal(got[1], want[1]), (block_m, shared)
+
+
 @pytest.mark.parametrize("rows, k, e", [(2, 3, 8), (7, 8, 512), (13, 10, 60)])
 def test_pick_and_lay_out_is_the_pick_then_the_layout(rows, k, e):
     """One launch: the pick's weights and ids bitwise, and dispatch's layout of those ids
