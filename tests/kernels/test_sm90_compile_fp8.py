@@ -31,7 +31,7 @@ LINEAR = dict(x_ptr=BF, xs_ptr="*fp32", q_ptr=F8, s_ptr="*fp32", y_ptr=BF, ws_pt
 EXPERTS = dict(slot_pair_ptr="*i64", block_expert_ptr="*i64", H="i32", I="i32", HS="i32",
                IS="i32", num_routed="i32", shared_id="i32")  # fmt: skip
 GATE_UP = dict(x_ptr=BF, xs_ptr="*fp32", gate_ptr=F8, gate_s_ptr="*fp32", up_ptr=F8,
-               up_s_ptr="*fp32", act_ptr=BF, **EXPERTS)  # fmt: skip
+               up_s_ptr="*fp32", act_ptr=BF, acts_ptr="*fp32", **EXPERTS)  # fmt: skip
 # bf16 activations on a GPU: e4m3 converted by bits (triton_fp8.by_bits)
 BF16 = dict(BLOCK_K=128, IEEE=False, BY_BITS=True)
 # prompt rows: e4m3 activations (kernels/linear/act_quant.py), e4m3 x e4m3 products
@@ -79,6 +79,13 @@ KERNELS = {
     "fp8 moe gate_up prompt": (moe._gate_up_fp8_kernel, dict(GATE_UP, x_ptr=F8),
                                dict(TOP_K=10, BLOCK_M=moe.PROMPT_BLOCK_M, SCALES=32, **E4M3,
                                     **blocks(moe.GATE_UP_PROMPT)), launch(moe.GATE_UP_PROMPT)),
+    # the act quantized in the tile's store (moe.QUANT_IN_TILE)
+    "fp8 moe gate_up prompt quantized": (moe._gate_up_fp8_kernel,
+                                         dict(GATE_UP, x_ptr=F8, act_ptr=F8),
+                                         dict(TOP_K=10, BLOCK_M=moe.PROMPT_BLOCK_M, SCALES=32,
+                                              **E4M3, QUANT=triton.language.bfloat16,
+                                              **blocks(moe.GATE_UP_PROMPT)),
+                                         launch(moe.GATE_UP_PROMPT)),
     "fp8 moe gate_up prompt joined": (moe._gate_up_fp8_kernel, dict(GATE_UP, x_ptr=F8),
                                       dict(TOP_K=10, BLOCK_M=moe.PROMPT_BLOCK_M, SCALES=32,
                                            **E4M3, JOIN=True, **blocks(moe.GATE_UP_PROMPT)),

@@ -193,3 +193,28 @@ def test_moe_fp8_gate_up_joined_in_one_dot_keeps_the_bits(case, monkeypatch):
     for prompt in want:
         with row_kind.uniform(prompt):
             assert_dot_equal(tmoe.moe(x, router, gate, up, down, k, True), want[prompt], prompt)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="the interpreter's fp32 -> e4m3 cast is wrong")
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_moe_fp8_act_quantized_in_the_gate_up_store_keeps_the_bits(case, monkeypatch):
+    """Prompt rows' act quantized in the gate/up tile's store (QUANT_IN_TILE; a partial last
+    group of columns at SMALL) gives act_quant's codes and scales after it: the same
+    outputs, bit for bit, through moe and moe_shared."""
+    (h, e, i, k), dtype = case
+    router, gate, up, down = _weights(h, e, i, dtype)
+    x = _rand(40, h, dtype=dtype, seed=59)
+    r1 = torch.cat([router, _rand(1, h, dtype=dtype, scale=h**-0.5, seed=60)])
+    g1, u1 = (cat_stack(w, _fp8(i, h, seed=sd).to(DEVICE)) for w, sd in ((gate, 61), (up, 62)))
+    d1 = cat_stack(down, _fp8(h, i, seed=63).to(DEVICE))
+
+    def both():
+        return tmoe.moe(x, router, gate, up, down, k, True), tmoe.moe_shared(
+            x, r1, g1, u1, d1, k, True
+        )
+
+    with row_kind.uniform(True):
+        fused = both()
+        monkeypatch.setattr(tmoe, "QUANT_IN_TILE", False)
+        after = both()
+    assert all(torch.equal(a, b) for a, b in zip(fused, after, strict=True))

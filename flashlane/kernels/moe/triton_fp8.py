@@ -55,6 +55,11 @@ DOWN_PREFILL = dict(BLOCK_N=128, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
 # spills on sm_90: tests/kernels/test_sm90_compile_fp8.py); 6% faster at 8k rows on the H200
 # than 64 / 128 columns on 4 warps, the same bits (fp8_prompt_rows_ae0ff91_20261205T052513Z)
 PROMPT_BLOCK_M = 64
+# the act's codes and scales made in the gate/up tile's store (prompt rows), not by act_quant
+# after it: the same bits, a launch and the act's 16-bit round trip fewer
+QUANT_IN_TILE = True
+F8 = torch.float8_e4m3fn
+TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 GATE_UP_PROMPT = dict(BLOCK_N=128, num_warps=8, num_stages=3, BLOCK_MAJOR=True)
 DOWN_PROMPT = dict(BLOCK_N=128, num_warps=8, num_stages=3, BLOCK_MAJOR=True)
 
@@ -73,12 +78,12 @@ def _scaled(a, q_ptr, s, xs, w_base, rn, n_mask, rk, k_mask, K, acc, IEEE, BY_BI
 
 @triton.jit(do_not_specialize=["num_routed", "shared_id"])
 def _gate_up_fp8_kernel(
-    x_ptr, xs_ptr, gate_ptr, gate_s_ptr, up_ptr, up_s_ptr, act_ptr, slot_pair_ptr,
+    x_ptr, xs_ptr, gate_ptr, gate_s_ptr, up_ptr, up_s_ptr, act_ptr, acts_ptr, slot_pair_ptr,
     block_expert_ptr, H, I, HS, IS, num_routed, shared_id,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SCALES: tl.constexpr, IEEE: tl.constexpr, BLOCK_MAJOR: tl.constexpr = False,
     ONE_ROW: tl.constexpr = False, BY_BITS: tl.constexpr = False, X_FP8: tl.constexpr = False,
-    PDL: tl.constexpr = 0, JOIN: tl.constexpr = False,
+    PDL: tl.constexpr = 0, JOIN: tl.constexpr = False, QUANT: tl.constexpr = None,
 ):  # fmt: skip
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     blk, pid_n = pairs._tile_ids(BLOCK_MAJOR)
@@ -116,16 +121,14 @@ def _gate_up_fp8_kernel(
                             IEEE, BY_BITS, X_FP8)  # fmt: skip
             acc_u = _scaled(a, up_ptr, su, xs, w_base, rn, n_mask, rk, k_mask, H, acc_u,
                             IEEE, BY_BITS, X_FP8)  # fmt: skip
-    dt = act_ptr.dtype.element_ty
+    # x's dtype (QUANT: it, the act then e4m3 codes and scales as act_quant's, in this store)
+    dt: tl.constexpr = act_ptr.dtype.element_ty if QUANT is None else QUANT
     g = acc_g.to(dt).to(tl.float32)
     u = acc_u.to(dt).to(tl.float32)
     s = (g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32)
     h = (s * u).to(dt)
-    tl.store(
-        act_ptr + slots[:, None].to(tl.int64) * I + rn[None, :],
-        h,
-        mask=valid[:, None] & n_mask[None, :],
-    )
+    pairs.store_act(act_ptr, acts_ptr, h, slots, valid, rn, n_mask, I, IS, pid_n,
+                    QUANT is not None)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["num_routed", "shared_id"])
@@ -215,19 +218,24 @@ def experts_fp8(
         blocks = block_expert.numel()
     hs, is_ = -(-h // BLOCK), -(-i // BLOCK)
     ieee, bits = x.dtype == torch.float32, by_bits(x) and not prompt
-    act = torch.empty((blocks * bm, i), dtype=x.dtype, device=x.device)
-    quant = act_quant_ref if triton.knobs.runtime.interpret else act_quant
-    # prompt rows: their activations in block FP8 too (kernels/linear/act_quant.py)
+    interpret = triton.knobs.runtime.interpret
+    quant = act_quant_ref if interpret else act_quant
+    # prompt rows: their activations in block FP8 too (kernels/linear/act_quant.py), the act's
+    # quantized in the gate/up tile's store where a tile is one group (not in the
+    # interpreter, whose e4m3 cast is wrong)
+    fused = prompt and QUANT_IN_TILE and gu["BLOCK_N"] == BLOCK and not interpret
+    act = torch.empty((blocks * bm, i), dtype=F8 if fused else x.dtype, device=x.device)
+    acts = torch.empty((blocks * bm, is_), dtype=torch.float32, device=x.device) if fused else act
     xq, xs = quant(x) if prompt else (x, x)
     _gate_up_fp8_kernel[pairs._grid(blocks, triton.cdiv(i, gu["BLOCK_N"]), gu)](
         xq, xs, gate.q.contiguous(), gate.scale_inv.contiguous(), up.q.contiguous(),
-        up.scale_inv.contiguous(), act, slot_pair, block_expert, h, i, hs, is_, n * top_k,
-        routed, TOP_K=top_k, BLOCK_M=bm, BLOCK_K=BLOCK, SCALES=triton.next_power_of_2(hs),
-        IEEE=ieee, ONE_ROW=one_row, BY_BITS=bits, X_FP8=prompt, **gu,
-        **pdl(x.device),
+        up.scale_inv.contiguous(), act, acts, slot_pair, block_expert, h, i, hs, is_,
+        n * top_k, routed, TOP_K=top_k, BLOCK_M=bm, BLOCK_K=BLOCK,
+        SCALES=triton.next_power_of_2(hs), IEEE=ieee, ONE_ROW=one_row, BY_BITS=bits,
+        X_FP8=prompt, QUANT=TL_DTYPES[x.dtype] if fused else None, **gu, **pdl(x.device),
     )  # fmt: skip
     y = torch.empty((n * top_k + shared_rows, h), dtype=x.dtype, device=x.device)
-    aq, acts = quant(act) if prompt else (act, act)
+    aq, acts = (act, acts) if fused else quant(act) if prompt else (act, act)
     _down_fp8_kernel[pairs._grid(blocks, triton.cdiv(h, dn["BLOCK_N"]), dn)](
         aq, acts, down.q.contiguous(), down.scale_inv.contiguous(), y, slot_pair, block_expert,
         h, i, hs, is_, n * top_k, routed, BLOCK_M=bm, BLOCK_K=BLOCK,

@@ -57,6 +57,25 @@ def _block(
 
 
 @triton.jit
+def store_act(act_ptr, acts_ptr, h, slots, valid, rn, n_mask, I, IS, group, QUANT: tl.constexpr):
+    """The gate/up tile's h [BLOCK_M, BLOCK_N] (x's dtype) at act[slots, rn]; QUANT (the tile
+    one group of 128 columns, `group`): as act_quant's e4m3 codes of h, its rows' scales at
+    acts[slots, group] (kernels/linear/act_quant.py's arithmetic: the same bits)."""
+    mask = valid[:, None] & n_mask[None, :]
+    at = act_ptr + slots[:, None].to(tl.int64) * I + rn[None, :]
+    if QUANT:
+        x = h.to(tl.float32)  # columns past I hold 0, as act_quant reads them
+        amax = tl.max(tl.abs(x), axis=1)
+        scale = tl.where(amax > 0.0, amax / 448.0, 1.0)
+        q = tl.math.div_rn(x, scale[:, None])  # IEEE division
+        q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+        tl.store(at, q.to(act_ptr.dtype.element_ty), mask=mask)
+        tl.store(acts_ptr + slots.to(tl.int64) * IS + group, scale, mask=valid)
+    else:
+        tl.store(at, h, mask=mask)
+
+
+@triton.jit
 def _combine_kernel(
     y_ptr,
     w_ptr,
