@@ -56,8 +56,9 @@ DOWN_PREFILL = dict(BLOCK_N=128, num_warps=4, num_stages=3, BLOCK_MAJOR=True)
 # than 64 / 128 columns on 4 warps, the same bits (fp8_prompt_rows_ae0ff91_20261205T052513Z)
 PROMPT_BLOCK_M = 64
 # the act's codes and scales made in the gate/up tile's store (prompt rows), not by act_quant
-# after it: the same bits, a launch and the act's 16-bit round trip fewer
-QUANT_IN_TILE = True
+# after it: the same bits, a launch and the act's 16-bit round trip fewer. Not in Triton's
+# interpreter, whose e4m3 cast is wrong (tests that correct it turn this on)
+QUANT_IN_TILE = not triton.knobs.runtime.interpret
 F8 = torch.float8_e4m3fn
 TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 GATE_UP_PROMPT = dict(BLOCK_N=128, num_warps=8, num_stages=3, BLOCK_MAJOR=True)
@@ -218,12 +219,10 @@ def experts_fp8(
         blocks = block_expert.numel()
     hs, is_ = -(-h // BLOCK), -(-i // BLOCK)
     ieee, bits = x.dtype == torch.float32, by_bits(x) and not prompt
-    interpret = triton.knobs.runtime.interpret
-    quant = act_quant_ref if interpret else act_quant
+    quant = act_quant_ref if triton.knobs.runtime.interpret else act_quant
     # prompt rows: their activations in block FP8 too (kernels/linear/act_quant.py), the act's
-    # quantized in the gate/up tile's store where a tile is one group (not in the
-    # interpreter, whose e4m3 cast is wrong)
-    fused = prompt and QUANT_IN_TILE and gu["BLOCK_N"] == BLOCK and not interpret
+    # quantized in the gate/up tile's store where a tile is one group
+    fused = prompt and QUANT_IN_TILE and gu["BLOCK_N"] == BLOCK
     act = torch.empty((blocks * bm, i), dtype=F8 if fused else x.dtype, device=x.device)
     acts = torch.empty((blocks * bm, is_), dtype=torch.float32, device=x.device) if fused else act
     xq, xs = quant(x) if prompt else (x, x)
