@@ -66,10 +66,6 @@ MOE_TILES = [
         ((64, 4, 3), (128, 4, 3)), ((64, 8, 3), (128, 8, 3)), ((128, 8, 3), (128, 8, 3)),
         ((64, 4, 4), (128, 4, 4)), ((128, 8, 4), (128, 8, 4)), ((32, 4, 4), (64, 4, 4)),
     )
-] + [  # JOIN: gate's and up's columns in one dot (triton_pairs.joined_fp8_sums)
-    (dict(BLOCK_N=gn, num_warps=gw, num_stages=3, BLOCK_MAJOR=True, JOIN=True),
-     dict(BLOCK_N=128, num_warps=8, num_stages=3, BLOCK_MAJOR=True))
-    for gn, gw in ((128, 8), (64, 4), (64, 8))
 ]  # fmt: skip
 
 
@@ -162,8 +158,7 @@ def sweep(name, call, want, flops, w, device, args) -> list[dict]:
                 finally:
                     moe.GATE_UP_PROMPT, moe.DOWN_PROMPT = old
 
-            label = (f"gu {gu['BLOCK_N']} w{gu['num_warps']} s{gu['num_stages']}"
-                     f"{' joined' if gu.get('JOIN') else ''}, "
+            label = (f"gu {gu['BLOCK_N']} w{gu['num_warps']} s{gu['num_stages']}, "
                      f"down {dn['BLOCK_N']} w{dn['num_warps']} s{dn['num_stages']}")  # fmt: skip
         try:
             with row_kind.uniform(True):

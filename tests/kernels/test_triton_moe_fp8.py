@@ -177,25 +177,6 @@ def test_moe_fp8_mixed_forward_routes_each_kind_apart(case):
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
-def test_moe_fp8_gate_up_joined_in_one_dot_keeps_the_bits(case, monkeypatch):
-    """JOIN (triton_pairs.joined_fp8_sums: a K block's gate and up columns in one dot, each
-    column's block scale gate's or up's) gives the two dots' bits, for decode rows, prompt
-    rows (e4m3 activations) and the shared expert as one more expert."""
-    (h, e, i, k), dtype = case
-    router, gate, up, down = _weights(h, e, i, dtype)
-    x = _rand(20, h, dtype=dtype, seed=53)
-    want = {p: None for p in (False, True)}
-    for prompt in want:
-        with row_kind.uniform(prompt):
-            want[prompt] = tmoe.moe(x, router, gate, up, down, k, True)
-    for name in ("GATE_UP_TILE", "GATE_UP_PROMPT"):
-        monkeypatch.setattr(tmoe, name, dict(getattr(tmoe, name), JOIN=True))
-    for prompt in want:
-        with row_kind.uniform(prompt):
-            assert_dot_equal(tmoe.moe(x, router, gate, up, down, k, True), want[prompt], prompt)
-
-
-@pytest.mark.parametrize("case", CASES, ids=str)
 def test_moe_fp8_act_quantized_in_the_gate_up_store_keeps_the_bits(case, monkeypatch, exact_e4m3):
     """Prompt rows' act quantized in the gate/up tile's store (QUANT_IN_TILE; a partial last
     group of columns at SMALL) gives act_quant's codes and scales after it: the same

@@ -84,7 +84,7 @@ def _gate_up_fp8_kernel(
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SCALES: tl.constexpr, IEEE: tl.constexpr, BLOCK_MAJOR: tl.constexpr = False,
     ONE_ROW: tl.constexpr = False, BY_BITS: tl.constexpr = False, X_FP8: tl.constexpr = False,
-    PDL: tl.constexpr = 0, JOIN: tl.constexpr = False, QUANT: tl.constexpr = None,
+    PDL: tl.constexpr = 0, QUANT: tl.constexpr = None,
 ):  # fmt: skip
     enter(PDL)  # kernels/pdl.py: after the kernel before, memory visible
     blk, pid_n = pairs._tile_ids(BLOCK_MAJOR)
@@ -109,19 +109,14 @@ def _gate_up_fp8_kernel(
     gate_s = block_scales(gate_s_ptr + s_base, nb, 0, blocks, HS, SCALES)
     up_s = block_scales(up_s_ptr + s_base, nb, 0, blocks, HS, SCALES)
     x_s = row_scales(xs_ptr, row, valid, HS, 0, HS, X_FP8, SCALES)
-    if JOIN:  # one dot a K block of gate's and up's columns side by side
-        acc_g, acc_u = pairs.joined_fp8_sums(
-            x_ptr, gate_ptr, up_ptr, gate_s, up_s, x_s, row, valid, pid_n * BLOCK_N, w_base, H,
-            I, BLOCK_M, BLOCK_N, BLOCK_K, SCALES, IEEE, BY_BITS, X_FP8)  # fmt: skip
-    else:
-        for kb in range(0, blocks):
-            a, rk, k_mask = pairs.x_block(x_ptr, row, valid, kb, H, BLOCK_K)
-            sg, su = pick(gate_s, kb, SCALES), pick(up_s, kb, SCALES)
-            xs = column(x_s, kb, SCALES)
-            acc_g = _scaled(a, gate_ptr, sg, xs, w_base, rn, n_mask, rk, k_mask, H, acc_g,
-                            IEEE, BY_BITS, X_FP8)  # fmt: skip
-            acc_u = _scaled(a, up_ptr, su, xs, w_base, rn, n_mask, rk, k_mask, H, acc_u,
-                            IEEE, BY_BITS, X_FP8)  # fmt: skip
+    for kb in range(0, blocks):
+        a, rk, k_mask = pairs.x_block(x_ptr, row, valid, kb, H, BLOCK_K)
+        sg, su = pick(gate_s, kb, SCALES), pick(up_s, kb, SCALES)
+        xs = column(x_s, kb, SCALES)
+        acc_g = _scaled(a, gate_ptr, sg, xs, w_base, rn, n_mask, rk, k_mask, H, acc_g,
+                        IEEE, BY_BITS, X_FP8)  # fmt: skip
+        acc_u = _scaled(a, up_ptr, su, xs, w_base, rn, n_mask, rk, k_mask, H, acc_u,
+                        IEEE, BY_BITS, X_FP8)  # fmt: skip
     # x's dtype (QUANT: it, the act then e4m3 codes and scales as act_quant's, in this store)
     dt: tl.constexpr = act_ptr.dtype.element_ty if QUANT is None else QUANT
     g = acc_g.to(dt).to(tl.float32)

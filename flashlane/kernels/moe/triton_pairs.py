@@ -8,7 +8,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from flashlane.kernels.linear.triton_fp8 import column, pick, scaled_dot
 from flashlane.kernels.pdl import enter
 
 # pairs a tile at decode (up to DECODE_ROWS rows, and every fp32 call)
@@ -124,29 +123,3 @@ def x_block(x_ptr, row, valid, kb, H, BLOCK_K: tl.constexpr):
         x_ptr + row[:, None] * H + rk[None, :], mask=valid[:, None] & k_mask[None, :], other=0.0
     )
     return a, rk, k_mask
-
-
-@triton.jit
-def joined_fp8_sums(
-    x_ptr, gate_ptr, up_ptr, gate_s, up_s, x_s, row, valid, n0, w_base, H, I,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALES: tl.constexpr,
-    IEEE: tl.constexpr, BY_BITS: tl.constexpr, X_FP8: tl.constexpr,
-):  # fmt: skip
-    """The FP8 gate/up kernel's two K loops as one (JOIN, kernels/moe/triton_fp8.py): each K
-    block's dot of the tile's gate and up columns side by side ([BLOCK_K, 2 BLOCK_N], gate's
-    first) from zero, then one fma a value by its column's block scale, gate's or up's
-    (`scaled_dot` with a row of scales): the two dots' and fmas' values. -> (gate's sums,
-    up's sums) [BLOCK_M, BLOCK_N] each."""
-    j = tl.arange(0, 2 * BLOCK_N)
-    cols = n0 + j % BLOCK_N
-    upper = j >= BLOCK_N
-    w_cols = tl.where(upper, up_ptr, gate_ptr) + w_base + cols.to(tl.int64) * H
-    acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(H, BLOCK_K)):
-        a, rk, k_mask = x_block(x_ptr, row, valid, kb, H, BLOCK_K)
-        b = tl.load(
-            w_cols[None, :] + rk[:, None], mask=(cols < I)[None, :] & k_mask[:, None], other=0.0
-        )
-        s = tl.where(upper, pick(up_s, kb, SCALES), pick(gate_s, kb, SCALES))[None, :]
-        acc = scaled_dot(a, b, s, column(x_s, kb, SCALES), acc, IEEE, BY_BITS, X_FP8)
-    return tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
