@@ -51,10 +51,40 @@ def timed(fn, reps: int = 5) -> float:
     return cuda_timed(fn, reps)
 
 
+def select_variants(scores, pos, t: int) -> list[dict]:
+    """The mask's ranking at T rows in its ways (triton_select.py's module settings): the
+    default, one program a row (rows past WHOLE blocks in its loops over chunks), and one
+    program a row ranking up to 8,192 blocks in registers; each timed and its mask against
+    the default's."""
+    from flashlane.kernels.attention import triton_select as sel
+
+    want = select_from_scores(scores, pos, t, BLOCK, TOP)
+    out = []
+    saved = sel.SPREAD, sel.WHOLE
+    for name, spread, whole in (
+        ("default", sel.SPREAD, sel.WHOLE),
+        ("one program a row", False, sel.WHOLE),
+        ("one program a row, whole 8192", False, 8192),
+    ):
+        sel.SPREAD, sel.WHOLE = spread, whole
+        try:
+            same = torch.equal(select_from_scores(scores, pos, t, BLOCK, TOP), want)
+            ms = timed(lambda: select_from_scores(scores, pos, t, BLOCK, TOP)) * 1e3
+            out.append(dict(variant=name, ms=ms, same_mask=same))
+            print(f"  select, {name}: {ms:.3f} ms, mask {'same' if same else 'OTHER'}")
+        except Exception as e:  # out of registers or shared memory: say so and go on
+            out.append(dict(variant=name, error=f"{type(e).__name__}: {str(e)[:120]}"))
+            print(f"  select, {name}: {out[-1]['error']}")
+        finally:
+            sel.SPREAD, sel.WHOLE = saved
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--json", default="")
+    ap.add_argument("--select-only", action="store_true", help="skip the attention tiles")
     args = ap.parse_args()
     t = args.tokens
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -78,7 +108,7 @@ def main() -> None:
         f"{'BM':>4} {'BL':>4} {'w':>2} {'st':>2} {'skip':>5} {'pos':>4} {'ms':>8} "
         f"{'TF/s':>6} {'dec us':>7} {'bits':>5} {'vs first':>9}"
     )
-    for cfg5, with_pos in CONFIGS:
+    for cfg5, with_pos in [] if args.select_only else CONFIGS:
         cfg = (*cfg5[:4], "tf32", cfg5[4])
         p = pos if with_pos else None
         row = dict(config=list(cfg5), positions=with_pos)
@@ -149,6 +179,7 @@ def main() -> None:
         f"largest score; dots row invariant {inv}; masks equal {idx['masks_equal']}, rows "
         f"differing {idx['mask_rows_differing']}); select {idx['select_ms']:.3f} ms"
     )
+    idx["select_variants"] = select_variants(dots, pos, t)
     result = dict(
         bench="attention_prefill",
         tokens=t,
