@@ -30,6 +30,17 @@ E4M3_MAX = 448.0
 ROWS = 16
 
 
+@triton.jit
+def e4m3_groups(x):
+    """x [R, BLOCK] fp32, a group of each of R rows -> (the codes' values, clamped, to cast to
+    e4m3; the rows' scales [R]): the arithmetic above (also the FP8 experts' gate/up store's,
+    kernels/moe/triton_pairs.store_act)."""
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.where(amax > 0.0, amax / 448.0, 1.0)
+    q = tl.math.div_rn(x, scale[:, None])  # IEEE division
+    return tl.minimum(tl.maximum(q, -448.0), 448.0), scale
+
+
 @triton.jit(do_not_specialize=["M", "stride_x"])
 def _act_quant_kernel(
     x_ptr,
@@ -49,11 +60,7 @@ def _act_quant_kernel(
     cols = kb * BLOCK + tl.arange(0, BLOCK)
     mask = (rows[:, None] < M) & (cols[None, :] < K)
     x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    x = x.to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.where(amax > 0.0, amax / 448.0, 1.0)
-    q = tl.math.div_rn(x, scale[:, None])  # IEEE division
-    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    q, scale = e4m3_groups(x.to(tl.float32))
     tl.store(q_ptr + rows[:, None] * K + cols[None, :], q.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + rows * KS + kb, scale, mask=rows < M)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from flashlane.kernels.linear.act_quant import e4m3_groups
 from flashlane.kernels.pdl import enter
 
 # pairs a tile at decode (up to DECODE_ROWS rows, and every fp32 call)
@@ -59,15 +60,11 @@ def _block(
 def store_act(act_ptr, acts_ptr, h, slots, valid, rn, n_mask, I, IS, group, QUANT: tl.constexpr):
     """The gate/up tile's h [BLOCK_M, BLOCK_N] (x's dtype) at act[slots, rn]; QUANT (the tile
     one group of 128 columns, `group`): as act_quant's e4m3 codes of h, its rows' scales at
-    acts[slots, group] (kernels/linear/act_quant.py's arithmetic: the same bits)."""
+    acts[slots, group] (act_quant's `e4m3_groups`: the same bits)."""
     mask = valid[:, None] & n_mask[None, :]
     at = act_ptr + slots[:, None].to(tl.int64) * I + rn[None, :]
-    if QUANT:
-        x = h.to(tl.float32)  # columns past I hold 0, as act_quant reads them
-        amax = tl.max(tl.abs(x), axis=1)
-        scale = tl.where(amax > 0.0, amax / 448.0, 1.0)
-        q = tl.math.div_rn(x, scale[:, None])  # IEEE division
-        q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    if QUANT:  # columns past I hold 0, as act_quant reads them
+        q, scale = e4m3_groups(h.to(tl.float32))
         tl.store(at, q.to(act_ptr.dtype.element_ty), mask=mask)
         tl.store(acts_ptr + slots.to(tl.int64) * IS + group, scale, mask=valid)
     else:
