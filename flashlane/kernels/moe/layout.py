@@ -124,13 +124,14 @@ def _place_kernel(
     shared_blocks = (shared_rows + BLOCK_M - 1) // BLOCK_M
     all_blocks = routed_blocks + shared_blocks
     stripe = (all_blocks + chunks - 1) // chunks
+    b_hi = tl.minimum(c * stripe + stripe, all_blocks)
     o_b = tl.arange(0, BLOCK_B)
-    for b0 in range(c * stripe, tl.minimum(c * stripe + stripe, all_blocks), BLOCK_B):
+    for b0 in range(c * stripe, b_hi, BLOCK_B):
         b = b0 + o_b
         ex = tl.sum((end_b[None, :] <= b[:, None]).to(tl.int32), axis=1)
         ex = tl.where(ex < E, ex, -1)
         ex = tl.where(b < routed_blocks, ex, E)
-        tl.store(block_expert_ptr + b, ex, mask=b < tl.minimum(c * stripe + stripe, all_blocks))
+        tl.store(block_expert_ptr + b, ex, mask=b < b_hi)
     # and its stripe of the shared expert's slots: row r's pair num_pairs + r
     shared_slots = shared_blocks * BLOCK_M
     stripe_s = (shared_slots + chunks - 1) // chunks
