@@ -21,14 +21,15 @@ from flashlane.kernels.attention import triton_select, triton_select_spread  # n
 from flashlane.kernels.attention.triton_select import select_from_scores  # noqa: E402
 
 
-@pytest.fixture(params=["whole", "chunks", "spread", "spread whole"], autouse=True)
+@pytest.fixture(params=["whole", "chunks", "spread", "spread whole", "many rows"], autouse=True)
 def ranking(request, monkeypatch):
-    """Every test four times: rows ranked from one load (up to WHOLE blocks), every row
+    """Every test five times: rows ranked from one load (up to WHOLE blocks), every row
     through the loops over chunks (WHOLE smaller than any row here that ranks; chunks of 16
     blocks, so a row's counts and histograms add over several), every row by programs of 16
-    blocks each (triton_select_spread.py), which write its mask 32 keys a step, and the
-    spread with rows of up to 8 blocks ranked whole by their first program."""
-    spread = request.param.startswith("spread")
+    blocks each (triton_select_spread.py), which write its mask 32 keys a step, the spread
+    with rows of up to 8 blocks ranked whole by their first program, and a call of as many
+    rows as SPREAD_ROWS: one program a row however long, up to ROWS_WHOLE (8) blocks whole."""
+    spread = request.param.startswith("spread") or request.param == "many rows"
     if request.param != "whole":
         monkeypatch.setattr(triton_select, "WHOLE", 8 if request.param == "spread whole" else 2)
         monkeypatch.setattr(triton_select, "CHUNK", 16)
@@ -36,6 +37,14 @@ def ranking(request, monkeypatch):
     if spread:  # programs of 16 blocks a row, masks 32 keys a step
         monkeypatch.setattr(triton_select, "SPREAD_KEYS", 0)
         monkeypatch.setattr(triton_select_spread, "MASK_KEYS", 32)
+    if request.param == "many rows":  # every call past the spread's rows
+
+        def no_spread(*args):
+            raise AssertionError("a call of SPREAD_ROWS rows took the spread")
+
+        monkeypatch.setattr(triton_select, "SPREAD_ROWS", 1)
+        monkeypatch.setattr(triton_select, "ROWS_WHOLE", 8)
+        monkeypatch.setattr(triton_select_spread, "rank_and_mask", no_spread)
     return request.param
 
 

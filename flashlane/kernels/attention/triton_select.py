@@ -39,6 +39,11 @@ SPREAD = True
 # ... for masks of more than SPREAD_KEYS keys (sessions that large): up to 16k keys one program
 # a row is as fast (37 against 33 us a layer at 16k, at ten launches) in one launch
 SPREAD_KEYS = 16384
+# ... in calls of fewer than SPREAD_ROWS rows: a prompt piece's thousands of rows fill the GPU
+# one program a row, which ranks up to ROWS_WHOLE blocks in registers. H100, 32,768 prompt
+# rows (`attention_prefill.py --select-only`, results/attention_prefill_h100_f52e301_*):
+# spread 13.17 ms a layer, one program a row 9.42, up to 8,192 blocks whole 8.98; one mask
+SPREAD_ROWS, ROWS_WHOLE = 4096, 8192
 
 
 def whole_warps(whole: int) -> int:
@@ -202,7 +207,8 @@ def select_from_scores(
     mask = torch.empty((b, t, num_keys), dtype=torch.int8, device=scores.device)
     if not rows or not num_keys:
         return mask.view(torch.bool)
-    if SPREAD and num_keys > SPREAD_KEYS and nb > 0:  # the same mask either way
+    whole = ROWS_WHOLE if rows >= SPREAD_ROWS else WHOLE
+    if SPREAD and num_keys > SPREAD_KEYS and nb > 0 and rows < SPREAD_ROWS:  # one mask anyway
         from flashlane.kernels.attention import triton_select_spread as spread
 
         flat, pos = scores.reshape(rows, nb).contiguous(), positions.contiguous().view(rows)
@@ -221,8 +227,8 @@ def select_from_scores(
         BLOCK=block,
         TOP=top_blocks,
         CHUNK=CHUNK,
-        WHOLE=WHOLE,
-        num_warps=whole_warps(WHOLE),
+        WHOLE=whole,
+        num_warps=whole_warps(whole),
         **pdl(mask.device),
     )
     return mask.view(torch.bool)
