@@ -41,7 +41,7 @@ SPREAD = True
 SPREAD_KEYS = 16384
 # ... in calls of fewer than SPREAD_ROWS rows: a prompt piece's thousands of rows fill the GPU
 # one program a row, which ranks up to ROWS_WHOLE blocks in registers. H100, 32,768 prompt
-# rows (`attention_prefill.py --select-only`, results/attention_prefill_h100_f52e301_*):
+# rows (`attention_prefill.py --select-only`, results/attention_prefill_select_h100_f52e301_*):
 # spread 13.17 ms a layer, one program a row 9.42, up to 8,192 blocks whole 8.98; one mask
 SPREAD_ROWS, ROWS_WHOLE = 4096, 8192
 
