@@ -11,6 +11,7 @@
 #                                                    # prefill-ab, moe-layout, fp8-prompt,
 #                                                    # timeline, step-kernels, draft-choices,
 #                                                    # env-ab, moe-tiles, attn-prefill,
+#                                                    # fp8-gluon,
 #                                                    # lone-host, draft-overhead, route-layout,
 #                                                    # peer-build, peer
 #
@@ -122,6 +123,9 @@
 #          rows; ATTN_PREFILL_ARGS="--tokens 32768"), each timed, its rows' bits alone and in
 #          windows, its difference from the default's (benchmarks/attention_prefill.py): at
 #          8k a tile of 128 x 64 on 8 warps was 8% faster (other bits) on the H200 (0e77c8b)
+# fp8-gluon: issue 34's experiment (benchmarks/fp8_gluon.py): the FP8 prompt rows' product in
+#          Gluon with each K block's wgmma overlapping the block before's scaling, timed
+#          against linear_fp8's prompt tile at the real model's shapes, and its bits against it
 # env-ab:  `bench model` (MODEL_ARGS) with default flags, then with AB_ENV set (NAME=VALUE:
 #          an experiment's switch, a variable the code reads), side by side in one call
 #          (files bench_model_ab_default_* and bench_model_ab_<NAME_VALUE>_*)
@@ -440,6 +444,10 @@ fi
 
 if [[ " $steps " == *" attn-prefill "* ]]; then
     script_step attn-prefill attention_prefill "${ATTN_PREFILL_ARGS:---tokens 16384}"
+fi
+
+if [[ " $steps " == *" fp8-gluon "* ]]; then
+    script_step fp8-gluon fp8_gluon "${FP8_GLUON_ARGS:---rows 8192}"
 fi
 
 if [[ " $steps " == *" replay "* ]]; then
