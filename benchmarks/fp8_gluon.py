@@ -150,9 +150,10 @@ def prompt_linear(x8, xs, w, parts: int, blocks_per_part: int, tile: dict) -> to
 
 
 TILES = [
-    dict(BLOCK_M=128, BLOCK_N=64, STAGES=4, num_warps=8),
-    dict(BLOCK_M=128, BLOCK_N=128, STAGES=3, num_warps=8),
-    dict(BLOCK_M=64, BLOCK_N=128, STAGES=4, num_warps=4),
+    dict(BLOCK_M=128, BLOCK_N=64, STAGES=6, num_warps=8),
+    dict(BLOCK_M=128, BLOCK_N=128, STAGES=4, num_warps=8),
+    dict(BLOCK_M=64, BLOCK_N=128, STAGES=6, num_warps=4),
+    dict(BLOCK_M=64, BLOCK_N=64, STAGES=6, num_warps=4),
 ]
 # the real model's products at prompt rows (N, K): GDN in projection, attention q, the out
 # projections, a wide hyper-connection product
