@@ -150,18 +150,14 @@ def prompt_linear(x8, xs, w, parts: int, blocks_per_part: int, tile: dict) -> to
 
 
 TILES = [
-    dict(BLOCK_M=128, BLOCK_N=64, STAGES=6, num_warps=8),
     dict(BLOCK_M=128, BLOCK_N=128, STAGES=4, num_warps=8),
-    dict(BLOCK_M=64, BLOCK_N=128, STAGES=6, num_warps=4),
     dict(BLOCK_M=64, BLOCK_N=64, STAGES=6, num_warps=4),
+    dict(BLOCK_M=128, BLOCK_N=64, STAGES=4, num_warps=8),
 ]
-# the real model's products at prompt rows (N, K): GDN in projection, attention q, the out
-# projections, a wide hyper-connection product
-SHAPES = [(16384, 2048), (12288, 2560), (2560, 6144), (2560, 4096), (10240, 2560)]
 
 
 def main() -> None:
-    from benchmarks.tune_fp8_decode import random_fp8
+    from benchmarks.tune_fp8_decode import LINEARS, random_fp8
     from flashlane.bench.common import cuda_timed
     from flashlane.kernels.linear import triton_fp8
     from flashlane.kernels.linear.act_quant import act_quant
@@ -172,7 +168,7 @@ def main() -> None:
     args = ap.parse_args()
     g = torch.Generator(device="cuda").manual_seed(0)
     out = []
-    for n, k in SHAPES:
+    for n, k in LINEARS.values():  # Flash Next's FP8 linears (N, K)
         w = random_fp8((n, k), "cuda", g)
         x = torch.randn(args.rows, k, generator=g, device="cuda").to(torch.bfloat16)
         x8, xs = act_quant(x)
