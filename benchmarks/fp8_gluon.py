@@ -5,10 +5,12 @@ then `acc = fma(dot, xs * s, acc)`; Triton 3.6 compiles that to `wgmma.wait_grou
 so the tensor cores idle while each block drains (LOG.md, 2026-12-07 14:31). Here the same
 sums in the same order, written in Gluon: block k + 1's wgmma is issued before block k's fma,
 which waits with one group left in flight (`warpgroup_mma_wait(num_outstanding=1)`), and the
-tiles come in by TMA into a ring of STAGES buffers. One program a tile, every partition of
-the K blocks in it ((p0 + p1) + ...), as triton_fp8's in-program path; the same wgmma
-instruction (e4m3 x e4m3, fp32, no promotion: both take sm_90's default), so the same bits
-are expected, and this script checks them.
+tiles come in by TMA into a ring of STAGES buffers. Each tile sums every partition of its K
+blocks ((p0 + p1) + ...), as triton_fp8's in-program path; the same wgmma instruction (e4m3 x
+e4m3, fp32, no promotion: both take sm_90's default), so the same bits, which this script
+checks (H100, cb1f427: equal in every cell). A program runs one tile, or (PER_SM) is
+persistent over tiles with its K blocks one stream through the ring, so a tile's store and
+the next tile's first loads overlap its last blocks.
 
 Not in the product: on the device it times this against `linear_fp8` at prompt rows for the
 real model's products and says whether every output bit is the same.
@@ -26,6 +28,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
     mbarrier,
     tma,
     warpgroup_mma,
@@ -37,20 +40,27 @@ BLOCK_K = 128  # one block of scales
 
 
 @gluon.jit
-def _load(x_desc, q_desc, bars, a_bufs, b_bufs, off_m, off_n, kb, STAGES: gl.constexpr):
-    """K block kb's x and q tiles into ring slot kb % STAGES, by TMA, arriving on its bar."""
-    slot = kb % STAGES
-    bar = bars.index(slot)
-    mbarrier.expect(bar, x_desc.block_type.nbytes + q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(x_desc, [off_m, kb * 128], bar, a_bufs.index(slot))
-    tma.async_copy_global_to_shared(q_desc, [off_n, kb * 128], bar, b_bufs.index(slot))
+def _load(x_desc, q_desc, bars, a_bufs, b_bufs, g, KB, m_tiles, tiles, STAGES: gl.constexpr):
+    """The program's g-th K block (its tiles' blocks in a row: tile g // KB of the program's,
+    block g % KB) into ring slot g % STAGES by TMA, arriving on the slot's bar; none past the
+    program's last tile."""
+    tile = gl.program_id(0) + (g // KB) * gl.num_programs(0)
+    if tile < tiles:
+        kb = g % KB
+        slot = g % STAGES
+        bar = bars.index(slot)
+        off_m = (tile % m_tiles) * x_desc.block_type.shape[0]
+        off_n = (tile // m_tiles) * q_desc.block_type.shape[0]
+        mbarrier.expect(bar, x_desc.block_type.nbytes + q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(x_desc, [off_m, kb * 128], bar, a_bufs.index(slot))
+        tma.async_copy_global_to_shared(q_desc, [off_n, kb * 128], bar, b_bufs.index(slot))
 
 
 @gluon.jit
-def _issue(bars, a_bufs, b_bufs, zero, kb, STAGES: gl.constexpr):
-    """Block kb's dot from zero, asynchronous, once its tiles have landed."""
-    slot = kb % STAGES
-    mbarrier.wait(bars.index(slot), phase=(kb // STAGES) & 1)
+def _issue(bars, a_bufs, b_bufs, zero, g, STAGES: gl.constexpr):
+    """The g-th block's dot from zero, asynchronous, once its tiles have landed."""
+    slot = g % STAGES
+    mbarrier.wait(bars.index(slot), phase=(g // STAGES) & 1)
     b = b_bufs.index(slot).permute((1, 0))
     return warpgroup_mma(a_bufs.index(slot), b, zero, use_acc=False, is_async=True)
 
@@ -68,58 +78,65 @@ def _fp8_prompt_kernel(
     PARTS: gl.constexpr, BLOCKS_PER_PART: gl.constexpr, BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr,
 ):  # fmt: skip
-    off_m = gl.program_id(0) * BLOCK_M
-    off_n = gl.program_id(1) * BLOCK_N
-    nb = off_n // 128
+    """Tiles pid, pid + programs, ... (row tiles fastest: the programs at work share weight
+    columns), each as triton_fp8's in-program path sums it. The program's K blocks are one
+    stream through the ring, so the next tile's first blocks load during this tile's last
+    ones and its store. A grid of every tile is one tile a program."""
+    m_tiles = gl.cdiv(M, BLOCK_M)
+    tiles = m_tiles * gl.cdiv(N, BLOCK_N)
     mma: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 32]
     )
-    rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma))
-    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
-    m_ok = rows < M
     a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_M, 128], x_desc.layout)
     b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, 128], q_desc.layout)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()  # the barriers' init seen by the TMA unit before it arrives on them
     for i in gl.static_range(STAGES - 1):
-        if i < KB:
-            _load(x_desc, q_desc, bars, a_bufs, b_bufs, off_m, off_n, i, STAGES)
+        _load(x_desc, q_desc, bars, a_bufs, b_bufs, i, KB, m_tiles, tiles, STAGES)
     zero = gl.zeros((BLOCK_M, BLOCK_N), gl.float32, layout=mma)
-    total = zero
-    for part in gl.static_range(PARTS):
-        start = part * BLOCKS_PER_PART
-        end = gl.minimum(start + BLOCKS_PER_PART, KB)
-        acc = zero
-        if start < end:
-            # the slot behind the loads in flight takes block start + STAGES - 1 at once
-            if start + STAGES - 1 < KB:
-                _load(x_desc, q_desc, bars, a_bufs, b_bufs, off_m, off_n, start + STAGES - 1,
-                      STAGES)  # fmt: skip
-            prev = _issue(bars, a_bufs, b_bufs, zero, start, STAGES)
-            f_prev = _factor(xs_ptr, s_ptr, rows, m_ok, nb, start, KS)
-            for kb in range(start + 1, end):
-                cur = _issue(bars, a_bufs, b_bufs, zero, kb, STAGES)
-                f_cur = _factor(xs_ptr, s_ptr, rows, m_ok, nb, kb, KS)
-                # block kb - 1's sums, with block kb's still in flight
-                done = warpgroup_mma_wait(num_outstanding=1, deps=(prev,))
+    g0 = 0  # the program's blocks before this tile
+    for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
+        off_m = (tile % m_tiles) * BLOCK_M
+        off_n = (tile // m_tiles) * BLOCK_N
+        rows = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma))
+        cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
+        m_ok = rows < M
+        nb = off_n // 128
+        total = zero
+        for part in gl.static_range(PARTS):
+            start = part * BLOCKS_PER_PART
+            end = gl.minimum(start + BLOCKS_PER_PART, KB)
+            acc = zero
+            if start < end:
+                # the slot of the block before is free (its partition drained, or none)
+                _load(x_desc, q_desc, bars, a_bufs, b_bufs, g0 + start + STAGES - 1, KB,
+                      m_tiles, tiles, STAGES)  # fmt: skip
+                prev = _issue(bars, a_bufs, b_bufs, zero, g0 + start, STAGES)
+                f_prev = _factor(xs_ptr, s_ptr, rows, m_ok, nb, start, KS)
+                for kb in range(start + 1, end):
+                    cur = _issue(bars, a_bufs, b_bufs, zero, g0 + kb, STAGES)
+                    f_cur = _factor(xs_ptr, s_ptr, rows, m_ok, nb, kb, KS)
+                    # block kb - 1's sums, with block kb's still in flight
+                    done = warpgroup_mma_wait(num_outstanding=1, deps=(prev,))
+                    acc = gl.fma(done, gl.expand_dims(f_prev, 1), acc)
+                    # block kb - 1's slot is free: the block STAGES - 1 ahead into it
+                    _load(x_desc, q_desc, bars, a_bufs, b_bufs, g0 + kb + STAGES - 1, KB,
+                          m_tiles, tiles, STAGES)  # fmt: skip
+                    prev, f_prev = cur, f_cur
+                done = warpgroup_mma_wait(num_outstanding=0, deps=(prev,))
                 acc = gl.fma(done, gl.expand_dims(f_prev, 1), acc)
-                # block kb - 1's slot is free: block kb + STAGES - 1 into it
-                if kb + STAGES - 1 < KB:
-                    _load(x_desc, q_desc, bars, a_bufs, b_bufs, off_m, off_n, kb + STAGES - 1,
-                          STAGES)  # fmt: skip
-                prev, f_prev = cur, f_cur
-            done = warpgroup_mma_wait(num_outstanding=0, deps=(prev,))
-            acc = gl.fma(done, gl.expand_dims(f_prev, 1), acc)
-        if part == 0:
-            total = acc
-        else:
-            total = total + acc
+            if part == 0:
+                total = acc
+            else:
+                total = total + acc
+        out = gl.expand_dims(rows.to(gl.int64), 1) * stride_y + gl.expand_dims(cols, 0)
+        ok = gl.expand_dims(m_ok, 1) & gl.expand_dims(cols < N, 0)
+        gl.store(y_ptr + out, total.to(y_ptr.dtype.element_ty), mask=ok)
+        g0 += KB
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
-    out = gl.expand_dims(rows.to(gl.int64), 1) * stride_y + gl.expand_dims(cols, 0)
-    ok = gl.expand_dims(m_ok, 1) & gl.expand_dims(cols < N, 0)
-    gl.store(y_ptr + out, total.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 def descriptors(x8: torch.Tensor, q: torch.Tensor, block_m: int, block_n: int) -> tuple:
@@ -141,7 +158,11 @@ def prompt_linear(x8, xs, w, parts: int, blocks_per_part: int, tile: dict) -> to
     y = torch.empty((m, n), dtype=torch.bfloat16, device=x8.device)
     x_desc, q_desc = descriptors(x8, w.q.contiguous(), bm, bn)
     s = w.scale_inv.contiguous()
-    _fp8_prompt_kernel[(triton.cdiv(m, bm), triton.cdiv(n, bn))](
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    if tile.get("PER_SM"):  # persistent: that many programs a multiprocessor
+        sms = torch.cuda.get_device_properties(x8.device).multi_processor_count
+        tiles = min(tiles, tile["PER_SM"] * sms)
+    _fp8_prompt_kernel[(tiles,)](
         x_desc, q_desc, xs, s, y, m, n, triton.cdiv(k, BLOCK_K), s.shape[1], y.stride(0),
         PARTS=parts, BLOCKS_PER_PART=blocks_per_part, BLOCK_M=bm, BLOCK_N=bn,
         STAGES=tile["STAGES"], num_warps=tile["num_warps"],
@@ -149,10 +170,12 @@ def prompt_linear(x8, xs, w, parts: int, blocks_per_part: int, tile: dict) -> to
     return y
 
 
-TILES = [
+TILES = [  # PER_SM: persistent programs a multiprocessor (else one program a tile)
     dict(BLOCK_M=128, BLOCK_N=128, STAGES=4, num_warps=8),
+    dict(BLOCK_M=128, BLOCK_N=128, STAGES=4, num_warps=8, PER_SM=1),
     dict(BLOCK_M=64, BLOCK_N=64, STAGES=6, num_warps=4),
-    dict(BLOCK_M=128, BLOCK_N=64, STAGES=4, num_warps=8),
+    dict(BLOCK_M=64, BLOCK_N=64, STAGES=6, num_warps=4, PER_SM=2),
+    dict(BLOCK_M=128, BLOCK_N=64, STAGES=4, num_warps=8, PER_SM=1),
 ]
 
 
@@ -188,6 +211,7 @@ def main() -> None:
               f"{quant_ms:.3f}; its product {row['default_tf']:.0f} TF/s")  # fmt: skip
         for t in TILES:
             name = f"{t['BLOCK_M']}x{t['BLOCK_N']} s{t['STAGES']} w{t['num_warps']}"
+            name += f" persistent {t['PER_SM']}/SM" if t.get("PER_SM") else ""
             try:
                 got = prompt_linear(x8, xs, w, parts, bpp, t)
                 same = torch.equal(got.view(torch.int16), want.view(torch.int16))

@@ -29,7 +29,8 @@ def _compile(tile: dict, parts: int, blocks_per_part: int):
 
     x = torch.empty(256, 2048, dtype=torch.float8_e4m3fn)
     descs = fp8_gluon.descriptors(x, x, tile["BLOCK_M"], tile["BLOCK_N"])
-    consts = dict(PARTS=parts, BLOCKS_PER_PART=blocks_per_part, **tile)
+    blocks = {k: v for k, v in tile.items() if k != "PER_SM"}  # PER_SM: the grid's
+    consts = dict(PARTS=parts, BLOCKS_PER_PART=blocks_per_part, **blocks)
     sig = dict(x_desc=mangle_type(descs[0]), q_desc=mangle_type(descs[1]), xs_ptr="*fp32",
                s_ptr="*fp32", y_ptr="*bf16", M="i32", N="i32", KB="i32", KS="i32",
                stride_y="i32", **dict.fromkeys(consts, "constexpr"))  # fmt: skip
