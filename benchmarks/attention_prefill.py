@@ -53,20 +53,23 @@ def timed(fn, reps: int = 5) -> float:
 
 def select_variants(scores, pos, t: int) -> list[dict]:
     """The mask's ranking at T rows in its ways (triton_select.py's module settings): the
-    default, one program a row (rows past WHOLE blocks in its loops over chunks), and one
-    program a row ranking up to 8,192 blocks in registers; each timed and its mask against
-    the default's."""
+    default, the spread ranking (decode's, whatever the rows), one program a row ranking up to
+    WHOLE blocks in registers (longer rows in its loops over chunks), and one ranking up to
+    8,192; each timed and its mask against the default's."""
     from flashlane.kernels.attention import triton_select as sel
 
     want = select_from_scores(scores, pos, t, BLOCK, TOP)
     out = []
-    saved = sel.SPREAD, sel.WHOLE
-    for name, spread, whole in (
-        ("default", sel.SPREAD, sel.WHOLE),
-        ("one program a row", False, sel.WHOLE),
-        ("one program a row, whole 8192", False, 8192),
+    names = ("SPREAD", "SPREAD_ROWS", "ROWS_WHOLE")
+    saved = {k: getattr(sel, k) for k in names}
+    for name, settings in (
+        ("default", {}),
+        ("spread", dict(SPREAD=True, SPREAD_ROWS=1 << 62)),
+        ("one program a row", dict(SPREAD=False, SPREAD_ROWS=0, ROWS_WHOLE=sel.WHOLE)),
+        ("one program a row, whole 8192", dict(SPREAD=False, SPREAD_ROWS=0, ROWS_WHOLE=8192)),
     ):
-        sel.SPREAD, sel.WHOLE = spread, whole
+        for k, v in settings.items():
+            setattr(sel, k, v)
         try:
             same = torch.equal(select_from_scores(scores, pos, t, BLOCK, TOP), want)
             ms = timed(lambda: select_from_scores(scores, pos, t, BLOCK, TOP)) * 1e3
@@ -76,7 +79,8 @@ def select_variants(scores, pos, t: int) -> list[dict]:
             out.append(dict(variant=name, error=f"{type(e).__name__}: {str(e)[:120]}"))
             print(f"  select, {name}: {out[-1]['error']}")
         finally:
-            sel.SPREAD, sel.WHOLE = saved
+            for k, v in saved.items():
+                setattr(sel, k, v)
     return out
 
 
