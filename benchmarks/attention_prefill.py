@@ -84,11 +84,57 @@ def select_variants(scores, pos, t: int) -> list[dict]:
     return out
 
 
+def gathered_variants(q, k, v, mask, scale, pos, t: int) -> list[dict]:
+    """Prompt rows through the decode kernels that read only each row's allowed keys
+    (triton_gather.py by key ranges; triton_listed.py listed once a row, folded in slices,
+    with its module settings): at a long prompt a row sees 2,048 keys where the walk loads
+    every causal block. Each timed at T rows, its bits against the walk's default and its
+    rows in windows against the whole call's."""
+    from flashlane.kernels.attention import triton_gather as gather
+    from flashlane.kernels.attention import triton_listed as listed
+
+    walk = attn.attention(q, k, v, mask, scale, positions=pos)
+    out = []
+    saved = {n: getattr(listed, n) for n in ("SLICES", "STEPS")}
+    for name, fn, settings in (
+        ("gather by ranges", gather.attention_gathered, {}),
+        ("listed, 32 slices of 2 steps", listed.attention_listed, {}),
+        ("listed, 4 slices of 16 steps", listed.attention_listed, dict(SLICES=4, STEPS=16)),
+        ("listed, one slice", listed.attention_listed, dict(SLICES=1, STEPS=64)),
+    ):
+        for n, val in settings.items():
+            setattr(listed, n, val)
+        try:
+            full = fn(q, k, v, mask, scale, positions=pos)
+            ms = timed(lambda fn=fn: fn(q, k, v, mask, scale, positions=pos)) * 1e3
+            same = True
+            for a, w in ((0, 1), (t // 2, 7), (t - 64, 64), (t - 1, 1)):
+                n = a + w
+                part = fn(q[:, a:n], k[:, :n], v[:, :n], mask[:, a:n, :n], scale,
+                          positions=pos[:, a:n])  # fmt: skip
+                same &= torch.equal(part, full[:, a:n])
+            diff = (full.float() - walk.float()).abs().max().item()
+            out.append(dict(variant=name, ms=ms, row_invariant=same, max_diff_vs_walk=diff))
+            print(f"  {name}: {ms:.3f} ms, rows alone {same}, largest diff vs walk {diff:.2e}")
+            del full
+        except Exception as e:  # out of memory or registers: say so and go on
+            out.append(dict(variant=name, error=f"{type(e).__name__}: {str(e)[:120]}"))
+            print(f"  {name}: {out[-1]['error']}")
+        finally:
+            for n, val in saved.items():
+                setattr(listed, n, val)
+            torch.cuda.empty_cache()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--json", default="")
     ap.add_argument("--select-only", action="store_true", help="skip the attention tiles")
+    ap.add_argument(
+        "--gathered", action="store_true", help="time the gathering kernels, not the tiles"
+    )
     args = ap.parse_args()
     t = args.tokens
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -112,7 +158,12 @@ def main() -> None:
         f"{'BM':>4} {'BL':>4} {'w':>2} {'st':>2} {'skip':>5} {'pos':>4} {'ms':>8} "
         f"{'TF/s':>6} {'dec us':>7} {'bits':>5} {'vs first':>9}"
     )
-    for cfg5, with_pos in [] if args.select_only else CONFIGS:
+    if args.gathered:
+        walk_ms = timed(lambda: attn.attention(q, k, v, mask, scale, positions=pos)) * 1e3
+        print(f"  the walk, default tile: {walk_ms:.3f} ms")
+        rows.append(dict(variant="walk", ms=walk_ms))
+        rows += gathered_variants(q, k, v, mask, scale, pos, t)
+    for cfg5, with_pos in [] if args.select_only or args.gathered else CONFIGS:
         cfg = (*cfg5[:4], "tf32", cfg5[4])
         p = pos if with_pos else None
         row = dict(config=list(cfg5), positions=with_pos)
