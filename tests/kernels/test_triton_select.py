@@ -28,7 +28,8 @@ def ranking(request, monkeypatch):
     blocks, so a row's counts and histograms add over several), every row by programs of 16
     blocks each (triton_select_spread.py), which write its mask 32 keys a step, the spread
     with rows of up to 8 blocks ranked whole by their first program, and a call of as many
-    rows as SPREAD_ROWS: one program a row however long, up to ROWS_WHOLE (8) blocks whole."""
+    rows as SPREAD_ROWS: one program a row however long, up to the call's blocks' power of
+    two (at least WHOLE, at most ROWS_WHOLE: 8) whole."""
     spread = request.param.startswith("spread") or request.param == "many rows"
     if request.param != "whole":
         monkeypatch.setattr(triton_select, "WHOLE", 8 if request.param == "spread whole" else 2)
@@ -64,6 +65,18 @@ def _check(scores, pos, num_keys, block, top):
     want = _want(scores, pos, num_keys, block, top)
     assert got.dtype == torch.bool and got.shape == want.shape
     assert torch.equal(got, want), (got.int() - want.int()).nonzero()[:5]
+
+
+def test_prompt_pieces_rank_their_blocks_whole(ranking):
+    """A prompt piece's programs rank up to its blocks' power of two in registers (not
+    ROWS_WHOLE at any length: 8k rows took 1.6x longer so), a decode call up to WHOLE."""
+    if ranking != "whole":
+        pytest.skip("the module's own settings")
+    rows = triton_select.SPREAD_ROWS
+    assert triton_select.rows_whole(rows - 1, 8192) == triton_select.WHOLE
+    assert triton_select.rows_whole(rows, 2048) == triton_select.WHOLE == 4096
+    assert triton_select.rows_whole(rows, 5000) == triton_select.ROWS_WHOLE == 8192
+    assert triton_select.rows_whole(4 * rows, 65536) == 8192
 
 
 @pytest.mark.parametrize("seed", [0, 1])

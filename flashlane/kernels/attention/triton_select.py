@@ -42,8 +42,19 @@ SPREAD_KEYS = 16384
 # ... in calls of fewer than SPREAD_ROWS rows: a prompt piece's thousands of rows fill the GPU
 # one program a row, which ranks up to ROWS_WHOLE blocks in registers. H100, 32,768 prompt
 # rows (`attention_prefill.py --select-only`, results/attention_prefill_select_h100_f52e301_*):
-# spread 13.17 ms a layer, one program a row 9.42, up to 8,192 blocks whole 8.98; one mask
+# spread 13.17 ms a layer, one program a row 9.42, up to 8,192 blocks whole 8.98; one mask.
+# Up to the row's blocks only (`rows_whole`): at 8,192 rows (2,048 blocks) ranking in 8,192
+# registers took 1.58 ms a layer against 0.96 in 4,096 (results/attention_prefill_gathered_
+# 8192_h100_0fb7b54_*)
 SPREAD_ROWS, ROWS_WHOLE = 4096, 8192
+
+
+def rows_whole(rows: int, nb: int) -> int:
+    """The blocks a select program of a call of `rows` rows over `nb` blocks ranks in
+    registers: WHOLE, or for a prompt piece its blocks' power of two up to ROWS_WHOLE."""
+    if rows < SPREAD_ROWS:
+        return WHOLE
+    return min(ROWS_WHOLE, max(WHOLE, triton.next_power_of_2(max(nb, 1))))
 
 
 def whole_warps(whole: int) -> int:
@@ -207,7 +218,7 @@ def select_from_scores(
     mask = torch.empty((b, t, num_keys), dtype=torch.int8, device=scores.device)
     if not rows or not num_keys:
         return mask.view(torch.bool)
-    whole = ROWS_WHOLE if rows >= SPREAD_ROWS else WHOLE
+    whole = rows_whole(rows, nb)
     if SPREAD and num_keys > SPREAD_KEYS and nb > 0 and rows < SPREAD_ROWS:  # one mask anyway
         from flashlane.kernels.attention import triton_select_spread as spread
 
