@@ -53,20 +53,24 @@ def timed(fn, reps: int = 5) -> float:
 
 def select_variants(scores, pos, t: int) -> list[dict]:
     """The mask's ranking at T rows in its ways (triton_select.py's module settings): the
-    default, the spread ranking (decode's, whatever the rows), one program a row ranking up to
-    WHOLE blocks in registers (longer rows in its loops over chunks), and one ranking up to
-    8,192; each timed and its mask against the default's."""
+    default (`rows_whole`), the spread ranking (decode's, whatever the rows), one program a row
+    ranking up to WHOLE blocks in registers (longer rows in its loops over chunks), and one
+    ranking up to 8,192 whatever the blocks; each timed and its mask against the default's."""
     from flashlane.kernels.attention import triton_select as sel
 
     want = select_from_scores(scores, pos, t, BLOCK, TOP)
     out = []
-    names = ("SPREAD", "SPREAD_ROWS", "ROWS_WHOLE")
+    names = ("SPREAD", "SPREAD_ROWS", "WHOLE", "ROWS_WHOLE")
     saved = {k: getattr(sel, k) for k in names}
     for name, settings in (
         ("default", {}),
         ("spread", dict(SPREAD=True, SPREAD_ROWS=1 << 62)),
         ("one program a row", dict(SPREAD=False, SPREAD_ROWS=0, ROWS_WHOLE=sel.WHOLE)),
-        ("one program a row, whole 8192", dict(SPREAD=False, SPREAD_ROWS=0, ROWS_WHOLE=8192)),
+        # (rows_whole takes at least WHOLE, at most ROWS_WHOLE)
+        (
+            "one program a row, whole 8192",
+            dict(SPREAD=False, SPREAD_ROWS=0, WHOLE=8192, ROWS_WHOLE=8192),
+        ),
     ):
         for k, v in settings.items():
             setattr(sel, k, v)
