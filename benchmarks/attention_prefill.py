@@ -15,8 +15,10 @@ first config. Then the indexer's scores (tensor-core dots) against torch's fp32 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
+from unittest import mock
 
 import torch
 
@@ -51,6 +53,11 @@ def timed(fn, reps: int = 5) -> float:
     return cuda_timed(fn, reps)
 
 
+def module_settings(module, values: dict):
+    """A module's settings set for a `with` block and restored after it (none: nothing)."""
+    return mock.patch.multiple(module, **values) if values else contextlib.nullcontext()
+
+
 def select_variants(scores, pos, t: int) -> list[dict]:
     """The mask's ranking at T rows in its ways (triton_select.py's module settings): the
     default (`rows_whole`), the spread ranking (decode's, whatever the rows), one program a row
@@ -60,8 +67,6 @@ def select_variants(scores, pos, t: int) -> list[dict]:
 
     want = select_from_scores(scores, pos, t, BLOCK, TOP)
     out = []
-    names = ("SPREAD", "SPREAD_ROWS", "WHOLE", "ROWS_WHOLE")
-    saved = {k: getattr(sel, k) for k in names}
     for name, settings in (
         ("default", {}),
         ("spread", dict(SPREAD=True, SPREAD_ROWS=1 << 62)),
@@ -72,19 +77,15 @@ def select_variants(scores, pos, t: int) -> list[dict]:
             dict(SPREAD=False, SPREAD_ROWS=0, WHOLE=8192, ROWS_WHOLE=8192),
         ),
     ):
-        for k, v in settings.items():
-            setattr(sel, k, v)
         try:
-            same = torch.equal(select_from_scores(scores, pos, t, BLOCK, TOP), want)
-            ms = timed(lambda: select_from_scores(scores, pos, t, BLOCK, TOP)) * 1e3
+            with module_settings(sel, settings):
+                same = torch.equal(select_from_scores(scores, pos, t, BLOCK, TOP), want)
+                ms = timed(lambda: select_from_scores(scores, pos, t, BLOCK, TOP)) * 1e3
             out.append(dict(variant=name, ms=ms, same_mask=same))
             print(f"  select, {name}: {ms:.3f} ms, mask {'same' if same else 'OTHER'}")
         except Exception as e:  # out of registers or shared memory: say so and go on
             out.append(dict(variant=name, error=f"{type(e).__name__}: {str(e)[:120]}"))
             print(f"  select, {name}: {out[-1]['error']}")
-        finally:
-            for k, v in saved.items():
-                setattr(sel, k, v)
     return out
 
 
@@ -99,24 +100,22 @@ def gathered_variants(q, k, v, mask, scale, pos, t: int) -> list[dict]:
 
     walk = attn.attention(q, k, v, mask, scale, positions=pos)
     out = []
-    saved = {n: getattr(listed, n) for n in ("SLICES", "STEPS")}
     for name, fn, settings in (
         ("gather by ranges", gather.attention_gathered, {}),
         ("listed, 32 slices of 2 steps", listed.attention_listed, {}),
         ("listed, 4 slices of 16 steps", listed.attention_listed, dict(SLICES=4, STEPS=16)),
         ("listed, one slice", listed.attention_listed, dict(SLICES=1, STEPS=64)),
     ):
-        for n, val in settings.items():
-            setattr(listed, n, val)
         try:
-            full = fn(q, k, v, mask, scale, positions=pos)
-            ms = timed(lambda fn=fn: fn(q, k, v, mask, scale, positions=pos)) * 1e3
-            same = True
-            for a, w in ((0, 1), (t // 2, 7), (t - 64, 64), (t - 1, 1)):
-                n = a + w
-                part = fn(q[:, a:n], k[:, :n], v[:, :n], mask[:, a:n, :n], scale,
-                          positions=pos[:, a:n])  # fmt: skip
-                same &= torch.equal(part, full[:, a:n])
+            with module_settings(listed, settings):
+                full = fn(q, k, v, mask, scale, positions=pos)
+                ms = timed(lambda fn=fn: fn(q, k, v, mask, scale, positions=pos)) * 1e3
+                same = True
+                for a, w in ((0, 1), (t // 2, 7), (t - 64, 64), (t - 1, 1)):
+                    n = a + w
+                    part = fn(q[:, a:n], k[:, :n], v[:, :n], mask[:, a:n, :n], scale,
+                              positions=pos[:, a:n])  # fmt: skip
+                    same &= torch.equal(part, full[:, a:n])
             diff = (full.float() - walk.float()).abs().max().item()
             out.append(dict(variant=name, ms=ms, row_invariant=same, max_diff_vs_walk=diff))
             print(f"  {name}: {ms:.3f} ms, rows alone {same}, largest diff vs walk {diff:.2e}")
@@ -125,8 +124,6 @@ def gathered_variants(q, k, v, mask, scale, pos, t: int) -> list[dict]:
             out.append(dict(variant=name, error=f"{type(e).__name__}: {str(e)[:120]}"))
             print(f"  {name}: {out[-1]['error']}")
         finally:
-            for n, val in saved.items():
-                setattr(listed, n, val)
             torch.cuda.empty_cache()
     return out
 
