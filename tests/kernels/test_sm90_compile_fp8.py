@@ -53,6 +53,9 @@ def _linear(m: int, split: bool, prompt: bool = False, n: int = 2560, k: int = 6
 KERNELS = {
     "fp8 linear decode split": _linear(1, True),
     "fp8 linear decode in program": _linear(16, False),
+    # a wide weight's decode rows (fp8_tiles.decode_parts): 16 x 128, two partitions
+    "fp8 linear decode wide": _linear(1, False, n=16384, k=2560),
+    "fp8 linear decode wide split": _linear(1, True, n=12288, k=2560),
     "fp8 linear prefill": _linear(4096, False),
     "fp8 linear prompt": _linear(4096, False, prompt=True),
     "fp8 linear prompt split": _linear(1, True, prompt=True),
@@ -106,6 +109,16 @@ def test_fp8_prompt_tiles_run_on_wgmma_and_keep_their_registers(name):
     ops = re.findall(r"\b(HGMMA|QGMMA|HMMA|STL|LDL)\b", code)  # QGMMA: wgmma of e4m3
     assert {"HGMMA", "QGMMA"} & set(ops) and "HMMA" not in ops, "prompt rows not on wgmma"
     assert "STL" not in ops and "LDL" not in ops, f"{ops.count('STL')} local stores"
+
+
+@pytest.mark.parametrize("name", sorted(n for n in KERNELS if "linear decode" in n))
+def test_fp8_decode_tiles_keep_their_registers(name):
+    """The linear's decode tiles, the wide weights' 16 x 128 on 4 warps and 5 stages
+    (fp8_tiles.DECODE_TILE_WIDE) among them: no local-memory traffic."""
+    import re
+
+    ops = re.findall(r"\b(STL|LDL)\b", sass(compiles_for_sm90(KERNELS[name], aligned=True)))
+    assert not ops, f"{ops.count('STL')} local stores, {ops.count('LDL')} local loads"
 
 
 @pytest.mark.parametrize("name", sorted(KERNELS))

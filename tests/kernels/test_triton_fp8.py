@@ -27,7 +27,9 @@ from tests.kernels.triton_env import DEVICE, DTYPES, HAS_CUDA, dot_mismatch, nee
 pytestmark = needs_triton
 pytest.importorskip("triton")
 
-from flashlane.kernels.linear import triton_fp8 as tfp8  # noqa: E402 (after the skip marker)
+from flashlane.kernels.linear import fp8_tiles  # noqa: E402 (after the skip marker)
+from flashlane.kernels.linear import triton_fp8 as tfp8  # noqa: E402
+from flashlane.kernels.linear.tiles import DECODE_ROWS  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
 if HAS_CUDA:
@@ -139,26 +141,39 @@ def test_linear_fp8_split_and_in_program_sums_agree(dtype):
     assert torch.equal(split, whole)
 
 
-def test_fp8_partitions_depend_on_n_and_k_only():
+@pytest.mark.parametrize("nk", [(2560, 6144), (16384, 2560), (12288, 2560), (10240, 2560)])
+def test_fp8_partitions_depend_on_n_k_and_the_rows_kind_only(nk):
+    """A decode row's partitions are the same at every row count (decode_parts), a prompt
+    row's too (fp8_parts); the wide weights' decode rows (one K partition in tiles of 64
+    columns) take the partitions of tiles of 128 columns and DECODE_TILE_WIDE up to
+    DECODE_ROWS."""
+    n, k = nk
+    decode, wide = fp8_tiles.decode_parts(n, k)
+    assert wide == (fp8_tiles.fp8_parts(n, k)[0] == 1)
+    assert wide == (n >= 10240)  # the in-projections, q and the n-gram keys of Flash Next
     for m in (1, 16, 64, 65, 4096):
-        t = tfp8.fp8_tile(m, 2560, 6144)
-        assert (t["PARTS"], t["BLOCKS_PER_PART"], t["BLOCK_K"]) == (
-            *tfp8.fp8_parts(2560, 6144),
-            128,
-        )
+        t = tfp8.fp8_tile(m, n, k)
+        assert (t["PARTS"], t["BLOCKS_PER_PART"], t["BLOCK_K"]) == (*decode, 128)
+        p = tfp8.fp8_tile(m, n, k, prompt=True)
+        assert (p["PARTS"], p["BLOCKS_PER_PART"]) == fp8_tiles.fp8_parts(n, k)
+        if m <= DECODE_ROWS:
+            shape = fp8_tiles.DECODE_TILE_WIDE if wide else fp8_tiles.DECODE_TILE
+            assert {key: t[key] for key in shape} == shape
+    if wide:  # two or three partitions of the wide weights' 20 blocks of K
+        assert decode[0] in (2, 3) and decode[0] * decode[1] >= k // 128
 
 
 def test_fp8_decode_rows_never_take_rows_of_64_and_prompt_rows_always_do():
     """Rows of 64 run on wgmma, whose per-block dot from zero gave other bits than mma.sync's
     in a few elements on the H200 (benchmarks/fp8_bits_probe.py): a decode row's tile, linear
     and MoE, keeps to rows of 16 or 32 at any count; a prompt row's is wgmma's at any count
-    (kernels/row_kind.py), with the same partitions."""
+    (kernels/row_kind.py)."""
     from flashlane.kernels.moe import triton_fp8 as moe_fp8
 
-    for m in (1, 16, 64, 65, 200, 4096):
-        assert tfp8.fp8_tile(m, 2560, 2560)["BLOCK_M"] in (16, 32)
-        prompt = tfp8.fp8_tile(m, 2560, 2560, prompt=True)
-        assert prompt["BLOCK_M"] == 64 and prompt["PARTS"] == tfp8.fp8_tile(m, 2560, 2560)["PARTS"]
+    for n in (2560, 16384):
+        for m in (1, 16, 64, 65, 200, 4096):
+            assert tfp8.fp8_tile(m, n, 2560)["BLOCK_M"] in (16, 32)
+            assert tfp8.fp8_tile(m, n, 2560, prompt=True)["BLOCK_M"] in (64, 128)
     assert moe_fp8.PREFILL_BLOCK_M in (16, 32) and moe_fp8.PROMPT_BLOCK_M == 64
 
 

@@ -8,7 +8,8 @@ apply to fp32 sums, never to the bf16 operands, and the fma rounds once wherever
 compiled. Prompt rows (kernels/row_kind.py): their activations in block FP8 too (1 x 128
 groups, kernels/linear/act_quant.py, as transformers' fine-grained FP8 linear), each K
 block's dot of e4m3 codes on the tensor cores, `acc = fma(dot_kb, xs[m, kb] * scale, acc)`.
-The K blocks are cut into PARTS fixed partitions that depend on (N, K) only (`fp8_parts`);
+The K blocks are cut into PARTS fixed partitions that depend on (N, K) and the rows' kind
+only (`fp8_tiles.decode_parts`, `fp8_parts`);
 each partition sums its blocks in ascending order from zero, and the partitions are added
 in ascending order, `((p0 + p1) + p2) + ...` as the bf16 kernel's (kernels/linear/triton.py),
 so a row's bits never depend on the call's other rows. The tile's shape follows the rows'
