@@ -23,6 +23,7 @@ from flashlane.kernels.attention import (  # noqa: E402
     triton_blocks,
     triton_causal,
     triton_gather,
+    triton_kv8,
     triton_listed,
     triton_scores,
     triton_select,
@@ -168,6 +169,14 @@ ATTENTION_KERNELS = {
                               d2="*fp32", tab_ptr="*i64", pos_ptr="*i64", W0="i32", W1="i32",
                               W2="i32", S0="i32", S1="i32", S2="i32"),
                          dict(C0=5, C1=6, C2=7, BLOCK=2, PDL=1), dict(launch_pdl=True)),
+    # a decode step's rows quantized in the store (triton_kv8.put_quantized)
+    "put_three8": (triton_kv8._put_three8_kernel,
+                   dict(s0=BF, d0="*fp8e4nv", c0="*fp32", s1=BF, d1="*fp8e4nv", c1="*fp32",
+                        s2=BF, d2="*fp8e4nv", c2="*fp32", tab_ptr="*i64", pos_ptr="*i64",
+                        G0="i32", G1="i32", G2="i32", D0="i32", D1="i32", D2="i32",
+                        S0="i32", S1="i32", S2="i32"),
+                   dict(C0=0, C1=1, C2=2, SC0=5, SC1=6, SC2=7, BLOCK_G=2, BLOCK_D=256, PDL=1),
+                   dict(launch_pdl=True)),
     "put_rows": (triton_blocks._put_rows_kernel,
                  dict(src_ptr=BF, dst_ptr=BF, tab_ptr="*i64", pos_ptr="*i64", W="i32"),
                  dict(COL=0, BLOCK=512)),
@@ -238,3 +247,15 @@ ATTENTION_KERNELS = {
 def test_compiles_for_sm90(name):
     """With its pointers aligned, as a launch on torch's tensors specialises it (sm90.py)."""
     compiles_for_sm90(ATTENTION_KERNELS[name], aligned=True)
+
+
+def test_rows_quantized_in_the_store_divide_as_torch():
+    """triton_kv8's store quantizes as kv8.quantize does on a GPU: both divisions IEEE
+    (div.rn, not the approximate div.full a plain `/` compiles to) and the GPU's cast to e4m3
+    (round to nearest even), whose bits the GPU test compares with torch's."""
+    import re
+
+    ptx = compiles_for_sm90(ATTENTION_KERNELS["put_three8"], aligned=True).asm["ptx"]
+    divisions = set(re.findall(r"div\.[\w.]*f32", ptx))
+    assert divisions == {"div.rn.f32"}, divisions
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx

@@ -199,3 +199,38 @@ def test_8bit_drafted_steps_through_size_tables(tiny_ckpt, monkeypatch, b, depth
         for g, h in zip(s.gdn.values(), ref.gdn.values()):
             for x, y in ((g.conv, h.conv), (g.recurrent, h.recurrent)):
                 assert (x - y).abs().max().item() <= DOT_TOL * max(y.abs().max().item(), 1.0)
+
+
+@pytest.mark.skipif(INTERPRET, reason="the interpreter's e4m3 cast is wrong: put_quantized's torch")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_quantized_in_the_store_are_torchs_quantize(dtype):
+    """triton_kv8.put_quantized (the decode rows' 8-bit writes in one launch) stores the bytes
+    kv8.quantize and a copy store, at each session's row, over rows of every magnitude: a
+    row of zeros (the scale's floor), subnormal scales, e4m3's subnormal codes, values on
+    rounding ties."""
+    from flashlane.kernels.attention import triton_kv8
+
+    caches = sessions8([24, 64, 3, 9], dtype, seed=12)
+    _, k, v, _, raw, *_ = row_inputs(4, dtype, seed=13)
+    gen = torch.Generator().manual_seed(14)
+    mags = 2.0 ** torch.randint(-140, 9, (3, 4, 2), generator=gen).float()
+    k = k * mags[0].to(DEVICE)[:, :, None].to(dtype)
+    v = v * mags[1].to(DEVICE)[:, :, None].to(dtype)
+    raw = raw * mags[2, :, :1].to(DEVICE).to(dtype)
+    k[1, 0] = 0.0
+    v[2, 1] = torch.arange(v.shape[-1], device=DEVICE).to(dtype) * 0.5  # ties at 448 / max
+    pos = torch.tensor([5, 63, 2, 8], device=DEVICE)
+    want = copies(caches)
+    for i, c in enumerate(want):
+        at = pos[i : i + 1]
+        for t, scale, x in (
+            (c.k, c.k_scale, k),
+            (c.v, c.v_scale, v),
+            (c.index_keys, c.index_scale, raw),
+        ):
+            qx, sx = kv8.quantize(x[i : i + 1])
+            t.view(torch.uint8).index_copy_(0, at, qx.view(torch.uint8))
+            scale.index_copy_(0, at, sx)
+    got = copies(caches)
+    triton_kv8.put_quantized(got[0], attn_table(got), pos, k, v, raw)
+    assert all(same_bytes(a, b) for a, b in zip(want, got))

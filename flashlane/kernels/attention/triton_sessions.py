@@ -11,13 +11,13 @@ from types import SimpleNamespace
 
 import torch
 
-from flashlane.kernels.attention import kv8
 from flashlane.kernels.attention import reference as attention_ref
 from flashlane.kernels.attention import triton_blocks as blocks_tr
 from flashlane.kernels.attention.triton import attention
+from flashlane.kernels.attention.triton_kv8 import put_quantized
 from flashlane.kernels.attention.triton_scores import index_scores
 from flashlane.kernels.attention.triton_select import select_from_scores, select_mask
-from flashlane.kernels.session_tables import SCALE_COLUMNS, attn_table
+from flashlane.kernels.session_tables import attn_table
 
 
 def attend_sessions(
@@ -53,15 +53,12 @@ def attend_sessions(
     table = attn_table(caches) if table is None else table
     first = caches[0]
     caches8 = first.k_scale is not None
-    if caches8:  # e4m3 rows and their scales (kv8.py: each row's bits its own, so K and V
-        # quantize as one tensor: half the launches of a graphed step's quantization)
-        (kv, kvs), (raw, rs) = kv8.quantize(torch.stack([k, v])), kv8.quantize(raw)
-        (k, v), (ks, vs) = kv, kvs
-        scales = [first.k_scale, first.v_scale, first.index_scale]
-        blocks_tr.put_rows_three(scales, list(SCALE_COLUMNS), table, pos, [ks, vs, rs])
-    blocks_tr.put_rows_three(
-        [first.k, first.v, first.index_keys], ["k", "v", "index_keys"], table, pos, [k, v, raw]
-    )
+    if caches8:  # e4m3 rows and their scales, quantized in the store (triton_kv8.py)
+        put_quantized(first, table, pos, k, v, raw)
+    else:
+        blocks_tr.put_rows_three(
+            [first.k, first.v, first.index_keys], ["k", "v", "index_keys"], table, pos, [k, v, raw]
+        )
     blocks_tr.pool_block_at(
         first.index_keys,
         first.block_keys,
