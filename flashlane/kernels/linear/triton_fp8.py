@@ -9,14 +9,13 @@ compiled. Prompt rows (kernels/row_kind.py): their activations in block FP8 too 
 groups, kernels/linear/act_quant.py, as transformers' fine-grained FP8 linear), each K
 block's dot of e4m3 codes on the tensor cores, `acc = fma(dot_kb, xs[m, kb] * scale, acc)`.
 The K blocks are cut into PARTS fixed partitions that depend on (N, K) and the rows' kind
-only (`fp8_tiles.decode_parts`, `fp8_parts`);
-each partition sums its blocks in ascending order from zero, and the partitions are added
-in ascending order, `((p0 + p1) + p2) + ...` as the bf16 kernel's (kernels/linear/triton.py),
-so a row's bits never depend on the call's other rows. The tile's shape follows the rows'
-kind and count (decode rows: 16 rows up to DECODE_ROWS, 32 above, both on mma.sync; prompt
-rows: 64 on wgmma), never the partitions; with few tiles each partition is its own program
-and the tile's last program adds the fp32 partials in order (kernels/partials.py), else one
-program runs them all. Same sums, same order, same bits.
+only (`fp8_tiles`); each partition sums its blocks in ascending order from zero, and the
+partitions are added in ascending order, `((p0 + p1) + p2) + ...` as the bf16 kernel's
+(kernels/linear/triton.py), so a row's bits never depend on the call's other rows. The
+tile's shape follows the rows' kind and count (decode rows: 16 rows up to DECODE_ROWS, 32
+above, both on mma.sync; prompt rows: 64 on wgmma), never the partitions; with few tiles
+each partition is its own program and the tile's last program adds the fp32 partials in
+order (kernels/partials.py), else one program runs them all: the same sums and bits.
 
 fp32 inputs (the tests under the interpreter) take exact fp32 products (`ieee`): bitwise
 `x @ dequantize(w, fp32).T` summed in this order.
