@@ -9,6 +9,7 @@ and the block keys and cache writes.
 from __future__ import annotations
 
 import os
+import struct
 
 import pytest
 import torch
@@ -250,12 +251,15 @@ def test_compiles_for_sm90(name):
 
 
 def test_rows_quantized_in_the_store_divide_as_torch():
-    """triton_kv8's store quantizes as kv8.quantize does on a GPU: both divisions IEEE
-    (div.rn, not the approximate div.full a plain `/` compiles to) and the GPU's cast to e4m3
-    (round to nearest even), whose bits the GPU test compares with torch's."""
+    """triton_kv8's store quantizes as kv8.quantize does on a GPU: the values' division by
+    their scale IEEE (div.rn, not the approximate div.full a plain `/` compiles to), the
+    scale amax times fp32(1 / 448) as torch's division by a host scalar on a GPU (no
+    division), and the GPU's cast to e4m3 (round to nearest even), whose bits the GPU test
+    compares with torch's."""
     import re
 
     ptx = compiles_for_sm90(ATTENTION_KERNELS["put_three8"], aligned=True).asm["ptx"]
-    divisions = set(re.findall(r"div\.[\w.]*f32", ptx))
-    assert divisions == {"div.rn.f32"}, divisions
+    assert set(re.findall(r"div\.[\w.]*f32", ptx)) == {"div.rn.f32"}
+    inv = struct.unpack("<I", struct.pack("<f", 1.0 / 448.0))[0]
+    assert re.search(rf"mul\.f32\s[^;]*0f{inv:08X}", ptx, re.IGNORECASE), "amax * (1 / 448)"
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx

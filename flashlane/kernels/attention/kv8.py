@@ -4,7 +4,9 @@ cache is the same whatever ran beside it (DESIGN.md section 1).
 
 quantize: scale = max(amax / 448, SCALE_FLOOR) over the row's last dimension (a head's D
 values of K or V, or an indexer key's Di), values x / scale rounded to e4m3 (448 is e4m3's
-largest finite value; the floor keeps a zero row's scale finite, so it stores exact zeros).
+largest finite value; the floor keeps a zero row's scale finite, so it stores exact zeros;
+torch on a GPU divides by the host scalar 448 as a multiply by fp32(1 / 448), on the CPU
+exactly: triton_kv8.py's store follows the GPU's).
 dequantize: e4m3 -> fp32, times the scale (one correctly rounded fp32 product, the same bits
 in torch and in a Triton load), then the compute dtype: the kernels compute on those values
 as they would on a cache stored in the compute dtype.

@@ -4,10 +4,13 @@ its own session's buffers through the session table (session_tables.attn_table),
 torch's quantize took ~16 launches a layer (~25 us of a one-stream step on the H100,
 timeline_flashnext-12l_fp8_1streams_71808_h100_588eb7c).
 
-The same bits as kv8.quantize on a GPU: a group's amax is exact, both divisions are IEEE
-(`div_rn`, as torch's fp32 division), the quotient clamped to +-448 and cast to e4m3 by the
-GPU's cvt (round to nearest even, as torch's cast). The interpreter's fp32 -> e4m3 cast is
-wrong (kernels/linear/act_quant.py), so there `put_quantized` quantizes in torch and copies.
+The same bits as kv8.quantize on a GPU: a group's amax is exact; its scale amax / 448 is, in
+torch on a GPU, amax times fp32(1 / 448) (ATen's true division by a host scalar multiplies
+by its reciprocal; on the CPU it divides), so here too; the values' division by the scale
+is IEEE (`div_rn`, as torch's division of two tensors), the quotient clamped to +-448 and
+cast to e4m3 by the GPU's cvt (round to nearest even, as torch's cast). The interpreter's
+fp32 -> e4m3 cast is wrong (kernels/linear/act_quant.py), so there `put_quantized` quantizes
+in torch and copies.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from flashlane.kernels.tables import TABLE_WIDTH
 
 __all__ = ["put_quantized"]
 
-# kv8.quantize's floor of a scale (a row of zeros stores zeros)
+# kv8.quantize's floor of a scale (a row of zeros stores zeros), and fp32(1 / 448)
 FLOOR = tl.constexpr(kv8.SCALE_FLOOR)
+INV_MAX = tl.constexpr(1.0 / kv8.FP8_MAX)
 
 
 @triton.jit
@@ -39,7 +43,7 @@ def _put_row8(
     m = (g < G)[:, None] & (d < D)[None, :]
     x = tl.load(src_ptr + i * S + g[:, None] * D + d[None, :], mask=m, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.maximum(tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)), FLOOR)
+    scale = tl.maximum(amax * INV_MAX, FLOOR)  # torch's amax / 448 on a GPU (docstring)
     q = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
     q = tl.minimum(tl.maximum(q, -448.0), 448.0)
     tab = tab_ptr + i * TABLE_WIDTH
