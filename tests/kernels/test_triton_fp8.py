@@ -159,6 +159,7 @@ def test_fp8_partitions_depend_on_n_k_and_the_rows_kind_only(nk):
         if m <= DECODE_ROWS:
             shape = fp8_tiles.DECODE_TILE_WIDE if wide else fp8_tiles.DECODE_TILE
             assert {key: t[key] for key in shape} == shape
+            assert t.get("SPLIT", False) == wide  # a program a partition, as the tune timed
     if wide:  # two or three partitions of the wide weights' 20 blocks of K
         assert decode[0] in (2, 3) and decode[0] * decode[1] >= k // 128
 

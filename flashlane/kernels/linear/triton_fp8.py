@@ -32,14 +32,12 @@ from flashlane.kernels.linear import triton as dense_tr
 from flashlane.kernels.linear.act_quant import act_quant, act_quant_ref
 from flashlane.kernels.linear.fp8 import BLOCK, Fp8Weight
 from flashlane.kernels.linear.fp8_tiles import fp8_parts, fp8_tile  # noqa: F401 (re-exported)
-from flashlane.kernels.partials import add_partials, counters, last_to_arrive
+from flashlane.kernels.partials import NUM_COUNTERS, add_partials, counters, last_to_arrive
 from flashlane.kernels.pdl import enter, pdl
 
 # row tiles x column tiles from which one program runs every partition
 _IN_PROGRAM_TILES = 128
-# e4m3 to bf16 by bits (`bf16_of_e4m3`) where x is bf16 on a GPU; False: Triton's conversion
-# (the tune script times both: benchmarks/tune_fp8_decode.py)
-BITS = True
+BITS = True  # e4m3 to bf16 by bits (`bf16_of_e4m3`) for bf16 x on a GPU; False: Triton's
 # split partitions added by each tile's last program; False: by a second kernel (the path
 # taken while a CUDA graph is captured before the counters exist; the tests take both)
 _FIXUP = True
@@ -287,9 +285,10 @@ def linear_fp8(x: torch.Tensor, w: Fp8Weight, tile: dict | None = None) -> torch
         )
     bm, bn, parts = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["PARTS"]
     m_tiles, n_tiles = triton.cdiv(m, bm), triton.cdiv(n, bn)
-    split = parts > 1 and cfg.get("SPLIT", m_tiles * n_tiles < _IN_PROGRAM_TILES)
+    tiles = m_tiles * n_tiles  # a tile asking SPLIT splits where the counters cover it
+    split = parts > 1 and cfg.get("SPLIT", tiles < _IN_PROGRAM_TILES) and tiles <= NUM_COUNTERS
     # None while a graph is captured before the counters exist: a second kernel adds
-    count = counters(x.device, m_tiles * n_tiles) if split and _FIXUP else None
+    count = counters(x.device, tiles) if split and _FIXUP else None
     x_fp8 = cfg.get("X_FP8", False)
     xs = x2  # unread without X_FP8
     if x_fp8:  # the rows' activations in block FP8 (act_quant), e4m3 products
