@@ -18,7 +18,7 @@ gathered and the listed within bf16's tolerance of the plain one, and each sessi
 alone equal bit for bit to the batched row.
 
     python benchmarks/attention_decode.py [--contexts 16384,65536,131072] [--streams 1,4,16]
-        [--capacity 71808]
+        [--capacity 71808] [--kv8]
 
 `layer_us`: the step's whole QSA attention as the engine runs it by default (decode rows'
 scores of the blocks below the rows' positions, the select, the gathered attention);
@@ -29,7 +29,9 @@ many positions, as the engine's (`bench model`: 71,808), the rows still at the c
 last position. `scores_us` scores every block of the capacity in prompt rows' tile,
 `scores_decode_us` in decode rows'; `select_whole{N}_us`: the
 default select with rows of up to N complete blocks ranked from one load in registers
-(triton_select.WHOLE candidates, each checked against the mask).
+(triton_select.WHOLE candidates, each checked against the mask). `--kv8`: also the listed
+attention over 8-bit copies of the caches (kv8.quantize) with each of its fold's launch
+options (KV8_FOLDS, triton_listed.FOLD_OPTIONS8), timed and their bits compared.
 """
 
 from __future__ import annotations
@@ -41,14 +43,15 @@ import time
 import torch
 
 from flashlane.bench.common import commit, cuda_timed, graph_timed
-from flashlane.kernels.attention import triton as attn
 from flashlane.kernels.attention import (
+    kv8,
     triton_gather,
     triton_listed,
     triton_scores,
     triton_select,
     triton_walk,
 )
+from flashlane.kernels.attention import triton as attn
 from flashlane.kernels.attention.triton_select import select_from_scores
 
 HQ, HKV, D, HI, DI, BLOCK, TOP = 24, 2, 256, 4, 128, 4, 512
@@ -66,6 +69,20 @@ LAYERS = (
 )
 VARIANTS = [f"split{s}" for s in SPLITS] + [f"gather{s}" for s in SPLITS]
 VARIANTS += [f"listed{n}x{steps}w{warps}" for n, steps, warps in LISTED]
+# --kv8: the listed fold's launch options over an 8-bit cache (triton_listed.FOLD_OPTIONS8)
+KV8_FOLDS = {
+    "default": {},
+    "s1": dict(num_stages=1),
+    "s2": dict(num_stages=2),
+    "w8": dict(num_warps=8),
+    "w8s2": dict(num_warps=8, num_stages=2),
+    "w8s1": dict(num_warps=8, num_stages=1),
+}
+
+
+def rows(x, i):
+    """Batch row i of x (None: every row)."""
+    return x if i is None else x[i : i + 1]
 
 
 def timed(fn, reps: int = 20) -> float:
@@ -86,7 +103,7 @@ def copy_bandwidth() -> float:
     return 2 * x.numel() / launched(lambda: y.copy_(x), 5)
 
 
-def one(c: int, b: int, bw: float, capacity: int = 0) -> dict:
+def one(c: int, b: int, bw: float, capacity: int = 0, with_kv8: bool = False) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(c + b)
     cap = max(c, capacity)  # the sessions' positions: keys past the context are never read
 
@@ -165,9 +182,6 @@ def one(c: int, b: int, bw: float, capacity: int = 0) -> dict:
             max_diff_vs_plain=diff,
         )  # fmt: skip
 
-    def rows(x, i):
-        return x if i is None else x[i : i + 1]
-
     gather_default, attn.GATHER = attn.GATHER, False  # split=True: the split walk
     for keys_a_range in SPLITS:
         triton_walk.SPLIT_KEYS = keys_a_range
@@ -196,6 +210,36 @@ def one(c: int, b: int, bw: float, capacity: int = 0) -> dict:
     triton_listed.SLICES, triton_listed.STEPS, triton_listed.FOLD_WARPS = slices_default
     attn.GATHER = gather_default
     triton_walk.SPLIT_KEYS = 2048
+    if with_kv8:
+        out["kv8"] = kv8_folds(q, k, v, mask, scale, pos)
+    return out
+
+
+def kv8_folds(q, k, v, mask, scale, pos) -> dict:
+    """The listed attention over an 8-bit copy of the caches (kv8.quantize, as the engine's
+    default with FP8 weights) with each KV8_FOLDS launch option of its fold
+    (triton_listed.FOLD_OPTIONS8): microseconds, each session alone equal to the batch, and
+    whether the options keep the default's bits."""
+    (k8, ks), (v8, vs) = kv8.quantize(k), kv8.quantize(v)
+    out, first = {}, None
+    default = triton_listed.FOLD_OPTIONS8
+
+    def call(i):
+        return triton_listed.attention_listed(
+            rows(q, i), rows(k8, i), rows(v8, i), rows(mask, i), scale,
+            positions=rows(pos, i), scales=(rows(ks, i), rows(vs, i)),
+        )  # fmt: skip
+
+    for name, opts in KV8_FOLDS.items():
+        triton_listed.FOLD_OPTIONS8 = opts
+        got = call(None)
+        first = got if first is None else first
+        out[name] = dict(
+            us=timed(lambda: call(None)) * 1e6,
+            alone_equal=all(torch.equal(call(i), got[i : i + 1]) for i in range(q.shape[0])),
+            bits_as_default=torch.equal(got, first),
+        )
+    triton_listed.FOLD_OPTIONS8 = default
     return out
 
 
@@ -204,6 +248,7 @@ def main() -> None:
     ap.add_argument("--contexts", default="16384,65536,131072")
     ap.add_argument("--streams", default="1,4,16")
     ap.add_argument("--capacity", type=int, default=0, help="session positions (>= context)")
+    ap.add_argument("--kv8", action="store_true", help="also the 8-bit cache's fold options")
     args = ap.parse_args()
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; us a layer (of the selected KV's roofline)")
@@ -216,7 +261,7 @@ def main() -> None:
     rows = []
     for c in (int(x) for x in args.contexts.split(",")):
         for b in (int(x) for x in args.streams.split(",")):
-            r = one(c, b, bw, args.capacity)
+            r = one(c, b, bw, args.capacity, args.kv8)
             rows.append(r)
             splits = [r[name] for name in VARIANTS]
             ok = r["select_spread_equal"] and all(r[f"select_whole{w}_equal"] for w in WHOLES)
@@ -234,6 +279,11 @@ def main() -> None:
                 + "  select by WHOLE "
                 + " / ".join(f"{r[f'select_whole{w}_us']:.1f}" for w in WHOLES)
             )
+            if args.kv8:  # us, then: A alone == batched, = the default's bits
+                print("  kv8 fold: " + ", ".join(
+                    f"{n} {x['us']:.1f} us{' A' if x['alone_equal'] else ' !A'}"
+                    f"{' =' if x['bits_as_default'] else ' !='}" for n, x in r["kv8"].items()
+                ))  # fmt: skip
     print(
         json.dumps(
             dict(

@@ -140,7 +140,7 @@
 #          attention (kernels/attention/triton_gather.py, the default), each against the
 #          selected keys' roofline, and the layer as a step runs it (benchmarks/attention_decode.py;
 #          ATTN_ARGS overrides: "--capacity 71808" puts the rows in sessions as large as
-#          bench model's)
+#          bench model's; "--kv8" adds the 8-bit cache's fold options, triton_listed.FOLD_OPTIONS8)
 # decode-scores: the indexer's scores for decode rows at 16k, 64k and 128k keys, 1 / 4 / 16
 #          streams, one row and a verify window of three: the prompt rows' tile against each
 #          decode tile candidate, the keys' read rate, bits alone against batched, the mask's

@@ -44,6 +44,12 @@ STEPS = 2  # steps of gather.BLOCK_L keys a slice (a 2,048-key budget: 32 slices
 # warps of a fold program; on 4 its sm_90 code keeps 21 values in local memory, on 8 none
 # (benchmarks/sass_census.py), untimed: benchmarks/attention_decode.py times both
 FOLD_WARPS = 4
+# an 8-bit cache's fold (FP8, kv8.py): launch options over FOLD_WARPS' (num_warps,
+# num_stages); its sm_90 code on Triton's defaults is 7,224 instructions with 104 local
+# stores and the loads pipelined through shared memory for two steps (bf16's: 2,384, 21),
+# and it took 38 us a layer against bf16's 13 in one-stream timelines (H100, 71,808-key
+# sessions); benchmarks/attention_decode.py --kv8 times the candidates
+FOLD_OPTIONS8: dict = {}
 
 
 @triton.jit
@@ -233,7 +239,7 @@ def attention_listed(
         SLICES=SLICES,
         PRECISION=gather.PRECISION[q.dtype],
         FP8=scales is not None,
-        num_warps=FOLD_WARPS,
+        **{"num_warps": FOLD_WARPS, **(FOLD_OPTIONS8 if scales is not None else {})},
         **pdl(dev),
     )
     _combine_kernel[(b * t * hq,)](
