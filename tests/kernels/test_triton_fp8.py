@@ -158,8 +158,9 @@ def test_fp8_partitions_depend_on_n_k_and_the_rows_kind_only(nk):
         assert (p["PARTS"], p["BLOCKS_PER_PART"]) == fp8_tiles.fp8_parts(n, k)
         if m <= DECODE_ROWS:
             shape = fp8_tiles.DECODE_TILE_WIDE if wide else fp8_tiles.DECODE_TILE
-            assert {key: t[key] for key in shape} == shape
-            assert t.get("SPLIT", False) == wide  # a program a partition, as the tune timed
+            assert all(t[key] == shape[key] for key in shape if key != "SPLIT")
+            # a program a partition where the tune timed it (one row tile), else the rule's
+            assert t.get("SPLIT", False) == (wide and m <= 16)
     if wide:  # two or three partitions of the wide weights' 20 blocks of K
         assert decode[0] in (2, 3) and decode[0] * decode[1] >= k // 128
 

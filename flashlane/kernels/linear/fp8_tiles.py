@@ -73,17 +73,20 @@ def fp8_tile(m: int, n: int, k: int, prompt: bool = False) -> dict:
         shape = PROMPT_TILE if parts > 1 else PROMPT_TILE_WHOLE
         return dict(shape, BLOCK_K=BLOCK, PARTS=parts, BLOCKS_PER_PART=per_part)
     (parts, per_part), wide = decode_parts(n, k)
-    if m <= DECODE_ROWS:
-        shape = DECODE_TILE_WIDE if wide else DECODE_TILE
+    if wide and m <= DECODE_ROWS:  # a program a partition where the tune timed it: one row tile
+        shape = dict(DECODE_TILE_WIDE, SPLIT=m <= DECODE_TILE_WIDE["BLOCK_M"])
+    elif m <= DECODE_ROWS:
+        shape = DECODE_TILE
     else:
         shape = dict(BLOCK_M=32, BLOCK_N=128, num_warps=4, num_stages=3)
     return dict(shape, BLOCK_K=BLOCK, PARTS=parts, BLOCKS_PER_PART=per_part)
 
 
 # decode rows' tile up to DECODE_ROWS (fp8_tile) and that of a wide weight's (decode_parts):
-# 128 columns on 4 warps, 5 stages, a program a partition (SPLIT: as the tune timed it; one
-# program running both of the in-projection's 128 tiles would fill under one wave), the
-# tune's best or within 2% of it at 1 and 16 rows on the H100 for the three wide products
+# 128 columns on 4 warps, 5 stages, up to 16 rows a program a partition (SPLIT, as the tune
+# timed it at 1 and 16 rows: one program running both of the in-projection's 128 tiles
+# would fill under one wave; above, linear_fp8's rule), the tune's best or within 2% of it
+# on the H100 for the three wide products
 DECODE_TILE = dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=4)
 DECODE_TILE_WIDE = dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=5, SPLIT=True)
 # prompt rows' tile (fp8_tile): their activations in block FP8 too (act_quant), the products
