@@ -11,7 +11,8 @@ weight that together exceed the H200's 50 MB L2 (the experts: a different draw o
 call). Timing is `bench_linears.timed` (the calls in one CUDA graph between events). BLOCK_N,
 warps and stages never change a product's sum (a K block of 128 is one dot from zero on
 mma.sync, rows of 16, whichever tile holds it): the bit check shows it on these shapes;
-PARTS does change it (fixed by N and K alone for decode rows: `fp8_tiles.decode_parts`). Ends with one JSON line.
+PARTS does change it (fixed by N and K alone for decode rows: `fp8_tiles.decode_parts`).
+Ends with one JSON line.
 """
 
 from __future__ import annotations

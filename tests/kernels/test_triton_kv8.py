@@ -234,3 +234,46 @@ def test_rows_quantized_in_the_store_are_torchs_quantize(dtype):
     got = copies(caches)
     triton_kv8.put_quantized(got[0], attn_table(got), pos, k, v, raw)
     assert all(same_bytes(a, b) for a, b in zip(want, got))
+
+
+def test_the_store_quantizes_as_kv8_before_its_cast():
+    """triton_kv8.store's arithmetic on any backend, the interpreter too: with fp32 value
+    buffers in place of e4m3 the clamped quotients land uncast. Each row's scale is max(amax
+    * fp32(1/448), floor) (torch's amax / 448 on a GPU), its values x / scale (IEEE) clamped
+    to +-448, at its own session's row through the table (k and v a scale a head, the raw
+    key one); every other row untouched."""
+    from flashlane.kernels.attention import triton_kv8
+
+    hkv, d, di = SHAPE[1], SHAPE[2], SHAPE[4]
+    gen = torch.Generator().manual_seed(15)
+
+    def cache(cap):
+        z = [torch.zeros(s, device=DEVICE) for s in ((cap, hkv, d), (cap, hkv, d), (cap, di))]
+        fill = [torch.full(s, -1.0, device=DEVICE) for s in ((cap, hkv), (cap, hkv), (cap,))]
+        return AttnCache(*z, torch.zeros(cap // BLOCK, di, device=DEVICE), *fill)
+
+    caches = [cache(cap) for cap in (24, 64, 3)]
+    before = copies(caches)
+    k, v = (torch.randn(3, hkv, d, generator=gen) for _ in "kv")
+    raw = torch.randn(3, di, generator=gen) * 2.0 ** torch.tensor([[-130], [0], [9]])
+    k[1, 1] = 0.0  # a head's row of zeros: the floor, exact zeros
+    pos = torch.tensor([5, 63, 2])
+    dsts = [getattr(caches[0], c) for c in triton_kv8.COLUMNS]
+    srcs = [x.to(DEVICE) for x in (k, v, raw[:, None])]
+    triton_kv8.store(dsts, attn_table(caches), pos.to(DEVICE), srcs)
+    for i, (c, old) in enumerate(zip(caches, before)):
+        for x, t, scale in (
+            (k, c.k, c.k_scale),
+            (v, c.v, c.v_scale),
+            (raw, c.index_keys, c.index_scale),
+        ):
+            g = x[i].reshape(scale[0].numel(), -1)
+            amax = g.abs().amax(-1)
+            want_s = torch.maximum(amax * torch.tensor(1 / 448.0), torch.tensor(kv8.SCALE_FLOOR))
+            want_q = (g / want_s[:, None]).clamp(-448.0, 448.0)
+            p = pos[i].item()
+            assert torch.equal(scale[p].reshape(-1).cpu(), want_s)
+            assert torch.equal(t[p].reshape(want_q.shape).cpu(), want_q)
+        rest = [j for j in range(c.k.shape[0]) if j != pos[i].item()]
+        rows = [getattr(x, name) for x in (c, old) for name in triton_kv8.COLUMNS]
+        assert all(torch.equal(a[rest], b[rest]) for a, b in zip(rows[:6], rows[6:]))

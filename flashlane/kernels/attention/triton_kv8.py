@@ -24,8 +24,10 @@ from flashlane.kernels.pdl import enter, pdl
 from flashlane.kernels.session_tables import TABLE_COLUMNS
 from flashlane.kernels.tables import TABLE_WIDTH
 
-__all__ = ["put_quantized"]
+__all__ = ["COLUMNS", "put_quantized", "store"]
 
+# the buffers a store writes, in `store`'s order (session_tables' columns)
+COLUMNS = ("k", "v", "index_keys", "k_scale", "v_scale", "index_scale")
 # kv8.quantize's floor of a scale (a row of zeros stores zeros), and fp32(1 / 448)
 FLOOR = tl.constexpr(kv8.SCALE_FLOOR)
 INV_MAX = tl.constexpr(1.0 / kv8.FP8_MAX)
@@ -76,17 +78,23 @@ def put_quantized(first, table: torch.Tensor, pos: torch.Tensor, k, v, raw) -> N
     """k, v [N, Hkv, D] and raw [N, Di] of N rows quantized (kv8.quantize: a scale a head's
     row, a raw key's) into session i's 8-bit cache at row pos[i] (first: the first session's
     AttnCache, whose buffers the table's offsets start from), in one launch."""
-    columns = ("k", "v", "index_keys", "k_scale", "v_scale", "index_scale")
-    dsts = [getattr(first, c) for c in columns]
+    dsts = [getattr(first, c) for c in COLUMNS]
     srcs = [k.reshape(k.shape[0], -1, k.shape[-1]), v.reshape(v.shape[0], -1, v.shape[-1])]
     srcs.append(raw.reshape(raw.shape[0], 1, raw.shape[-1]))
     if triton.knobs.runtime.interpret:  # the interpreter's e4m3 cast is wrong: torch's
         _put_in_torch(dsts, table, pos, srcs)
-        return
+    else:
+        store(dsts, table, pos, srcs)
+
+
+def store(dsts: list, table: torch.Tensor, pos: torch.Tensor, srcs: list) -> None:
+    """put_quantized's launch: srcs [N, G, D] (k, v, raw) into dsts (the first session's k, v,
+    index_keys, then their scales). Value buffers of another dtype than e4m3 get the clamped
+    quotients as they are (the tests' view of the arithmetic before the cast)."""
     srcs = [
         s if s.stride(-1) == 1 and s.stride(-2) == s.shape[-1] else s.contiguous() for s in srcs
     ]
-    col = [TABLE_COLUMNS.index(c) for c in columns]
+    col = [TABLE_COLUMNS.index(c) for c in COLUMNS]
     groups = [s.shape[1] for s in srcs]
     widths = [s.shape[2] for s in srcs]
     _put_three8_kernel[(srcs[0].shape[0], 3)](
@@ -94,7 +102,7 @@ def put_quantized(first, table: torch.Tensor, pos: torch.Tensor, k, v, raw) -> N
         table, pos, *groups, *widths, *(s.stride(0) for s in srcs),
         C0=col[0], C1=col[1], C2=col[2], SC0=col[3], SC1=col[4], SC2=col[5],
         BLOCK_G=triton.next_power_of_2(max(groups)), BLOCK_D=triton.next_power_of_2(max(widths)),
-        **pdl(k.device),
+        **pdl(table.device),
     )  # fmt: skip
 
 
