@@ -73,10 +73,12 @@ VARIANTS += [f"listed{n}x{steps}w{warps}" for n, steps, warps in LISTED]
 KV8_FOLDS = {
     "default": {},
     "s1": dict(num_stages=1),
-    "s2": dict(num_stages=2),
-    "w8": dict(num_warps=8),
     "w8s2": dict(num_warps=8, num_stages=2),
     "w8s1": dict(num_warps=8, num_stages=1),
+    # steps of 16 keys, 4 a slice (other bits): no local memory on sm_90
+    "l16": dict(BLOCK_L=16, STEPS=4),
+    "l16s1": dict(BLOCK_L=16, STEPS=4, num_stages=1),
+    "l16w8s1": dict(BLOCK_L=16, STEPS=4, num_warps=8, num_stages=1),
 }
 
 

@@ -277,3 +277,33 @@ def test_the_store_quantizes_as_kv8_before_its_cast():
         rest = [j for j in range(c.k.shape[0]) if j != pos[i].item()]
         rows = [getattr(x, name) for x in (c, old) for name in triton_kv8.COLUMNS]
         assert all(torch.equal(a[rest], b[rest]) for a, b in zip(rows[:6], rows[6:]))
+
+
+@pytest.mark.parametrize("opts", [dict(BLOCK_L=16, STEPS=4), dict(num_stages=1)])
+def test_the_8bit_folds_options_keep_each_row_its_own(opts, monkeypatch):
+    """triton_listed.FOLD_OPTIONS8 (attention_decode.py --kv8's candidates): with each, a
+    session's row alone is its row in the batch, and the result stays the attention over the
+    dequantized cache (steps of 16 keys group the softmax otherwise: within fp32's rounding)."""
+    from flashlane.kernels.attention import triton_listed
+
+    hq, hkv, d = SHAPE[:3]
+    gen = torch.Generator().manual_seed(16)
+    b, n = 3, 150
+    q = torch.randn(b, 1, hq, d, generator=gen).to(DEVICE)
+    (k8, ks), (v8, vs) = (kv8.quantize(torch.randn(b, n, hkv, d, generator=gen)) for _ in "kv")
+    k8, ks, v8, vs = (x.to(DEVICE) for x in (k8, ks, v8, vs))
+    mask = (torch.rand(b, 1, n, generator=gen) < 0.5).to(DEVICE)
+    mask[..., 0] = True
+    pos = torch.full((b, 1), n - 1, device=DEVICE)
+
+    def call(rows):
+        return triton_listed.attention_listed(
+            q[rows], k8[rows], v8[rows], mask[rows], 0.125, positions=pos[rows],
+            scales=(ks[rows], vs[rows]),
+        )  # fmt: skip
+
+    want = call(slice(None))
+    monkeypatch.setattr(triton_listed, "FOLD_OPTIONS8", opts)
+    got = call(slice(None))
+    assert all(torch.equal(call(slice(i, i + 1)), got[i : i + 1]) for i in range(b))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

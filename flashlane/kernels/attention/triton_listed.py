@@ -44,12 +44,15 @@ STEPS = 2  # steps of gather.BLOCK_L keys a slice (a 2,048-key budget: 32 slices
 # warps of a fold program; on 4 its sm_90 code keeps 21 values in local memory, on 8 none
 # (benchmarks/sass_census.py), untimed: benchmarks/attention_decode.py times both
 FOLD_WARPS = 4
-# an 8-bit cache's fold (FP8, kv8.py): launch options over FOLD_WARPS' (num_warps,
-# num_stages); its sm_90 code on Triton's defaults is 7,224 instructions with 104 local
-# stores and the loads pipelined through shared memory for two steps (bf16's: 2,384, 21),
-# and it took 38 us a layer against bf16's 13 in one-stream timelines (H100, 71,808-key
-# sessions); benchmarks/attention_decode.py --kv8 times the candidates
+# an 8-bit cache's fold (FP8, kv8.py): overrides of its keys a step and steps a slice
+# (BLOCK_L, STEPS: other bits, the same for every row) and launch options (num_warps,
+# num_stages). Its sm_90 code on today's is 7,224 instructions with 104 local stores and the
+# loads pipelined through shared memory (bf16's: 2,384, 21); it took 38 us a layer against
+# bf16's 13 in one-stream timelines (H100, 71,808-key sessions). In steps of 16 keys (4 a
+# slice) its code is 2,360 with none in local memory. benchmarks/attention_decode.py --kv8
+# times the candidates
 FOLD_OPTIONS8: dict = {}
+_LAUNCH = ("num_warps", "num_stages")
 
 
 @triton.jit
@@ -210,6 +213,9 @@ def attention_listed(
         **pdl(dev),
     )
     br, bd = max(16, triton.next_power_of_2(ranges)), triton.next_power_of_2(d)
+    tune = FOLD_OPTIONS8 if scales is not None else {}
+    block_l, steps = tune.get("BLOCK_L", gather.BLOCK_L), tune.get("STEPS", STEPS)
+    launch = {"num_warps": FOLD_WARPS, **{o: tune[o] for o in _LAUNCH if o in tune}}
     ks, vs = (s.contiguous() for s in scales) if scales is not None else (no_scales(dev),) * 2
     _fold_kernel[(b * t, hkv, SLICES)](
         q.contiguous(),
@@ -232,14 +238,14 @@ def attention_listed(
         D=d,
         BD=bd,
         BLOCK_M=max(16, triton.next_power_of_2(hq // hkv)),
-        BLOCK_L=gather.BLOCK_L,
+        BLOCK_L=block_l,
         BR=br,
         RANGE=LIST_KEYS,
-        STEPS=STEPS,
+        STEPS=steps,
         SLICES=SLICES,
         PRECISION=gather.PRECISION[q.dtype],
         FP8=scales is not None,
-        **{"num_warps": FOLD_WARPS, **(FOLD_OPTIONS8 if scales is not None else {})},
+        **launch,
         **pdl(dev),
     )
     _combine_kernel[(b * t * hq,)](
@@ -250,8 +256,8 @@ def attention_listed(
         b * t * hq,
         hq,
         BR=br,
-        BLOCK_L=gather.BLOCK_L,
-        STEPS=STEPS,
+        BLOCK_L=block_l,
+        STEPS=steps,
         SLICES=SLICES,
         BS=triton.next_power_of_2(SLICES),
         D=d,
