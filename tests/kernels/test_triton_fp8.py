@@ -128,13 +128,16 @@ def test_linear_fp8_row_invariant(nk, dtype, fixup, monkeypatch):
     assert torch.equal(fn(full)[:17], fn(other)[:17])
 
 
+@pytest.mark.parametrize("m", [1, 20])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_linear_fp8_split_and_in_program_sums_agree(dtype):
+@pytest.mark.parametrize("nk", [(640, 6144), (16480, 2560)] if HAS_CUDA else [(70, 1100)])
+def test_linear_fp8_split_and_in_program_sums_agree(nk, dtype, m):
     """The split path (a program a partition, partials added in order) and the in-program
-    path (one program, every partition) give the same bits for the same tile."""
-    n, k = (640, 6144) if HAS_CUDA else (70, 1100)
-    x, w = _x(20, k, dtype, 8), _w(n, k, 9, spread=True)
-    tile = tfp8.fp8_tile(20, n, k)
+    path (one program, every partition) give the same bits for the same tile (a wide
+    weight's decode tile too: fp8_tiles.DECODE_TILE_WIDE)."""
+    n, k = nk
+    x, w = _x(m, k, dtype, 8), _w(n, k, 9, spread=True)
+    tile = tfp8.fp8_tile(m, n, k)
     assert tile["PARTS"] > 1
     split = tfp8.linear(x, w, tile=dict(tile, SPLIT=True))
     whole = tfp8.linear(x, w, tile=dict(tile, SPLIT=False))
