@@ -38,10 +38,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.attention_prefill import module_settings
 from flashlane.bench.common import commit, cuda_timed, graph_timed
 from flashlane.kernels.attention import (
     kv8,
@@ -224,7 +229,6 @@ def kv8_folds(q, k, v, mask, scale, pos) -> dict:
     whether the options keep the default's bits."""
     (k8, ks), (v8, vs) = kv8.quantize(k), kv8.quantize(v)
     out, first = {}, None
-    default = triton_listed.FOLD_OPTIONS8
 
     def call(i):
         return triton_listed.attention_listed(
@@ -233,15 +237,14 @@ def kv8_folds(q, k, v, mask, scale, pos) -> dict:
         )  # fmt: skip
 
     for name, opts in KV8_FOLDS.items():
-        triton_listed.FOLD_OPTIONS8 = opts
-        got = call(None)
-        first = got if first is None else first
-        out[name] = dict(
-            us=timed(lambda: call(None)) * 1e6,
-            alone_equal=all(torch.equal(call(i), got[i : i + 1]) for i in range(q.shape[0])),
-            bits_as_default=torch.equal(got, first),
-        )
-    triton_listed.FOLD_OPTIONS8 = default
+        with module_settings(triton_listed, dict(FOLD_OPTIONS8=opts)):
+            got = call(None)
+            first = got if first is None else first
+            out[name] = dict(
+                us=timed(lambda: call(None)) * 1e6,
+                alone_equal=all(torch.equal(call(i), got[i : i + 1]) for i in range(q.shape[0])),
+                bits_as_default=torch.equal(got, first),
+            )
     return out
 
 

@@ -111,6 +111,5 @@ def _put_in_torch(dsts: list, table: torch.Tensor, pos: torch.Tensor, srcs: list
     from flashlane.kernels.attention.triton_blocks import put_rows_three
 
     pairs = [kv8.quantize(s) for s in srcs]
-    names = list(TABLE_COLUMNS[:3])
-    put_rows_three(dsts[:3], names, table, pos, [q for q, _ in pairs])
-    put_rows_three(dsts[3:], list(TABLE_COLUMNS[5:]), table, pos, [s for _, s in pairs])
+    put_rows_three(dsts[:3], list(COLUMNS[:3]), table, pos, [q for q, _ in pairs])
+    put_rows_three(dsts[3:], list(COLUMNS[3:]), table, pos, [s for _, s in pairs])

@@ -83,12 +83,12 @@ def fp8_tile(m: int, n: int, k: int, prompt: bool = False) -> dict:
 
 
 # decode rows' tile up to DECODE_ROWS (fp8_tile) and that of a wide weight's (decode_parts):
-# 128 columns on 4 warps, 5 stages, up to 16 rows a program a partition (SPLIT, as the tune
-# timed it at 1 and 16 rows: one program running both of the in-projection's 128 tiles
-# would fill under one wave; above, linear_fp8's rule), the tune's best or within 2% of it
-# on the H100 for the three wide products
+# 128 columns on 4 warps, 5 stages, the tune's best or within 2% of it on the H100 for the
+# three wide products; in one row tile fp8_tile splits it a program a partition (SPLIT, as
+# the tune timed it at 1 and 16 rows: one program running both of the in-projection's 128
+# tiles would fill under one wave; above, linear_fp8's rule)
 DECODE_TILE = dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=4)
-DECODE_TILE_WIDE = dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=5, SPLIT=True)
+DECODE_TILE_WIDE = dict(BLOCK_M=16, BLOCK_N=128, num_warps=4, num_stages=5)
 # prompt rows' tile (fp8_tile): their activations in block FP8 too (act_quant), the products
 # on e4m3 tensor cores
 PROMPT_TILE = dict(BLOCK_M=64, BLOCK_N=128, num_warps=8, num_stages=3, X_FP8=True)
