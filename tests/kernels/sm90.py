@@ -4,6 +4,8 @@ types, its constexprs and launch options; test_sm90_codegen.py reads what comes 
 
 from __future__ import annotations
 
+import re
+
 from triton.backends.compiler import GPUTarget
 
 H200 = GPUTarget("cuda", 90, 32)
@@ -68,3 +70,17 @@ def sass(compiled) -> str:
         return subprocess.run(
             [nvidia.nvdisasm.path, "-c", f.name], capture_output=True, text=True, check=True
         ).stdout
+
+
+def in_loops(code: str) -> list[str]:
+    """The instruction lines of SASS `code` that lie inside a loop: between a label and a
+    branch back to it (nested loops count once)."""
+    lines = code.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"(\.L\w+):", line))}
+    inside = [False] * len(lines)
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA\s+`\((\.L\w+)\)", line)
+        if m and labels.get(m.group(1), len(lines)) < i:
+            for j in range(labels[m.group(1)], i + 1):
+                inside[j] = True
+    return [line for line, kept in zip(lines, inside) if kept and "/*" in line]

@@ -22,7 +22,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from flashlane.kernels.linear import triton as linear  # noqa: E402
 from flashlane.kernels.norms import triton as norms  # noqa: E402
 from flashlane.kernels.rowwise import triton_heads as rowwise_heads  # noqa: E402
-from tests.kernels.sm90 import BF, H200, compiles_for_sm90, sass  # noqa: E402
+from tests.kernels.sm90 import BF, H200, compiles_for_sm90, in_loops, sass  # noqa: E402
 from tests.kernels.test_sm90_compile import HEADS, HEADS_SIZES  # noqa: E402
 from tests.kernels.test_sm90_compile import KERNELS as NON_GEMMS  # noqa: E402
 from tests.kernels.test_sm90_compile_attention import ATTENTION_KERNELS  # noqa: E402
@@ -252,3 +252,55 @@ def test_gemms_keep_their_registers(name):
 
     spills = re.findall(r"\b(STL|LDL)\b", sass(compiles_for_sm90(GEMMS[name], aligned=True)))
     assert not spills, f"{len(spills)} local-memory accesses"
+
+
+def test_in_loops_reads_the_lines_between_a_label_and_its_branch_back():
+    """sass_census's `in_loop` column: a backward branch makes a loop (nested ones count
+    once), a forward branch does not."""
+    code = "\n".join(
+        [
+            "        /*0000*/   STL [R1], R0 ;",
+            ".L_x_0:",
+            "        /*0010*/   LDL R2, [R1] ;",
+            ".L_x_1:",
+            "        /*0020*/   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;",
+            "        /*0030*/   @P0 BRA `(.L_x_1) ;",
+            "        /*0040*/   @!P1 BRA `(.L_x_2) ;",
+            "        /*0050*/   BRA `(.L_x_0) ;",
+            "        /*0060*/   STL [R1+0x4], R3 ;",
+            ".L_x_2:",
+            "        /*0070*/   STG.E [R6.64], R4 ;",
+        ]
+    )
+    inside = in_loops(code)
+    assert [line.split("*/")[1].split()[0] for line in inside] == [
+        "LDL",
+        "HMMA.16816.F32.BF16",
+        "@P0",
+        "@!P1",
+        "BRA",
+    ]
+
+
+def test_a_gemms_k_loop_holds_its_products_and_not_its_stores():
+    code = sass(compiles_for_sm90(GEMMS["linear prefill 128x128"], aligned=True))
+    inside = "\n".join(in_loops(code))
+    assert code.count("MMA") and inside.count("MMA") == code.count("MMA")  # HGMMA: wgmma
+    assert code.count("STG") and "STG" not in inside
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["attention listed: fold", "attention listed: fold fp8", "attention gathered",
+     "attention gathered fp8"],
+)  # fmt: skip
+def test_gathering_attention_loads_rows_whole_and_keeps_its_loop_in_registers(name):
+    """Decode's attention over listed or gathered keys reads each session's rows through the
+    table's offsets, whole multiples of 16 elements (session_tables.offsets_table): the
+    compiler then copies a key's row 8-16 bytes a thread, asynchronously. Without the hint
+    it loaded 1-2 bytes a thread and kept the addresses in local memory inside the key loop
+    (the 8-bit fold: 105 local accesses there, 7,224 instructions)."""
+    code = sass(compiles_for_sm90(ATTENTION_KERNELS[name], aligned=True))
+    looped = "\n".join(in_loops(code))
+    assert "STL" not in looped and "LDL" not in looped
+    assert code.count("LDGSTS.E.BYPASS.128" if "fp8" not in name else "LDGSTS.E.64") >= 12
