@@ -63,8 +63,10 @@ def _bases(k_ptr, v_ptr, ks_ptr, vs_ptr, tab_ptr, i_b, i_kv, stride_b, HKV, HAS_
     ks_off = i_b.to(tl.int64) * stride_b * HKV
     vs_off = ks_off
     if HAS_TABLE != 0:
-        k_off = tl.load(tab_ptr + i_b * TABLE_WIDTH + K_COL)
-        v_off = tl.load(tab_ptr + i_b * TABLE_WIDTH + V_COL)
+        # whole multiples of 16 elements (session_tables.offsets_table checks): rows of D
+        # values load 16 bytes a thread, not 2
+        k_off = tl.multiple_of(tl.load(tab_ptr + i_b * TABLE_WIDTH + K_COL), 16)
+        v_off = tl.multiple_of(tl.load(tab_ptr + i_b * TABLE_WIDTH + V_COL), 16)
         if FP8:
             ks_off = tl.load(tab_ptr + i_b * TABLE_WIDTH + KS_COL)
             vs_off = tl.load(tab_ptr + i_b * TABLE_WIDTH + VS_COL)
