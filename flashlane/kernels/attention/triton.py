@@ -169,18 +169,17 @@ def _attention_kernel(
     hi = tl.minimum(hi, lo + split_keys)
     for s0 in range(lo, hi, span):
         seen = True
-        if SKIP:
-            wide = s0 + tl.arange(0, BLOCK_L * SUPER)
-            seen = (
-                tl.max(
-                    tl.load(
-                        mask_ptr + mask_row[:, None] + wide[None, :],
-                        mask=m_rows[:, None] & (wide < n_keys)[None, :],
-                        other=0,
-                    ).to(tl.int32)
+        if SKIP:  # the span's mask a block at a time (a whole span's bytes would spill)
+            any_key = tl.zeros([BLOCK_M, BLOCK_L], dtype=tl.int32)
+            for j in tl.static_range(SUPER):
+                keys = s0 + j * BLOCK_L + tl.arange(0, BLOCK_L)
+                part = tl.load(
+                    mask_ptr + mask_row[:, None] + keys[None, :],
+                    mask=m_rows[:, None] & (keys < n_keys)[None, :],
+                    other=0,
                 )
-                > 0
-            )
+                any_key = tl.maximum(any_key, part.to(tl.int32))
+            seen = tl.max(any_key) > 0
         if seen:
             for l0 in range(s0, tl.minimum(s0 + span, hi), BLOCK_L):
                 m_i, l_i, acc = _block_update(
